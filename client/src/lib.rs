@@ -1,0 +1,3 @@
+//! ctcache client library and the `ctcachectl` command line.
+
+pub mod cli;

@@ -1,0 +1,384 @@
+//! The checker: every structural rule of the proposal's "Validation"
+//! section and of struct-types.md. Errors name the rule, the compiled entry
+//! and the field; none depends on the host's hardware.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use crate::error::Result;
+use crate::onnx::{fields, Extension, ExternalRef, Model};
+use crate::pb;
+use crate::structs::{self, Limits, PhysicalTypeKey, StructError};
+
+/// Which compiled entry an error is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryRef {
+    pub index: usize,
+    pub source_name: String,
+}
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckError {
+    pub rule: &'static str,
+    pub entry: Option<EntryRef>,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] ", self.rule)?;
+        if let Some(e) = &self.entry {
+            write!(f, "compiled_tensors[{}] ({:?}) ", e.index, e.source_name)?;
+        }
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Checker settings.
+#[derive(Debug, Clone, Default)]
+pub struct CheckOptions {
+    pub limits: Limits,
+}
+
+/// A model with its extension decoded, ready for per-entry checks (shared by
+/// the checker and the loading rules).
+pub struct Checked<'m> {
+    pub model: &'m Model,
+    pub ext: Extension,
+    pub limits: Limits,
+    /// How many top-level initializers carry each name.
+    pub initializer_names: HashMap<String, usize>,
+    /// Model-level errors (struct type table, devices).
+    pub model_errors: Vec<CheckError>,
+}
+
+fn err(
+    rule: &'static str,
+    entry: Option<&EntryRef>,
+    field: impl Into<String>,
+    message: impl Into<String>,
+) -> CheckError {
+    CheckError {
+        rule,
+        entry: entry.cloned(),
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn from_struct(e: StructError, entry: Option<&EntryRef>, prefix: &str) -> CheckError {
+    CheckError {
+        rule: e.rule,
+        entry: entry.cloned(),
+        field: format!("{prefix}{}", e.path),
+        message: e.message,
+    }
+}
+
+fn duplicate_key(props: &[pb::StringStringEntryProto]) -> Option<&str> {
+    let mut seen = HashSet::new();
+    props
+        .iter()
+        .find(|p| !seen.insert(p.key.as_str()))
+        .map(|p| p.key.as_str())
+}
+
+impl<'m> Checked<'m> {
+    /// Decodes the extension (after counting its fields against the limits)
+    /// and runs the model-level rules. Fails only when the model cannot be
+    /// parsed at all.
+    pub fn new(model: &'m Model, opts: &CheckOptions) -> Result<Checked<'m>> {
+        let limits = opts.limits.clone();
+        let mut counts = [0usize; 3];
+        for f in model
+            .top_fields()
+            .iter()
+            .filter(|f| fields::is_compiled_field(f.number))
+        {
+            counts[(f.number - fields::MODEL_STRUCT_TYPES) as usize] += 1;
+        }
+        let mut model_errors = Vec::new();
+        let over =
+            counts[0] > limits.max_struct_types || counts[1].max(counts[2]) > limits.max_entries;
+        let ext = if over {
+            model_errors.push(err(
+                "model.limits",
+                None,
+                "ModelProto",
+                format!(
+                    "{} struct types, {} devices, {} compiled tensors exceed the limits ({}, {}, {})",
+                    counts[0], counts[1], counts[2], limits.max_struct_types, limits.max_entries, limits.max_entries
+                ),
+            ));
+            Extension::default()
+        } else {
+            model.extension()?
+        };
+        let mut initializer_names = HashMap::new();
+        for t in model.initializers()? {
+            *initializer_names.entry(t.name).or_insert(0) += 1;
+        }
+        let mut c = Checked {
+            model,
+            ext,
+            limits,
+            initializer_names,
+            model_errors,
+        };
+        c.model_errors.extend(c.model_rules());
+        Ok(c)
+    }
+
+    fn model_rules(&self) -> Vec<CheckError> {
+        let mut out = Vec::new();
+        if let Err(e) = structs::validate_table(&self.ext.struct_types, &self.limits) {
+            out.push(from_struct(e, None, ""));
+        }
+        for (i, t) in self.ext.struct_types.iter().enumerate() {
+            if let Some(k) = duplicate_key(&t.metadata_props) {
+                out.push(err(
+                    "metadata.unique",
+                    None,
+                    format!("struct_types[{i}].metadata_props"),
+                    format!("duplicated key {k:?}"),
+                ));
+            }
+        }
+        for (i, d) in self.ext.devices.iter().enumerate() {
+            if let Some(j) = self.ext.devices[..i].iter().position(|o| o == d) {
+                out.push(err(
+                    "device.unique",
+                    None,
+                    format!("devices[{i}]"),
+                    format!("duplicates devices[{j}]"),
+                ));
+            }
+            if let Some(k) = duplicate_key(&d.metadata_props) {
+                out.push(err(
+                    "metadata.unique",
+                    None,
+                    format!("devices[{i}].metadata_props"),
+                    format!("duplicated key {k:?}"),
+                ));
+            }
+            if d.r#type.is_empty() {
+                out.push(err(
+                    "device.type",
+                    None,
+                    format!("devices[{i}].type"),
+                    "device type is empty",
+                ));
+            }
+        }
+        out
+    }
+
+    pub fn entry_ref(&self, i: usize) -> EntryRef {
+        EntryRef {
+            index: i,
+            source_name: self.ext.compiled_tensors[i].source_name.clone(),
+        }
+    }
+
+    /// `source_name` resolves to exactly one top-level initializer.
+    pub fn source_rule(&self, i: usize) -> Option<CheckError> {
+        let e = &self.ext.compiled_tensors[i];
+        let r = self.entry_ref(i);
+        match self
+            .initializer_names
+            .get(&e.source_name)
+            .copied()
+            .unwrap_or(0)
+        {
+            1 => None,
+            0 => Some(err(
+                "source.exists",
+                Some(&r),
+                "source_name",
+                "no top-level initializer has this name",
+            )),
+            n => Some(err(
+                "source.unique",
+                Some(&r),
+                "source_name",
+                format!("{n} initializers have this name"),
+            )),
+        }
+    }
+
+    /// Non-empty digest and algorithm fields.
+    pub fn digest_rule(&self, i: usize) -> Option<CheckError> {
+        let e = &self.ext.compiled_tensors[i];
+        let r = self.entry_ref(i);
+        if e.source_digest.is_empty() {
+            Some(err(
+                "digest.present",
+                Some(&r),
+                "source_digest",
+                "empty source digest",
+            ))
+        } else if e.digest_algorithm.is_empty() {
+            Some(err(
+                "digest.present",
+                Some(&r),
+                "digest_algorithm",
+                "empty digest algorithm",
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// `device` is an in-range model-level index.
+    pub fn device_rule(&self, i: usize) -> Option<CheckError> {
+        let e = &self.ext.compiled_tensors[i];
+        let n = self.ext.devices.len();
+        (usize::try_from(e.device).map_or(true, |d| d >= n)).then(|| {
+            err(
+                "device.index",
+                Some(&self.entry_ref(i)),
+                "device",
+                format!("index {} is out of range ({n} devices)", e.device),
+            )
+        })
+    }
+
+    /// The value's concrete type resolves, is valid, and its size equals the
+    /// payload length. Returns the concrete type on success.
+    pub fn value_rule(&self, i: usize) -> std::result::Result<&pb::StructTypeProto, CheckError> {
+        let e = &self.ext.compiled_tensors[i];
+        let r = self.entry_ref(i);
+        let value = e
+            .value
+            .as_ref()
+            .ok_or_else(|| err("value.present", Some(&r), "value", "no StructProto value"))?;
+        let root = structs::resolve_root(value, &self.ext.struct_types)
+            .map_err(|e| from_struct(e, Some(&r), "value."))?;
+        if root.kind.is_none() {
+            return Err(err(
+                "struct.unconstrained",
+                Some(&r),
+                "value",
+                "an unconstrained static type is not a valid value type",
+            ));
+        }
+        if value.r#type == -1 {
+            if let Some(k) = duplicate_key(&root.metadata_props) {
+                return Err(err(
+                    "metadata.unique",
+                    Some(&r),
+                    "value.struct_type.metadata_props",
+                    format!("duplicated key {k:?}"),
+                ));
+            }
+        }
+        let layout = structs::check_value(root, &value.dims, &self.ext.struct_types, &self.limits)
+            .map_err(|e| from_struct(e, Some(&r), "value."))?;
+        let len = self
+            .payload_len(value)
+            .map_err(|m| err("payload.external", Some(&r), "value.external_data", m))?;
+        if len != layout.byte_len {
+            return Err(err(
+                "payload.size",
+                Some(&r),
+                "value",
+                format!(
+                    "payload has {len} bytes, the type needs {}",
+                    layout.byte_len
+                ),
+            ));
+        }
+        Ok(root)
+    }
+
+    /// Payload length: inline bytes, or the external range (checked in the file).
+    fn payload_len(&self, value: &pb::StructProto) -> std::result::Result<u64, String> {
+        if value.external_data.is_empty() {
+            return Ok(value.raw_data.len() as u64);
+        }
+        if !value.raw_data.is_empty() {
+            return Err("both raw_data and external_data are set".into());
+        }
+        let ext = payload_ref(value)?;
+        let file = self.model.external_file(&ext)?;
+        let range = ext.range(file.len() as u64)?;
+        Ok(range.end - range.start)
+    }
+
+    /// Physical type key of a valid entry's concrete type.
+    pub fn type_key(
+        &self,
+        root: &pb::StructTypeProto,
+    ) -> std::result::Result<PhysicalTypeKey, StructError> {
+        structs::physical_type_key(root, &self.ext.struct_types, self.limits.max_depth)
+    }
+
+    /// Every structural error of one entry, in rule order.
+    pub fn entry_errors(&self, i: usize) -> Vec<CheckError> {
+        let r = self.entry_ref(i);
+        let mut out: Vec<CheckError> = [
+            self.source_rule(i),
+            self.digest_rule(i),
+            self.device_rule(i),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if let Err(e) = self.value_rule(i) {
+            out.push(e);
+        }
+        if let Some(k) = duplicate_key(&self.ext.compiled_tensors[i].metadata_props) {
+            out.push(err(
+                "metadata.unique",
+                Some(&r),
+                "metadata_props",
+                format!("duplicated key {k:?}"),
+            ));
+        }
+        out
+    }
+}
+
+/// The external reference of a structured payload (`length` is mandatory).
+pub fn payload_ref(value: &pb::StructProto) -> std::result::Result<ExternalRef, String> {
+    let ext = ExternalRef::from_entries(
+        value
+            .external_data
+            .iter()
+            .map(|p| (p.key.as_str(), p.value.as_str())),
+    )?;
+    if ext.length.is_none() {
+        return Err("external payloads need a \"length\" key".into());
+    }
+    Ok(ext)
+}
+
+/// Checks a model: every structural rule, all errors collected.
+pub fn check_model(model: &Model, opts: &CheckOptions) -> Result<Vec<CheckError>> {
+    let c = Checked::new(model, opts)?;
+    let mut errors = c.model_errors.clone();
+    let mut keys: HashMap<(String, i32, PhysicalTypeKey), usize> = HashMap::new();
+    for i in 0..c.ext.compiled_tensors.len() {
+        let entry_errors = c.entry_errors(i);
+        if let (true, Ok(root)) = (entry_errors.is_empty(), c.value_rule(i)) {
+            let e = &c.ext.compiled_tensors[i];
+            match c.type_key(root) {
+                Ok(key) => {
+                    if let Some(j) = keys.insert((e.source_name.clone(), e.device, key), i) {
+                        errors.push(err(
+                            "key.unique",
+                            Some(&c.entry_ref(i)),
+                            "(source_name, device, physical type)",
+                            format!("same cache key as compiled_tensors[{j}]"),
+                        ));
+                    }
+                }
+                Err(e) => errors.push(from_struct(e, Some(&c.entry_ref(i)), "value.")),
+            }
+        }
+        errors.extend(entry_errors);
+    }
+    Ok(errors)
+}

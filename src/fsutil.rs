@@ -1,0 +1,47 @@
+//! Atomic file publication: write to a temp file in the target folder, fsync,
+//! rename over the target, fsync the folder. Readers see the old file or the
+//! new one, never a torn one.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Writes `path` atomically with the bytes `fill` produces.
+pub fn atomic_write(
+    path: &Path,
+    fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
+) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::Rewrite(format!("{} has no file name", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let file = File::create(&tmp)?;
+        let mut w = BufWriter::with_capacity(1 << 20, &file);
+        fill(&mut w)?;
+        w.flush()?;
+        drop(w);
+        file.sync_all()?;
+        fs::rename(&tmp, path)?;
+        sync_dir(&dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(|e| Error::io(path, e))
+}
+
+/// fsyncs a folder so a rename inside it is durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}

@@ -1,0 +1,26 @@
+//! ctcache core: ONNX model access, canonical source digests (D3), structured
+//! types, the checker, the loading rules and the byte-preserving rewrite (D2).
+//!
+//! No async runtime and no networking live here; the daemon and the clients
+//! build on these types.
+
+pub mod check;
+pub mod device;
+pub mod digest;
+pub mod dtype;
+pub mod error;
+pub mod fsutil;
+pub mod onnx;
+pub mod resolve;
+pub mod structs;
+pub mod wire;
+
+pub use error::{Error, Result};
+
+/// Rust types generated from `proto/onnx/onnx.proto` (ONNX plus the
+/// compiled-tensor extension). Bytes fields are `bytes::Bytes`, so decoding
+/// from a mapped model borrows payloads instead of copying them.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}

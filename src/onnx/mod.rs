@@ -1,0 +1,28 @@
+//! ONNX model access at the wire level: memory-mapped models, top-level graph
+//! initializers borrowed from the mapping, external data, and the
+//! byte-preserving rewrite of the compiled-tensor fields.
+
+mod external;
+mod model;
+pub mod rewrite;
+mod tensor;
+
+pub use external::ExternalRef;
+pub use model::{Extension, Model, TopField};
+pub use tensor::{Storage, TensorRef, Typed};
+
+/// `ModelProto` field numbers that ctcache reads or splices.
+pub mod fields {
+    pub const MODEL_IR_VERSION: u32 = 1;
+    pub const MODEL_GRAPH: u32 = 7;
+    pub const MODEL_STRUCT_TYPES: u32 = 1000;
+    pub const MODEL_DEVICES: u32 = 1001;
+    pub const MODEL_COMPILED_TENSORS: u32 = 1002;
+    pub const GRAPH_NODE: u32 = 1;
+    pub const GRAPH_INITIALIZER: u32 = 5;
+
+    /// True for the extension fields owned by ctcache (D1).
+    pub fn is_compiled_field(number: u32) -> bool {
+        (MODEL_STRUCT_TYPES..=MODEL_COMPILED_TENSORS).contains(&number)
+    }
+}

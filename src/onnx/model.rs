@@ -1,0 +1,292 @@
+//! `Model`: a memory-mapped ONNX model with an index of its top-level fields.
+//! Nothing of the model is copied; tensors and compiled payloads are borrowed
+//! from the mapping (or from mapped external-data files).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use prost::Message;
+
+use crate::error::{Error, Result};
+use crate::onnx::external::ExternalRef;
+use crate::onnx::fields::*;
+use crate::onnx::tensor::{Storage, TensorRef};
+use crate::pb;
+use crate::wire::{Fields, Value, WireError};
+
+/// One top-level `ModelProto` field occurrence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopField {
+    pub number: u32,
+    /// Tag to end of value, in model bytes.
+    pub span: Range<usize>,
+    /// The value bytes of a length-delimited field (empty range otherwise).
+    pub value: Range<usize>,
+}
+
+/// The compiled-tensor extension of a model (fields 1000-1002), decoded.
+/// Inline payloads borrow from the model mapping.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Extension {
+    pub struct_types: Vec<pb::StructTypeProto>,
+    pub devices: Vec<pb::DeviceProto>,
+    pub compiled_tensors: Vec<pb::CompiledTensorProto>,
+}
+
+/// A mapped model and its folder (for external data).
+pub struct Model {
+    path: Option<PathBuf>,
+    dir: PathBuf,
+    bytes: Bytes,
+    top: Vec<TopField>,
+    externals: Mutex<HashMap<PathBuf, Bytes>>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("bytes", &self.bytes.len())
+            .field("top_fields", &self.top.len())
+            .finish()
+    }
+}
+
+/// Maps a whole file read-only (an empty file gives empty bytes).
+pub fn map_file(path: &Path) -> Result<Bytes> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the mapping is read-only. ctcache's own payload files are
+    // immutable after publish; for user files, concurrent truncation is the
+    // usual mmap hazard, accepted by every mmap-based model loader.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Bytes::from_owner(map))
+}
+
+fn wire_err(context: &str, e: WireError) -> Error {
+    Error::Wire {
+        context: context.into(),
+        offset: e.offset,
+        problem: e.problem,
+    }
+}
+
+impl Model {
+    /// Opens and maps a model file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::Model(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        let bytes = map_file(path)?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let mut model = Model::from_bytes(bytes, dir)?;
+        model.path = Some(path.to_path_buf());
+        Ok(model)
+    }
+
+    /// Wraps model bytes already in memory; `dir` resolves external data.
+    pub fn from_bytes(bytes: Bytes, dir: impl Into<PathBuf>) -> Result<Model> {
+        if bytes.is_empty() {
+            return Err(Error::Model("empty file: not an ONNX model".into()));
+        }
+        let mut top = Vec::new();
+        let mut has_graph = false;
+        for field in Fields::new(&bytes) {
+            let field = field.map_err(|e| wire_err("ModelProto", e))?;
+            let expects_bytes = field.number == MODEL_GRAPH || is_compiled_field(field.number);
+            let value = match field.value {
+                Value::Bytes(b) => field.value_start..field.value_start + b.len(),
+                other if expects_bytes => {
+                    return Err(Error::Wire {
+                        context: "ModelProto".into(),
+                        offset: field.span.start,
+                        problem: crate::wire::WireProblem::UnexpectedWireType {
+                            field: field.number,
+                            got: other.kind(),
+                            expected: "length-delimited",
+                        },
+                    })
+                }
+                _ => field.span.end..field.span.end,
+            };
+            has_graph |= field.number == MODEL_GRAPH;
+            top.push(TopField {
+                number: field.number,
+                span: field.span,
+                value,
+            });
+        }
+        if !has_graph {
+            return Err(Error::Model(
+                "no graph (ModelProto field 7): not an ONNX model".into(),
+            ));
+        }
+        Ok(Model {
+            path: None,
+            dir: dir.into(),
+            bytes,
+            top,
+            externals: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The folder external data is resolved against.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    pub fn top_fields(&self) -> &[TopField] {
+        &self.top
+    }
+
+    /// Spans of the graph's fields with the given number, in file order, over
+    /// every occurrence of `ModelProto.graph` (protobuf merges repeats).
+    fn graph_fields(&self, number: u32) -> Result<Vec<Range<usize>>> {
+        let mut out = Vec::new();
+        for g in self.top.iter().filter(|f| f.number == MODEL_GRAPH) {
+            for field in Fields::with_base(&self.bytes[g.value.clone()], g.value.start) {
+                let field = field.map_err(|e| wire_err("GraphProto", e))?;
+                if field.number == number {
+                    let b = field.bytes().map_err(|e| wire_err("GraphProto", e))?;
+                    out.push(field.value_start..field.value_start + b.len());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The top-level graph initializers, in file order.
+    pub fn initializers(&self) -> Result<Vec<TensorRef>> {
+        self.graph_fields(GRAPH_INITIALIZER)?
+            .into_iter()
+            .map(|r| TensorRef::parse(&self.bytes, r))
+            .collect()
+    }
+
+    /// The graph's nodes, decoded (initializer payloads are not touched).
+    pub fn nodes(&self) -> Result<Vec<pb::NodeProto>> {
+        self.graph_fields(GRAPH_NODE)?
+            .into_iter()
+            .map(|r| decode(self.bytes.slice(r), "NodeProto"))
+            .collect()
+    }
+
+    /// The compiled-tensor extension, decoded (payloads borrowed).
+    pub fn extension(&self) -> Result<Extension> {
+        let mut ext = Extension::default();
+        for f in &self.top {
+            let bytes = || self.bytes.slice(f.value.clone());
+            match f.number {
+                MODEL_STRUCT_TYPES => ext
+                    .struct_types
+                    .push(decode(bytes(), "ModelProto.struct_types")?),
+                MODEL_DEVICES => ext.devices.push(decode(bytes(), "ModelProto.devices")?),
+                MODEL_COMPILED_TENSORS => ext
+                    .compiled_tensors
+                    .push(decode(bytes(), "ModelProto.compiled_tensors")?),
+                _ => {}
+            }
+        }
+        Ok(ext)
+    }
+
+    /// True when the model has any compiled-tensor extension field.
+    pub fn has_extension(&self) -> bool {
+        self.top.iter().any(|f| is_compiled_field(f.number))
+    }
+
+    /// Maps an external-data file relative to the model folder (cached per
+    /// path), refusing paths that leave the folder.
+    pub fn external_file(&self, location: &ExternalRef) -> std::result::Result<Bytes, String> {
+        let path = location.path_in(&self.dir)?;
+        let dir = self
+            .dir
+            .canonicalize()
+            .map_err(|e| format!("model folder {}: {e}", self.dir.display()))?;
+        let real = path
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if !real.starts_with(&dir) {
+            return Err(format!(
+                "location {:?} resolves outside the model folder (symbolic link?)",
+                location.location
+            ));
+        }
+        let mut cache = self.externals.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = cache.get(&real) {
+            return Ok(b.clone());
+        }
+        if !real.is_file() {
+            return Err(format!("{} is not a regular file", real.display()));
+        }
+        let bytes = map_file(&real).map_err(|e| e.to_string())?;
+        cache.insert(real, bytes.clone());
+        Ok(bytes)
+    }
+
+    /// The raw-form bytes of a raw or external tensor, borrowed from a mapping;
+    /// `None` for typed storage.
+    pub fn mapped_data(&self, t: &TensorRef) -> Result<Option<Bytes>> {
+        match &t.storage {
+            Storage::Raw(r) => Ok(Some(self.bytes.slice(r.clone()))),
+            Storage::Typed(_) => Ok(None),
+            Storage::External(ext) => {
+                let file = self
+                    .external_file(ext)
+                    .map_err(|p| Error::external(&t.name, p))?;
+                let range = ext
+                    .range(file.len() as u64)
+                    .map_err(|p| Error::external(&t.name, p))?;
+                let want = t
+                    .raw_size()
+                    .ok_or_else(|| Error::tensor(&t.name, "size overflows"))?;
+                if range.end - range.start != want {
+                    return Err(Error::external(
+                        &t.name,
+                        format!(
+                            "length {} does not match {} x {} = {} bytes",
+                            range.end - range.start,
+                            t.elements,
+                            t.data_type,
+                            want
+                        ),
+                    ));
+                }
+                Ok(Some(file.slice(range.start as usize..range.end as usize)))
+            }
+        }
+    }
+}
+
+/// Decodes a message from a slice of the mapping (bytes fields stay borrowed).
+pub(crate) fn decode<M: Message + Default>(bytes: Bytes, what: &str) -> Result<M> {
+    M::decode(bytes).map_err(|source| Error::Decode {
+        what: what.into(),
+        source,
+    })
+}
