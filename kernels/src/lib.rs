@@ -1,0 +1,1 @@
+//! Packers that turn source tensors into compiled payloads (CPU and wgpu).
