@@ -30,12 +30,8 @@ pub enum Error {
     UnknownAlgorithm(String),
     #[error("struct type: {0}")]
     Struct(#[from] crate::structs::StructError),
-    #[error("cannot decode {what}: {source}")]
-    Decode {
-        what: String,
-        #[source]
-        source: prost::DecodeError,
-    },
+    #[error("cannot decode {what}: {message}")]
+    Decode { what: String, message: String },
     #[error("rewrite: {0}")]
     Rewrite(String),
 }
@@ -45,6 +41,27 @@ impl Error {
         Error::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    /// A prost decode failure, with prost's field stack shortened (a nesting
+    /// bomb would otherwise print thousands of frames).
+    pub(crate) fn decode(what: &str, e: prost::DecodeError) -> Error {
+        let mut message = e.to_string();
+        if message.len() > 240 {
+            let cut = (0..=240)
+                .rev()
+                .find(|&i| message.is_char_boundary(i))
+                .unwrap_or(0);
+            message.truncate(cut);
+            message.push_str("...");
+        }
+        if message.contains("recursion limit") || e.to_string().contains("recursion limit") {
+            message = format!("nesting depth exceeds the decoder's recursion limit ({message})");
+        }
+        Error::Decode {
+            what: what.to_string(),
+            message,
         }
     }
 

@@ -285,8 +285,5 @@ impl Model {
 
 /// Decodes a message from a slice of the mapping (bytes fields stay borrowed).
 pub(crate) fn decode<M: Message + Default>(bytes: Bytes, what: &str) -> Result<M> {
-    M::decode(bytes).map_err(|source| Error::Decode {
-        what: what.into(),
-        source,
-    })
+    M::decode(bytes).map_err(|e| Error::decode(what, e))
 }

@@ -1,0 +1,195 @@
+//! The byte-preserving rewrite (D2): unknown fields survive add and strip,
+//! strip(add(m)) == m byte for byte, sidecars are 4096-aligned, replace and
+//! duplicate handling.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use ctcache::check::{check_model, CheckOptions};
+use ctcache::onnx::rewrite::{self, Mode, NewEntry, RewriteOptions};
+use ctcache::onnx::Model;
+use ctcache::pb;
+use ctcache::resolve::{classify, Host, Status};
+use ctcache::wire::put_len_prefix;
+use prost::Message;
+
+/// `base_model` bytes with an unknown field 77 in ModelProto and in GraphProto.
+fn model_with_unknown_fields() -> Vec<u8> {
+    let mut m = base_model();
+    let graph = m.graph.take().unwrap();
+    let mut graph_bytes = graph.encode_to_vec();
+    let unknown = b"future ONNX field";
+    put_len_prefix(&mut graph_bytes, 77, unknown.len() as u64);
+    graph_bytes.extend_from_slice(unknown);
+    let mut out = m.encode_to_vec();
+    put_len_prefix(&mut out, 7, graph_bytes.len() as u64);
+    out.extend_from_slice(&graph_bytes);
+    put_len_prefix(&mut out, 77, 3);
+    out.extend_from_slice(b"xyz");
+    out
+}
+
+fn entry(model: &Model) -> NewEntry {
+    let t = model.initializers().unwrap().remove(0);
+    let payload = ctcache::digest::raw_form(model, &t).unwrap();
+    let digest =
+        ctcache::digest::digest_tensor(model, &t, ctcache::digest::Algorithm::Blake3).unwrap();
+    NewEntry {
+        source_name: t.name.clone(),
+        device: cpu(),
+        struct_type: copy_type(),
+        dims: vec![t.elements],
+        payload,
+        source_digest: digest.bytes.to_vec(),
+        digest_algorithm: "blake3".into(),
+        metadata_props: vec![kv("ctcache.producer", "tests")],
+    }
+}
+
+fn write_input(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
+    let bytes = model_with_unknown_fields();
+    let path = dir.join("in.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    (path, bytes)
+}
+
+fn host() -> Host {
+    Host {
+        devices: vec![cpu()],
+        runtime: None,
+        recognized: [("test.copy.f32", 1)].into_iter().collect(),
+    }
+}
+
+#[test]
+fn add_then_strip_is_identity_and_keeps_unknown_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, original) = write_input(dir.path());
+    let model = Model::open(&input).unwrap();
+    let out = dir.path().join("out.onnx");
+    let report = rewrite::embed(
+        &model,
+        &[entry(&model)],
+        &out,
+        Mode::Add,
+        &RewriteOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.entries, 1);
+    assert_eq!(report.sidecar, None);
+    let embedded = std::fs::read(&out).unwrap();
+    // Every original byte is kept, in place; the extension is appended.
+    assert_eq!(&embedded[..original.len()], &original[..]);
+    assert!(embedded.len() > original.len());
+
+    let embedded_model = Model::open(&out).unwrap();
+    assert!(check_model(&embedded_model, &CheckOptions::default())
+        .unwrap()
+        .is_empty());
+    let statuses = classify(&embedded_model, &host(), &CheckOptions::default()).unwrap();
+    assert_eq!(statuses[0].status, Status::Hit { host_device: 0 });
+
+    let stripped = dir.path().join("stripped.onnx");
+    rewrite::strip(&embedded_model, &stripped).unwrap();
+    assert_eq!(std::fs::read(&stripped).unwrap(), original);
+    assert_eq!(rewrite::strip_to_vec(&embedded_model), original);
+}
+
+#[test]
+fn sidecar_payloads_are_aligned_and_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, original) = write_input(dir.path());
+    let model = Model::open(&input).unwrap();
+    let out = dir.path().join("side.onnx");
+    let mut second = entry(&model);
+    second.struct_type.name = "test.copy.f32.b".into();
+    let opts = RewriteOptions {
+        all_to_sidecar: true,
+        ..Default::default()
+    };
+    let report = rewrite::embed(&model, &[entry(&model), second], &out, Mode::Add, &opts).unwrap();
+    let sidecar = report.sidecar.clone().unwrap();
+    assert_eq!(sidecar.file_name().unwrap(), "side.onnx.ctdata");
+    assert_eq!(report.inline_bytes, 0);
+    let m = Model::open(&out).unwrap();
+    let ext = m.extension().unwrap();
+    let offsets: Vec<u64> = ext
+        .compiled_tensors
+        .iter()
+        .map(|c| {
+            let r = ctcache::check::payload_ref(c.value.as_ref().unwrap()).unwrap();
+            r.offset
+        })
+        .collect();
+    assert_eq!(offsets, vec![0, 4096]);
+    assert!(check_model(&m, &CheckOptions::default())
+        .unwrap()
+        .is_empty());
+    // The sidecar holds the payload bytes at the recorded offsets.
+    let side = std::fs::read(&sidecar).unwrap();
+    let payload = entry(&model).payload;
+    assert_eq!(&side[4096..4096 + payload.len()], &payload[..]);
+    assert_eq!(rewrite::strip_to_vec(&m), original);
+}
+
+#[test]
+fn replace_drops_previous_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, original) = write_input(dir.path());
+    let model = Model::open(&input).unwrap();
+    let once = dir.path().join("once.onnx");
+    rewrite::embed(
+        &model,
+        &[entry(&model)],
+        &once,
+        Mode::Add,
+        &RewriteOptions::default(),
+    )
+    .unwrap();
+    let once_model = Model::open(&once).unwrap();
+    // Adding the same key again is refused; replacing works.
+    let twice = dir.path().join("twice.onnx");
+    let err = rewrite::embed(
+        &once_model,
+        &[entry(&once_model)],
+        &twice,
+        Mode::Add,
+        &RewriteOptions::default(),
+    );
+    assert!(err.is_err());
+    rewrite::embed(
+        &once_model,
+        &[entry(&once_model)],
+        &twice,
+        Mode::Replace,
+        &RewriteOptions::default(),
+    )
+    .unwrap();
+    let twice_model = Model::open(&twice).unwrap();
+    assert_eq!(twice_model.extension().unwrap().compiled_tensors.len(), 1);
+    assert_eq!(rewrite::strip_to_vec(&twice_model), original);
+}
+
+#[test]
+fn stale_entry_is_a_miss_after_the_initializer_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, _) = write_input(dir.path());
+    let model = Model::open(&input).unwrap();
+    let mut e = entry(&model);
+    e.source_digest[0] ^= 1;
+    let out = dir.path().join("stale.onnx");
+    rewrite::embed(&model, &[e], &out, Mode::Add, &RewriteOptions::default()).unwrap();
+    let m = Model::open(&out).unwrap();
+    let s = classify(&m, &host(), &CheckOptions::default()).unwrap();
+    assert!(matches!(&s[0].status, Status::Miss(r) if r.code() == "stale_digest"));
+    // An unknown type name is a miss, not an error.
+    let other_host = Host {
+        recognized: Default::default(),
+        ..host()
+    };
+    let m2 = Model::from_bytes(Bytes::from(compiled_model().encode_to_vec()), ".").unwrap();
+    let s = classify(&m2, &other_host, &CheckOptions::default()).unwrap();
+    assert!(matches!(&s[0].status, Status::Miss(r) if r.code() == "unknown_physical_type"));
+    let _ = pb::ModelProto::default();
+}
