@@ -33,7 +33,7 @@ pub enum Command {
     Digest {
         model: PathBuf,
         /// blake3 (default) or sha256.
-        #[arg(long, default_value = "blake3")]
+        #[arg(long, default_value = "blake3", value_parser = ["blake3", "sha256"])]
         algorithm: String,
     },
     /// List the compiled tensors and whether each is usable on this host.

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs every test of ctcache. On a fresh Debian machine it first installs what
+# the tests need (system packages, a Rust toolchain, a Python venv with the
+# cross-check tools), then runs: rustfmt, clippy, the Rust tests, the Python
+# cross-checks against onnx / onnxruntime / gguf / numpy.
+#
+# Environment: CARGO_TARGET_DIR (default /var/tmp/ctcache-target, kept between
+# runs), CTCACHE_VENV (default /var/tmp/ctcache-venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/ctcache-target}"
+VENV="${CTCACHE_VENV:-/var/tmp/ctcache-venv}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+step() { printf '\n==> %s\n' "$*"; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+step "system packages"
+need=()
+command -v cc >/dev/null || need+=(build-essential)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v curl >/dev/null || need+=(curl ca-certificates)
+command -v python3 >/dev/null || need+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+[ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -n "$(ls /usr/share/vulkan/icd.d/lvp_icd.* 2>/dev/null)" ] || need+=(mesa-vulkan-drivers)
+ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need+=(libvulkan1)
+if [ ${#need[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}"
+fi
+
+step "rust toolchain"
+if ! command -v cargo >/dev/null; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+cargo --version
+
+step "python venv ($VENV)"
+if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+
+# wgpu tests use the software Vulkan adapter (lavapipe).
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d /tmp/ctcache-xdg.XXXXXX)}"
+chmod 0700 "$XDG_RUNTIME_DIR"
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "build"
+cargo build --workspace --all-targets --locked
+cargo build --workspace --examples --locked
+
+step "rust tests"
+cargo test --workspace --locked
+
+step "python cross-checks"
+export CTCACHECTL="$CARGO_TARGET_DIR/debug/ctcachectl"
+export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"
+"$VENV/bin/python" -m pytest -q tests/python
