@@ -31,7 +31,7 @@ with open(os.path.join(work, "weights.bin"), "wb") as f:
         a = rng.standard_normal((rows, cols), dtype=np.float32)
         off = f.tell()
         f.write(a.tobytes())
-        t = helper.make_tensor(f"w{i}", TensorProto.FLOAT, [rows, cols], vals=[], raw=False)
+        t = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[rows, cols])
         t.data_location = TensorProto.EXTERNAL
         for k, v in (("location", "weights.bin"), ("offset", str(off)), ("length", str(a.nbytes))):
             e = t.external_data.add(); e.key, e.value = k, v
@@ -70,5 +70,5 @@ echo "data: $((BYTES >> 20)) MiB in 8 external initializers"
 echo "ctcachectl digest: $(GBS "$T_CT") GB/s (${T_CT}s)"
 echo "b3sum:             $(GBS "$T_B3") GB/s (${T_B3}s)"
 echo "ratio ctcache/b3sum: $(echo "scale=3; $T_B3 / $T_CT" | bc -l) (target >= 0.9)"
-echo "ctcachectl peak RSS: anonymous $((ANON / 1024)) MiB (target < 64), file-backed mapped pages $((FILE / 1024)) MiB"
+echo "ctcachectl peak RSS: anonymous $ANON KiB (target < 64 MiB), file-backed mapped pages $((FILE / 1024)) MiB"
 rm -rf "$WORK"

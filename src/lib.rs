@@ -12,6 +12,7 @@ pub mod error;
 pub mod fsutil;
 pub mod onnx;
 pub mod resolve;
+pub mod store;
 pub mod structs;
 pub mod wire;
 

@@ -13,18 +13,49 @@ use crate::onnx::{Model, TensorRef};
 use crate::pb;
 use crate::structs::{self, FORMAT_VERSION_KEY};
 
-/// The physical types (struct type name -> format versions) this runtime
-/// can consume.
+/// The physical types this runtime can consume: exact struct type names,
+/// and packer families (every type named `<packer>` or `<packer>.<params>`
+/// whose `ctcache.packer` metadata is that packer), each with the format
+/// versions understood.
 #[derive(Debug, Clone, Default)]
-pub struct Recognized(HashMap<String, BTreeSet<u32>>);
+pub struct Recognized {
+    names: HashMap<String, BTreeSet<u32>>,
+    packers: HashMap<String, BTreeSet<u32>>,
+}
 
 impl Recognized {
+    /// Recognizes one exact type name at one format version.
     pub fn insert(&mut self, name: impl Into<String>, version: u32) {
-        self.0.entry(name.into()).or_default().insert(version);
+        self.names.entry(name.into()).or_default().insert(version);
     }
 
+    /// Recognizes every type a packer produces at one format version.
+    pub fn insert_packer(&mut self, packer: impl Into<String>, version: u32) {
+        self.packers.entry(packer.into()).or_default().insert(version);
+    }
+
+    /// The versions understood for a type name (exact names first, then the
+    /// packer family the name belongs to), or `None` when it is unknown.
     pub fn versions(&self, name: &str) -> Option<&BTreeSet<u32>> {
-        self.0.get(name)
+        if let Some(v) = self.names.get(name) {
+            return Some(v);
+        }
+        self.packers
+            .iter()
+            .filter(|(p, _)| name == p.as_str() || name.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('.')))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(_, v)| v)
+    }
+
+    /// The versions understood for a type: by name, and for packer families
+    /// only when the type's `ctcache.packer` metadata names that packer.
+    pub fn versions_of(&self, t: &pb::StructTypeProto) -> Option<&BTreeSet<u32>> {
+        if let Some(v) = self.names.get(&t.name) {
+            return Some(v);
+        }
+        let packer = structs::metadata(&t.metadata_props, structs::PACKER_KEY)?;
+        let family = t.name == packer || t.name.strip_prefix(packer).is_some_and(|rest| rest.starts_with('.'));
+        family.then(|| self.packers.get(packer)).flatten()
     }
 }
 
@@ -215,7 +246,7 @@ fn classify_entry(
     // 6. The runtime recognizes the type and its format version.
     let versions = host
         .recognized
-        .versions(&root.name)
+        .versions_of(root)
         .ok_or_else(|| MissReason::UnknownPhysicalType(root.name.clone()))?;
     let version = structs::metadata(&root.metadata_props, FORMAT_VERSION_KEY).unwrap_or("");
     match version.parse::<u32>() {

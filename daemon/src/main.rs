@@ -1,4 +1,128 @@
-//! `ctcached`: the compiled-tensor cache daemon (gRPC service arrives with the store).
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("ctcached: the daemon is not built yet; use `ctcachectl` offline commands")
+//! `ctcached`: loads the config, starts logging, opens the store, binds the
+//! socket and serves. Everything else lives in the library.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use ctcached::config::{config_file, Config, LogFormat, Overrides};
+use ctcached::{daemon::Daemon, logging, server, systemd, transport, watcher};
+
+/// The compiled-tensor cache daemon.
+#[derive(Debug, Parser)]
+#[command(name = "ctcached", version, about)]
+struct Args {
+    /// Config file (default: $CTCACHE_CONFIG, /etc/ctcache/ctcached.toml under systemd, ~/.config/ctcache/ctcached.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Model folder to watch (repeatable).
+    #[arg(long)]
+    watch: Vec<PathBuf>,
+    /// Also listen on TCP (off by default).
+    #[arg(long)]
+    listen_tcp: Option<String>,
+    /// Prometheus endpoint (off by default), e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    #[arg(long)]
+    workers: Option<usize>,
+    #[arg(long, value_parser = ["auto", "human", "json", "journald"])]
+    log_format: Option<String>,
+    /// Print the effective config as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ctcached: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse();
+    let env = |k: &str| std::env::var(k).ok();
+    let flags = Overrides {
+        cache_dir: args.cache_dir,
+        socket: args.socket,
+        watch: args.watch,
+        listen_tcp: args.listen_tcp,
+        metrics_addr: args.metrics_addr,
+        workers: args.workers,
+        log_format: args.log_format.map(|f| match f.as_str() {
+            "human" => LogFormat::Human,
+            "json" => LogFormat::Json,
+            "journald" => LogFormat::Journald,
+            _ => LogFormat::Auto,
+        }),
+    };
+    let file = config_file(args.config.as_deref(), &env);
+    let config = Config::load(file.as_deref(), &env, &flags)?;
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Ok(());
+    }
+    logging::init(config.log_format, &config.log_level);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve(config))
+}
+
+async fn serve(config: Config) -> Result<()> {
+    std::fs::create_dir_all(&config.cache_dir).with_context(|| format!("creating {}", config.cache_dir.display()))?;
+    let store = ctcache::store::Store::open(&config.cache_dir, Default::default())
+        .with_context(|| format!("opening the cache {}", config.cache_dir.display()))?;
+    let env = |k: &str| std::env::var(k).ok();
+    let spec = match transport::from_systemd(&env)? {
+        Some(s) => s,
+        None => transport::bind_unix(&config.socket, transport::resolve_group(&config.socket_group)?)?,
+    };
+    let tcp = match &config.listen_tcp {
+        Some(a) => Some(std::net::TcpListener::bind(a).with_context(|| format!("listening on {a}"))?),
+        None => None,
+    };
+    if let Some(addr) = &config.metrics_addr {
+        ctcached::metrics::install(addr)?;
+    }
+    let socket_path = spec.path.clone().or_else(|| Some(config.socket.clone()));
+    let daemon = Arc::new(Daemon::new(config, Arc::new(store), socket_path.clone()));
+    watcher::start(&daemon)?;
+    // Repair file/index mismatches in the background; lookups go on meanwhile.
+    let d = daemon.clone();
+    tokio::task::spawn_blocking(move || match d.store.reconcile() {
+        Ok(r) => tracing::info!(?r, "reconcile done"),
+        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+    });
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("shutdown requested");
+        let _ = tx.send(true);
+    });
+    let _watchdog = systemd::spawn_watchdog();
+    let where_ = socket_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    let ready = move || {
+        tracing::info!(socket = %where_, "ctcached ready");
+        systemd::ready(&format!("serving on {where_}"));
+    };
+    server::serve(daemon, spec.listener, tcp, rx, ready).await?;
+    if let (Some(p), false) = (socket_path, spec.activated) {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
 }

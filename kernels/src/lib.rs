@@ -1,1 +1,53 @@
-//! Packers that turn source tensors into compiled payloads (CPU and wgpu).
+//! ctcache packers: turn a source tensor (canonical raw form) into a
+//! compiled payload whose layout is a named, versioned `StructTypeProto`
+//! (D4), byte-identical with the reference tools of each format.
+//!
+//! Every packer implements [`Packer`]; [`catalogue`] lists them and [`find`]
+//! looks one up by id.
+
+pub mod compile;
+pub mod decoder;
+pub mod device;
+pub mod formats;
+pub mod fp16;
+pub mod isa;
+pub mod layout;
+pub mod packer;
+pub mod params;
+mod util;
+
+pub use isa::Isa;
+pub use packer::{PackError, PackedLayout, Packer, SourceTensor};
+pub use params::{ParamSpec, Params};
+
+static CATALOGUE: [&dyn Packer; 6] = [
+    &formats::matmul_nbits::MatMulNbits,
+    &formats::ggml::Q8_0,
+    &formats::ggml::Q4_0,
+    &formats::cast::F16,
+    &formats::cast::BF16,
+    &formats::gemm_pack_b::GemmPackB,
+];
+
+/// Every packer of this build.
+pub fn catalogue() -> &'static [&'static dyn Packer] {
+    &CATALOGUE
+}
+
+/// The packer with this id.
+pub fn find(id: &str) -> Option<&'static dyn Packer> {
+    CATALOGUE.iter().copied().find(|p| p.id() == id)
+}
+
+/// Convenience: validates, allocates the payload and packs with the best
+/// kernel. Returns the layout and the payload.
+pub fn pack_to_vec(
+    packer: &dyn Packer,
+    src: &SourceTensor<'_>,
+    params: &Params,
+) -> Result<(PackedLayout, Vec<u8>), PackError> {
+    let layout = packer.output(src.data_type, src.dims, params)?;
+    let mut out = vec![0u8; util::us(layout.payload_len)];
+    packer.pack(src, params, &mut out)?;
+    Ok((layout, out))
+}

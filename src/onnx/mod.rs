@@ -3,6 +3,7 @@
 //! byte-preserving rewrite of the compiled-tensor fields.
 
 mod external;
+pub mod graph;
 mod model;
 pub mod rewrite;
 mod tensor;

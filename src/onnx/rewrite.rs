@@ -166,19 +166,17 @@ pub fn embed(
                 e.source_name
             )));
         }
-        let type_index = match types.iter().position(|t| t.name == e.struct_type.name) {
-            Some(i) if types[i] == e.struct_type => i,
-            Some(_) => {
-                return Err(Error::Rewrite(format!(
-                    "struct type {:?} already exists in the model with a different layout",
-                    e.struct_type.name
-                )))
-            }
+        // Model-level types are unique by name; a type whose name is taken by
+        // a different declaration (e.g. a format with a shape-dependent
+        // constant) is written inline in its value instead.
+        let type_ref = match types.iter().position(|t| t.name == e.struct_type.name) {
+            Some(i) if types[i] == e.struct_type => TypeRef::Index(i),
+            Some(_) => TypeRef::Inline,
             None => {
                 types.push(e.struct_type.clone());
                 encoded_field(&mut tail, MODEL_STRUCT_TYPES, &e.struct_type);
                 report.struct_types_added += 1;
-                types.len() - 1
+                TypeRef::Index(types.len() - 1)
             }
         };
         let device_index = match devices.iter().position(|d| *d == e.device) {
@@ -204,10 +202,16 @@ pub fn embed(
         keys.push(key);
         let to_sidecar = opts.all_to_sidecar || e.payload.len() as u64 >= opts.sidecar_threshold;
         let mut value = pb::StructProto {
-            r#type: type_index as i32,
             dims: e.dims.clone(),
             ..Default::default()
         };
+        match type_ref {
+            TypeRef::Index(i) => value.r#type = i as i32,
+            TypeRef::Inline => {
+                value.r#type = -1;
+                value.struct_type = Some(e.struct_type.clone());
+            }
+        }
         if to_sidecar {
             let offset = sidecar_len.next_multiple_of(SIDECAR_ALIGN);
             sidecar_len = offset + e.payload.len() as u64;
@@ -258,6 +262,11 @@ pub fn embed(
         w.write_all(&tail)
     })?;
     Ok(report)
+}
+
+enum TypeRef {
+    Index(usize),
+    Inline,
 }
 
 fn entry(key: &str, value: &str) -> pb::StringStringEntryProto {

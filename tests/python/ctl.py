@@ -98,3 +98,10 @@ def digest_json(model: str, algorithm: str | None = None, cwd: str | None = None
         assert entry["name"] not in out, f"duplicate initializer {entry['name']}"
         out[entry["name"]] = entry
     return out
+
+
+def run_json(*args: str) -> dict:
+    """Run ctcachectl with ``--json`` and parse stdout; fails on a non-zero exit."""
+    r = run(*args, "--json")
+    assert r.returncode == 0, r.describe()
+    return json.loads(r.stdout)

@@ -3,6 +3,7 @@
 
 mod offline;
 mod output;
+mod packing;
 
 use std::path::PathBuf;
 
@@ -44,6 +45,51 @@ pub enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// The devices of this host, as compiled tensors describe them.
+    Devices {
+        /// Detect locally instead of asking the daemon.
+        #[arg(long)]
+        local: bool,
+    },
+    /// The packers (formats) of this build and their parameters.
+    Formats,
+    /// Pack one initializer and write the raw payload (what a cache entry stores).
+    Pack {
+        model: PathBuf,
+        #[arg(long)]
+        initializer: String,
+        #[arg(long)]
+        format: String,
+        /// Packer parameter, k=v (repeatable).
+        #[arg(long = "param")]
+        params: Vec<String>,
+        #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]
+        backend: String,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Also write the payload's StructTypeProto (binary protobuf).
+        #[arg(long)]
+        type_out: Option<PathBuf>,
+    },
+    /// Pack initializers locally and embed them into a copy of the model.
+    Embed {
+        model: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        #[arg(long)]
+        format: String,
+        #[arg(long = "param")]
+        params: Vec<String>,
+        /// Initializers to compile (repeatable; default: all the format accepts).
+        #[arg(long = "initializer")]
+        initializers: Vec<String>,
+        /// Put every payload in the sidecar file (default: payloads >= 1 MiB).
+        #[arg(long)]
+        sidecar: bool,
+        /// Drop compiled tensors already in the model.
+        #[arg(long)]
+        replace: bool,
+    },
 }
 
 /// Runs a parsed command line.
@@ -54,5 +100,47 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Digest { model, algorithm } => offline::digest(&model, &algorithm, json),
         Command::Inspect { model } => offline::inspect(&model, json),
         Command::Strip { model, output } => offline::strip(&model, &output),
+        Command::Devices { local: _ } => packing::devices(json),
+        Command::Formats => packing::formats(json),
+        Command::Pack {
+            model,
+            initializer,
+            format,
+            params,
+            backend,
+            output,
+            type_out,
+        } => packing::pack(
+            packing::PackArgs {
+                model: &model,
+                initializer: &initializer,
+                format: &format,
+                params: &params,
+                backend: &backend,
+                output: &output,
+                type_out: type_out.as_deref(),
+            },
+            json,
+        ),
+        Command::Embed {
+            model,
+            output,
+            format,
+            params,
+            initializers,
+            sidecar,
+            replace,
+        } => packing::embed(
+            packing::EmbedArgs {
+                model: &model,
+                output: &output,
+                format: &format,
+                params: &params,
+                initializers: &initializers,
+                sidecar,
+                replace,
+            },
+            json,
+        ),
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use ctcache::check::{check_model, CheckOptions};
 use ctcache::digest::{digest_all, Algorithm};
 use ctcache::onnx::{rewrite, Model};
-use ctcache::resolve::{classify, Host, MissReason, Recognized, Status};
+use ctcache::resolve::{classify, Host, MissReason, Status};
 use serde_json::json;
 
 use super::output::{print_json, print_table, say, Failure};
@@ -14,17 +14,13 @@ fn open(model: &Path) -> Result<Model, Failure> {
     Ok(Model::open(model)?)
 }
 
-/// The physical types this build recognizes (the packer catalogue).
-fn recognized() -> Recognized {
-    Recognized::default()
-}
-
-/// The host as the loading rules see it: the CPU, no runtime named.
+/// The host as the loading rules see it: its devices, no runtime named, the
+/// physical types of this build's packers.
 fn host() -> Host {
     Host {
-        devices: vec![ctcache::device::host_cpu()],
+        devices: ctcache_kernels::compile::host_devices(),
         runtime: None,
-        recognized: recognized(),
+        recognized: ctcache_kernels::compile::recognized(),
     }
 }
 

@@ -1,0 +1,201 @@
+//! Store benchmark (one run, prints figures against their targets):
+//! put throughput vs a plain write+fsync of the same bytes (>= 0.8x),
+//! lookups per second on one core with N entries (>= 200,000/s), open time
+//! of a store with N entries (< 1 s), GC over N entries (< 2 s).
+//!
+//! `cargo bench -p ctcache --bench store_bench`; N from
+//! `CTCACHE_BENCH_ENTRIES` (default 100,000), the folder from
+//! `CTCACHE_BENCH_DIR` (default the system temp dir).
+
+use std::fs::File;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use ctcache::digest::{Algorithm, SourceDigest};
+use ctcache::pb;
+use ctcache::store::{Accept, GcPolicy, HostFilter, NewEntry, Producer, Store, StoreOptions};
+use ctcache::structs::FORMAT_VERSION_KEY;
+
+fn digest(n: u64) -> SourceDigest {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&n.to_le_bytes());
+    bytes[8..16].copy_from_slice(&n.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
+    SourceDigest {
+        algorithm: Algorithm::Blake3,
+        bytes,
+    }
+}
+
+fn device() -> pb::DeviceProto {
+    pb::DeviceProto {
+        r#type: "cpu".into(),
+        architecture: "x86_64-avx2".into(),
+        metadata_props: vec![pb::StringStringEntryProto {
+            key: "cpu.features".into(),
+            value: "avx2,fma".into(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn entry(n: u64) -> NewEntry {
+    NewEntry {
+        source: digest(n),
+        device: device(),
+        physical_type: pb::StructTypeProto {
+            name: "ort.matmul_nbits.b4.bs32.sym".into(),
+            metadata_props: vec![pb::StringStringEntryProto {
+                key: FORMAT_VERSION_KEY.into(),
+                value: "1".into(),
+            }],
+            ..Default::default()
+        },
+        dims: vec![4096, 4096],
+        producer: Producer {
+            packer_id: "bench".into(),
+            packer_version: "1".into(),
+            client_uid: None,
+        },
+        source_names: vec![format!("layers.{n}.weight")],
+        model_paths: vec!["/models/bench.onnx".into()],
+        pack_duration: Duration::from_millis(5),
+    }
+}
+
+fn mib_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / d.as_secs_f64()
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "BELOW TARGET"
+    }
+}
+
+fn bench_put(base: &std::path::Path) {
+    const SIZE: usize = 16 << 20;
+    const COUNT: u64 = 8;
+    let data: Vec<Vec<u8>> = (0..COUNT)
+        .map(|i| (0..SIZE).map(|j| (j as u64 * 31 + i * 7) as u8).collect())
+        .collect();
+    let total = SIZE as u64 * COUNT;
+    let (mut best_plain, mut best_store) = (Duration::MAX, Duration::MAX);
+    for round in 0..3u64 {
+        let plain_dir = tempfile::tempdir_in(base).unwrap();
+        let t = Instant::now();
+        for (i, d) in data.iter().enumerate() {
+            let mut f = File::create(plain_dir.path().join(i.to_string())).unwrap();
+            f.write_all(d).unwrap();
+            f.sync_all().unwrap();
+        }
+        best_plain = best_plain.min(t.elapsed());
+
+        let store_dir = tempfile::tempdir_in(base).unwrap();
+        let s = Store::open(store_dir.path(), StoreOptions::default()).unwrap();
+        let t = Instant::now();
+        for (i, d) in data.iter().enumerate() {
+            s.put(&entry(round * 100 + i as u64), d.as_slice()).unwrap();
+        }
+        best_store = best_store.min(t.elapsed());
+    }
+    let ratio = best_plain.as_secs_f64() / best_store.as_secs_f64();
+    println!(
+        "put {COUNT} x {} MiB: store {:.0} MiB/s, plain write+fsync {:.0} MiB/s, ratio {ratio:.2} (target >= 0.8: {})",
+        SIZE >> 20,
+        mib_s(total, best_store),
+        mib_s(total, best_plain),
+        verdict(ratio >= 0.8)
+    );
+}
+
+fn main() {
+    let n: u64 = std::env::var("CTCACHE_BENCH_ENTRIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let base = std::env::var("CTCACHE_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir());
+    if std::env::args().any(|a| a == "--test" || a == "--list") {
+        return; // `cargo test --benches` only checks that it builds.
+    }
+    bench_put(&base);
+
+    let dir = tempfile::tempdir_in(&base).unwrap();
+    // Building the large store is set-up, not measured: no fsync.
+    let fast = StoreOptions {
+        fsync: false,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    {
+        let s = Store::open(dir.path(), fast.clone()).unwrap();
+        for i in 0..n {
+            s.put(&entry(i), &i.to_le_bytes()[..]).unwrap();
+        }
+        s.flush().unwrap();
+    }
+    println!("set-up: {n} entries put in {:.1?}", t.elapsed());
+
+    let t = Instant::now();
+    let s = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let open = t.elapsed();
+    println!(
+        "open with {n} entries: {open:.1?} (target < 1 s: {})",
+        verdict(open < Duration::from_secs(1))
+    );
+
+    let host = HostFilter::new(vec![device()], None, Accept::Any);
+    // Warm the index cache, as a running daemon's would be.
+    for i in 0..n {
+        s.lookup(&digest(i), &host).unwrap();
+    }
+    let mut x = 0x1234_5678_u64;
+    let count = 400_000u64;
+    let t = Instant::now();
+    let mut hits = 0;
+    for _ in 0..count {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        hits += s.lookup(&digest(x % n), &host).unwrap().len();
+    }
+    let el = t.elapsed();
+    assert_eq!(hits as u64, count);
+    let per_s = count as f64 / el.as_secs_f64();
+    println!(
+        "lookups, one thread, {n} entries: {per_s:.0}/s (target >= 200,000/s: {})",
+        verdict(per_s >= 200_000.0)
+    );
+
+    let st = s.stats().unwrap();
+    let t = Instant::now();
+    let dry = s
+        .gc(&GcPolicy {
+            max_bytes: Some(st.stored_bytes * 9 / 10),
+            orphans: true,
+            temp_files: true,
+            dry_run: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let dry_t = t.elapsed();
+    let t = Instant::now();
+    let real = s
+        .gc(&GcPolicy {
+            max_bytes: Some(st.stored_bytes * 9 / 10),
+            orphans: true,
+            temp_files: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let real_t = t.elapsed();
+    assert_eq!(dry.items.len(), real.items.len());
+    println!(
+        "gc over {n} entries (budget -10%, orphans, temps): plan {dry_t:.1?}, run removing {} entries {real_t:.1?} (target < 2 s: {})",
+        real.items.len(),
+        verdict(real_t < Duration::from_secs(2))
+    );
+}

@@ -1,0 +1,88 @@
+//! Policy: which initializers of a model get which formats, from the
+//! config's rules and the graph's weight uses (MatMul / Gemm input B,
+//! directly or through Identity / Transpose, honouring Gemm's transB).
+
+use ctcache::dtype::DataType;
+use ctcache::onnx::graph::{weight_uses, NotASource, WeightUses};
+use ctcache::onnx::{Model, TensorRef};
+use ctcache_kernels::Params;
+
+use crate::config::PolicyRule;
+
+/// One (initializer, format) pair the policy wants compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wanted {
+    pub initializer: String,
+    pub format: String,
+    pub params: Params,
+}
+
+/// What the policy decided for a model.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub wanted: Vec<Wanted>,
+    /// Weight-like inputs that are not compiled-tensor sources in v1.
+    pub not_sources: Vec<NotASource>,
+    /// Initializers a rule matched but the packer refused (name, reason).
+    pub refused: Vec<(String, String)>,
+}
+
+fn rule_matches(rule: &PolicyRule, t: &TensorRef, uses: &WeightUses) -> bool {
+    let type_ok = rule
+        .data_types
+        .iter()
+        .any(|n| DataType::from_name(n) == Some(t.data_type));
+    let rank_ok = rule.rank == 0 || t.dims.len() == rule.rank;
+    let size_ok = t.elements >= rule.min_elements;
+    let use_ok = rule.used_as.is_empty()
+        || uses
+            .of(&t.name)
+            .any(|u| rule.used_as.iter().any(|w| w == u.site.name()));
+    type_ok && rank_ok && size_ok && use_ok
+}
+
+/// Applies `rules` to the model's top-level initializers.
+pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection> {
+    let uses = weight_uses(model)?;
+    let mut out = Selection {
+        not_sources: uses.not_sources.clone(),
+        ..Default::default()
+    };
+    for t in model.initializers()? {
+        for rule in rules.iter().filter(|r| rule_matches(r, &t, &uses)) {
+            let Some(packer) = ctcache_kernels::find(&rule.format) else {
+                continue;
+            };
+            let params = match Params::parse(rule.params.iter().map(|(k, v)| format!("{k}={v}"))) {
+                Ok(p) => p,
+                Err(e) => {
+                    out.refused.push((t.name.clone(), e.to_string()));
+                    continue;
+                }
+            };
+            // A packer whose layout assumes W[K, N] cannot take a weight the
+            // graph uses transposed; say so instead of producing a wrong layout.
+            if uses.of(&t.name).all(|u| u.transposed) && uses.of(&t.name).next().is_some() && layout_is_kn(&rule.format) {
+                out.refused.push((
+                    t.name.clone(),
+                    format!("{}: the graph uses this weight transposed (Gemm transB or Transpose); v1 packs W[K, N] only", rule.format),
+                ));
+                continue;
+            }
+            match packer.check_source(t.data_type, &t.dims, &params) {
+                Ok(()) => out.wanted.push(Wanted {
+                    initializer: t.name.clone(),
+                    format: rule.format.clone(),
+                    params,
+                }),
+                Err(e) => out.refused.push((t.name.clone(), e.to_string())),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Formats whose source is the logical MatMul B, W[K, N].
+fn layout_is_kn(format: &str) -> bool {
+    matches!(format, "ort.matmul_nbits" | "gemm.pack_b.f32")
+}

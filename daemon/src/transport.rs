@@ -1,0 +1,105 @@
+//! Listening sockets: the Unix socket at the configured path (parent 0750,
+//! socket 0660, optional group), a stale socket replaced, a live daemon
+//! detected; systemd socket activation (LISTEN_FDS / LISTEN_PID); optional TCP.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::io::FromRawFd;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// First file descriptor passed by systemd.
+const SD_LISTEN_FDS_START: i32 = 3;
+
+/// A Unix listener and where it came from.
+pub struct UnixListenerSpec {
+    pub listener: std::os::unix::net::UnixListener,
+    pub path: Option<PathBuf>,
+    pub activated: bool,
+}
+
+/// Takes the socket systemd passed, when LISTEN_PID names this process.
+pub fn from_systemd(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<UnixListenerSpec>> {
+    let pid_ok = env("LISTEN_PID").and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
+    let fds: i32 = env("LISTEN_FDS").and_then(|n| n.parse().ok()).unwrap_or(0);
+    if !pid_ok || fds < 1 {
+        return Ok(None);
+    }
+    // The fd is ours to own from here on; mark it close-on-exec.
+    let fd = SD_LISTEN_FDS_START;
+    // SAFETY: fcntl on a descriptor systemd passed to this very process.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags < 0 {
+            bail!("LISTEN_FDS=1 but fd 3 is not open");
+        }
+        libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+    }
+    // SAFETY: fd 3 is a listening socket passed by the service manager and
+    // owned by no other object in this process.
+    let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+    listener.set_nonblocking(true).context("socket-activated fd")?;
+    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf));
+    Ok(Some(UnixListenerSpec {
+        listener,
+        path,
+        activated: true,
+    }))
+}
+
+/// Binds the Unix socket at `path`, replacing a stale one and refusing when a
+/// live daemon answers on it.
+pub fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerSpec> {
+    if let Some(parent) = path.parent() {
+        if !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(parent)
+                .with_context(|| format!("creating socket folder {}", parent.display()))?;
+        }
+    }
+    if path.exists() {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => bail!(
+                "another ctcached is already listening on {} (stop it first, or pass --socket)",
+                path.display()
+            ),
+            Err(_) => {
+                std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+            }
+        }
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("chgrp {} to gid {gid}", path.display()))?;
+    }
+    listener.set_nonblocking(true)?;
+    Ok(UnixListenerSpec {
+        listener,
+        path: Some(path.to_path_buf()),
+        activated: false,
+    })
+}
+
+/// Resolves a group name or number to a gid.
+pub fn resolve_group(group: &str) -> Result<Option<u32>> {
+    if group.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(Some(gid));
+    }
+    let text = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let gid = f.nth(1)?.parse::<u32>().ok()?;
+            (name == group).then_some(gid)
+        })
+        .next()
+        .map(Some)
+        .with_context(|| format!("socket_group {group:?} does not exist"))
+}

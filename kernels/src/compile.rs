@@ -1,0 +1,112 @@
+//! Compiling one initializer of a model: read its canonical raw form from
+//! the mapping, digest it (D3), pack it, and describe the result for the
+//! store and for the model rewrite.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ctcache::digest::{self, Algorithm, SourceDigest};
+use ctcache::onnx::{rewrite, Model, TensorRef};
+use ctcache::pb;
+use ctcache::resolve::Recognized;
+
+use crate::{PackError, PackedLayout, Packer, Params, SourceTensor};
+
+/// Why an initializer could not be compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("{0}")]
+    Model(#[from] ctcache::Error),
+    #[error("{name}: {source}")]
+    Pack { name: String, source: PackError },
+}
+
+/// One packed initializer.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub source_name: String,
+    pub digest: SourceDigest,
+    pub layout: PackedLayout,
+    pub device: pb::DeviceProto,
+    pub payload: Bytes,
+    pub packer_id: &'static str,
+    pub packer_version: u32,
+    pub duration: Duration,
+}
+
+/// Checks that `packer` accepts `t` with `params`, without packing.
+pub fn accepts(t: &TensorRef, packer: &dyn Packer, params: &Params) -> Result<(), PackError> {
+    packer.check_source(t.data_type, &t.dims, params)
+}
+
+/// Packs `t` of `model`. `digest` may be passed when already known (memo).
+pub fn compile(
+    model: &Model,
+    t: &TensorRef,
+    digest: Option<SourceDigest>,
+    packer: &dyn Packer,
+    params: &Params,
+) -> Result<Compiled, CompileError> {
+    let pack_err = |source| CompileError::Pack {
+        name: t.name.clone(),
+        source,
+    };
+    packer.check_source(t.data_type, &t.dims, params).map_err(pack_err)?;
+    let layout = packer.output(t.data_type, &t.dims, params).map_err(pack_err)?;
+    let device = packer.device(params).map_err(pack_err)?;
+    let digest = match digest {
+        Some(d) => d,
+        None => digest::digest_tensor(model, t, Algorithm::Blake3)?,
+    };
+    let raw = digest::raw_form(model, t)?;
+    let started = Instant::now();
+    let src = SourceTensor {
+        data_type: t.data_type,
+        dims: &t.dims,
+        data: &raw,
+    };
+    let (layout_packed, payload) = crate::pack_to_vec(packer, &src, params).map_err(pack_err)?;
+    debug_assert_eq!(layout_packed, layout);
+    Ok(Compiled {
+        source_name: t.name.clone(),
+        digest,
+        layout,
+        device,
+        payload: Bytes::from(payload),
+        packer_id: packer.id(),
+        packer_version: packer.format_version(),
+        duration: started.elapsed(),
+    })
+}
+
+impl Compiled {
+    /// The entry to embed into a model with the byte-preserving rewrite.
+    pub fn to_embedded(&self) -> rewrite::NewEntry {
+        rewrite::NewEntry {
+            source_name: self.source_name.clone(),
+            device: self.device.clone(),
+            struct_type: self.layout.struct_type.clone(),
+            dims: self.layout.dims.clone(),
+            payload: self.payload.clone(),
+            source_digest: self.digest.bytes.to_vec(),
+            digest_algorithm: self.digest.algorithm.name().to_string(),
+            metadata_props: Vec::new(),
+        }
+    }
+}
+
+/// Every physical type this build can produce (and so consume): each
+/// packer's family at its format version.
+pub fn recognized() -> Recognized {
+    let mut r = Recognized::default();
+    for p in crate::catalogue() {
+        r.insert_packer(p.id(), p.format_version());
+    }
+    r
+}
+
+/// The devices of this host: the CPU (D5). GPU adapters are added by the
+/// wgpu backend when it is built and an adapter exists.
+pub fn host_devices() -> Vec<pb::DeviceProto> {
+    vec![ctcache::device::host_cpu()]
+}

@@ -1,0 +1,49 @@
+//! FLOAT -> FLOAT16 / BFLOAT16 over a whole buffer (rules in `fp16`). The
+//! AVX2 path converts with F16C `vcvtps2ph` (round to nearest even, same as
+//! the scalar rule for every non-NaN) and redoes NaN lanes in scalar code,
+//! since the hardware sets the quiet bit and numpy does not.
+
+use rayon::prelude::*;
+
+use crate::fp16::{f32_to_bf16_bits, f32_to_f16_bits};
+use crate::isa::Isa;
+
+/// Elements per parallel work item.
+const CHUNK: usize = 1 << 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    F16,
+    Bf16,
+}
+
+/// Converts the FLOAT raw bytes `src` into 16-bit raw bytes `out`.
+pub(crate) fn convert(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
+    out.par_chunks_mut(2 * CHUNK)
+        .zip(src.par_chunks(4 * CHUNK))
+        .for_each(|(o, s)| convert_run(isa, t, s, o));
+}
+
+fn convert_run(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
+    #[allow(unused_mut)] // only x86-64 has a vector path
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C.
+        done = unsafe { super::cast_avx2::convert_run(t, src, out) };
+    }
+    let _ = isa;
+    let (src, out) = (&src[done * 4..], &mut out[done * 2..]);
+    match t {
+        Target::F16 => scalar(src, out, f32_to_f16_bits),
+        Target::Bf16 => scalar(src, out, f32_to_bf16_bits),
+    }
+}
+
+#[inline(always)]
+fn scalar(src: &[u8], out: &mut [u8], f: impl Fn(f32) -> u16) {
+    for (o, s) in out.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
+        let h = f(f32::from_le_bytes([s[0], s[1], s[2], s[3]]));
+        o.copy_from_slice(&h.to_le_bytes());
+    }
+}

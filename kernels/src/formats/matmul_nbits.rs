@@ -1,0 +1,263 @@
+//! `ort.matmul_nbits`: the B, scales and zero_points inputs of
+//! onnxruntime's `com.microsoft.MatMulNBits` for a MatMul weight W[K, N],
+//! byte-identical with `onnxruntime.quantization.matmul_nbits_quantizer`
+//! (QOperator format). The arithmetic is in `nbits_kernel`.
+
+use ctcache::dtype::DataType;
+
+use super::nbits_kernel::{self, Nbits, Weight};
+use crate::decoder::{int, ints, Builder, OUTPUT};
+use crate::layout::{const_i64, field, leaf, nested, root, size_bits, Count};
+use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::params::{ParamSpec, Params};
+use crate::util::us;
+
+pub struct MatMulNbits;
+
+pub const ID: &str = "ort.matmul_nbits";
+
+const SPEC: &[ParamSpec] = &[
+    ParamSpec {
+        name: "bits",
+        allowed: &["4", "8"],
+        default: "4",
+        doc: "bits per code",
+    },
+    ParamSpec {
+        name: "block_size",
+        allowed: &["16", "32", "64", "128", "256"],
+        default: "32",
+        doc: "consecutive k sharing one scale (and zero point)",
+    },
+    ParamSpec {
+        name: "symmetric",
+        allowed: &["true", "false"],
+        default: "true",
+        doc: "true: no zero_points field (implicit 2^(bits-1)); false: per-block zero points",
+    },
+];
+
+impl MatMulNbits {
+    fn settings(&self, params: &Params) -> Result<Nbits, PackError> {
+        let r = params.resolve(ID, SPEC)?;
+        Ok(Nbits {
+            bits: r.u32("bits"),
+            block_size: r.u32("block_size") as usize,
+            symmetric: r.bool("symmetric"),
+        })
+    }
+
+    fn shape(&self, data_type: DataType, dims: &[u64]) -> Result<(u64, u64), PackError> {
+        if data_type != DataType::FLOAT && data_type != DataType::FLOAT16 {
+            return Err(PackError::UnsupportedDataType {
+                packer: ID,
+                data_type,
+                supported: "FLOAT, FLOAT16",
+            });
+        }
+        let bad = |reason: &str| PackError::BadShape {
+            packer: ID,
+            dims: dims.to_vec(),
+            reason: reason.to_string(),
+        };
+        match *dims {
+            [k, n] if k >= 1 && n >= 1 => {
+                // The whole source must be addressable (it is in memory).
+                k.checked_mul(n)
+                    .and_then(|e| e.checked_mul(4))
+                    .filter(|&b| usize::try_from(b).is_ok())
+                    .ok_or(PackError::Overflow {
+                        packer: ID,
+                        dims: dims.to_vec(),
+                    })?;
+                Ok((k, n))
+            }
+            [_, _] => Err(bad("K and N must be at least 1")),
+            _ => Err(bad("the MatMul weight must be 2-D [K, N]")),
+        }
+    }
+}
+
+impl Packer for MatMulNbits {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn format_version(&self) -> u32 {
+        1
+    }
+
+    fn describe(&self) -> &'static str {
+        "blockwise 4/8-bit quantization of a MatMul weight W[K,N] into MatMulNBits inputs (B, scales, zero_points), byte-identical with onnxruntime"
+    }
+
+    fn param_spec(&self) -> &'static [ParamSpec] {
+        SPEC
+    }
+
+    fn check_source(
+        &self,
+        data_type: DataType,
+        dims: &[u64],
+        params: &Params,
+    ) -> Result<(), PackError> {
+        self.settings(params)?;
+        self.shape(data_type, dims).map(|_| ())
+    }
+
+    fn output(
+        &self,
+        data_type: DataType,
+        dims: &[u64],
+        params: &Params,
+    ) -> Result<PackedLayout, PackError> {
+        let q = self.settings(params)?;
+        let (k, n) = self.shape(data_type, dims)?;
+        let bs = q.block_size as u64;
+        let kb = k.div_ceil(bs);
+        let blob = q.blob() as u64;
+        let scale_t = data_type;
+        let mut name = format!(
+            "{ID}.b{}.bs{}.{}",
+            q.bits,
+            bs,
+            if q.symmetric { "sym" } else { "asym" }
+        );
+        if data_type == DataType::FLOAT16 {
+            name.push_str(".f16");
+        }
+        let mut dims_param = vec!["N", "k_blocks"];
+        let mut values = vec![n, kb];
+        let mut fields = vec![
+            field(
+                "B",
+                nested(leaf(DataType::UINT8), &[Count::Dim(0), Count::Dim(1), Count::Fixed(blob)]),
+                "codes [N, k_blocks, block_size*bits/8]: block of column n, k ascending; 4 bits: even k in the low nibble; codes past K are 0",
+            ),
+            field(
+                "scales",
+                nested(leaf(scale_t), &[Count::Dim(0), Count::Dim(1)]),
+                "scale of each block [N, k_blocks], in the source element type",
+            ),
+        ];
+        if !q.symmetric {
+            let zp_count = if q.bits == 8 {
+                Count::Dim(1)
+            } else {
+                dims_param.push("zp_bytes");
+                values.push(kb.div_ceil(2));
+                Count::Dim(2)
+            };
+            fields.push(field(
+                "zero_points",
+                nested(leaf(DataType::UINT8), &[Count::Dim(0), zp_count]),
+                "zero point of each block [N, ceil(k_blocks*bits/8)]; 4 bits: even block in the low nibble, spare nibble 8",
+            ));
+        }
+        let k_i64 = i64::try_from(k).map_err(|_| PackError::Overflow {
+            packer: ID,
+            dims: dims.to_vec(),
+        })?;
+        fields.push(const_i64(
+            "K",
+            k_i64,
+            "rows of the source weight (before block padding)",
+        ));
+        let decoder = decoder(&name, &q);
+        let mut t = root(
+            name,
+            ID,
+            self.format_version(),
+            &dims_param,
+            fields,
+            "MatMulNBits weight: decode as W[k, n] = (code - zero_point) * scale",
+        );
+        t.decoder = Some(decoder);
+        let bits = size_bits(&t, &values).ok_or(PackError::Overflow {
+            packer: ID,
+            dims: dims.to_vec(),
+        })?;
+        Ok(PackedLayout {
+            struct_type: t,
+            dims: values,
+            payload_len: bits / 8,
+        })
+    }
+
+    fn pack_with(
+        &self,
+        src: &SourceTensor<'_>,
+        params: &Params,
+        out: &mut [u8],
+        isa: crate::isa::Isa,
+    ) -> Result<(), PackError> {
+        check_isa(isa)?;
+        let layout = self.output(src.data_type, src.dims, params)?;
+        check_lengths(src, out, layout.payload_len)?;
+        let q = self.settings(params)?;
+        let w = Weight {
+            data: src.data,
+            f16: src.data_type == DataType::FLOAT16,
+            k: us(src.dims[0]),
+            n: us(src.dims[1]),
+        };
+        nbits_kernel::pack(isa, w, q, out);
+        Ok(())
+    }
+}
+
+/// `W[K, N] = transpose((code - zero_point) * scale)[:, :K]` in ONNX ops.
+fn decoder(name: &str, q: &Nbits) -> ctcache::pb::FunctionProto {
+    let mut f = Builder::new();
+    let ax2 = f.i64s(&[2]);
+    let codes = if q.bits == 4 {
+        interleave(&mut f, "B", &[0, 0, -1])
+    } else {
+        "B".to_string()
+    };
+    let codes = f.cast_f32(&codes);
+    let mut inputs = vec!["B", "scales"];
+    let zp = if q.symmetric {
+        f.f32((1u32 << (q.bits - 1)) as f32)
+    } else {
+        inputs.push("zero_points");
+        let z = if q.bits == 4 {
+            // Two blocks per byte, then drop the spare nibble: [N, k_blocks].
+            let z = interleave(&mut f, "zero_points", &[0, -1]);
+            let kb = f.op("Shape", &["scales"], vec![int("start", 1), int("end", 2)]);
+            let zero = f.i64s(&[0]);
+            let ax1 = f.i64s(&[1]);
+            f.op("Slice", &[&z, &zero, &kb, &ax1], vec![])
+        } else {
+            "zero_points".to_string()
+        };
+        let z = f.cast_f32(&z);
+        f.op("Unsqueeze", &[&z, &ax2], vec![])
+    };
+    inputs.push("K");
+    let s = f.cast_f32("scales");
+    let s = f.op("Unsqueeze", &[&s, &ax2], vec![]);
+    let d = f.op("Sub", &[&codes, &zp], vec![]);
+    let d = f.op("Mul", &[&d, &s], vec![]);
+    let flat_shape = f.i64s(&[0, -1]);
+    let flat = f.op("Reshape", &[&d, &flat_shape], vec![]);
+    let one = f.i64s(&[1]);
+    let k = f.op("Reshape", &["K", &one], vec![]);
+    let zero = f.i64s(&[0]);
+    let ax1 = f.i64s(&[1]);
+    let rows = f.op("Slice", &[&flat, &zero, &k, &ax1], vec![]);
+    f.op_to("Transpose", &[&rows], OUTPUT, vec![ints("perm", &[1, 0])]);
+    f.finish(name, &inputs)
+}
+
+/// Unpacks a UINT8 tensor of nibble pairs (low first) along its last axis,
+/// then reshapes to `shape`.
+fn interleave(f: &mut Builder, x: &str, shape: &[i64]) -> String {
+    let (lo, hi) = f.nibbles(x);
+    let last = f.i64s(&[-1]);
+    let lo = f.op("Unsqueeze", &[&lo, &last], vec![]);
+    let hi = f.op("Unsqueeze", &[&hi, &last], vec![]);
+    let pair = f.op("Concat", &[&lo, &hi], vec![int("axis", -1)]);
+    let shape = f.i64s(shape);
+    f.op("Reshape", &[&pair, &shape], vec![])
+}

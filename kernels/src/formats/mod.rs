@@ -1,0 +1,20 @@
+//! The packers of format version 1, one module per format (plus its
+//! kernels).
+
+pub mod cast;
+mod cast_kernel;
+pub mod gemm_pack_b;
+pub mod ggml;
+mod ggml_kernel;
+pub mod matmul_nbits;
+mod nbits_kernel;
+
+#[cfg(target_arch = "x86_64")]
+mod cast_avx2;
+#[cfg(target_arch = "x86_64")]
+mod ggml_avx2;
+#[cfg(target_arch = "x86_64")]
+mod nbits_avx2;
+
+#[cfg(test)]
+mod tests;

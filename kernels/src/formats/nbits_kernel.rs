@@ -1,0 +1,429 @@
+//! Blockwise n-bit quantization of a MatMul weight W[K, N], byte-identical
+//! with onnxruntime's `quantize_matmul_4bits` / `quantize_matmul_8bits`
+//! (MLAS `MlasQuantizeBlockwise`, columnwise) on x86-64. Facts the bytes
+//! depend on, all verified against onnxruntime 1.32:
+//!
+//! - A block is `bs` consecutive k of one column n; K is padded up to a
+//!   whole block but the padding takes no part in min/max and its codes
+//!   are 0.
+//! - min/max start at +/-FLT_MAX and use `v < min` / `v > max` (NaNs are
+//!   skipped, +0/-0 keep the first seen).
+//! - Symmetric: `m = |max| > |min| ? max : min`, `scale = -m / 2^(bits-1)`
+//!   (no rectification to include 0), zero point `2^(bits-1)`.
+//! - Asymmetric: `min = min(min, 0)`, `max = max(max, 0)`,
+//!   `scale = (max - min) / (2^bits - 1)`, `zp_f = scale != 0 ? 0 - min /
+//!   scale : min`, zp = 0 / 2^bits-1 when below / above the range, else
+//!   `roundf(zp_f)`.
+//! - The scale is stored in the source type (FLOAT16 rounds to nearest
+//!   even) and the *stored* value is read back for quantization, while the
+//!   zero point used the unrounded f32 scale.
+//! - code = clamp(roundf(v * (scale != 0 ? 1/scale : 0) + zp), 0, 2^bits-1)
+//!   in f32 with a separate multiply and add (no FMA), roundf = half away
+//!   from zero, NaN -> 0.
+//! - 4 bits: even k in the low nibble. Zero points pack two blocks per byte
+//!   (even block low); with an odd block count the spare nibble is 8.
+//! - 4 bits, odd K: MLAS handles k in pairs inside a 2*bs-row work item and
+//!   the unpaired last element reuses the high code of the previous pair of
+//!   the same work item (0 if there is none). That nibble is padding (never
+//!   decoded) but is reproduced for byte identity.
+
+use rayon::prelude::*;
+
+use crate::fp16::{f16_bits_to_f32, f32_to_f16_bits};
+use crate::isa::Isa;
+
+/// Most columns handled together; also the row stride of the code tile.
+/// Wide tiles read long runs of each source row (the source is row-major,
+/// blocks run down the columns).
+pub(crate) const TILE: usize = 128;
+/// Largest supported block size.
+pub(crate) const MAX_BS: usize = 256;
+
+/// Quantization settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Nbits {
+    pub bits: u32,
+    pub block_size: usize,
+    pub symmetric: bool,
+}
+
+/// A weight W[K, N] in raw little-endian form.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Weight<'a> {
+    pub data: &'a [u8],
+    pub f16: bool,
+    pub k: usize,
+    pub n: usize,
+}
+
+impl Weight<'_> {
+    #[inline(always)]
+    pub(crate) fn elem_bytes(&self) -> usize {
+        if self.f16 {
+            2
+        } else {
+            4
+        }
+    }
+}
+
+impl Nbits {
+    pub(crate) fn k_blocks(&self, k: usize) -> usize {
+        k.div_ceil(self.block_size)
+    }
+    pub(crate) fn blob(&self) -> usize {
+        self.block_size * self.bits as usize / 8
+    }
+    /// Zero-point bytes per column (0 when symmetric).
+    pub(crate) fn zp_bytes(&self, k: usize) -> usize {
+        if self.symmetric {
+            0
+        } else {
+            (self.k_blocks(k) * self.bits as usize).div_ceil(8)
+        }
+    }
+    fn kmax(&self) -> f32 {
+        ((1u32 << self.bits) - 1) as f32
+    }
+    fn mid(&self) -> f32 {
+        (1u32 << (self.bits - 1)) as f32
+    }
+}
+
+/// Per-column quantization parameters of one block.
+pub(crate) struct ColParams {
+    pub recip: [f32; TILE],
+    pub zp: [f32; TILE],
+}
+
+/// Scale (as stored), its f32 reading and the zero point of a block.
+fn block_params(q: &Nbits, mn: f32, mx: f32, f16: bool) -> (u32, f32, u8) {
+    let (s, zp) = if q.symmetric {
+        let m = if mx.abs() > mn.abs() { mx } else { mn };
+        (-m / q.mid(), q.mid() as u8)
+    } else {
+        let mn = if 0.0 < mn { 0.0 } else { mn };
+        let mx = if mx < 0.0 { 0.0 } else { mx };
+        let s = (mx - mn) / q.kmax();
+        let zf = if s != 0.0 { 0.0 - mn / s } else { mn };
+        let zp = if zf < 0.0 {
+            0
+        } else if zf > q.kmax() {
+            q.kmax() as u8
+        } else {
+            zf.round() as u8 // NaN -> 0, as MLAS on x86-64
+        };
+        (s, zp)
+    };
+    if f16 {
+        let h = f32_to_f16_bits(s);
+        (u32::from(h), f16_bits_to_f32(h), zp)
+    } else {
+        (s.to_bits(), s, zp)
+    }
+}
+
+/// The code of one element: clamp(roundf(v * recip + zp), 0, kmax), NaN
+/// -> 0. Written without `round` (a libm call on baseline x86-64) so that
+/// it vectorizes: clamp first (`max` maps NaN to 0), then truncate and step
+/// up on a fraction >= 0.5, which is roundf on the clamped range.
+#[inline(always)]
+pub(crate) fn code(v: f32, recip: f32, zp: f32, kmax: f32) -> u8 {
+    let x = (v * recip + zp).max(0.0).min(kmax);
+    let t = x as u32;
+    (t + u32::from(x - t as f32 >= 0.5)) as u8
+}
+
+/// Packs the whole weight into `out` = codes | scales | zero points.
+pub(crate) fn pack(isa: Isa, w: Weight<'_>, q: Nbits, out: &mut [u8]) {
+    let kb = q.k_blocks(w.k);
+    let es = w.elem_bytes();
+    let (codes, rest) = out.split_at_mut(w.n * kb * q.blob());
+    let (scales, zps) = rest.split_at_mut(w.n * kb * es);
+    let zpb = q.zp_bytes(w.k);
+    // Narrower tiles when N is small, so that there is work for every thread.
+    let tile = match w.n {
+        n if n >= 8 * TILE => TILE,
+        n if n >= 256 => 32,
+        _ => 8,
+    };
+    let mut jobs = Vec::with_capacity(w.n.div_ceil(tile));
+    let (mut c, mut s, mut z) = (codes, scales, zps);
+    let mut n0 = 0;
+    while n0 < w.n {
+        let width = tile.min(w.n - n0);
+        let (c1, c2) = c.split_at_mut(width * kb * q.blob());
+        let (s1, s2) = s.split_at_mut(width * kb * es);
+        let (z1, z2) = z.split_at_mut(width * zpb);
+        jobs.push((n0, width, c1, s1, z1));
+        (c, s, z) = (c2, s2, z2);
+        n0 += width;
+    }
+    jobs.into_par_iter().for_each(|(n0, width, c, s, z)| {
+        pack_tile(isa, &w, &q, n0, width, c, s, z);
+    });
+}
+
+/// Packs columns `n0 .. n0 + width` (all blocks) into their output rows.
+#[allow(clippy::too_many_arguments)]
+fn pack_tile(
+    isa: Isa,
+    w: &Weight<'_>,
+    q: &Nbits,
+    n0: usize,
+    width: usize,
+    codes: &mut [u8],
+    scales: &mut [u8],
+    zps: &mut [u8],
+) {
+    let kb = q.k_blocks(w.k);
+    // Output bytes of a group of blocks, [byte i][column c]; transposed at the end.
+    let mut tile = vec![0u8; MAX_BS * TILE];
+    // High code of the last pair of the previous block (odd K rule).
+    let mut last_hi = [0u8; TILE];
+    let mut p = ColParams {
+        recip: [0.0; TILE],
+        zp: [0.0; TILE],
+    };
+    let blob = q.blob();
+    // Blocks transposed together, so that each column receives at least a
+    // cache line at a time.
+    let group = (64 / blob).max(1);
+    for g0 in (0..kb).step_by(group) {
+        let g1 = kb.min(g0 + group);
+        for b in g0..g1 {
+            let seg = &mut tile[(b - g0) * blob * TILE..(b - g0 + 1) * blob * TILE];
+            block(
+                isa,
+                w,
+                q,
+                n0,
+                width,
+                b,
+                &mut p,
+                seg,
+                &mut last_hi,
+                scales,
+                zps,
+            );
+        }
+        let rows = (g1 - g0) * blob;
+        transpose_out(
+            isa,
+            &tile,
+            rows,
+            width,
+            rows,
+            &mut codes[g0 * blob..],
+            kb * blob,
+        );
+    }
+}
+
+/// Quantizes block `b` of the tile's columns: scales and zero points go to
+/// their outputs, the code bytes to `seg[i * TILE + c]` (zero past K).
+#[allow(clippy::too_many_arguments)]
+fn block(
+    isa: Isa,
+    w: &Weight<'_>,
+    q: &Nbits,
+    n0: usize,
+    width: usize,
+    b: usize,
+    p: &mut ColParams,
+    seg: &mut [u8],
+    last_hi: &mut [u8; TILE],
+    scales: &mut [u8],
+    zps: &mut [u8],
+) {
+    let bs = q.block_size;
+    let kb = q.k_blocks(w.k);
+    let es = w.elem_bytes();
+    let zpb = q.zp_bytes(w.k);
+    let k0 = b * bs;
+    let len = bs.min(w.k - k0);
+    let mut mn = [f32::MAX; TILE];
+    let mut mx = [-f32::MAX; TILE];
+    minmax(isa, w, n0, width, k0, len, &mut mn, &mut mx);
+    for c in 0..width {
+        let (bits, sf, zp) = block_params(q, mn[c], mx[c], w.f16);
+        let at = (c * kb + b) * es;
+        scales[at..at + es].copy_from_slice(&bits.to_le_bytes()[..es]);
+        p.recip[c] = if sf != 0.0 { 1.0 / sf } else { 0.0 };
+        p.zp[c] = f32::from(zp);
+        if !q.symmetric {
+            if q.bits == 8 {
+                zps[c * zpb + b] = zp;
+            } else if b % 2 == 0 {
+                zps[c * zpb + b / 2] = zp | 0x80; // spare high nibble = 8
+            } else {
+                let z = &mut zps[c * zpb + b / 2];
+                *z = (*z & 0x0f) | (zp << 4);
+            }
+        }
+    }
+    fill_codes(isa, w, q, n0, width, k0, len, p, seg);
+    let mut rows = if q.bits == 8 { len } else { len / 2 };
+    if q.bits == 4 && len % 2 == 1 {
+        // Odd K: the unpaired last element (see module doc).
+        let kmax = q.kmax();
+        let mut last = [0f32; TILE];
+        load_row(w, k0 + len - 1, n0, &mut last[..width]);
+        for c in 0..width {
+            let hi = if len >= 2 {
+                seg[(rows - 1) * TILE + c] >> 4
+            } else if b % 2 == 1 {
+                last_hi[c]
+            } else {
+                0
+            };
+            seg[rows * TILE + c] = code(last[c], p.recip[c], p.zp[c], kmax) | (hi << 4);
+        }
+        rows += 1;
+    } else if q.bits == 4 {
+        for c in 0..width {
+            last_hi[c] = seg[(rows - 1) * TILE + c] >> 4;
+        }
+    }
+    for r in rows..q.blob() {
+        seg[r * TILE..r * TILE + width].fill(0);
+    }
+}
+
+/// Writes column c of `tile` (rows `0 .. rows`, then zeros up to `blob`) to
+/// `out[c * stride ..][.. blob]`.
+fn transpose_out(
+    isa: Isa,
+    tile: &[u8],
+    rows: usize,
+    width: usize,
+    blob: usize,
+    out: &mut [u8],
+    stride: usize,
+) {
+    #[allow(unused_mut)] // only x86-64 has a vector path
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        done = rows & !7;
+        // SAFETY: Isa::Avx2 is only used when the CPU has AVX2; the
+        // function checks its bounds.
+        unsafe { super::nbits_avx2::transpose(tile, done, width, out, stride) };
+    }
+    let _ = isa;
+    for c in 0..width {
+        let dst = &mut out[c * stride..c * stride + blob];
+        let skip = if done > 0 && c < width & !7 { done } else { 0 };
+        for (i, d) in dst.iter_mut().enumerate().take(rows).skip(skip) {
+            *d = tile[i * TILE + c];
+        }
+        dst[rows..].fill(0);
+    }
+}
+
+/// Column min/max over rows `k0 .. k0 + len`.
+#[allow(clippy::too_many_arguments)]
+fn minmax(
+    isa: Isa,
+    w: &Weight<'_>,
+    n0: usize,
+    width: usize,
+    k0: usize,
+    len: usize,
+    mn: &mut [f32; TILE],
+    mx: &mut [f32; TILE],
+) {
+    #[allow(unused_mut)] // only x86-64 has a vector path
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        done = width & !7;
+        // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C
+        // (checked by the packer); the column range is inside the row.
+        unsafe { super::nbits_avx2::minmax(w, n0, done, k0, len, mn, mx) };
+    }
+    let _ = isa;
+    if done == width {
+        return;
+    }
+    let mut row = [0f32; TILE];
+    for k in k0..k0 + len {
+        load_row(w, k, n0 + done, &mut row[..width - done]);
+        let (mn, mx) = (&mut mn[done..width], &mut mx[done..width]);
+        // Selects (not branches), so that they vectorize as minps/maxps.
+        for ((&v, lo), hi) in row.iter().zip(mn.iter_mut()).zip(mx.iter_mut()) {
+            *lo = if v < *lo { v } else { *lo };
+            *hi = if v > *hi { v } else { *hi };
+        }
+    }
+}
+
+/// Decodes `out.len()` elements of row `k` starting at column `n`.
+#[inline(always)]
+fn load_row(w: &Weight<'_>, k: usize, n: usize, out: &mut [f32]) {
+    let es = w.elem_bytes();
+    let start = (k * w.n + n) * es;
+    let bytes = &w.data[start..start + out.len() * es];
+    if w.f16 {
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *o = f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        }
+    } else {
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+}
+
+/// Output bytes of rows `k0 .. k0 + len` into `tile[i * TILE + c]`: 8 bits:
+/// row i; 4 bits: rows 2i (low nibble) and 2i + 1 (high), whole pairs only.
+#[allow(clippy::too_many_arguments)]
+fn fill_codes(
+    isa: Isa,
+    w: &Weight<'_>,
+    q: &Nbits,
+    n0: usize,
+    width: usize,
+    k0: usize,
+    len: usize,
+    p: &ColParams,
+    tile: &mut [u8],
+) {
+    let kmax = q.kmax();
+    #[allow(unused_mut)] // only x86-64 has a vector path
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        done = width & !7;
+        // SAFETY: as in `minmax`.
+        unsafe { super::nbits_avx2::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
+    }
+    let _ = isa;
+    if done == width {
+        return;
+    }
+    let (recip, zp) = (&p.recip[done..width], &p.zp[done..width]);
+    let mut lo = [0f32; TILE];
+    let mut hi = [0f32; TILE];
+    let (step, rows) = if q.bits == 8 { (1, len) } else { (2, len / 2) };
+    for r in 0..rows {
+        let row = &mut tile[r * TILE + done..r * TILE + width];
+        load_row(w, k0 + step * r, n0 + done, &mut lo[..width - done]);
+        if step == 1 {
+            for (((o, &v), &rc), &z) in row.iter_mut().zip(lo.iter()).zip(recip).zip(zp) {
+                *o = code(v, rc, z, kmax);
+            }
+        } else {
+            load_row(w, k0 + step * r + 1, n0 + done, &mut hi[..width - done]);
+            for ((((o, &a), &b), &rc), &z) in row
+                .iter_mut()
+                .zip(lo.iter())
+                .zip(hi.iter())
+                .zip(recip)
+                .zip(zp)
+            {
+                *o = code(a, rc, z, kmax) | (code(b, rc, z, kmax) << 4);
+            }
+        }
+    }
+}

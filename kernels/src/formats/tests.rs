@@ -1,0 +1,496 @@
+//! Packer tests: reference vectors produced by onnxruntime 1.32 and gguf
+//! 0.19 (see tests/python/kernels for the full byte-identity suites), the
+//! agreement of every kernel instruction set, and layout invariants.
+
+use ctcache::dtype::DataType;
+
+use crate::isa::Isa;
+use crate::layout::size_bits;
+use crate::packer::{PackError, SourceTensor};
+use crate::params::Params;
+use crate::{catalogue, find};
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Packs with every available instruction set and checks they agree.
+fn pack_all(id: &str, dt: DataType, dims: &[u64], data: &[u8], params: &Params) -> Vec<u8> {
+    let p = find(id).unwrap();
+    let layout = p.output(dt, dims, params).unwrap();
+    assert_eq!(
+        size_bits(&layout.struct_type, &layout.dims),
+        Some(layout.payload_len * 8)
+    );
+    let src = SourceTensor {
+        data_type: dt,
+        dims,
+        data,
+    };
+    let mut first: Option<Vec<u8>> = None;
+    for isa in Isa::available_all() {
+        // Garbage first: every byte must be written.
+        let mut out = vec![0xa5u8; layout.payload_len as usize];
+        p.pack_with(&src, params, &mut out, isa).unwrap();
+        match &first {
+            None => first = Some(out),
+            Some(f) => assert!(
+                f == &out,
+                "{id} {dims:?} {params:?}: {isa} differs from scalar"
+            ),
+        }
+    }
+    first.unwrap()
+}
+
+fn nbits(bits: u32, bs: u32, sym: bool) -> Params {
+    Params::new()
+        .with("bits", &bits.to_string())
+        .with("block_size", &bs.to_string())
+        .with("symmetric", &sym.to_string())
+}
+
+/// Ties, +-inf, NaN, denormals and an all-zero column, W[5, 4].
+fn edge_weight() -> Vec<u8> {
+    hex("000000c10000803f0000c07f000000000000f0400000807fc2160100000000000000003f000040c0852d028000000000000000bf000000400000c07f00000000000020400000803ea153000000000000")
+}
+
+/// Deterministic W[33, 3]: odd K, three blocks of 16.
+fn k33() -> Vec<f32> {
+    (0..99).map(|i| ((i * 37 % 23) - 11) as f32 / 4.0).collect()
+}
+
+#[test]
+fn matmul_nbits_onnxruntime_vectors() {
+    let cases: &[(&str, u32, u32, bool, &str)] = &[
+        ("edge", 4, 16, true, "f0898b00000000000888880000000000f0000f000000000088888800000000000000803f000080ffb145000000000080"),
+        ("edge", 4, 16, false, "f0888a00000000000000000000000000f0000f000000000000000000000000004444843f0000807fc03700000000000088808a80"),
+        ("edge", 8, 16, false, "00ff8c7cad00000000000000000000000000000000000000000000000000000000ff0000ff000000000000000000000000000000000000000000000000000000f9f8783d0000807f48030000000000008400aa00"),
+        ("edge", 8, 32, true, "00f88878a8000000000000000000000000000000000000000000000000000000800080808000000000000000000000000000000000000000000000000000000000ff0000ff00000000000000000000000000000000000000000000000000000080808080800000000000000000000000000000000000000000000000000000000000803d000080ff5b04000000000080"),
+        ("k33", 4, 16, true, "e08b25df7a14cf7914cf6903be58f2ad00000000000000007a14cf7914cf690352b80e63c91f74c9000000000000000014cf6903be58f2ad47f19c47f19c36e000000000000000000000b03e0000b03e0000003d0000b03e0000b0be0000a03e0000b03e0000b03e000000be"),
+        ("k33", 4, 16, false, "d18b35df7a25cf7914be6913bd58f3ad00000000000000007a24cf7914ce6903ad47f19c36f09c36000000000000000014be6913bd58f3ad47f29c47e19c36e00f00000000000000bcbbbb3ebcbbbb3e8988883c3333b33eabaaaa3eabaa2a3ebcbbbb3e3333b33e8988883d888f788f8880"),
+        ("k33", 8, 16, false, "01ddae805223ffd1a3744618f4c697693a0ce8ba8c5d2f01ddae805223ffd1a300000000000000000000000000000000aa7a4919ffcf9e6e3d0df3c392623100d9a673400dffcc99663300f3c08d5a27000000000000000000000000000000003a0ce8ba8c5d2f01ddae805223ffd1a37a4919ffcf9e6e3d0df3c392623100e7ff000000000000000000000000000000b1b0b03cb1b0b03c8180803aa9a8a83ca1a0a03ca1a0203cb1b0b03ca9a8a83c8180803b8080ff8673ff808600"),
+        ("k33", 8, 32, true, "00ddaf805123ffd1a3744617f4c697693a0ce9ba8c5d2f00ddaf805123ffd1a30000000000000000000000000000000000000000000000000000000000000000a3744617f4c697693a0ce9ba8c5d2f00ddaf805123ffd1a3744617f4c697693a00000000000000000000000000000000000000000000000000000000000000003a0ce9ba8c5d2f00ddaf805123ffd1a3744617f4c697693a0ce9ba8c5d2f00dd00000000000000000000000000000000000000000000000000000000000000000000b03c0000003b0000b03c0000a03c0000b03c000000bc"),
+    ];
+    for &(w, bits, bs, sym, want) in cases {
+        let (data, dims) = match w {
+            "edge" => (edge_weight(), [5u64, 4]),
+            _ => (f32_bytes(&k33()), [33, 3]),
+        };
+        let got = pack_all(
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            &dims,
+            &data,
+            &nbits(bits, bs, sym),
+        );
+        assert_eq!(got, hex(want), "{w} bits={bits} bs={bs} sym={sym}");
+    }
+    // FLOAT16 source: FLOAT16 scales.
+    let h: Vec<u8> = k33()
+        .iter()
+        .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
+        .collect();
+    let got = pack_all(
+        "ort.matmul_nbits",
+        DataType::FLOAT16,
+        &[33, 3],
+        &h,
+        &nbits(4, 16, false),
+    );
+    assert_eq!(got, hex("d18b35df7a25cf7914be6913bd58f3ad00000000000000007a24cf7914ce6903ad47f19c36f09c25000000000000000014be6913bd58f3ad47f29c47e19c36e00f00000000000000de35de3544249a3555355531de359a35442c888f788f8880"));
+}
+
+#[test]
+fn ggml_gguf_vectors() {
+    let base = [3.0f32, -3.0, 0.5, -1.5, 2.5, 63.5 / 127.0 * 3.0, 1e-40];
+    let mut x: Vec<f32> = (0..32).map(|i| base[i % base.len()]).collect();
+    let data = f32_bytes(&x);
+    let p = Params::new();
+    assert_eq!(
+        pack_all("ggml.q8_0", DataType::FLOAT, &[32], &data, &p),
+        hex("0c267f8115c06a40007f8115c06a40007f8115c06a40007f8115c06a40007f8115c0")
+    );
+    assert_eq!(
+        pack_all("ggml.q4_0", DataType::FLOAT, &[1, 32], &data, &p),
+        hex("00b670cf174c8104f870cf174c8104f870cf")
+    );
+    x[5] = f32::INFINITY;
+    let data = f32_bytes(&x);
+    assert_eq!(
+        pack_all("ggml.q8_0", DataType::FLOAT, &[32], &data, &p),
+        hex("007c0000000000000000000000000000000000000000000000000000000000000000")
+    );
+    assert_eq!(
+        pack_all("ggml.q4_0", DataType::FLOAT, &[32], &data, &p),
+        hex("00fc88888888888088888888888888888888")
+    );
+    // A NaN: canonical NaN scale (Q8_0) or the quieted NaN itself (Q4_0),
+    // all codes 0.
+    x[5] = f32::from_bits(0xffa0_0000);
+    let data = f32_bytes(&x);
+    let q8 = pack_all("ggml.q8_0", DataType::FLOAT, &[32], &data, &p);
+    assert_eq!(&q8[..2], &[0x00, 0x7e]);
+    assert!(q8[2..].iter().all(|&b| b == 0));
+    let q4 = pack_all("ggml.q4_0", DataType::FLOAT, &[32], &data, &p);
+    assert_eq!(&q4[..2], &[0x00, 0xff]);
+    assert!(q4[2..].iter().all(|&b| b == 0));
+}
+
+/// A small deterministic generator (xorshift) of awkward floats.
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            match i % 97 {
+                0 => f32::NAN,
+                1 => 0.0,
+                2 => u * 1e-39,
+                3 if seed % 3 == 0 => f32::INFINITY,
+                _ => u * 8.0,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn matmul_nbits_every_isa_agrees() {
+    for &(k, n) in &[
+        (1usize, 1usize),
+        (15, 9),
+        (33, 8),
+        (100, 37),
+        (257, 24),
+        (64, 530),
+        (31, 1031),
+    ] {
+        let w = noise(k * n, (k * 131 + n) as u64);
+        let f32s = f32_bytes(&w);
+        let f16s: Vec<u8> = w
+            .iter()
+            .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
+            .collect();
+        for bits in [4, 8] {
+            for bs in [16, 32, 64, 128, 256] {
+                for sym in [true, false] {
+                    let p = nbits(bits, bs, sym);
+                    let dims = [k as u64, n as u64];
+                    pack_all("ort.matmul_nbits", DataType::FLOAT, &dims, &f32s, &p);
+                    pack_all("ort.matmul_nbits", DataType::FLOAT16, &dims, &f16s, &p);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_nbits_rounding_and_blocks() {
+    // One column, symmetric 4-bit, block of 16: -8 sets scale 1, so code =
+    // round(v + 8) with halves away from zero, clamped to 0..15.
+    let mut col = vec![0f32; 16];
+    col[0] = -8.0;
+    col[1] = 7.5; // 15.5 -> 16 -> 15
+    col[2] = -7.5; // 0.5 -> 1
+    col[3] = 0.5; // 8.5 -> 9
+    col[4] = -0.5; // 7.5 -> 8
+    col[5] = 2.49; // 10.49 -> 10
+    let out = pack_all(
+        "ort.matmul_nbits",
+        DataType::FLOAT,
+        &[16, 1],
+        &f32_bytes(&col),
+        &nbits(4, 16, true),
+    );
+    assert_eq!(&out[..3], &[0xf0, 0x91, 0xa8]);
+    assert_eq!(&out[8..12], &1f32.to_le_bytes());
+    // Constant blocks: symmetric keeps the sign of the value; asymmetric
+    // rectifies to include 0.
+    let c = f32_bytes(&[2.0f32; 16]);
+    let sym = pack_all(
+        "ort.matmul_nbits",
+        DataType::FLOAT,
+        &[16, 1],
+        &c,
+        &nbits(4, 16, true),
+    );
+    assert_eq!(&sym[8..12], &(-0.25f32).to_le_bytes());
+    assert!(sym[..8].iter().all(|&b| b == 0x00)); // 2 * -4 + 8 = 0
+    let asym = pack_all(
+        "ort.matmul_nbits",
+        DataType::FLOAT,
+        &[16, 1],
+        &c,
+        &nbits(4, 16, false),
+    );
+    assert_eq!(&asym[8..12], &(2.0f32 / 15.0).to_le_bytes());
+    assert!(asym[..8].iter().all(|&b| b == 0xff));
+    assert_eq!(asym[12], 0x80); // zp 0, spare nibble 8
+                                // K not a multiple of the block: codes past K are 0 (odd K keeps the
+                                // previous high code, see nbits_kernel).
+    let w = f32_bytes(&[-1.0f32, 1.0, 0.5]);
+    let out = pack_all(
+        "ort.matmul_nbits",
+        DataType::FLOAT,
+        &[3, 1],
+        &w,
+        &nbits(4, 16, true),
+    );
+    // scale = 1/8: codes 0, 16 -> 15, 12; the unpaired third takes 15 as
+    // its high nibble.
+    assert_eq!(&out[..8], &[0xf0, 0xfc, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn ggml_and_cast_every_isa_agree() {
+    for n in [32usize, 64, 32 * 33, 32 * 1000] {
+        let x = noise(n, n as u64 * 3);
+        let f32s = f32_bytes(&x);
+        let f16s: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| crate::fp16::f32_to_f16_bits(v).to_le_bytes())
+            .collect();
+        for id in ["ggml.q8_0", "ggml.q4_0"] {
+            pack_all(id, DataType::FLOAT, &[n as u64], &f32s, &Params::new());
+            pack_all(id, DataType::FLOAT16, &[1, n as u64], &f16s, &Params::new());
+        }
+    }
+    for n in [0usize, 1, 15, 16, 17, 1000, 70_000] {
+        let mut x = noise(n, 9);
+        for (i, v) in x.iter_mut().enumerate().filter(|(i, _)| i % 13 == 5) {
+            *v = f32::from_bits(0x7f80_0001 + i as u32); // signalling NaNs
+        }
+        let data = f32_bytes(&x);
+        let f16 = pack_all(
+            "cast.f16",
+            DataType::FLOAT,
+            &[n as u64],
+            &data,
+            &Params::new(),
+        );
+        let bf16 = pack_all(
+            "cast.bf16",
+            DataType::FLOAT,
+            &[n as u64],
+            &data,
+            &Params::new(),
+        );
+        for (i, v) in x.iter().enumerate() {
+            let h = u16::from_le_bytes([f16[2 * i], f16[2 * i + 1]]);
+            assert_eq!(h, crate::fp16::f32_to_f16_bits(*v));
+            let b = u16::from_le_bytes([bf16[2 * i], bf16[2 * i + 1]]);
+            assert_eq!(b, crate::fp16::f32_to_bf16_bits(*v));
+        }
+    }
+}
+
+#[test]
+fn gemm_pack_b_roundtrip() {
+    use super::gemm_pack_b::{pack, unpack};
+    for &(k, n, nr) in &[
+        (1usize, 1usize, 8usize),
+        (3, 7, 8),
+        (5, 16, 16),
+        (9, 33, 16),
+        (4, 100, 32),
+    ] {
+        let w = f32_bytes(&noise(k * n, 5));
+        let p = Params::new().with("panel", &nr.to_string());
+        let out = pack_all(
+            "gemm.pack_b.f32",
+            DataType::FLOAT,
+            &[k as u64, n as u64],
+            &w,
+            &p,
+        );
+        assert_eq!(out.len(), n.div_ceil(nr) * k * nr * 4);
+        let mut direct = vec![0u8; out.len()];
+        pack(&w, k, n, nr, &mut direct);
+        assert_eq!(direct, out);
+        let mut back = vec![0u8; w.len()];
+        unpack(&out, k, n, nr, &mut back);
+        assert_eq!(back, w);
+        // Panel p, row kk, lane j holds W[kk, p*nr + j].
+        let at = |p: usize, kk: usize, j: usize| &out[((p * k + kk) * nr + j) * 4..][..4];
+        assert_eq!(at(0, k - 1, 0), &w[(k - 1) * n * 4..][..4]);
+        if n % nr != 0 {
+            assert_eq!(at(n / nr, 0, nr - 1), &[0, 0, 0, 0]);
+        }
+    }
+}
+
+#[test]
+fn layouts_are_named_and_versioned() {
+    for p in catalogue() {
+        let (dt, dims): (DataType, &[u64]) = (DataType::FLOAT, &[64, 64]);
+        let l = p.output(dt, dims, &Params::new()).unwrap();
+        let t = &l.struct_type;
+        assert!(t.name.starts_with(p.id()), "{}", t.name);
+        let meta: Vec<(&str, &str)> = t
+            .metadata_props
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        assert!(meta.contains(&("ctcache.format_version", "1")));
+        assert!(meta.contains(&("ctcache.packer", p.id())));
+        assert_eq!(t.dims_param.len(), l.dims.len());
+        assert_eq!(size_bits(t, &l.dims), Some(l.payload_len * 8));
+        assert!(p.device(&Params::new()).unwrap().r#type == "cpu");
+    }
+    let m = find("ort.matmul_nbits").unwrap();
+    let l = m
+        .output(DataType::FLOAT16, &[100, 7], &nbits(4, 32, false))
+        .unwrap();
+    assert_eq!(l.struct_type.name, "ort.matmul_nbits.b4.bs32.asym.f16");
+    assert_eq!(l.struct_type.dims_param, ["N", "k_blocks", "zp_bytes"]);
+    assert_eq!(l.dims, [7, 4, 2]);
+    assert_eq!(l.payload_len, 7 * 4 * 16 + 7 * 4 * 2 + 7 * 2);
+    let l = m
+        .output(DataType::FLOAT, &[64, 64], &Params::new())
+        .unwrap();
+    assert_eq!(l.struct_type.name, "ort.matmul_nbits.b4.bs32.sym");
+    let g = find("gemm.pack_b.f32").unwrap();
+    let l = g
+        .output(
+            DataType::FLOAT,
+            &[3, 17],
+            &Params::new().with("panel", "16"),
+        )
+        .unwrap();
+    assert_eq!(l.struct_type.name, "gemm.pack_b.f32.nr16");
+    assert_eq!(l.dims, [2, 3]);
+    let d = g.device(&Params::new().with("panel", "16")).unwrap();
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(d.architecture, "x86_64-avx2");
+        assert_eq!(d.metadata_props[0].value, "avx2,fma");
+    }
+}
+
+#[test]
+fn refusals_are_clear() {
+    let m = find("ort.matmul_nbits").unwrap();
+    let e = m
+        .check_source(DataType::INT8, &[4, 4], &Params::new())
+        .unwrap_err();
+    assert!(matches!(e, PackError::UnsupportedDataType { .. }), "{e}");
+    let e = m
+        .check_source(DataType::FLOAT, &[4], &Params::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("2-D"), "{e}");
+    let e = m
+        .check_source(
+            DataType::FLOAT,
+            &[4, 4],
+            &Params::new().with("block_size", "24"),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("block_size"), "{e}");
+    let q = find("ggml.q4_0").unwrap();
+    let e = q
+        .check_source(DataType::FLOAT, &[3, 40], &Params::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 32"), "{e}");
+    // Wrong buffer sizes.
+    let src = SourceTensor {
+        data_type: DataType::FLOAT,
+        dims: &[32],
+        data: &[0u8; 64],
+    };
+    let e = q.pack(&src, &Params::new(), &mut [0u8; 18]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PackError::SizeMismatch {
+                what: "source data",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let src = SourceTensor {
+        data: &[0u8; 128],
+        ..src
+    };
+    let e = q.pack(&src, &Params::new(), &mut [0u8; 17]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PackError::SizeMismatch {
+                what: "output buffer",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(find("nope").is_none());
+}
+
+/// Every output type passes the core crate's validator (struct-types.md),
+/// its size is the payload length, and its decoder takes exactly the
+/// type's leaves, in order, and yields `output`.
+#[test]
+fn types_pass_core_validation_and_decoders_take_the_leaves() {
+    use ctcache::structs::{check_value, leaves, Limits};
+    let cases: Vec<(&str, DataType, Vec<u64>, Params)> = vec![
+        (
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            vec![100, 7],
+            nbits(4, 32, true),
+        ),
+        (
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            vec![100, 7],
+            nbits(4, 32, false),
+        ),
+        (
+            "ort.matmul_nbits",
+            DataType::FLOAT16,
+            vec![33, 5],
+            nbits(4, 16, false),
+        ),
+        (
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            vec![100, 7],
+            nbits(8, 64, false),
+        ),
+        ("ggml.q8_0", DataType::FLOAT, vec![3, 5, 64], Params::new()),
+        ("ggml.q4_0", DataType::FLOAT16, vec![96], Params::new()),
+        ("cast.f16", DataType::FLOAT, vec![2, 3], Params::new()),
+        ("cast.bf16", DataType::FLOAT, vec![], Params::new()),
+        (
+            "gemm.pack_b.f32",
+            DataType::FLOAT,
+            vec![9, 37],
+            Params::new().with("panel", "8"),
+        ),
+    ];
+    let limits = Limits::default();
+    for (id, dt, dims, params) in cases {
+        let l = find(id).unwrap().output(dt, &dims, &params).unwrap();
+        let t = &l.struct_type;
+        let v = check_value(t, &l.dims, &[], &limits).unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        assert_eq!(v.byte_len, l.payload_len, "{}", t.name);
+        let paths: Vec<String> = leaves(t, &l.dims, &[], &limits)
+            .unwrap()
+            .into_iter()
+            .map(|leaf| leaf.path)
+            .collect();
+        let d = t.decoder.as_ref().expect("decoder");
+        assert_eq!(d.input, paths, "{}", t.name);
+        assert_eq!(d.output, ["output"]);
+        assert_eq!(d.domain, crate::decoder::DOMAIN);
+    }
+}

@@ -1,0 +1,18 @@
+//! Generates the gRPC API (client and server) from proto/ctcache/v1 with a
+//! pure-Rust protobuf compiler; the ONNX messages come from the core crate.
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=ctcache/v1/ctcache.proto");
+    println!("cargo:rerun-if-changed=onnx/onnx.proto");
+    let fds = protox::compile(["ctcache/v1/ctcache.proto"], ["."])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("ctcache_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .bytes(".")
+        .extern_path(".onnx", "::ctcache::pb")
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! Weight-use analysis of the top-level graph: which initializers feed the B
+//! input of MatMul / Gemm (directly or through Identity / Transpose), whether
+//! that use sees them transposed, and which weight-like inputs are not
+//! compiled-tensor sources in v1 (Constant nodes, Cast / Mul chains).
+
+use std::collections::HashMap;
+
+use crate::error::Result;
+use crate::onnx::{Model, TensorRef};
+use crate::pb;
+
+/// The operator input an initializer feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UseSite {
+    MatMulB,
+    GemmB,
+}
+
+impl UseSite {
+    pub fn name(self) -> &'static str {
+        match self {
+            UseSite::MatMulB => "MatMul.B",
+            UseSite::GemmB => "Gemm.B",
+        }
+    }
+}
+
+/// One use of an initializer as a weight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightUse {
+    pub initializer: String,
+    pub site: UseSite,
+    /// Name of the consuming node (or its index when unnamed).
+    pub node: String,
+    /// True when the consumer sees the initializer transposed (a Transpose
+    /// in between, or Gemm with transB = 1): the logical B is `W^T`.
+    pub transposed: bool,
+    /// Ops passed through on the way (Identity, Transpose).
+    pub via: Vec<String>,
+}
+
+/// A weight-like input that ctcache cannot compile in v1, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotASource {
+    pub name: String,
+    pub reason: String,
+}
+
+/// The analysis result.
+#[derive(Debug, Clone, Default)]
+pub struct WeightUses {
+    pub uses: Vec<WeightUse>,
+    pub not_sources: Vec<NotASource>,
+}
+
+impl WeightUses {
+    /// Uses of one initializer.
+    pub fn of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a WeightUse> + 'a {
+        self.uses.iter().filter(move |u| u.initializer == name)
+    }
+}
+
+fn attr_int(n: &pb::NodeProto, name: &str) -> Option<i64> {
+    n.attribute.iter().find(|a| a.name == name).map(|a| a.i)
+}
+
+fn is_default_domain(n: &pb::NodeProto) -> bool {
+    n.domain.is_empty() || n.domain == "ai.onnx"
+}
+
+/// Analyses the model's top-level graph.
+pub fn weight_uses(model: &Model) -> Result<WeightUses> {
+    let nodes = model.nodes()?;
+    let initializers: HashMap<String, TensorRef> =
+        model.initializers()?.into_iter().map(|t| (t.name.clone(), t)).collect();
+    let producer: HashMap<&str, &pb::NodeProto> = nodes
+        .iter()
+        .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
+        .collect();
+    let mut out = WeightUses::default();
+    for (idx, n) in nodes.iter().enumerate() {
+        if !is_default_domain(n) {
+            continue;
+        }
+        let (site, input) = match n.op_type.as_str() {
+            "MatMul" => (UseSite::MatMulB, 1),
+            "Gemm" => (UseSite::GemmB, 1),
+            _ => continue,
+        };
+        let Some(b) = n.input.get(input) else { continue };
+        let node_name = if n.name.is_empty() { format!("#{idx}") } else { n.name.clone() };
+        let mut transposed = site == UseSite::GemmB && attr_int(n, "transB") == Some(1);
+        let mut via = Vec::new();
+        let mut name = b.as_str();
+        // Walk back through value-preserving ops to an initializer.
+        let mut found = None;
+        for _ in 0..8 {
+            if initializers.contains_key(name) {
+                found = Some(name);
+                break;
+            }
+            let Some(p) = producer.get(name) else { break };
+            match p.op_type.as_str() {
+                "Identity" if is_default_domain(p) => via.push("Identity".to_string()),
+                "Transpose" if is_default_domain(p) => {
+                    let perm = p.attribute.iter().find(|a| a.name == "perm").map(|a| a.ints.clone());
+                    // Only a 2-D swap (perm absent or [1, 0]) keeps the weight 2-D transposed.
+                    if perm.as_deref().is_some_and(|p| p != [1, 0]) {
+                        break;
+                    }
+                    transposed = !transposed;
+                    via.push("Transpose".to_string());
+                }
+                "Constant" => {
+                    out.not_sources.push(NotASource {
+                        name: name.to_string(),
+                        reason: format!("{} input is a Constant node, not an initializer (v1 compiles initializers only)", site.name()),
+                    });
+                    break;
+                }
+                op @ ("Cast" | "Mul" | "DequantizeLinear" | "Reshape") => {
+                    out.not_sources.push(NotASource {
+                        name: name.to_string(),
+                        reason: format!("{} input is computed by {op} (dequantize-in-graph); v1 compiles initializers used directly", site.name()),
+                    });
+                    break;
+                }
+                _ => break,
+            }
+            match p.input.first() {
+                Some(i) => name = i.as_str(),
+                None => break,
+            }
+        }
+        if let Some(init) = found {
+            out.uses.push(WeightUse {
+                initializer: init.to_string(),
+                site,
+                node: node_name,
+                transposed,
+                via,
+            });
+        }
+    }
+    // Weights inside subgraphs (If / Loop / Scan bodies) are not sources in v1.
+    for n in &nodes {
+        for a in &n.attribute {
+            for g in a.g.iter().chain(a.graphs.iter()) {
+                for t in &g.initializer {
+                    out.not_sources.push(NotASource {
+                        name: t.name.clone(),
+                        reason: format!("initializer of a subgraph of node {:?} (v1 compiles top-level initializers only)", n.name),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,81 @@
+//! Access statistics, batched: `open_payload` adds to an in-memory map (one
+//! short mutex hold, no index write); the map is written to the index's
+//! `Access` tree in one batch when it grows past `access_batch`, when
+//! `access_interval` passed, before GC plans, on `flush` and on drop.
+//! Lookups never wait for it. A crash loses at most the unwritten batch,
+//! which only makes LRU a little less exact.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::entry::Access;
+use super::error::StoreResult;
+use super::index::{Index, Op, Tree};
+use super::key::KeyBytes;
+
+pub(crate) struct AccessLog {
+    pending: Mutex<HashMap<KeyBytes, Access>>,
+    /// Serializes writers so read-add-write of a record never loses counts.
+    writer: Mutex<()>,
+    last_write_ms: AtomicU64,
+}
+
+impl AccessLog {
+    pub fn new(now_ms: u64) -> AccessLog {
+        AccessLog {
+            pending: Mutex::new(HashMap::new()),
+            writer: Mutex::new(()),
+            last_write_ms: AtomicU64::new(now_ms),
+        }
+    }
+
+    /// Records one access; returns whether a write is due.
+    pub fn record(&self, key: KeyBytes, now_ms: u64, batch: usize, interval_ms: u64) -> bool {
+        let n = {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let a = p.entry(key).or_default();
+            a.last_ms = a.last_ms.max(now_ms);
+            a.count += 1;
+            p.len()
+        };
+        n >= batch
+            || now_ms.saturating_sub(self.last_write_ms.load(Ordering::Relaxed)) >= interval_ms
+    }
+
+    /// Not yet written statistics of one key.
+    pub fn pending(&self, key: &KeyBytes) -> Option<Access> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied()
+    }
+
+    /// Writes pending statistics of entries that still exist.
+    pub fn write(&self, index: &dyn Index, now_ms: u64) -> StoreResult<()> {
+        let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        self.last_write_ms.store(now_ms, Ordering::Relaxed);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut ops = Vec::with_capacity(batch.len());
+        for (k, add) in batch {
+            // A removed entry's stats would be garbage; reconcile removes the
+            // few that slip through between this check and the write.
+            if index.get(Tree::Entries, &k)?.is_none() {
+                continue;
+            }
+            let mut a = index
+                .get(Tree::Access, &k)?
+                .map(|v| Access::decode(&v))
+                .unwrap_or_default();
+            a.last_ms = a.last_ms.max(add.last_ms);
+            a.count += add.count;
+            ops.push(Op::Put(Tree::Access, k.to_vec(), a.encode()));
+        }
+        index.commit(&[], &ops)?;
+        Ok(())
+    }
+}

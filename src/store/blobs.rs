@@ -1,0 +1,300 @@
+//! Payload files: streaming a payload into tmp/ while hashing it, publishing
+//! it under its blake3 (fsync, chmod 0444, rename, fsync the folder),
+//! deleting and quarantining. Payload files are never modified after
+//! publish; they are only ever replaced whole or unlinked.
+//!
+//! Per-blob stripe locks order the file operations of one blob against the
+//! index commits that reference it: put holds the blob's stripe from the
+//! "is it referenced?" check through rename and commit, deleters hold it from
+//! the "no references left" check through unlink. Without it a delete could
+//! unlink a file a concurrent put had just decided to reuse.
+
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use super::error::{StoreError, StoreResult};
+use super::layout::Paths;
+use super::options::WriteFault;
+
+/// Bytes read from the producer and written per step.
+const CHUNK: usize = 1 << 20;
+const STRIPES: usize = 64;
+
+pub(crate) struct Stripes([Mutex<()>; STRIPES]);
+
+impl Stripes {
+    pub fn new() -> Stripes {
+        Stripes(std::array::from_fn(|_| Mutex::new(())))
+    }
+
+    pub fn lock(&self, blob: &[u8; 32]) -> MutexGuard<'_, ()> {
+        // A panic while holding a stripe leaves no state behind it to repair.
+        self.0[blob[0] as usize % STRIPES]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A payload written to a temp file, not yet published.
+pub(crate) struct Written {
+    pub tmp: PathBuf,
+    pub file: File,
+    pub blake3: [u8; 32],
+    pub len: u64,
+}
+
+impl Written {
+    pub fn discard(self) {
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+fn is_no_space(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::StorageFull
+        || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Streams `src` into `tmp`, hashing as it goes; fsyncs when asked. On any
+/// failure the temp file is removed.
+pub(crate) fn write_temp(
+    paths: &Paths,
+    tmp: PathBuf,
+    src: &mut dyn Read,
+    fsync: bool,
+    fault: Option<&WriteFault>,
+) -> StoreResult<Written> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| classify(paths, &tmp, 0, e))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut len = 0u64;
+    let result = (|| {
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(StoreError::PayloadRead {
+                        read: len,
+                        source: e,
+                    })
+                }
+            };
+            if let Some(f) = fault {
+                f(len).map_err(|e| classify(paths, &tmp, len, e))?;
+            }
+            file.write_all(&buf[..n])
+                .map_err(|e| classify(paths, &tmp, len, e))?;
+            hasher.update(&buf[..n]);
+            len += n as u64;
+        }
+        if fsync {
+            file.sync_all().map_err(|e| classify(paths, &tmp, len, e))?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(Written {
+            tmp,
+            file,
+            blake3: *hasher.finalize().as_bytes(),
+            len,
+        }),
+        Err(e) => {
+            drop(file);
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn classify(paths: &Paths, tmp: &Path, written: u64, e: std::io::Error) -> StoreError {
+    if is_no_space(&e) {
+        StoreError::NoSpace {
+            dir: paths.root.clone(),
+            written,
+        }
+    } else {
+        StoreError::io("write", tmp, e)
+    }
+}
+
+/// Publishes a written payload as `blobs/<xx>/<hex>` (caller holds the stripe).
+pub(crate) fn publish(paths: &Paths, w: Written, fsync: bool) -> StoreResult<()> {
+    let dest = paths.blob(&w.blake3);
+    let tmp = w.tmp.clone();
+    let r = (|| {
+        w.file
+            .set_permissions(Permissions::from_mode(0o444))
+            .map_err(|e| StoreError::io("chmod", &tmp, e))?;
+        drop(w.file);
+        if let Err(e) = fs::rename(&tmp, &dest) {
+            if e.kind() != ErrorKind::NotFound {
+                return Err(StoreError::io("publish", &dest, e));
+            }
+            // The shard folder went missing (removed by hand): recreate it.
+            let shard = paths.shard(&w.blake3);
+            fs::create_dir_all(&shard).map_err(|e| StoreError::io("create", &shard, e))?;
+            fs::rename(&tmp, &dest).map_err(|e| StoreError::io("publish", &dest, e))?;
+        }
+        if fsync {
+            let shard = paths.shard(&w.blake3);
+            crate::fsutil::sync_dir(&shard).map_err(|e| StoreError::io("sync", &shard, e))?;
+        }
+        Ok(())
+    })();
+    if r.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Whether a complete payload file of `len` bytes is present for `blob`.
+pub(crate) fn present(paths: &Paths, blob: &[u8; 32], len: u64) -> bool {
+    fs::metadata(paths.blob(blob))
+        .map(|m| m.is_file() && m.len() == len)
+        .unwrap_or(false)
+}
+
+/// Unlinks a payload file (caller holds the stripe and has flushed the
+/// index); returns the bytes freed, 0 when it was already gone.
+pub(crate) fn delete(paths: &Paths, blob: &[u8; 32]) -> StoreResult<u64> {
+    Ok(delete_path(&paths.blob(blob))?.unwrap_or(0))
+}
+
+/// Unlinks a file; returns its size, or `None` when it was already gone.
+pub(crate) fn delete_path(p: &Path) -> StoreResult<Option<u64>> {
+    let len = match fs::symlink_metadata(p) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StoreError::io("stat", p, e)),
+    };
+    match fs::remove_file(p) {
+        Ok(()) => Ok(Some(len)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io("remove", p, e)),
+    }
+}
+
+/// Moves a damaged payload file into quarantine/ (caller holds the stripe
+/// and has flushed the removal of its entries); returns where it went.
+pub(crate) fn quarantine(
+    paths: &Paths,
+    blob: &[u8; 32],
+    now_ms: u64,
+) -> StoreResult<Option<PathBuf>> {
+    let from = paths.blob(blob);
+    let to = paths
+        .quarantine
+        .join(format!("{}.{now_ms}", hex::encode(blob)));
+    match fs::rename(&from, &to) {
+        Ok(()) => Ok(Some(to)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io("quarantine", &from, e)),
+    }
+}
+
+/// Hashes a payload file: (length, blake3).
+pub(crate) fn hash_file(p: &Path) -> std::io::Result<(u64, [u8; 32])> {
+    let mut h = blake3::Hasher::new();
+    h.update_mmap_rayon(p)?;
+    let len = h.count();
+    Ok((len, *h.finalize().as_bytes()))
+}
+
+/// Lists the payload files under blobs/: (blob, path) of well-named files,
+/// and the paths of anything else found in the shards.
+/// Well-named payload files (blob, path) and stray paths.
+pub(crate) type Listing = (Vec<([u8; 32], PathBuf)>, Vec<PathBuf>);
+
+pub(crate) fn list(paths: &Paths) -> StoreResult<Listing> {
+    let mut good = Vec::new();
+    let mut stray = Vec::new();
+    for b in 0..=255u8 {
+        let shard = paths.blobs.join(hex::encode([b]));
+        let rd = match fs::read_dir(&shard) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(e) => return Err(StoreError::io("list", &shard, e)),
+        };
+        for e in rd {
+            let e = e.map_err(|e| StoreError::io("list", &shard, e))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            match super::layout::parse_blob_name(&name) {
+                Some(blob)
+                    if blob[0] == b && e.file_type().map(|t| t.is_file()).unwrap_or(false) =>
+                {
+                    good.push((blob, e.path()))
+                }
+                _ => stray.push(e.path()),
+            }
+        }
+    }
+    Ok((good, stray))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_publish_delete() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Paths::new(d.path());
+        super::super::layout::prepare(&p).unwrap();
+        let data = vec![5u8; 3 * CHUNK + 17];
+        let w = write_temp(&p, p.tmp.join("a.part"), &mut data.as_slice(), true, None).unwrap();
+        assert_eq!(w.len, data.len() as u64);
+        assert_eq!(w.blake3, *blake3::hash(&data).as_bytes());
+        let blob = w.blake3;
+        publish(&p, w, true).unwrap();
+        let path = p.blob(&blob);
+        assert_eq!(fs::read(&path).unwrap(), data);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o444
+        );
+        assert!(present(&p, &blob, data.len() as u64));
+        assert_eq!(hash_file(&path).unwrap(), (data.len() as u64, blob));
+        let (good, stray) = list(&p).unwrap();
+        assert_eq!(good, vec![(blob, path.clone())]);
+        assert!(stray.is_empty());
+        assert_eq!(delete(&p, &blob).unwrap(), data.len() as u64);
+        assert_eq!(delete(&p, &blob).unwrap(), 0);
+        assert_eq!(fs::read_dir(&p.tmp).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn fault_removes_temp_and_names_no_space() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Paths::new(d.path());
+        super::super::layout::prepare(&p).unwrap();
+        let fault: WriteFault = std::sync::Arc::new(|n| {
+            if n > 0 {
+                Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+            } else {
+                Ok(())
+            }
+        });
+        let data = vec![1u8; 2 * CHUNK];
+        let e = write_temp(
+            &p,
+            p.tmp.join("b.part"),
+            &mut data.as_slice(),
+            true,
+            Some(&fault),
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(e, StoreError::NoSpace { written, .. } if written == CHUNK as u64));
+        assert_eq!(fs::read_dir(&p.tmp).unwrap().count(), 0);
+    }
+}

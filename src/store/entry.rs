@@ -1,0 +1,449 @@
+//! Entry metadata: what a producer hands to `put` ([`NewEntry`]), what the
+//! store returns ([`Entry`]), and their index encodings. Records are
+//! hand-written prost messages with a `version` field; readers that only
+//! need a few fields decode a shorter message over the same tags (prost
+//! skips the rest), which keeps lookups and GC walks cheap.
+
+use std::time::Duration;
+
+use prost::Message;
+
+use super::error::{StoreError, StoreResult};
+use super::key::EntryKey;
+use crate::digest::SourceDigest;
+use crate::pb;
+use crate::structs::{self, PhysicalTypeKey, FORMAT_VERSION_KEY, PACKER_KEY};
+
+/// Version of [`Record`]; a record with a higher one is refused, not guessed at.
+pub(crate) const RECORD_VERSION: u32 = 1;
+/// Nesting bound when canonicalizing a physical type at put.
+const MAX_TYPE_DEPTH: u32 = 32;
+/// Longest source name or model path remembered (longer ones are cut).
+const MAX_SEEN_LEN: usize = 1024;
+
+/// Who produced a payload.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Producer {
+    pub packer_id: String,
+    pub packer_version: String,
+    /// The uid of the client that put the payload, when a client did.
+    pub client_uid: Option<u32>,
+}
+
+/// Everything `put` needs besides the payload bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEntry {
+    pub source: SourceDigest,
+    pub device: pb::DeviceProto,
+    /// The resolved concrete type (references inlined); doc strings are
+    /// cleared by `put` (D4). Needs a `name` and `ctcache.format_version`.
+    pub physical_type: pb::StructTypeProto,
+    /// `StructProto.dims` of the compiled value.
+    pub dims: Vec<u64>,
+    pub producer: Producer,
+    pub source_names: Vec<String>,
+    pub model_paths: Vec<String>,
+    pub pack_duration: Duration,
+}
+
+/// The payload file an entry points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PayloadInfo {
+    pub blake3: [u8; 32],
+    pub len: u64,
+}
+
+/// A stored entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub key: EntryKey,
+    pub type_name: String,
+    pub format_version: u32,
+    /// The canonical `StructTypeProto` encoding whose blake3 is the type key.
+    pub physical_type: Vec<u8>,
+    pub dims: Vec<u64>,
+    pub device: pb::DeviceProto,
+    pub payload: PayloadInfo,
+    pub producer: Producer,
+    pub source_names: Vec<String>,
+    pub model_paths: Vec<String>,
+    pub created_ms: u64,
+    /// Last `open_payload` (or `created_ms`); may lag by the access batch window.
+    pub last_access_ms: u64,
+    pub access_count: u64,
+    pub pack_duration: Duration,
+}
+
+impl Entry {
+    pub fn source(&self) -> &SourceDigest {
+        &self.key.source
+    }
+
+    /// Decodes the physical type.
+    pub fn physical_type(&self) -> StoreResult<pb::StructTypeProto> {
+        pb::StructTypeProto::decode(self.physical_type.as_slice())
+            .map_err(|e| StoreError::record(format!("physical type of {}", self.key), e))
+    }
+
+    /// The packer id named in the type's metadata (`ctcache.packer`).
+    pub fn packer(&self) -> Option<String> {
+        self.physical_type()
+            .ok()
+            .and_then(|t| structs::metadata(&t.metadata_props, PACKER_KEY).map(str::to_string))
+    }
+}
+
+/// The stored form of an entry (the key holds source digest, device key and
+/// type key). Tags 1-7 come first so that [`Head`] can stop after them.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Record {
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload_blake3: Vec<u8>,
+    #[prost(uint64, tag = "3")]
+    pub payload_len: u64,
+    #[prost(uint64, tag = "4")]
+    pub created_ms: u64,
+    #[prost(string, tag = "5")]
+    pub type_name: String,
+    #[prost(uint32, tag = "6")]
+    pub format_version: u32,
+    #[prost(message, optional, tag = "7")]
+    pub device: Option<pb::DeviceProto>,
+    #[prost(bytes = "vec", tag = "8")]
+    pub physical_type: Vec<u8>,
+    #[prost(uint64, repeated, tag = "9")]
+    pub dims: Vec<u64>,
+    #[prost(string, tag = "10")]
+    pub packer_id: String,
+    #[prost(string, tag = "11")]
+    pub packer_version: String,
+    #[prost(uint32, optional, tag = "12")]
+    pub client_uid: Option<u32>,
+    #[prost(string, repeated, tag = "13")]
+    pub source_names: Vec<String>,
+    #[prost(string, repeated, tag = "14")]
+    pub model_paths: Vec<String>,
+    #[prost(uint64, tag = "15")]
+    pub pack_duration_us: u64,
+}
+
+/// The fields GC, stats and lookups read: tags 1-7 of [`Record`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Head {
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload_blake3: Vec<u8>,
+    #[prost(uint64, tag = "3")]
+    pub payload_len: u64,
+    #[prost(uint64, tag = "4")]
+    pub created_ms: u64,
+    #[prost(string, tag = "5")]
+    pub type_name: String,
+    #[prost(uint32, tag = "6")]
+    pub format_version: u32,
+    #[prost(message, optional, tag = "7")]
+    pub device: Option<pb::DeviceProto>,
+}
+
+/// Like [`Head`] without the device (GC walks).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Brief {
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload_blake3: Vec<u8>,
+    #[prost(uint64, tag = "3")]
+    pub payload_len: u64,
+    #[prost(uint64, tag = "4")]
+    pub created_ms: u64,
+}
+
+fn check_version(v: u32, key: &[u8]) -> StoreResult<()> {
+    if v == 0 || v > RECORD_VERSION {
+        return Err(StoreError::record(
+            format!("entry {}", hex::encode(key)),
+            format!("record version {v} (this build reads 1..={RECORD_VERSION})"),
+        ));
+    }
+    Ok(())
+}
+
+fn blob32(b: &[u8], key: &[u8]) -> StoreResult<[u8; 32]> {
+    b.try_into().map_err(|_| {
+        StoreError::record(
+            format!("entry {}", hex::encode(key)),
+            "payload hash is not 32 bytes",
+        )
+    })
+}
+
+macro_rules! decoder {
+    ($name:ident, $ty:ty) => {
+        pub(crate) fn $name(key: &[u8], value: &[u8]) -> StoreResult<$ty> {
+            let r = <$ty>::decode(value)
+                .map_err(|e| StoreError::record(format!("entry {}", hex::encode(key)), e))?;
+            check_version(r.version, key)?;
+            blob32(&r.payload_blake3, key)?;
+            Ok(r)
+        }
+    };
+}
+
+decoder!(decode_record, Record);
+decoder!(decode_head, Head);
+decoder!(decode_brief, Brief);
+
+impl Brief {
+    pub fn blob(&self) -> [u8; 32] {
+        self.payload_blake3.as_slice().try_into().unwrap_or([0; 32])
+    }
+}
+
+impl Head {
+    pub fn blob(&self) -> [u8; 32] {
+        self.payload_blake3.as_slice().try_into().unwrap_or([0; 32])
+    }
+}
+
+impl Record {
+    pub fn blob(&self) -> [u8; 32] {
+        self.payload_blake3.as_slice().try_into().unwrap_or([0; 32])
+    }
+
+    pub fn into_entry(self, key: EntryKey, access: Access) -> Entry {
+        let blake3 = self.blob();
+        Entry {
+            key,
+            type_name: self.type_name,
+            format_version: self.format_version,
+            physical_type: self.physical_type,
+            dims: self.dims,
+            device: self.device.unwrap_or_default(),
+            payload: PayloadInfo {
+                blake3,
+                len: self.payload_len,
+            },
+            producer: Producer {
+                packer_id: self.packer_id,
+                packer_version: self.packer_version,
+                client_uid: self.client_uid,
+            },
+            source_names: self.source_names,
+            model_paths: self.model_paths,
+            created_ms: self.created_ms,
+            last_access_ms: access.last_ms.max(self.created_ms),
+            access_count: access.count,
+            pack_duration: Duration::from_micros(self.pack_duration_us),
+        }
+    }
+
+    /// Adds names and paths not yet recorded, up to `max` each; returns
+    /// whether anything changed.
+    pub fn merge_seen(&mut self, names: &[String], paths: &[String], max: usize) -> bool {
+        let a = merge(&mut self.source_names, names, max);
+        let b = merge(&mut self.model_paths, paths, max);
+        a || b
+    }
+}
+
+fn cut(s: &str) -> String {
+    let mut end = s.len().min(MAX_SEEN_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn merge(list: &mut Vec<String>, new: &[String], max: usize) -> bool {
+    let mut changed = false;
+    for n in new {
+        let n = cut(n);
+        if list.len() >= max {
+            break;
+        }
+        if !n.is_empty() && !list.contains(&n) {
+            list.push(n);
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// A validated [`NewEntry`]: its key and the record to store (without the
+/// payload fields, which `put` fills in).
+pub(crate) struct Prepared {
+    pub key: EntryKey,
+    pub record: Record,
+}
+
+/// Canonicalizes the physical type, checks the D4 metadata, derives the key.
+pub(crate) fn prepare(new: &NewEntry, now_ms: u64, max_seen: usize) -> StoreResult<Prepared> {
+    let canonical = structs::canonical_type(&new.physical_type, &[], MAX_TYPE_DEPTH)
+        .map_err(|e| StoreError::InvalidEntry(format!("physical type: {e}")))?;
+    if canonical.name.is_empty() {
+        return Err(StoreError::InvalidEntry(
+            "physical type has no name (D4)".into(),
+        ));
+    }
+    let format_version = structs::metadata(&canonical.metadata_props, FORMAT_VERSION_KEY)
+        .ok_or_else(|| {
+            StoreError::InvalidEntry(format!(
+                "physical type {:?} lacks metadata {FORMAT_VERSION_KEY} (D4)",
+                canonical.name
+            ))
+        })?
+        .parse::<u32>()
+        .map_err(|_| {
+            StoreError::InvalidEntry(format!(
+                "physical type {:?}: {FORMAT_VERSION_KEY} is not an integer",
+                canonical.name
+            ))
+        })?;
+    if new.device.r#type.is_empty() {
+        return Err(StoreError::InvalidEntry("device has no type".into()));
+    }
+    let physical_type = canonical.encode_to_vec();
+    let key = EntryKey {
+        source: new.source,
+        device: crate::device::device_key(&new.device),
+        physical_type: PhysicalTypeKey(*blake3::hash(&physical_type).as_bytes()),
+    };
+    let mut record = Record {
+        version: RECORD_VERSION,
+        payload_blake3: Vec::new(),
+        payload_len: 0,
+        created_ms: now_ms,
+        type_name: canonical.name,
+        format_version,
+        device: Some(new.device.clone()),
+        physical_type,
+        dims: new.dims.clone(),
+        packer_id: new.producer.packer_id.clone(),
+        packer_version: new.producer.packer_version.clone(),
+        client_uid: new.producer.client_uid,
+        source_names: Vec::new(),
+        model_paths: Vec::new(),
+        pack_duration_us: new.pack_duration.as_micros().min(u64::MAX as u128) as u64,
+    };
+    record.merge_seen(&new.source_names, &new.model_paths, max_seen);
+    Ok(Prepared { key, record })
+}
+
+/// Access statistics: last access (unix ms) and count, 16 bytes big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Access {
+    pub last_ms: u64,
+    pub count: u64,
+}
+
+impl Access {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&self.last_ms.to_be_bytes());
+        v.extend_from_slice(&self.count.to_be_bytes());
+        v
+    }
+
+    /// Unreadable stats read as none: they are statistics, not truth.
+    pub fn decode(b: &[u8]) -> Access {
+        if b.len() != 16 {
+            return Access::default();
+        }
+        Access {
+            last_ms: u64::from_be_bytes(b[..8].try_into().unwrap()),
+            count: u64::from_be_bytes(b[8..].try_into().unwrap()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::Algorithm;
+
+    fn new_entry() -> NewEntry {
+        NewEntry {
+            source: SourceDigest {
+                algorithm: Algorithm::Blake3,
+                bytes: [1; 32],
+            },
+            device: pb::DeviceProto {
+                r#type: "cpu".into(),
+                architecture: "x86_64-avx2".into(),
+                ..Default::default()
+            },
+            physical_type: pb::StructTypeProto {
+                name: "t.fmt".into(),
+                doc_string: "dropped".into(),
+                metadata_props: vec![pb::StringStringEntryProto {
+                    key: FORMAT_VERSION_KEY.into(),
+                    value: "3".into(),
+                }],
+                ..Default::default()
+            },
+            dims: vec![4, 5],
+            source_names: vec!["w".into(), "w".into(), "x".repeat(5000)],
+            model_paths: vec![],
+            producer: Producer::default(),
+            pack_duration: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn prepare_canonicalizes_and_keys() {
+        let p = prepare(&new_entry(), 42, 16).unwrap();
+        assert_eq!(p.record.format_version, 3);
+        assert_eq!(p.record.type_name, "t.fmt");
+        let t = pb::StructTypeProto::decode(p.record.physical_type.as_slice()).unwrap();
+        assert!(t.doc_string.is_empty());
+        assert_eq!(
+            p.key.physical_type,
+            crate::structs::physical_type_key(&new_entry().physical_type, &[], 32).unwrap()
+        );
+        assert_eq!(p.record.source_names.len(), 2);
+        assert_eq!(p.record.source_names[1].len(), MAX_SEEN_LEN);
+    }
+
+    #[test]
+    fn prepare_refuses_missing_d4_metadata() {
+        let mut n = new_entry();
+        n.physical_type.metadata_props.clear();
+        assert!(matches!(
+            prepare(&n, 0, 16),
+            Err(StoreError::InvalidEntry(_))
+        ));
+        let mut n = new_entry();
+        n.physical_type.name.clear();
+        assert!(prepare(&n, 0, 16).is_err());
+    }
+
+    #[test]
+    fn record_round_trip_and_partial_decoders() {
+        let mut p = prepare(&new_entry(), 42, 16).unwrap();
+        p.record.payload_blake3 = vec![9; 32];
+        p.record.payload_len = 77;
+        let bytes = p.record.encode_to_vec();
+        let k = p.key.to_bytes();
+        assert_eq!(decode_record(&k, &bytes).unwrap(), p.record);
+        let h = decode_head(&k, &bytes).unwrap();
+        assert_eq!((h.payload_len, h.created_ms), (77, 42));
+        assert_eq!(h.device.unwrap().architecture, "x86_64-avx2");
+        assert_eq!(decode_brief(&k, &bytes).unwrap().blob(), [9; 32]);
+        let mut future = p.record.clone();
+        future.version = RECORD_VERSION + 1;
+        assert!(decode_record(&k, &future.encode_to_vec()).is_err());
+    }
+
+    #[test]
+    fn access_encoding() {
+        let a = Access {
+            last_ms: 5,
+            count: 6,
+        };
+        assert_eq!(Access::decode(&a.encode()), a);
+        assert_eq!(Access::decode(b"x"), Access::default());
+    }
+}

@@ -1,0 +1,523 @@
+//! Garbage collection: a size budget (least recently used first), a maximum
+//! idle age, orphans (payload files without entries, entries without payload
+//! files), stale temp files, and expired lease records.
+//!
+//! GC first *plans* from one walk of the index and one listing of blobs/ and
+//! tmp/ (a pure function of what it saw, so a dry run reports exactly what a
+//! real run on the same state does), then *executes* the plan in batches of
+//! `gc_batch` entries. Each batch takes the lease gate, re-reads the leases
+//! (an entry leased since the plan is kept), commits the removals, flushes
+//! the index, and only then unlinks the payload files that lost their last
+//! reference. Lookups only ever wait for one index commit, never for a batch.
+//! **A leased entry is never removed.**
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::blobs;
+use super::entry::{self, Access};
+use super::error::StoreResult;
+use super::index::{Op, Tree};
+use super::key::{EntryKey, KeyBytes};
+use super::lease;
+use super::Store;
+
+/// What to collect. The default collects nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcPolicy {
+    /// Remove least recently used entries until the payload files of the
+    /// remaining ones take at most this many bytes.
+    pub max_bytes: Option<u64>,
+    /// Remove entries not accessed for longer than this.
+    pub max_age: Option<Duration>,
+    /// Remove payload files without entries and entries without files.
+    pub orphans: bool,
+    /// Remove temp files left by writers that are gone.
+    pub temp_files: bool,
+    /// Report what would go, change nothing.
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GcReason {
+    /// Not accessed for `idle`.
+    MaxAge { idle: Duration },
+    /// Least recently used while the store was over `max_bytes`.
+    OverBudget,
+    /// The entry's payload file is missing.
+    MissingPayload,
+    /// A payload file no entry references.
+    OrphanPayload,
+    /// A file in blobs/ that is not a payload file.
+    StrayFile,
+    /// A temp file of a writer that is gone.
+    StaleTemp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GcTarget {
+    Entry(EntryKey),
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcItem {
+    pub target: GcTarget,
+    pub reason: GcReason,
+    /// Bytes of files deleted with it (0 when an entry's payload file is
+    /// still referenced by other entries).
+    pub bytes_freed: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub dry_run: bool,
+    /// In execution order: entries, then files, then temp files.
+    pub items: Vec<GcItem>,
+    pub bytes_freed: u64,
+    /// Bytes of referenced payload files before and after (as planned).
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Entries a policy selected but a lease kept.
+    pub leased_kept: u64,
+    /// Expired lease records removed (or, dry, that would be).
+    pub expired_leases: u64,
+}
+
+/// One entry as GC sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Cand {
+    pub kb: KeyBytes,
+    pub blob: [u8; 32],
+    pub len: u64,
+    pub last_ms: u64,
+    pub created_ms: u64,
+}
+
+/// Everything a plan is computed from.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// In key order.
+    pub cands: Vec<Cand>,
+    pub leased: HashSet<KeyBytes>,
+    /// Payload files present (None when orphans are not collected).
+    pub files: Option<HashSet<[u8; 32]>>,
+    /// Unreferenced payload files and their sizes.
+    pub orphan_files: Vec<(PathBuf, u64)>,
+    pub stray_files: Vec<(PathBuf, u64)>,
+    pub temps: Vec<(PathBuf, u64)>,
+}
+
+/// The plan: items (with bytes freed as planned) and the byte totals.
+pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64, u64, u64) {
+    let mut refs: HashMap<[u8; 32], (u32, u64)> = HashMap::new();
+    let mut items = Vec::new();
+    let mut gone: HashSet<KeyBytes> = HashSet::new();
+    let mut leased_kept = 0u64;
+    let entry_item = |c: &Cand, reason, bytes_freed| GcItem {
+        target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
+        reason,
+        bytes_freed,
+    };
+    for c in &s.cands {
+        let missing = s.files.as_ref().is_some_and(|f| !f.contains(&c.blob));
+        if missing {
+            if s.leased.contains(&c.kb) {
+                leased_kept += 1;
+            } else {
+                items.push(entry_item(c, GcReason::MissingPayload, 0));
+                gone.insert(c.kb);
+            }
+            continue;
+        }
+        let r = refs.entry(c.blob).or_insert((0, c.len));
+        r.0 += 1;
+    }
+    let before: u64 = refs.values().map(|r| r.1).sum();
+    let mut total = before;
+    let pinned: HashSet<[u8; 32]> = s
+        .cands
+        .iter()
+        .filter(|c| s.leased.contains(&c.kb))
+        .map(|c| c.blob)
+        .collect();
+    if let Some(max_age) = p.max_age {
+        let max_ms = max_age.as_millis() as u64;
+        for c in &s.cands {
+            let idle = now_ms.saturating_sub(c.last_ms);
+            if gone.contains(&c.kb) || idle <= max_ms {
+                continue;
+            }
+            if s.leased.contains(&c.kb) {
+                leased_kept += 1;
+                continue;
+            }
+            let freed = release(&mut refs, &mut total, &c.blob);
+            items.push(entry_item(
+                c,
+                GcReason::MaxAge {
+                    idle: Duration::from_millis(idle),
+                },
+                freed,
+            ));
+            gone.insert(c.kb);
+        }
+    }
+    if let Some(max) = p.max_bytes {
+        let mut lru: Vec<&Cand> = s.cands.iter().filter(|c| !gone.contains(&c.kb)).collect();
+        lru.sort_by_key(|c| (c.last_ms, c.created_ms, c.kb));
+        for c in lru {
+            if total <= max {
+                break;
+            }
+            // Removing an entry whose file a leased entry shares frees
+            // nothing; leave both.
+            if s.leased.contains(&c.kb) || pinned.contains(&c.blob) {
+                if s.leased.contains(&c.kb) {
+                    leased_kept += 1;
+                }
+                continue;
+            }
+            let freed = release(&mut refs, &mut total, &c.blob);
+            items.push(entry_item(c, GcReason::OverBudget, freed));
+            gone.insert(c.kb);
+        }
+    }
+    if p.orphans {
+        for (path, len) in &s.orphan_files {
+            items.push(GcItem {
+                target: GcTarget::File(path.clone()),
+                reason: GcReason::OrphanPayload,
+                bytes_freed: *len,
+            });
+        }
+        for (path, len) in &s.stray_files {
+            items.push(GcItem {
+                target: GcTarget::File(path.clone()),
+                reason: GcReason::StrayFile,
+                bytes_freed: *len,
+            });
+        }
+    }
+    if p.temp_files {
+        for (path, len) in &s.temps {
+            items.push(GcItem {
+                target: GcTarget::File(path.clone()),
+                reason: GcReason::StaleTemp,
+                bytes_freed: *len,
+            });
+        }
+    }
+    (items, before, total, leased_kept)
+}
+
+/// Drops one reference to `blob`; returns the bytes freed when it was the last.
+fn release(refs: &mut HashMap<[u8; 32], (u32, u64)>, total: &mut u64, blob: &[u8; 32]) -> u64 {
+    let r = refs.get_mut(blob).expect("counted");
+    r.0 -= 1;
+    if r.0 == 0 {
+        *total -= r.1;
+        r.1
+    } else {
+        0
+    }
+}
+
+fn file_len(p: &std::path::Path) -> u64 {
+    std::fs::symlink_metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+impl Store {
+    /// Runs (or, with `dry_run`, plans) a collection.
+    pub fn gc(&self, policy: &GcPolicy) -> StoreResult<GcReport> {
+        let now = self.now();
+        // Exact LRU needs the pending access statistics in the index.
+        self.access.write(&*self.index, now)?;
+        let (snap, expired) = self.snapshot(policy, now)?;
+        let (items, before, after, leased_kept) = plan(&snap, policy, now);
+        let mut report = GcReport {
+            dry_run: policy.dry_run,
+            bytes_before: before,
+            bytes_after: after,
+            leased_kept,
+            expired_leases: expired.len() as u64,
+            ..Default::default()
+        };
+        if policy.dry_run {
+            report.bytes_freed = items.iter().map(|i| i.bytes_freed).sum();
+            report.items = items;
+            return Ok(report);
+        }
+        let ops: Vec<Op> = expired
+            .into_iter()
+            .map(|k| Op::Delete(Tree::Leases, k))
+            .collect();
+        self.index.commit(&[], &ops)?;
+        let (entries, files): (Vec<GcItem>, Vec<GcItem>) = items
+            .into_iter()
+            .partition(|i| matches!(i.target, GcTarget::Entry(_)));
+        for batch in entries.chunks(self.opts.gc_batch.max(1)) {
+            let done = self.remove_batch(batch, &mut report)?;
+            report.items.extend(done);
+        }
+        for item in files {
+            let GcTarget::File(path) = &item.target else {
+                continue;
+            };
+            let freed = match item.reason {
+                GcReason::OrphanPayload => {
+                    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                    let Some(blob) = name.as_deref().and_then(super::layout::parse_blob_name)
+                    else {
+                        continue;
+                    };
+                    let _s = self.stripes.lock(&blob);
+                    if self.blob_referenced(&blob)? {
+                        continue;
+                    }
+                    blobs::delete_path(path)?
+                }
+                _ => blobs::delete_path(path)?,
+            };
+            // Gone already (another collector or a remove got there first).
+            let Some(freed) = freed else {
+                continue;
+            };
+            report.items.push(GcItem {
+                bytes_freed: freed,
+                ..item
+            });
+        }
+        report.bytes_freed = report.items.iter().map(|i| i.bytes_freed).sum();
+        Ok(report)
+    }
+
+    /// One GC batch: commit the removals under the lease gate, flush, then
+    /// unlink the files that lost their last reference.
+    fn remove_batch(&self, batch: &[GcItem], report: &mut GcReport) -> StoreResult<Vec<GcItem>> {
+        let mut removed: Vec<(GcItem, [u8; 32])> = Vec::with_capacity(batch.len());
+        {
+            let _gate = self.lease_gate();
+            let (live, _) = lease::scan(&*self.index, self.now())?;
+            for item in batch {
+                let GcTarget::Entry(key) = &item.target else {
+                    continue;
+                };
+                let kb = key.to_bytes();
+                if live.contains_key(&kb) {
+                    report.leased_kept += 1;
+                    continue;
+                }
+                let Some(old) = self.index.get(Tree::Entries, &kb)? else {
+                    continue;
+                };
+                let b = entry::decode_brief(&kb, &old)?;
+                let blob = b.blob();
+                let _s = self.stripes.lock(&blob);
+                // A missing payload may have been restored by a put since.
+                if item.reason == GcReason::MissingPayload
+                    && blobs::present(&self.paths, &blob, b.payload_len)
+                {
+                    continue;
+                }
+                if self.drop_entry(&kb, &blob, old)? {
+                    removed.push((item.clone(), blob));
+                }
+            }
+        }
+        if removed.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.index.flush()?;
+        // Walk backwards so that, as in the plan, the bytes of a shared file
+        // go to the last of its entries removed.
+        let mut out = Vec::with_capacity(removed.len());
+        let mut seen = HashSet::new();
+        for (item, blob) in removed.into_iter().rev() {
+            let freed = if !seen.insert(blob) {
+                0
+            } else {
+                let _s = self.stripes.lock(&blob);
+                if self.blob_referenced(&blob)? {
+                    0
+                } else {
+                    blobs::delete(&self.paths, &blob)?
+                }
+            };
+            out.push(GcItem {
+                bytes_freed: freed,
+                ..item
+            });
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Reads what a plan needs: entries with access times, leases, and
+    /// (when the policy asks) the files. Returns the expired lease ids too.
+    pub(crate) fn snapshot(&self, p: &GcPolicy, now: u64) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
+        let mut s = Snapshot::default();
+        let (live, expired) = lease::scan(&*self.index, now)?;
+        s.leased = live.into_keys().collect();
+        let mut access: HashMap<KeyBytes, u64> = HashMap::new();
+        self.index.scan(Tree::Access, &[], None, &mut |k, v| {
+            if let Ok(kb) = KeyBytes::try_from(k) {
+                access.insert(kb, Access::decode(v).last_ms);
+            }
+            true
+        })?;
+        let mut err = None;
+        self.index.scan(Tree::Entries, &[], None, &mut |k, v| {
+            let b = match entry::decode_brief(k, v) {
+                Ok(b) => b,
+                Err(e) => {
+                    err = Some(e);
+                    return false;
+                }
+            };
+            let Ok(kb) = KeyBytes::try_from(k) else {
+                return true;
+            };
+            s.cands.push(Cand {
+                kb,
+                blob: b.blob(),
+                len: b.payload_len,
+                last_ms: access.get(&kb).copied().unwrap_or(0).max(b.created_ms),
+                created_ms: b.created_ms,
+            });
+            true
+        })?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if p.orphans {
+            let referenced: HashSet<[u8; 32]> = s.cands.iter().map(|c| c.blob).collect();
+            let (good, stray) = blobs::list(&self.paths)?;
+            let mut files = HashSet::with_capacity(good.len());
+            for (blob, path) in good {
+                if !referenced.contains(&blob) {
+                    s.orphan_files.push((path.clone(), file_len(&path)));
+                }
+                files.insert(blob);
+            }
+            s.files = Some(files);
+            s.orphan_files.sort();
+            s.stray_files = stray
+                .into_iter()
+                .map(|p| (p.clone(), file_len(&p)))
+                .collect();
+            s.stray_files.sort();
+        }
+        if p.temp_files {
+            s.temps = self.stale_temps()?;
+        }
+        Ok((s, expired))
+    }
+
+    /// Files in tmp/ not written by this store instance.
+    pub(crate) fn stale_temps(&self) -> StoreResult<Vec<(PathBuf, u64)>> {
+        let tmp = &self.paths.tmp;
+        let mut out = Vec::new();
+        let rd = std::fs::read_dir(tmp).map_err(|e| super::StoreError::io("list", tmp, e))?;
+        for e in rd {
+            let e = e.map_err(|e| super::StoreError::io("list", tmp, e))?;
+            if !e.file_name().to_string_lossy().starts_with(&self.session) {
+                out.push((e.path(), file_len(&e.path())));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(n: u8, blob: u8, len: u64, last: u64) -> Cand {
+        let mut kb = [0u8; super::super::KEY_LEN];
+        kb[0] = 1;
+        kb[1] = n;
+        Cand {
+            kb,
+            blob: [blob; 32],
+            len,
+            last_ms: last,
+            created_ms: 0,
+        }
+    }
+
+    fn keys(items: &[GcItem]) -> Vec<u8> {
+        items
+            .iter()
+            .map(|i| match &i.target {
+                GcTarget::Entry(k) => k.source.bytes[0],
+                GcTarget::File(_) => 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn budget_removes_least_recently_used_and_skips_leased() {
+        let mut s = Snapshot {
+            cands: vec![
+                cand(1, 1, 100, 50),
+                cand(2, 2, 100, 10),
+                cand(3, 3, 100, 30),
+                cand(4, 4, 100, 20),
+            ],
+            ..Default::default()
+        };
+        s.leased.insert(s.cands[1].kb);
+        let p = GcPolicy {
+            max_bytes: Some(200),
+            ..Default::default()
+        };
+        let (items, before, after, kept) = plan(&s, &p, 100);
+        assert_eq!(keys(&items), vec![4, 3]);
+        assert_eq!((before, after, kept), (400, 200, 1));
+        assert!(items.iter().all(|i| i.bytes_freed == 100));
+    }
+
+    #[test]
+    fn shared_payload_frees_bytes_with_its_last_entry() {
+        let s = Snapshot {
+            cands: vec![cand(1, 9, 100, 1), cand(2, 9, 100, 2), cand(3, 3, 100, 3)],
+            ..Default::default()
+        };
+        let p = GcPolicy {
+            max_bytes: Some(100),
+            ..Default::default()
+        };
+        let (items, before, after, _) = plan(&s, &p, 10);
+        assert_eq!(keys(&items), vec![1, 2]);
+        assert_eq!(
+            items.iter().map(|i| i.bytes_freed).collect::<Vec<_>>(),
+            vec![0, 100]
+        );
+        assert_eq!((before, after), (200, 100));
+    }
+
+    #[test]
+    fn age_and_missing_payloads() {
+        let mut s = Snapshot {
+            cands: vec![cand(1, 1, 10, 0), cand(2, 2, 10, 95), cand(3, 3, 10, 0)],
+            ..Default::default()
+        };
+        s.files = Some([[1u8; 32], [2u8; 32]].into_iter().collect());
+        let p = GcPolicy {
+            max_age: Some(Duration::from_millis(50)),
+            ..Default::default()
+        };
+        let (items, ..) = plan(&s, &p, 100);
+        assert_eq!(keys(&items), vec![3, 1]);
+        assert_eq!(items[0].reason, GcReason::MissingPayload);
+        assert_eq!(
+            items[1].reason,
+            GcReason::MaxAge {
+                idle: Duration::from_millis(100)
+            }
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The cache dir on disk and who owns it:
+//!
+//! ```text
+//! <cache>/LAYOUT          "ctcache-store-layout <N>": the layout version
+//! <cache>/LOCK            flock'ed by the owning process, holds its pid
+//! <cache>/index/          the index (sled)
+//! <cache>/blobs/<2 hex>/<blake3 hex>   payload files, immutable, mode 0444
+//! <cache>/tmp/            payloads being written; emptied at start-up
+//! <cache>/quarantine/     payload files that failed verification
+//! ```
+//!
+//! A dir of a newer layout is refused; an older one is migrated step by step
+//! (each step idempotent, LAYOUT rewritten last, so an interrupted migration
+//! simply runs again).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Seek, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::error::{StoreError, StoreResult};
+
+/// The layout this build writes.
+pub const LAYOUT_VERSION: u32 = 1;
+const LAYOUT_MAGIC: &str = "ctcache-store-layout";
+/// Names a store dir may hold; a dir without LAYOUT holding anything else is
+/// not taken over (someone pointed the cache at a folder in use).
+const OWN_NAMES: [&str; 6] = ["LAYOUT", "LOCK", "index", "blobs", "tmp", "quarantine"];
+
+/// Paths inside a cache dir.
+#[derive(Debug, Clone)]
+pub(crate) struct Paths {
+    pub root: PathBuf,
+    pub index: PathBuf,
+    pub blobs: PathBuf,
+    pub tmp: PathBuf,
+    pub quarantine: PathBuf,
+}
+
+impl Paths {
+    pub fn new(root: &Path) -> Paths {
+        Paths {
+            root: root.to_path_buf(),
+            index: root.join("index"),
+            blobs: root.join("blobs"),
+            tmp: root.join("tmp"),
+            quarantine: root.join("quarantine"),
+        }
+    }
+
+    pub fn shard(&self, blob: &[u8; 32]) -> PathBuf {
+        self.blobs.join(hex::encode(&blob[..1]))
+    }
+
+    pub fn blob(&self, blob: &[u8; 32]) -> PathBuf {
+        self.shard(blob).join(hex::encode(blob))
+    }
+}
+
+/// The exclusive hold on a cache dir: an flock on `LOCK`, released when the
+/// file closes (also when the process dies, so a crash never leaves it held).
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    _file: File,
+}
+
+pub(crate) fn lock(root: &Path) -> StoreResult<DirLock> {
+    let path = root.join("LOCK");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| StoreError::io("open", &path, e))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == ErrorKind::WouldBlock {
+            let mut s = String::new();
+            let _ = file.read_to_string(&mut s);
+            return Err(StoreError::Locked {
+                dir: root.to_path_buf(),
+                pid: s.trim().parse().ok(),
+            });
+        }
+        return Err(StoreError::io("lock", &path, e));
+    }
+    // Only the holder writes, so a reader that fails to lock sees our pid.
+    let w = (|| {
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())
+    })();
+    w.map_err(|e| StoreError::io("write", &path, e))?;
+    Ok(DirLock { _file: file })
+}
+
+fn parse_layout(root: &Path, text: &str) -> StoreResult<u32> {
+    let bad = || StoreError::BadLayout {
+        dir: root.to_path_buf(),
+        detail: format!("expected \"{LAYOUT_MAGIC} <version>\", found {text:?}"),
+    };
+    let mut words = text.split_whitespace();
+    if words.next() != Some(LAYOUT_MAGIC) {
+        return Err(bad());
+    }
+    words.next().and_then(|v| v.parse().ok()).ok_or_else(bad)
+}
+
+fn write_layout(root: &Path, version: u32) -> StoreResult<()> {
+    let path = root.join("LAYOUT");
+    crate::fsutil::atomic_write(&path, |w| writeln!(w, "{LAYOUT_MAGIC} {version}")).map_err(|e| {
+        match e {
+            crate::Error::Io { path, source } => StoreError::io("write", path, source),
+            other => StoreError::BadLayout {
+                dir: root.to_path_buf(),
+                detail: other.to_string(),
+            },
+        }
+    })
+}
+
+fn mkdir(p: &Path) -> StoreResult<()> {
+    match fs::create_dir(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::io("create", p, e)),
+    }
+}
+
+/// Checks, migrates or creates the layout; returns the version found
+/// (`None` for a new dir). Runs under the dir lock.
+pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
+    let root = &paths.root;
+    let layout = root.join("LAYOUT");
+    let found = match fs::read_to_string(&layout) {
+        Ok(t) => Some(parse_layout(root, &t)?),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => return Err(StoreError::io("read", &layout, e)),
+    };
+    match found {
+        Some(v) if v > LAYOUT_VERSION => {
+            return Err(StoreError::NewerLayout {
+                dir: root.clone(),
+                found: v,
+                supported: LAYOUT_VERSION,
+            })
+        }
+        Some(v) => {
+            for from in v..LAYOUT_VERSION {
+                migrate_step(paths, from)?;
+            }
+        }
+        None => refuse_foreign(root)?,
+    }
+    for d in [&paths.blobs, &paths.tmp, &paths.quarantine] {
+        mkdir(d)?;
+    }
+    // All 256 shards up front: publishing never creates (and fsyncs) a folder.
+    for b in 0..=255u8 {
+        mkdir(&paths.blobs.join(hex::encode([b])))?;
+    }
+    if found != Some(LAYOUT_VERSION) {
+        crate::fsutil::sync_dir(&paths.blobs)
+            .map_err(|e| StoreError::io("sync", &paths.blobs, e))?;
+        write_layout(root, LAYOUT_VERSION)?;
+    }
+    Ok(found)
+}
+
+fn refuse_foreign(root: &Path) -> StoreResult<()> {
+    let rd = fs::read_dir(root).map_err(|e| StoreError::io("list", root, e))?;
+    for e in rd {
+        let e = e.map_err(|e| StoreError::io("list", root, e))?;
+        let name = e.file_name();
+        if !OWN_NAMES.iter().any(|n| name == *n) {
+            return Err(StoreError::BadLayout {
+                dir: root.to_path_buf(),
+                detail: format!(
+                    "no LAYOUT file and the dir holds {:?}; refusing to turn a folder in use \
+                     into a cache (point the cache at an empty or new dir)",
+                    name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One migration step from layout `from` to `from + 1`.
+fn migrate_step(paths: &Paths, from: u32) -> StoreResult<()> {
+    match from {
+        // Layout 0 (pre-release) kept payload files flat in blobs/<hex>;
+        // layout 1 shards them by their first byte.
+        0 => {
+            mkdir(&paths.blobs)?;
+            let rd =
+                fs::read_dir(&paths.blobs).map_err(|e| StoreError::io("list", &paths.blobs, e))?;
+            for e in rd {
+                let e = e.map_err(|e| StoreError::io("list", &paths.blobs, e))?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(blob) = parse_blob_name(&name) else {
+                    continue;
+                };
+                let shard = paths.shard(&blob);
+                mkdir(&shard)?;
+                let to = shard.join(&name);
+                fs::rename(e.path(), &to).map_err(|err| StoreError::io("move", e.path(), err))?;
+            }
+            Ok(())
+        }
+        _ => Err(StoreError::BadLayout {
+            dir: paths.root.clone(),
+            detail: format!("no migration from layout {from}"),
+        }),
+    }
+}
+
+/// A payload file name: 64 lowercase hex digits.
+pub(crate) fn parse_blob_name(name: &str) -> Option<[u8; 32]> {
+    if name.len() != 64 || name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(name, &mut out).ok()?;
+    Some(out)
+}
+
+/// Removes everything in tmp/: nothing there survives its writer, and the
+/// writer was a previous owner of the dir. Proportional to the number of
+/// leftovers, not to the number of entries.
+pub(crate) fn clean_tmp(paths: &Paths) -> StoreResult<usize> {
+    let mut n = 0;
+    let rd = fs::read_dir(&paths.tmp).map_err(|e| StoreError::io("list", &paths.tmp, e))?;
+    for e in rd {
+        let e = e.map_err(|e| StoreError::io("list", &paths.tmp, e))?;
+        let p = e.path();
+        let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        };
+        match r {
+            Ok(()) => n += 1,
+            Err(err) if err.kind() == ErrorKind::NotFound => {}
+            Err(err) => return Err(StoreError::io("remove", &p, err)),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_text() {
+        let d = Path::new("/x");
+        assert_eq!(parse_layout(d, "ctcache-store-layout 1\n").unwrap(), 1);
+        assert!(parse_layout(d, "something 1").is_err());
+        assert!(parse_layout(d, "ctcache-store-layout x").is_err());
+    }
+
+    #[test]
+    fn blob_names() {
+        let h = [0xabu8; 32];
+        assert_eq!(parse_blob_name(&hex::encode(h)), Some(h));
+        assert_eq!(parse_blob_name(&hex::encode(h).to_uppercase()), None);
+        assert_eq!(parse_blob_name("ab"), None);
+    }
+
+    #[test]
+    fn foreign_dir_is_refused_and_lock_is_exclusive() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("notes.txt"), "mine").unwrap();
+        let p = Paths::new(d.path());
+        assert!(matches!(prepare(&p), Err(StoreError::BadLayout { .. })));
+        let e = tempfile::tempdir().unwrap();
+        let l = lock(e.path()).unwrap();
+        match lock(e.path()) {
+            Err(StoreError::Locked { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("{other:?}"),
+        }
+        drop(l);
+        lock(e.path()).unwrap();
+    }
+}

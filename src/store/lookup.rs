@@ -1,0 +1,236 @@
+//! Reads: `lookup` (the entries of one source digest that this host can
+//! use, best first), `stat` and `list`.
+//!
+//! A lookup scans the index prefix of one source digest (usually one to a
+//! handful of entries), filters on the type key in the index key before
+//! decoding anything, then applies D5 (device compatibility, in its order)
+//! and D4 (type recognized) to the decoded record.
+//!
+//! "Best first" means: an exact device match (the entry's descriptor equals
+//! the host device's) before a merely compatible one; then the host device
+//! listed first (callers list their preferred device first); then the
+//! newest entry; then key order, so the order is deterministic.
+
+use std::collections::HashSet;
+
+use super::entry::{self, Access};
+use super::error::StoreResult;
+use super::index::Tree;
+use super::key::{source_prefix, EntryKey, KeyBytes};
+use super::{Entry, Store};
+use crate::device::{self, RuntimeIdentity};
+use crate::digest::SourceDigest;
+use crate::pb;
+use crate::resolve::{Host, Recognized};
+use crate::structs::PhysicalTypeKey;
+
+/// Which physical types the consumer accepts (D4).
+#[derive(Debug, Clone, Default)]
+pub enum Accept {
+    /// Any type (tools that list what is there).
+    #[default]
+    Any,
+    /// Exactly these type keys.
+    Keys(HashSet<PhysicalTypeKey>),
+    /// These type names at these format versions.
+    Types(Recognized),
+}
+
+impl Accept {
+    fn key_ok(&self, type_key: &[u8]) -> bool {
+        match self {
+            Accept::Keys(keys) => type_key
+                .try_into()
+                .map(|k| keys.contains(&PhysicalTypeKey(k)))
+                .unwrap_or(false),
+            _ => true,
+        }
+    }
+
+    fn type_ok(&self, name: &str, version: u32) -> bool {
+        match self {
+            Accept::Types(r) => r.versions(name).is_some_and(|v| v.contains(&version)),
+            _ => true,
+        }
+    }
+}
+
+/// The host side of a lookup, prepared once and reused (device keys are
+/// computed here, not per lookup).
+#[derive(Debug, Clone)]
+pub struct HostFilter {
+    devices: Vec<pb::DeviceProto>,
+    keys: Vec<[u8; 32]>,
+    runtime: Option<RuntimeIdentity>,
+    accept: Accept,
+}
+
+impl HostFilter {
+    /// `devices` in order of preference; `runtime: None` skips the runtime
+    /// checks (D5).
+    pub fn new(
+        devices: Vec<pb::DeviceProto>,
+        runtime: Option<RuntimeIdentity>,
+        accept: Accept,
+    ) -> HostFilter {
+        HostFilter {
+            keys: devices.iter().map(device::device_key).collect(),
+            devices,
+            runtime,
+            accept,
+        }
+    }
+
+    /// The filter of a loading-rules host: its devices, runtime and
+    /// recognized types.
+    pub fn from_host(host: &Host) -> HostFilter {
+        HostFilter::new(
+            host.devices.clone(),
+            host.runtime.clone(),
+            Accept::Types(host.recognized.clone()),
+        )
+    }
+
+    pub fn devices(&self) -> &[pb::DeviceProto] {
+        &self.devices
+    }
+}
+
+/// A usable entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    pub entry: Entry,
+    /// Index into the host's devices of the device it runs on.
+    pub host_device: usize,
+    /// The entry's device descriptor equals that host device's.
+    pub exact: bool,
+}
+
+/// Filters of `list`; unset fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Physical type name.
+    pub format: Option<String>,
+    /// `DeviceProto.type` (`cpu`, `wgpu`, `cuda`).
+    pub device_type: Option<String>,
+    pub architecture: Option<String>,
+    pub source: Option<SourceDigest>,
+    pub limit: Option<usize>,
+}
+
+impl Store {
+    /// The entries of `source` usable on `host`, best first (see module docs).
+    /// Unreadable records are skipped (a miss), `verify` reports them.
+    pub fn lookup(&self, source: &SourceDigest, host: &HostFilter) -> StoreResult<Vec<Hit>> {
+        let prefix = source_prefix(source);
+        let mut found: Vec<(KeyBytes, entry::Record, usize, bool)> = Vec::new();
+        self.index.scan(Tree::Entries, &prefix, None, &mut |k, v| {
+            if !host.accept.key_ok(&k[65..]) {
+                return true;
+            }
+            let Ok(rec) = entry::decode_record(k, v) else {
+                return true;
+            };
+            let Some(dev) = rec.device.as_ref() else {
+                return true;
+            };
+            let Ok((i, _)) = device::find_compatible(dev, &host.devices, host.runtime.as_ref())
+            else {
+                return true;
+            };
+            if !host.accept.type_ok(&rec.type_name, rec.format_version) {
+                return true;
+            }
+            let Ok(kb) = KeyBytes::try_from(k) else {
+                return true;
+            };
+            let exact = host.keys[i] == k[33..65];
+            found.push((kb, rec, i, exact));
+            true
+        })?;
+        found.sort_by(|a, b| {
+            (!a.3, a.2, std::cmp::Reverse(a.1.created_ms), a.0).cmp(&(
+                !b.3,
+                b.2,
+                std::cmp::Reverse(b.1.created_ms),
+                b.0,
+            ))
+        });
+        let counter = if found.is_empty() {
+            &self.counters.misses
+        } else {
+            &self.counters.hits
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut hits = Vec::with_capacity(found.len());
+        for (kb, rec, host_device, exact) in found {
+            let access = self.access_of(&kb)?;
+            hits.push(Hit {
+                entry: rec.into_entry(EntryKey::from_bytes(&kb)?, access),
+                host_device,
+                exact,
+            });
+        }
+        Ok(hits)
+    }
+
+    /// One entry, with its access statistics up to date.
+    pub fn stat(&self, key: &EntryKey) -> StoreResult<Option<Entry>> {
+        let kb = key.to_bytes();
+        let Some(v) = self.index.get(Tree::Entries, &kb)? else {
+            return Ok(None);
+        };
+        let rec = entry::decode_record(&kb, &v)?;
+        let mut access = self.access_of(&kb)?;
+        if let Some(p) = self.access.pending(&kb) {
+            access = Access {
+                last_ms: access.last_ms.max(p.last_ms),
+                count: access.count + p.count,
+            };
+        }
+        Ok(Some(rec.into_entry(*key, access)))
+    }
+
+    /// The entries matching `filter`, in key order. With a source digest
+    /// this reads one index prefix; otherwise it walks the index.
+    pub fn list(&self, filter: &Filter) -> StoreResult<Vec<Entry>> {
+        let prefix: Vec<u8> = filter
+            .source
+            .map(|s| source_prefix(&s).to_vec())
+            .unwrap_or_default();
+        let limit = filter.limit.unwrap_or(usize::MAX);
+        let mut matched = Vec::new();
+        let mut err = None;
+        self.index.scan(Tree::Entries, &prefix, None, &mut |k, v| {
+            let rec = match entry::decode_record(k, v) {
+                Ok(r) => r,
+                Err(e) => {
+                    err = Some(e);
+                    return false;
+                }
+            };
+            let dev = rec.device.clone().unwrap_or_default();
+            let ok = filter.format.as_ref().is_none_or(|f| *f == rec.type_name)
+                && filter.device_type.as_ref().is_none_or(|t| *t == dev.r#type)
+                && filter
+                    .architecture
+                    .as_ref()
+                    .is_none_or(|a| *a == dev.architecture);
+            if ok {
+                if let Ok(kb) = KeyBytes::try_from(k) {
+                    matched.push((kb, rec));
+                }
+            }
+            matched.len() < limit
+        })?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(matched.len());
+        for (kb, rec) in matched {
+            let access = self.access_of(&kb)?;
+            out.push(rec.into_entry(EntryKey::from_bytes(&kb)?, access));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,452 @@
+//! The local store of compiled payloads (D7).
+//!
+//! A cache dir (see `layout.rs`) holds an index (sled, behind the [`Index`]
+//! trait) of entries keyed by (source digest, device key, physical type
+//! key), and immutable payload files named by their blake3. One process
+//! owns a cache dir at a time (an flock on `LOCK`); inside it a [`Store`] is
+//! shared by any number of threads.
+//!
+//! Invariants, kept across crashes at any instant:
+//! - **Payload files are published (temp, fsync, rename, fsync dir) before
+//!   the index commit that references them**, and **deleted only after the
+//!   commit that dropped their last reference is flushed**; so every entry
+//!   the index recovers points at a complete file. A crash leaves at most
+//!   orphan files (no entry) and temp files, both removed (tmp/ at start-up,
+//!   orphans by [`Store::reconcile`] and GC).
+//! - **A payload file is never modified after publish**; readers map it.
+//! - Index commits are atomic across its trees; the index flush policy (see
+//!   `sled_index.rs`) bounds what a crash can lose to the last flush window
+//!   (default 500 ms) of puts, which then are simply misses.
+//! - **Start-up does no walk proportional to the number of entries**: the
+//!   index is the truth; only tmp/ leftovers are listed and removed.
+//!   `reconcile` (run in the background by the daemon) repairs what
+//!   differs between files and index.
+
+mod access;
+mod blobs;
+mod entry;
+mod error;
+mod gc;
+mod index;
+mod key;
+mod layout;
+mod lease;
+mod lookup;
+mod options;
+mod sled_index;
+mod stats;
+mod verify;
+
+use std::fs::{self, File};
+use std::io::{ErrorKind, Read};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use memmap2::Mmap;
+use prost::Message;
+
+pub use entry::{Entry, NewEntry, PayloadInfo, Producer};
+pub use error::{StoreError, StoreResult};
+pub use gc::{GcItem, GcPolicy, GcReason, GcReport, GcTarget};
+pub use index::{Expect, Index, Op, Precondition, Tree};
+pub use key::{source_prefix, EntryKey, KEY_LEN, SOURCE_PREFIX_LEN};
+pub use layout::LAYOUT_VERSION;
+pub use lease::{Lease, LeaseId};
+pub use lookup::{Accept, Filter, Hit, HostFilter};
+pub use options::{Clock, StoreOptions, WriteFault};
+pub use stats::{Stats, Usage};
+pub use verify::{Damage, ReconcileReport, VerifyProblem, VerifyReport};
+
+use entry::Access;
+use key::KeyBytes;
+use layout::Paths;
+
+/// What `open` found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    /// The layout version found (`None`: a new cache dir).
+    pub layout_found: Option<u32>,
+    /// Leftovers of interrupted writes removed from tmp/.
+    pub temp_removed: usize,
+}
+
+/// The result of a put.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub entry: Entry,
+    /// False when the key already existed: the first payload stays and the
+    /// new one was not read (put is idempotent per key).
+    pub created: bool,
+}
+
+/// A payload mapped read-only. The mapping stays valid after the entry is
+/// removed (the file is unlinked, never truncated or rewritten).
+pub struct Payload {
+    map: Option<Mmap>,
+    pub path: PathBuf,
+    pub info: PayloadInfo,
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Payload")
+            .field("path", &self.path)
+            .field("len", &self.info.len)
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    puts: AtomicU64,
+}
+
+/// A cache dir, opened. `Send + Sync`: share it (e.g. in an `Arc`).
+pub struct Store {
+    paths: Paths,
+    index: Box<dyn Index>,
+    opts: StoreOptions,
+    stripes: blobs::Stripes,
+    gate: Mutex<()>,
+    access: access::AccessLog,
+    counters: Counters,
+    /// Prefix of this instance's temp files; anything else in tmp/ is stale.
+    session: String,
+    tmp_seq: AtomicU64,
+    opened: OpenReport,
+    // Declared last so it is dropped last: the index closes before another
+    // process may take the dir.
+    _lock: layout::DirLock,
+}
+
+/// `BlobRefs` key of an entry.
+fn blob_ref_key(blob: &[u8; 32], key: &KeyBytes) -> Vec<u8> {
+    let mut k = Vec::with_capacity(32 + key.len());
+    k.extend_from_slice(blob);
+    k.extend_from_slice(key);
+    k
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`; fails with
+    /// [`StoreError::Locked`] when another process owns it.
+    pub fn open(dir: impl AsRef<Path>, opts: StoreOptions) -> StoreResult<Store> {
+        let root = dir.as_ref();
+        fs::create_dir_all(root).map_err(|e| StoreError::io("create", root, e))?;
+        let lock = layout::lock(root)?;
+        let paths = Paths::new(root);
+        let layout_found = layout::prepare(&paths)?;
+        let temp_removed = layout::clean_tmp(&paths)?;
+        let index = sled_index::SledIndex::open(&paths.index, &opts)?;
+        let now = opts.clock.now_ms();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        Ok(Store {
+            session: format!("{:x}-{:x}{:08x}", std::process::id(), now, nanos),
+            paths,
+            index: Box::new(index),
+            stripes: blobs::Stripes::new(),
+            gate: Mutex::new(()),
+            access: access::AccessLog::new(now),
+            counters: Counters::default(),
+            tmp_seq: AtomicU64::new(0),
+            opened: OpenReport {
+                layout_found,
+                temp_removed,
+            },
+            opts,
+            _lock: lock,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.paths.root
+    }
+
+    pub fn opened(&self) -> &OpenReport {
+        &self.opened
+    }
+
+    /// Where the payload file of `blake3` lives.
+    pub fn blob_path(&self, blake3: &[u8; 32]) -> PathBuf {
+        self.paths.blob(blake3)
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.opts.clock.now_ms()
+    }
+
+    fn lease_gate(&self) -> MutexGuard<'_, ()> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores a payload streamed from `payload` under the key `new` derives.
+    ///
+    /// The payload is hashed while written to tmp/, fsynced, renamed into
+    /// blobs/ (or dropped when an identical file is already referenced: equal
+    /// payloads under different keys share one file), then the entry is
+    /// committed. An existing key is not overwritten and its payload not read.
+    pub fn put(&self, new: &NewEntry, mut payload: impl Read) -> StoreResult<Stored> {
+        let now = self.now();
+        let prep = entry::prepare(new, now, self.opts.max_seen)?;
+        let kb = prep.key.to_bytes();
+        if let Some(e) = self.existing(&kb, new)? {
+            return Ok(Stored {
+                entry: e,
+                created: false,
+            });
+        }
+        let tmp = self.paths.tmp.join(format!(
+            "{}-{}.part",
+            self.session,
+            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        let w = blobs::write_temp(
+            &self.paths,
+            tmp,
+            &mut payload,
+            self.opts.fsync,
+            self.opts.write_fault.as_ref(),
+        )?;
+        let blob = w.blake3;
+        let mut record = prep.record;
+        record.payload_blake3 = blob.to_vec();
+        record.payload_len = w.len;
+        let value = record.encode_to_vec();
+        let stripe = self.stripes.lock(&blob);
+        if self.index.get(Tree::Entries, &kb)?.is_some() {
+            w.discard();
+            drop(stripe);
+            return self.existing_after_race(&kb, new);
+        }
+        if self.blob_referenced(&blob)? && blobs::present(&self.paths, &blob, w.len) {
+            w.discard();
+        } else {
+            blobs::publish(&self.paths, w, self.opts.fsync)?;
+        }
+        let access = Access {
+            last_ms: now,
+            count: 0,
+        };
+        let applied = self.index.commit(
+            &[Precondition::new(Tree::Entries, &kb, Expect::Absent)],
+            &[
+                Op::Put(Tree::Entries, kb.to_vec(), value),
+                Op::Put(Tree::BlobRefs, blob_ref_key(&blob, &kb), Vec::new()),
+                Op::Put(Tree::Access, kb.to_vec(), access.encode()),
+            ],
+        )?;
+        if !applied {
+            // A concurrent put of the same key with another payload won; ours
+            // was never referenced, so it can go without a flush.
+            if !self.blob_referenced(&blob)? {
+                blobs::delete(&self.paths, &blob)?;
+            }
+            drop(stripe);
+            return self.existing_after_race(&kb, new);
+        }
+        if self.opts.durable_puts {
+            self.index.flush()?;
+        }
+        drop(stripe);
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        Ok(Stored {
+            entry: record.into_entry(prep.key, access),
+            created: true,
+        })
+    }
+
+    fn existing_after_race(&self, kb: &KeyBytes, new: &NewEntry) -> StoreResult<Stored> {
+        let entry = self
+            .existing(kb, new)?
+            .ok_or_else(|| StoreError::NotFound(EntryKey::from_bytes(kb).expect("own key")))?;
+        Ok(Stored {
+            entry,
+            created: false,
+        })
+    }
+
+    /// The entry under `kb`, after remembering the new entry's source names
+    /// and model paths (a bounded, best-effort list).
+    fn existing(&self, kb: &KeyBytes, new: &NewEntry) -> StoreResult<Option<Entry>> {
+        for _ in 0..4 {
+            let Some(old) = self.index.get(Tree::Entries, kb)? else {
+                return Ok(None);
+            };
+            let mut rec = entry::decode_record(kb, &old)?;
+            let changed = rec.merge_seen(&new.source_names, &new.model_paths, self.opts.max_seen);
+            let done = !changed
+                || self.index.commit(
+                    &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
+                    &[Op::Put(Tree::Entries, kb.to_vec(), rec.encode_to_vec())],
+                )?;
+            if done {
+                let key = EntryKey::from_bytes(kb)?;
+                return Ok(Some(rec.into_entry(key, self.access_of(kb)?)));
+            }
+        }
+        // Lost four races to concurrent updates: the names are informational.
+        self.stat(&EntryKey::from_bytes(kb)?)
+    }
+
+    /// Removes an entry (its payload file goes with its last reference);
+    /// refuses a leased entry. Returns whether it existed.
+    pub fn remove(&self, key: &EntryKey) -> StoreResult<bool> {
+        let kb = key.to_bytes();
+        let gate = self.lease_gate();
+        let (live, _) = lease::scan(&*self.index, self.now())?;
+        if let Some(&until_ms) = live.get(&kb) {
+            return Err(StoreError::Leased {
+                key: *key,
+                until_ms,
+            });
+        }
+        let Some(old) = self.index.get(Tree::Entries, &kb)? else {
+            return Ok(false);
+        };
+        let blob = entry::decode_brief(&kb, &old)?.blob();
+        let _stripe = self.stripes.lock(&blob);
+        let removed = self.drop_entry(&kb, &blob, old)?;
+        drop(gate);
+        if removed && !self.blob_referenced(&blob)? {
+            self.index.flush()?;
+            blobs::delete(&self.paths, &blob)?;
+        }
+        Ok(removed)
+    }
+
+    /// Commits the removal of one entry if its record is still `old`
+    /// (caller holds the blob's stripe). The file is the caller's business.
+    pub(crate) fn drop_entry(
+        &self,
+        kb: &KeyBytes,
+        blob: &[u8; 32],
+        old: Vec<u8>,
+    ) -> StoreResult<bool> {
+        self.index.commit(
+            &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
+            &[
+                Op::Delete(Tree::Entries, kb.to_vec()),
+                Op::Delete(Tree::BlobRefs, blob_ref_key(blob, kb)),
+                Op::Delete(Tree::Access, kb.to_vec()),
+            ],
+        )
+    }
+
+    /// Whether any entry references `blob`.
+    pub(crate) fn blob_referenced(&self, blob: &[u8; 32]) -> StoreResult<bool> {
+        let mut any = false;
+        self.index.scan(Tree::BlobRefs, blob, None, &mut |_, _| {
+            any = true;
+            false
+        })?;
+        Ok(any)
+    }
+
+    /// The entries referencing `blob`.
+    pub(crate) fn blob_users(&self, blob: &[u8; 32]) -> StoreResult<Vec<KeyBytes>> {
+        let mut out = Vec::new();
+        self.index.scan(Tree::BlobRefs, blob, None, &mut |k, _| {
+            if let Ok(kb) = k[32..].try_into() {
+                out.push(kb);
+            }
+            true
+        })?;
+        Ok(out)
+    }
+
+    pub(crate) fn access_of(&self, kb: &KeyBytes) -> StoreResult<Access> {
+        Ok(self
+            .index
+            .get(Tree::Access, kb)?
+            .map(|v| Access::decode(&v))
+            .unwrap_or_default())
+    }
+
+    /// Maps an entry's payload read-only and records the access.
+    pub fn open_payload(&self, key: &EntryKey) -> StoreResult<Payload> {
+        let kb = key.to_bytes();
+        let v = self
+            .index
+            .get(Tree::Entries, &kb)?
+            .ok_or(StoreError::NotFound(*key))?;
+        let b = entry::decode_brief(&kb, &v)?;
+        let info = PayloadInfo {
+            blake3: b.blob(),
+            len: b.payload_len,
+        };
+        let path = self.paths.blob(&info.blake3);
+        let damaged = |detail: String| StoreError::PayloadDamaged {
+            key: Box::new(*key),
+            path: path.clone(),
+            detail,
+        };
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(damaged("the payload file is missing".into()))
+            }
+            Err(e) => return Err(StoreError::io("open", &path, e)),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| StoreError::io("stat", &path, e))?
+            .len();
+        if len != info.len {
+            return Err(damaged(format!(
+                "the file has {len} bytes, the entry {}",
+                info.len
+            )));
+        }
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: payload files are immutable once published (mode 0444,
+            // replaced only by rename, removed only by unlink), so the mapped
+            // bytes cannot change under the mapping.
+            Some(unsafe { Mmap::map(&file) }.map_err(|e| StoreError::io("map", &path, e))?)
+        };
+        self.note_access(kb);
+        Ok(Payload { map, path, info })
+    }
+
+    fn note_access(&self, kb: KeyBytes) {
+        let now = self.now();
+        let interval = self.opts.access_interval.as_millis() as u64;
+        if self
+            .access
+            .record(kb, now, self.opts.access_batch, interval)
+        {
+            // Statistics only: a failed write must not fail the read.
+            let _ = self.access.write(&*self.index, now);
+        }
+    }
+
+    /// Writes pending access statistics and makes every commit durable.
+    pub fn flush(&self) -> StoreResult<()> {
+        self.access.write(&*self.index, self.now())?;
+        self.index.flush()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests;

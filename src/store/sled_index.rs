@@ -1,0 +1,216 @@
+//! The [`Index`] on sled 0.34: one sled `Db` under `<cache>/index/`, one sled
+//! tree per [`Tree`]. The only module that names sled.
+//!
+//! Flush policy: sled keeps recent writes in memory and writes its log in
+//! the background every `StoreOptions::flush_every` (default 500 ms); the
+//! store also flushes explicitly before it deletes any payload file (removal,
+//! GC, verify), after each put with `durable_puts`, and on drop. sled
+//! recovers a prefix of its log, and every commit is one atomic transaction,
+//! so a crash loses at most the commits of the last flush window and never
+//! tears one. Because payload files are published before their entry is
+//! committed, and deleted only after the removal is flushed, a recovered
+//! entry always points at a complete file; the crash window leaves at most
+//! orphan files, which reconcile/GC remove.
+
+use std::ops::Bound;
+use std::path::Path;
+
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
+use super::error::{StoreError, StoreResult};
+use super::index::{Expect, Index, Op, Precondition, Tree};
+use super::options::StoreOptions;
+
+pub(crate) struct SledIndex {
+    db: sled::Db,
+    trees: [sled::Tree; 4],
+}
+
+fn err(op: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
+    move |e| StoreError::Index {
+        op,
+        message: e.to_string(),
+    }
+}
+
+fn slot(t: Tree) -> usize {
+    match t {
+        Tree::Entries => 0,
+        Tree::BlobRefs => 1,
+        Tree::Access => 2,
+        Tree::Leases => 3,
+    }
+}
+
+impl SledIndex {
+    pub(crate) fn open(path: &Path, opts: &StoreOptions) -> StoreResult<SledIndex> {
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(opts.index_cache_bytes)
+            .flush_every_ms(opts.flush_every.map(|d| d.as_millis().max(1) as u64))
+            .open()
+            .map_err(err("open"))?;
+        let open_tree = |t: Tree| db.open_tree(t.name()).map_err(err("open tree"));
+        let trees = [
+            open_tree(Tree::Entries)?,
+            open_tree(Tree::BlobRefs)?,
+            open_tree(Tree::Access)?,
+            open_tree(Tree::Leases)?,
+        ];
+        Ok(SledIndex { db, trees })
+    }
+
+    fn tree(&self, t: Tree) -> &sled::Tree {
+        &self.trees[slot(t)]
+    }
+}
+
+impl Index for SledIndex {
+    fn get(&self, tree: Tree, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        Ok(self
+            .tree(tree)
+            .get(key)
+            .map_err(err("get"))?
+            .map(|v| v.to_vec()))
+    }
+
+    fn scan(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> StoreResult<()> {
+        let t = self.tree(tree);
+        let iter = match after {
+            Some(a) if a >= prefix => t.range::<&[u8], _>((Bound::Excluded(a), Bound::Unbounded)),
+            _ => t.scan_prefix(prefix),
+        };
+        for kv in iter {
+            let (k, v) = kv.map_err(err("scan"))?;
+            if !k.starts_with(prefix) || !visit(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&self, when: &[Precondition], ops: &[Op]) -> StoreResult<bool> {
+        let single_tree = match ops.first() {
+            Some(Op::Put(t, ..)) | Some(Op::Delete(t, _)) => Some(*t),
+            None => return Ok(when.is_empty()),
+        };
+        let single_tree = single_tree.filter(|t| {
+            when.is_empty()
+                && ops.iter().all(|o| match o {
+                    Op::Put(u, ..) | Op::Delete(u, _) => u == t,
+                })
+        });
+        if let Some(t) = single_tree {
+            // Unconditional writes to one tree: a batch is atomic and cheaper
+            // than a transaction.
+            let mut b = sled::Batch::default();
+            for o in ops {
+                match o {
+                    Op::Put(_, k, v) => b.insert(k.as_slice(), v.as_slice()),
+                    Op::Delete(_, k) => b.remove(k.as_slice()),
+                }
+            }
+            self.tree(t).apply_batch(b).map_err(err("commit"))?;
+            return Ok(true);
+        }
+        let [a, b, c, d] = &self.trees;
+        let result = (a, b, c, d).transaction(|(a, b, c, d)| {
+            let txs = [a, b, c, d];
+            for p in when {
+                let cur = txs[slot(p.tree)].get(&p.key)?;
+                let ok = match (&p.expect, &cur) {
+                    (Expect::Absent, None) | (Expect::Present, Some(_)) => true,
+                    (Expect::Equals(want), Some(v)) => v.as_ref() == want.as_slice(),
+                    _ => false,
+                };
+                if !ok {
+                    return Err(ConflictableTransactionError::Abort(()));
+                }
+            }
+            for o in ops {
+                match o {
+                    Op::Put(t, k, v) => {
+                        txs[slot(*t)].insert(k.as_slice(), v.as_slice())?;
+                    }
+                    Op::Delete(t, k) => {
+                        txs[slot(*t)].remove(k.as_slice())?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => Ok(true),
+            Err(TransactionError::Abort(())) => Ok(false),
+            Err(TransactionError::Storage(e)) => Err(err("commit")(e)),
+        }
+    }
+
+    fn next_id(&self) -> StoreResult<u64> {
+        self.db.generate_id().map_err(err("generate id"))
+    }
+
+    fn flush(&self) -> StoreResult<()> {
+        self.db.flush().map_err(err("flush"))?;
+        Ok(())
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open() -> (tempfile::TempDir, SledIndex) {
+        let d = tempfile::tempdir().unwrap();
+        let i = SledIndex::open(&d.path().join("index"), &StoreOptions::default()).unwrap();
+        (d, i)
+    }
+
+    #[test]
+    fn conditional_commit_and_scan() {
+        let (_d, i) = open();
+        let put = |k: &[u8]| Op::Put(Tree::Entries, k.to_vec(), b"v".to_vec());
+        let absent = |k: &[u8]| Precondition::new(Tree::Entries, k, Expect::Absent);
+        assert!(i.commit(&[absent(b"a1")], &[put(b"a1")]).unwrap());
+        assert!(!i.commit(&[absent(b"a1")], &[put(b"a1")]).unwrap());
+        assert!(i.commit(&[], &[put(b"a2"), put(b"b1")]).unwrap());
+        let eq = Precondition::new(Tree::Entries, b"a2", Expect::Equals(b"v".to_vec()));
+        assert!(i
+            .commit(
+                &[eq],
+                &[
+                    Op::Delete(Tree::Entries, b"a2".to_vec()),
+                    Op::Put(Tree::Access, b"a2".to_vec(), b"x".to_vec())
+                ]
+            )
+            .unwrap());
+        let mut seen = Vec::new();
+        i.scan(Tree::Entries, b"a", None, &mut |k, _| {
+            seen.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(seen, vec![b"a1".to_vec()]);
+        seen.clear();
+        i.scan(Tree::Entries, b"", Some(b"a1"), &mut |k, _| {
+            seen.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(seen, vec![b"b1".to_vec()]);
+        assert_eq!(i.get(Tree::Access, b"a2").unwrap(), Some(b"x".to_vec()));
+        assert!(i.next_id().unwrap() < i.next_id().unwrap());
+        i.flush().unwrap();
+    }
+}

@@ -1,0 +1,95 @@
+//! Unit tests of the store as a whole (integration tests live in
+//! tests/store_*.rs).
+
+use std::time::Duration;
+
+use super::*;
+use crate::digest::{Algorithm, SourceDigest};
+use crate::pb;
+use crate::structs::FORMAT_VERSION_KEY;
+
+fn new_entry(n: u8) -> NewEntry {
+    NewEntry {
+        source: SourceDigest {
+            algorithm: Algorithm::Blake3,
+            bytes: [n; 32],
+        },
+        device: pb::DeviceProto {
+            r#type: "cpu".into(),
+            architecture: "x86_64-avx2".into(),
+            ..Default::default()
+        },
+        physical_type: pb::StructTypeProto {
+            name: "t.fmt".into(),
+            metadata_props: vec![pb::StringStringEntryProto {
+                key: FORMAT_VERSION_KEY.into(),
+                value: "1".into(),
+            }],
+            ..Default::default()
+        },
+        dims: vec![],
+        producer: Producer::default(),
+        source_names: vec![format!("w{n}")],
+        model_paths: vec![],
+        pack_duration: Duration::from_millis(3),
+    }
+}
+
+#[test]
+fn put_open_remove_round_trip() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let a = s.put(&new_entry(1), &b"hello"[..]).unwrap();
+    assert!(a.created);
+    let again = s.put(&new_entry(1), &b"other"[..]).unwrap();
+    assert!(!again.created);
+    assert_eq!(again.entry.payload, a.entry.payload);
+    // Same payload under another key shares the file.
+    let b = s.put(&new_entry(2), &b"hello"[..]).unwrap();
+    assert_eq!(b.entry.payload.blake3, a.entry.payload.blake3);
+    let p = s.open_payload(&a.entry.key).unwrap();
+    assert_eq!(&p[..], b"hello");
+    assert!(s.remove(&a.entry.key).unwrap());
+    assert!(s.blob_path(&b.entry.payload.blake3).exists());
+    assert!(s.remove(&b.entry.key).unwrap());
+    assert!(!s.blob_path(&b.entry.payload.blake3).exists());
+    assert!(!s.remove(&b.entry.key).unwrap());
+    // The mapping outlives the removal.
+    assert_eq!(&p[..], b"hello");
+}
+
+#[test]
+fn empty_payload() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let a = s.put(&new_entry(1), &b""[..]).unwrap();
+    assert_eq!(s.open_payload(&a.entry.key).unwrap().len(), 0);
+    assert!(s.verify().unwrap().problems.is_empty());
+}
+
+#[test]
+fn seen_lists_merge_on_repeated_put() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    s.put(&new_entry(1), &b"x"[..]).unwrap();
+    let mut n = new_entry(1);
+    n.source_names = vec!["other".into()];
+    n.model_paths = vec!["/m.onnx".into()];
+    let e = s.put(&n, &b"x"[..]).unwrap().entry;
+    assert_eq!(e.source_names, vec!["w1".to_string(), "other".to_string()]);
+    assert_eq!(e.model_paths, vec!["/m.onnx".to_string()]);
+}
+
+#[test]
+fn access_statistics_are_batched_and_visible() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
+    for _ in 0..3 {
+        s.open_payload(&k).unwrap();
+    }
+    assert_eq!(s.stat(&k).unwrap().unwrap().access_count, 3);
+    s.flush().unwrap();
+    let l = s.list(&Filter::default()).unwrap();
+    assert_eq!(l[0].access_count, 3);
+}

@@ -1,0 +1,302 @@
+//! Repair passes. `verify` rehashes every payload file; `reconcile` (cheap:
+//! no hashing, run by the daemon in the background) makes files and index
+//! agree: entries without files or with files of the wrong length, files
+//! without entries, index records that point nowhere, expired leases and
+//! stale temp files. A damaged payload's file goes to quarantine/ and all
+//! entries using it are dropped (also leased ones: bad data is never served).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use super::blobs;
+use super::entry;
+use super::error::StoreResult;
+use super::index::{Expect, Op, Precondition, Tree};
+use super::key::{EntryKey, KeyBytes};
+use super::lease;
+use super::{blob_ref_key, Store};
+
+/// What was wrong with a payload file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Damage {
+    Missing,
+    WrongLength { expected: u64, actual: u64 },
+    WrongHash { actual: [u8; 32] },
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Damage::Missing => f.write_str("payload file missing"),
+            Damage::WrongLength { expected, actual } => {
+                write!(f, "payload file has {actual} bytes, expected {expected}")
+            }
+            Damage::WrongHash { actual } => {
+                write!(f, "payload file content hashes to {}", hex::encode(actual))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyProblem {
+    pub blob: [u8; 32],
+    pub damage: Damage,
+    pub entries_dropped: Vec<EntryKey>,
+    /// Where the damaged file went (None when it was missing).
+    pub quarantined: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub blobs_checked: u64,
+    pub bytes_checked: u64,
+    pub problems: Vec<VerifyProblem>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub entries_checked: u64,
+    /// Entries whose payload file is missing or of the wrong length.
+    pub damaged: Vec<VerifyProblem>,
+    pub orphan_files_removed: Vec<PathBuf>,
+    pub stray_files_removed: Vec<PathBuf>,
+    pub temp_files_removed: Vec<PathBuf>,
+    /// Missing blob-reference records re-created.
+    pub refs_added: u64,
+    /// Index records pointing at no entry removed (blob refs, access, leases).
+    pub records_removed: u64,
+    pub expired_leases_removed: u64,
+}
+
+/// Referenced payloads: blob -> (length, entries using it).
+type Referenced = BTreeMap<[u8; 32], (u64, Vec<KeyBytes>)>;
+
+impl Store {
+    /// Referenced payloads: blob -> (length, entries), in blob order.
+    fn referenced(&self) -> StoreResult<Referenced> {
+        let mut out = Referenced::new();
+        let mut err = None;
+        self.index.scan(Tree::Entries, &[], None, &mut |k, v| {
+            match (entry::decode_brief(k, v), KeyBytes::try_from(k)) {
+                (Ok(b), Ok(kb)) => out
+                    .entry(b.blob())
+                    .or_insert((b.payload_len, vec![]))
+                    .1
+                    .push(kb),
+                (Err(e), _) => {
+                    err = Some(e);
+                    return false;
+                }
+                _ => {}
+            }
+            true
+        })?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    fn check_file(&self, blob: &[u8; 32], len: u64, rehash: bool) -> StoreResult<Option<Damage>> {
+        let path = self.paths.blob(blob);
+        let actual = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(Damage::Missing)),
+            Err(e) => return Err(super::StoreError::io("stat", &path, e)),
+        };
+        if actual != len {
+            return Ok(Some(Damage::WrongLength {
+                expected: len,
+                actual,
+            }));
+        }
+        if !rehash {
+            return Ok(None);
+        }
+        let (_, h) =
+            blobs::hash_file(&path).map_err(|e| super::StoreError::io("read", &path, e))?;
+        Ok((h != *blob).then_some(Damage::WrongHash { actual: h }))
+    }
+
+    /// Drops every entry using `blob` and quarantines its file, after
+    /// checking again under the blob's stripe that it is still damaged.
+    fn condemn(
+        &self,
+        blob: &[u8; 32],
+        len: u64,
+        rehash: bool,
+    ) -> StoreResult<Option<VerifyProblem>> {
+        let _s = self.stripes.lock(blob);
+        let Some(damage) = self.check_file(blob, len, rehash)? else {
+            return Ok(None);
+        };
+        let mut dropped = Vec::new();
+        for kb in self.blob_users(blob)? {
+            if let Some(old) = self.index.get(Tree::Entries, &kb)? {
+                if self.drop_entry(&kb, blob, old)? {
+                    dropped.push(EntryKey::from_bytes(&kb)?);
+                }
+            }
+        }
+        self.index.flush()?;
+        let quarantined = blobs::quarantine(&self.paths, blob, self.now())?;
+        Ok(Some(VerifyProblem {
+            blob: *blob,
+            damage,
+            entries_dropped: dropped,
+            quarantined,
+        }))
+    }
+
+    /// Rehashes every referenced payload file; damaged ones are quarantined
+    /// and their entries dropped.
+    pub fn verify(&self) -> StoreResult<VerifyReport> {
+        let mut r = VerifyReport::default();
+        for (blob, (len, _)) in self.referenced()? {
+            r.blobs_checked += 1;
+            if self.check_file(&blob, len, true)?.is_some() {
+                if let Some(p) = self.condemn(&blob, len, true)? {
+                    r.problems.push(p);
+                    continue;
+                }
+            }
+            r.bytes_checked += len;
+        }
+        Ok(r)
+    }
+
+    /// Makes files and index agree (see module docs). Safe to run while the
+    /// store is in use; every repair re-checks under the right lock.
+    pub fn reconcile(&self) -> StoreResult<ReconcileReport> {
+        let mut r = ReconcileReport::default();
+        let referenced = self.referenced()?;
+        let mut entries: HashMap<KeyBytes, [u8; 32]> = HashMap::new();
+        for (blob, (_, users)) in &referenced {
+            for kb in users {
+                entries.insert(*kb, *blob);
+            }
+        }
+        r.entries_checked = entries.len() as u64;
+
+        // Index consistency: every entry has its blob ref, no record points nowhere.
+        for (kb, blob) in &entries {
+            let rk = blob_ref_key(blob, kb);
+            if self.index.get(Tree::BlobRefs, &rk)?.is_none() {
+                let Some(v) = self.index.get(Tree::Entries, kb)? else {
+                    continue;
+                };
+                if entry::decode_brief(kb, &v)?.blob() == *blob
+                    && self.index.commit(
+                        &[Precondition::new(Tree::Entries, kb, Expect::Equals(v))],
+                        &[Op::Put(Tree::BlobRefs, rk, Vec::new())],
+                    )?
+                {
+                    r.refs_added += 1;
+                }
+            }
+        }
+        let mut stale_refs = Vec::new();
+        self.index.scan(Tree::BlobRefs, &[], None, &mut |k, _| {
+            let ok = k.len() == 32 + super::KEY_LEN
+                && KeyBytes::try_from(&k[32..])
+                    .ok()
+                    .and_then(|kb| entries.get(&kb))
+                    .is_some_and(|b| b[..] == k[..32]);
+            if !ok {
+                stale_refs.push(k.to_vec());
+            }
+            true
+        })?;
+        for rk in stale_refs {
+            // Re-read: the entry may have been put since the walk.
+            let kb = rk.get(32..).unwrap_or(&[]);
+            let live = match self.index.get(Tree::Entries, kb)? {
+                Some(v) => entry::decode_brief(kb, &v)
+                    .map(|b| b.blob()[..] == rk[..32])
+                    .unwrap_or(false),
+                None => false,
+            };
+            let when = match self.index.get(Tree::Entries, kb)? {
+                Some(v) if !live => vec![Precondition::new(Tree::Entries, kb, Expect::Equals(v))],
+                None => vec![Precondition::new(Tree::Entries, kb, Expect::Absent)],
+                Some(_) => continue,
+            };
+            if self
+                .index
+                .commit(&when, &[Op::Delete(Tree::BlobRefs, rk)])?
+            {
+                r.records_removed += 1;
+            }
+        }
+        let mut stale_access = Vec::new();
+        self.index.scan(Tree::Access, &[], None, &mut |k, _| {
+            if KeyBytes::try_from(k)
+                .map(|kb| !entries.contains_key(&kb))
+                .unwrap_or(true)
+            {
+                stale_access.push(k.to_vec());
+            }
+            true
+        })?;
+        for k in stale_access {
+            if self.index.commit(
+                &[Precondition::new(Tree::Entries, &k, Expect::Absent)],
+                &[Op::Delete(Tree::Access, k.clone())],
+            )? {
+                r.records_removed += 1;
+            }
+        }
+        {
+            let _gate = self.lease_gate();
+            let now = self.now();
+            let mut ops = Vec::new();
+            self.index.scan(Tree::Leases, &[], None, &mut |k, v| {
+                match lease::decode(k, v) {
+                    Some(l) if l.expires_ms > now => {
+                        if !entries.contains_key(&l.key.to_bytes()) {
+                            r.records_removed += 1;
+                            ops.push(Op::Delete(Tree::Leases, k.to_vec()));
+                        }
+                    }
+                    _ => {
+                        r.expired_leases_removed += 1;
+                        ops.push(Op::Delete(Tree::Leases, k.to_vec()));
+                    }
+                }
+                true
+            })?;
+            self.index.commit(&[], &ops)?;
+        }
+
+        // Files against entries.
+        for (blob, (len, _)) in &referenced {
+            if self.check_file(blob, *len, false)?.is_some() {
+                if let Some(p) = self.condemn(blob, *len, false)? {
+                    r.damaged.push(p);
+                }
+            }
+        }
+        let (good, stray) = blobs::list(&self.paths)?;
+        for (blob, path) in good {
+            if referenced.contains_key(&blob) {
+                continue;
+            }
+            let _s = self.stripes.lock(&blob);
+            if !self.blob_referenced(&blob)? && blobs::delete_path(&path)?.is_some() {
+                r.orphan_files_removed.push(path);
+            }
+        }
+        for path in stray {
+            if let Ok(Some(_)) = blobs::delete_path(&path) {
+                r.stray_files_removed.push(path);
+            }
+        }
+        for (path, _) in self.stale_temps()? {
+            if let Ok(Some(_)) = blobs::delete_path(&path) {
+                r.temp_files_removed.push(path);
+            }
+        }
+        Ok(r)
+    }
+}

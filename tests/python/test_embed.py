@@ -1,0 +1,144 @@
+"""Embedded models stay ordinary ONNX models.
+
+`ctcachectl embed` packs initializers locally and splices the compiled tensors
+into a copy of the model (byte-preserving rewrite). The result must pass
+`onnx.checker.check_model` and `ctcachectl check`, onnxruntime must give
+bit-identical outputs, unknown fields must survive, and `strip` must give
+back the original bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ctl
+
+FORMATS = ["ort.matmul_nbits", "ggml.q8_0", "ggml.q4_0", "cast.f16", "cast.bf16", "gemm.pack_b.f32"]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def make_model(path, k=256, n=96, with_unknown=True) -> bytes:
+    rng = np.random.default_rng(7)
+    w1 = rng.standard_normal((k, n)).astype(np.float32)
+    w2 = rng.standard_normal((n, 64)).astype(np.float32)
+    bias = rng.standard_normal((64,)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1"], ["H"]),
+        helper.make_node("Relu", ["H"], ["R"]),
+        helper.make_node("Gemm", ["R", "W2", "B"], ["Y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 64])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2"), numpy_helper.from_array(bias, "B")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    data = m.SerializeToString()
+    if with_unknown:
+        # Field 77 inside GraphProto and inside ModelProto: future ONNX fields.
+        g_bytes = m.graph.SerializeToString() + _field(77, b"future graph field")
+        m.ClearField("graph")
+        data = m.SerializeToString() + _field(7, g_bytes) + _field(77, b"future model field")
+    path.write_bytes(data)
+    return data
+
+
+def run_model(path, x):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"X": x})[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("sidecar", [False, True])
+def test_embedded_model_is_valid_and_runs_identically(tmp_path, fmt, sidecar):
+    src = tmp_path / "model.onnx"
+    original = make_model(src)
+    out = tmp_path / "embedded.onnx"
+    args = ["embed", str(src), "-o", str(out), "--format", fmt]
+    if sidecar:
+        args.append("--sidecar")
+    r = ctl.run(*args)
+    assert r.returncode == 0, r.describe()
+    embedded = out.read_bytes()
+    # Every original byte kept in place; compiled fields appended.
+    assert embedded[: len(original)] == original
+    assert len(embedded) > len(original)
+    if sidecar:
+        assert (tmp_path / "embedded.onnx.ctdata").exists()
+
+    onnx.checker.check_model(str(out), full_check=True)
+    assert ctl.run("check", str(out)).returncode == 0
+    inspect = ctl.run_json("inspect", str(out))
+    assert inspect["compiled_tensors"], inspect
+    assert all(e["status"] == "hit" for e in inspect["compiled_tensors"]), inspect
+
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    y0 = run_model(src, x)
+    y1 = run_model(out, x)
+    assert y0.tobytes() == y1.tobytes()
+
+    stripped = tmp_path / "stripped.onnx"
+    assert ctl.run("strip", str(out), "-o", str(stripped)).returncode == 0
+    assert stripped.read_bytes() == original
+
+
+def test_embed_refuses_unsupported_initializer(tmp_path):
+    src = tmp_path / "model.onnx"
+    make_model(src)
+    r = ctl.run("embed", str(src), "-o", str(tmp_path / "o.onnx"), "--format", "ort.matmul_nbits", "--initializer", "B")
+    assert r.returncode == 1
+    assert "B" in r.stderr
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_embed_twice_needs_replace(tmp_path):
+    src = tmp_path / "model.onnx"
+    make_model(src)
+    once = tmp_path / "once.onnx"
+    assert ctl.run("embed", str(src), "-o", str(once), "--format", "cast.f16").returncode == 0
+    r = ctl.run("embed", str(once), "-o", str(tmp_path / "twice.onnx"), "--format", "cast.f16")
+    assert r.returncode == 1 and "replace" in r.stderr
+    r = ctl.run("embed", str(once), "-o", str(tmp_path / "twice.onnx"), "--format", "cast.f16", "--replace")
+    assert r.returncode == 0, r.describe()
+    twice = ctl.run_json("inspect", str(tmp_path / "twice.onnx"))
+    assert len(twice["compiled_tensors"]) == 3  # W1, W2, B
+
+
+def test_stale_after_initializer_change(tmp_path):
+    """An embedded entry whose initializer changed is a stale miss, not an error."""
+    src = tmp_path / "model.onnx"
+    make_model(src, with_unknown=False)
+    out = tmp_path / "e.onnx"
+    assert ctl.run("embed", str(src), "-o", str(out), "--format", "cast.f16", "--initializer", "W1").returncode == 0
+    m = onnx.load(str(out))
+    w = numpy_helper.to_array(m.graph.initializer[0]).copy()
+    w[0, 0] += 1.0
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W1"))
+    # Python protobuf keeps the unknown compiled-tensor fields when re-serializing.
+    changed = tmp_path / "changed.onnx"
+    changed.write_bytes(m.SerializeToString())
+    info = ctl.run_json("inspect", str(changed))
+    assert info["compiled_tensors"][0]["status"] == "miss"
+    assert info["compiled_tensors"][0]["reason"] == "stale_digest"

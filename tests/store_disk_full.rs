@@ -1,0 +1,107 @@
+//! A full disk: a put that hits ENOSPC fails with a clear error and leaves
+//! the store as it was (no entry, no file, no temp file). Injected through
+//! the write-fault hook always; on a real 4 MiB tmpfs too when the test runs
+//! as root and may mount.
+
+mod store_util;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use ctcache::store::{Store, StoreError, StoreOptions, WriteFault};
+use store_util::*;
+
+fn assert_full_and_intact(s: &Store, dir: &Path, before_entries: usize, err: StoreError) {
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err:?}");
+    assert!(msg.contains("no space left on device"), "{msg}");
+    assert!(msg.contains("store is unchanged"), "{msg}");
+    assert!(tmp_is_empty(dir), "temp file left behind");
+    assert_eq!(assert_consistent(s).len(), before_entries);
+    assert_eq!(blob_files(dir), before_entries);
+    assert!(s.verify().unwrap().problems.is_empty());
+}
+
+#[test]
+fn injected_enospc_fails_cleanly() {
+    let d = tempfile::tempdir().unwrap();
+    let fault: WriteFault = Arc::new(|written| {
+        if written >= 1 << 20 {
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+        } else {
+            Ok(())
+        }
+    });
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            write_fault: Some(fault),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.put(&entry(1), payload(1, 1000).as_slice()).unwrap();
+    let err = s
+        .put(&entry(2), payload(2, 3 << 20).as_slice())
+        .err()
+        .unwrap();
+    assert!(matches!(err, StoreError::NoSpace { written, .. } if written == 1 << 20));
+    assert_full_and_intact(&s, d.path(), 1, err);
+    let first = s.list(&Default::default()).unwrap()[0].key;
+    assert_eq!(
+        &s.open_payload(&first).unwrap()[..],
+        payload(1, 1000).as_slice()
+    );
+    // Small puts still work.
+    s.put(&entry(3), payload(3, 1000).as_slice()).unwrap();
+}
+
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn real_enospc_on_a_small_tmpfs() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: not root, cannot mount a tmpfs");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(d.path())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("skipped: mounting a tmpfs failed here");
+        return;
+    }
+    let _m = Mount(d.path().to_path_buf());
+    let dir = d.path().join("cache");
+    let s = Store::open(
+        &dir,
+        StoreOptions {
+            index_cache_bytes: 1 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.put(&entry(1), payload(1, 1000).as_slice()).unwrap();
+    s.flush().unwrap();
+    let err = s
+        .put(&entry(2), payload(2, 8 << 20).as_slice())
+        .err()
+        .unwrap();
+    assert_full_and_intact(&s, &dir, 1, err);
+    s.put(&entry(3), payload(3, 1000).as_slice()).unwrap();
+    drop(s);
+    let s = Store::open(&dir, StoreOptions::default()).unwrap();
+    assert_eq!(assert_consistent(&s).len(), 2);
+}

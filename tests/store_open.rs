@@ -1,0 +1,292 @@
+//! Opening a cache dir: one owner at a time, layout versions (refuse newer,
+//! migrate older), temp cleanup at start-up, plus lookups (D5/D4 and the
+//! best-first order), list filters and stats.
+
+mod store_util;
+
+use std::collections::HashSet;
+use std::fs;
+use std::time::Duration;
+
+use ctcache::device::RuntimeIdentity;
+use ctcache::pb;
+use ctcache::resolve::Recognized;
+use ctcache::store::{Accept, Filter, HostFilter, Store, StoreError, StoreOptions, LAYOUT_VERSION};
+use store_util::*;
+
+#[test]
+fn second_opener_is_refused_naming_the_owner() {
+    let d = tempfile::tempdir().unwrap();
+    let first = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let err = Store::open(d.path(), StoreOptions::default())
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Locked { pid: Some(p), .. } if p == std::process::id()));
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    assert!(msg.contains("in use by another process"), "{msg}");
+    drop(first);
+    Store::open(d.path(), StoreOptions::default()).expect("free again after drop");
+}
+
+#[test]
+fn second_opener_in_another_process_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let _owner = Store::open(d.path(), StoreOptions::default()).unwrap();
+    // flock(1) from util-linux stands in for a second ctcache process.
+    let out = std::process::Command::new("flock")
+        .args(["--nonblock", "--conflict-exit-code", "42"])
+        .arg(d.path().join("LOCK"))
+        .arg("true")
+        .output();
+    if let Ok(out) = out {
+        assert_eq!(out.status.code(), Some(42), "LOCK is not held exclusively");
+    }
+    let pid = fs::read_to_string(d.path().join("LOCK")).unwrap();
+    assert_eq!(pid.trim(), std::process::id().to_string());
+}
+
+#[test]
+fn newer_layout_is_refused_with_a_clear_message() {
+    let d = tempfile::tempdir().unwrap();
+    drop(Store::open(d.path(), StoreOptions::default()).unwrap());
+    fs::write(
+        d.path().join("LAYOUT"),
+        format!("ctcache-store-layout {}\n", LAYOUT_VERSION + 1),
+    )
+    .unwrap();
+    let err = Store::open(d.path(), StoreOptions::default())
+        .err()
+        .unwrap();
+    assert!(matches!(err, StoreError::NewerLayout { found, .. } if found == LAYOUT_VERSION + 1));
+    assert!(
+        err.to_string().contains("newer than this build supports"),
+        "{err}"
+    );
+}
+
+#[test]
+fn version_0_layout_is_migrated() {
+    let d = tempfile::tempdir().unwrap();
+    let keys: Vec<_> = {
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        (0..5)
+            .map(|i| {
+                s.put(&entry(i), payload(i, 1000).as_slice())
+                    .unwrap()
+                    .entry
+                    .key
+            })
+            .collect()
+    };
+    // Rewrite it as a layout-0 dir: payload files flat in blobs/.
+    let blobs = d.path().join("blobs");
+    for shard in fs::read_dir(&blobs).unwrap() {
+        let shard = shard.unwrap().path();
+        for f in fs::read_dir(&shard).unwrap() {
+            let f = f.unwrap();
+            fs::rename(f.path(), blobs.join(f.file_name())).unwrap();
+        }
+        fs::remove_dir(shard).unwrap();
+    }
+    fs::remove_dir(d.path().join("quarantine")).unwrap();
+    fs::write(d.path().join("LAYOUT"), "ctcache-store-layout 0\n").unwrap();
+
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(s.opened().layout_found, Some(0));
+    assert_eq!(
+        fs::read_to_string(d.path().join("LAYOUT")).unwrap().trim(),
+        format!("ctcache-store-layout {LAYOUT_VERSION}")
+    );
+    assert_eq!(assert_consistent(&s).len(), 5);
+    for k in keys {
+        s.open_payload(&k).unwrap();
+    }
+    assert!(s.verify().unwrap().problems.is_empty());
+}
+
+#[test]
+fn temp_leftovers_are_removed_at_start_up() {
+    let d = tempfile::tempdir().unwrap();
+    drop(Store::open(d.path(), StoreOptions::default()).unwrap());
+    fs::write(d.path().join("tmp/123-0.part"), b"half a payload").unwrap();
+    fs::create_dir(d.path().join("tmp/odd")).unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(s.opened().temp_removed, 2);
+    assert!(tmp_is_empty(d.path()));
+}
+
+#[test]
+fn a_folder_in_use_is_not_taken_over() {
+    let d = tempfile::tempdir().unwrap();
+    fs::write(d.path().join("thesis.tex"), b"...").unwrap();
+    let err = Store::open(d.path(), StoreOptions::default())
+        .err()
+        .unwrap();
+    assert!(matches!(err, StoreError::BadLayout { .. }), "{err}");
+}
+
+#[test]
+fn lookup_applies_d5_and_d4_best_first() {
+    let d = tempfile::tempdir().unwrap();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+    let s = Store::open(
+        d.path(),
+        StoreOptions {
+            clock: ctcache::store::Clock::manual(now.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let src = digest(7);
+    let host_cpu = cpu("x86_64-avx2", "avx,avx2,fma");
+    let put = |dev: pb::DeviceProto, t: pb::StructTypeProto, at: u64| {
+        now.store(at, std::sync::atomic::Ordering::SeqCst);
+        s.put(&entry_for(src, dev, t), &b"p"[..]).unwrap().entry.key
+    };
+    let exact = put(host_cpu.clone(), ty("a.fmt", 1), 1_000);
+    let subset_old = put(cpu("x86_64-avx2", "avx2"), ty("a.fmt", 1), 2_000);
+    let subset_new = put(cpu("x86_64-avx2", "fma"), ty("a.fmt", 1), 3_000);
+    let _needs_more = put(cpu("x86_64-avx512", "avx512f"), ty("a.fmt", 1), 4_000);
+    let _arm = put(cpu("aarch64-neon", ""), ty("a.fmt", 1), 5_000);
+    let mut rt_dev = host_cpu.clone();
+    rt_dev.runtime = "ort".into();
+    rt_dev.runtime_version = "1.2.0".into();
+    let with_rt = put(rt_dev, ty("a.fmt", 1), 6_000);
+    let v2 = put(cpu("x86_64-avx2", ""), ty("a.fmt", 2), 7_000);
+    let other = put(cpu("x86_64-avx2", ""), ty("b.fmt", 1), 8_000);
+    let _other_source = s
+        .put(
+            &entry_for(digest(8), host_cpu.clone(), ty("a.fmt", 1)),
+            &b"q"[..],
+        )
+        .unwrap();
+
+    let keys = |h: &HostFilter| -> Vec<_> {
+        s.lookup(&src, h)
+            .unwrap()
+            .into_iter()
+            .map(|h| h.entry.key)
+            .collect()
+    };
+    // No runtime named: runtime checks skipped. Exact device first, then newest.
+    let any = HostFilter::new(vec![host_cpu.clone()], None, Accept::Any);
+    assert_eq!(
+        keys(&any),
+        vec![exact, other, v2, with_rt, subset_new, subset_old]
+    );
+    let hits = s.lookup(&src, &any).unwrap();
+    assert!(hits[0].exact && !hits[1].exact);
+
+    let recognized: Recognized = [("a.fmt", 1)].into_iter().collect();
+    let ort13 = RuntimeIdentity {
+        name: "ort".into(),
+        version: "1.3.0".into(),
+    };
+    let h = HostFilter::new(
+        vec![host_cpu.clone()],
+        Some(ort13),
+        Accept::Types(recognized.clone()),
+    );
+    assert_eq!(keys(&h), vec![exact, with_rt, subset_new, subset_old]);
+    let ort2 = RuntimeIdentity {
+        name: "ort".into(),
+        version: "2.0.0".into(),
+    };
+    let h = HostFilter::new(
+        vec![host_cpu.clone()],
+        Some(ort2),
+        Accept::Types(recognized),
+    );
+    assert_eq!(keys(&h), vec![exact, subset_new, subset_old]);
+
+    let only: HashSet<_> = [v2.physical_type].into_iter().collect();
+    let h = HostFilter::new(vec![host_cpu.clone()], None, Accept::Keys(only));
+    assert_eq!(keys(&h), vec![v2]);
+
+    // A second host device: entries fitting the first listed device come first.
+    let gpu = pb::DeviceProto {
+        r#type: "wgpu".into(),
+        architecture: "10de-2330".into(),
+        ..Default::default()
+    };
+    let g = put(gpu.clone(), ty("a.fmt", 1), 9_000);
+    let h = HostFilter::new(vec![gpu, host_cpu.clone()], None, Accept::Any);
+    let hits = s.lookup(&src, &h).unwrap();
+    assert_eq!(hits[0].entry.key, g);
+    assert_eq!((hits[0].host_device, hits[1].host_device), (0, 1));
+
+    // A miss counts as one.
+    assert!(s.lookup(&digest(99), &any).unwrap().is_empty());
+    let st = s.stats().unwrap();
+    assert_eq!(st.misses, 1);
+    assert_eq!(st.entries, 10);
+}
+
+#[test]
+fn list_filters_and_stats() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    for i in 0..4 {
+        s.put(&entry(i), payload(i, 100).as_slice()).unwrap();
+    }
+    let gpu = pb::DeviceProto {
+        r#type: "wgpu".into(),
+        architecture: "10de-2330".into(),
+        ..Default::default()
+    };
+    s.put(
+        &entry_for(digest(0), gpu, ty("g.fmt", 3)),
+        payload(0, 100).as_slice(),
+    )
+    .unwrap();
+    let n = |f: Filter| s.list(&f).unwrap().len();
+    assert_eq!(n(Filter::default()), 5);
+    assert_eq!(
+        n(Filter {
+            format: Some("g.fmt".into()),
+            ..Default::default()
+        }),
+        1
+    );
+    assert_eq!(
+        n(Filter {
+            device_type: Some("cpu".into()),
+            ..Default::default()
+        }),
+        4
+    );
+    assert_eq!(
+        n(Filter {
+            source: Some(digest(0)),
+            ..Default::default()
+        }),
+        2
+    );
+    assert_eq!(
+        n(Filter {
+            limit: Some(2),
+            ..Default::default()
+        }),
+        2
+    );
+    let st = s.stats().unwrap();
+    assert_eq!((st.entries, st.entry_bytes), (5, 500));
+    // entry(0) and the GPU entry share one payload file.
+    assert_eq!((st.blobs, st.stored_bytes), (4, 400));
+    assert_eq!(st.by_format["test.fmt"].entries, 4);
+    assert_eq!(st.by_format["g.fmt"].bytes, 100);
+    assert_eq!(st.by_device["wgpu 10de-2330"].entries, 1);
+    assert_eq!(st.puts, 5);
+    let e = s
+        .stat(&s.list(&Filter::default()).unwrap()[0].key)
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.dims, vec![16, 16]);
+    assert_eq!(e.producer.packer_id, "test");
+    assert_eq!(e.pack_duration, Duration::from_millis(1));
+    assert_eq!(e.physical_type().unwrap().name, e.type_name);
+}
