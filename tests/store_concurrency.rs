@@ -134,20 +134,16 @@ fn sixteen_threads_mixed_load() {
                                     dry_run: false,
                                 })
                                 .expect("gc");
-                            // GC sees other writers' temp files as their own,
-                            // never as stale.
-                            let odd: Vec<_> = r
+                            // Other writers' temp files are never stale.
+                            // (Orphan payloads do occur: another collector's
+                            // batch may have dropped an entry and not yet
+                            // unlinked its file.)
+                            let stale: Vec<_> = r
                                 .items
                                 .iter()
-                                .filter(|i| {
-                                    matches!(
-                                        i.reason,
-                                        ctcache::store::GcReason::StaleTemp
-                                            | ctcache::store::GcReason::OrphanPayload
-                                    )
-                                })
+                                .filter(|i| i.reason == ctcache::store::GcReason::StaleTemp)
                                 .collect();
-                            assert!(odd.is_empty(), "{odd:?}");
+                            assert!(stale.is_empty(), "{stale:?}");
                             gcs.fetch_add(1, Ordering::Relaxed);
                             std::thread::sleep(Duration::from_millis(5));
                         }

@@ -80,6 +80,19 @@ fn run() -> Result<()> {
 }
 
 async fn serve(config: Config) -> Result<()> {
+    // Signal handlers first: a SIGTERM right after the socket appears must
+    // drain, not kill.
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        tokio::spawn(async move {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("shutdown requested");
+            let _ = tx.send(true);
+        });
+    }
     std::fs::create_dir_all(&config.cache_dir).with_context(|| format!("creating {}", config.cache_dir.display()))?;
     let store = ctcache::store::Store::open(&config.cache_dir, Default::default())
         .with_context(|| format!("opening the cache {}", config.cache_dir.display()))?;
@@ -103,16 +116,6 @@ async fn serve(config: Config) -> Result<()> {
     tokio::task::spawn_blocking(move || match d.store.reconcile() {
         Ok(r) => tracing::info!(?r, "reconcile done"),
         Err(e) => tracing::warn!(error = %e, "reconcile failed"),
-    });
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            return;
-        };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("shutdown requested");
-        let _ = tx.send(true);
     });
     let _watchdog = systemd::spawn_watchdog();
     let where_ = socket_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default();

@@ -17,6 +17,8 @@ use crate::service::Service;
 
 /// How long running pack jobs may take to finish after SIGTERM.
 const DRAIN_BOUND: Duration = Duration::from_secs(20);
+/// How long open calls may take to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// Serves until `shutdown` turns true, then drains.
 pub async fn serve(
@@ -60,11 +62,24 @@ pub async fn serve(
         None => None,
     };
     on_ready();
-    unix_server.await.context("serving on the Unix socket")?;
-    if let Some(t) = tcp_server {
-        let _ = t.await;
+    // Graceful shutdown waits for open streams (a client following Events
+    // never ends its call); after the grace period the daemon drains anyway.
+    let grace = {
+        let rx = shutdown.clone();
+        async move {
+            signal(rx).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
+    };
+    tokio::select! {
+        r = unix_server => r.context("serving on the Unix socket")?,
+        _ = grace => tracing::warn!("open calls did not finish within {SHUTDOWN_GRACE:?}; closing them"),
     }
-    let _ = shutdown.changed().await;
+    if let Some(t) = tcp_server {
+        t.abort();
+    }
+    signal(shutdown.clone()).await;
+    let _ = shutdown.borrow_and_update();
     drain(&daemon).await;
     Ok(())
 }

@@ -105,8 +105,11 @@ pub fn recognized() -> Recognized {
     r
 }
 
-/// The devices of this host: the CPU (D5). GPU adapters are added by the
-/// wgpu backend when it is built and an adapter exists.
+/// The devices of this host (D5): the CPU first, then one device per wgpu
+/// adapter, then the CUDA GPUs NVML reports. GPU detection runs once per
+/// process and never fails (no driver means no such devices).
 pub fn host_devices() -> Vec<pb::DeviceProto> {
-    vec![ctcache::device::host_cpu()]
+    let mut v = vec![ctcache::device::host_cpu()];
+    v.extend_from_slice(crate::gpu::devices::gpu_devices());
+    v
 }

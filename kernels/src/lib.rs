@@ -10,12 +10,14 @@ pub mod decoder;
 pub mod device;
 pub mod formats;
 pub mod fp16;
+pub mod gpu;
 pub mod isa;
 pub mod layout;
 pub mod packer;
 pub mod params;
 mod util;
 
+pub use gpu::{pack_on, Backend};
 pub use isa::Isa;
 pub use packer::{PackError, PackedLayout, Packer, SourceTensor};
 pub use params::{ParamSpec, Params};

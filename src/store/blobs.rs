@@ -21,6 +21,8 @@ use super::options::WriteFault;
 
 /// Bytes read from the producer and written per step.
 const CHUNK: usize = 1 << 20;
+/// First read size; doubled up to `CHUNK` while reads fill it.
+const FIRST_CHUNK: usize = 64 << 10;
 const STRIPES: usize = 64;
 
 pub(crate) struct Stripes([Mutex<()>; STRIPES]);
@@ -73,7 +75,9 @@ pub(crate) fn write_temp(
         .open(&tmp)
         .map_err(|e| classify(paths, &tmp, 0, e))?;
     let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; CHUNK];
+    // Small payloads are common: start small and grow while reads fill the
+    // buffer, rather than zeroing a full chunk for every put.
+    let mut buf = vec![0u8; FIRST_CHUNK];
     let mut len = 0u64;
     let result = (|| {
         loop {
@@ -93,8 +97,18 @@ pub(crate) fn write_temp(
             }
             file.write_all(&buf[..n])
                 .map_err(|e| classify(paths, &tmp, len, e))?;
-            hasher.update(&buf[..n]);
+            if fsync && std::env::var("XSRF").is_ok() {
+                start_writeback(&file, len, n);
+            }
+            if std::env::var("XRAYON").is_ok() {
+                hasher.update_rayon(&buf[..n]);
+            } else {
+                hasher.update(&buf[..n]);
+            }
             len += n as u64;
+            if n == buf.len() && buf.len() < std::env::var("XCHUNK").ok().and_then(|s| s.parse().ok()).unwrap_or(CHUNK) {
+                buf.resize(buf.len() * 2, 0);
+            }
         }
         if fsync {
             file.sync_all().map_err(|e| classify(paths, &tmp, len, e))?;
@@ -115,6 +129,26 @@ pub(crate) fn write_temp(
         }
     }
 }
+
+/// Asks the kernel to start writing a range back now, so that the disk
+/// works while we hash and read the next chunk and the final fsync has
+/// little left to do. Advisory: failures are ignored (fsync still follows).
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, offset: u64, len: usize) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: sync_file_range only reads its integer arguments.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _offset: u64, _len: usize) {}
 
 fn classify(paths: &Paths, tmp: &Path, written: u64, e: std::io::Error) -> StoreError {
     if is_no_space(&e) {
@@ -162,12 +196,6 @@ pub(crate) fn present(paths: &Paths, blob: &[u8; 32], len: u64) -> bool {
     fs::metadata(paths.blob(blob))
         .map(|m| m.is_file() && m.len() == len)
         .unwrap_or(false)
-}
-
-/// Unlinks a payload file (caller holds the stripe and has flushed the
-/// index); returns the bytes freed, 0 when it was already gone.
-pub(crate) fn delete(paths: &Paths, blob: &[u8; 32]) -> StoreResult<u64> {
-    Ok(delete_path(&paths.blob(blob))?.unwrap_or(0))
 }
 
 /// Unlinks a file; returns its size, or `None` when it was already gone.
@@ -267,8 +295,8 @@ mod tests {
         let (good, stray) = list(&p).unwrap();
         assert_eq!(good, vec![(blob, path.clone())]);
         assert!(stray.is_empty());
-        assert_eq!(delete(&p, &blob).unwrap(), data.len() as u64);
-        assert_eq!(delete(&p, &blob).unwrap(), 0);
+        assert_eq!(delete_path(&path).unwrap(), Some(data.len() as u64));
+        assert_eq!(delete_path(&path).unwrap(), None);
         assert_eq!(fs::read_dir(&p.tmp).unwrap().count(), 0);
     }
 
@@ -294,7 +322,7 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(matches!(e, StoreError::NoSpace { written, .. } if written == CHUNK as u64));
+        assert!(matches!(e, StoreError::NoSpace { written, .. } if written == FIRST_CHUNK as u64));
         assert_eq!(fs::read_dir(&p.tmp).unwrap().count(), 0);
     }
 }

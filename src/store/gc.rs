@@ -273,10 +273,7 @@ impl Store {
                         continue;
                     };
                     let _s = self.stripes.lock(&blob);
-                    if self.blob_referenced(&blob)? {
-                        continue;
-                    }
-                    blobs::delete_path(path)?
+                    self.delete_unreferenced(&blob)?
                 }
                 _ => blobs::delete_path(path)?,
             };
@@ -329,7 +326,7 @@ impl Store {
         if removed.is_empty() {
             return Ok(Vec::new());
         }
-        self.index.flush()?;
+        self.make_durable()?;
         // Walk backwards so that, as in the plan, the bytes of a shared file
         // go to the last of its entries removed.
         let mut out = Vec::with_capacity(removed.len());
@@ -339,11 +336,7 @@ impl Store {
                 0
             } else {
                 let _s = self.stripes.lock(&blob);
-                if self.blob_referenced(&blob)? {
-                    0
-                } else {
-                    blobs::delete(&self.paths, &blob)?
-                }
+                self.delete_unreferenced(&blob)?.unwrap_or(0)
             };
             out.push(GcItem {
                 bytes_freed: freed,

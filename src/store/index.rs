@@ -1,7 +1,7 @@
 //! The index interface: a few ordered key-value trees with atomic,
 //! conditional multi-tree commits. The store speaks only this trait; sled is
 //! one implementation (`sled_index.rs`), and replacing it means writing
-//! another implementation of these five methods (any embedded ordered KV
+//! another implementation of these six methods (any embedded ordered KV
 //! store with multi-tree transactions fits: redb, fjall, RocksDB).
 //!
 //! Values are opaque bytes; their encodings live in `entry.rs` and `lease.rs`.

@@ -121,6 +121,11 @@ pub struct Store {
     gate: Mutex<()>,
     access: access::AccessLog,
     counters: Counters,
+    /// Commits that dropped a payload reference, and how many of them are
+    /// known durable (a flush finished after them): a payload file is
+    /// deleted only when its last reference drop is durable.
+    dropped: AtomicU64,
+    durable: AtomicU64,
     /// Prefix of this instance's temp files; anything else in tmp/ is stale.
     session: String,
     tmp_seq: AtomicU64,
@@ -162,6 +167,8 @@ impl Store {
             gate: Mutex::new(()),
             access: access::AccessLog::new(now),
             counters: Counters::default(),
+            dropped: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
             opened: OpenReport {
                 layout_found,
@@ -226,56 +233,56 @@ impl Store {
         record.payload_blake3 = blob.to_vec();
         record.payload_len = w.len;
         let value = record.encode_to_vec();
-        let stripe = self.stripes.lock(&blob);
-        if self.index.get(Tree::Entries, &kb)?.is_some() {
-            w.discard();
-            drop(stripe);
-            return self.existing_after_race(&kb, new);
-        }
-        if self.blob_referenced(&blob)? && blobs::present(&self.paths, &blob, w.len) {
-            w.discard();
-        } else {
-            blobs::publish(&self.paths, w, self.opts.fsync)?;
-        }
         let access = Access {
             last_ms: now,
             count: 0,
         };
-        let applied = self.index.commit(
-            &[Precondition::new(Tree::Entries, &kb, Expect::Absent)],
-            &[
-                Op::Put(Tree::Entries, kb.to_vec(), value),
-                Op::Put(Tree::BlobRefs, blob_ref_key(&blob, &kb), Vec::new()),
-                Op::Put(Tree::Access, kb.to_vec(), access.encode()),
-            ],
-        )?;
-        if !applied {
-            // A concurrent put of the same key with another payload won; ours
-            // was never referenced, so it can go without a flush.
-            if !self.blob_referenced(&blob)? {
-                blobs::delete(&self.paths, &blob)?;
+        let _stripe = self.stripes.lock(&blob);
+        let mut pending = Some(w);
+        loop {
+            if let Some(e) = self.existing(&kb, new)? {
+                // Another put of this key won. Our file, if we published it
+                // and nothing else uses it, goes again.
+                match pending.take() {
+                    Some(w) => w.discard(),
+                    None => {
+                        self.delete_unreferenced(&blob)?;
+                    }
+                }
+                return Ok(Stored {
+                    entry: e,
+                    created: false,
+                });
             }
-            drop(stripe);
-            return self.existing_after_race(&kb, new);
+            if let Some(w) = pending.take() {
+                if self.blob_referenced(&blob)? && blobs::present(&self.paths, &blob, w.len) {
+                    w.discard();
+                } else {
+                    blobs::publish(&self.paths, w, self.opts.fsync)?;
+                }
+            }
+            let applied = self.index.commit(
+                &[Precondition::new(Tree::Entries, &kb, Expect::Absent)],
+                &[
+                    Op::Put(Tree::Entries, kb.to_vec(), value.clone()),
+                    Op::Put(Tree::BlobRefs, blob_ref_key(&blob, &kb), Vec::new()),
+                    Op::Put(Tree::Access, kb.to_vec(), access.encode()),
+                ],
+            )?;
+            if applied {
+                break;
+            }
+            // A concurrent put of the key (with another payload, so under
+            // another stripe) committed first: loop to return its entry, or
+            // to try again if it was removed meanwhile.
         }
         if self.opts.durable_puts {
             self.index.flush()?;
         }
-        drop(stripe);
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         Ok(Stored {
             entry: record.into_entry(prep.key, access),
             created: true,
-        })
-    }
-
-    fn existing_after_race(&self, kb: &KeyBytes, new: &NewEntry) -> StoreResult<Stored> {
-        let entry = self
-            .existing(kb, new)?
-            .ok_or_else(|| StoreError::NotFound(EntryKey::from_bytes(kb).expect("own key")))?;
-        Ok(Stored {
-            entry,
-            created: false,
         })
     }
 
@@ -314,18 +321,45 @@ impl Store {
                 until_ms,
             });
         }
-        let Some(old) = self.index.get(Tree::Entries, &kb)? else {
-            return Ok(false);
-        };
-        let blob = entry::decode_brief(&kb, &old)?.blob();
-        let _stripe = self.stripes.lock(&blob);
-        let removed = self.drop_entry(&kb, &blob, old)?;
-        drop(gate);
-        if removed && !self.blob_referenced(&blob)? {
-            self.index.flush()?;
-            blobs::delete(&self.paths, &blob)?;
+        loop {
+            let Some(old) = self.index.get(Tree::Entries, &kb)? else {
+                return Ok(false);
+            };
+            let blob = entry::decode_brief(&kb, &old)?.blob();
+            let _stripe = self.stripes.lock(&blob);
+            if self.drop_entry(&kb, &blob, old)? {
+                drop(gate);
+                self.delete_unreferenced(&blob)?;
+                return Ok(true);
+            }
+            // The record changed under us (a put merged its source names):
+            // read it again.
         }
-        Ok(removed)
+    }
+
+    /// Deletes `blob`'s file if no entry references it, after making sure
+    /// every commit that dropped a reference is durable, so that no crash
+    /// can bring back an entry whose file is gone. Caller holds the stripe.
+    /// Returns the bytes freed (`None`: kept, or already gone).
+    pub(crate) fn delete_unreferenced(&self, blob: &[u8; 32]) -> StoreResult<Option<u64>> {
+        if self.blob_referenced(blob)? {
+            return Ok(None);
+        }
+        // All reference drops of this blob happened under its stripe, which
+        // we hold, so they are counted in `dropped` already.
+        if self.durable.load(Ordering::SeqCst) < self.dropped.load(Ordering::SeqCst) {
+            self.make_durable()?;
+        }
+        blobs::delete_path(&self.paths.blob(blob))
+    }
+
+    /// Flushes the index and records that every reference drop counted
+    /// before the flush started is durable.
+    pub(crate) fn make_durable(&self) -> StoreResult<()> {
+        let target = self.dropped.load(Ordering::SeqCst);
+        self.index.flush()?;
+        self.durable.fetch_max(target, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Commits the removal of one entry if its record is still `old`
@@ -336,14 +370,18 @@ impl Store {
         blob: &[u8; 32],
         old: Vec<u8>,
     ) -> StoreResult<bool> {
-        self.index.commit(
+        let done = self.index.commit(
             &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
             &[
                 Op::Delete(Tree::Entries, kb.to_vec()),
                 Op::Delete(Tree::BlobRefs, blob_ref_key(blob, kb)),
                 Op::Delete(Tree::Access, kb.to_vec()),
             ],
-        )
+        )?;
+        if done {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(done)
     }
 
     /// Whether any entry references `blob`.
@@ -438,7 +476,7 @@ impl Store {
     /// Writes pending access statistics and makes every commit durable.
     pub fn flush(&self) -> StoreResult<()> {
         self.access.write(&*self.index, self.now())?;
-        self.index.flush()
+        self.make_durable()
     }
 }
 

@@ -93,3 +93,9 @@ fn access_statistics_are_batched_and_visible() {
     let l = s.list(&Filter::default()).unwrap();
     assert_eq!(l[0].access_count, 3);
 }
+
+#[test]
+fn store_is_send_and_sync() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Store>();
+}

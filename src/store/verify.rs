@@ -139,7 +139,7 @@ impl Store {
                 }
             }
         }
-        self.index.flush()?;
+        self.make_durable()?;
         let quarantined = blobs::quarantine(&self.paths, blob, self.now())?;
         Ok(Some(VerifyProblem {
             blob: *blob,
@@ -283,7 +283,7 @@ impl Store {
                 continue;
             }
             let _s = self.stripes.lock(&blob);
-            if !self.blob_referenced(&blob)? && blobs::delete_path(&path)?.is_some() {
+            if self.delete_unreferenced(&blob)?.is_some() {
                 r.orphan_files_removed.push(path);
             }
         }

@@ -1,18 +1,19 @@
 //! `ctcachectl`: the ctcache admin CLI. Exit codes: 0 success, 1 failure or
-//! invalid input (message on stderr), 2 usage error.
+//! invalid input, 2 usage error, 3 daemon not reachable (message on stderr).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use ctcache_client::cli::{run, Cli, Failure};
+use ctcache_client::cli::{run, Cli};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
-        Ok(()) | Err(Failure::BrokenPipe) => ExitCode::SUCCESS,
-        Err(Failure::Failed(msg)) => {
-            eprintln!("ctcachectl: {msg}");
-            ExitCode::FAILURE
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if let Some(msg) = f.message() {
+                eprintln!("ctcachectl: {msg}");
+            }
+            ExitCode::from(f.exit_code())
         }
     }
 }

@@ -1,14 +1,26 @@
 //! `ctcachectl`: argument parsing and dispatch. Each command group lives in
-//! its own module over library calls; this file only wires them.
+//! its own module over library calls; this file only wires them. Daemon
+//! commands run on a current-thread runtime made per invocation
+//! ([`ctx::Ctx::block_on`]); offline ones never start one.
 
+mod admin;
+mod ctx;
+mod daemon_cmds;
+mod extras;
+mod format;
+mod jobs;
+mod json;
 mod offline;
 mod output;
 mod packing;
+mod watch;
+mod why_miss;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+pub use ctx::{ColorChoice, Global};
 pub use output::Failure;
 
 /// The ctcache admin tool.
@@ -16,12 +28,12 @@ pub use output::Failure;
 #[command(
     name = "ctcachectl",
     version,
-    about = "Inspect, check and manage compiled ONNX tensors"
+    about = "Inspect, check and manage compiled ONNX tensors and the ctcached cache",
+    after_help = "Exit codes: 0 ok, 1 failure, 2 usage error, 3 daemon not reachable. JSON shapes: docs/CLI.md."
 )]
 pub struct Cli {
-    /// Machine-readable JSON output.
-    #[arg(long, global = true)]
-    pub json: bool,
+    #[command(flatten)]
+    pub global: Global,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -45,15 +57,44 @@ pub enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// The devices of this host, as compiled tensors describe them.
+    /// The daemon's status: version, uptime, store size, hit rate, jobs, watches.
+    Status,
+    /// The devices of the daemon's host, as compiled tensors describe them.
     Devices {
-        /// Detect locally instead of asking the daemon.
+        /// Detect this host locally instead of asking the daemon.
         #[arg(long)]
         local: bool,
     },
     /// The packers (formats) of this build and their parameters.
     Formats,
-    /// Pack one initializer and write the raw payload (what a cache entry stores).
+    /// List stored entries.
+    Ls(daemon_cmds::LsArgs),
+    /// One stored entry in full (KEY: whole, a unique prefix, or as `ls` shows it).
+    Stat { key: String },
+    /// Pack a model's initializers into the store.
+    Prepack(jobs::PrepackArgs),
+    /// Per initializer of a model: its digest, stored entries and misses.
+    Resolve(jobs::ResolveArgs),
+    /// Why an initializer of a model has no usable entry.
+    WhyMiss { model: PathBuf, initializer: String },
+    /// Write a copy of a model with compiled tensors embedded (through the daemon when it runs).
+    Embed(jobs::EmbedArgs),
+    /// Store the compiled tensors a model carries.
+    Import { model: PathBuf },
+    /// Remove entries over a size budget or unused for too long, and leftovers.
+    Gc(admin::GcArgs),
+    /// Rehash every payload; quarantine and drop damaged ones.
+    Verify(admin::VerifyArgs),
+    /// Model folders the daemon watches.
+    #[command(subcommand)]
+    Watch(watch::WatchCmd),
+    /// Follow the daemon's events, one line (or JSON object) per event.
+    Events {
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Pack one initializer locally and write the raw payload (what a cache entry stores).
     Pack {
         model: PathBuf,
         #[arg(long)]
@@ -61,7 +102,7 @@ pub enum Command {
         #[arg(long)]
         format: String,
         /// Packer parameter, k=v (repeatable).
-        #[arg(long = "param")]
+        #[arg(long = "param", value_parser = format::parse_param)]
         params: Vec<String>,
         #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]
         backend: String,
@@ -71,37 +112,38 @@ pub enum Command {
         #[arg(long)]
         type_out: Option<PathBuf>,
     },
-    /// Pack initializers locally and embed them into a copy of the model.
-    Embed {
-        model: PathBuf,
-        #[arg(short, long)]
-        output: PathBuf,
-        #[arg(long)]
-        format: String,
-        #[arg(long = "param")]
-        params: Vec<String>,
-        /// Initializers to compile (repeatable; default: all the format accepts).
-        #[arg(long = "initializer")]
-        initializers: Vec<String>,
-        /// Put every payload in the sidecar file (default: payloads >= 1 MiB).
-        #[arg(long)]
-        sidecar: bool,
-        /// Drop compiled tensors already in the model.
-        #[arg(long)]
-        replace: bool,
-    },
+    /// Shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// The man page (roff).
+    #[command(hide = true)]
+    Man,
 }
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<(), Failure> {
-    let json = cli.json;
+    let ctx = ctx::Ctx::new(cli.global);
+    let json = ctx.json;
     match cli.command {
         Command::Check { model } => offline::check(&model, json),
         Command::Digest { model, algorithm } => offline::digest(&model, &algorithm, json),
         Command::Inspect { model } => offline::inspect(&model, json),
         Command::Strip { model, output } => offline::strip(&model, &output),
-        Command::Devices { local: _ } => packing::devices(json),
+        Command::Devices { local: true } => packing::devices(json),
+        Command::Devices { local: false } => ctx.block_on(daemon_cmds::devices(&ctx)),
         Command::Formats => packing::formats(json),
+        Command::Status => ctx.block_on(daemon_cmds::status(&ctx)),
+        Command::Ls(a) => ctx.block_on(daemon_cmds::ls(&ctx, a)),
+        Command::Stat { key } => ctx.block_on(daemon_cmds::stat(&ctx, &key)),
+        Command::Prepack(a) => ctx.block_on(jobs::prepack(&ctx, a)),
+        Command::Resolve(a) => ctx.block_on(jobs::resolve(&ctx, a)),
+        Command::WhyMiss { model, initializer } => ctx.block_on(why_miss::why_miss(&ctx, model, initializer)),
+        Command::Embed(a) => jobs::embed(&ctx, a),
+        Command::Import { model } => ctx.block_on(jobs::import(&ctx, model)),
+        Command::Gc(a) => admin::gc(&ctx, a),
+        Command::Verify(a) => admin::verify(&ctx, a),
+        Command::Watch(cmd) => ctx.block_on(watch::watch(&ctx, cmd)),
+        Command::Events { count } => ctx.block_on(watch::events(&ctx, count)),
         Command::Pack {
             model,
             initializer,
@@ -122,25 +164,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             },
             json,
         ),
-        Command::Embed {
-            model,
-            output,
-            format,
-            params,
-            initializers,
-            sidecar,
-            replace,
-        } => packing::embed(
-            packing::EmbedArgs {
-                model: &model,
-                output: &output,
-                format: &format,
-                params: &params,
-                initializers: &initializers,
-                sidecar,
-                replace,
-            },
-            json,
-        ),
+        Command::Completions { shell } => extras::completions(shell),
+        Command::Man => extras::man(),
     }
 }

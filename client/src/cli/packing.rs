@@ -10,6 +10,7 @@ use ctcache_kernels::{Packer, Params};
 use prost::Message;
 use serde_json::json;
 
+use super::json::device as device_json;
 use super::output::{print_json, print_table, say, Failure};
 
 fn packer(id: &str) -> Result<&'static dyn Packer, Failure> {
@@ -23,19 +24,13 @@ fn params(raw: &[String]) -> Result<Params, Failure> {
     Params::parse(raw.iter()).map_err(|e| Failure::Failed(e.to_string()))
 }
 
-fn device_json(d: &ctcache::pb::DeviceProto) -> serde_json::Value {
-    json!({
-        "type": d.r#type,
-        "index": d.index,
-        "architecture": d.architecture,
-        "runtime": d.runtime,
-        "runtime_version": d.runtime_version,
-        "metadata": d.metadata_props.iter().map(|p| (p.key.clone(), json!(p.value))).collect::<serde_json::Map<_, _>>(),
-    })
+/// `devices --local`: this host as detected by this build.
+pub fn devices(json: bool) -> Result<(), Failure> {
+    print_devices(&compile::host_devices(), json)
 }
 
-pub fn devices(json: bool) -> Result<(), Failure> {
-    let devices = compile::host_devices();
+/// Prints devices (local or the daemon's) the same way.
+pub fn print_devices(devices: &[ctcache::pb::DeviceProto], json: bool) -> Result<(), Failure> {
     if json {
         return print_json(&json!({ "devices": devices.iter().map(device_json).collect::<Vec<_>>() }));
     }
@@ -137,15 +132,19 @@ pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
 pub struct EmbedArgs<'a> {
     pub model: &'a Path,
     pub output: &'a Path,
-    pub format: &'a str,
+    pub format: Option<&'a str>,
     pub params: &'a [String],
     pub initializers: &'a [String],
     pub sidecar: bool,
     pub replace: bool,
 }
 
+/// Offline embed: packs here, in this process.
 pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
-    let p = packer(a.format)?;
+    let format = a.format.ok_or_else(|| {
+        Failure::Usage("embed without a daemon needs --format (the daemon's policy is not available offline)".into())
+    })?;
+    let p = packer(format)?;
     let params = params(a.params)?;
     let model = Model::open(a.model)?;
     let all = model.initializers()?;
@@ -181,8 +180,10 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     let report = rewrite::embed(&model, &entries, a.output, mode, &opts)?;
     if json {
         return print_json(&json!({
+            "via": "local",
             "output": a.output,
             "entries": report.entries,
+            "packed": report.entries,
             "inline_bytes": report.inline_bytes,
             "sidecar": report.sidecar,
             "sidecar_bytes": report.sidecar_bytes,

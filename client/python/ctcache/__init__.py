@@ -1,0 +1,49 @@
+"""Python client for ctcached, the compiled ONNX tensor cache daemon.
+
+    import ctcache
+    with ctcache.connect() as c:                      # $CTCACHE_SOCKET or the D8 default
+        r = c.resolve_model("/models/m.onnx", on_miss="wait")
+        for t in r.tensors:
+            for e in t.entries:
+                with c.open_payload(e) as p:          # leased, mmapped read-only
+                    data = p.numpy()                  # uint8, zero copy
+
+Answers are protobuf messages from ``ctcache.pb`` (the ctcache.v1 API);
+devices and struct types are ``ctcache.onnx_pb`` messages (protobuf package
+``ctcache_onnx``, so ``import onnx`` can live in the same process).
+"""
+
+from ._pb import ctcache_v1_pb2 as pb
+from ._pb import onnx_pb2 as onnx_pb
+from .client import Client, connect, default_socket, entry_format
+from .errors import (
+    CtcacheError,
+    DaemonNotRunning,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PrepackError,
+    RequestFailed,
+    SocketPermissionDenied,
+)
+from .payload import Payload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "CtcacheError",
+    "DaemonNotRunning",
+    "InvalidArgument",
+    "NotFound",
+    "Payload",
+    "PermissionDenied",
+    "PrepackError",
+    "RequestFailed",
+    "SocketPermissionDenied",
+    "connect",
+    "default_socket",
+    "entry_format",
+    "onnx_pb",
+    "pb",
+]

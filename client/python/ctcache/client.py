@@ -1,0 +1,334 @@
+"""The ctcached client: a thin, typed layer over the gRPC API.
+
+Answers are the protobuf messages of ``ctcache/v1/ctcache.proto`` (module
+``ctcache.pb``); the onnx messages inside them (DeviceProto,
+StructTypeProto) live in ``ctcache.onnx_pb`` under the protobuf package
+``ctcache_onnx``, so that they never clash with the ``onnx`` package.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, Mapping
+
+import grpc
+
+from . import errors
+from ._pb import ctcache_v1_pb2 as pb
+from ._pb import ctcache_v1_pb2_grpc as pb_grpc
+from ._pb import onnx_pb2 as onnx_pb
+from .payload import Payload
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+ON_MISS = {"none": pb.ON_MISS_NONE, "background": pb.ON_MISS_BACKGROUND, "wait": pb.ON_MISS_WAIT}
+FINAL_STATES = ("done", "cached", "failed")
+
+_ERRORS = {
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+}
+
+
+def default_socket(env: Mapping[str, str] | None = None) -> str:
+    """The daemon's socket as ctcached picks it by default (D8).
+
+    ``$CTCACHE_SOCKET``, else ``$XDG_RUNTIME_DIR/ctcache/ctcached.sock``, else
+    ``$XDG_CACHE_HOME/ctcache/ctcached.sock``, else
+    ``~/.cache/ctcache/ctcached.sock``. A socket set only in the daemon's
+    config file is not seen here: pass it to :func:`connect`.
+    """
+    env = os.environ if env is None else env
+    if env.get("CTCACHE_SOCKET"):
+        return env["CTCACHE_SOCKET"]
+    if env.get("XDG_RUNTIME_DIR"):
+        return os.path.join(env["XDG_RUNTIME_DIR"], "ctcache", "ctcached.sock")
+    if env.get("XDG_CACHE_HOME"):
+        cache = env["XDG_CACHE_HOME"]
+    elif env.get("HOME"):
+        cache = os.path.join(env["HOME"], ".cache")
+    else:
+        cache = "/var/cache"
+    return os.path.join(cache, "ctcache", "ctcached.sock")
+
+
+def connect(socket: str | os.PathLike | None = None, *, timeout: float = 5.0,
+            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> "Client":
+    """Connects to ctcached on a Unix socket (default: :func:`default_socket`).
+
+    Waits up to ``timeout`` seconds for the daemon to answer; raises
+    :class:`~ctcache.errors.DaemonNotRunning` (naming the socket and how to
+    start the daemon) when it does not.
+    """
+    path = os.path.abspath(os.fspath(socket) if socket is not None else default_socket())
+    if not os.path.exists(path):
+        raise errors.DaemonNotRunning(path, "no socket file")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise errors.SocketPermissionDenied(path)
+    channel = grpc.insecure_channel(
+        "unix:" + path,
+        options=[
+            ("grpc.default_authority", "localhost"),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise errors.DaemonNotRunning(path, f"the socket exists but nothing answered within {timeout:g} s; a stale socket?") from None
+    return Client(path, channel)
+
+
+def _format_specs(formats) -> list:
+    """None | "id" | {"id": {params}} | [ "id" | ("id", {params}) | FormatSpec ] -> [FormatSpec]."""
+    if formats is None:
+        return []
+    if isinstance(formats, (str, pb.FormatSpec)):
+        formats = [formats]
+    if isinstance(formats, Mapping):
+        formats = list(formats.items())
+    out = []
+    for f in formats:
+        if isinstance(f, pb.FormatSpec):
+            out.append(f)
+        elif isinstance(f, str):
+            out.append(pb.FormatSpec(id=f))
+        else:
+            fid, params = f
+            out.append(pb.FormatSpec(id=fid, params={str(k): str(v) for k, v in (params or {}).items()}))
+    return out
+
+
+def _runtime(runtime):
+    if runtime is None or isinstance(runtime, pb.RuntimeIdentity):
+        return runtime
+    name, ver = runtime
+    return pb.RuntimeIdentity(name=name, version=ver)
+
+
+def _accepted(accepted):
+    out = []
+    for a in accepted or []:
+        if isinstance(a, pb.AcceptedType):
+            out.append(a)
+        elif isinstance(a, str):
+            out.append(pb.AcceptedType(name=a))
+        else:
+            name, versions = a
+            out.append(pb.AcceptedType(name=name, versions=list(versions)))
+    return out
+
+
+def _digest(d) -> bytes:
+    return bytes.fromhex(d) if isinstance(d, str) else bytes(d)
+
+
+def _path(p) -> str:
+    return os.path.abspath(os.fspath(p))
+
+
+def entry_format(entry) -> str:
+    """The packer id that produced an entry (``ort.matmul_nbits``), or ``""`` for a client Put."""
+    producer = entry.producer
+    return "" if producer.startswith("uid:") else producer.split("@", 1)[0]
+
+
+class Client:
+    """A connection to one ctcached. Make it with :func:`connect`; usable as a context manager."""
+
+    def __init__(self, socket: str, channel: grpc.Channel):
+        self.socket = socket
+        self._channel = channel
+        self._stub = pb_grpc.CompiledTensorCacheStub(channel)
+
+    # ---- plumbing ----
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ctcache.Client {self.socket}>"
+
+    def _error(self, method: str, e: grpc.RpcError) -> errors.CtcacheError:
+        code = e.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
+        return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
+
+    def _call(self, method: str, request, timeout: float | None = None):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._error(method, e) from None
+
+    def _stream(self, method: str, request, timeout: float | None = None) -> Iterator:
+        # The call starts now, not on the first next().
+        call = getattr(self._stub, method)(request, timeout=timeout)
+
+        def messages():
+            try:
+                yield from call
+            except grpc.RpcError as e:
+                raise self._error(method, e) from None
+            finally:
+                call.cancel()  # no-op once finished; tells the daemon when abandoned
+
+        return messages()
+
+    # ---- models ----
+
+    def resolve_model(self, path, on_miss: str = "none", *, formats=None, devices=None, runtime=None,
+                      timeout: float | None = None) -> pb.ResolveModelResponse:
+        """Per initializer of the model: digest, matching entries and miss reasons.
+
+        ``on_miss``: ``"none"`` (only look), ``"background"`` (queue packs for
+        what is missing and answer now) or ``"wait"`` (pack what is missing and
+        answer when done). ``formats``: ``None`` = the daemon's policy, else
+        ids (``"ort.matmul_nbits"``), ``{id: params}`` or FormatSpecs.
+        """
+        if on_miss not in ON_MISS:
+            raise ValueError(f"on_miss must be one of {', '.join(ON_MISS)}, not {on_miss!r}")
+        req = pb.ResolveModelRequest(model_path=_path(path), on_miss=ON_MISS[on_miss],
+                                     formats=_format_specs(formats), devices=list(devices or []),
+                                     runtime=_runtime(runtime))
+        return self._call("ResolveModel", req, timeout)
+
+    def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "",
+                timeout: float | None = None):
+        """Packs a model's initializers (default: the daemon's policy).
+
+        ``wait=True``: returns the final :class:`PrepackProgress` of every job
+        (state ``done`` or ``cached``, with the entry) and raises
+        :class:`~ctcache.errors.PrepackError` if any failed. ``wait=False``:
+        returns the progress stream as an iterator; abandoning it cancels the
+        jobs no other client shares.
+        """
+        req = pb.PrepackRequest(model_path=_path(path), initializers=list(initializers or []),
+                                formats=_format_specs(formats), backend=backend)
+        stream = self._stream("Prepack", req, timeout)
+        if not wait:
+            return stream
+        final = {}
+        for p in stream:
+            if p.state in FINAL_STATES:
+                final[(p.initializer, p.format)] = p
+        out = list(final.values())
+        if any(p.state == "failed" for p in out):
+            raise errors.PrepackError(out)
+        return out
+
+    def embed(self, model_path, output_path, formats=None, *, devices=None, sidecar: bool = False,
+              replace: bool = False, timeout: float | None = None) -> pb.EmbedResponse:
+        """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
+        req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
+                              formats=_format_specs(formats), devices=list(devices or []),
+                              sidecar=sidecar, replace=replace)
+        return self._call("Embed", req, timeout)
+
+    def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
+        """Adds the compiled tensors a model carries to the store."""
+        return self._call("Import", pb.ImportRequest(model_path=_path(path)), timeout)
+
+    # ---- entries ----
+
+    def lookup(self, source_digest, *, digest_algorithm: str = "blake3", devices=None, runtime=None,
+               accepted=None, daemon_produced_only: bool = False,
+               timeout: float | None = None) -> pb.LookupResponse:
+        """Entries usable by the caller for one source digest (bytes or hex), best first; ``.miss`` when none."""
+        req = pb.LookupRequest(source_digest=_digest(source_digest), digest_algorithm=digest_algorithm,
+                               devices=list(devices or []), runtime=_runtime(runtime),
+                               accepted=_accepted(accepted), daemon_produced_only=daemon_produced_only)
+        return self._call("Lookup", req, timeout)
+
+    def list(self, *, format: str = "", device: str = "", source_digest=b"", model_path: str = "",
+             limit: int = 0, timeout: float | None = None) -> list:
+        """Stored entries, filtered (format = struct type name prefix, device = description substring)."""
+        req = pb.ListRequest(format=format, device=device, source_digest=_digest(source_digest),
+                             model_path=model_path and _path(model_path), limit=limit)
+        return list(self._call("List", req, timeout).entries)
+
+    def open_payload(self, entry, *, ttl_s: float = 30.0, mmap: bool = True) -> Payload:
+        """Leases an entry (an Entry or its key) and opens its bytes read-only.
+
+        Maps ``entry.payload_path`` when this process can read it, else copies
+        the bytes over ReadPayload. Close the Payload (or use ``with``) to
+        release the lease.
+        """
+        key = entry if isinstance(entry, str) else entry.key
+        lease = self._call("AcquireLease", pb.AcquireLeaseRequest(key=key, ttl_ms=max(int(ttl_s * 1000), 1)))
+        return Payload(self, lease, lease.entry if lease.HasField("entry") else entry, ttl_s, allow_mmap=mmap)
+
+    def read_payload(self, key: str, offset: int = 0, length: int = 0) -> bytes:
+        """Copies (part of) a payload over ReadPayload (no lease)."""
+        return bytes(self._read_payload_bytes(key, length, offset))
+
+    def _read_payload_bytes(self, key: str, expect: int = 0, offset: int = 0) -> bytearray:
+        buf = bytearray()
+        req = pb.ReadPayloadRequest(key=key, offset=offset, length=expect if offset else 0)
+        for chunk in self._stream("ReadPayload", req):
+            if chunk.offset != offset + len(buf):
+                raise errors.CtcacheError(f"ReadPayload {key}: chunk at {chunk.offset}, expected {offset + len(buf)}")
+            buf += chunk.data
+        if expect and offset == 0 and len(buf) != expect:
+            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {expect}")
+        return buf
+
+    def gc(self, max_bytes: int | None = None, max_age_s: int = 0, *, dry_run: bool = False,
+           timeout: float | None = None) -> pb.GcResponse:
+        """Evicts entries over a size budget (``max_bytes=0`` = everything not leased) or older than ``max_age_s``."""
+        req = pb.GcRequest(max_bytes=max_bytes or 0, has_max_bytes=max_bytes is not None,
+                           max_age_s=max_age_s, dry_run=dry_run)
+        return self._call("Gc", req, timeout)
+
+    def verify(self, repair: bool = False, *, timeout: float | None = None) -> pb.VerifyResponse:
+        return self._call("Verify", pb.VerifyRequest(repair=repair), timeout)
+
+    # ---- the daemon ----
+
+    def status(self, *, timeout: float | None = 10.0) -> pb.StatusResponse:
+        return self._call("Status", pb.StatusRequest(), timeout)
+
+    def stats(self, *, timeout: float | None = 10.0) -> pb.StatsResponse:
+        return self._call("Stats", pb.StatsRequest(), timeout)
+
+    def host_devices(self, *, timeout: float | None = 10.0) -> list:
+        """The daemon host's devices as ``ctcache_onnx.DeviceProto`` messages."""
+        return list(self._call("GetHostDevices", pb.GetHostDevicesRequest(), timeout).devices)
+
+    def formats(self, *, timeout: float | None = 10.0) -> list:
+        """The packers this daemon offers (FormatInfo messages)."""
+        return list(self._call("ListFormats", pb.ListFormatsRequest(), timeout).formats)
+
+    def watches(self, *, timeout: float | None = 10.0) -> list:
+        return list(self._call("ListWatches", pb.ListWatchesRequest(), timeout).dirs)
+
+    def add_watch(self, folder, *, timeout: float | None = 10.0) -> list:
+        return list(self._call("AddWatch", pb.WatchRequest(dir=_path(folder)), timeout).dirs)
+
+    def remove_watch(self, folder, *, timeout: float | None = 10.0) -> list:
+        return list(self._call("RemoveWatch", pb.WatchRequest(dir=_path(folder)), timeout).dirs)
+
+    def events(self) -> Iterator:
+        """The daemon's event stream (entry_added, entry_removed, job_progress, watcher); endless."""
+        return self._stream("Events", pb.EventsRequest())
+
+    def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
+        """grpc.health.v1 status name (``"SERVING"``); needs grpcio-health-checking."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        try:
+            r = health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._error("Health.Check", e) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+
+__all__ = ["Client", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]

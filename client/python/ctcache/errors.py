@@ -1,0 +1,64 @@
+"""Exceptions raised by the ctcache client."""
+
+from __future__ import annotations
+
+
+class CtcacheError(Exception):
+    """Base class of every error this package raises."""
+
+
+class DaemonNotRunning(CtcacheError):
+    """Nothing answers on the socket: ctcached is not started, or the socket is stale."""
+
+    def __init__(self, socket: str, why: str):
+        self.socket = socket
+        self.why = why
+        super().__init__(
+            f"ctcached is not running on {socket} ({why}). Start it with "
+            f"`ctcached --socket {socket}` (add --cache-dir DIR / --watch DIR as needed), "
+            f"or point the client at another daemon with connect(socket=...) or CTCACHE_SOCKET."
+        )
+
+
+class SocketPermissionDenied(CtcacheError):
+    """The socket exists but this user may not connect to it."""
+
+    def __init__(self, socket: str):
+        self.socket = socket
+        super().__init__(
+            f"no permission to connect to {socket}: the daemon's socket_group decides who may "
+            f"connect; ask for membership or run your own ctcached with --socket PATH"
+        )
+
+
+class RequestFailed(CtcacheError):
+    """The daemon answered a request with an error status."""
+
+    def __init__(self, method: str, code, details: str):
+        self.method = method
+        self.code = code  # a grpc.StatusCode
+        self.details = details
+        name = getattr(code, "name", str(code))
+        super().__init__(f"{method}: {name}: {details}")
+
+
+class NotFound(RequestFailed):
+    """NOT_FOUND: no such model, entry or lease."""
+
+
+class InvalidArgument(RequestFailed):
+    """INVALID_ARGUMENT: the request is malformed (relative path, unknown format, ...)."""
+
+
+class PermissionDenied(RequestFailed):
+    """PERMISSION_DENIED: the daemon checked the caller's uid and refused."""
+
+
+class PrepackError(CtcacheError):
+    """At least one pack job failed; ``progress`` holds the final state of every job."""
+
+    def __init__(self, progress):
+        self.progress = list(progress)
+        failed = [p for p in self.progress if p.state == "failed"]
+        what = "; ".join(f"{p.initializer} {p.format}: {p.error or 'failed'}" for p in failed)
+        super().__init__(f"{len(failed)} of {len(self.progress)} pack jobs failed: {what}")

@@ -1,0 +1,179 @@
+"""A compiled tensor's payload held open under a lease."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+
+import grpc
+
+from ._pb import ctcache_v1_pb2 as pb
+
+
+class Payload:
+    """The bytes of one cache entry, read-only, protected from gc by a lease.
+
+    Made by :meth:`ctcache.Client.open_payload`. ``source`` says how the bytes
+    were obtained: ``"mmap"`` (the blob file mapped read-only, zero copy) or
+    ``"stream"`` (copied over ``ReadPayload`` because the file was not
+    readable by this process). The lease is renewed by a daemon thread every
+    ttl/3 and released by :meth:`close` (or leaving the ``with`` block). A
+    Payload that is garbage-collected without ``close()`` stops renewing and
+    its lease expires after the ttl.
+    """
+
+    def __init__(self, client, lease: pb.LeaseResponse, entry: pb.Entry, ttl_s: float, allow_mmap: bool = True):
+        self.entry = entry
+        self.key = entry.key
+        self.lease_id = lease.lease_id
+        self.ttl_s = ttl_s
+        self.path = entry.payload_path
+        self.source = ""
+        self._client = client
+        self._mmap = None
+        self._view = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._state = {"error": None, "renewals": 0, "expires_unix_ms": lease.expires_unix_ms}
+        self._thread = None
+        try:
+            if allow_mmap:
+                self._view = self._map()
+            if self._view is None:
+                self._view = memoryview(client._read_payload_bytes(self.key, entry.payload_len))
+                self.source = "stream"
+        except BaseException:
+            self._release_lease()
+            raise
+        self._thread = threading.Thread(
+            target=_renew_loop,
+            args=(client._stub, self.lease_id, ttl_s, self._stop, self._state),
+            name=f"ctcache-lease-{self.lease_id}",
+            daemon=True,
+        )
+        self._thread.start()
+        weakref.finalize(self, self._stop.set)
+
+    def _map(self):
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size != self.entry.payload_len:
+                return None  # not the file the entry describes; ask the daemon
+            if size == 0:
+                self.source = "mmap"
+                return memoryview(b"")
+            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        self.source = "mmap"
+        return memoryview(self._mmap)
+
+    # ---- the bytes ----
+
+    @property
+    def memoryview(self) -> memoryview:
+        """A read-only view of the payload (valid until :meth:`close`)."""
+        if self._closed:
+            raise ValueError("payload is closed")
+        return self._view
+
+    def numpy(self, dtype=None, shape=None):
+        """The payload as a read-only numpy array (default ``uint8``), without a copy.
+
+        Arrays made here keep the mapping alive; do not use them after
+        :meth:`close` (the lease is gone, so gc may remove the file; the
+        mapping itself stays valid on Linux).
+        """
+        import numpy as np
+
+        arr = np.frombuffer(self.memoryview, dtype=np.uint8 if dtype is None else dtype)
+        return arr if shape is None else arr.reshape(shape)
+
+    def tobytes(self) -> bytes:
+        return self.memoryview.tobytes()
+
+    def __len__(self) -> int:
+        return len(self.memoryview)
+
+    def verify(self) -> bool:
+        """True when the bytes hash to the entry's ``payload_blake3`` (needs the ``blake3`` package)."""
+        import blake3
+
+        return blake3.blake3(self.memoryview).hexdigest() == self.entry.payload_blake3
+
+    # ---- the lease ----
+
+    @property
+    def lease_error(self):
+        """The error of the last failed renewal (the lease may have expired), else None."""
+        return self._state["error"]
+
+    @property
+    def renewals(self) -> int:
+        return self._state["renewals"]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stops renewing, releases the lease and unmaps (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._release_lease()
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # numpy arrays still point into it; unmapped when they are collected
+            self._mmap = None
+
+    def _release_lease(self) -> None:
+        try:
+            self._client._stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=self.lease_id), timeout=5)
+        except (grpc.RpcError, ValueError):
+            pass  # daemon gone or channel closed: the lease expires by itself
+
+    def __enter__(self) -> "Payload":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.source}, lease {self.lease_id}"
+        return f"<ctcache.Payload {self.entry.physical_type} {self.entry.payload_len} bytes ({state})>"
+
+
+def _renew_loop(stub, lease_id: int, ttl_s: float, stop: threading.Event, state: dict) -> None:
+    # Holds no reference to the Payload, so an unclosed Payload can be collected.
+    interval = max(ttl_s / 3.0, 0.05)
+    ttl_ms = max(int(ttl_s * 1000), 1)
+    while not stop.wait(interval):
+        try:
+            r = stub.RenewLease(pb.RenewLeaseRequest(lease_id=lease_id, ttl_ms=ttl_ms), timeout=max(interval, 1.0))
+            state["renewals"] += 1
+            state["expires_unix_ms"] = r.expires_unix_ms
+            state["error"] = None
+        except grpc.RpcError as e:
+            state["error"] = f"{e.code().name}: {e.details()}"
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return  # the lease is gone; renewing cannot bring it back
+        except ValueError as e:  # channel closed
+            state["error"] = str(e)
+            return

@@ -1,0 +1,67 @@
+"""Build hook: generates the gRPC stubs from the repository's proto/ folder.
+
+`pip install ./client/python` runs this with grpcio-tools installed (a build
+requirement). The stubs are written into the build tree only, as
+ctcache/_pb/{onnx_pb2,ctcache_v1_pb2,ctcache_v1_pb2_grpc}.py(i); nothing
+generated lands in the source tree. The proto folder is ../../proto, or
+$CTCACHE_PROTO_DIR.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from importlib.metadata import PackageNotFoundError, requires, version
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+
+
+def _stubs_module():
+    # Loaded by path: ctcache/__init__.py imports grpc, absent at build time.
+    spec = importlib.util.spec_from_file_location("_ctcache_stubs", HERE / "ctcache" / "_stubs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _runtime_requirements() -> list[str]:
+    """grpcio/protobuf at least as new as the grpcio-tools generating the stubs
+    (its generated code checks both at import time)."""
+    reqs = ["grpcio>=1.60", "protobuf>=4.21"]
+    try:
+        tools = version("grpcio-tools")
+    except PackageNotFoundError:
+        return reqs
+    reqs = [f"grpcio>={tools}"]
+    proto = [r for r in (requires("grpcio-tools") or []) if re.match(r"protobuf\b", r)]
+    reqs.append(proto[0].split(";")[0].replace(" ", "") if proto else "protobuf>=4.21")
+    return reqs
+
+
+class BuildPyWithStubs(build_py):
+    def run(self):
+        super().run()
+        stubs = _stubs_module()
+        root = stubs.find_proto_root(HERE)
+        if root is None:
+            raise SystemExit(
+                "ctcache: proto/ not found above client/python; build from a ctcache checkout "
+                "or set CTCACHE_PROTO_DIR to the folder holding ctcache/v1/ctcache.proto"
+            )
+        for p in stubs.generate(root, Path(self.build_lib)):
+            self.announce(f"generated {p}", level=2)
+
+
+setup(
+    cmdclass={"build_py": BuildPyWithStubs},
+    install_requires=_runtime_requirements(),
+    extras_require={
+        "numpy": ["numpy"],
+        "health": ["grpcio-health-checking"],
+        "all": ["numpy", "grpcio-health-checking"],
+    },
+)

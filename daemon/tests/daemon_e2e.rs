@@ -1,0 +1,553 @@
+//! End-to-end tests of ctcached: the real binary on temp dirs, driven over
+//! its Unix socket with the generated gRPC client.
+
+mod support;
+
+use std::time::Duration;
+
+use ctcache_api::v1 as api;
+use support::*;
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+const K: usize = 512;
+const N: usize = 256;
+
+fn lookup_req(digest: &[u8]) -> api::LookupRequest {
+    api::LookupRequest {
+        source_digest: bytes::Bytes::copy_from_slice(digest),
+        digest_algorithm: "blake3".into(),
+        ..Default::default()
+    }
+}
+
+async fn entries_for(c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>, digest: &[u8]) -> Vec<api::Entry> {
+    c.lookup(lookup_req(digest)).await.unwrap().into_inner().entries
+}
+
+async fn prepack_all(
+    c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
+    model: &std::path::Path,
+) -> Vec<api::PrepackProgress> {
+    let mut s = c
+        .prepack(api::PrepackRequest {
+            model_path: model.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(p) = s.next().await {
+        out.push(p.unwrap());
+    }
+    out
+}
+
+#[test]
+fn ready_notification_and_clean_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut d = Daemon::start_with(&[], |c| {
+        c.env("NOTIFY_SOCKET", &notify);
+    });
+    let mut buf = [0u8; 4096];
+    let mut got = String::new();
+    while !got.contains("READY=1") {
+        let n = sock.recv(&mut buf).expect("no READY=1 notification");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert_eq!(d.stop(), Some(0));
+    assert!(!d.socket.exists(), "socket removed on exit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_packs_models_without_client_calls() {
+    let mut d = Daemon::start();
+    let mut c = d.client().await;
+    let path = d.models.join("mlp.onnx");
+    write_model(&path, &matmul_model(K, N, 1));
+    let digest = digest_of(&path, "W");
+    let entries = eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let digest = digest.clone();
+        async move {
+            let e = entries_for(&mut c, &digest).await;
+            (e.len() == 2).then_some(e)
+        }
+    })
+    .await
+    .expect("the watcher packed both default formats");
+    let mut types: Vec<_> = entries.iter().map(|e| e.physical_type.clone()).collect();
+    types.sort();
+    assert!(types[0].starts_with("gemm.pack_b.f32"), "{types:?}");
+    assert_eq!(types[1], "ort.matmul_nbits.b4.bs32.sym");
+
+    // Replace the initializer: new entries for the new content; the old ones
+    // stay (content-keyed) but no longer match the model.
+    write_model(&path, &matmul_model(K, N, 2));
+    let new_digest = digest_of(&path, "W");
+    assert_ne!(new_digest, digest);
+    eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let d2 = new_digest.clone();
+        async move { (entries_for(&mut c, &d2).await.len() == 2).then_some(()) }
+    })
+    .await
+    .expect("the changed model was packed again");
+    assert_eq!(entries_for(&mut c, &digest).await.len(), 2, "old entries stay until gc");
+    let r = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: path.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.tensors[0].source_digest.as_ref(), &new_digest[..]);
+    assert_eq!(r.tensors[0].entries.len(), 2);
+    assert!(r.tensors[0].misses.is_empty());
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_prepacks_share_one_job() {
+    let mut d = Daemon::start();
+    let c = d.client().await;
+    let other = tempfile::tempdir().unwrap();
+    let path = other.path().join("m.onnx");
+    write_model(&path, &matmul_model(1024, 512, 3));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let mut c = c.clone();
+        let p = path.clone();
+        tasks.push(tokio::spawn(async move { prepack_all(&mut c, &p).await }));
+    }
+    let mut job_ids: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for t in tasks {
+        for p in t.await.unwrap().into_iter().filter(|p| p.state == "done" || p.state == "cached") {
+            job_ids.entry(p.format.clone()).or_default().insert(p.job_id.clone());
+        }
+    }
+    assert_eq!(job_ids.len(), 2, "{job_ids:?}");
+    for (format, ids) in &job_ids {
+        assert_eq!(ids.len(), 1, "{format}: 8 identical prepacks ran as {ids:?}");
+    }
+    let digest = digest_of(&path, "W");
+    let mut c = c.clone();
+    assert_eq!(entries_for(&mut c, &digest).await.len(), 2);
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_success_and_errors() {
+    let mut d = Daemon::start();
+    let mut c = d.client().await;
+    let work = tempfile::tempdir().unwrap();
+    let path = work.path().join("m.onnx");
+    write_model(&path, &matmul_model(K, N, 4));
+    let digest = digest_of(&path, "W");
+
+    // Host devices and formats.
+    let devices = c.get_host_devices(api::GetHostDevicesRequest {}).await.unwrap().into_inner().devices;
+    assert_eq!(devices[0].r#type, "cpu");
+    let formats = c.list_formats(api::ListFormatsRequest {}).await.unwrap().into_inner().formats;
+    assert!(formats.iter().any(|f| f.id == "ort.matmul_nbits"));
+
+    // Lookup: a miss with a reason, then errors.
+    let miss = c.lookup(lookup_req(&digest)).await.unwrap().into_inner();
+    assert!(miss.entries.is_empty());
+    assert_eq!(miss.miss.unwrap().reason, "no_entry");
+    let bad = c.lookup(lookup_req(b"short")).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let mut unknown = lookup_req(&digest);
+    unknown.digest_algorithm = "md5".into();
+    assert_eq!(c.lookup(unknown).await.unwrap().into_inner().miss.unwrap().reason, "unknown_digest_algorithm");
+
+    // ResolveModel with on_miss = wait packs what is missing.
+    let r = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: path.display().to_string(),
+            on_miss: api::OnMiss::Wait as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.jobs_started, 2);
+    assert_eq!(r.tensors[0].entries.len(), 2, "{r:?}");
+    let rel = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: "relative/m.onnx".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(rel.code(), Code::InvalidArgument);
+    let missing = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: "/nonexistent/m.onnx".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    // Lookup and BatchLookup hit.
+    let hits = entries_for(&mut c, &digest).await;
+    assert_eq!(hits.len(), 2);
+    let batch = c
+        .batch_lookup(api::BatchLookupRequest {
+            requests: vec![lookup_req(&digest), lookup_req(&[0u8; 32])],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(batch.responses[0].entries.len(), 2);
+    assert_eq!(batch.responses[1].miss.as_ref().unwrap().reason, "no_entry");
+
+    // ReadPayload: whole, range, out of range, bad key.
+    let e = hits.iter().find(|e| e.physical_type.starts_with("ort.")).unwrap().clone();
+    let mut s = c
+        .read_payload(api::ReadPayloadRequest {
+            key: e.key.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut all = Vec::new();
+    while let Some(ch) = s.next().await {
+        all.extend_from_slice(&ch.unwrap().data);
+    }
+    assert_eq!(all.len() as u64, e.payload_len);
+    assert_eq!(blake3::hash(&all).to_hex().to_string(), e.payload_blake3);
+    assert_eq!(std::fs::read(&e.payload_path).unwrap(), all, "payload_path maps the same bytes");
+    let mut s = c
+        .read_payload(api::ReadPayloadRequest {
+            key: e.key.clone(),
+            offset: 10,
+            length: 20,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let part = s.next().await.unwrap().unwrap();
+    assert_eq!(&part.data[..], &all[10..30]);
+    let oob = c
+        .read_payload(api::ReadPayloadRequest {
+            key: e.key.clone(),
+            offset: e.payload_len + 1,
+            length: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(oob.code(), Code::OutOfRange);
+    let badkey = c
+        .read_payload(api::ReadPayloadRequest {
+            key: "zz".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(badkey.code(), Code::InvalidArgument);
+
+    // Leases.
+    let lease = c
+        .acquire_lease(api::AcquireLeaseRequest {
+            key: e.key.clone(),
+            ttl_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    c.renew_lease(api::RenewLeaseRequest {
+        lease_id: lease.lease_id,
+        ttl_ms: 60_000,
+    })
+    .await
+    .unwrap();
+    let listed = c.list(api::ListRequest::default()).await.unwrap().into_inner().entries;
+    assert!(listed.iter().any(|x| x.key == e.key && x.leased));
+    // gc with a zero budget keeps the leased entry.
+    let gc = c
+        .gc(api::GcRequest {
+            max_bytes: 0,
+            has_max_bytes: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(gc.skipped_leased >= 1, "{gc:?}");
+    assert_eq!(entries_for(&mut c, &digest).await.len(), 1, "only the leased entry survives");
+    c.release_lease(api::ReleaseLeaseRequest { lease_id: lease.lease_id }).await.unwrap();
+    assert_eq!(
+        c.renew_lease(api::RenewLeaseRequest {
+            lease_id: lease.lease_id,
+            ttl_ms: 1000
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        Code::NotFound
+    );
+
+    // Prepack again (the gc'd entry comes back), Embed, Import into a fresh daemon.
+    prepack_all(&mut c, &path).await;
+    let out = work.path().join("embedded.onnx");
+    let em = c
+        .embed(api::EmbedRequest {
+            model_path: path.display().to_string(),
+            output_path: out.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(em.entries, 2);
+    let m = ctcache::onnx::Model::open(&out).unwrap();
+    assert!(ctcache::check::check_model(&m, &Default::default()).unwrap().is_empty());
+    let original = std::fs::read(&path).unwrap();
+    assert_eq!(&std::fs::read(&out).unwrap()[..original.len()], &original[..]);
+
+    let mut fresh = Daemon::start();
+    let mut fc = fresh.client().await;
+    let imp = fc
+        .import(api::ImportRequest {
+            model_path: out.display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(imp.imported, 2, "{imp:?}");
+    assert_eq!(entries_for(&mut fc, &digest).await.len(), 2, "hits without any pack job");
+    let st = fc.status(api::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.entries, 2);
+    assert_eq!(fresh.stop(), Some(0));
+
+    // Stats, Verify, Gc dry run.
+    let stats = c.stats(api::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.entries, 2);
+    assert!(stats.by_format.len() == 2);
+    let v = c.verify(api::VerifyRequest { repair: false }).await.unwrap().into_inner();
+    assert!(v.clean && v.checked >= 2, "{v:?}");
+    let dry = c
+        .gc(api::GcRequest {
+            max_bytes: 0,
+            has_max_bytes: true,
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dry.dry_run && dry.removed.len() >= 2);
+    assert_eq!(entries_for(&mut c, &digest).await.len(), 2, "dry run changes nothing");
+
+    // Put: structural validation.
+    let ty = listed.iter().find(|x| x.key == e.key).unwrap().struct_type.clone().unwrap();
+    let header = api::PutHeader {
+        source_digest: bytes::Bytes::from(vec![7u8; 32]),
+        digest_algorithm: "blake3".into(),
+        struct_type: Some(ty.clone()),
+        dims: e.dims.clone(),
+        device: e.device.clone(),
+        payload_len: e.payload_len,
+        source_name: "W".into(),
+        model_path: String::new(),
+    };
+    let put = |h: api::PutHeader, data: Vec<u8>| {
+        let mut c = c.clone();
+        async move {
+            let msgs = vec![
+                api::PutRequest {
+                    part: Some(api::put_request::Part::Header(h)),
+                },
+                api::PutRequest {
+                    part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
+                },
+            ];
+            c.put(tokio_stream::iter(msgs)).await
+        }
+    };
+    let ok = put(header.clone(), all.clone()).await.unwrap().into_inner();
+    assert!(ok.entry.unwrap().producer.starts_with("uid:"));
+    let short = put(header.clone(), all[..10].to_vec()).await.unwrap_err();
+    assert_eq!(short.code(), Code::InvalidArgument);
+    let mut wrong_len = header.clone();
+    wrong_len.payload_len += 1;
+    assert_eq!(put(wrong_len, all.clone()).await.unwrap_err().code(), Code::InvalidArgument);
+
+    // Watches and events.
+    let extra = tempfile::tempdir().unwrap();
+    let w = c
+        .add_watch(api::WatchRequest {
+            dir: extra.path().display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(w.dirs.len(), 2);
+    let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
+    write_model(&extra.path().join("new.onnx"), &matmul_model(K, N, 9));
+    let ev = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(e) = events.next().await {
+            let e = e.unwrap();
+            if e.kind == "entry_added" {
+                return e;
+            }
+        }
+        panic!("event stream ended");
+    })
+    .await
+    .expect("an entry_added event");
+    assert!(ev.model_path.ends_with("new.onnx"), "{ev:?}");
+    c.remove_watch(api::WatchRequest {
+        dir: extra.path().display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.list_watches(api::ListWatchesRequest {}).await.unwrap().into_inner().dirs.len(), 1);
+    assert_eq!(
+        c.add_watch(api::WatchRequest { dir: "/no/such/dir".into() }).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let st = c.status(api::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.pid, d.child.as_ref().unwrap().id());
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_cache_and_memo() {
+    let mut d = Daemon::start();
+    let path = d.models.join("m.onnx");
+    write_model(&path, &matmul_model(K, N, 5));
+    let digest = digest_of(&path, "W");
+    let c = d.client().await;
+    eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let dg = digest.clone();
+        async move { (entries_for(&mut c, &dg).await.len() == 2).then_some(()) }
+    })
+    .await
+    .expect("packed");
+    drop(c);
+    assert_eq!(d.stop(), Some(0));
+    let memo = std::fs::read_to_string(d.cache.join("digest-memo.json")).unwrap();
+    assert!(memo.contains(&hex::encode(&digest)), "memo persisted");
+    d.spawn(&[], |_| {});
+    let mut c = d.client().await;
+    assert_eq!(entries_for(&mut c, &digest).await.len(), 2);
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_check_is_served() {
+    let mut d = Daemon::start();
+    let ch = channel(&d.socket).await;
+    let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "ctcache.v1.CompiledTensorCache".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[test]
+fn second_daemon_refuses_same_socket_or_cache() {
+    let mut d = Daemon::start();
+    // Same socket, other cache dir.
+    let other = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin())
+        .arg("--cache-dir")
+        .arg(other.path())
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already listening"), "{err}");
+    // Same cache dir, other socket.
+    let out = std::process::Command::new(bin())
+        .arg("--cache-dir")
+        .arg(&d.cache)
+        .arg("--socket")
+        .arg(other.path().join("s.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&d.child.as_ref().unwrap().id().to_string()) || err.contains("in use") || err.contains("lock"), "{err}");
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[test]
+fn invalid_config_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "workers = 2\nsokcet = \"/x\"\n").unwrap();
+    let out = std::process::Command::new(bin()).arg("--config").arg(&cfg).arg("--print-config").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sokcet"));
+    let out = std::process::Command::new(bin())
+        .arg("--print-config")
+        .env("CTCACHE_WORKERS", "lots")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CTCACHE_WORKERS"));
+    let out = std::process::Command::new(bin()).args(["--print-config", "--workers", "3"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("workers = 3"));
+}
+
+/// Runs as the client half of `put_from_untrusted_uid_is_refused` when
+/// re-executed under another uid; a no-op otherwise.
+#[tokio::test]
+async fn put_client_helper() {
+    let Ok(socket) = std::env::var("CTCACHE_TEST_PUT_SOCKET") else {
+        return;
+    };
+    let mut c = api::compiled_tensor_cache_client::CompiledTensorCacheClient::new(channel(std::path::Path::new(&socket)).await);
+    let msgs = vec![api::PutRequest {
+        part: Some(api::put_request::Part::Header(api::PutHeader::default())),
+    }];
+    let err = c.put(tokio_stream::iter(msgs)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    println!("PUT-REFUSED-OK");
+}
+
+#[test]
+fn put_from_untrusted_uid_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || std::process::Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root and setpriv to act as another uid");
+        return;
+    }
+    let mut d = Daemon::start_with(&[], |c| {
+        c.env("CTCACHE_SOCKET_GROUP", "65534");
+    });
+    // Let uid 65534 reach the socket: traverse the temp dirs, group on the socket.
+    use std::os::unix::fs::PermissionsExt;
+    for p in [d.dir.path().to_path_buf(), d.socket.parent().unwrap().to_path_buf()] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--exact", "put_client_helper", "--nocapture", "--test-threads=1"])
+        .env("CTCACHE_TEST_PUT_SOCKET", &d.socket)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("PUT-REFUSED-OK"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(d.stop(), Some(0));
+}

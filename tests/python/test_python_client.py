@@ -1,0 +1,384 @@
+"""The Python client package (client/python) against a real ctcached.
+
+A session fixture installs the package with pip (no build isolation, no
+index, into a temporary --target folder) from a copy of client/python placed
+next to a copy of proto/, so the build hook's ../../proto discovery and stub
+generation are exercised without touching the source tree or the venv. Each
+daemon runs on temporary folders (--cache-dir, --socket, --watch). Tests skip
+when the binaries are not built.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket as socketlib
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper, save
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30
+
+
+def bin_dir() -> Path:
+    if os.environ.get("CTCACHE_BIN_DIR"):
+        return Path(os.environ["CTCACHE_BIN_DIR"])
+    return Path(os.environ.get("CARGO_TARGET_DIR") or "/var/tmp/ctcache-target") / "debug"
+
+
+def binary(name: str) -> str:
+    p = bin_dir() / name
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        pytest.skip(f"{name} not built ({p}); build it or set CTCACHE_BIN_DIR")
+    return str(p)
+
+
+# ---- the package ----
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory) -> Path:
+    """pip-installs client/python into a temporary target; returns that folder (on sys.path)."""
+    root = tmp_path_factory.mktemp("pkg")
+    shutil.copytree(REPO / "proto", root / "repo" / "proto", ignore=shutil.ignore_patterns("src", "*.rs", "*.toml"))
+    shutil.copytree(REPO / "client" / "python", root / "repo" / "client" / "python",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*_pb2*.py*"))
+    target = root / "site"
+    env = {k: v for k, v in os.environ.items() if k != "CTCACHE_PROTO_DIR"}
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--no-index",
+         "--disable-pip-version-check", "--target", str(target), str(root / "repo" / "client" / "python")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert r.returncode == 0, f"pip install failed\n{r.stdout}\n{r.stderr}"
+    gen = target / "ctcache" / "_pb"
+    for m in ("onnx_pb2.py", "ctcache_v1_pb2.py", "ctcache_v1_pb2_grpc.py"):
+        assert (gen / m).is_file(), f"build hook did not generate {m}: {sorted(os.listdir(gen))}"
+    assert not list((REPO / "client" / "python" / "ctcache" / "_pb").glob("*_pb2*.py")), "generated code in the source tree"
+    sys.path.insert(0, str(target))
+    for mod in [m for m in sys.modules if m == "ctcache" or m.startswith("ctcache.")]:
+        del sys.modules[mod]
+    return target
+
+
+@pytest.fixture(scope="session")
+def ctcache(installed):
+    import ctcache as mod
+
+    assert Path(mod.__file__).resolve().is_relative_to(installed.resolve()), mod.__file__
+    return mod
+
+
+@pytest.mark.parametrize("order", ["onnx,ctcache", "ctcache,onnx"])
+def test_imports_coexist_with_onnx(installed, order, tmp_path):
+    """ctcache's onnx messages live in package ctcache_onnx: no descriptor-pool clash with `onnx`."""
+    model = tmp_path / "m.onnx"
+    make_matmul(model, 64, 32)
+    first, second = order.split(",")
+    code = f"""
+import {first}, {second}
+import onnx, ctcache
+m = onnx.load({str(model)!r})
+assert onnx.ModelProto.DESCRIPTOR.full_name == "onnx.ModelProto"
+assert ctcache.onnx_pb.ModelProto.DESCRIPTOR.full_name == "ctcache_onnx.ModelProto"
+# The superset parses the same bytes.
+ours = ctcache.onnx_pb.ModelProto.FromString(m.SerializeToString())
+assert ours.graph.initializer[0].name == m.graph.initializer[0].name == "W"
+assert list(ours.graph.initializer[0].dims) == [64, 32]
+d = ctcache.onnx_pb.DeviceProto(type="cpu")
+assert ctcache.pb.Entry(device=d).device.type == "cpu"
+onnx.checker.check_model(m)
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(installed))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_source_checkout_generates_stubs_lazily(tmp_path):
+    """From a checkout (client/python on sys.path, no install) the stubs are generated once into
+    $XDG_CACHE_HOME/ctcache/python-stubs/KEY, never into the source tree."""
+    pytest.importorskip("grpc_tools")
+    code = "import ctcache, onnx; print(ctcache._pb.ctcache_v1_pb2.__file__)"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"), XDG_CACHE_HOME=str(tmp_path))
+    env.pop("CTCACHE_PROTO_DIR", None)
+    for _ in range(2):  # the second import reuses the cache
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert Path(r.stdout.strip()).parent.parent == tmp_path / "ctcache" / "python-stubs"
+    assert len(list((tmp_path / "ctcache" / "python-stubs").iterdir())) == 1
+    assert not list((REPO / "client" / "python" / "ctcache" / "_pb").glob("*_pb2*.py"))
+
+
+def test_default_socket(ctcache):
+    ds = ctcache.default_socket
+    assert ds({"CTCACHE_SOCKET": "/x.sock", "XDG_RUNTIME_DIR": "/run/user/1"}) == "/x.sock"
+    assert ds({"XDG_RUNTIME_DIR": "/run/user/1", "HOME": "/h"}) == "/run/user/1/ctcache/ctcached.sock"
+    assert ds({"XDG_RUNTIME_DIR": "", "XDG_CACHE_HOME": "/c", "HOME": "/h"}) == "/c/ctcache/ctcached.sock"
+    assert ds({"HOME": "/h"}) == "/h/.cache/ctcache/ctcached.sock"
+
+
+def test_daemon_not_running_is_explained(ctcache, tmp_path):
+    missing = tmp_path / "none.sock"
+    with pytest.raises(ctcache.DaemonNotRunning) as e:
+        ctcache.connect(missing)
+    assert str(missing) in str(e.value) and "ctcached --socket" in str(e.value)
+    # A stale socket: the file exists, nobody listens.
+    stale = Path(tempfile.mkdtemp(prefix="ctc-")) / "s.sock"
+    s = socketlib.socket(socketlib.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    try:
+        with pytest.raises(ctcache.DaemonNotRunning) as e:
+            ctcache.connect(stale, timeout=0.5)
+        assert str(stale) in str(e.value)
+    finally:
+        shutil.rmtree(stale.parent, ignore_errors=True)
+
+
+# ---- the daemon ----
+
+
+def make_matmul(path, k=512, n=256, seed=3) -> np.ndarray:
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "mm",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    save(m, str(path))
+    return w
+
+
+class Daemon:
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache = root / "cache"
+        self.models = root / "models"
+        self.models.mkdir()
+        self.socket = root / "ctcached.sock"
+        self.log = root / "ctcached.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [binary("ctcached"), "--cache-dir", str(self.cache), "--socket", str(self.socket),
+                 "--watch", str(self.models), "--log-format", "human"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"ctcached did not create its socket\n{self.log.read_text(errors='replace')}")
+            time.sleep(0.05)
+
+    def stop(self, sig=signal.SIGTERM, timeout=40) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon(ctcache):
+    # Socket paths are limited to ~100 bytes: a short folder under the temp dir.
+    root = Path(tempfile.mkdtemp(prefix="ctc-"))
+    d = Daemon(root)
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def client(ctcache, daemon):
+    with ctcache.connect(daemon.socket, timeout=10) as c:
+        yield c
+
+
+def ctcachectl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([binary("ctcachectl"), *args], capture_output=True, text=True, timeout=120)
+
+
+def ctcachectl_has_gc() -> bool:
+    """Whether this build has `ctcachectl --socket S gc --max-size N` (else tests use Client.gc)."""
+    top = ctcachectl("--help").stdout
+    if "\n  gc " not in top:
+        return False
+    gc = ctcachectl("gc", "--help").stdout
+    return "--max-size" in gc and "--socket" in top + gc
+
+
+def test_status_health_devices(client, daemon):
+    st = client.status()
+    assert st.pid == daemon.proc.pid
+    assert Path(st.cache_dir) == daemon.cache and Path(st.socket) == daemon.socket
+    assert [Path(w) for w in st.watches] == [daemon.models]
+    assert client.host_devices() and client.host_devices()[0].type == "cpu"
+    assert {"ort.matmul_nbits", "gemm.pack_b.f32"} <= {f.id for f in client.formats()}
+    assert client.health() == "SERVING"
+    assert client.health("ctcache.v1.CompiledTensorCache") == "SERVING"
+
+
+def test_health_with_grpc_health_stub(daemon):
+    """The plain grpc_health.v1 client, as a load balancer or probe would use it."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    ch = grpc.insecure_channel("unix:" + str(daemon.socket), options=[("grpc.default_authority", "localhost")])
+    try:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        ch.close()
+
+
+def test_resolve_prepack_and_payload_bytes(ctcache, client, daemon):
+    model = daemon.root / "mm.onnx"  # outside the watched folder: nothing packs it behind our back
+    make_matmul(model)
+    r = client.resolve_model(model)
+    assert [t.name for t in r.tensors] == ["W"]
+    t = r.tensors[0]
+    assert list(t.dims) == [512, 256] and t.data_type == TensorProto.FLOAT
+    assert sorted(t.wanted_formats) == ["gemm.pack_b.f32", "ort.matmul_nbits"]
+    assert not t.entries and {m.reason for m in t.misses} == {"no_entry"}
+    assert r.jobs_started == 0
+
+    progress = client.prepack(model, wait=True)
+    assert sorted((p.initializer, p.format) for p in progress) == [("W", "gemm.pack_b.f32"), ("W", "ort.matmul_nbits")]
+    assert all(p.state in ("done", "cached") and p.entry.key for p in progress)
+
+    r = client.resolve_model(model)
+    t = r.tensors[0]
+    assert not t.misses
+    by_format = {ctcache.entry_format(e): e for e in t.entries}
+    assert set(by_format) == {"gemm.pack_b.f32", "ort.matmul_nbits"}
+    for fmt, e in by_format.items():
+        out = daemon.root / f"{fmt}.bin"
+        c = ctcachectl("pack", str(model), "--initializer", "W", "--format", fmt, "-o", str(out))
+        assert c.returncode == 0, c.stderr
+        expected = out.read_bytes()
+        with client.open_payload(e) as p:
+            assert p.source == "mmap"
+            assert len(p) == e.payload_len == len(expected)
+            assert p.memoryview.readonly
+            assert p.memoryview.tobytes() == expected, f"{fmt}: daemon payload differs from ctcachectl pack"
+            arr = p.numpy()
+            assert arr.dtype == np.uint8 and not arr.flags.writeable
+            assert arr.tobytes() == expected
+            assert p.verify()
+            del arr
+        assert p.closed
+        # The ReadPayload fallback gives the same bytes.
+        with client.open_payload(e, mmap=False) as p:
+            assert p.source == "stream" and p.tobytes() == expected
+    # Lookup by digest finds the same entries.
+    look = client.lookup(t.source_digest)
+    assert {e.key for e in look.entries} == {e.key for e in t.entries}
+    assert client.lookup(bytes(32)).miss.reason
+
+
+def test_resolve_on_miss_wait_packs(ctcache, client, daemon):
+    model = daemon.root / "wait.onnx"
+    make_matmul(model, seed=11)
+    r = client.resolve_model(str(model), on_miss="wait")
+    assert r.jobs_started == 2
+    t = r.tensors[0]
+    assert not t.misses and {ctcache.entry_format(e) for e in t.entries} == {"gemm.pack_b.f32", "ort.matmul_nbits"}
+    r2 = client.resolve_model(model, on_miss="wait")
+    assert r2.jobs_started == 0 and len(r2.tensors[0].entries) == 2
+    with pytest.raises(ValueError):
+        client.resolve_model(model, on_miss="later")
+    # background: answers at once, packs behind; a non-waiting prepack streams progress.
+    bg = daemon.root / "bg.onnx"
+    make_matmul(bg, seed=12)
+    r = client.resolve_model(bg, on_miss="background")
+    assert r.jobs_started == 2
+    states = [(p.format, p.state) for p in client.prepack(bg, formats="ort.matmul_nbits", wait=False)]
+    assert states[-1][0] == "ort.matmul_nbits" and states[-1][1] in ("done", "cached"), states
+    with pytest.raises(ctcache.InvalidArgument):
+        client.prepack(bg, formats={"no.such.format": {}})
+    with pytest.raises(ctcache.NotFound):
+        client.resolve_model(daemon.root / "missing.onnx")
+
+
+def test_watched_folder_is_packed(ctcache, client, daemon):
+    model = daemon.models / "watched.onnx"
+    tmp = daemon.root / "watched.tmp"
+    make_matmul(tmp, seed=5)
+    os.rename(tmp, model)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        entries = client.list(model_path=str(model))
+        if len(entries) == 2:
+            break
+        time.sleep(0.2)
+    assert {ctcache.entry_format(e) for e in entries} == {"gemm.pack_b.f32", "ort.matmul_nbits"}
+
+
+def test_lease_keeps_payload_through_gc(ctcache, client, daemon):
+    model = daemon.root / "lease.onnx"
+    make_matmul(model, seed=7)
+    client.prepack(model)
+    entries = client.resolve_model(model).tensors[0].entries
+    assert len(entries) == 2
+    kept, other = entries
+    with open(kept.payload_path, "rb") as f:
+        expected = f.read()
+    p = client.open_payload(kept, ttl_s=0.6)  # renewed every 0.2 s
+    try:
+        time.sleep(1.5)  # longer than the ttl: only renewal keeps the lease
+        assert p.renewals >= 2 and p.lease_error is None
+        assert {e.key: e.leased for e in client.list()} == {kept.key: True, other.key: False}
+        if ctcachectl_has_gc():
+            c = ctcachectl("--socket", str(daemon.socket), "gc", "--max-size", "0")
+            assert c.returncode == 0, c.stderr
+        else:
+            g = client.gc(max_bytes=0)
+            assert g.skipped_leased == 1
+            assert [i.key for i in g.removed] == [other.key]
+        assert [e.key for e in client.list()] == [kept.key]
+        assert os.path.exists(kept.payload_path)
+        assert p.tobytes() == expected and p.verify()
+    finally:
+        p.close()
+    g = client.gc(max_bytes=0)
+    assert [i.key for i in g.removed] == [kept.key] and g.skipped_leased == 0
+    assert client.list() == []
+    assert not os.path.exists(kept.payload_path)
+    with pytest.raises(ctcache.NotFound):
+        client.open_payload(kept)
+
+
+def test_embed_and_import(ctcache, client, daemon):
+    model = daemon.root / "e.onnx"
+    make_matmul(model, seed=9)
+    out = daemon.root / "e.ct.onnx"
+    r = client.embed(model, out)
+    assert r.entries == 2 and out.is_file()
+    client.gc(max_bytes=0)
+    assert client.list() == []
+    imp = client.import_model(out)
+    assert imp.imported + imp.already_present == 2, imp
+    assert len(client.list()) == 2
+
+
+def test_sigterm_exits_zero(ctcache, daemon):
+    with ctcache.connect(daemon.socket, timeout=10) as c:
+        assert c.status().pid == daemon.proc.pid
+    assert daemon.stop(signal.SIGTERM) == 0, daemon.log.read_text(errors="replace")
+    assert not daemon.socket.exists()
+    with pytest.raises(ctcache.DaemonNotRunning):
+        ctcache.connect(daemon.socket, timeout=1)
