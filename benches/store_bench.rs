@@ -137,18 +137,55 @@ fn main() {
         fsync: false,
         ..Default::default()
     };
+    // CTCACHE_BENCH_STORE keeps the built store there and copies it on
+    // later runs (profiling without waiting for the set-up each time).
+    let kept = std::env::var("CTCACHE_BENCH_STORE")
+        .ok()
+        .map(std::path::PathBuf::from);
     let t = Instant::now();
-    {
-        let s = Store::open(&dir, fast.clone()).unwrap();
-        for i in 0..n {
-            s.put(&entry(i), &i.to_le_bytes()[..]).unwrap();
+    match &kept {
+        Some(k) if k.join("LAYOUT").exists() => {
+            let ok = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(k)
+                .arg(&dir)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "copying {}", k.display());
+            println!("set-up: copied {} in {:.1?}", k.display(), t.elapsed());
         }
-        s.flush().unwrap();
+        _ => {
+            {
+                let s = Store::open(&dir, fast.clone()).unwrap();
+                for i in 0..n {
+                    s.put(&entry(i), &i.to_le_bytes()[..]).unwrap();
+                }
+                s.flush().unwrap();
+            }
+            println!("set-up: {n} entries put in {:.1?}", t.elapsed());
+            if let Some(k) = &kept {
+                let ok = std::process::Command::new("cp")
+                    .arg("-a")
+                    .arg(&dir)
+                    .arg(k)
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok, "keeping {}", k.display());
+            }
+        }
     }
-    println!("set-up: {n} entries put in {:.1?}", t.elapsed());
 
     let t = Instant::now();
-    let s = Store::open(&dir, StoreOptions::default()).unwrap();
+    let mut opts = StoreOptions::default();
+    if let Some(mb) = std::env::var("CTCACHE_BENCH_CACHE_MB")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        opts.index_cache_bytes = mb << 20;
+    }
+    let s = Store::open(&dir, opts).unwrap();
     let open = t.elapsed();
     println!(
         "open with {n} entries: {open:.1?} (target < 1 s: {})",
@@ -178,6 +215,9 @@ fn main() {
         verdict(per_s >= 200_000.0)
     );
 
+    if std::env::var("CTCACHE_BENCH_SKIP_GC").is_ok() {
+        return;
+    }
     let st = s.stats().unwrap();
     let t = Instant::now();
     let dry = s

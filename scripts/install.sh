@@ -160,9 +160,9 @@ do_install() {
   rm -f "$tmp"
 
   if post_ok; then
-    systemd-sysusers "$SYSUSERSDIR/ctcache.conf"
-    systemd-tmpfiles --create "$TMPFILESDIR/ctcache.conf"
-    systemctl daemon-reload
+    systemd-sysusers ${DESTDIR:+--root="$DESTDIR"} "$(d "$SYSUSERSDIR")/ctcache.conf"
+    systemd-tmpfiles ${DESTDIR:+--root="$DESTDIR"} --create "$(d "$TMPFILESDIR")/ctcache.conf"
+    [ -n "$DESTDIR" ] || systemctl daemon-reload
     say "installed; start with: systemctl enable --now ctcached.socket ctcache-gc.timer"
   else
     say "installed under ${DESTDIR:-/}; on the target run: systemd-sysusers;" \

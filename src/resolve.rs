@@ -31,7 +31,10 @@ impl Recognized {
 
     /// Recognizes every type a packer produces at one format version.
     pub fn insert_packer(&mut self, packer: impl Into<String>, version: u32) {
-        self.packers.entry(packer.into()).or_default().insert(version);
+        self.packers
+            .entry(packer.into())
+            .or_default()
+            .insert(version);
     }
 
     /// The versions understood for a type name (exact names first, then the
@@ -42,7 +45,12 @@ impl Recognized {
         }
         self.packers
             .iter()
-            .filter(|(p, _)| name == p.as_str() || name.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('.')))
+            .filter(|(p, _)| {
+                name == p.as_str()
+                    || name
+                        .strip_prefix(p.as_str())
+                        .is_some_and(|r| r.starts_with('.'))
+            })
             .max_by_key(|(p, _)| p.len())
             .map(|(_, v)| v)
     }
@@ -54,7 +62,10 @@ impl Recognized {
             return Some(v);
         }
         let packer = structs::metadata(&t.metadata_props, structs::PACKER_KEY)?;
-        let family = t.name == packer || t.name.strip_prefix(packer).is_some_and(|rest| rest.starts_with('.'));
+        let family = t.name == packer
+            || t.name
+                .strip_prefix(packer)
+                .is_some_and(|rest| rest.starts_with('.'));
         family.then(|| self.packers.get(packer)).flatten()
     }
 }

@@ -53,6 +53,37 @@ step "build"
 cargo build --workspace --all-targets --locked
 cargo build --workspace --examples --locked
 
+step "systemd units (systemd-analyze verify)"
+if ! command -v systemd-analyze >/dev/null; then
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq systemd
+fi
+# The units as the installer writes them, ExecStart= pointing at the binaries
+# just built (verify checks that they exist and are executable).
+units_dir="$(mktemp -d /tmp/ctcache-units.XXXXXX)"
+UNITDIR="$units_dir" BINDIR="$CARGO_TARGET_DIR/debug" scripts/install.sh units >/dev/null
+# verify exits 0 on unknown keys and bad values, so any word about our units fails too.
+if ! verify_out="$(cd "$units_dir" && systemd-analyze verify --man=no \
+  ./ctcached.service ./ctcached.socket ./ctcache-gc.service ./ctcache-gc.timer 2>&1)" ||
+  grep -q ctcache <<<"$verify_out"; then
+  printf '%s\n' "$verify_out" >&2
+  echo "systemd-analyze verify found problems in systemd/*" >&2
+  exit 1
+fi
+# sysusers.d and tmpfiles.d applied to a scratch root (tmpfiles' chown needs root).
+if [ "$(id -u)" = 0 ]; then
+  mkdir -p "$units_dir/root/etc"
+  systemd-sysusers --root="$units_dir/root" "$PWD/systemd/sysusers.d/ctcache.conf" >/dev/null
+  systemd-tmpfiles --root="$units_dir/root" --create "$PWD/systemd/tmpfiles.d/ctcache.conf"
+  uid="$(awk -F: '$1 == "ctcache" { print $3 }' "$units_dir/root/etc/passwd")"
+  if [ -z "$uid" ] || [ "$(stat -c %u:%a "$units_dir/root/run/ctcache")" != "$uid:750" ]; then
+    echo "sysusers.d/tmpfiles.d: no user ctcache, or /run/ctcache not ctcache-owned 0750" >&2
+    exit 1
+  fi
+fi
+rm -rf "$units_dir"
+echo "units, sysusers.d and tmpfiles.d ok"
+
 step "rust tests"
 cargo test --workspace --locked
 

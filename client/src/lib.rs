@@ -5,4 +5,7 @@
 pub mod cli;
 pub mod client;
 
-pub use client::{api, default_socket, Client, Error, MappedPayload, MessageStream, OpenOptions, ResolveOptions, Result};
+pub use client::{
+    api, default_socket, Client, Error, MappedPayload, MessageStream, OpenOptions, ResolveOptions,
+    Result,
+};

@@ -58,7 +58,10 @@ fn default_used_as() -> Vec<String> {
 pub fn default_policy() -> Vec<PolicyRule> {
     let rule = |format: &str, params: &[(&str, &str)]| PolicyRule {
         format: format.into(),
-        params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        params: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         data_types: default_types(),
         rank: 2,
         min_elements: 65_536,
@@ -66,7 +69,10 @@ pub fn default_policy() -> Vec<PolicyRule> {
     };
     vec![
         rule("gemm.pack_b.f32", &[]),
-        rule("ort.matmul_nbits", &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")]),
+        rule(
+            "ort.matmul_nbits",
+            &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")],
+        ),
     ]
 }
 
@@ -197,7 +203,11 @@ pub fn config_file(flag: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) ->
 
 impl Config {
     /// Loads the effective config: defaults < file < environment < flags.
-    pub fn load(file: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, flags: &Overrides) -> Result<Config, ConfigError> {
+    pub fn load(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Config, ConfigError> {
         let mut cfg = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
@@ -246,12 +256,17 @@ impl Config {
             self.watch = std::env::split_paths(&v).collect();
         }
         if let Some(v) = env("CTCACHE_WORKERS") {
-            self.workers = v.parse().map_err(|_| bad("CTCACHE_WORKERS", format!("{v:?} is not a number")))?;
+            self.workers = v
+                .parse()
+                .map_err(|_| bad("CTCACHE_WORKERS", format!("{v:?} is not a number")))?;
         }
         if let Some(v) = env("CTCACHE_LOG_FORMAT") {
-            self.log_format = toml::Value::String(v.clone())
-                .try_into()
-                .map_err(|_| bad("CTCACHE_LOG_FORMAT", format!("{v:?}: expected auto, human, json or journald")))?;
+            self.log_format = toml::Value::String(v.clone()).try_into().map_err(|_| {
+                bad(
+                    "CTCACHE_LOG_FORMAT",
+                    format!("{v:?}: expected auto, human, json or journald"),
+                )
+            })?;
         }
         if let Some(v) = env("CTCACHE_LOG_LEVEL") {
             self.log_level = v;
@@ -295,24 +310,39 @@ impl Config {
             return Err(invalid("cache_dir", "empty path".into()));
         }
         if self.socket.as_os_str().len() > 100 {
-            return Err(invalid("socket", "Unix socket paths are limited to about 100 bytes".into()));
+            return Err(invalid(
+                "socket",
+                "Unix socket paths are limited to about 100 bytes".into(),
+            ));
         }
-        for (key, addr) in [("listen_tcp", &self.listen_tcp), ("metrics_addr", &self.metrics_addr)] {
+        for (key, addr) in [
+            ("listen_tcp", &self.listen_tcp),
+            ("metrics_addr", &self.metrics_addr),
+        ] {
             if let Some(a) = addr {
                 a.parse::<std::net::SocketAddr>()
                     .map_err(|_| invalid(key, format!("{a:?} is not host:port")))?;
             }
         }
         if self.stable_secs < 0.0 || !self.stable_secs.is_finite() {
-            return Err(invalid("stable_secs", "must be a non-negative number".into()));
+            return Err(invalid(
+                "stable_secs",
+                "must be a non-negative number".into(),
+            ));
         }
         for (i, rule) in self.policy.iter().enumerate() {
             if ctcache_kernels::find(&rule.format).is_none() {
-                return Err(invalid(&format!("policy[{i}].format"), format!("unknown format {:?}", rule.format)));
+                return Err(invalid(
+                    &format!("policy[{i}].format"),
+                    format!("unknown format {:?}", rule.format),
+                ));
             }
             for t in &rule.data_types {
                 if ctcache::dtype::DataType::from_name(t).is_none() {
-                    return Err(invalid(&format!("policy[{i}].data_types"), format!("unknown data type {t:?}")));
+                    return Err(invalid(
+                        &format!("policy[{i}].data_types"),
+                        format!("unknown data type {t:?}"),
+                    ));
                 }
             }
         }
@@ -338,13 +368,19 @@ mod tests {
     use super::*;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
     #[test]
     fn d8_defaults() {
-        let (c, s) = default_paths(&env_of(&[("HOME", "/home/u"), ("XDG_RUNTIME_DIR", "/run/user/1")]));
+        let (c, s) = default_paths(&env_of(&[
+            ("HOME", "/home/u"),
+            ("XDG_RUNTIME_DIR", "/run/user/1"),
+        ]));
         assert_eq!(c, Path::new("/home/u/.cache/ctcache"));
         assert_eq!(s, Path::new("/run/user/1/ctcache/ctcached.sock"));
         let (c, s) = default_paths(&env_of(&[("XDG_CACHE_HOME", "/x")]));
@@ -362,7 +398,11 @@ mod tests {
     fn precedence_file_env_flags() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("c.toml");
-        std::fs::write(&f, "cache_dir = \"/from-file\"\nsocket = \"/file.sock\"\nworkers = 3\n").unwrap();
+        std::fs::write(
+            &f,
+            "cache_dir = \"/from-file\"\nsocket = \"/file.sock\"\nworkers = 3\n",
+        )
+        .unwrap();
         let env = env_of(&[("CTCACHE_SOCKET", "/env.sock"), ("CTCACHE_WORKERS", "5")]);
         let flags = Overrides {
             workers: Some(7),
@@ -372,7 +412,11 @@ mod tests {
         assert_eq!(c.cache_dir, Path::new("/from-file"));
         assert_eq!(c.socket, Path::new("/env.sock"));
         assert_eq!(c.workers, 7);
-        let bad = Config::load(Some(&f), &env_of(&[("CTCACHE_WORKERS", "many")]), &Overrides::default());
+        let bad = Config::load(
+            Some(&f),
+            &env_of(&[("CTCACHE_WORKERS", "many")]),
+            &Overrides::default(),
+        );
         assert!(bad.unwrap_err().to_string().contains("CTCACHE_WORKERS"));
     }
 

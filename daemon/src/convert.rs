@@ -12,7 +12,8 @@ pub fn key_to_string(k: &EntryKey) -> String {
 
 /// Parses an API entry key.
 pub fn key_from_string(s: &str) -> Result<EntryKey, tonic::Status> {
-    let bytes = hex::decode(s.trim()).map_err(|_| tonic::Status::invalid_argument(format!("entry key {s:?} is not hex")))?;
+    let bytes = hex::decode(s.trim())
+        .map_err(|_| tonic::Status::invalid_argument(format!("entry key {s:?} is not hex")))?;
     EntryKey::from_bytes(&bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))
 }
 

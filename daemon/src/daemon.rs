@@ -56,8 +56,14 @@ pub enum OpError {
 impl From<ctcache::Error> for OpError {
     fn from(e: ctcache::Error) -> Self {
         match e {
-            ctcache::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => OpError::NotFound(e.to_string()),
-            ctcache::Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            ctcache::Error::Io { ref source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                OpError::NotFound(e.to_string())
+            }
+            ctcache::Error::Io { ref source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
                 OpError::PermissionDenied(e.to_string())
             }
             other => OpError::InvalidArgument(other.to_string()),
@@ -95,7 +101,10 @@ pub fn now_ms() -> i64 {
 }
 
 fn params_key(p: &Params) -> String {
-    p.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    p.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The resolved inputs of one pack.
@@ -133,7 +142,14 @@ impl Daemon {
         }
     }
 
-    pub fn emit(&self, kind: &str, key: String, model_path: String, detail: String, progress: Option<api::PrepackProgress>) {
+    pub fn emit(
+        &self,
+        kind: &str,
+        key: String,
+        model_path: String,
+        detail: String,
+        progress: Option<api::PrepackProgress>,
+    ) {
         let _ = self.events.send(api::Event {
             unix_ms: now_ms(),
             kind: kind.into(),
@@ -145,23 +161,43 @@ impl Daemon {
     }
 
     pub fn api_entry(&self, e: &Entry) -> api::Entry {
-        let path = self.store.blob_path(&e.payload.blake3).display().to_string();
+        let path = self
+            .store
+            .blob_path(&e.payload.blake3)
+            .display()
+            .to_string();
         convert::entry(e, path, false)
     }
 
     /// A host filter for a request: its devices / runtime / types, or the daemon's.
-    pub fn filter_for(&self, devices: &[pb::DeviceProto], runtime: Option<&api::RuntimeIdentity>, accepted: &[api::AcceptedType]) -> HostFilter {
-        let devices = if devices.is_empty() { self.host.devices.clone() } else { devices.to_vec() };
-        let runtime = runtime.filter(|r| !r.name.is_empty()).map(|r| ctcache::device::RuntimeIdentity {
-            name: r.name.clone(),
-            version: r.version.clone(),
-        });
+    pub fn filter_for(
+        &self,
+        devices: &[pb::DeviceProto],
+        runtime: Option<&api::RuntimeIdentity>,
+        accepted: &[api::AcceptedType],
+    ) -> HostFilter {
+        let devices = if devices.is_empty() {
+            self.host.devices.clone()
+        } else {
+            devices.to_vec()
+        };
+        let runtime =
+            runtime
+                .filter(|r| !r.name.is_empty())
+                .map(|r| ctcache::device::RuntimeIdentity {
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                });
         let accept = if accepted.is_empty() {
             Accept::Types(self.host.recognized.clone())
         } else {
             let mut r = Recognized::default();
             for a in accepted {
-                let versions: Vec<u32> = if a.versions.is_empty() { (1..=64).collect() } else { a.versions.clone() };
+                let versions: Vec<u32> = if a.versions.is_empty() {
+                    (1..=64).collect()
+                } else {
+                    a.versions.clone()
+                };
                 for v in versions {
                     r.insert(a.name.clone(), v);
                 }
@@ -173,21 +209,29 @@ impl Daemon {
 
     /// Lookup of one source digest: hits best first, or the miss reason.
     pub fn lookup(&self, req: &api::LookupRequest) -> OpResult<api::LookupResponse> {
-        let algorithm = if req.digest_algorithm.is_empty() { "blake3" } else { &req.digest_algorithm };
+        let algorithm = if req.digest_algorithm.is_empty() {
+            "blake3"
+        } else {
+            &req.digest_algorithm
+        };
         let algorithm = match algorithm.parse() {
             Ok(a) => a,
             Err(_) => {
                 return Ok(api::LookupResponse {
                     entries: vec![],
-                    miss: Some(convert::miss("unknown_digest_algorithm", format!("{algorithm:?} is not blake3 or sha256"))),
+                    miss: Some(convert::miss(
+                        "unknown_digest_algorithm",
+                        format!("{algorithm:?} is not blake3 or sha256"),
+                    )),
                 })
             }
         };
-        let bytes: [u8; 32] = req
-            .source_digest
-            .as_ref()
-            .try_into()
-            .map_err(|_| OpError::InvalidArgument(format!("source_digest has {} bytes, expected 32", req.source_digest.len())))?;
+        let bytes: [u8; 32] = req.source_digest.as_ref().try_into().map_err(|_| {
+            OpError::InvalidArgument(format!(
+                "source_digest has {} bytes, expected 32",
+                req.source_digest.len()
+            ))
+        })?;
         let source = SourceDigest { algorithm, bytes };
         let filter = self.filter_for(&req.devices, req.runtime.as_ref(), &req.accepted);
         let only_daemon = req.daemon_produced_only || self.config.daemon_produced_only;
@@ -205,7 +249,8 @@ impl Daemon {
             });
         }
         let miss = self.explain_miss(&source, &filter)?;
-        metrics::counter!("ctcache_lookup_misses_total", "reason" => miss.reason.clone()).increment(1);
+        metrics::counter!("ctcache_lookup_misses_total", "reason" => miss.reason.clone())
+            .increment(1);
         Ok(api::LookupResponse {
             entries: vec![],
             miss: Some(miss),
@@ -220,7 +265,10 @@ impl Daemon {
             ..Default::default()
         })?;
         let Some(first) = all.first() else {
-            return Ok(convert::miss("no_entry", "nothing is stored for this source digest"));
+            return Ok(convert::miss(
+                "no_entry",
+                "nothing is stored for this source digest",
+            ));
         };
         for e in &all {
             if let Err(m) = ctcache::device::find_compatible(&e.device, filter.devices(), None) {
@@ -230,19 +278,26 @@ impl Daemon {
             } else {
                 let known = self.host.recognized.versions(&e.type_name);
                 return Ok(match known {
-                    None => convert::miss("unknown_physical_type", format!("{:?} is not recognized", e.type_name)),
+                    None => convert::miss(
+                        "unknown_physical_type",
+                        format!("{:?} is not recognized", e.type_name),
+                    ),
                     Some(v) if !v.contains(&e.format_version) => convert::miss(
                         "unsupported_format_version",
                         format!("{:?} version {}", e.type_name, e.format_version),
                     ),
-                    Some(_) => convert::miss("incompatible_device", "the runtime or required metadata differ"),
+                    Some(_) => convert::miss(
+                        "incompatible_device",
+                        "the runtime or required metadata differ",
+                    ),
                 });
             }
         }
         let m = ctcache::device::find_compatible(&first.device, filter.devices(), None).err();
         Ok(convert::miss(
             "incompatible_device",
-            m.map(|m| m.to_string()).unwrap_or_else(|| "no entry fits these devices".into()),
+            m.map(|m| m.to_string())
+                .unwrap_or_else(|| "no entry fits these devices".into()),
         ))
     }
 
@@ -253,16 +308,29 @@ impl Daemon {
         }
         let p = PathBuf::from(path);
         if !p.is_absolute() {
-            return Err(OpError::InvalidArgument(format!("model_path {path:?} must be absolute")));
+            return Err(OpError::InvalidArgument(format!(
+                "model_path {path:?} must be absolute"
+            )));
         }
-        let canonical = p.canonicalize().map_err(|e| OpError::NotFound(format!("{path}: {e}")))?;
-        let watched = self.watches.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|w| {
-            w.canonicalize().map(|w| canonical.starts_with(w)).unwrap_or(false)
-        });
+        let canonical = p
+            .canonicalize()
+            .map_err(|e| OpError::NotFound(format!("{path}: {e}")))?;
+        let watched = self
+            .watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|w| {
+                w.canonicalize()
+                    .map(|w| canonical.starts_with(w))
+                    .unwrap_or(false)
+            });
         if !watched && !peer.may_read(&canonical) {
             return Err(OpError::PermissionDenied(format!(
                 "{path}: outside the watched folders and not readable by uid {}",
-                peer.uid.map(|u| u.to_string()).unwrap_or_else(|| "?".into())
+                peer.uid
+                    .map(|u| u.to_string())
+                    .unwrap_or_else(|| "?".into())
             )));
         }
         let model = Model::open(&canonical)?;
@@ -271,15 +339,23 @@ impl Daemon {
 
     /// The wanted (initializer, format) pairs: explicit formats for every
     /// initializer they accept, or the policy.
-    pub fn wanted(&self, model: &Model, formats: &[api::FormatSpec], only: &[String]) -> OpResult<policy::Selection> {
+    pub fn wanted(
+        &self,
+        model: &Model,
+        formats: &[api::FormatSpec],
+        only: &[String],
+    ) -> OpResult<policy::Selection> {
         let mut sel = if formats.is_empty() {
             policy::select(model, &self.config.policy)?
         } else {
             let mut sel = policy::Selection::default();
             for t in model.initializers()? {
                 for f in formats {
-                    let packer = ctcache_kernels::find(&f.id).ok_or_else(|| OpError::InvalidArgument(format!("unknown format {:?}", f.id)))?;
-                    let params = Params::parse(f.params.iter().map(|(k, v)| format!("{k}={v}"))).map_err(|e| OpError::InvalidArgument(e.to_string()))?;
+                    let packer = ctcache_kernels::find(&f.id).ok_or_else(|| {
+                        OpError::InvalidArgument(format!("unknown format {:?}", f.id))
+                    })?;
+                    let params = Params::parse(f.params.iter().map(|(k, v)| format!("{k}={v}")))
+                        .map_err(|e| OpError::InvalidArgument(e.to_string()))?;
                     match packer.check_source(t.data_type, &t.dims, &params) {
                         Ok(()) => sel.wanted.push(Wanted {
                             initializer: t.name.clone(),
@@ -295,7 +371,11 @@ impl Daemon {
         if !only.is_empty() {
             for name in only {
                 if !sel.wanted.iter().any(|w| &w.initializer == name) {
-                    let why = sel.refused.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone());
+                    let why = sel
+                        .refused
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, r)| r.clone());
                     return Err(OpError::InvalidArgument(match why {
                         Some(r) => format!("{name}: {r}"),
                         None => format!("{name}: not an initializer the selected formats accept"),
@@ -308,14 +388,24 @@ impl Daemon {
     }
 
     /// Digests of a model's initializers through the memo.
-    pub fn digests(&self, path: &Path, model: &Model) -> OpResult<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
+    pub fn digests(
+        &self,
+        path: &Path,
+        model: &Model,
+    ) -> OpResult<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
         let tensors = model.initializers()?;
         let (d, _) = self.memo.digests(path, model, &tensors)?;
         Ok((tensors, d))
     }
 
     /// The stored entry for (source, packer output), if any.
-    fn existing(&self, digest: &SourceDigest, t: &TensorRef, packer: &dyn Packer, params: &Params) -> Option<Entry> {
+    fn existing(
+        &self,
+        digest: &SourceDigest,
+        t: &TensorRef,
+        packer: &dyn Packer,
+        params: &Params,
+    ) -> Option<Entry> {
         let layout = packer.output(t.data_type, &t.dims, params).ok()?;
         let device = packer.device(params).ok()?;
         let canonical = ctcache::structs::canonical_type(&layout.struct_type, &[], 32).ok()?;
@@ -328,8 +418,16 @@ impl Daemon {
     }
 
     /// Submits (or joins) the pack job of one wanted pair.
-    pub fn submit_pack(self: &Arc<Self>, path: &Path, t: &TensorRef, digest: SourceDigest, w: &Wanted, priority: Priority) -> OpResult<JobHandle<Packed>> {
-        let packer = ctcache_kernels::find(&w.format).ok_or_else(|| OpError::InvalidArgument(format!("unknown format {:?}", w.format)))?;
+    pub fn submit_pack(
+        self: &Arc<Self>,
+        path: &Path,
+        t: &TensorRef,
+        digest: SourceDigest,
+        w: &Wanted,
+        priority: Priority,
+    ) -> OpResult<JobHandle<Packed>> {
+        let packer = ctcache_kernels::find(&w.format)
+            .ok_or_else(|| OpError::InvalidArgument(format!("unknown format {:?}", w.format)))?;
         let spec = PackSpec {
             model_path: path.to_path_buf(),
             tensor: t.name.clone(),
@@ -345,11 +443,17 @@ impl Daemon {
         };
         let me = self.clone();
         let bytes = spec.elements_bytes.saturating_mul(2);
-        Ok(self.scheduler.submit(key, priority, bytes, move |cancel| me.run_pack(spec, cancel)))
+        Ok(self.scheduler.submit(key, priority, bytes, move |cancel| {
+            me.run_pack(spec, cancel)
+        }))
     }
 
     /// A pack job: reuse a stored entry, else pack and put.
-    fn run_pack(&self, spec: PackSpec, cancel: &crate::scheduler::CancelToken) -> Result<Packed, String> {
+    fn run_pack(
+        &self,
+        spec: PackSpec,
+        cancel: &crate::scheduler::CancelToken,
+    ) -> Result<Packed, String> {
         let started = Instant::now();
         let model = Model::open(&spec.model_path).map_err(|e| e.to_string())?;
         let t = model
@@ -357,7 +461,13 @@ impl Daemon {
             .map_err(|e| e.to_string())?
             .into_iter()
             .find(|t| t.name == spec.tensor)
-            .ok_or_else(|| format!("{}: no initializer {:?}", spec.model_path.display(), spec.tensor))?;
+            .ok_or_else(|| {
+                format!(
+                    "{}: no initializer {:?}",
+                    spec.model_path.display(),
+                    spec.tensor
+                )
+            })?;
         if let Some(entry) = self.existing(&spec.digest, &t, spec.packer, &spec.params) {
             return Ok(Packed {
                 entry,
@@ -368,7 +478,14 @@ impl Daemon {
         if cancel.cancelled() {
             return Err("every waiter went away".into());
         }
-        let c = ctcache_kernels::compile::compile(&model, &t, Some(spec.digest), spec.packer, &spec.params).map_err(|e| e.to_string())?;
+        let c = ctcache_kernels::compile::compile(
+            &model,
+            &t,
+            Some(spec.digest),
+            spec.packer,
+            &spec.params,
+        )
+        .map_err(|e| e.to_string())?;
         // The model may have changed since its digest was taken.
         if c.digest != spec.digest {
             return Err("the model changed while packing; it will be picked up again".into());
@@ -390,7 +507,10 @@ impl Daemon {
             model_paths: vec![spec.model_path.display().to_string()],
             pack_duration: c.duration,
         };
-        let stored = self.store.put(&new, &c.payload[..]).map_err(|e| e.to_string())?;
+        let stored = self
+            .store
+            .put(&new, &c.payload[..])
+            .map_err(|e| e.to_string())?;
         metrics::counter!("ctcache_pack_jobs_total", "format" => spec.packer.id(), "backend" => "cpu").increment(1);
         metrics::histogram!("ctcache_pack_seconds", "format" => spec.packer.id(), "backend" => "cpu").record(c.duration.as_secs_f64());
         self.emit(
@@ -408,11 +528,19 @@ impl Daemon {
     }
 
     /// Starts (or joins) pack jobs for every wanted pair of a model.
-    pub fn prepack_model(self: &Arc<Self>, path: &Path, model: &Model, wanted: &[Wanted], priority: Priority) -> OpResult<Vec<(Wanted, JobHandle<Packed>)>> {
+    pub fn prepack_model(
+        self: &Arc<Self>,
+        path: &Path,
+        model: &Model,
+        wanted: &[Wanted],
+        priority: Priority,
+    ) -> OpResult<Vec<(Wanted, JobHandle<Packed>)>> {
         let (tensors, digests) = self.digests(path, model)?;
         let mut jobs = Vec::new();
         for w in wanted {
-            let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else { continue };
+            let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else {
+                continue;
+            };
             let d = digests[&t.name];
             jobs.push((w.clone(), self.submit_pack(path, t, d, w, priority)?));
         }
@@ -421,14 +549,6 @@ impl Daemon {
 }
 
 /// Waits for a job to finish.
-pub async fn wait(mut h: JobHandle<Packed>) -> JobState<Packed> {
-    loop {
-        let s = h.state.borrow().clone();
-        if s.is_final() {
-            return s;
-        }
-        if h.state.changed().await.is_err() {
-            return h.state.borrow().clone();
-        }
-    }
+pub async fn wait(h: JobHandle<Packed>) -> JobState<Packed> {
+    h.finished().await
 }

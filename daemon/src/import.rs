@@ -13,19 +13,17 @@ use crate::convert;
 use crate::daemon::{Daemon, OpError, OpResult};
 use crate::peer::Peer;
 
-pub fn import(d: &Daemon, path: &str, peer: &Peer, trusted: bool) -> OpResult<api::ImportResponse> {
-    if !trusted {
-        return Err(OpError::PermissionDenied(format!(
-            "{} may not import: only the daemon's user, root and trusted_uids may add entries",
-            peer.describe()
-        )));
-    }
+/// Imports the compiled tensors of the model at `path` (the caller checked
+/// that `peer` is trusted).
+pub fn import(d: &Daemon, path: &str, peer: &Peer) -> OpResult<api::ImportResponse> {
     let (canonical, model) = d.open_model(path, peer)?;
     let checked = Checked::new(&model, &CheckOptions::default())?;
     let (tensors, digests) = d.digests(&canonical, &model)?;
     let mut resp = api::ImportResponse::default();
     if let Some(e) = checked.model_errors.first() {
-        return Err(OpError::InvalidArgument(format!("the model's compiled tensors are invalid: {e}")));
+        return Err(OpError::InvalidArgument(format!(
+            "the model's compiled tensors are invalid: {e}"
+        )));
     }
     for (i, c) in checked.ext.compiled_tensors.iter().enumerate() {
         let skip = |reason: &str, detail: String| api::ImportSkip {
@@ -38,7 +36,8 @@ pub fn import(d: &Daemon, path: &str, peer: &Peer, trusted: bool) -> OpResult<ap
             continue;
         }
         let Some(t) = tensors.iter().find(|t| t.name == c.source_name) else {
-            resp.skipped.push(skip("invalid", "source initializer missing".into()));
+            resp.skipped
+                .push(skip("invalid", "source initializer missing".into()));
             continue;
         };
         // The digest is recomputed from the model's own initializer, in the
@@ -47,15 +46,21 @@ pub fn import(d: &Daemon, path: &str, peer: &Peer, trusted: bool) -> OpResult<ap
             Ok(ctcache::digest::Algorithm::Blake3) => digests[&t.name],
             Ok(alg) => ctcache::digest::digest_tensor(&model, t, alg)?,
             Err(_) => {
-                resp.skipped.push(skip("unknown_digest_algorithm", c.digest_algorithm.clone()));
+                resp.skipped
+                    .push(skip("unknown_digest_algorithm", c.digest_algorithm.clone()));
                 continue;
             }
         };
         if c.source_digest.as_ref() != actual.bytes {
-            resp.skipped.push(skip("stale_digest", "the initializer does not match the entry's digest".into()));
+            resp.skipped.push(skip(
+                "stale_digest",
+                "the initializer does not match the entry's digest".into(),
+            ));
             continue;
         }
-        let Some(value) = c.value.as_ref() else { continue };
+        let Some(value) = c.value.as_ref() else {
+            continue;
+        };
         let root = match checked.value_rule(i) {
             Ok(r) => r,
             Err(e) => {
@@ -63,7 +68,8 @@ pub fn import(d: &Daemon, path: &str, peer: &Peer, trusted: bool) -> OpResult<ap
                 continue;
             }
         };
-        let physical_type = ctcache::structs::canonical_type(root, &checked.ext.struct_types, 32).map_err(|e| OpError::InvalidArgument(e.to_string()))?;
+        let physical_type = ctcache::structs::canonical_type(root, &checked.ext.struct_types, 32)
+            .map_err(|e| OpError::InvalidArgument(e.to_string()))?;
         let device = checked.ext.devices[c.device as usize].clone();
         let payload = payload_bytes(&model, value)?;
         let new = NewEntry {
@@ -72,11 +78,23 @@ pub fn import(d: &Daemon, path: &str, peer: &Peer, trusted: bool) -> OpResult<ap
             physical_type,
             dims: value.dims.clone(),
             producer: Producer {
-                packer_id: ctcache::structs::metadata(&root.metadata_props, ctcache::structs::PACKER_KEY).unwrap_or("").to_string(),
-                packer_version: ctcache::structs::metadata(&root.metadata_props, ctcache::structs::FORMAT_VERSION_KEY)
-                    .unwrap_or("")
-                    .to_string(),
-                client_uid: if peer.is_self_or_root() { None } else { peer.uid },
+                packer_id: ctcache::structs::metadata(
+                    &root.metadata_props,
+                    ctcache::structs::PACKER_KEY,
+                )
+                .unwrap_or("")
+                .to_string(),
+                packer_version: ctcache::structs::metadata(
+                    &root.metadata_props,
+                    ctcache::structs::FORMAT_VERSION_KEY,
+                )
+                .unwrap_or("")
+                .to_string(),
+                client_uid: if peer.is_self_or_root() {
+                    None
+                } else {
+                    peer.uid
+                },
             },
             source_names: vec![c.source_name.clone()],
             model_paths: vec![canonical.display().to_string()],
@@ -85,7 +103,13 @@ pub fn import(d: &Daemon, path: &str, peer: &Peer, trusted: bool) -> OpResult<ap
         let stored = d.store.put(&new, &payload[..])?;
         if stored.created {
             resp.imported += 1;
-            d.emit("entry_added", convert::key_to_string(&stored.entry.key), canonical.display().to_string(), "import".into(), None);
+            d.emit(
+                "entry_added",
+                convert::key_to_string(&stored.entry.key),
+                canonical.display().to_string(),
+                "import".into(),
+                None,
+            );
         } else {
             resp.already_present += 1;
         }
@@ -100,6 +124,8 @@ fn payload_bytes(model: &Model, value: &ctcache::pb::StructProto) -> OpResult<by
     }
     let r = payload_ref(value).map_err(OpError::InvalidArgument)?;
     let file = model.external_file(&r).map_err(OpError::InvalidArgument)?;
-    let range = r.range(file.len() as u64).map_err(OpError::InvalidArgument)?;
+    let range = r
+        .range(file.len() as u64)
+        .map_err(OpError::InvalidArgument)?;
     Ok(file.slice(range.start as usize..range.end as usize))
 }

@@ -34,7 +34,11 @@ pub fn init(format: LogFormat, level: &str) {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match format {
         LogFormat::Json => registry
-            .with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         LogFormat::Journald => match tracing_journald::layer() {
             Ok(layer) => registry.with(layer).try_init(),

@@ -93,16 +93,22 @@ async fn serve(config: Config) -> Result<()> {
             let _ = tx.send(true);
         });
     }
-    std::fs::create_dir_all(&config.cache_dir).with_context(|| format!("creating {}", config.cache_dir.display()))?;
+    std::fs::create_dir_all(&config.cache_dir)
+        .with_context(|| format!("creating {}", config.cache_dir.display()))?;
     let store = ctcache::store::Store::open(&config.cache_dir, Default::default())
         .with_context(|| format!("opening the cache {}", config.cache_dir.display()))?;
     let env = |k: &str| std::env::var(k).ok();
     let spec = match transport::from_systemd(&env)? {
         Some(s) => s,
-        None => transport::bind_unix(&config.socket, transport::resolve_group(&config.socket_group)?)?,
+        None => transport::bind_unix(
+            &config.socket,
+            transport::resolve_group(&config.socket_group)?,
+        )?,
     };
     let tcp = match &config.listen_tcp {
-        Some(a) => Some(std::net::TcpListener::bind(a).with_context(|| format!("listening on {a}"))?),
+        Some(a) => {
+            Some(std::net::TcpListener::bind(a).with_context(|| format!("listening on {a}"))?)
+        }
         None => None,
     };
     if let Some(addr) = &config.metrics_addr {
@@ -118,7 +124,10 @@ async fn serve(config: Config) -> Result<()> {
         Err(e) => tracing::warn!(error = %e, "reconcile failed"),
     });
     let _watchdog = systemd::spawn_watchdog();
-    let where_ = socket_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    let where_ = socket_path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let ready = move || {
         tracing::info!(socket = %where_, "ctcached ready");
         systemd::ready(&format!("serving on {where_}"));

@@ -79,7 +79,12 @@ impl Memo {
     /// The blake3 digests of `tensors` of the model at `model_path`, from the
     /// memo when the files are unchanged, else computed (in parallel) and
     /// remembered. Returns (digests by name, whether they were computed).
-    pub fn digests(&self, model_path: &Path, model: &Model, tensors: &[TensorRef]) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
+    pub fn digests(
+        &self,
+        model_path: &Path,
+        model: &Model,
+        tensors: &[TensorRef],
+    ) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
         let files = identity(model_path, tensors, model.dir());
         let key = model_path.to_path_buf();
         if let Some(r) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
@@ -112,13 +117,19 @@ impl Memo {
             files,
             digests: out.iter().map(|(n, d)| (n.clone(), d.hex())).collect(),
         };
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(key, record);
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, record);
         Ok((out, true))
     }
 
     /// Forgets a model (deleted or replaced).
     pub fn forget(&self, model_path: &Path) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(model_path);
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(model_path);
     }
 
     /// Writes the memo atomically.
@@ -127,7 +138,9 @@ impl Memo {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
             serde_json::to_vec(&*map).unwrap_or_default()
         };
-        if let Err(e) = ctcache::fsutil::atomic_write(&self.path, |w| std::io::Write::write_all(w, &bytes)) {
+        if let Err(e) =
+            ctcache::fsutil::atomic_write(&self.path, |w| std::io::Write::write_all(w, &bytes))
+        {
             tracing::warn!(error = %e, "cannot persist the digest memo");
         }
     }

@@ -17,7 +17,11 @@ pub struct Peer {
 
 impl Peer {
     pub fn of<T>(req: &tonic::Request<T>) -> Peer {
-        match req.extensions().get::<UdsConnectInfo>().and_then(|i| i.peer_cred) {
+        match req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+        {
             Some(c) => Peer {
                 uid: Some(c.uid()),
                 gid: Some(c.gid()),
@@ -59,7 +63,11 @@ impl Peer {
 
     /// The peer may read the file and search every folder above it.
     pub fn may_read(&self, path: &Path) -> bool {
-        self.allowed(path, 4) && path.ancestors().skip(1).all(|d| d.as_os_str().is_empty() || self.allowed(d, 1))
+        self.allowed(path, 4)
+            && path
+                .ancestors()
+                .skip(1)
+                .all(|d| d.as_os_str().is_empty() || self.allowed(d, 1))
     }
 
     /// The peer may create files in `dir`.

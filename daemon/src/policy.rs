@@ -28,10 +28,14 @@ pub struct Selection {
 }
 
 fn rule_matches(rule: &PolicyRule, t: &TensorRef, uses: &WeightUses) -> bool {
-    let type_ok = rule
-        .data_types
-        .iter()
-        .any(|n| DataType::from_name(n) == Some(t.data_type));
+    // An empty list means FLOAT, as documented for the config key.
+    let type_ok = if rule.data_types.is_empty() {
+        t.data_type == DataType::FLOAT
+    } else {
+        rule.data_types
+            .iter()
+            .any(|n| DataType::from_name(n) == Some(t.data_type))
+    };
     let rank_ok = rule.rank == 0 || t.dims.len() == rule.rank;
     let size_ok = t.elements >= rule.min_elements;
     let use_ok = rule.used_as.is_empty()
@@ -62,7 +66,10 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
             };
             // A packer whose layout assumes W[K, N] cannot take a weight the
             // graph uses transposed; say so instead of producing a wrong layout.
-            if uses.of(&t.name).all(|u| u.transposed) && uses.of(&t.name).next().is_some() && layout_is_kn(&rule.format) {
+            if uses.of(&t.name).all(|u| u.transposed)
+                && uses.of(&t.name).next().is_some()
+                && layout_is_kn(&rule.format)
+            {
                 out.refused.push((
                     t.name.clone(),
                     format!("{}: the graph uses this weight transposed (Gemm transB or Transpose); v1 packs W[K, N] only", rule.format),

@@ -30,7 +30,10 @@ pub enum JobState<V> {
 
 impl<V> JobState<V> {
     pub fn is_final(&self) -> bool {
-        matches!(self, JobState::Done(_) | JobState::Failed(_) | JobState::Cancelled)
+        matches!(
+            self,
+            JobState::Done(_) | JobState::Failed(_) | JobState::Cancelled
+        )
     }
 }
 
@@ -47,6 +50,21 @@ pub struct JobHandle<V> {
     _waiter: Arc<Waiter>,
 }
 
+impl<V: Clone> JobHandle<V> {
+    /// Waits until the job reaches a final state.
+    pub async fn finished(mut self) -> JobState<V> {
+        loop {
+            let s = self.state.borrow_and_update().clone();
+            if s.is_final() {
+                return s;
+            }
+            if self.state.changed().await.is_err() {
+                return self.state.borrow().clone();
+            }
+        }
+    }
+}
+
 type Work<V> = Box<dyn FnOnce(&CancelToken) -> Result<V, String> + Send>;
 
 /// Lets running work notice that nobody wants its result any more.
@@ -59,7 +77,12 @@ pub struct CancelToken {
 impl CancelToken {
     pub fn cancelled(&self) -> bool {
         !self.background.load(Ordering::Relaxed)
-            && !self.waiters.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|w| w.strong_count() > 0)
+            && !self
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|w| w.strong_count() > 0)
     }
 }
 
@@ -187,7 +210,11 @@ where
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = q.in_flight.get(&key) {
             if !f.state.borrow().is_final() {
-                f.token.waiters.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&waiter));
+                f.token
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Arc::downgrade(&waiter));
                 if priority != Priority::Client {
                     f.token.background.store(true, Ordering::Relaxed);
                 }
@@ -308,7 +335,13 @@ fn worker<K: Eq + Hash + Clone, V: Clone>(s: Arc<Shared<K, V>>) {
 }
 
 /// Runs one job inside the memory budget, turning panics into failures.
-fn run<K, V>(s: &Shared<K, V>, bytes: u64, work: Work<V>, token: &CancelToken, state: &watch::Sender<JobState<V>>) -> JobState<V> {
+fn run<K, V>(
+    s: &Shared<K, V>,
+    bytes: u64,
+    work: Work<V>,
+    token: &CancelToken,
+    state: &watch::Sender<JobState<V>>,
+) -> JobState<V> {
     // Reserve memory; a job larger than the whole budget runs alone.
     let want = bytes.min(s.budget_total);
     {
@@ -350,16 +383,8 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
-    async fn wait<V: Clone>(mut h: JobHandle<V>) -> JobState<V> {
-        loop {
-            let s = h.state.borrow().clone();
-            if s.is_final() {
-                return s;
-            }
-            if h.state.changed().await.is_err() {
-                return h.state.borrow().clone();
-            }
-        }
+    async fn wait<V: Clone>(h: JobHandle<V>) -> JobState<V> {
+        h.finished().await
     }
 
     #[tokio::test]

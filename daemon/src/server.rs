@@ -29,15 +29,19 @@ pub async fn serve(
     on_ready: impl FnOnce(),
 ) -> Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<CompiledTensorCacheServer<Service>>().await;
+    reporter
+        .set_serving::<CompiledTensorCacheServer<Service>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ctcache_api::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
     let limit = daemon.config.max_message_bytes;
-    let svc = CompiledTensorCacheServer::new(Service { daemon: daemon.clone() })
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
+    let svc = CompiledTensorCacheServer::new(Service {
+        daemon: daemon.clone(),
+    })
+    .max_decoding_message_size(limit)
+    .max_encoding_message_size(limit);
 
     let signal = |mut rx: watch::Receiver<bool>| async move {
         while !*rx.borrow() {
@@ -51,13 +55,20 @@ pub async fn serve(
         .add_service(reflection.clone())
         .add_service(svc.clone());
     let unix = tokio::net::UnixListener::from_std(unix).context("unix listener")?;
-    let unix_server = router.serve_with_incoming_shutdown(UnixListenerStream::new(unix), signal(shutdown.clone()));
+    let unix_server = router
+        .serve_with_incoming_shutdown(UnixListenerStream::new(unix), signal(shutdown.clone()));
     let tcp_server = match tcp {
         Some(l) => {
             l.set_nonblocking(true)?;
             let l = tokio::net::TcpListener::from_std(l).context("tcp listener")?;
-            let router = Server::builder().add_service(health).add_service(reflection).add_service(svc);
-            Some(tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(l), signal(shutdown.clone()))))
+            let router = Server::builder()
+                .add_service(health)
+                .add_service(reflection)
+                .add_service(svc);
+            Some(tokio::spawn(router.serve_with_incoming_shutdown(
+                TcpListenerStream::new(l),
+                signal(shutdown.clone()),
+            )))
         }
         None => None,
     };
@@ -88,7 +99,14 @@ async fn drain(d: &Arc<Daemon>) {
     crate::systemd::stopping();
     d.scheduler.shutdown();
     let deadline = tokio::time::Instant::now() + DRAIN_BOUND;
-    while d.scheduler.stats().running.load(std::sync::atomic::Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+    while d
+        .scheduler
+        .stats()
+        .running
+        .load(std::sync::atomic::Ordering::Relaxed)
+        > 0
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     d.memo.persist();

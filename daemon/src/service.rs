@@ -45,16 +45,45 @@ fn store_err(e: ctcache::store::StoreError) -> Status {
 }
 
 /// Runs blocking work (file IO, hashing, packing) off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Status> + Send + 'static) -> Result<T, Status> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Status::internal(format!("worker failed: {e}")))?
 }
 
 const CHUNK: usize = 1 << 20;
+
+impl Service {
+    /// Admin and mutating RPCs (Put, Import, Gc, Verify, watches) are for the
+    /// daemon's user, root and `trusted_uids`; the socket group may only read.
+    fn require_trusted(&self, peer: &Peer, what: &str) -> Result<(), Status> {
+        let trusted = peer.is_self_or_root()
+            || peer
+                .uid
+                .is_some_and(|u| self.daemon.config.trusted_uids.contains(&u));
+        tracing::info!(peer = %peer.describe(), trusted, "{what}");
+        if trusted {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!(
+                "{} may not {what}: only the daemon's user, root and trusted_uids may",
+                peer.describe()
+            )))
+        }
+    }
+}
 const MAX_TTL_MS: u64 = 24 * 3600 * 1000;
 
-fn progress(job: u64, w: &crate::policy::Wanted, state: &JobState<crate::daemon::Packed>, d: &Daemon, done: u32, total: u32) -> api::PrepackProgress {
+fn progress(
+    job: u64,
+    w: &crate::policy::Wanted,
+    state: &JobState<crate::daemon::Packed>,
+    d: &Daemon,
+    done: u32,
+    total: u32,
+) -> api::PrepackProgress {
     let mut p = api::PrepackProgress {
         job_id: job.to_string(),
         initializer: w.initializer.clone(),
@@ -86,13 +115,19 @@ fn progress(job: u64, w: &crate::policy::Wanted, state: &JobState<crate::daemon:
 
 #[tonic::async_trait]
 impl CompiledTensorCache for Service {
-    async fn get_host_devices(&self, _: Request<api::GetHostDevicesRequest>) -> Result<Response<api::GetHostDevicesResponse>, Status> {
+    async fn get_host_devices(
+        &self,
+        _: Request<api::GetHostDevicesRequest>,
+    ) -> Result<Response<api::GetHostDevicesResponse>, Status> {
         Ok(Response::new(api::GetHostDevicesResponse {
             devices: self.daemon.host.devices.clone(),
         }))
     }
 
-    async fn list_formats(&self, _: Request<api::ListFormatsRequest>) -> Result<Response<api::ListFormatsResponse>, Status> {
+    async fn list_formats(
+        &self,
+        _: Request<api::ListFormatsRequest>,
+    ) -> Result<Response<api::ListFormatsResponse>, Status> {
         let formats = ctcache_kernels::catalogue()
             .iter()
             .map(|p| api::FormatInfo {
@@ -115,27 +150,42 @@ impl CompiledTensorCache for Service {
         Ok(Response::new(api::ListFormatsResponse { formats }))
     }
 
-    async fn lookup(&self, req: Request<api::LookupRequest>) -> Result<Response<api::LookupResponse>, Status> {
+    async fn lookup(
+        &self,
+        req: Request<api::LookupRequest>,
+    ) -> Result<Response<api::LookupResponse>, Status> {
         let d = self.daemon.clone();
         let r = req.into_inner();
-        blocking(move || d.lookup(&r).map_err(Status::from)).await.map(Response::new)
+        blocking(move || d.lookup(&r).map_err(Status::from))
+            .await
+            .map(Response::new)
     }
 
-    async fn batch_lookup(&self, req: Request<api::BatchLookupRequest>) -> Result<Response<api::BatchLookupResponse>, Status> {
+    async fn batch_lookup(
+        &self,
+        req: Request<api::BatchLookupRequest>,
+    ) -> Result<Response<api::BatchLookupResponse>, Status> {
         let d = self.daemon.clone();
         let r = req.into_inner();
         if r.requests.len() > 100_000 {
             return Err(Status::invalid_argument("at most 100000 lookups per batch"));
         }
         blocking(move || {
-            let responses = r.requests.iter().map(|q| d.lookup(q)).collect::<Result<Vec<_>, _>>()?;
+            let responses = r
+                .requests
+                .iter()
+                .map(|q| d.lookup(q))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(api::BatchLookupResponse { responses })
         })
         .await
         .map(Response::new)
     }
 
-    async fn resolve_model(&self, req: Request<api::ResolveModelRequest>) -> Result<Response<api::ResolveModelResponse>, Status> {
+    async fn resolve_model(
+        &self,
+        req: Request<api::ResolveModelRequest>,
+    ) -> Result<Response<api::ResolveModelResponse>, Status> {
         let peer = Peer::of(&req);
         let r = req.into_inner();
         let d = self.daemon.clone();
@@ -161,7 +211,11 @@ impl CompiledTensorCache for Service {
             for t in &tensors {
                 let digest = digests[&t.name];
                 let hits = d.store.lookup(&digest, &filter).map_err(store_err)?;
-                let wanted: Vec<_> = sel.wanted.iter().filter(|w| w.initializer == t.name).collect();
+                let wanted: Vec<_> = sel
+                    .wanted
+                    .iter()
+                    .filter(|w| w.initializer == t.name)
+                    .collect();
                 let mut res = api::TensorResolution {
                     name: t.name.clone(),
                     data_type: t.data_type.code(),
@@ -173,9 +227,17 @@ impl CompiledTensorCache for Service {
                     misses: vec![],
                 };
                 for w in wanted {
-                    let hit = hits.iter().any(|h| h.entry.producer.packer_id == w.format && h.entry.producer.client_uid.is_none() || h.entry.type_name.starts_with(&format!("{}.", w.format)) || h.entry.type_name == w.format);
+                    let hit = hits.iter().any(|h| {
+                        h.entry.producer.packer_id == w.format
+                            && h.entry.producer.client_uid.is_none()
+                            || h.entry.type_name.starts_with(&format!("{}.", w.format))
+                            || h.entry.type_name == w.format
+                    });
                     if !hit {
-                        res.misses.push(convert::miss("no_entry", format!("{} not packed yet", w.format)));
+                        res.misses.push(convert::miss(
+                            "no_entry",
+                            format!("{} not packed yet", w.format),
+                        ));
                         missing.push(w.clone());
                     }
                 }
@@ -183,7 +245,9 @@ impl CompiledTensorCache for Service {
             }
             let jobs = match on_miss {
                 api::OnMiss::None => Vec::new(),
-                api::OnMiss::Background => d.prepack_model(&path, &model, &missing, Priority::Background)?,
+                api::OnMiss::Background => {
+                    d.prepack_model(&path, &model, &missing, Priority::Background)?
+                }
                 api::OnMiss::Wait => d.prepack_model(&path, &model, &missing, Priority::Client)?,
             };
             resp.jobs_started = jobs.len() as u64;
@@ -208,12 +272,18 @@ impl CompiledTensorCache for Service {
 
     type PrepackStream = Stream_<api::PrepackProgress>;
 
-    async fn prepack(&self, req: Request<api::PrepackRequest>) -> Result<Response<Self::PrepackStream>, Status> {
+    async fn prepack(
+        &self,
+        req: Request<api::PrepackRequest>,
+    ) -> Result<Response<Self::PrepackStream>, Status> {
         let peer = Peer::of(&req);
         let r = req.into_inner();
         tracing::info!(peer = %peer.describe(), model = %r.model_path, "prepack");
         if !r.backend.is_empty() && r.backend != "cpu" {
-            return Err(Status::invalid_argument(format!("backend {:?} is not available", r.backend)));
+            return Err(Status::invalid_argument(format!(
+                "backend {:?} is not available",
+                r.backend
+            )));
         }
         let d = self.daemon.clone();
         let jobs = blocking(move || {
@@ -238,7 +308,13 @@ impl CompiledTensorCache for Service {
                 let state = wait(h).await;
                 done += 1;
                 let p = progress(id, &w, &state, &d, done, total);
-                d.emit("job_progress", String::new(), String::new(), p.state.clone(), Some(p.clone()));
+                d.emit(
+                    "job_progress",
+                    String::new(),
+                    String::new(),
+                    p.state.clone(),
+                    Some(p.clone()),
+                );
                 if tx.send(Ok(p)).await.is_err() {
                     return;
                 }
@@ -247,33 +323,48 @@ impl CompiledTensorCache for Service {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn put(&self, req: Request<Streaming<api::PutRequest>>) -> Result<Response<api::PutResponse>, Status> {
+    async fn put(
+        &self,
+        req: Request<Streaming<api::PutRequest>>,
+    ) -> Result<Response<api::PutResponse>, Status> {
         let peer = Peer::of(&req);
-        let trusted = peer.is_self_or_root() || peer.uid.is_some_and(|u| self.daemon.config.trusted_uids.contains(&u));
-        tracing::info!(peer = %peer.describe(), trusted, "put");
-        if !trusted {
-            return Err(Status::permission_denied(format!(
-                "{} may not Put: only the daemon's user, root and trusted_uids may add entries",
-                peer.describe()
-            )));
-        }
+        self.require_trusted(&peer, "put entries")?;
         let mut stream = req.into_inner();
         let header = match stream.next().await {
             Some(Ok(api::PutRequest {
                 part: Some(api::put_request::Part::Header(h)),
             })) => h,
             Some(Err(e)) => return Err(e),
-            _ => return Err(Status::invalid_argument("the first Put message must be the header")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first Put message must be the header",
+                ))
+            }
         };
-        let algorithm = header
-            .digest_algorithm
-            .parse()
-            .map_err(|_| Status::invalid_argument(format!("unknown digest algorithm {:?}", header.digest_algorithm)))?;
-        let bytes: [u8; 32] = header.source_digest.as_ref().try_into().map_err(|_| Status::invalid_argument("source_digest must be 32 bytes"))?;
-        let ty = header.struct_type.ok_or_else(|| Status::invalid_argument("struct_type is required"))?;
-        let device = header.device.ok_or_else(|| Status::invalid_argument("device is required"))?;
-        let layout = ctcache::structs::check_value(&ty, &header.dims, &[], &ctcache::structs::Limits::default())
-            .map_err(|e| Status::invalid_argument(format!("struct_type: {e}")))?;
+        let algorithm = header.digest_algorithm.parse().map_err(|_| {
+            Status::invalid_argument(format!(
+                "unknown digest algorithm {:?}",
+                header.digest_algorithm
+            ))
+        })?;
+        let bytes: [u8; 32] = header
+            .source_digest
+            .as_ref()
+            .try_into()
+            .map_err(|_| Status::invalid_argument("source_digest must be 32 bytes"))?;
+        let ty = header
+            .struct_type
+            .ok_or_else(|| Status::invalid_argument("struct_type is required"))?;
+        let device = header
+            .device
+            .ok_or_else(|| Status::invalid_argument("device is required"))?;
+        let layout = ctcache::structs::check_value(
+            &ty,
+            &header.dims,
+            &[],
+            &ctcache::structs::Limits::default(),
+        )
+        .map_err(|e| Status::invalid_argument(format!("struct_type: {e}")))?;
         if layout.byte_len != header.payload_len {
             return Err(Status::invalid_argument(format!(
                 "payload_len {} does not match the type's size {}",
@@ -282,7 +373,9 @@ impl CompiledTensorCache for Service {
         }
         let max = self.daemon.config.memory_budget;
         if header.payload_len > max {
-            return Err(Status::resource_exhausted(format!("payload larger than the memory budget ({max} bytes)")));
+            return Err(Status::resource_exhausted(format!(
+                "payload larger than the memory budget ({max} bytes)"
+            )));
         }
         let mut data = Vec::with_capacity(header.payload_len as usize);
         while let Some(msg) = stream.next().await {
@@ -293,11 +386,19 @@ impl CompiledTensorCache for Service {
                     }
                     data.extend_from_slice(&chunk);
                 }
-                _ => return Err(Status::invalid_argument("only data chunks may follow the header")),
+                _ => {
+                    return Err(Status::invalid_argument(
+                        "only data chunks may follow the header",
+                    ))
+                }
             }
         }
         if data.len() as u64 != header.payload_len {
-            return Err(Status::invalid_argument(format!("got {} bytes, payload_len is {}", data.len(), header.payload_len)));
+            return Err(Status::invalid_argument(format!(
+                "got {} bytes, payload_len is {}",
+                data.len(),
+                header.payload_len
+            )));
         }
         let new = NewEntry {
             source: ctcache::digest::SourceDigest { algorithm, bytes },
@@ -308,12 +409,23 @@ impl CompiledTensorCache for Service {
                 client_uid: peer.uid,
                 ..Default::default()
             },
-            source_names: vec![header.source_name].into_iter().filter(|s| !s.is_empty()).collect(),
-            model_paths: vec![header.model_path].into_iter().filter(|s| !s.is_empty()).collect(),
+            source_names: vec![header.source_name]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect(),
+            model_paths: vec![header.model_path]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect(),
             pack_duration: Duration::ZERO,
         };
         let d = self.daemon.clone();
-        let stored = blocking(move || d.store.put(&new, &data[..]).map_err(|e| Status::invalid_argument(e.to_string()))).await?;
+        let stored = blocking(move || {
+            d.store
+                .put(&new, &data[..])
+                .map_err(|e| Status::invalid_argument(e.to_string()))
+        })
+        .await?;
         Ok(Response::new(api::PutResponse {
             entry: Some(self.daemon.api_entry(&stored.entry)),
             already_present: !stored.created,
@@ -322,23 +434,41 @@ impl CompiledTensorCache for Service {
 
     type ReadPayloadStream = Stream_<api::PayloadChunk>;
 
-    async fn read_payload(&self, req: Request<api::ReadPayloadRequest>) -> Result<Response<Self::ReadPayloadStream>, Status> {
+    async fn read_payload(
+        &self,
+        req: Request<api::ReadPayloadRequest>,
+    ) -> Result<Response<Self::ReadPayloadStream>, Status> {
         let r = req.into_inner();
         let key = convert::key_from_string(&r.key)?;
         let d = self.daemon.clone();
-        let payload = blocking(move || d.store.open_payload(&key).map_err(|e| Status::not_found(e.to_string()))).await?;
+        let payload = blocking(move || {
+            d.store
+                .open_payload(&key)
+                .map_err(|e| Status::not_found(e.to_string()))
+        })
+        .await?;
         let len = payload.len() as u64;
         if r.offset > len {
-            return Err(Status::out_of_range(format!("offset {} is past the payload's {} bytes", r.offset, len)));
+            return Err(Status::out_of_range(format!(
+                "offset {} is past the payload's {} bytes",
+                r.offset, len
+            )));
         }
-        let end = if r.length == 0 { len } else { r.offset.saturating_add(r.length).min(len) };
+        let end = if r.length == 0 {
+            len
+        } else {
+            r.offset.saturating_add(r.length).min(len)
+        };
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             let mut pos = r.offset;
             while pos < end {
                 let n = ((end - pos) as usize).min(CHUNK);
                 let data = bytes::Bytes::copy_from_slice(&payload[pos as usize..pos as usize + n]);
-                if tx.blocking_send(Ok(api::PayloadChunk { offset: pos, data })).is_err() {
+                if tx
+                    .blocking_send(Ok(api::PayloadChunk { offset: pos, data }))
+                    .is_err()
+                {
                     return;
                 }
                 pos += n as u64;
@@ -347,13 +477,20 @@ impl CompiledTensorCache for Service {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn acquire_lease(&self, req: Request<api::AcquireLeaseRequest>) -> Result<Response<api::LeaseResponse>, Status> {
+    async fn acquire_lease(
+        &self,
+        req: Request<api::AcquireLeaseRequest>,
+    ) -> Result<Response<api::LeaseResponse>, Status> {
         let r = req.into_inner();
         let key = convert::key_from_string(&r.key)?;
         let ttl = Duration::from_millis(r.ttl_ms.clamp(1, MAX_TTL_MS));
         let d = self.daemon.clone();
         blocking(move || {
-            let entry = d.store.stat(&key).map_err(store_err)?.ok_or_else(|| Status::not_found("no such entry"))?;
+            let entry = d
+                .store
+                .stat(&key)
+                .map_err(store_err)?
+                .ok_or_else(|| Status::not_found("no such entry"))?;
             let id = d.store.acquire_lease(&key, ttl).map_err(store_err)?;
             Ok(api::LeaseResponse {
                 lease_id: id.0,
@@ -365,7 +502,10 @@ impl CompiledTensorCache for Service {
         .map(Response::new)
     }
 
-    async fn renew_lease(&self, req: Request<api::RenewLeaseRequest>) -> Result<Response<api::LeaseResponse>, Status> {
+    async fn renew_lease(
+        &self,
+        req: Request<api::RenewLeaseRequest>,
+    ) -> Result<Response<api::LeaseResponse>, Status> {
         let r = req.into_inner();
         let ttl = Duration::from_millis(r.ttl_ms.clamp(1, MAX_TTL_MS));
         let d = self.daemon.clone();
@@ -384,28 +524,43 @@ impl CompiledTensorCache for Service {
         .map(Response::new)
     }
 
-    async fn release_lease(&self, req: Request<api::ReleaseLeaseRequest>) -> Result<Response<api::ReleaseLeaseResponse>, Status> {
+    async fn release_lease(
+        &self,
+        req: Request<api::ReleaseLeaseRequest>,
+    ) -> Result<Response<api::ReleaseLeaseResponse>, Status> {
         let id = req.into_inner().lease_id;
         let d = self.daemon.clone();
         blocking(move || {
-            d.store.release(ctcache::store::LeaseId(id)).map_err(store_err)?;
+            d.store
+                .release(ctcache::store::LeaseId(id))
+                .map_err(store_err)?;
             Ok(api::ReleaseLeaseResponse {})
         })
         .await
         .map(Response::new)
     }
 
-    async fn embed(&self, req: Request<api::EmbedRequest>) -> Result<Response<api::EmbedResponse>, Status> {
+    async fn embed(
+        &self,
+        req: Request<api::EmbedRequest>,
+    ) -> Result<Response<api::EmbedResponse>, Status> {
         let peer = Peer::of(&req);
         let r = req.into_inner();
         tracing::info!(peer = %peer.describe(), model = %r.model_path, output = %r.output_path, "embed");
         let out = PathBuf::from(&r.output_path);
-        let out_dir = out.parent().filter(|p| !p.as_os_str().is_empty()).ok_or_else(|| Status::invalid_argument("output_path needs a folder"))?;
+        let out_dir = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .ok_or_else(|| Status::invalid_argument("output_path needs a folder"))?;
         if !out.is_absolute() {
             return Err(Status::invalid_argument("output_path must be absolute"));
         }
         if !peer.may_write_dir(out_dir) {
-            return Err(Status::permission_denied(format!("{} may not write in {}", peer.describe(), out_dir.display())));
+            return Err(Status::permission_denied(format!(
+                "{} may not write in {}",
+                peer.describe(),
+                out_dir.display()
+            )));
         }
         let d = self.daemon.clone();
         let (path, model, sel) = {
@@ -423,7 +578,9 @@ impl CompiledTensorCache for Service {
             let (path, wanted) = (path.clone(), sel.wanted.clone());
             let model = Model2(Arc::new(model));
             let m = model.clone();
-            let jobs = blocking(move || Ok(d.prepack_model(&path, &m.0, &wanted, Priority::Client)?)).await?;
+            let jobs =
+                blocking(move || Ok(d.prepack_model(&path, &m.0, &wanted, Priority::Client)?))
+                    .await?;
             (jobs, model)
         };
         let (jobs, model) = jobs;
@@ -435,8 +592,18 @@ impl CompiledTensorCache for Service {
                     packed += u32::from(!p.cached);
                     entries.push((w, p.entry));
                 }
-                JobState::Failed(e) => return Err(Status::internal(format!("{} {}: {e}", w.initializer, w.format))),
-                other => return Err(Status::aborted(format!("{} {}: {other:?}", w.initializer, w.format))),
+                JobState::Failed(e) => {
+                    return Err(Status::internal(format!(
+                        "{} {}: {e}",
+                        w.initializer, w.format
+                    )))
+                }
+                other => {
+                    return Err(Status::aborted(format!(
+                        "{} {}: {other:?}",
+                        w.initializer, w.format
+                    )))
+                }
             }
         }
         let uid_gid = (peer.uid, peer.gid);
@@ -461,7 +628,8 @@ impl CompiledTensorCache for Service {
                 ..Default::default()
             };
             let mode = if r.replace { Mode::Replace } else { Mode::Add };
-            let report = rewrite::embed(&model.0, &news, &out, mode, &opts).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let report = rewrite::embed(&model.0, &news, &out, mode, &opts)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } == 0 {
                 for p in std::iter::once(&out).chain(report.sidecar.iter()) {
@@ -473,7 +641,10 @@ impl CompiledTensorCache for Service {
                 output_path: out.display().to_string(),
                 entries: report.entries as u32,
                 packed,
-                sidecar_path: report.sidecar.map(|p| p.display().to_string()).unwrap_or_default(),
+                sidecar_path: report
+                    .sidecar
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
                 inline_bytes: report.inline_bytes,
                 sidecar_bytes: report.sidecar_bytes,
             })
@@ -482,18 +653,23 @@ impl CompiledTensorCache for Service {
         .map(Response::new)
     }
 
-    async fn import(&self, req: Request<api::ImportRequest>) -> Result<Response<api::ImportResponse>, Status> {
+    async fn import(
+        &self,
+        req: Request<api::ImportRequest>,
+    ) -> Result<Response<api::ImportResponse>, Status> {
         let peer = Peer::of(&req);
+        self.require_trusted(&peer, "import models")?;
         let r = req.into_inner();
-        tracing::info!(peer = %peer.describe(), model = %r.model_path, "import");
-        let trusted = peer.is_self_or_root() || peer.uid.is_some_and(|u| self.daemon.config.trusted_uids.contains(&u));
         let d = self.daemon.clone();
-        blocking(move || crate::import::import(&d, &r.model_path, &peer, trusted).map_err(Status::from))
+        blocking(move || crate::import::import(&d, &r.model_path, &peer).map_err(Status::from))
             .await
             .map(Response::new)
     }
 
-    async fn stats(&self, _: Request<api::StatsRequest>) -> Result<Response<api::StatsResponse>, Status> {
+    async fn stats(
+        &self,
+        _: Request<api::StatsRequest>,
+    ) -> Result<Response<api::StatsResponse>, Status> {
         let d = self.daemon.clone();
         blocking(move || {
             let s = d.store.stats().map_err(store_err)?;
@@ -504,14 +680,21 @@ impl CompiledTensorCache for Service {
         .map(Response::new)
     }
 
-    async fn list(&self, req: Request<api::ListRequest>) -> Result<Response<api::ListResponse>, Status> {
+    async fn list(
+        &self,
+        req: Request<api::ListRequest>,
+    ) -> Result<Response<api::ListResponse>, Status> {
         let r = req.into_inner();
         let d = self.daemon.clone();
         blocking(move || {
             let source = if r.source_digest.is_empty() {
                 None
             } else {
-                let bytes: [u8; 32] = r.source_digest.as_ref().try_into().map_err(|_| Status::invalid_argument("source_digest must be 32 bytes"))?;
+                let bytes: [u8; 32] = r
+                    .source_digest
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| Status::invalid_argument("source_digest must be 32 bytes"))?;
                 Some(ctcache::digest::SourceDigest {
                     algorithm: ctcache::digest::Algorithm::Blake3,
                     bytes,
@@ -522,13 +705,27 @@ impl CompiledTensorCache for Service {
                 ..Default::default()
             };
             let entries = d.store.list(&filter).map_err(store_err)?;
-            let leased: std::collections::HashSet<_> = d.store.leases().map_err(store_err)?.into_iter().map(|l| l.key).collect();
+            let leased: std::collections::HashSet<_> = d
+                .store
+                .leases()
+                .map_err(store_err)?
+                .into_iter()
+                .map(|l| l.key)
+                .collect();
             let out = entries
                 .iter()
                 .filter(|e| r.format.is_empty() || e.type_name.starts_with(&r.format))
-                .filter(|e| r.device.is_empty() || ctcache::device::describe(&e.device).contains(&r.device))
-                .filter(|e| r.model_path.is_empty() || e.model_paths.iter().any(|p| p == &r.model_path))
-                .take(if r.limit == 0 { usize::MAX } else { r.limit as usize })
+                .filter(|e| {
+                    r.device.is_empty() || ctcache::device::describe(&e.device).contains(&r.device)
+                })
+                .filter(|e| {
+                    r.model_path.is_empty() || e.model_paths.iter().any(|p| p == &r.model_path)
+                })
+                .take(if r.limit == 0 {
+                    usize::MAX
+                } else {
+                    r.limit as usize
+                })
                 .map(|e| {
                     let mut a = d.api_entry(e);
                     a.leased = leased.contains(&e.key);
@@ -544,12 +741,28 @@ impl CompiledTensorCache for Service {
     async fn gc(&self, req: Request<api::GcRequest>) -> Result<Response<api::GcResponse>, Status> {
         let peer = Peer::of(&req);
         let r = req.into_inner();
-        tracing::info!(peer = %peer.describe(), dry_run = r.dry_run, "gc");
+        if !r.dry_run {
+            self.require_trusted(&peer, "collect garbage")?;
+        }
         let d = self.daemon.clone();
         blocking(move || {
+            // Without limits in the request, the configured budget applies.
+            let cfg = &d.config;
+            let explicit = r.has_max_bytes || r.max_bytes > 0 || r.max_age_s > 0;
+            let (max_bytes, max_age_s) = if explicit {
+                (
+                    (r.has_max_bytes || r.max_bytes > 0).then_some(r.max_bytes),
+                    r.max_age_s,
+                )
+            } else {
+                (
+                    (cfg.gc_max_bytes > 0).then_some(cfg.gc_max_bytes),
+                    cfg.gc_max_age_secs,
+                )
+            };
             let policy = GcPolicy {
-                max_bytes: (r.has_max_bytes || r.max_bytes > 0).then_some(r.max_bytes),
-                max_age: (r.max_age_s > 0).then(|| Duration::from_secs(r.max_age_s)),
+                max_bytes,
+                max_age: (max_age_s > 0).then(|| Duration::from_secs(max_age_s)),
                 orphans: true,
                 temp_files: true,
                 dry_run: r.dry_run,
@@ -564,9 +777,12 @@ impl CompiledTensorCache for Service {
         .map(Response::new)
     }
 
-    async fn verify(&self, req: Request<api::VerifyRequest>) -> Result<Response<api::VerifyResponse>, Status> {
+    async fn verify(
+        &self,
+        req: Request<api::VerifyRequest>,
+    ) -> Result<Response<api::VerifyResponse>, Status> {
         let peer = Peer::of(&req);
-        tracing::info!(peer = %peer.describe(), "verify");
+        self.require_trusted(&peer, "verify the store")?;
         let d = self.daemon.clone();
         blocking(move || {
             let v = d.store.verify().map_err(store_err)?;
@@ -595,41 +811,65 @@ impl CompiledTensorCache for Service {
         .map(Response::new)
     }
 
-    async fn add_watch(&self, req: Request<api::WatchRequest>) -> Result<Response<api::WatchResponse>, Status> {
+    async fn add_watch(
+        &self,
+        req: Request<api::WatchRequest>,
+    ) -> Result<Response<api::WatchResponse>, Status> {
         let peer = Peer::of(&req);
         let dir = PathBuf::from(req.into_inner().dir);
         tracing::info!(peer = %peer.describe(), dir = %dir.display(), "add watch");
         if !dir.is_absolute() || !dir.is_dir() {
-            return Err(Status::invalid_argument(format!("{} is not an absolute path to a folder", dir.display())));
+            return Err(Status::invalid_argument(format!(
+                "{} is not an absolute path to a folder",
+                dir.display()
+            )));
         }
         if !peer.is_self_or_root() && !peer.may_read(&dir) {
-            return Err(Status::permission_denied(format!("{} may not read {}", peer.describe(), dir.display())));
+            return Err(Status::permission_denied(format!(
+                "{} may not read {}",
+                peer.describe(),
+                dir.display()
+            )));
         }
         crate::watcher::add(&self.daemon, &dir).map_err(Status::from)?;
         Ok(Response::new(self.watch_list()))
     }
 
-    async fn remove_watch(&self, req: Request<api::WatchRequest>) -> Result<Response<api::WatchResponse>, Status> {
+    async fn remove_watch(
+        &self,
+        req: Request<api::WatchRequest>,
+    ) -> Result<Response<api::WatchResponse>, Status> {
         let peer = Peer::of(&req);
         let dir = PathBuf::from(req.into_inner().dir);
-        tracing::info!(peer = %peer.describe(), dir = %dir.display(), "remove watch");
+        self.require_trusted(&peer, "remove watches")?;
         crate::watcher::remove(&self.daemon, &dir).map_err(Status::from)?;
         Ok(Response::new(self.watch_list()))
     }
 
-    async fn list_watches(&self, _: Request<api::ListWatchesRequest>) -> Result<Response<api::ListWatchesResponse>, Status> {
-        Ok(Response::new(api::ListWatchesResponse { dirs: self.watch_list().dirs }))
+    async fn list_watches(
+        &self,
+        _: Request<api::ListWatchesRequest>,
+    ) -> Result<Response<api::ListWatchesResponse>, Status> {
+        Ok(Response::new(api::ListWatchesResponse {
+            dirs: self.watch_list().dirs,
+        }))
     }
 
     type EventsStream = Stream_<api::Event>;
 
-    async fn events(&self, _: Request<api::EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
+    async fn events(
+        &self,
+        _: Request<api::EventsRequest>,
+    ) -> Result<Response<Self::EventsStream>, Status> {
         let rx = self.daemon.events.subscribe();
         let stream = BroadcastStream::new(rx).filter_map(|e| e.ok().map(Ok));
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn status(&self, _: Request<api::StatusRequest>) -> Result<Response<api::StatusResponse>, Status> {
+    async fn status(
+        &self,
+        _: Request<api::StatusRequest>,
+    ) -> Result<Response<api::StatusResponse>, Status> {
         let d = self.daemon.clone();
         blocking(move || {
             let s = d.store.stats().map_err(store_err)?;
@@ -643,9 +883,19 @@ impl CompiledTensorCache for Service {
                 misses: s.misses,
                 jobs_running: st.running.load(std::sync::atomic::Ordering::Relaxed) as u32,
                 jobs_queued: d.scheduler.queued() as u32,
-                watches: d.watches.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|p| p.display().to_string()).collect(),
+                watches: d
+                    .watches
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect(),
                 cache_dir: d.config.cache_dir.display().to_string(),
-                socket: d.socket.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                socket: d
+                    .socket
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
                 pid: std::process::id(),
             })
         })

@@ -14,7 +14,10 @@ pub fn status(status: &str) {
 }
 
 pub fn stopping() {
-    let _ = sd_notify::notify(false, &[NotifyState::Stopping, NotifyState::Status("draining")]);
+    let _ = sd_notify::notify(
+        false,
+        &[NotifyState::Stopping, NotifyState::Status("draining")],
+    );
 }
 
 /// Pings the watchdog at half its interval until the task is dropped.

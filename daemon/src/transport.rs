@@ -38,8 +38,13 @@ pub fn from_systemd(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<UnixL
     // SAFETY: fd 3 is a listening socket passed by the service manager and
     // owned by no other object in this process.
     let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-    listener.set_nonblocking(true).context("socket-activated fd")?;
-    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf));
+    listener
+        .set_nonblocking(true)
+        .context("socket-activated fd")?;
+    let path = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf));
     Ok(Some(UnixListenerSpec {
         listener,
         path,
@@ -66,14 +71,17 @@ pub fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerSpec> {
                 path.display()
             ),
             Err(_) => {
-                std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing stale socket {}", path.display()))?;
             }
         }
     }
-    let listener = std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     if let Some(gid) = group {
-        std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("chgrp {} to gid {gid}", path.display()))?;
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("chgrp {} to gid {gid}", path.display()))?;
     }
     listener.set_nonblocking(true)?;
     Ok(UnixListenerSpec {

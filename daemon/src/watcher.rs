@@ -34,24 +34,28 @@ fn is_model(p: &Path) -> bool {
 pub fn start(d: &Arc<Daemon>) -> OpResult<()> {
     let (tx, rx) = mpsc::channel::<PathBuf>();
     let events_tx = tx.clone();
-    let debouncer = new_debouncer(Duration::from_millis(300), None, move |res: DebounceEventResult| match res {
-        Ok(events) => {
-            for e in events {
-                if matches!(e.kind, EventKind::Access(_)) {
-                    continue;
-                }
-                metrics::counter!("ctcache_watcher_events_total").increment(1);
-                for p in &e.paths {
-                    let _ = events_tx.send(p.clone());
+    let debouncer = new_debouncer(
+        Duration::from_millis(300),
+        None,
+        move |res: DebounceEventResult| match res {
+            Ok(events) => {
+                for e in events {
+                    if matches!(e.kind, EventKind::Access(_)) {
+                        continue;
+                    }
+                    metrics::counter!("ctcache_watcher_events_total").increment(1);
+                    for p in &e.paths {
+                        let _ = events_tx.send(p.clone());
+                    }
                 }
             }
-        }
-        Err(errors) => {
-            for e in errors {
-                tracing::warn!(error = %e, "watcher error");
+            Err(errors) => {
+                for e in errors {
+                    tracing::warn!(error = %e, "watcher error");
+                }
             }
-        }
-    })
+        },
+    )
     .map_err(|e| OpError::Internal(format!("cannot start the watcher: {e}")))?;
     if WATCHING
         .set(Watching {
@@ -67,7 +71,13 @@ pub fn start(d: &Arc<Daemon>) -> OpResult<()> {
         .name("ctcache-watch".into())
         .spawn(move || scan_loop(daemon, rx))
         .map_err(|e| OpError::Internal(e.to_string()))?;
-    let dirs: Vec<PathBuf> = d.watches.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+    let dirs: Vec<PathBuf> = d
+        .watches
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .cloned()
+        .collect();
     for dir in dirs {
         if let Err(e) = watch_dir(&dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot watch");
@@ -77,7 +87,9 @@ pub fn start(d: &Arc<Daemon>) -> OpResult<()> {
 }
 
 fn watch_dir(dir: &Path) -> OpResult<()> {
-    let w = WATCHING.get().ok_or_else(|| OpError::FailedPrecondition("the watcher is not running".into()))?;
+    let w = WATCHING
+        .get()
+        .ok_or_else(|| OpError::FailedPrecondition("the watcher is not running".into()))?;
     w.debouncer
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -90,27 +102,59 @@ fn watch_dir(dir: &Path) -> OpResult<()> {
 
 /// Adds a watched folder (also recorded for the session).
 pub fn add(d: &Daemon, dir: &Path) -> OpResult<()> {
-    let dir = dir.canonicalize().map_err(|e| OpError::InvalidArgument(format!("{}: {e}", dir.display())))?;
-    if d.watches.lock().unwrap_or_else(|e| e.into_inner()).contains(&dir) {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| OpError::InvalidArgument(format!("{}: {e}", dir.display())))?;
+    if d.watches
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&dir)
+    {
         return Ok(());
     }
     watch_dir(&dir)?;
-    d.watches.lock().unwrap_or_else(|e| e.into_inner()).insert(dir.clone());
-    d.emit("watcher", String::new(), dir.display().to_string(), "watch added".into(), None);
+    d.watches
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(dir.clone());
+    d.emit(
+        "watcher",
+        String::new(),
+        dir.display().to_string(),
+        "watch added".into(),
+        None,
+    );
     Ok(())
 }
 
 pub fn remove(d: &Daemon, dir: &Path) -> OpResult<()> {
     let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let mut watches = d.watches.lock().unwrap_or_else(|e| e.into_inner());
-    let key = if watches.contains(&canonical) { canonical } else { dir.to_path_buf() };
+    let key = if watches.contains(&canonical) {
+        canonical
+    } else {
+        dir.to_path_buf()
+    };
     if !watches.remove(&key) {
-        return Err(OpError::NotFound(format!("{} is not watched", dir.display())));
+        return Err(OpError::NotFound(format!(
+            "{} is not watched",
+            dir.display()
+        )));
     }
     if let Some(w) = WATCHING.get() {
-        let _ = w.debouncer.lock().unwrap_or_else(|e| e.into_inner()).unwatch(&key);
+        let _ = w
+            .debouncer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwatch(&key);
     }
-    d.emit("watcher", String::new(), key.display().to_string(), "watch removed".into(), None);
+    d.emit(
+        "watcher",
+        String::new(),
+        key.display().to_string(),
+        "watch removed".into(),
+        None,
+    );
     Ok(())
 }
 
@@ -133,7 +177,13 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
                     models.insert(p);
                 } else {
                     d.memo.forget(&p);
-                    d.emit("watcher", String::new(), p.display().to_string(), "model removed; its entries stay until gc".into(), None);
+                    d.emit(
+                        "watcher",
+                        String::new(),
+                        p.display().to_string(),
+                        "model removed; its entries stay until gc".into(),
+                        None,
+                    );
                 }
             } else if let Some(dir) = p.parent() {
                 // An external-data file changed: reconsider the models beside it.
@@ -143,7 +193,13 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
         for m in models {
             if let Err(e) = consider(&d, &m, stable) {
                 tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
-                d.emit("watcher", String::new(), m.display().to_string(), format!("skipped: {e}"), None);
+                d.emit(
+                    "watcher",
+                    String::new(),
+                    m.display().to_string(),
+                    format!("skipped: {e}"),
+                    None,
+                );
             }
         }
         d.memo.persist();
@@ -152,7 +208,12 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
 
 fn walk_shallow(dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| is_model(p) && p.is_file()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| is_model(p) && p.is_file())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -160,7 +221,9 @@ fn walk_models(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let p = e.path();
             match e.file_type() {
@@ -197,7 +260,9 @@ fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> OpResult<()> {
     if !wait_stable(path, stable) {
         return Ok(());
     }
-    let canonical = path.canonicalize().map_err(|e| OpError::NotFound(e.to_string()))?;
+    let canonical = path
+        .canonicalize()
+        .map_err(|e| OpError::NotFound(e.to_string()))?;
     let model = ctcache::onnx::Model::open(&canonical)?;
     let sel = crate::policy::select(&model, &d.config.policy)?;
     let jobs = d.prepack_model(&canonical, &model, &sel.wanted, Priority::Watcher)?;
@@ -205,7 +270,11 @@ fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> OpResult<()> {
         "watcher",
         String::new(),
         canonical.display().to_string(),
-        format!("{} pack job(s) for {} wanted pair(s)", jobs.iter().filter(|(_, h)| !h.joined).count(), sel.wanted.len()),
+        format!(
+            "{} pack job(s) for {} wanted pair(s)",
+            jobs.iter().filter(|(_, h)| !h.joined).count(),
+            sel.wanted.len()
+        ),
         None,
     );
     Ok(())

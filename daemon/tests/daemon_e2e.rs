@@ -21,8 +21,15 @@ fn lookup_req(digest: &[u8]) -> api::LookupRequest {
     }
 }
 
-async fn entries_for(c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>, digest: &[u8]) -> Vec<api::Entry> {
-    c.lookup(lookup_req(digest)).await.unwrap().into_inner().entries
+async fn entries_for(
+    c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
+    digest: &[u8],
+) -> Vec<api::Entry> {
+    c.lookup(lookup_req(digest))
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
 }
 
 async fn prepack_all(
@@ -49,7 +56,8 @@ fn ready_notification_and_clean_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let notify = dir.path().join("notify.sock");
     let sock = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let mut d = Daemon::start_with(&[], |c| {
         c.env("NOTIFY_SOCKET", &notify);
     });
@@ -97,7 +105,11 @@ async fn watcher_packs_models_without_client_calls() {
     })
     .await
     .expect("the changed model was packed again");
-    assert_eq!(entries_for(&mut c, &digest).await.len(), 2, "old entries stay until gc");
+    assert_eq!(
+        entries_for(&mut c, &digest).await.len(),
+        2,
+        "old entries stay until gc"
+    );
     let r = c
         .resolve_model(api::ResolveModelRequest {
             model_path: path.display().to_string(),
@@ -125,15 +137,28 @@ async fn identical_prepacks_share_one_job() {
         let p = path.clone();
         tasks.push(tokio::spawn(async move { prepack_all(&mut c, &p).await }));
     }
-    let mut job_ids: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    let mut job_ids: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
     for t in tasks {
-        for p in t.await.unwrap().into_iter().filter(|p| p.state == "done" || p.state == "cached") {
-            job_ids.entry(p.format.clone()).or_default().insert(p.job_id.clone());
+        for p in t
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.state == "done" || p.state == "cached")
+        {
+            job_ids
+                .entry(p.format.clone())
+                .or_default()
+                .insert(p.job_id.clone());
         }
     }
     assert_eq!(job_ids.len(), 2, "{job_ids:?}");
     for (format, ids) in &job_ids {
-        assert_eq!(ids.len(), 1, "{format}: 8 identical prepacks ran as {ids:?}");
+        assert_eq!(
+            ids.len(),
+            1,
+            "{format}: 8 identical prepacks ran as {ids:?}"
+        );
     }
     let digest = digest_of(&path, "W");
     let mut c = c.clone();
@@ -151,9 +176,19 @@ async fn every_rpc_success_and_errors() {
     let digest = digest_of(&path, "W");
 
     // Host devices and formats.
-    let devices = c.get_host_devices(api::GetHostDevicesRequest {}).await.unwrap().into_inner().devices;
+    let devices = c
+        .get_host_devices(api::GetHostDevicesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices;
     assert_eq!(devices[0].r#type, "cpu");
-    let formats = c.list_formats(api::ListFormatsRequest {}).await.unwrap().into_inner().formats;
+    let formats = c
+        .list_formats(api::ListFormatsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .formats;
     assert!(formats.iter().any(|f| f.id == "ort.matmul_nbits"));
 
     // Lookup: a miss with a reason, then errors.
@@ -164,7 +199,16 @@ async fn every_rpc_success_and_errors() {
     assert_eq!(bad.code(), Code::InvalidArgument);
     let mut unknown = lookup_req(&digest);
     unknown.digest_algorithm = "md5".into();
-    assert_eq!(c.lookup(unknown).await.unwrap().into_inner().miss.unwrap().reason, "unknown_digest_algorithm");
+    assert_eq!(
+        c.lookup(unknown)
+            .await
+            .unwrap()
+            .into_inner()
+            .miss
+            .unwrap()
+            .reason,
+        "unknown_digest_algorithm"
+    );
 
     // ResolveModel with on_miss = wait packs what is missing.
     let r = c
@@ -209,7 +253,11 @@ async fn every_rpc_success_and_errors() {
     assert_eq!(batch.responses[1].miss.as_ref().unwrap().reason, "no_entry");
 
     // ReadPayload: whole, range, out of range, bad key.
-    let e = hits.iter().find(|e| e.physical_type.starts_with("ort.")).unwrap().clone();
+    let e = hits
+        .iter()
+        .find(|e| e.physical_type.starts_with("ort."))
+        .unwrap()
+        .clone();
     let mut s = c
         .read_payload(api::ReadPayloadRequest {
             key: e.key.clone(),
@@ -224,7 +272,11 @@ async fn every_rpc_success_and_errors() {
     }
     assert_eq!(all.len() as u64, e.payload_len);
     assert_eq!(blake3::hash(&all).to_hex().to_string(), e.payload_blake3);
-    assert_eq!(std::fs::read(&e.payload_path).unwrap(), all, "payload_path maps the same bytes");
+    assert_eq!(
+        std::fs::read(&e.payload_path).unwrap(),
+        all,
+        "payload_path maps the same bytes"
+    );
     let mut s = c
         .read_payload(api::ReadPayloadRequest {
             key: e.key.clone(),
@@ -269,7 +321,12 @@ async fn every_rpc_success_and_errors() {
     })
     .await
     .unwrap();
-    let listed = c.list(api::ListRequest::default()).await.unwrap().into_inner().entries;
+    let listed = c
+        .list(api::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
     assert!(listed.iter().any(|x| x.key == e.key && x.leased));
     // gc with a zero budget keeps the leased entry.
     let gc = c
@@ -282,8 +339,16 @@ async fn every_rpc_success_and_errors() {
         .unwrap()
         .into_inner();
     assert!(gc.skipped_leased >= 1, "{gc:?}");
-    assert_eq!(entries_for(&mut c, &digest).await.len(), 1, "only the leased entry survives");
-    c.release_lease(api::ReleaseLeaseRequest { lease_id: lease.lease_id }).await.unwrap();
+    assert_eq!(
+        entries_for(&mut c, &digest).await.len(),
+        1,
+        "only the leased entry survives"
+    );
+    c.release_lease(api::ReleaseLeaseRequest {
+        lease_id: lease.lease_id,
+    })
+    .await
+    .unwrap();
     assert_eq!(
         c.renew_lease(api::RenewLeaseRequest {
             lease_id: lease.lease_id,
@@ -309,9 +374,14 @@ async fn every_rpc_success_and_errors() {
         .into_inner();
     assert_eq!(em.entries, 2);
     let m = ctcache::onnx::Model::open(&out).unwrap();
-    assert!(ctcache::check::check_model(&m, &Default::default()).unwrap().is_empty());
+    assert!(ctcache::check::check_model(&m, &Default::default())
+        .unwrap()
+        .is_empty());
     let original = std::fs::read(&path).unwrap();
-    assert_eq!(&std::fs::read(&out).unwrap()[..original.len()], &original[..]);
+    assert_eq!(
+        &std::fs::read(&out).unwrap()[..original.len()],
+        &original[..]
+    );
 
     let mut fresh = Daemon::start();
     let mut fc = fresh.client().await;
@@ -323,7 +393,11 @@ async fn every_rpc_success_and_errors() {
         .unwrap()
         .into_inner();
     assert_eq!(imp.imported, 2, "{imp:?}");
-    assert_eq!(entries_for(&mut fc, &digest).await.len(), 2, "hits without any pack job");
+    assert_eq!(
+        entries_for(&mut fc, &digest).await.len(),
+        2,
+        "hits without any pack job"
+    );
     let st = fc.status(api::StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(st.entries, 2);
     assert_eq!(fresh.stop(), Some(0));
@@ -332,7 +406,11 @@ async fn every_rpc_success_and_errors() {
     let stats = c.stats(api::StatsRequest {}).await.unwrap().into_inner();
     assert_eq!(stats.entries, 2);
     assert!(stats.by_format.len() == 2);
-    let v = c.verify(api::VerifyRequest { repair: false }).await.unwrap().into_inner();
+    let v = c
+        .verify(api::VerifyRequest { repair: false })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(v.clean && v.checked >= 2, "{v:?}");
     let dry = c
         .gc(api::GcRequest {
@@ -345,10 +423,20 @@ async fn every_rpc_success_and_errors() {
         .unwrap()
         .into_inner();
     assert!(dry.dry_run && dry.removed.len() >= 2);
-    assert_eq!(entries_for(&mut c, &digest).await.len(), 2, "dry run changes nothing");
+    assert_eq!(
+        entries_for(&mut c, &digest).await.len(),
+        2,
+        "dry run changes nothing"
+    );
 
     // Put: structural validation.
-    let ty = listed.iter().find(|x| x.key == e.key).unwrap().struct_type.clone().unwrap();
+    let ty = listed
+        .iter()
+        .find(|x| x.key == e.key)
+        .unwrap()
+        .struct_type
+        .clone()
+        .unwrap();
     let header = api::PutHeader {
         source_digest: bytes::Bytes::from(vec![7u8; 32]),
         digest_algorithm: "blake3".into(),
@@ -379,7 +467,10 @@ async fn every_rpc_success_and_errors() {
     assert_eq!(short.code(), Code::InvalidArgument);
     let mut wrong_len = header.clone();
     wrong_len.payload_len += 1;
-    assert_eq!(put(wrong_len, all.clone()).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        put(wrong_len, all.clone()).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
 
     // Watches and events.
     let extra = tempfile::tempdir().unwrap();
@@ -410,9 +501,22 @@ async fn every_rpc_success_and_errors() {
     })
     .await
     .unwrap();
-    assert_eq!(c.list_watches(api::ListWatchesRequest {}).await.unwrap().into_inner().dirs.len(), 1);
     assert_eq!(
-        c.add_watch(api::WatchRequest { dir: "/no/such/dir".into() }).await.unwrap_err().code(),
+        c.list_watches(api::ListWatchesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .dirs
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.add_watch(api::WatchRequest {
+            dir: "/no/such/dir".into()
+        })
+        .await
+        .unwrap_err()
+        .code(),
         Code::InvalidArgument
     );
     let st = c.status(api::StatusRequest {}).await.unwrap().into_inner();
@@ -456,7 +560,10 @@ async fn health_check_is_served() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     assert_eq!(d.stop(), Some(0));
 }
 
@@ -485,7 +592,12 @@ fn second_daemon_refuses_same_socket_or_cache() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&d.child.as_ref().unwrap().id().to_string()) || err.contains("in use") || err.contains("lock"), "{err}");
+    assert!(
+        err.contains(&d.child.as_ref().unwrap().id().to_string())
+            || err.contains("in use")
+            || err.contains("lock"),
+        "{err}"
+    );
     assert_eq!(d.stop(), Some(0));
 }
 
@@ -494,7 +606,12 @@ fn invalid_config_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, "workers = 2\nsokcet = \"/x\"\n").unwrap();
-    let out = std::process::Command::new(bin()).arg("--config").arg(&cfg).arg("--print-config").output().unwrap();
+    let out = std::process::Command::new(bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--print-config")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sokcet"));
     let out = std::process::Command::new(bin())
@@ -503,7 +620,10 @@ fn invalid_config_names_the_key() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("CTCACHE_WORKERS"));
-    let out = std::process::Command::new(bin()).args(["--print-config", "--workers", "3"]).output().unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["--print-config", "--workers", "3"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("workers = 3"));
 }
@@ -515,7 +635,9 @@ async fn put_client_helper() {
     let Ok(socket) = std::env::var("CTCACHE_TEST_PUT_SOCKET") else {
         return;
     };
-    let mut c = api::compiled_tensor_cache_client::CompiledTensorCacheClient::new(channel(std::path::Path::new(&socket)).await);
+    let mut c = api::compiled_tensor_cache_client::CompiledTensorCacheClient::new(
+        channel(std::path::Path::new(&socket)).await,
+    );
     let msgs = vec![api::PutRequest {
         part: Some(api::put_request::Part::Header(api::PutHeader::default())),
     }];
@@ -527,7 +649,12 @@ async fn put_client_helper() {
 #[test]
 fn put_from_untrusted_uid_is_refused() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || std::process::Command::new("setpriv").arg("--version").output().is_err() {
+    if unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
         eprintln!("skipped: needs root and setpriv to act as another uid");
         return;
     }
@@ -536,18 +663,30 @@ fn put_from_untrusted_uid_is_refused() {
     });
     // Let uid 65534 reach the socket: traverse the temp dirs, group on the socket.
     use std::os::unix::fs::PermissionsExt;
-    for p in [d.dir.path().to_path_buf(), d.socket.parent().unwrap().to_path_buf()] {
+    for p in [
+        d.dir.path().to_path_buf(),
+        d.socket.parent().unwrap().to_path_buf(),
+    ] {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(&exe)
-        .args(["--exact", "put_client_helper", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "put_client_helper",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("CTCACHE_TEST_PUT_SOCKET", &d.socket)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains("PUT-REFUSED-OK"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("PUT-REFUSED-OK"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(d.stop(), Some(0));
 }

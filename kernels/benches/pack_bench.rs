@@ -1,1 +1,348 @@
-fn main() {}
+//! Packing throughput on a 4096 x 4096 FLOAT weight (random normal): input
+//! GB/s of each GPU-capable packer on the CPU and on wgpu (when an adapter
+//! exists; upload and read-back included), next to its anchor measured in
+//! the same run on the same data: onnxruntime `quantize_matmul_4bits` and
+//! gguf `quants.quantize` (through the venv's Python), the `half` crate's
+//! slice conversion and a plain memcpy. Then the peak RSS of
+//! `ctcachectl pack` on a model holding that weight.
+//!
+//! `cargo bench -p ctcache-kernels --bench pack_bench` (or
+//! bench/pack_bench.sh). Environment: CTCACHE_VENV (default
+//! /var/tmp/ctcache-venv), CTCACHECTL (default
+//! $CARGO_TARGET_DIR/release/ctcachectl), PACK_BENCH_REPS (default 3).
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ctcache::dtype::DataType;
+use ctcache_kernels::gpu::{cpu_assist, GpuBackend};
+use ctcache_kernels::{find, Params, SourceTensor};
+use half::slice::HalfFloatSliceExt;
+
+const K: usize = 4096;
+const N: usize = 4096;
+const PACKERS: [&str; 4] = ["ort.matmul_nbits", "ggml.q8_0", "ggml.q4_0", "cast.f16"];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--rss-child") {
+        rss_child(&args[2..]);
+        return;
+    }
+    let reps: usize = std::env::var("PACK_BENCH_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let data = weight();
+    let bytes = data.len() as f64;
+    let gbps = |d: Duration| bytes / d.as_secs_f64() / 1e9;
+    println!(
+        "weight: {K} x {N} FLOAT, random normal ({} MiB); best of {reps}",
+        data.len() >> 20
+    );
+    let src = SourceTensor {
+        data_type: DataType::FLOAT,
+        dims: &[K as u64, N as u64],
+        data: &data,
+    };
+    let params = Params::new();
+    let gpu = GpuBackend::shared();
+    match &gpu {
+        Ok(g) => println!("wgpu adapter: {:?}", g.adapter_info()),
+        Err(e) => println!("wgpu: {e} (GPU figures skipped)"),
+    }
+    let mut cpu = Vec::new();
+    let mut wgpu = Vec::new();
+    for id in PACKERS {
+        let p = find(id).expect("packer");
+        let len = p
+            .output(src.data_type, src.dims, &params)
+            .expect("layout")
+            .payload_len;
+        let mut out = vec![0u8; len as usize];
+        cpu.push(gbps(best(reps, || {
+            p.pack(&src, &params, &mut out).expect("pack");
+            black_box(&mut out);
+        })));
+        let want = out.clone();
+        wgpu.push(gpu.as_ref().ok().map(|g| {
+            let t = best(reps, || {
+                g.pack(id, &src, &params, &mut out).expect("gpu pack");
+                black_box(&mut out);
+            });
+            assert!(out == want, "{id}: GPU bytes differ from the CPU's");
+            gbps(t)
+        }));
+    }
+    // Anchors.
+    let floats: Vec<f32> = data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let mut halves = vec![half::f16::ZERO; floats.len()];
+    let half_gbps = gbps(best(reps, || {
+        halves.convert_from_f32_slice(black_box(&floats));
+        black_box(&mut halves);
+    }));
+    let mut copy = vec![0u8; data.len()];
+    let memcpy_gbps = gbps(best(reps, || {
+        copy.copy_from_slice(black_box(&data));
+        black_box(&mut copy);
+    }));
+    let dir = std::env::temp_dir().join(format!("ctcache-pack-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let raw = dir.join("weights.bin");
+    std::fs::write(&raw, &data).expect("write weight");
+    let py = python_anchors(&raw, reps);
+    let anchor = |name: &str| py.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    let anchors = [
+        ("onnxruntime quantize_matmul_4bits", anchor("ort"), 4.0),
+        ("gguf quantize Q8_0", anchor("q8_0"), 5.0),
+        ("gguf quantize Q4_0", anchor("q4_0"), 5.0),
+        ("half convert_from_f32_slice", Some(half_gbps), 0.8),
+    ];
+    println!();
+    println!(
+        "{:<18} {:>9} {:>9}   {:<34} {:>9} {:>10} {:>10} {:>7}",
+        "packer", "cpu GB/s", "wgpu GB/s", "anchor", "GB/s", "cpu/anchor", "wgpu/anch", "target"
+    );
+    for (i, id) in PACKERS.iter().enumerate() {
+        let (name, a, target) = anchors[i];
+        let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let ratio = |v: Option<f64>| match (v, a) {
+            (Some(v), Some(a)) => format!("{:.2}x", v / a),
+            _ => "-".into(),
+        };
+        let verdict = match a {
+            Some(a) if cpu[i] / a >= target => "met",
+            Some(_) => "MISSED",
+            None => "n/a",
+        };
+        println!(
+            "{:<18} {:>9.3} {:>9}   {:<34} {:>9} {:>10} {:>10} {:>5}x {verdict}",
+            id,
+            cpu[i],
+            fmt(wgpu[i]),
+            name,
+            fmt(a),
+            ratio(Some(cpu[i])),
+            ratio(wgpu[i]),
+            target
+        );
+    }
+    println!(
+        "{:<18} {:>9.3}   (plain copy of the same bytes)",
+        "memcpy", memcpy_gbps
+    );
+    if gpu.is_ok() {
+        println!("GPU work redone on the CPU: {:?}", cpu_assist());
+    }
+    println!();
+    peak_rss(&dir, &raw, data.len() as u64);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// 4096 x 4096 normal samples (Box-Muller over splitmix64), raw LE bytes.
+fn weight() -> Vec<u8> {
+    let mut state = 0x5eed_u64;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut out = Vec::with_capacity(K * N * 4);
+    for _ in 0..K * N / 2 {
+        let (u, v) = (next().max(1e-300), next());
+        let r = (-2.0 * u.ln()).sqrt();
+        let t = std::f64::consts::TAU * v;
+        out.extend_from_slice(&((r * t.cos()) as f32).to_le_bytes());
+        out.extend_from_slice(&((r * t.sin()) as f32).to_le_bytes());
+    }
+    out
+}
+
+fn best(reps: usize, mut f: impl FnMut()) -> Duration {
+    f(); // warm-up: page faults, thread pools, GPU buffers
+    (0..reps.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .expect("at least one run")
+}
+
+fn venv_python() -> Option<PathBuf> {
+    let venv = std::env::var("CTCACHE_VENV").unwrap_or_else(|_| "/var/tmp/ctcache-venv".into());
+    let py = Path::new(&venv).join("bin/python");
+    py.exists().then_some(py)
+}
+
+/// Times onnxruntime and gguf on the raw weight; returns (name, GB/s).
+fn python_anchors(raw: &Path, reps: usize) -> Vec<(String, f64)> {
+    const SCRIPT: &str = r##"
+import sys, time
+import numpy as np
+path, k, n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+w = np.fromfile(path, dtype="<f4").reshape(k, n)
+def best(f):
+    f()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
+    return w.nbytes / min(times) / 1e9
+try:
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+    bs = 32
+    kb = (k + bs - 1) // bs
+    q = np.zeros((n, kb, bs // 2), np.uint8)
+    s = np.zeros((n, kb), np.float32)
+    z = np.zeros((n, (kb + 1) // 2), np.uint8)
+    print("ort", best(lambda: quantize_matmul_4bits(q, w, s, z, bs, n, k, True)), flush=True)
+except ImportError as e:
+    print("# onnxruntime:", e)
+try:
+    from gguf import quants, GGMLQuantizationType as T
+    for name, t in (("q8_0", T.Q8_0), ("q4_0", T.Q4_0)):
+        print(name, best(lambda: quants.quantize(w, t)), flush=True)
+except ImportError as e:
+    print("# gguf:", e)
+"##;
+    let Some(py) = venv_python() else {
+        println!("anchors: no venv python (set CTCACHE_VENV); ORT and gguf figures skipped");
+        return Vec::new();
+    };
+    let out = Command::new(py)
+        .args(["-c", SCRIPT])
+        .arg(raw)
+        .args([K.to_string(), N.to_string(), reps.to_string()])
+        .output();
+    let out = match out {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            println!("anchors failed: {}", String::from_utf8_lossy(&o.stderr));
+            return Vec::new();
+        }
+        Err(e) => {
+            println!("anchors: cannot run python: {e}");
+            return Vec::new();
+        }
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            if l.starts_with('#') {
+                println!("anchors: {l}");
+            }
+            let (name, v) = l.split_once(' ')?;
+            Some((name.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Runs `ctcachectl pack` on a model whose initializer `w` is the weight
+/// (external data) and reports its peak RSS against the target.
+fn peak_rss(dir: &Path, raw: &Path, source: u64) {
+    let target_dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let ctl = std::env::var("CTCACHECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(&target_dir).join("release/ctcachectl"));
+    if !ctl.exists() {
+        println!(
+            "peak RSS: skipped, no {} (cargo build --release -p ctcache-client)",
+            ctl.display()
+        );
+        return;
+    }
+    let Some(py) = venv_python() else {
+        println!("peak RSS: skipped, no venv python to write the model");
+        return;
+    };
+    const MODEL: &str = r#"
+import os, sys
+from onnx import helper, TensorProto, save
+raw, k, n, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[k, n])
+t.data_location = TensorProto.EXTERNAL
+for key, v in (("location", os.path.basename(raw)), ("offset", "0"), ("length", str(os.path.getsize(raw)))):
+    e = t.external_data.add(); e.key, e.value = key, v
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "bench", [x], [y], [t])
+save(helper.make_model(g), out)
+"#;
+    let model = dir.join("model.onnx");
+    let made = Command::new(&py)
+        .args(["-c", MODEL])
+        .arg(raw)
+        .args([K.to_string(), N.to_string()])
+        .arg(&model)
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        println!("peak RSS: skipped, could not write the model (onnx missing?)");
+        return;
+    }
+    let payload = dir.join("payload.bin");
+    // A fresh process whose only child is ctcachectl: its children's
+    // max RSS is exactly ctcachectl's.
+    let me = std::env::current_exe().expect("own path");
+    let out = Command::new(me)
+        .arg("--rss-child")
+        .arg(&ctl)
+        .args([
+            "pack",
+            "--initializer",
+            "w",
+            "--format",
+            "ort.matmul_nbits",
+            "-o",
+        ])
+        .arg(&payload)
+        .arg(&model)
+        .output()
+        .expect("run rss child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(kib) = text
+        .lines()
+        .find_map(|l| l.strip_prefix("maxrss_kib "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    else {
+        println!(
+            "peak RSS: ctcachectl pack failed ({}): {}",
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    };
+    let output = std::fs::metadata(&payload).map(|m| m.len()).unwrap_or(0);
+    let limit = source + output + (64 << 20);
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "peak RSS of ctcachectl pack (ort.matmul_nbits): {:.1} MiB; target <= source {:.0} + output {:.1} + 64 = {:.1} MiB: {}",
+        mib(kib * 1024),
+        mib(source),
+        mib(output),
+        mib(limit),
+        if kib * 1024 <= limit { "met" } else { "MISSED" }
+    );
+}
+
+/// `--rss-child CMD ARGS..`: runs CMD, prints its peak RSS (KiB).
+fn rss_child(args: &[String]) {
+    let status = Command::new(&args[0]).args(&args[1..]).status();
+    match status {
+        Ok(s) if s.success() => {
+            // SAFETY: getrusage only writes the struct it is given.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+            println!("maxrss_kib {}", ru.ru_maxrss);
+        }
+        Ok(s) => println!("{s}"),
+        Err(e) => println!("cannot run {}: {e}", args[0]),
+    }
+}

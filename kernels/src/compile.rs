@@ -51,8 +51,12 @@ pub fn compile(
         name: t.name.clone(),
         source,
     };
-    packer.check_source(t.data_type, &t.dims, params).map_err(pack_err)?;
-    let layout = packer.output(t.data_type, &t.dims, params).map_err(pack_err)?;
+    packer
+        .check_source(t.data_type, &t.dims, params)
+        .map_err(pack_err)?;
+    let layout = packer
+        .output(t.data_type, &t.dims, params)
+        .map_err(pack_err)?;
     let device = packer.device(params).map_err(pack_err)?;
     let digest = match digest {
         Some(d) => d,

@@ -7,4 +7,5 @@ pub mod v1 {
 }
 
 /// The encoded file descriptor set, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ctcache_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/ctcache_descriptor.bin"));

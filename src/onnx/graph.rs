@@ -71,8 +71,11 @@ fn is_default_domain(n: &pb::NodeProto) -> bool {
 /// Analyses the model's top-level graph.
 pub fn weight_uses(model: &Model) -> Result<WeightUses> {
     let nodes = model.nodes()?;
-    let initializers: HashMap<String, TensorRef> =
-        model.initializers()?.into_iter().map(|t| (t.name.clone(), t)).collect();
+    let initializers: HashMap<String, TensorRef> = model
+        .initializers()?
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
     let producer: HashMap<&str, &pb::NodeProto> = nodes
         .iter()
         .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
@@ -87,8 +90,14 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
             "Gemm" => (UseSite::GemmB, 1),
             _ => continue,
         };
-        let Some(b) = n.input.get(input) else { continue };
-        let node_name = if n.name.is_empty() { format!("#{idx}") } else { n.name.clone() };
+        let Some(b) = n.input.get(input) else {
+            continue;
+        };
+        let node_name = if n.name.is_empty() {
+            format!("#{idx}")
+        } else {
+            n.name.clone()
+        };
         let mut transposed = site == UseSite::GemmB && attr_int(n, "transB") == Some(1);
         let mut via = Vec::new();
         let mut name = b.as_str();
@@ -103,7 +112,11 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
             match p.op_type.as_str() {
                 "Identity" if is_default_domain(p) => via.push("Identity".to_string()),
                 "Transpose" if is_default_domain(p) => {
-                    let perm = p.attribute.iter().find(|a| a.name == "perm").map(|a| a.ints.clone());
+                    let perm = p
+                        .attribute
+                        .iter()
+                        .find(|a| a.name == "perm")
+                        .map(|a| a.ints.clone());
                     // Only a 2-D swap (perm absent or [1, 0]) keeps the weight 2-D transposed.
                     if perm.as_deref().is_some_and(|p| p != [1, 0]) {
                         break;

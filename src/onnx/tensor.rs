@@ -130,16 +130,16 @@ impl Parser {
             (12 | 16, Value::Bytes(_)) => {}
             (n, value) => {
                 if let Some(tf) = TypedField::from_number(n) {
-                    let ok = match (tf, value) {
-                        (_, Value::Bytes(_)) => true,
-                        (TypedField::Float, Value::Fixed32(_)) => true,
-                        (TypedField::Double, Value::Fixed64(_)) => true,
-                        (
-                            TypedField::Int32 | TypedField::Int64 | TypedField::Uint64,
-                            Value::Varint(_),
-                        ) => true,
-                        _ => false,
-                    };
+                    let ok = matches!(
+                        (tf, value),
+                        (_, Value::Bytes(_))
+                            | (TypedField::Float, Value::Fixed32(_))
+                            | (TypedField::Double, Value::Fixed64(_))
+                            | (
+                                TypedField::Int32 | TypedField::Int64 | TypedField::Uint64,
+                                Value::Varint(_)
+                            )
+                    );
                     if !ok {
                         return Err(self.wrong_wire(f));
                     }

@@ -23,6 +23,8 @@ use super::options::WriteFault;
 const CHUNK: usize = 1 << 20;
 /// First read size; doubled up to `CHUNK` while reads fill it.
 const FIRST_CHUNK: usize = 64 << 10;
+/// Chunks at least this large are hashed in parallel with their write.
+const PARALLEL_HASH: usize = 256 << 10;
 const STRIPES: usize = 64;
 
 pub(crate) struct Stripes([Mutex<()>; STRIPES]);
@@ -95,18 +97,26 @@ pub(crate) fn write_temp(
             if let Some(f) = fault {
                 f(len).map_err(|e| classify(paths, &tmp, len, e))?;
             }
-            file.write_all(&buf[..n])
-                .map_err(|e| classify(paths, &tmp, len, e))?;
-            if fsync && std::env::var("XSRF").is_ok() {
-                start_writeback(&file, len, n);
-            }
-            if std::env::var("XRAYON").is_ok() {
-                hasher.update_rayon(&buf[..n]);
+            let chunk = &buf[..n];
+            let write = |file: &mut File| -> std::io::Result<()> {
+                file.write_all(chunk)?;
+                if fsync {
+                    start_writeback(file, len, n);
+                }
+                Ok(())
+            };
+            if n >= PARALLEL_HASH {
+                // Hash on another core while this one copies into the page
+                // cache: put then costs about what the write alone does.
+                let (w, _) = rayon::join(|| write(&mut file), || hasher.update(chunk));
+                w
             } else {
-                hasher.update(&buf[..n]);
+                hasher.update(chunk);
+                write(&mut file)
             }
+            .map_err(|e| classify(paths, &tmp, len, e))?;
             len += n as u64;
-            if n == buf.len() && buf.len() < std::env::var("XCHUNK").ok().and_then(|s| s.parse().ok()).unwrap_or(CHUNK) {
+            if n == buf.len() && buf.len() < CHUNK {
                 buf.resize(buf.len() * 2, 0);
             }
         }

@@ -266,7 +266,10 @@ impl<'a> Walker<'a> {
             return Err(StructError::new(
                 "struct.cycle",
                 path,
-                format!("type_index {i} closes a reference cycle (struct_types {:?})", self.stack),
+                format!(
+                    "type_index {i} closes a reference cycle (struct_types {:?})",
+                    self.stack
+                ),
             ));
         }
         if let Some(size) = self.memo.get(&i) {

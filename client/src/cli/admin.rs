@@ -114,14 +114,25 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
     if !r.removed.is_empty() {
         let mut t = Table::new(&["KEY / FILE", "SIZE", "REASON"]);
         for i in &r.removed {
-            t.row(vec![(format::short_key(&i.key), Style::Plain), (format::size(i.bytes), Style::Plain), (i.reason.clone(), Style::Dim)]);
+            t.row(vec![
+                (format::short_key(&i.key), Style::Plain),
+                (format::size(i.bytes), Style::Plain),
+                (i.reason.clone(), Style::Dim),
+            ]);
         }
         t.print(ctx.color)?;
     }
     let verb = if r.dry_run { "would remove" } else { "removed" };
-    let mut line = format!("{verb} {} item(s), {} freed", r.removed.len(), format::size(r.bytes_freed));
+    let mut line = format!(
+        "{verb} {}, {} freed",
+        format::count(r.removed.len() as u64, "item", "items"),
+        format::size(r.bytes_freed)
+    );
     if r.skipped_leased > 0 {
-        line.push_str(&format!("; {} leased entr(ies) kept", r.skipped_leased));
+        line.push_str(&format!(
+            "; {} kept",
+            format::count(r.skipped_leased, "leased entry", "leased entries")
+        ));
     }
     say(&line)
 }
@@ -152,7 +163,11 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
             };
             let orphans = if a.repair {
                 let rec = store.reconcile()?;
-                rec.orphan_files_removed.iter().chain(&rec.stray_files_removed).map(|p| p.display().to_string()).collect()
+                rec.orphan_files_removed
+                    .iter()
+                    .chain(&rec.stray_files_removed)
+                    .map(|p| p.display().to_string())
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -186,16 +201,29 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
         }))?;
     } else {
         for k in &r.corrupt {
-            say(&format!("{} {k} (payload quarantined, entry dropped)", ctx.paint("corrupt", Style::Red)))?;
+            say(&format!(
+                "{} {k} (payload quarantined, entry dropped)",
+                ctx.paint("corrupt", Style::Red)
+            ))?;
         }
         for k in &r.missing {
-            say(&format!("{} {k} (payload file gone, entry dropped)", ctx.paint("missing", Style::Red)))?;
+            say(&format!(
+                "{} {k} (payload file gone, entry dropped)",
+                ctx.paint("missing", Style::Red)
+            ))?;
         }
         for f in &r.orphans {
-            say(&format!("{} {f} (removed)", ctx.paint("orphan", Style::Yellow)))?;
+            say(&format!(
+                "{} {f} (removed)",
+                ctx.paint("orphan", Style::Yellow)
+            ))?;
         }
         if !ctx.quiet {
-            say(&format!("{} payload file(s) checked, {}", r.checked, format::size(r.bytes_checked)))?;
+            say(&format!(
+                "{} payload file(s) checked, {}",
+                r.checked,
+                format::size(r.bytes_checked)
+            ))?;
         }
     }
     if r.clean {
@@ -212,7 +240,10 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
 /// Opens a cache dir for offline maintenance; refuses a dir a daemon holds.
 fn open_offline(dir: &Path) -> Result<Store, Failure> {
     if !dir.is_dir() {
-        return Err(Failure::Failed(format!("{}: no such cache dir", dir.display())));
+        return Err(Failure::Failed(format!(
+            "{}: no such cache dir",
+            dir.display()
+        )));
     }
     Store::open(dir, Default::default()).map_err(|e| match e {
         StoreError::Locked { dir, pid } => Failure::Failed(format!(

@@ -50,13 +50,22 @@ pub fn age(unix_ms: i64) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    format!("{} ago", long_duration(((now - unix_ms).max(0) / 1000) as u64))
+    format!(
+        "{} ago",
+        long_duration(((now - unix_ms).max(0) / 1000) as u64)
+    )
 }
 
 /// Time of day (UTC) of a unix-ms time, for event lines: `14:03:07.120Z`.
 pub fn clock(unix_ms: i64) -> String {
     let ms = unix_ms.rem_euclid(86_400_000);
-    format!("{:02}:{:02}:{:02}.{:03}Z", ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000)
+    format!(
+        "{:02}:{:02}:{:02}.{:03}Z",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
 }
 
 /// A key short enough for a table; `--full` shows whole keys. Prefix and
@@ -73,9 +82,13 @@ pub fn short_key(key: &str) -> String {
 /// bytes. `10G`, `512MiB`, `1.5GB`, `0`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 10G, 512MiB, 0)"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 10G, 512MiB, 0)"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -86,7 +99,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        other => return Err(format!("unknown size unit {other:?} in {s:?} (use B, K, M, G, T, KiB.., KB..)")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?} (use B, K, M, G, T, KiB.., KB..)"
+            ))
+        }
     };
     Ok((n * mult).round() as u64)
 }
@@ -146,6 +163,9 @@ pub enum Style {
 }
 
 pub fn paint(s: &str, style: Style, color: bool) -> String {
+    if !color || s.is_empty() {
+        return s.to_string();
+    }
     let code = match style {
         Style::Plain => return s.to_string(),
         Style::Bold => "1",
@@ -154,11 +174,13 @@ pub fn paint(s: &str, style: Style, color: bool) -> String {
         Style::Yellow => "33",
         Style::Red => "31",
     };
-    if color {
-        format!("\x1b[{code}m{s}\x1b[0m")
-    } else {
-        s.to_string()
-    }
+    format!("\x1b[{code}m{s}\x1b[0m")
+}
+
+/// `1 entry`, `2 entries`.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// An aligned table whose cells may be coloured (padding is computed on the
@@ -181,7 +203,8 @@ impl Table {
     }
 
     pub fn plain(&mut self, cells: Vec<String>) {
-        self.rows.push(cells.into_iter().map(|c| (c, Style::Plain)).collect());
+        self.rows
+            .push(cells.into_iter().map(|c| (c, Style::Plain)).collect());
     }
 
     pub fn is_empty(&self) -> bool {
@@ -198,7 +221,11 @@ impl Table {
     }
 
     fn print_rows(&self, color: bool, header: bool) -> Result<(), Failure> {
-        let mut widths: Vec<usize> = self.header.iter().map(|h| if header { h.chars().count() } else { 0 }).collect();
+        let mut widths: Vec<usize> = self
+            .header
+            .iter()
+            .map(|h| if header { h.chars().count() } else { 0 })
+            .collect();
         for r in &self.rows {
             for (w, (c, _)) in widths.iter_mut().zip(r) {
                 *w = (*w).max(c.chars().count());
@@ -213,17 +240,32 @@ impl Table {
                 }
                 s.push_str(&paint(c, style, color));
                 if i + 1 < n {
-                    s.push_str(&" ".repeat(widths[i].saturating_sub(c.chars().count())));
+                    let w = widths.get(i).copied().unwrap_or(0);
+                    s.push_str(&" ".repeat(w.saturating_sub(c.chars().count())));
                 }
             }
-            s
+            // An empty last column must not leave trailing blanks.
+            s.trim_end().to_string()
         };
         let mut out = std::io::stdout().lock();
         if header {
-            writeln!(out, "{}", line(self.header.iter().map(|h| (h.as_str(), Style::Bold)).collect()))?;
+            writeln!(
+                out,
+                "{}",
+                line(
+                    self.header
+                        .iter()
+                        .map(|h| (h.as_str(), Style::Bold))
+                        .collect()
+                )
+            )?;
         }
         for r in &self.rows {
-            writeln!(out, "{}", line(r.iter().map(|(c, s)| (c.as_str(), *s)).collect()))?;
+            writeln!(
+                out,
+                "{}",
+                line(r.iter().map(|(c, s)| (c.as_str(), *s)).collect())
+            )?;
         }
         Ok(())
     }

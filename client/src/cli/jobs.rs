@@ -27,14 +27,19 @@ pub struct FormatArgs {
 
 impl FormatArgs {
     pub fn specs(&self) -> Vec<api::FormatSpec> {
-        let Some(id) = &self.format else { return Vec::new() };
+        let Some(id) = &self.format else {
+            return Vec::new();
+        };
         let params = self
             .params
             .iter()
             .filter_map(|p| p.split_once('='))
             .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
             .collect();
-        vec![api::FormatSpec { id: id.clone(), params }]
+        vec![api::FormatSpec {
+            id: id.clone(),
+            params,
+        }]
     }
 }
 
@@ -66,14 +71,22 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         };
         let res = c.resolve_model(&model, &opts).await?;
         if ctx.json {
-            return print_json(&json!({ "model_path": res.model_path, "waited": false, "jobs_started": res.jobs_started, "jobs": [] }));
+            return print_json(
+                &json!({ "model_path": res.model_path, "waited": false, "jobs_started": res.jobs_started, "jobs": [] }),
+            );
         }
         if ctx.quiet {
             return Ok(());
         }
         return say(&match res.jobs_started {
-            0 => format!("{}: nothing to pack (every wanted format is stored)", res.model_path),
-            n => format!("{}: {n} pack job(s) started in the background (`ctcachectl events` follows them)", res.model_path),
+            0 => format!(
+                "{}: nothing to pack (every wanted format is stored)",
+                res.model_path
+            ),
+            n => format!(
+                "{}: {n} pack job(s) started in the background (`ctcachectl events` follows them)",
+                res.model_path
+            ),
         });
     }
     if !a.wait {
@@ -92,7 +105,10 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
     // Latest state per (initializer, format), in first-seen order.
     let mut jobs: Vec<api::PrepackProgress> = Vec::new();
     while let Some(p) = stream.next().await? {
-        match jobs.iter_mut().find(|j| j.initializer == p.initializer && j.format == p.format) {
+        match jobs
+            .iter_mut()
+            .find(|j| j.initializer == p.initializer && j.format == p.format)
+        {
             Some(j) => *j = p,
             None => jobs.push(p),
         }
@@ -116,7 +132,10 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         print_jobs(ctx, &model, &jobs)?;
     }
     if failed > 0 {
-        return Err(Failure::Failed(format!("{failed} of {} pack job(s) failed", jobs.len())));
+        return Err(Failure::Failed(format!(
+            "{failed} of {} pack job(s) failed",
+            jobs.len()
+        )));
     }
     Ok(())
 }
@@ -130,18 +149,34 @@ fn progress_bar(ctx: &Ctx) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {elapsed} {wide_msg}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {elapsed} {wide_msg}")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
 }
 
-fn print_jobs(ctx: &Ctx, model: &std::path::Path, jobs: &[api::PrepackProgress]) -> Result<(), Failure> {
+fn print_jobs(
+    ctx: &Ctx,
+    model: &std::path::Path,
+    jobs: &[api::PrepackProgress],
+) -> Result<(), Failure> {
     if jobs.is_empty() {
-        return say(&format!("{}: nothing to pack (no initializer is selected)", model.display()));
+        return say(&format!(
+            "{}: nothing to pack (no initializer is selected)",
+            model.display()
+        ));
     }
-    let mut t = Table::new(&["INITIALIZER", "FORMAT", "STATE", "SIZE", "TIME", "KEY / ERROR"]);
+    let mut t = Table::new(&[
+        "INITIALIZER",
+        "FORMAT",
+        "STATE",
+        "SIZE",
+        "TIME",
+        "KEY / ERROR",
+    ]);
     for j in jobs {
         let style = match j.state.as_str() {
             "done" => Style::Green,
@@ -154,9 +189,26 @@ fn print_jobs(ctx: &Ctx, model: &std::path::Path, jobs: &[api::PrepackProgress])
             (j.initializer.clone(), Style::Plain),
             (j.format.clone(), Style::Plain),
             (j.state.clone(), style),
-            (e.map(|e| format::size(e.payload_len)).unwrap_or_default(), Style::Plain),
-            (if j.state == "done" { format::duration_us(j.pack_duration_us) } else { String::new() }, Style::Plain),
-            (if j.error.is_empty() { e.map(|e| format::short_key(&e.key)).unwrap_or_default() } else { j.error.clone() }, Style::Plain),
+            (
+                e.map(|e| format::size(e.payload_len)).unwrap_or_default(),
+                Style::Plain,
+            ),
+            (
+                if j.state == "done" {
+                    format::duration_us(j.pack_duration_us)
+                } else {
+                    String::new()
+                },
+                Style::Plain,
+            ),
+            (
+                if j.error.is_empty() {
+                    e.map(|e| format::short_key(&e.key)).unwrap_or_default()
+                } else {
+                    j.error.clone()
+                },
+                Style::Plain,
+            ),
         ]);
     }
     t.print(ctx.color)
@@ -231,9 +283,17 @@ pub async fn resolve(ctx: &Ctx, a: ResolveArgs) -> Result<(), Failure> {
             _ => Style::Dim,
         };
         let detail = if r.misses.is_empty() {
-            r.entries.iter().map(|e| e.physical_type.clone()).collect::<Vec<_>>().join(", ")
+            r.entries
+                .iter()
+                .map(|e| e.physical_type.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
         } else {
-            r.misses.iter().map(|m| format!("{}: {}", m.reason, m.detail)).collect::<Vec<_>>().join("; ")
+            r.misses
+                .iter()
+                .map(|m| format!("{}: {}", m.reason, m.detail))
+                .collect::<Vec<_>>()
+                .join("; ")
         };
         t.row(vec![
             (r.name.clone(), Style::Plain),
@@ -244,7 +304,10 @@ pub async fn resolve(ctx: &Ctx, a: ResolveArgs) -> Result<(), Failure> {
         ]);
     }
     if t.is_empty() {
-        say(&format!("{}: nothing wanted or stored for any initializer", res.model_path))?;
+        say(&format!(
+            "{}: nothing wanted or stored for any initializer",
+            res.model_path
+        ))?;
     } else {
         t.print(ctx.color)?;
     }
@@ -346,14 +409,17 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
     if ctx.quiet {
         return Ok(());
     }
+    let placed = match &sidecar {
+        Some(p) => format!(
+            "{} inline, {} in {p}",
+            format::size(r.inline_bytes),
+            format::size(r.sidecar_bytes)
+        ),
+        None => format!("{} inline", format::size(r.inline_bytes)),
+    };
     say(&format!(
-        "{}: {} compiled tensor(s) embedded, {} packed now ({} inline, {} in {})",
-        r.output_path,
-        r.entries,
-        r.packed,
-        format::size(r.inline_bytes),
-        format::size(r.sidecar_bytes),
-        sidecar.as_deref().unwrap_or("no sidecar")
+        "{}: {} compiled tensor(s) embedded, {} packed now ({placed})",
+        r.output_path, r.entries, r.packed
     ))
 }
 

@@ -17,7 +17,8 @@ pub fn device(d: &ctcache::pb::DeviceProto) -> Value {
 }
 
 pub fn describe_device(d: Option<&ctcache::pb::DeviceProto>) -> String {
-    d.map(ctcache::device::describe).unwrap_or_else(|| "?".into())
+    d.map(ctcache::device::describe)
+        .unwrap_or_else(|| "?".into())
 }
 
 pub fn entry(e: &api::Entry) -> Value {

@@ -137,7 +137,9 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Stat { key } => ctx.block_on(daemon_cmds::stat(&ctx, &key)),
         Command::Prepack(a) => ctx.block_on(jobs::prepack(&ctx, a)),
         Command::Resolve(a) => ctx.block_on(jobs::resolve(&ctx, a)),
-        Command::WhyMiss { model, initializer } => ctx.block_on(why_miss::why_miss(&ctx, model, initializer)),
+        Command::WhyMiss { model, initializer } => {
+            ctx.block_on(why_miss::why_miss(&ctx, model, initializer))
+        }
         Command::Embed(a) => jobs::embed(&ctx, a),
         Command::Import { model } => ctx.block_on(jobs::import(&ctx, model)),
         Command::Gc(a) => admin::gc(&ctx, a),

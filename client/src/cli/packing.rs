@@ -15,8 +15,14 @@ use super::output::{print_json, print_table, say, Failure};
 
 fn packer(id: &str) -> Result<&'static dyn Packer, Failure> {
     ctcache_kernels::find(id).ok_or_else(|| {
-        let known: Vec<&str> = ctcache_kernels::catalogue().iter().map(|p| p.id()).collect();
-        Failure::Failed(format!("unknown format {id:?} (known: {})", known.join(", ")))
+        let known: Vec<&str> = ctcache_kernels::catalogue()
+            .iter()
+            .map(|p| p.id())
+            .collect();
+        Failure::Failed(format!(
+            "unknown format {id:?} (known: {})",
+            known.join(", ")
+        ))
     })
 }
 
@@ -32,13 +38,21 @@ pub fn devices(json: bool) -> Result<(), Failure> {
 /// Prints devices (local or the daemon's) the same way.
 pub fn print_devices(devices: &[ctcache::pb::DeviceProto], json: bool) -> Result<(), Failure> {
     if json {
-        return print_json(&json!({ "devices": devices.iter().map(device_json).collect::<Vec<_>>() }));
+        return print_json(
+            &json!({ "devices": devices.iter().map(device_json).collect::<Vec<_>>() }),
+        );
     }
     let rows: Vec<Vec<String>> = devices
         .iter()
         .map(|d| {
-            let features = ctcache::structs::metadata(&d.metadata_props, ctcache::device::CPU_FEATURES_KEY).unwrap_or("");
-            vec![d.r#type.clone(), d.architecture.clone(), features.to_string()]
+            let features =
+                ctcache::structs::metadata(&d.metadata_props, ctcache::device::CPU_FEATURES_KEY)
+                    .unwrap_or("");
+            vec![
+                d.r#type.clone(),
+                d.architecture.clone(),
+                features.to_string(),
+            ]
         })
         .collect();
     print_table(&["TYPE", "ARCHITECTURE", "FEATURES"], &rows)
@@ -66,10 +80,18 @@ pub fn formats(json: bool) -> Result<(), Failure> {
                 .iter()
                 .map(|s| format!("{}={}", s.name, s.default))
                 .collect();
-            vec![p.id().to_string(), p.format_version().to_string(), params.join(" "), p.describe().to_string()]
+            vec![
+                p.id().to_string(),
+                p.format_version().to_string(),
+                params.join(" "),
+                p.describe().to_string(),
+            ]
         })
         .collect();
-    print_table(&["FORMAT", "VERSION", "PARAMS (defaults)", "DESCRIPTION"], &rows)
+    print_table(
+        &["FORMAT", "VERSION", "PARAMS (defaults)", "DESCRIPTION"],
+        &rows,
+    )
 }
 
 fn find_initializer(model: &Model, name: &str) -> Result<TensorRef, Failure> {
@@ -142,7 +164,10 @@ pub struct EmbedArgs<'a> {
 /// Offline embed: packs here, in this process.
 pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     let format = a.format.ok_or_else(|| {
-        Failure::Usage("embed without a daemon needs --format (the daemon's policy is not available offline)".into())
+        Failure::Usage(
+            "embed without a daemon needs --format (the daemon's policy is not available offline)"
+                .into(),
+        )
     })?;
     let p = packer(format)?;
     let params = params(a.params)?;
@@ -151,21 +176,26 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     // Named initializers must exist and be accepted; without names, every
     // initializer the packer accepts is compiled.
     let selected: Vec<&TensorRef> = if a.initializers.is_empty() {
-        all.iter().filter(|t| compile::accepts(t, p, &params).is_ok()).collect()
+        all.iter()
+            .filter(|t| compile::accepts(t, p, &params).is_ok())
+            .collect()
     } else {
         let mut v = Vec::new();
         for name in a.initializers {
-            let t = all
-                .iter()
-                .find(|t| &t.name == name)
-                .ok_or_else(|| Failure::Failed(format!("no top-level initializer named {name:?}")))?;
+            let t = all.iter().find(|t| &t.name == name).ok_or_else(|| {
+                Failure::Failed(format!("no top-level initializer named {name:?}"))
+            })?;
             compile::accepts(t, p, &params).map_err(|e| Failure::Failed(format!("{name}: {e}")))?;
             v.push(t);
         }
         v
     };
     if selected.is_empty() {
-        return Err(Failure::Failed(format!("no initializer of {} is accepted by {}", a.model.display(), p.id())));
+        return Err(Failure::Failed(format!(
+            "no initializer of {} is accepted by {}",
+            a.model.display(),
+            p.id()
+        )));
     }
     let mut entries = Vec::with_capacity(selected.len());
     for t in selected {
@@ -195,6 +225,10 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
         report.entries,
         report.inline_bytes,
         report.sidecar_bytes,
-        report.sidecar.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "no sidecar".into())
+        report
+            .sidecar
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "no sidecar".into())
     ))
 }

@@ -24,8 +24,14 @@ pub enum WatchCmd {
 pub async fn watch(ctx: &Ctx, cmd: WatchCmd) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     let (dirs, what) = match cmd {
-        WatchCmd::Add { dir } => (c.add_watch(&dir).await?, Some(format!("watching {}", dir.display()))),
-        WatchCmd::Remove { dir } => (c.remove_watch(&dir).await?, Some(format!("no longer watching {}", dir.display()))),
+        WatchCmd::Add { dir } => (
+            c.add_watch(&dir).await?,
+            Some(format!("watching {}", dir.display())),
+        ),
+        WatchCmd::Remove { dir } => (
+            c.remove_watch(&dir).await?,
+            Some(format!("no longer watching {}", dir.display())),
+        ),
         WatchCmd::List => (c.list_watches().await?, None),
     };
     if ctx.json {
@@ -52,7 +58,10 @@ pub async fn events(ctx: &Ctx, count: Option<u64>) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     let mut stream = c.events().await?;
     // Subscribed from here on; the line tells a reader (or a test) so.
-    ctx.note(&format!("following events from {} (Ctrl-C stops)", c.socket().display()));
+    ctx.note(&format!(
+        "following events from {} (Ctrl-C stops)",
+        c.socket().display()
+    ));
     let mut seen = 0u64;
     while count.is_none_or(|n| seen < n) {
         let Some(e) = stream.next().await? else { break };
@@ -74,9 +83,15 @@ pub async fn events(ctx: &Ctx, count: Option<u64>) -> Result<(), Failure> {
             "watcher" => Style::Yellow,
             _ => Style::Plain,
         };
-        let mut parts = vec![format::clock(e.unix_ms), ctx.paint(&format!("{:<13}", e.kind), style)];
+        let mut parts = vec![
+            format::clock(e.unix_ms),
+            ctx.paint(&format!("{:<13}", e.kind), style),
+        ];
         if let Some(p) = &e.progress {
-            parts.push(format!("{} {} {} ({}/{})", p.initializer, p.format, p.state, p.done, p.total));
+            parts.push(format!(
+                "{} {} {} ({}/{})",
+                p.initializer, p.format, p.state, p.done, p.total
+            ));
             if !p.error.is_empty() {
                 parts.push(p.error.clone());
             }

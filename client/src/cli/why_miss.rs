@@ -26,9 +26,15 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
     let res = c.resolve_model(&model, &ResolveOptions::default()).await?;
     let Some(t) = res.tensors.iter().find(|t| t.name == name) else {
         if let Some(n) = res.not_sources.iter().find(|n| n.name == name) {
-            return Err(Failure::Failed(format!("{name} is not a compiled-tensor source: {}", n.reason)));
+            return Err(Failure::Failed(format!(
+                "{name} is not a compiled-tensor source: {}",
+                n.reason
+            )));
         }
-        return Err(Failure::Failed(format!("{}: no top-level initializer named {name:?}", res.model_path)));
+        return Err(Failure::Failed(format!(
+            "{}: no top-level initializer named {name:?}",
+            res.model_path
+        )));
     };
     let lookup = c
         .lookup(api::LookupRequest {
@@ -37,32 +43,68 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
             ..Default::default()
         })
         .await?;
-    let same = c.list(api::ListRequest { source_digest: t.source_digest.clone(), ..Default::default() }).await?;
-    let by_model = c.list(api::ListRequest { model_path: res.model_path.clone(), ..Default::default() }).await?;
+    let same = c
+        .list(api::ListRequest {
+            source_digest: t.source_digest.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let by_model = c
+        .list(api::ListRequest {
+            model_path: res.model_path.clone(),
+            ..Default::default()
+        })
+        .await?;
     let host = c.get_host_devices().await?;
     let formats = c.list_formats().await?;
 
-    let mut candidates: Vec<Candidate> = same.into_iter().map(|e| classify(e, &host, &formats)).collect();
+    let mut candidates: Vec<Candidate> = same
+        .into_iter()
+        .map(|e| classify(e, &host, &formats))
+        .collect();
     let digest_hex = hex::encode(&t.source_digest);
-    for e in by_model.into_iter().filter(|e| e.source_names.contains(&name) && e.source_digest != t.source_digest) {
+    for e in by_model
+        .into_iter()
+        .filter(|e| e.source_names.contains(&name) && e.source_digest != t.source_digest)
+    {
         let detail = format!(
             "packed from other contents ({} digest {}…); {name} now has {}…",
             e.digest_algorithm,
             &hex::encode(&e.source_digest)[..12],
             &digest_hex[..12]
         );
-        candidates.push(Candidate { entry: e, differs: Some("digest"), detail });
+        candidates.push(Candidate {
+            entry: e,
+            differs: Some("digest"),
+            detail,
+        });
     }
 
     let hit = t.misses.is_empty() && !t.entries.is_empty();
     let (reason, detail) = if hit {
-        (None, format!("{} usable entr(ies)", t.entries.len()))
-    } else if let (true, Some(m)) = (t.entries.is_empty(), lookup.miss.as_ref().filter(|m| m.reason != "no_entry")) {
+        (
+            None,
+            format::count(t.entries.len() as u64, "usable entry", "usable entries"),
+        )
+    } else if let (true, Some(m)) = (
+        t.entries.is_empty(),
+        lookup.miss.as_ref().filter(|m| m.reason != "no_entry"),
+    ) {
         (Some(m.reason.clone()), m.detail.clone())
     } else if t.entries.is_empty() && candidates.iter().any(|c| c.differs == Some("digest")) {
-        (Some("stale_digest".to_string()), "entries exist for this initializer's former contents only".to_string())
+        (
+            Some("stale_digest".to_string()),
+            "entries exist for this initializer's former contents only".to_string(),
+        )
     } else if let Some(m) = t.misses.first() {
-        (Some(m.reason.clone()), t.misses.iter().map(|m| m.detail.clone()).collect::<Vec<_>>().join("; "))
+        (
+            Some(m.reason.clone()),
+            t.misses
+                .iter()
+                .map(|m| m.detail.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
     } else {
         (Some("no_entry".to_string()), "nothing is wanted or stored for this initializer (the policy selects none of its formats)".to_string())
     };
@@ -96,9 +138,24 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
     };
     say(&format!("{name} in {}: {verdict}", res.model_path))?;
     say(&format!("  {detail}"))?;
-    say(&format!("  digest {}:{digest_hex}; wanted: {}", t.digest_algorithm, if t.wanted_formats.is_empty() { "-".into() } else { t.wanted_formats.join(", ") }))?;
+    say(&format!(
+        "  digest {}:{digest_hex}; wanted: {}",
+        t.digest_algorithm,
+        if t.wanted_formats.is_empty() {
+            "-".into()
+        } else {
+            t.wanted_formats.join(", ")
+        }
+    ))?;
     if !candidates.is_empty() {
-        let mut tab = Table::new(&["ENTRY", "PHYSICAL TYPE", "VERSION", "DEVICE", "DIFFERS", "DETAIL"]);
+        let mut tab = Table::new(&[
+            "ENTRY",
+            "PHYSICAL TYPE",
+            "VERSION",
+            "DEVICE",
+            "DIFFERS",
+            "DETAIL",
+        ]);
         for c in &candidates {
             let e = &c.entry;
             tab.row(vec![
@@ -106,7 +163,14 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
                 (e.physical_type.clone(), Style::Plain),
                 (e.format_version.to_string(), Style::Plain),
                 (json::describe_device(e.device.as_ref()), Style::Plain),
-                (c.differs.unwrap_or("-").to_string(), if c.differs.is_some() { Style::Yellow } else { Style::Green }),
+                (
+                    c.differs.unwrap_or("-").to_string(),
+                    if c.differs.is_some() {
+                        Style::Yellow
+                    } else {
+                        Style::Green
+                    },
+                ),
                 (c.detail.clone(), Style::Plain),
             ]);
         }
@@ -124,21 +188,44 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
 fn classify(entry: api::Entry, host: &[DeviceProto], formats: &[api::FormatInfo]) -> Candidate {
     let device = entry.device.clone().unwrap_or_default();
     if let Err(m) = ctcache::device::find_compatible(&device, host, None) {
-        return Candidate { entry, differs: Some("device"), detail: m.to_string() };
+        return Candidate {
+            entry,
+            differs: Some("device"),
+            detail: m.to_string(),
+        };
     }
     let family = formats
         .iter()
-        .filter(|f| entry.physical_type == f.id || entry.physical_type.strip_prefix(f.id.as_str()).is_some_and(|r| r.starts_with('.')))
+        .filter(|f| {
+            entry.physical_type == f.id
+                || entry
+                    .physical_type
+                    .strip_prefix(f.id.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+        })
         .max_by_key(|f| f.id.len());
     let (differs, detail) = match family {
-        None => (Some("physical_type"), format!("{:?} is produced by none of the daemon's packers", entry.physical_type)),
+        None => (
+            Some("physical_type"),
+            format!(
+                "{:?} is produced by none of the daemon's packers",
+                entry.physical_type
+            ),
+        ),
         Some(f) if f.version != entry.format_version => (
             Some("format_version"),
-            format!("format version {}, the daemon's {} packer is at version {}", entry.format_version, f.id, f.version),
+            format!(
+                "format version {}, the daemon's {} packer is at version {}",
+                entry.format_version, f.id, f.version
+            ),
         ),
         Some(_) => (None, "usable on this host".to_string()),
     };
-    Candidate { entry, differs, detail }
+    Candidate {
+        entry,
+        differs,
+        detail,
+    }
 }
 
 fn candidate_json(c: &Candidate) -> Value {

@@ -91,7 +91,11 @@ impl Error {
         }
     }
 
-    pub(crate) fn from_status(socket: &std::path::Path, rpc: &'static str, s: tonic::Status) -> Error {
+    pub(crate) fn from_status(
+        socket: &std::path::Path,
+        rpc: &'static str,
+        s: tonic::Status,
+    ) -> Error {
         match s.code() {
             // Unavailable is what tonic reports when the connection broke.
             tonic::Code::Unavailable => Error::Unavailable {

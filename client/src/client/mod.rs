@@ -59,7 +59,9 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("socket", &self.socket).finish()
+        f.debug_struct("Client")
+            .field("socket", &self.socket)
+            .finish()
     }
 }
 
@@ -99,7 +101,11 @@ impl Client {
         let channel = Endpoint::from_static("http://[::]:50051")
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let target = target.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(target).await?)) }
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(target).await?,
+                    ))
+                }
             }))
             .await
             .map_err(|e| Error::Connect {
@@ -121,24 +127,49 @@ impl Client {
     }
 
     pub async fn get_host_devices(&self) -> Result<Vec<ctcache::pb::DeviceProto>> {
-        Ok(unary!(self, "GetHostDevices", get_host_devices, api::GetHostDevicesRequest {})?.devices)
+        Ok(unary!(
+            self,
+            "GetHostDevices",
+            get_host_devices,
+            api::GetHostDevicesRequest {}
+        )?
+        .devices)
     }
 
     pub async fn list_formats(&self) -> Result<Vec<api::FormatInfo>> {
-        Ok(unary!(self, "ListFormats", list_formats, api::ListFormatsRequest {})?.formats)
+        Ok(unary!(
+            self,
+            "ListFormats",
+            list_formats,
+            api::ListFormatsRequest {}
+        )?
+        .formats)
     }
 
     pub async fn lookup(&self, req: api::LookupRequest) -> Result<api::LookupResponse> {
         unary!(self, "Lookup", lookup, req)
     }
 
-    pub async fn batch_lookup(&self, requests: Vec<api::LookupRequest>) -> Result<Vec<api::LookupResponse>> {
-        Ok(unary!(self, "BatchLookup", batch_lookup, api::BatchLookupRequest { requests })?.responses)
+    pub async fn batch_lookup(
+        &self,
+        requests: Vec<api::LookupRequest>,
+    ) -> Result<Vec<api::LookupResponse>> {
+        Ok(unary!(
+            self,
+            "BatchLookup",
+            batch_lookup,
+            api::BatchLookupRequest { requests }
+        )?
+        .responses)
     }
 
     /// Per initializer of the model: digest, usable entries, misses (and,
     /// with `on_miss`, pack jobs for the misses).
-    pub async fn resolve_model(&self, model: impl AsRef<Path>, opts: &ResolveOptions) -> Result<api::ResolveModelResponse> {
+    pub async fn resolve_model(
+        &self,
+        model: impl AsRef<Path>,
+        opts: &ResolveOptions,
+    ) -> Result<api::ResolveModelResponse> {
         let req = api::ResolveModelRequest {
             model_path: absolute(model.as_ref())?.display().to_string(),
             on_miss: opts.on_miss as i32,
@@ -151,14 +182,21 @@ impl Client {
 
     /// Starts (or joins) pack jobs; the stream reports each job's states.
     /// Dropping the stream cancels jobs nobody else waits for.
-    pub async fn prepack(&self, mut req: api::PrepackRequest) -> Result<MessageStream<api::PrepackProgress>> {
+    pub async fn prepack(
+        &self,
+        mut req: api::PrepackRequest,
+    ) -> Result<MessageStream<api::PrepackProgress>> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
         let s = unary!(self, "Prepack", prepack, req)?;
         Ok(MessageStream::new(s, "Prepack", self.socket.clone()))
     }
 
     /// Stores a payload this process produced (only trusted users may).
-    pub async fn put(&self, header: api::PutHeader, payload: bytes::Bytes) -> Result<api::PutResponse> {
+    pub async fn put(
+        &self,
+        header: api::PutHeader,
+        payload: bytes::Bytes,
+    ) -> Result<api::PutResponse> {
         use api::put_request::Part;
         let mut parts = vec![api::PutRequest {
             part: Some(Part::Header(header)),
@@ -180,13 +218,21 @@ impl Client {
             offset,
             length,
         };
-        let mut s = MessageStream::new(unary!(self, "ReadPayload", read_payload, req)?, "ReadPayload", self.socket.clone());
+        let mut s = MessageStream::new(
+            unary!(self, "ReadPayload", read_payload, req)?,
+            "ReadPayload",
+            self.socket.clone(),
+        );
         let mut out = Vec::with_capacity(length as usize);
         while let Some(chunk) = s.next().await? {
             if chunk.offset != offset + out.len() as u64 {
                 return Err(Error::PayloadMismatch {
                     key: key.into(),
-                    detail: format!("chunk at offset {} where {} was expected", chunk.offset, offset + out.len() as u64),
+                    detail: format!(
+                        "chunk at offset {} where {} was expected",
+                        chunk.offset,
+                        offset + out.len() as u64
+                    ),
                 });
             }
             out.extend_from_slice(&chunk.data);
@@ -211,7 +257,13 @@ impl Client {
     }
 
     pub async fn release_lease(&self, lease_id: u64) -> Result<()> {
-        unary!(self, "ReleaseLease", release_lease, api::ReleaseLeaseRequest { lease_id }).map(|_| ())
+        unary!(
+            self,
+            "ReleaseLease",
+            release_lease,
+            api::ReleaseLeaseRequest { lease_id }
+        )
+        .map(|_| ())
     }
 
     /// A payload's bytes under a lease: mapped when the file is readable,
@@ -220,7 +272,11 @@ impl Client {
         self.open_payload_with(entry, &OpenOptions::default()).await
     }
 
-    pub async fn open_payload_with(&self, entry: &api::Entry, opts: &OpenOptions) -> Result<MappedPayload> {
+    pub async fn open_payload_with(
+        &self,
+        entry: &api::Entry,
+        opts: &OpenOptions,
+    ) -> Result<MappedPayload> {
         payload::open(self, entry, opts).await
     }
 
@@ -264,7 +320,13 @@ impl Client {
     }
 
     pub async fn list_watches(&self) -> Result<Vec<String>> {
-        Ok(unary!(self, "ListWatches", list_watches, api::ListWatchesRequest {})?.dirs)
+        Ok(unary!(
+            self,
+            "ListWatches",
+            list_watches,
+            api::ListWatchesRequest {}
+        )?
+        .dirs)
     }
 
     /// Follows the daemon's events from now on.

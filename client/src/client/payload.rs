@@ -44,7 +44,10 @@ enum Data {
 
 /// A payload's bytes (`Deref<Target = [u8]>`). While a mapped payload is
 /// alive its entry is leased, so gc leaves it in the store; dropping it
-/// releases the lease (from a task on the runtime it was opened on).
+/// releases the lease from a task on the runtime it was opened on. That
+/// runtime must keep running for renewals and the release (on a
+/// current-thread runtime: be driven); if it is gone, the lease lapses after
+/// its ttl. [`MappedPayload::release`] releases and waits for the daemon.
 pub struct MappedPayload {
     data: Data,
     entry: api::Entry,
@@ -151,7 +154,9 @@ impl LeaseGuard {
             let _ = s.send(());
         }
         match self.task.take() {
-            Some(t) => t.await.map_err(|e| Error::InvalidArgument(format!("lease task failed: {e}")))?,
+            Some(t) => t
+                .await
+                .map_err(|e| Error::InvalidArgument(format!("lease task failed: {e}")))?,
             None => Ok(()),
         }
     }
@@ -164,7 +169,11 @@ impl Drop for LeaseGuard {
     }
 }
 
-pub(crate) async fn open(client: &Client, entry: &api::Entry, opts: &OpenOptions) -> Result<MappedPayload> {
+pub(crate) async fn open(
+    client: &Client,
+    entry: &api::Entry,
+    opts: &OpenOptions,
+) -> Result<MappedPayload> {
     let lease = client.acquire_lease(&entry.key, opts.ttl).await?;
     // The lease is taken before the file is opened: gc cannot remove the
     // entry in between.
@@ -208,7 +217,14 @@ fn map_file(entry: &api::Entry) -> Result<Option<Mmap>> {
     }
     let file = match std::fs::File::open(&entry.payload_path) {
         Ok(f) => f,
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::NotFound) => return Ok(None),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            return Ok(None)
+        }
         Err(e) => {
             return Err(Error::Io {
                 path: entry.payload_path.clone().into(),
@@ -239,7 +255,10 @@ fn verify(p: &MappedPayload) -> Result<()> {
     if !actual.as_str().eq_ignore_ascii_case(&e.payload_blake3) {
         return Err(Error::PayloadMismatch {
             key: e.key.clone(),
-            detail: format!("its blake3 is {actual}, the entry says {}", e.payload_blake3),
+            detail: format!(
+                "its blake3 is {actual}, the entry says {}",
+                e.payload_blake3
+            ),
         });
     }
     Ok(())

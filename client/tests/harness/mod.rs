@@ -14,15 +14,22 @@ use ctcache::pb::type_proto::{Tensor, Value as TypeValue};
 use prost::Message;
 use serde_json::Value;
 
-/// The daemon binary: built by `cargo build -p ctcached` into the target
-/// dir (binaries of other packages have no CARGO_BIN_EXE_ variable).
+/// The daemon binary, built by `cargo build -p ctcached` (binaries of other
+/// packages have no CARGO_BIN_EXE_ variable): next to ctcachectl, else in
+/// `$CARGO_TARGET_DIR/debug`, else in /var/tmp/ctcache-target/debug.
 pub fn ctcached_bin() -> PathBuf {
+    let beside = Path::new(ctl_bin()).with_file_name("ctcached");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/tmp/ctcache-target"));
-    let p = target.join("debug").join("ctcached");
-    assert!(p.is_file(), "{} is missing: run `cargo build -p ctcached` first", p.display());
-    p
+    let candidates = [beside, target.join("debug").join("ctcached")];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!("ctcached is missing ({candidates:?}): run `cargo build -p ctcached` first")
+        })
 }
 
 pub fn ctl_bin() -> &'static str {
@@ -69,7 +76,7 @@ pub fn ctl_raw(args: &[&str]) -> Out {
 
 /// A running ctcached on `T/cache`, `T/s.sock`, watching `T/models`.
 pub struct Daemon {
-    pub dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
     pub socket: PathBuf,
     child: Option<Child>,
 }
@@ -105,7 +112,7 @@ impl Daemon {
             .spawn()
             .expect("spawning ctcached");
         let mut d = Daemon {
-            dir,
+            dir: Some(dir),
             socket,
             child: Some(child),
         };
@@ -119,17 +126,21 @@ impl Daemon {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("ctcached exited early ({status}):\n{}", self.log());
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "ctcached not ready:\n{}", self.log());
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "ctcached not ready:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
+        self.dir.as_ref().unwrap().path().join(rel)
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
     }
 
     pub fn socket_arg(&self) -> String {
@@ -150,20 +161,28 @@ impl Daemon {
         self.ctl(&all).ok().json()
     }
 
-    /// SIGTERM; the daemon must exit 0 within 30 s.
-    pub fn stop(mut self) {
+    /// SIGTERM; the daemon must exit 0 within 30 s. Returns its temp dir
+    /// (the cache stays for offline checks).
+    pub fn stop(mut self) -> tempfile::TempDir {
         let mut child = self.child.take().unwrap();
         // SAFETY: kill(2) on the pid of a child this test spawned.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let start = Instant::now();
         loop {
             if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "ctcached exited with {status}:\n{}", self.log());
-                return;
+                assert!(
+                    status.success(),
+                    "ctcached exited with {status}:\n{}",
+                    self.log()
+                );
+                return self.dir.take().unwrap();
             }
             if start.elapsed() > Duration::from_secs(30) {
                 let _ = child.kill();
-                panic!("ctcached did not stop within 30 s of SIGTERM:\n{}", self.log());
+                panic!(
+                    "ctcached did not stop within 30 s of SIGTERM:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -184,7 +203,10 @@ impl Drop for Daemon {
 pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
-        assert!(start.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -27,7 +27,11 @@ pub struct Daemon {
 }
 
 pub fn paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    (dir.join("run/ctcached.sock"), dir.join("cache"), dir.join("models"))
+    (
+        dir.join("run/ctcached.sock"),
+        dir.join("cache"),
+        dir.join("models"),
+    )
 }
 
 impl Daemon {
@@ -120,7 +124,10 @@ pub fn wait_for_socket(socket: &Path, child: &mut Child) {
             }
             panic!("ctcached exited early ({status}): {err}");
         }
-        assert!(Instant::now() < deadline, "ctcached did not listen within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "ctcached did not listen within 30 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -131,7 +138,11 @@ pub async fn channel(socket: &Path) -> Channel {
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
         }))
         .await
         .expect("connecting to ctcached")
@@ -194,8 +205,16 @@ pub fn write_model(path: &Path, bytes: &[u8]) {
 /// The blake3 D3 digest of W in a model file.
 pub fn digest_of(path: &Path, name: &str) -> Vec<u8> {
     let m = ctcache::onnx::Model::open(path).unwrap();
-    let t = m.initializers().unwrap().into_iter().find(|t| t.name == name).unwrap();
-    ctcache::digest::digest_tensor(&m, &t, ctcache::digest::Algorithm::Blake3).unwrap().bytes.to_vec()
+    let t = m
+        .initializers()
+        .unwrap()
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap();
+    ctcache::digest::digest_tensor(&m, &t, ctcache::digest::Algorithm::Blake3)
+        .unwrap()
+        .bytes
+        .to_vec()
 }
 
 /// Polls `f` until it returns Some or the timeout passes.

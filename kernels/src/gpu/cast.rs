@@ -25,9 +25,13 @@ pub(super) fn pack(
             let np = per.min(pairs - p0);
             s.write_src(&src.data[p0 * 8..(p0 + np) * 8]);
             let dst = &mut out[p0 * 4..(p0 + np) * 4];
-            s.run(Kernel::CastF16, Cfg::default(), np as u32, dst.len() as u64, |b, _| {
-                dst.copy_from_slice(b)
-            })?;
+            s.run(
+                Kernel::CastF16,
+                Cfg::default(),
+                np as u32,
+                dst.len() as u64,
+                |b, _| dst.copy_from_slice(b),
+            )?;
         }
         s.finish()?;
     }

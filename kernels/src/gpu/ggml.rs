@@ -106,12 +106,22 @@ fn chunk_pack(
             u32::from(f32_to_f16_bits(d))
         };
     }
-    s.write_aux(&aux.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>());
+    s.write_aux(
+        &aux.iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
     let words = (nb * bb).div_ceil(4) as u32;
-    let fixes = s.run(Kernel::GgmlCodes, cfg, words, dst.len() as u64, |b, fixes| {
-        dst.copy_from_slice(b);
-        fixes
-    })?;
+    let fixes = s.run(
+        Kernel::GgmlCodes,
+        cfg,
+        words,
+        dst.len() as u64,
+        |b, fixes| {
+            dst.copy_from_slice(b);
+            fixes
+        },
+    )?;
     if fixes.overflow {
         super::note_assist(0, 0, 1);
         dst.copy_from_slice(&cpu_pack(packer, params, data)?);

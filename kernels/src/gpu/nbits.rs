@@ -253,7 +253,17 @@ fn chunk_pack(
         super::note_assist(0, 0, 1);
         special.fill(true);
     } else {
-        fix_codes(g, packer, params, out, c, &fixes.list, &special, &minmax, elem)?;
+        fix_codes(
+            g,
+            packer,
+            params,
+            out,
+            c,
+            &fixes.list,
+            &special,
+            &minmax,
+            elem,
+        )?;
     }
     special_blocks(g, packer, params, out, c, &special, elem)
 }

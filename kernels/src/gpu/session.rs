@@ -202,9 +202,8 @@ impl<'g> Session<'g> {
                 .read
                 .get_mapped_range(0..end)
                 .map_err(|e| GpuError::Device(e.to_string()))?;
-            let u32_at = |off: usize| {
-                u32::from_le_bytes(view[off..off + 4].try_into().expect("4 bytes"))
-            };
+            let u32_at =
+                |off: usize| u32::from_le_bytes(view[off..off + 4].try_into().expect("4 bytes"));
             let fo = self.fix_off as usize;
             let count = u32_at(fo);
             let kept = count.min(self.fix_cap) as usize;

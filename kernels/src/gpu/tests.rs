@@ -154,7 +154,13 @@ fn matmul_nbits_equals_cpu() {
                 let b = bs as u64;
                 // K: one row, shorter than a block, odd across blocks, an
                 // odd block count with one spare row, exact blocks.
-                let shapes = [(1, 5), (b - 1, 3), (2 * b + 1, 7), (3 * b + 1, 2), (2 * b, 33)];
+                let shapes = [
+                    (1, 5),
+                    (b - 1, 3),
+                    (2 * b + 1, 7),
+                    (3 * b + 1, 2),
+                    (2 * b, 33),
+                ];
                 for (k, n) in shapes {
                     for kind in [Kind::Normal, Kind::Ties, Kind::Edges] {
                         seed += 1;
@@ -170,9 +176,14 @@ fn matmul_nbits_equals_cpu() {
 #[test]
 fn matmul_nbits_chunks() {
     let Some(g) = gpu() else { return };
-    for (i, (bits, bs, sym)) in [(4, 32, true), (4, 16, false), (8, 64, false), (4, 256, true)]
-        .into_iter()
-        .enumerate()
+    for (i, (bits, bs, sym)) in [
+        (4, 32, true),
+        (4, 16, false),
+        (8, 64, false),
+        (4, 256, true),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let params = nbits(bits, bs, sym);
         let (k, n) = (5 * bs as u64 + 3, 40);
@@ -210,8 +221,20 @@ fn ggml_block_edges() {
     // maximum of either sign, zeros, constants, and each special alone.
     let mut cases: Vec<Vec<f32>> = vec![
         (0..32).map(|i| (i as f32 - 16.0) * 0.5).collect(),
-        (0..32).map(|i| if i % 2 == 0 { 127.0 } else { 63.5 }).collect(),
-        (0..32).map(|i| if i == 3 { -8.0 } else if i == 9 { 8.0 } else { 0.5 * i as f32 - 6.0 }).collect(),
+        (0..32)
+            .map(|i| if i % 2 == 0 { 127.0 } else { 63.5 })
+            .collect(),
+        (0..32)
+            .map(|i| {
+                if i == 3 {
+                    -8.0
+                } else if i == 9 {
+                    8.0
+                } else {
+                    0.5 * i as f32 - 6.0
+                }
+            })
+            .collect(),
         vec![0.0; 32],
         vec![-0.0; 32],
         vec![3.25; 32],
@@ -255,7 +278,14 @@ fn cpu_assist_paths_run() {
     // specials force CPU blocks; a chunk of ties overflows the fix-up list.
     let params = nbits(4, 16, true);
     let normal = data(Kind::Normal, 256 * 64, 16, 3);
-    check(g, "ort.matmul_nbits", &[256, 64], &normal, &params, 64 << 20);
+    check(
+        g,
+        "ort.matmul_nbits",
+        &[256, 64],
+        &normal,
+        &params,
+        64 << 20,
+    );
     let ties: Vec<f32> = (0..64 * 64).map(|i| (i % 33) as f32 * 0.25 - 4.0).collect();
     check(g, "ort.matmul_nbits", &[64, 64], &ties, &params, 64 << 20);
     let edges = data(Kind::Edges, 96 * 8, 16, 7);
@@ -288,12 +318,21 @@ fn refusals_are_errors() {
     let e = g.pack("cast.bf16", &f32src, &Params::new(), &mut out[..64]);
     assert!(matches!(e, Err(GpuError::Unsupported { .. })), "{e:?}");
     let e = g.pack("no.such", &f32src, &Params::new(), &mut out);
-    assert_eq!(e, Err(GpuError::Pack(PackError::UnknownPacker("no.such".into()))));
+    assert_eq!(
+        e,
+        Err(GpuError::Pack(PackError::UnknownPacker("no.such".into())))
+    );
     let e = g.pack("ggml.q8_0", &f32src, &Params::new(), &mut out[..5]);
-    assert!(matches!(e, Err(GpuError::Pack(PackError::SizeMismatch { .. }))), "{e:?}");
+    assert!(
+        matches!(e, Err(GpuError::Pack(PackError::SizeMismatch { .. }))),
+        "{e:?}"
+    );
     let bad = Params::new().with("bits", "3");
     let e = g.pack("ort.matmul_nbits", &f32src, &bad, &mut out);
-    assert!(matches!(e, Err(GpuError::Pack(PackError::BadParamValue { .. }))), "{e:?}");
+    assert!(
+        matches!(e, Err(GpuError::Pack(PackError::BadParamValue { .. }))),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -338,14 +377,25 @@ fn adapter_summary() {
 }
 
 /// Packs on the GPU with the shaders' test error set to `jitter`.
-fn gpu_with_jitter(g: &GpuBackend, id: &str, dims: &[u64], v: &[f32], params: &Params, jitter: f32) -> Vec<u8> {
+fn gpu_with_jitter(
+    g: &GpuBackend,
+    id: &str,
+    dims: &[u64],
+    v: &[f32],
+    params: &Params,
+    jitter: f32,
+) -> Vec<u8> {
     let data = bytes(v);
     let src = SourceTensor {
         data_type: DataType::FLOAT,
         dims,
         data: &data,
     };
-    let len = find(id).unwrap().output(DataType::FLOAT, dims, params).unwrap().payload_len;
+    let len = find(id)
+        .unwrap()
+        .output(DataType::FLOAT, dims, params)
+        .unwrap()
+        .payload_len;
     let mut out = vec![0u8; len as usize];
     super::session::JITTER.with(|j| j.set(jitter));
     let r = g.pack(id, &src, params, &mut out);
@@ -380,10 +430,16 @@ fn tolerates_inexact_gpu_arithmetic() {
                     dims,
                     data: &data,
                 };
-                crate::pack_to_vec(find(id).unwrap(), &src, params).unwrap().1
+                crate::pack_to_vec(find(id).unwrap(), &src, params)
+                    .unwrap()
+                    .1
             };
             let ok = gpu_with_jitter(g, id, dims, &v, params, delta / 2.0);
-            assert!(ok == cpu, "{id} {dims:?} {kind:?}: {}", first_diff(&cpu, &ok));
+            assert!(
+                ok == cpu,
+                "{id} {dims:?} {kind:?}: {}",
+                first_diff(&cpu, &ok)
+            );
             if matches!(kind, Kind::Normal) {
                 let bad = gpu_with_jitter(g, id, dims, &v, params, delta * 2.0);
                 assert!(bad != cpu, "{id}: a jitter past the margin changed nothing");
