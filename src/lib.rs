@@ -11,6 +11,7 @@ pub mod dtype;
 pub mod error;
 pub mod fsutil;
 pub mod onnx;
+pub mod paths;
 pub mod resolve;
 pub mod store;
 pub mod structs;

@@ -124,21 +124,9 @@ pub struct Config {
     pub policy: Vec<PolicyRule>,
 }
 
-/// D8 defaults for an unprivileged user: `$XDG_CACHE_HOME/ctcache` (else
-/// `~/.cache/ctcache`), socket `$XDG_RUNTIME_DIR/ctcache/ctcached.sock` (else
-/// in the cache dir).
+/// D8 defaults for an unprivileged user (see `ctcache::paths`).
 pub fn default_paths(env: &dyn Fn(&str) -> Option<String>) -> (PathBuf, PathBuf) {
-    let cache = env("XDG_CACHE_HOME")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"))
-        .join("ctcache");
-    let socket = env("XDG_RUNTIME_DIR")
-        .filter(|s| !s.is_empty())
-        .map(|r| Path::new(&r).join("ctcache").join("ctcached.sock"))
-        .unwrap_or_else(|| cache.join("ctcached.sock"));
-    (cache, socket)
+    ctcache::paths::user_defaults(env)
 }
 
 impl Default for Config {
@@ -189,7 +177,7 @@ pub fn config_file(flag: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) ->
     if let Some(f) = env("CTCACHE_CONFIG").filter(|s| !s.is_empty()) {
         return Some(PathBuf::from(f));
     }
-    let system = PathBuf::from("/etc/ctcache/ctcached.toml");
+    let system = PathBuf::from(ctcache::paths::SYSTEM_CONFIG);
     if env("INVOCATION_ID").is_some() && system.exists() {
         return Some(system);
     }

@@ -7,29 +7,15 @@ use std::path::{Path, PathBuf};
 
 use super::error::Error;
 
-/// The D8 default socket: `$XDG_RUNTIME_DIR/ctcache/ctcached.sock`, else
-/// `ctcached.sock` in the cache dir (`$XDG_CACHE_HOME/ctcache`, else
-/// `~/.cache/ctcache`). Mirrors `ctcached::config::default_paths`.
+/// The D8 per-user default socket for an environment.
 pub fn default_socket_with(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    let set = |k: &str| env(k).filter(|s| !s.is_empty());
-    if let Some(run) = set("XDG_RUNTIME_DIR") {
-        return Path::new(&run).join("ctcache").join("ctcached.sock");
-    }
-    set("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"))
-        .join("ctcache")
-        .join("ctcached.sock")
+    ctcache::paths::user_defaults(env).1
 }
 
-/// `CTCACHE_SOCKET` when set, else the D8 default.
+/// `CTCACHE_SOCKET` when set, else the D8 default (the system service's
+/// socket when only that one exists).
 pub fn default_socket() -> PathBuf {
-    let env = |k: &str| std::env::var(k).ok();
-    env("CTCACHE_SOCKET")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| default_socket_with(&env))
+    ctcache::paths::client_socket(&|k: &str| std::env::var(k).ok())
 }
 
 /// Connects once and drops the stream: the failure's kind is what tells the
