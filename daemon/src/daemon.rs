@@ -478,12 +478,17 @@ impl Daemon {
         if cancel.cancelled() {
             return Err("every waiter went away".into());
         }
-        let c = ctcache_kernels::compile::compile(
+        let c = ctcache_kernels::compile::compile_on(
             &model,
             &t,
             Some(spec.digest),
             spec.packer,
             &spec.params,
+            if self.config.gpu {
+                ctcache_kernels::compile::BackendChoice::Auto
+            } else {
+                ctcache_kernels::compile::BackendChoice::Cpu
+            },
         )
         .map_err(|e| e.to_string())?;
         // The model may have changed since its digest was taken.
@@ -511,8 +516,8 @@ impl Daemon {
             .store
             .put(&new, &c.payload[..])
             .map_err(|e| e.to_string())?;
-        metrics::counter!("ctcache_pack_jobs_total", "format" => spec.packer.id(), "backend" => "cpu").increment(1);
-        metrics::histogram!("ctcache_pack_seconds", "format" => spec.packer.id(), "backend" => "cpu").record(c.duration.as_secs_f64());
+        metrics::counter!("ctcache_pack_jobs_total", "format" => spec.packer.id(), "backend" => c.backend.name()).increment(1);
+        metrics::histogram!("ctcache_pack_seconds", "format" => spec.packer.id(), "backend" => c.backend.name()).record(c.duration.as_secs_f64());
         self.emit(
             "entry_added",
             convert::key_to_string(&stored.entry.key),

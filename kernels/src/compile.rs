@@ -19,6 +19,8 @@ pub enum CompileError {
     Model(#[from] ctcache::Error),
     #[error("{name}: {source}")]
     Pack { name: String, source: PackError },
+    #[error("{name}: wgpu backend: {message}")]
+    Gpu { name: String, message: String },
 }
 
 /// One packed initializer.
@@ -32,6 +34,8 @@ pub struct Compiled {
     pub packer_id: &'static str,
     pub packer_version: u32,
     pub duration: Duration,
+    /// The backend that packed it.
+    pub backend: crate::Backend,
 }
 
 /// Checks that `packer` accepts `t` with `params`, without packing.
@@ -39,13 +43,44 @@ pub fn accepts(t: &TensorRef, packer: &dyn Packer, params: &Params) -> Result<()
     packer.check_source(t.data_type, &t.dims, params)
 }
 
-/// Packs `t` of `model`. `digest` may be passed when already known (memo).
+/// Which backend packs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The CPU packers.
+    Cpu,
+    /// wgpu only; an error when it cannot pack this source.
+    Wgpu,
+    /// wgpu when a hardware adapter can pack this source, else the CPU (a
+    /// software adapter is slower than the CPU packers, so it is not used).
+    Auto,
+}
+
+/// Packs `t` of `model` on the CPU. `digest` may be passed when known (memo).
 pub fn compile(
     model: &Model,
     t: &TensorRef,
     digest: Option<SourceDigest>,
     packer: &dyn Packer,
     params: &Params,
+) -> Result<Compiled, CompileError> {
+    compile_on(model, t, digest, packer, params, BackendChoice::Cpu)
+}
+
+/// True when a hardware GPU adapter is available to the wgpu backend.
+pub fn hardware_gpu() -> bool {
+    crate::gpu::GpuBackend::shared()
+        .map(|g| g.adapter_info().device_type != "cpu")
+        .unwrap_or(false)
+}
+
+/// Packs `t` of `model` with the chosen backend.
+pub fn compile_on(
+    model: &Model,
+    t: &TensorRef,
+    digest: Option<SourceDigest>,
+    packer: &dyn Packer,
+    params: &Params,
+    choice: BackendChoice,
 ) -> Result<Compiled, CompileError> {
     let pack_err = |source| CompileError::Pack {
         name: t.name.clone(),
@@ -69,8 +104,36 @@ pub fn compile(
         dims: &t.dims,
         data: &raw,
     };
-    let (layout_packed, payload) = crate::pack_to_vec(packer, &src, params).map_err(pack_err)?;
-    debug_assert_eq!(layout_packed, layout);
+    let mut payload =
+        vec![
+            0u8;
+            usize::try_from(layout.payload_len).map_err(|_| pack_err(PackError::Overflow {
+                packer: packer.id(),
+                dims: t.dims.clone(),
+            }))?
+        ];
+    let backend = match choice {
+        BackendChoice::Cpu => {
+            packer.pack(&src, params, &mut payload).map_err(pack_err)?;
+            crate::Backend::Cpu
+        }
+        BackendChoice::Wgpu => {
+            crate::pack_on(crate::Backend::Wgpu, packer, &src, params, &mut payload).map_err(
+                |e| CompileError::Gpu {
+                    name: t.name.clone(),
+                    message: e.to_string(),
+                },
+            )?;
+            crate::Backend::Wgpu
+        }
+        BackendChoice::Auto if hardware_gpu() => {
+            crate::gpu::pack_auto(packer, &src, params, &mut payload).map_err(pack_err)?
+        }
+        BackendChoice::Auto => {
+            packer.pack(&src, params, &mut payload).map_err(pack_err)?;
+            crate::Backend::Cpu
+        }
+    };
     Ok(Compiled {
         source_name: t.name.clone(),
         digest,
@@ -80,6 +143,7 @@ pub fn compile(
         packer_id: packer.id(),
         packer_version: packer.format_version(),
         duration: started.elapsed(),
+        backend,
     })
 }
 

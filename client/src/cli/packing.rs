@@ -113,17 +113,16 @@ pub struct PackArgs<'a> {
 }
 
 pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
-    if a.backend != "cpu" {
-        return Err(Failure::Failed(format!(
-            "backend {:?} is not available in this build (use --backend cpu)",
-            a.backend
-        )));
-    }
+    let backend = match a.backend {
+        "wgpu" => compile::BackendChoice::Wgpu,
+        _ => compile::BackendChoice::Cpu,
+    };
     let p = packer(a.format)?;
     let params = params(a.params)?;
     let model = Model::open(a.model)?;
     let t = find_initializer(&model, a.initializer)?;
-    let c = compile(&model, &t, None, p, &params).map_err(|e| Failure::Failed(e.to_string()))?;
+    let c = compile::compile_on(&model, &t, None, p, &params, backend)
+        .map_err(|e| Failure::Failed(e.to_string()))?;
     ctcache::fsutil::atomic_write(a.output, |w| std::io::Write::write_all(w, &c.payload))?;
     if let Some(path) = a.type_out {
         let bytes = c.layout.struct_type.encode_to_vec();
@@ -139,6 +138,7 @@ pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
             "source_digest": c.digest.hex(),
             "device": device_json(&c.device),
             "pack_ms": c.duration.as_secs_f64() * 1e3,
+            "backend": c.backend.name(),
         }));
     }
     say(&format!(

@@ -189,10 +189,16 @@ fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
     (t, b)
 }
 
-/// A new instance over every backend of this build (Vulkan, GL).
+/// Every backend of this build (Vulkan, GL), unless `WGPU_BACKEND` names
+/// some (e.g. `gl`).
+pub(super) fn backends() -> wgpu::Backends {
+    wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
+}
+
+/// A new instance over [`backends`].
 pub(super) fn instance() -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::all();
+    desc.backends = backends();
     // No validation layers: they cost time and are not installed in
     // production; wgpu's own validation stays on.
     desc.flags = wgpu::InstanceFlags::empty();
@@ -223,7 +229,7 @@ pub(super) fn device_type(t: wgpu::DeviceType) -> &'static str {
 
 fn open() -> Result<GpuBackend, GpuError> {
     let instance = instance();
-    let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    let adapter = pollster::block_on(instance.enumerate_adapters(backends()))
         .into_iter()
         .filter(|a| {
             a.get_downlevel_capabilities()
