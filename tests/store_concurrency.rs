@@ -105,9 +105,13 @@ fn sixteen_threads_mixed_load() {
                                     store.acquire_lease(&e.key, Duration::from_secs(5)),
                                     "lease",
                                 ) {
-                                    // While leased, the entry stays readable.
+                                    // While leased, the entry stays and its
+                                    // payload reads back intact (it may have been
+                                    // replaced between list and lease).
+                                    let now =
+                                        store.stat(&e.key).expect("stat").expect("leased entry");
                                     let p = store.open_payload(&e.key).expect("open leased");
-                                    assert_eq!(*blake3::hash(&p).as_bytes(), e.payload.blake3);
+                                    assert_eq!(*blake3::hash(&p).as_bytes(), now.payload.blake3);
                                     expected(store.renew(id, Duration::from_secs(5)), "renew");
                                     assert!(store.release(id).expect("release"));
                                 }
@@ -174,5 +178,7 @@ fn sixteen_threads_mixed_load() {
     assert!(r.damaged.is_empty(), "{r:?}");
     assert!(r.orphan_files_removed.is_empty(), "{r:?}");
     assert_eq!(r.refs_added, 0, "{r:?}");
+    assert_eq!(r.source_lists_fixed, 0, "{r:?}");
+    assert_eq!(r.records_removed, 0, "{r:?}");
     assert!(tmp_is_empty(d.path()));
 }

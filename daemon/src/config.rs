@@ -144,7 +144,7 @@ impl Default for Config {
             gpu: true,
             trusted_uids: Vec::new(),
             daemon_produced_only: false,
-            stable_secs: 0.5,
+            stable_secs: 0.3,
             max_message_bytes: 16 << 20,
             log_format: LogFormat::Auto,
             log_level: "info".into(),

@@ -310,7 +310,7 @@ fn typed_storage(
             (TypedField::Float, TypedEncoding::Packed)
             | (TypedField::Double, TypedEncoding::Packed) => {
                 let w = if field == TypedField::Float { 4 } else { 8 };
-                if bytes.len() % w != 0 {
+                if !bytes.len().is_multiple_of(w) {
                     return Err(Error::tensor(
                         name,
                         format!(

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use super::entry::Access;
 use super::error::StoreResult;
-use super::index::{Index, Op, Tree};
+use super::index::{Expect, Index, Op, Precondition, Tree};
 use super::key::KeyBytes;
 
 pub(crate) struct AccessLog {
@@ -60,22 +60,37 @@ impl AccessLog {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut ops = Vec::with_capacity(batch.len());
-        for (k, add) in batch {
-            // A removed entry's stats would be garbage; reconcile removes the
-            // few that slip through between this check and the write.
-            if index.get(Tree::Entries, &k)?.is_none() {
-                continue;
+        // Merge into the stored statistics, in one commit conditioned on every
+        // entry still existing (so a removed entry never gets its statistics
+        // back); when one went away meanwhile, try again without it.
+        let mut items: Vec<(KeyBytes, Access)> = batch.into_iter().collect();
+        for _ in 0..3 {
+            let mut when = Vec::with_capacity(items.len());
+            let mut ops = Vec::with_capacity(items.len());
+            let mut live = Vec::with_capacity(items.len());
+            for (k, add) in items {
+                if index.get(Tree::Entries, &k)?.is_none() {
+                    continue;
+                }
+                let old = index.get(Tree::Access, &k)?;
+                let mut a = old.as_deref().map(Access::decode).unwrap_or_default();
+                a.last_ms = a.last_ms.max(add.last_ms);
+                a.count += add.count;
+                when.push(Precondition::new(Tree::Entries, &k, Expect::Present));
+                when.push(Precondition::new(
+                    Tree::Access,
+                    &k,
+                    old.map(Expect::Equals).unwrap_or(Expect::Absent),
+                ));
+                ops.push(Op::Put(Tree::Access, k.to_vec(), a.encode()));
+                live.push((k, add));
             }
-            let mut a = index
-                .get(Tree::Access, &k)?
-                .map(|v| Access::decode(&v))
-                .unwrap_or_default();
-            a.last_ms = a.last_ms.max(add.last_ms);
-            a.count += add.count;
-            ops.push(Op::Put(Tree::Access, k.to_vec(), a.encode()));
+            if ops.is_empty() || index.commit(&when, &ops)? {
+                return Ok(());
+            }
+            items = live;
         }
-        index.commit(&[], &ops)?;
+        // Statistics only: drop what kept racing with removals.
         Ok(())
     }
 }

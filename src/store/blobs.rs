@@ -34,6 +34,17 @@ impl Stripes {
         Stripes(std::array::from_fn(|_| Mutex::new(())))
     }
 
+    /// Locks the stripes of many blobs, in stripe order (the one order every
+    /// multi-stripe holder uses, so they cannot deadlock).
+    pub fn lock_many(&self, blobs: &[[u8; 32]]) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = blobs.iter().map(|b| b[0] as usize % STRIPES).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| self.0[i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
     pub fn lock(&self, blob: &[u8; 32]) -> MutexGuard<'_, ()> {
         // A panic while holding a stripe leaves no state behind it to repair.
         self.0[blob[0] as usize % STRIPES]

@@ -68,10 +68,19 @@ pub struct Entry {
     pub source_names: Vec<String>,
     pub model_paths: Vec<String>,
     pub created_ms: u64,
-    /// Last `open_payload` (or `created_ms`); may lag by the access batch window.
-    pub last_access_ms: u64,
-    pub access_count: u64,
+    /// Access statistics: present from `stat`, `list` and `put`; lookups
+    /// leave them out (they would cost an index read per hit).
+    pub access: Option<AccessStats>,
     pub pack_duration: Duration,
+}
+
+/// How an entry's payload has been used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AccessStats {
+    /// Last `open_payload` (unix ms), or the creation time.
+    pub last_ms: u64,
+    /// `open_payload` calls.
+    pub count: u64,
 }
 
 impl Entry {
@@ -213,7 +222,7 @@ impl Record {
         self.payload_blake3.as_slice().try_into().unwrap_or([0; 32])
     }
 
-    pub fn into_entry(self, key: EntryKey, access: Access) -> Entry {
+    pub fn into_entry(self, key: EntryKey, access: Option<Access>) -> Entry {
         let blake3 = self.blob();
         Entry {
             key,
@@ -233,9 +242,11 @@ impl Record {
             },
             source_names: self.source_names,
             model_paths: self.model_paths,
+            access: access.map(|a| AccessStats {
+                last_ms: a.last_ms.max(self.created_ms),
+                count: a.count,
+            }),
             created_ms: self.created_ms,
-            last_access_ms: access.last_ms.max(self.created_ms),
-            access_count: access.count,
             pack_duration: Duration::from_micros(self.pack_duration_us),
         }
     }

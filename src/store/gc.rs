@@ -253,7 +253,7 @@ impl Store {
             .into_iter()
             .map(|k| Op::Delete(Tree::Leases, k))
             .collect();
-        self.index.commit(&[], &ops)?;
+        self.commit(&[], &ops)?;
         let (entries, files): (Vec<GcItem>, Vec<GcItem>) = items
             .into_iter()
             .partition(|i| matches!(i.target, GcTarget::Entry(_)));
@@ -297,6 +297,7 @@ impl Store {
         {
             let _gate = self.lease_gate();
             let (live, _) = lease::scan(&*self.index, self.now())?;
+            let mut todo = Vec::with_capacity(batch.len());
             for item in batch {
                 let GcTarget::Entry(key) = &item.target else {
                     continue;
@@ -310,16 +311,21 @@ impl Store {
                     continue;
                 };
                 let b = entry::decode_brief(&kb, &old)?;
-                let blob = b.blob();
-                let _s = self.stripes.lock(&blob);
-                // A missing payload may have been restored by a put since.
-                if item.reason == GcReason::MissingPayload
-                    && blobs::present(&self.paths, &blob, b.payload_len)
-                {
-                    continue;
-                }
-                if self.drop_entry(&kb, &blob, old)? {
-                    removed.push((item.clone(), blob));
+                todo.push((item, kb, b.blob(), old, b.payload_len));
+            }
+            let blobs: Vec<[u8; 32]> = todo.iter().map(|t| t.2).collect();
+            // One commit for the whole batch, under the stripes of all its
+            // blobs (see `Store::delete_unreferenced`).
+            let _stripes = self.stripes.lock_many(&blobs);
+            // A missing payload may have been restored by a put since.
+            todo.retain(|t| {
+                t.0.reason != GcReason::MissingPayload || !blobs::present(&self.paths, &t.2, t.4)
+            });
+            let drops: Vec<_> = todo.iter().map(|t| (t.1, t.2, t.3.clone())).collect();
+            let done = self.drop_entries(&drops)?;
+            for (t, ok) in todo.into_iter().zip(done) {
+                if ok {
+                    removed.push((t.0.clone(), t.2));
                 }
             }
         }

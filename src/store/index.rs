@@ -21,10 +21,21 @@ pub enum Tree {
     Access,
     /// lease id (u64 big-endian) -> lease record.
     Leases,
+    /// source prefix (algorithm || digest, 33 bytes) -> the sorted
+    /// concatenation of the 64-byte key suffixes (device key || type key)
+    /// of its entries. Lets a lookup read the entries of one source with
+    /// point reads instead of a range scan.
+    Sources,
 }
 
 impl Tree {
-    pub const ALL: [Tree; 4] = [Tree::Entries, Tree::BlobRefs, Tree::Access, Tree::Leases];
+    pub const ALL: [Tree; 5] = [
+        Tree::Entries,
+        Tree::BlobRefs,
+        Tree::Access,
+        Tree::Leases,
+        Tree::Sources,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -32,6 +43,7 @@ impl Tree {
             Tree::BlobRefs => "blob_refs",
             Tree::Access => "access",
             Tree::Leases => "leases",
+            Tree::Sources => "sources",
         }
     }
 }

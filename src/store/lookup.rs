@@ -1,10 +1,10 @@
 //! Reads: `lookup` (the entries of one source digest that this host can
 //! use, best first), `stat` and `list`.
 //!
-//! A lookup scans the index prefix of one source digest (usually one to a
-//! handful of entries), filters on the type key in the index key before
-//! decoding anything, then applies D5 (device compatibility, in its order)
-//! and D4 (type recognized) to the decoded record.
+//! A lookup reads the key list of one source digest (usually one to a
+//! handful of entries; see `sources.rs`), filters on the type key in each
+//! key before reading anything else, then reads each record and applies D5
+//! (device compatibility, in its order) and D4 (type recognized) to it.
 //!
 //! "Best first" means: an exact device match (the entry's descriptor equals
 //! the host device's) before a merely compatible one; then the host device
@@ -16,7 +16,8 @@ use std::collections::HashSet;
 use super::entry::{self, Access};
 use super::error::StoreResult;
 use super::index::Tree;
-use super::key::{source_prefix, EntryKey, KeyBytes};
+use super::key::{source_prefix, EntryKey, KeyBytes, KEY_LEN, SOURCE_PREFIX_LEN};
+use super::sources;
 use super::{Entry, Store};
 use crate::device::{self, RuntimeIdentity};
 use crate::digest::SourceDigest;
@@ -120,34 +121,35 @@ pub struct Filter {
 
 impl Store {
     /// The entries of `source` usable on `host`, best first (see module docs).
-    /// Unreadable records are skipped (a miss), `verify` reports them.
+    /// Unreadable records are skipped (a miss), `verify` reports them. Hits
+    /// carry no access statistics (`Entry::access` is `None`).
     pub fn lookup(&self, source: &SourceDigest, host: &HostFilter) -> StoreResult<Vec<Hit>> {
         let prefix = source_prefix(source);
-        let mut found: Vec<(KeyBytes, entry::Record, usize, bool)> = Vec::new();
-        self.index.scan(Tree::Entries, &prefix, None, &mut |k, v| {
-            if !host.accept.key_ok(&k[65..]) {
-                return true;
+        let entries = match self.cache.get(&prefix) {
+            Ok(cached) => cached,
+            Err(generation) => {
+                let read = std::sync::Arc::new(self.read_source(&prefix)?);
+                self.cache.insert(prefix, generation, read.clone());
+                read
             }
-            let Ok(rec) = entry::decode_record(k, v) else {
-                return true;
-            };
+        };
+        let mut found: Vec<(&KeyBytes, &entry::Record, usize, bool)> = Vec::new();
+        for (kb, rec) in entries.iter() {
+            if !host.accept.key_ok(&kb[65..]) {
+                continue;
+            }
             let Some(dev) = rec.device.as_ref() else {
-                return true;
+                continue;
             };
             let Ok((i, _)) = device::find_compatible(dev, &host.devices, host.runtime.as_ref())
             else {
-                return true;
+                continue;
             };
             if !host.accept.type_ok(&rec.type_name, rec.format_version) {
-                return true;
+                continue;
             }
-            let Ok(kb) = KeyBytes::try_from(k) else {
-                return true;
-            };
-            let exact = host.keys[i] == k[33..65];
-            found.push((kb, rec, i, exact));
-            true
-        })?;
+            found.push((kb, rec, i, host.keys[i] == kb[33..65]));
+        }
         found.sort_by(|a, b| {
             (!a.3, a.2, std::cmp::Reverse(a.1.created_ms), a.0).cmp(&(
                 !b.3,
@@ -162,16 +164,37 @@ impl Store {
             &self.counters.hits
         };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut hits = Vec::with_capacity(found.len());
-        for (kb, rec, host_device, exact) in found {
-            let access = self.access_of(&kb)?;
-            hits.push(Hit {
-                entry: rec.into_entry(EntryKey::from_bytes(&kb)?, access),
-                host_device,
-                exact,
-            });
+        found
+            .into_iter()
+            .map(|(kb, rec, host_device, exact)| {
+                Ok(Hit {
+                    entry: rec.clone().into_entry(EntryKey::from_bytes(kb)?, None),
+                    host_device,
+                    exact,
+                })
+            })
+            .collect()
+    }
+
+    /// The decoded entries of one source, read from the index: its key list,
+    /// then each record (unreadable ones are left out).
+    fn read_source(
+        &self,
+        prefix: &[u8; SOURCE_PREFIX_LEN],
+    ) -> StoreResult<Vec<(KeyBytes, entry::Record)>> {
+        let list = self.index.get(Tree::Sources, prefix)?.unwrap_or_default();
+        let mut out = Vec::with_capacity(list.len() / sources::SUFFIX_LEN);
+        let mut kb = [0u8; KEY_LEN];
+        kb[..SOURCE_PREFIX_LEN].copy_from_slice(prefix);
+        for suffix in sources::suffixes(&list) {
+            kb[SOURCE_PREFIX_LEN..].copy_from_slice(suffix);
+            if let Some(v) = self.index.get(Tree::Entries, &kb)? {
+                if let Ok(rec) = entry::decode_record(&kb, &v) {
+                    out.push((kb, rec));
+                }
+            }
         }
-        Ok(hits)
+        Ok(out)
     }
 
     /// One entry, with its access statistics up to date.
@@ -188,7 +211,7 @@ impl Store {
                 count: access.count + p.count,
             };
         }
-        Ok(Some(rec.into_entry(*key, access)))
+        Ok(Some(rec.into_entry(*key, Some(access))))
     }
 
     /// The entries matching `filter`, in key order. With a source digest
@@ -229,7 +252,7 @@ impl Store {
         let mut out = Vec::with_capacity(matched.len());
         for (kb, rec) in matched {
             let access = self.access_of(&kb)?;
-            out.push(rec.into_entry(EntryKey::from_bytes(&kb)?, access));
+            out.push(rec.into_entry(EntryKey::from_bytes(&kb)?, Some(access)));
         }
         Ok(out)
     }

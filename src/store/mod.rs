@@ -24,6 +24,7 @@
 
 mod access;
 mod blobs;
+mod cache;
 mod entry;
 mod error;
 mod gc;
@@ -34,6 +35,7 @@ mod lease;
 mod lookup;
 mod options;
 mod sled_index;
+mod sources;
 mod stats;
 mod verify;
 
@@ -47,7 +49,7 @@ use std::sync::{Mutex, MutexGuard};
 use memmap2::Mmap;
 use prost::Message;
 
-pub use entry::{Entry, NewEntry, PayloadInfo, Producer};
+pub use entry::{AccessStats, Entry, NewEntry, PayloadInfo, Producer};
 pub use error::{StoreError, StoreResult};
 pub use gc::{GcItem, GcPolicy, GcReason, GcReport, GcTarget};
 pub use index::{Expect, Index, Op, Precondition, Tree};
@@ -121,6 +123,7 @@ pub struct Store {
     gate: Mutex<()>,
     access: access::AccessLog,
     counters: Counters,
+    cache: cache::LookupCache,
     /// Commits that dropped a payload reference, and how many of them are
     /// known durable (a flush finished after them): a payload file is
     /// deleted only when its last reference drop is durable.
@@ -167,6 +170,7 @@ impl Store {
             gate: Mutex::new(()),
             access: access::AccessLog::new(now),
             counters: Counters::default(),
+            cache: cache::LookupCache::new(opts.lookup_cache_sources),
             dropped: AtomicU64::new(0),
             durable: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
@@ -261,27 +265,37 @@ impl Store {
                     blobs::publish(&self.paths, w, self.opts.fsync)?;
                 }
             }
-            let applied = self.index.commit(
-                &[Precondition::new(Tree::Entries, &kb, Expect::Absent)],
+            let (prefix, suffix) = (sources::prefix(&kb), sources::suffix(&kb));
+            let list = self.index.get(Tree::Sources, prefix)?;
+            let applied = self.commit(
+                &[
+                    Precondition::new(Tree::Entries, &kb, Expect::Absent),
+                    sources::unchanged(prefix, &list),
+                ],
                 &[
                     Op::Put(Tree::Entries, kb.to_vec(), value.clone()),
                     Op::Put(Tree::BlobRefs, blob_ref_key(&blob, &kb), Vec::new()),
                     Op::Put(Tree::Access, kb.to_vec(), access.encode()),
+                    sources::store(
+                        prefix,
+                        sources::with(list.as_deref().unwrap_or(&[]), suffix),
+                    ),
                 ],
             )?;
             if applied {
                 break;
             }
             // A concurrent put of the key (with another payload, so under
-            // another stripe) committed first: loop to return its entry, or
-            // to try again if it was removed meanwhile.
+            // another stripe) committed first, or one of another key of the
+            // same source changed its list: loop to return the entry, or to
+            // try again.
         }
         if self.opts.durable_puts {
             self.index.flush()?;
         }
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         Ok(Stored {
-            entry: record.into_entry(prep.key, access),
+            entry: record.into_entry(prep.key, Some(access)),
             created: true,
         })
     }
@@ -296,13 +310,13 @@ impl Store {
             let mut rec = entry::decode_record(kb, &old)?;
             let changed = rec.merge_seen(&new.source_names, &new.model_paths, self.opts.max_seen);
             let done = !changed
-                || self.index.commit(
+                || self.commit(
                     &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
                     &[Op::Put(Tree::Entries, kb.to_vec(), rec.encode_to_vec())],
                 )?;
             if done {
                 let key = EntryKey::from_bytes(kb)?;
-                return Ok(Some(rec.into_entry(key, self.access_of(kb)?)));
+                return Ok(Some(rec.into_entry(key, Some(self.access_of(kb)?))));
             }
         }
         // Lost four races to concurrent updates: the names are informational.
@@ -370,18 +384,102 @@ impl Store {
         blob: &[u8; 32],
         old: Vec<u8>,
     ) -> StoreResult<bool> {
-        let done = self.index.commit(
-            &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
-            &[
-                Op::Delete(Tree::Entries, kb.to_vec()),
-                Op::Delete(Tree::BlobRefs, blob_ref_key(blob, kb)),
-                Op::Delete(Tree::Access, kb.to_vec()),
-            ],
-        )?;
-        if done {
-            self.dropped.fetch_add(1, Ordering::SeqCst);
+        let (prefix, suffix) = (sources::prefix(kb), sources::suffix(kb));
+        loop {
+            let list = self.index.get(Tree::Sources, prefix)?;
+            let done = self.commit(
+                &[
+                    Precondition::new(Tree::Entries, kb, Expect::Equals(old.clone())),
+                    sources::unchanged(prefix, &list),
+                ],
+                &[
+                    Op::Delete(Tree::Entries, kb.to_vec()),
+                    Op::Delete(Tree::BlobRefs, blob_ref_key(blob, kb)),
+                    Op::Delete(Tree::Access, kb.to_vec()),
+                    sources::store(
+                        prefix,
+                        sources::without(list.as_deref().unwrap_or(&[]), suffix),
+                    ),
+                ],
+            )?;
+            if done {
+                self.dropped.fetch_add(1, Ordering::SeqCst);
+                return Ok(true);
+            }
+            // Either the entry changed (give up) or only the source list did
+            // (another entry of this source came or went: try again).
+            if self.index.get(Tree::Entries, kb)?.as_deref() != Some(old.as_slice()) {
+                return Ok(false);
+            }
         }
-        Ok(done)
+    }
+
+    /// Drops many entries in one commit (caller holds the stripes of all
+    /// their blobs); falls back to one commit each when something changed
+    /// under us. Returns, per entry, whether it was dropped.
+    pub(crate) fn drop_entries(
+        &self,
+        items: &[(KeyBytes, [u8; 32], Vec<u8>)],
+    ) -> StoreResult<Vec<bool>> {
+        let mut lists: std::collections::BTreeMap<&[u8], Option<Vec<u8>>> = Default::default();
+        for (kb, ..) in items {
+            let p = sources::prefix(kb);
+            if !lists.contains_key(p) {
+                lists.insert(p, self.index.get(Tree::Sources, p)?);
+            }
+        }
+        let mut when = Vec::with_capacity(items.len() + lists.len());
+        let mut ops = Vec::with_capacity(items.len() * 3 + lists.len());
+        let mut new_lists: std::collections::BTreeMap<&[u8], Vec<u8>> = lists
+            .iter()
+            .map(|(p, l)| (*p, l.clone().unwrap_or_default()))
+            .collect();
+        for (kb, blob, old) in items {
+            when.push(Precondition::new(
+                Tree::Entries,
+                kb,
+                Expect::Equals(old.clone()),
+            ));
+            ops.push(Op::Delete(Tree::Entries, kb.to_vec()));
+            ops.push(Op::Delete(Tree::BlobRefs, blob_ref_key(blob, kb)));
+            ops.push(Op::Delete(Tree::Access, kb.to_vec()));
+            let l = new_lists.get_mut(sources::prefix(kb)).expect("read above");
+            *l = sources::without(l, sources::suffix(kb));
+        }
+        for (p, old) in &lists {
+            when.push(sources::unchanged(p, old));
+        }
+        for (p, new) in new_lists {
+            ops.push(sources::store(p, new));
+        }
+        if self.commit(&when, &ops)? {
+            self.dropped.fetch_add(items.len() as u64, Ordering::SeqCst);
+            return Ok(vec![true; items.len()]);
+        }
+        items
+            .iter()
+            .map(|(kb, blob, old)| self.drop_entry(kb, blob, old.clone()))
+            .collect()
+    }
+
+    /// Commits through the index and invalidates the lookup cache of every
+    /// source whose entries or key list the commit changed.
+    pub(crate) fn commit(&self, when: &[Precondition], ops: &[Op]) -> StoreResult<bool> {
+        let applied = self.index.commit(when, ops)?;
+        if applied {
+            for op in ops {
+                match op {
+                    Op::Put(Tree::Entries, k, _) | Op::Delete(Tree::Entries, k) => {
+                        self.cache.invalidate(&k[..k.len().min(SOURCE_PREFIX_LEN)])
+                    }
+                    Op::Put(Tree::Sources, k, _) | Op::Delete(Tree::Sources, k) => {
+                        self.cache.invalidate(k)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(applied)
     }
 
     /// Whether any entry references `blob`.

@@ -73,8 +73,11 @@ pub struct StoreOptions {
     pub access_batch: usize,
     /// ...or once this much time passed since the last write.
     pub access_interval: Duration,
-    /// Entries removed per GC step; lookups never wait longer than one step.
+    /// Entries removed per GC step (one index commit each).
     pub gc_batch: usize,
+    /// Sources whose decoded entries lookups keep in memory (about 1 KiB
+    /// per cached entry); 0 turns the cache off.
+    pub lookup_cache_sources: usize,
     pub clock: Clock,
     pub write_fault: Option<WriteFault>,
 }
@@ -90,6 +93,7 @@ impl Default for StoreOptions {
             access_batch: 1024,
             access_interval: Duration::from_secs(1),
             gc_batch: 256,
+            lookup_cache_sources: 1 << 17,
             clock: Clock::system(),
             write_fault: None,
         }
@@ -107,6 +111,7 @@ impl fmt::Debug for StoreOptions {
             .field("access_batch", &self.access_batch)
             .field("access_interval", &self.access_interval)
             .field("gc_batch", &self.gc_batch)
+            .field("lookup_cache_sources", &self.lookup_cache_sources)
             .field("clock", &self.clock)
             .field("write_fault", &self.write_fault.is_some())
             .finish()

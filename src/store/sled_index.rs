@@ -24,7 +24,7 @@ use super::options::StoreOptions;
 
 pub(crate) struct SledIndex {
     db: sled::Db,
-    trees: [sled::Tree; 4],
+    trees: [sled::Tree; 5],
 }
 
 fn err(op: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
@@ -40,6 +40,7 @@ fn slot(t: Tree) -> usize {
         Tree::BlobRefs => 1,
         Tree::Access => 2,
         Tree::Leases => 3,
+        Tree::Sources => 4,
     }
 }
 
@@ -57,6 +58,7 @@ impl SledIndex {
             open_tree(Tree::BlobRefs)?,
             open_tree(Tree::Access)?,
             open_tree(Tree::Leases)?,
+            open_tree(Tree::Sources)?,
         ];
         Ok(SledIndex { db, trees })
     }
@@ -120,9 +122,9 @@ impl Index for SledIndex {
             self.tree(t).apply_batch(b).map_err(err("commit"))?;
             return Ok(true);
         }
-        let [a, b, c, d] = &self.trees;
-        let result = (a, b, c, d).transaction(|(a, b, c, d)| {
-            let txs = [a, b, c, d];
+        let [a, b, c, d, e] = &self.trees;
+        let result = (a, b, c, d, e).transaction(|(a, b, c, d, e)| {
+            let txs = [a, b, c, d, e];
             for p in when {
                 let cur = txs[slot(p.tree)].get(&p.key)?;
                 let ok = match (&p.expect, &cur) {

@@ -88,14 +88,43 @@ fn access_statistics_are_batched_and_visible() {
     for _ in 0..3 {
         s.open_payload(&k).unwrap();
     }
-    assert_eq!(s.stat(&k).unwrap().unwrap().access_count, 3);
+    assert_eq!(s.stat(&k).unwrap().unwrap().access.unwrap().count, 3);
     s.flush().unwrap();
     let l = s.list(&Filter::default()).unwrap();
-    assert_eq!(l[0].access_count, 3);
+    assert_eq!(l[0].access.unwrap().count, 3);
 }
 
 #[test]
 fn store_is_send_and_sync() {
     fn shared<T: Send + Sync>() {}
     shared::<Store>();
+}
+
+#[test]
+fn reconcile_repairs_source_lists() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let a = s.put(&new_entry(1), &b"a"[..]).unwrap().entry.key;
+    let b = s.put(&new_entry(2), &b"b"[..]).unwrap().entry.key;
+    let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);
+    // Lose a's list, and give b's list a suffix naming no entry.
+    let (pa, pb) = (a.to_bytes(), b.to_bytes());
+    let mut bogus = sources::suffix(&pb).to_vec();
+    bogus[0] ^= 1;
+    let list_b = sources::with(sources::suffix(&pb), &bogus);
+    s.index
+        .commit(
+            &[],
+            &[
+                Op::Delete(Tree::Sources, sources::prefix(&pa).to_vec()),
+                Op::Put(Tree::Sources, sources::prefix(&pb).to_vec(), list_b),
+            ],
+        )
+        .unwrap();
+    assert!(s.lookup(&a.source, &host).unwrap().is_empty());
+    let r = s.reconcile().unwrap();
+    assert_eq!(r.source_lists_fixed, 2);
+    assert_eq!(s.lookup(&a.source, &host).unwrap()[0].entry.key, a);
+    assert_eq!(s.lookup(&b.source, &host).unwrap().len(), 1);
+    assert_eq!(s.reconcile().unwrap().source_lists_fixed, 0);
 }

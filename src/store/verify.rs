@@ -5,7 +5,7 @@
 //! stale temp files. A damaged payload's file goes to quarantine/ and all
 //! entries using it are dropped (also leased ones: bad data is never served).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use super::blobs;
@@ -14,6 +14,7 @@ use super::error::StoreResult;
 use super::index::{Expect, Op, Precondition, Tree};
 use super::key::{EntryKey, KeyBytes};
 use super::lease;
+use super::sources;
 use super::{blob_ref_key, Store};
 
 /// What was wrong with a payload file.
@@ -64,9 +65,59 @@ pub struct ReconcileReport {
     pub temp_files_removed: Vec<PathBuf>,
     /// Missing blob-reference records re-created.
     pub refs_added: u64,
+    /// Per-source key lists that missed entries or named absent ones.
+    pub source_lists_fixed: u64,
     /// Index records pointing at no entry removed (blob refs, access, leases).
     pub records_removed: u64,
     pub expired_leases_removed: u64,
+}
+
+impl Store {
+    /// Makes every source's key list name exactly its existing entries.
+    /// Each list is rewritten only if unchanged since read (a concurrent put
+    /// or removal wins; the next pass looks again).
+    fn reconcile_sources(&self, entries: &HashMap<KeyBytes, [u8; 32]>) -> StoreResult<u64> {
+        let mut want: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        for kb in entries.keys() {
+            want.entry(sources::prefix(kb).to_vec())
+                .or_default()
+                .insert(sources::suffix(kb).to_vec());
+        }
+        self.index.scan(Tree::Sources, &[], None, &mut |k, _| {
+            want.entry(k.to_vec()).or_default();
+            true
+        })?;
+        let mut fixed = 0;
+        for (prefix, expected) in want {
+            let list = self.index.get(Tree::Sources, &prefix)?;
+            let mut kb = [0u8; super::KEY_LEN];
+            kb[..prefix.len().min(super::SOURCE_PREFIX_LEN)]
+                .copy_from_slice(&prefix[..prefix.len().min(super::SOURCE_PREFIX_LEN)]);
+            let mut keep = Vec::new();
+            let candidates: BTreeSet<Vec<u8>> = sources::suffixes(list.as_deref().unwrap_or(&[]))
+                .map(<[u8]>::to_vec)
+                .chain(expected)
+                .collect();
+            for suffix in candidates {
+                kb[super::SOURCE_PREFIX_LEN..].copy_from_slice(&suffix);
+                if prefix.len() == super::SOURCE_PREFIX_LEN
+                    && self.index.get(Tree::Entries, &kb)?.is_some()
+                {
+                    keep.push(suffix);
+                }
+            }
+            let new = keep.concat();
+            if list.as_deref().unwrap_or(&[]) != new.as_slice()
+                && self.commit(
+                    &[sources::unchanged(&prefix, &list)],
+                    &[sources::store(&prefix, new)],
+                )?
+            {
+                fixed += 1;
+            }
+        }
+        Ok(fixed)
+    }
 }
 
 /// Referenced payloads: blob -> (length, entries using it).
@@ -187,7 +238,7 @@ impl Store {
                     continue;
                 };
                 if entry::decode_brief(kb, &v)?.blob() == *blob
-                    && self.index.commit(
+                    && self.commit(
                         &[Precondition::new(Tree::Entries, kb, Expect::Equals(v))],
                         &[Op::Put(Tree::BlobRefs, rk, Vec::new())],
                     )?
@@ -229,6 +280,7 @@ impl Store {
                 r.records_removed += 1;
             }
         }
+        r.source_lists_fixed = self.reconcile_sources(&entries)?;
         let mut stale_access = Vec::new();
         self.index.scan(Tree::Access, &[], None, &mut |k, _| {
             if KeyBytes::try_from(k)
@@ -240,7 +292,7 @@ impl Store {
             true
         })?;
         for k in stale_access {
-            if self.index.commit(
+            if self.commit(
                 &[Precondition::new(Tree::Entries, &k, Expect::Absent)],
                 &[Op::Delete(Tree::Access, k.clone())],
             )? {
@@ -266,7 +318,7 @@ impl Store {
                 }
                 true
             })?;
-            self.index.commit(&[], &ops)?;
+            self.commit(&[], &ops)?;
         }
 
         // Files against entries.

@@ -335,7 +335,7 @@ impl<'a> LeafView<'a> {
         }
         let mut out = vec![0u8; total_bits.div_ceil(8) as usize];
         let dense = self.is_dense();
-        if width % 8 == 0 && self.leaf.offset_bits % 8 == 0 && dense {
+        if width.is_multiple_of(8) && self.leaf.offset_bits.is_multiple_of(8) && dense {
             let start = (self.leaf.offset_bits / 8) as usize;
             let len = out.len();
             out.copy_from_slice(&self.payload[start..start + len]);

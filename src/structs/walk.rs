@@ -464,7 +464,7 @@ pub fn check_value(
     let size_bits = w.root(root, "value")?.ok_or_else(|| {
         StructError::new("struct.dims", "value", "size depends on unresolved dims")
     })?;
-    if size_bits % 8 != 0 {
+    if !size_bits.is_multiple_of(8) {
         return Err(StructError::new(
             "struct.byte_aligned",
             "value",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::pb;
-use ctcache::store::{Entry, Filter, NewEntry, Producer, Store};
+use ctcache::store::{Accept, Entry, Filter, HostFilter, NewEntry, Producer, Store};
 use ctcache::structs::FORMAT_VERSION_KEY;
 
 pub fn digest(n: u64) -> SourceDigest {
@@ -110,6 +110,14 @@ pub fn assert_consistent(store: &Store) -> Vec<Entry> {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o444, "mode of {}", path.display());
+        // The per-source key list knows the entry: lookups find it.
+        let host = HostFilter::new(vec![e.device.clone()], None, Accept::Any);
+        let found = store.lookup(e.source(), &host).expect("lookup");
+        let hit = found.iter().find(|h| h.entry.key == e.key);
+        let hit = hit.unwrap_or_else(|| panic!("lookup misses {}", e.key));
+        // ... and returns the current record (no stale cached copy).
+        assert_eq!(hit.entry.payload, e.payload, "lookup of {} is stale", e.key);
+        assert_eq!(hit.entry.source_names, e.source_names);
     }
     entries
 }

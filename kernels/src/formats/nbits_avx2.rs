@@ -38,7 +38,7 @@ pub(crate) unsafe fn minmax(
     mn: &mut [f32; TILE],
     mx: &mut [f32; TILE],
 ) {
-    assert!(cols <= TILE && cols % 8 == 0 && n0 + cols <= w.n && k0 + len <= w.k);
+    assert!(cols <= TILE && cols.is_multiple_of(8) && n0 + cols <= w.n && k0 + len <= w.k);
     for c8 in 0..cols / 8 {
         let c = 8 * c8;
         let mut lo = _mm256_loadu_ps(mn.as_ptr().add(c));
@@ -72,7 +72,7 @@ pub(crate) unsafe fn codes(
     kmax: f32,
     tile: &mut [u8],
 ) {
-    assert!(cols <= TILE && cols % 8 == 0 && n0 + cols <= w.n && k0 + len <= w.k);
+    assert!(cols <= TILE && cols.is_multiple_of(8) && n0 + cols <= w.n && k0 + len <= w.k);
     let (step, rows) = if bits == 8 { (1, len) } else { (2, len / 2) };
     assert!(len <= MAX_BS && tile.len() >= rows * TILE);
     let top = _mm256_set1_ps(kmax);
@@ -125,7 +125,7 @@ pub(crate) unsafe fn transpose(
     stride: usize,
 ) {
     let cols = width & !7;
-    assert!(rows % 8 == 0 && rows <= MAX_BS && tile.len() >= MAX_BS * TILE);
+    assert!(rows.is_multiple_of(8) && rows <= MAX_BS && tile.len() >= MAX_BS * TILE);
     if cols == 0 || rows == 0 {
         return;
     }

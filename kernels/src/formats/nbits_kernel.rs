@@ -254,7 +254,7 @@ fn block(
         if !q.symmetric {
             if q.bits == 8 {
                 zps[c * zpb + b] = zp;
-            } else if b % 2 == 0 {
+            } else if b.is_multiple_of(2) {
                 zps[c * zpb + b / 2] = zp | 0x80; // spare high nibble = 8
             } else {
                 let z = &mut zps[c * zpb + b / 2];

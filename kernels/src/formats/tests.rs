@@ -157,7 +157,7 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
                 0 => f32::NAN,
                 1 => 0.0,
                 2 => u * 1e-39,
-                3 if seed % 3 == 0 => f32::INFINITY,
+                3 if seed.is_multiple_of(3) => f32::INFINITY,
                 _ => u * 8.0,
             }
         })

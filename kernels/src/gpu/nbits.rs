@@ -58,7 +58,7 @@ impl Geometry {
             out[zps + n * self.zpb + b] = zp;
         } else {
             let z = &mut out[zps + n * self.zpb + b / 2];
-            *z = if b % 2 == 0 {
+            *z = if b.is_multiple_of(2) {
                 (*z & 0xf0) | zp
             } else {
                 (*z & 0x0f) | (zp << 4)
