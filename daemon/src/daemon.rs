@@ -362,6 +362,13 @@ impl Daemon {
                             format: f.id.clone(),
                             params,
                         }),
+                        // A bad parameter is the caller's mistake, not a refusal.
+                        Err(
+                            e @ (ctcache_kernels::PackError::UnknownParam { .. }
+                            | ctcache_kernels::PackError::BadParamValue { .. }
+                            | ctcache_kernels::PackError::MalformedParam(_)
+                            | ctcache_kernels::PackError::DuplicateParam(_)),
+                        ) => return Err(OpError::InvalidArgument(format!("{}: {e}", f.id))),
                         Err(e) => sel.refused.push((t.name.clone(), e.to_string())),
                     }
                 }

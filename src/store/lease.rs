@@ -100,6 +100,8 @@ impl Store {
         if !ok {
             return Err(StoreError::NotFound(*key));
         }
+        // A lease is taken to map the payload: that is a use for LRU gc.
+        self.note_access(kb);
         Ok(LeaseId(id))
     }
 

@@ -555,11 +555,8 @@ def test_gc_evicts_lru_never_leased(ctcache, daemon_b, emb_conv, emb_f16):
             c.open_payload(leased)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: mapping a payload (Client.open_payload -> AcquireLease + mmap, the zero-copy path) "
-    "is not recorded as a use, so gc's LRU evicts entries in active use via mmap first; only "
-    "ReadPayload/Embed (Store::open_payload -> note_access) update last_access. "
-    "daemon/src/service.rs acquire_lease calls store.stat + store.acquire_lease, never note_access."))
+# Mapping a payload (AcquireLease + mmap, the zero-copy path) counts as a use
+# for the LRU budget, like ReadPayload.
 def test_gc_counts_mapped_payload_as_use(ctcache, daemon_b, emb_conv, emb_f16):
     d = daemon_b
     for emb in (emb_conv, emb_f16):

@@ -97,12 +97,23 @@ impl Error {
         s: tonic::Status,
     ) -> Error {
         match s.code() {
-            // Unavailable is what tonic reports when the connection broke.
+            // Unavailable is what tonic reports when the connection broke;
+            // a stream cut mid-call arrives as Unknown with an h2 error.
             tonic::Code::Unavailable => Error::Unavailable {
                 socket: socket.to_path_buf(),
                 rpc,
                 message: s.message().to_string(),
             },
+            tonic::Code::Unknown
+                if s.message().contains("h2 protocol error")
+                    || s.message().contains("connection") =>
+            {
+                Error::Unavailable {
+                    socket: socket.to_path_buf(),
+                    rpc,
+                    message: s.message().to_string(),
+                }
+            }
             code => Error::Rpc {
                 rpc,
                 code,
