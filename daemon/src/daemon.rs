@@ -233,11 +233,19 @@ impl Daemon {
             ))
         })?;
         let source = SourceDigest { algorithm, bytes };
-        let filter = self.filter_for(&req.devices, req.runtime.as_ref(), &req.accepted);
+        // The common case (the daemon's own host) reuses the prepared filter
+        // instead of re-deriving device keys and accepted types per lookup.
+        let custom;
+        let filter = if req.devices.is_empty() && req.runtime.is_none() && req.accepted.is_empty() {
+            &self.host_filter
+        } else {
+            custom = self.filter_for(&req.devices, req.runtime.as_ref(), &req.accepted);
+            &custom
+        };
         let only_daemon = req.daemon_produced_only || self.config.daemon_produced_only;
         let hits: Vec<_> = self
             .store
-            .lookup(&source, &filter)?
+            .lookup(&source, filter)?
             .into_iter()
             .filter(|h| !only_daemon || h.entry.producer.client_uid.is_none())
             .collect();
@@ -248,7 +256,7 @@ impl Daemon {
                 miss: None,
             });
         }
-        let miss = self.explain_miss(&source, &filter)?;
+        let miss = self.explain_miss(&source, filter)?;
         metrics::counter!("ctcache_lookup_misses_total", "reason" => miss.reason.clone())
             .increment(1);
         Ok(api::LookupResponse {
