@@ -251,10 +251,16 @@ pub(crate) fn quarantine(
     }
 }
 
-/// Hashes a payload file: (length, blake3).
-pub(crate) fn hash_file(p: &Path) -> std::io::Result<(u64, [u8; 32])> {
+/// Hashes a payload file: (length, blake3), on the rayon pool when
+/// `parallel`. Never pass `parallel` while holding a stripe: pool threads
+/// may be waiting for that stripe (GC unlinks on the pool).
+pub(crate) fn hash_file(p: &Path, parallel: bool) -> std::io::Result<(u64, [u8; 32])> {
     let mut h = blake3::Hasher::new();
-    h.update_mmap_rayon(p)?;
+    if parallel {
+        h.update_mmap_rayon(p)?;
+    } else {
+        h.update_mmap(p)?;
+    }
     let len = h.count();
     Ok((len, *h.finalize().as_bytes()))
 }
@@ -265,26 +271,37 @@ pub(crate) fn hash_file(p: &Path) -> std::io::Result<(u64, [u8; 32])> {
 pub(crate) type Listing = (Vec<([u8; 32], PathBuf)>, Vec<PathBuf>);
 
 pub(crate) fn list(paths: &Paths) -> StoreResult<Listing> {
+    use rayon::prelude::*;
+    let shards: Vec<Listing> = (0..=255u8)
+        .into_par_iter()
+        .map(|b| list_shard(paths, b))
+        .collect::<StoreResult<_>>()?;
     let mut good = Vec::new();
     let mut stray = Vec::new();
-    for b in 0..=255u8 {
-        let shard = paths.blobs.join(hex::encode([b]));
-        let rd = match fs::read_dir(&shard) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == ErrorKind::NotFound => continue,
-            Err(e) => return Err(StoreError::io("list", &shard, e)),
-        };
-        for e in rd {
-            let e = e.map_err(|e| StoreError::io("list", &shard, e))?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            match super::layout::parse_blob_name(&name) {
-                Some(blob)
-                    if blob[0] == b && e.file_type().map(|t| t.is_file()).unwrap_or(false) =>
-                {
-                    good.push((blob, e.path()))
-                }
-                _ => stray.push(e.path()),
+    for (g, s) in shards {
+        good.extend(g);
+        stray.extend(s);
+    }
+    Ok((good, stray))
+}
+
+fn list_shard(paths: &Paths, b: u8) -> StoreResult<Listing> {
+    let mut good = Vec::new();
+    let mut stray = Vec::new();
+    let shard = paths.blobs.join(hex::encode([b]));
+    let rd = match fs::read_dir(&shard) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok((good, stray)),
+        Err(e) => return Err(StoreError::io("list", &shard, e)),
+    };
+    for e in rd {
+        let e = e.map_err(|e| StoreError::io("list", &shard, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        match super::layout::parse_blob_name(&name) {
+            Some(blob) if blob[0] == b && e.file_type().map(|t| t.is_file()).unwrap_or(false) => {
+                good.push((blob, e.path()))
             }
+            _ => stray.push(e.path()),
         }
     }
     Ok((good, stray))
@@ -312,7 +329,8 @@ mod tests {
             0o444
         );
         assert!(present(&p, &blob, data.len() as u64));
-        assert_eq!(hash_file(&path).unwrap(), (data.len() as u64, blob));
+        assert_eq!(hash_file(&path, true).unwrap(), (data.len() as u64, blob));
+        assert_eq!(hash_file(&path, false).unwrap(), (data.len() as u64, blob));
         let (good, stray) = list(&p).unwrap();
         assert_eq!(good, vec![(blob, path.clone())]);
         assert!(stray.is_empty());

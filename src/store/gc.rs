@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use super::blobs;
 use super::entry::{self, Access};
+use rayon::prelude::*;
+
 use super::error::StoreResult;
 use super::index::{Op, Tree};
 use super::key::{EntryKey, KeyBytes};
@@ -333,19 +335,25 @@ impl Store {
             return Ok(Vec::new());
         }
         self.make_durable()?;
-        // Walk backwards so that, as in the plan, the bytes of a shared file
-        // go to the last of its entries removed.
+        // Unlinking is most of a batch's time: spread it over the cores.
+        let mut blobs: Vec<[u8; 32]> = removed.iter().map(|r| r.1).collect();
+        blobs.sort_unstable();
+        blobs.dedup();
+        let freed: HashMap<[u8; 32], u64> = blobs
+            .into_par_iter()
+            .map(|blob| {
+                let _s = self.stripes.lock(&blob);
+                Ok((blob, self.delete_unreferenced(&blob)?.unwrap_or(0)))
+            })
+            .collect::<StoreResult<_>>()?;
+        // As in the plan, the bytes of a shared file go to the last of its
+        // entries removed.
         let mut out = Vec::with_capacity(removed.len());
         let mut seen = HashSet::new();
         for (item, blob) in removed.into_iter().rev() {
-            let freed = if !seen.insert(blob) {
-                0
-            } else {
-                let _s = self.stripes.lock(&blob);
-                self.delete_unreferenced(&blob)?.unwrap_or(0)
-            };
+            let bytes_freed = if seen.insert(blob) { freed[&blob] } else { 0 };
             out.push(GcItem {
-                bytes_freed: freed,
+                bytes_freed,
                 ..item
             });
         }
@@ -356,6 +364,49 @@ impl Store {
     /// Reads what a plan needs: entries with access times, leases, and
     /// (when the policy asks) the files. Returns the expired lease ids too.
     pub(crate) fn snapshot(&self, p: &GcPolicy, now: u64) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
+        // The file listings (one folder read per shard, in parallel) run
+        // beside the index walk.
+        let (index_part, files_part) = rayon::join(
+            || self.snapshot_index(now),
+            || -> StoreResult<_> {
+                let listing = if p.orphans {
+                    Some(blobs::list(&self.paths)?)
+                } else {
+                    None
+                };
+                let temps = if p.temp_files {
+                    self.stale_temps()?
+                } else {
+                    Vec::new()
+                };
+                Ok((listing, temps))
+            },
+        );
+        let (mut s, expired) = index_part?;
+        let (listing, temps) = files_part?;
+        if let Some((good, stray)) = listing {
+            let referenced: HashSet<[u8; 32]> = s.cands.iter().map(|c| c.blob).collect();
+            let mut files = HashSet::with_capacity(good.len());
+            for (blob, path) in good {
+                if !referenced.contains(&blob) {
+                    s.orphan_files.push((path.clone(), file_len(&path)));
+                }
+                files.insert(blob);
+            }
+            s.files = Some(files);
+            s.orphan_files.sort();
+            s.stray_files = stray
+                .into_iter()
+                .map(|p| (p.clone(), file_len(&p)))
+                .collect();
+            s.stray_files.sort();
+        }
+        s.temps = temps;
+        Ok((s, expired))
+    }
+
+    /// The index part of a snapshot: entries with access times, leases.
+    fn snapshot_index(&self, now: u64) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
         let mut s = Snapshot::default();
         let (live, expired) = lease::scan(&*self.index, now)?;
         s.leased = live.into_keys().collect();
@@ -389,27 +440,6 @@ impl Store {
         })?;
         if let Some(e) = err {
             return Err(e);
-        }
-        if p.orphans {
-            let referenced: HashSet<[u8; 32]> = s.cands.iter().map(|c| c.blob).collect();
-            let (good, stray) = blobs::list(&self.paths)?;
-            let mut files = HashSet::with_capacity(good.len());
-            for (blob, path) in good {
-                if !referenced.contains(&blob) {
-                    s.orphan_files.push((path.clone(), file_len(&path)));
-                }
-                files.insert(blob);
-            }
-            s.files = Some(files);
-            s.orphan_files.sort();
-            s.stray_files = stray
-                .into_iter()
-                .map(|p| (p.clone(), file_len(&p)))
-                .collect();
-            s.stray_files.sort();
-        }
-        if p.temp_files {
-            s.temps = self.stale_temps()?;
         }
         Ok((s, expired))
     }

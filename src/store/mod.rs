@@ -21,6 +21,15 @@
 //!   index is the truth; only tmp/ leftovers are listed and removed.
 //!   `reconcile` (run in the background by the daemon) repairs what
 //!   differs between files and index.
+//!
+//! Lookups read a per-source key list (`sources.rs`) and the records, and
+//! keep the decoded entries of recent sources in memory (`cache.rs`,
+//! invalidated by every commit that changes them).
+//!
+//! Locks, always taken in this order: the lease gate (lease creation vs
+//! removal), then blob stripes (file operations vs the commits referencing a
+//! blob; several only by GC, in stripe order). Nothing holding a stripe
+//! waits on the rayon pool.
 
 mod access;
 mod blobs;

@@ -149,7 +149,15 @@ impl Store {
         }
     }
 
-    fn check_file(&self, blob: &[u8; 32], len: u64, rehash: bool) -> StoreResult<Option<Damage>> {
+    /// What is wrong with a payload file, if anything; `locked` says the
+    /// caller holds the blob's stripe (then hashing stays off the pool).
+    fn check_file(
+        &self,
+        blob: &[u8; 32],
+        len: u64,
+        rehash: bool,
+        locked: bool,
+    ) -> StoreResult<Option<Damage>> {
         let path = self.paths.blob(blob);
         let actual = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
@@ -165,8 +173,8 @@ impl Store {
         if !rehash {
             return Ok(None);
         }
-        let (_, h) =
-            blobs::hash_file(&path).map_err(|e| super::StoreError::io("read", &path, e))?;
+        let (_, h) = blobs::hash_file(&path, !locked)
+            .map_err(|e| super::StoreError::io("read", &path, e))?;
         Ok((h != *blob).then_some(Damage::WrongHash { actual: h }))
     }
 
@@ -179,7 +187,7 @@ impl Store {
         rehash: bool,
     ) -> StoreResult<Option<VerifyProblem>> {
         let _s = self.stripes.lock(blob);
-        let Some(damage) = self.check_file(blob, len, rehash)? else {
+        let Some(damage) = self.check_file(blob, len, rehash, true)? else {
             return Ok(None);
         };
         let mut dropped = Vec::new();
@@ -206,7 +214,7 @@ impl Store {
         let mut r = VerifyReport::default();
         for (blob, (len, _)) in self.referenced()? {
             r.blobs_checked += 1;
-            if self.check_file(&blob, len, true)?.is_some() {
+            if self.check_file(&blob, len, true, false)?.is_some() {
                 if let Some(p) = self.condemn(&blob, len, true)? {
                     r.problems.push(p);
                     continue;
@@ -323,7 +331,7 @@ impl Store {
 
         // Files against entries.
         for (blob, (len, _)) in &referenced {
-            if self.check_file(blob, *len, false)?.is_some() {
+            if self.check_file(blob, *len, false, false)?.is_some() {
                 if let Some(p) = self.condemn(blob, *len, false)? {
                     r.damaged.push(p);
                 }
