@@ -423,12 +423,7 @@ impl Daemon {
     ) -> Option<Entry> {
         let layout = packer.output(t.data_type, &t.dims, params).ok()?;
         let device = packer.device(params).ok()?;
-        let canonical = ctcache::structs::canonical_type(&layout.struct_type, &[], 32).ok()?;
-        let key = EntryKey {
-            source: *digest,
-            device: ctcache::device::device_key(&device),
-            physical_type: ctcache::structs::physical_type_key(&canonical, &[], 32).ok()?,
-        };
+        let key = EntryKey::derive(*digest, &device, &layout.struct_type).ok()?;
         self.store.stat(&key).ok().flatten()
     }
 

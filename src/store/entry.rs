@@ -17,7 +17,7 @@ use crate::structs::{self, PhysicalTypeKey, FORMAT_VERSION_KEY, PACKER_KEY};
 /// Version of [`Record`]; a record with a higher one is refused, not guessed at.
 pub(crate) const RECORD_VERSION: u32 = 1;
 /// Nesting bound when canonicalizing a physical type at put.
-const MAX_TYPE_DEPTH: u32 = 32;
+pub(crate) const MAX_TYPE_DEPTH: u32 = 32;
 /// Longest source name or model path remembered (longer ones are cut).
 const MAX_SEEN_LEN: usize = 1024;
 

@@ -51,6 +51,24 @@ pub fn source_prefix(source: &SourceDigest) -> [u8; SOURCE_PREFIX_LEN] {
 }
 
 impl EntryKey {
+    /// The key under which `put` stores a payload of `physical_type` for
+    /// `device` compiled from `source` (the same derivation `put` uses).
+    pub fn derive(
+        source: SourceDigest,
+        device: &crate::pb::DeviceProto,
+        physical_type: &crate::pb::StructTypeProto,
+    ) -> Result<EntryKey, crate::structs::StructError> {
+        Ok(EntryKey {
+            source,
+            device: crate::device::device_key(device),
+            physical_type: crate::structs::physical_type_key(
+                physical_type,
+                &[],
+                super::entry::MAX_TYPE_DEPTH,
+            )?,
+        })
+    }
+
     pub fn to_bytes(&self) -> KeyBytes {
         let mut k = [0u8; KEY_LEN];
         k[..SOURCE_PREFIX_LEN].copy_from_slice(&source_prefix(&self.source));
