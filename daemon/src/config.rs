@@ -104,9 +104,10 @@ pub struct Config {
     pub workers: usize,
     /// Bytes of pack output in flight at once.
     pub memory_budget: u64,
-    /// Use the wgpu adapter for packing when there is one.
+    /// Pack on a hardware wgpu adapter when there is one (never a software one).
     pub gpu: bool,
-    /// uids allowed to `Put` (the daemon's own uid and root always are).
+    /// uids allowed to Put, Import, Gc, Verify and RemoveWatch (the daemon's
+    /// own uid and root always are).
     pub trusted_uids: Vec<u32>,
     /// Lookups return only entries the daemon packed itself.
     pub daemon_produced_only: bool,

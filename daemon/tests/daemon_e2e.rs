@@ -690,3 +690,30 @@ fn put_from_untrusted_uid_is_refused() {
     );
     assert_eq!(d.stop(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_without_limits_applies_the_configured_budget() {
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("ctcached.toml");
+    std::fs::write(&cfg, "gc_max_bytes = 1\n").unwrap();
+    let mut d = Daemon::start_with(&["--config", cfg.to_str().unwrap()], |_| {});
+    let mut c = d.client().await;
+    let work = tempfile::tempdir().unwrap();
+    let path = work.path().join("m.onnx");
+    write_model(&path, &matmul_model(K, N, 6));
+    prepack_all(&mut c, &path).await;
+    let digest = digest_of(&path, "W");
+    assert_eq!(entries_for(&mut c, &digest).await.len(), 2);
+    // No limit in the request: the configured 1-byte budget applies.
+    let gc = c.gc(api::GcRequest::default()).await.unwrap().into_inner();
+    assert!(
+        gc.removed
+            .iter()
+            .filter(|i| i.reason == "size_budget")
+            .count()
+            >= 2,
+        "{gc:?}"
+    );
+    assert!(entries_for(&mut c, &digest).await.is_empty());
+    assert_eq!(d.stop(), Some(0));
+}
