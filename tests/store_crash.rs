@@ -48,7 +48,7 @@ fn crash_worker() {
     let started = std::time::Instant::now();
     let store = loop {
         match Store::open(&dir, worker_options(fsync)) {
-            Err(StoreError::Locked { .. }) if started.elapsed() < Duration::from_secs(5) => {
+            Err(StoreError::Locked { .. }) if started.elapsed() < Duration::from_secs(30) => {
                 std::thread::sleep(Duration::from_millis(2))
             }
             r => break r.expect("worker open"),

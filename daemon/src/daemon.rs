@@ -126,7 +126,7 @@ impl Daemon {
         };
         let host_filter = HostFilter::from_host(&host);
         let scheduler = Scheduler::new(config.worker_count(), config.memory_budget);
-        let memo = Memo::load(config.cache_dir.join("digest-memo.json"));
+        let memo = Memo::new(store.clone());
         let watches = Mutex::new(config.watch.iter().cloned().collect());
         Daemon {
             config,

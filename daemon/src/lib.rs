@@ -7,6 +7,7 @@ pub mod convert;
 pub mod daemon;
 pub mod import;
 pub mod logging;
+pub mod materialize;
 pub mod memo;
 pub mod metrics;
 pub mod peer;

@@ -1,15 +1,18 @@
 //! The digest memo: a model file's initializer digests keyed by the identity
 //! of the file and of its external-data files (device, inode, size, mtime,
 //! ctime), so unchanged models are not rehashed on ResolveModel or restart.
-//! Kept in memory and persisted as a small file in the cache dir.
+//! Persisted in the store's index (its memo tree, one JSON record per model
+//! path) and cached in memory.
 
 use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::onnx::{Model, Storage, TensorRef};
+use ctcache::store::Store;
 use serde::{Deserialize, Serialize};
 
 /// File identity: changes whenever the file's content may have changed.
@@ -43,8 +46,12 @@ struct Record {
 
 /// Digests of initializers per model path.
 pub struct Memo {
-    path: PathBuf,
+    store: Arc<Store>,
     map: Mutex<HashMap<PathBuf, Record>>,
+}
+
+fn key(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
 }
 
 /// Identities of the model file and every external-data file it uses.
@@ -64,16 +71,29 @@ fn identity(model_path: &Path, tensors: &[TensorRef], dir: &Path) -> Vec<FileId>
 }
 
 impl Memo {
-    /// Loads the persisted memo (a missing or unreadable file starts empty).
-    pub fn load(path: PathBuf) -> Memo {
-        let map = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+    /// A memo over the store's memo tree. The file an older version kept
+    /// in the cache dir (`digest-memo.json`) is removed: it is only a cache.
+    pub fn new(store: Arc<Store>) -> Memo {
+        let _ = std::fs::remove_file(store.dir().join("digest-memo.json"));
         Memo {
-            path,
-            map: Mutex::new(map),
+            store,
+            map: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The record of a model: from memory, else from the index.
+    fn record(&self, model_path: &Path) -> Option<Record> {
+        if let Some(r) = self.lock().get(model_path) {
+            return Some(r.clone());
+        }
+        let bytes = self.store.memo_get(key(model_path)).ok().flatten()?;
+        let r: Record = serde_json::from_slice(&bytes).ok()?;
+        self.lock().insert(model_path.to_path_buf(), r.clone());
+        Some(r)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Record>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The blake3 digests of `tensors` of the model at `model_path`, from the
@@ -86,8 +106,7 @@ impl Memo {
         tensors: &[TensorRef],
     ) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
         let files = identity(model_path, tensors, model.dir());
-        let key = model_path.to_path_buf();
-        if let Some(r) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(r) = self.record(model_path) {
             if r.files == files && tensors.iter().all(|t| r.digests.contains_key(&t.name)) {
                 let parsed: Option<HashMap<String, SourceDigest>> = tensors
                     .iter()
@@ -117,31 +136,22 @@ impl Memo {
             files,
             digests: out.iter().map(|(n, d)| (n.clone(), d.hex())).collect(),
         };
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, record);
+        // A memo that cannot be written only costs a rehash later.
+        match serde_json::to_vec(&record) {
+            Ok(bytes) => {
+                if let Err(e) = self.store.memo_put(key(model_path), &bytes) {
+                    tracing::warn!(error = %e, "cannot record digests in the memo");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot encode a memo record"),
+        }
+        self.lock().insert(model_path.to_path_buf(), record);
         Ok((out, true))
     }
 
     /// Forgets a model (deleted or replaced).
     pub fn forget(&self, model_path: &Path) {
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(model_path);
-    }
-
-    /// Writes the memo atomically.
-    pub fn persist(&self) {
-        let bytes = {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            serde_json::to_vec(&*map).unwrap_or_default()
-        };
-        if let Err(e) =
-            ctcache::fsutil::atomic_write(&self.path, |w| std::io::Write::write_all(w, &bytes))
-        {
-            tracing::warn!(error = %e, "cannot persist the digest memo");
-        }
+        self.lock().remove(model_path);
+        let _ = self.store.memo_remove(key(model_path));
     }
 }

@@ -64,25 +64,39 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
                     continue;
                 }
             };
-            // A packer whose layout assumes W[K, N] cannot take a weight the
-            // graph uses transposed; say so instead of producing a wrong layout.
-            if uses.of(&t.name).all(|u| u.transposed)
-                && uses.of(&t.name).next().is_some()
-                && layout_is_kn(&rule.format)
-            {
-                out.refused.push((
-                    t.name.clone(),
-                    format!("{}: the graph uses this weight transposed (Gemm transB or Transpose); v1 packs W[K, N] only", rule.format),
-                ));
-                continue;
+            let used: Vec<bool> = uses.of(&t.name).map(|u| u.transposed).collect();
+            // Orientations the graph reads the weight in (none known, or a
+            // format that does not care: as stored).
+            let mut orientations = Vec::new();
+            let kn = layout_is_kn(&rule.format);
+            if !kn || used.is_empty() || used.contains(&false) {
+                orientations.push(false);
             }
-            match packer.check_source(t.data_type, &t.dims, &params) {
-                Ok(()) => out.wanted.push(Wanted {
-                    initializer: t.name.clone(),
-                    format: rule.format.clone(),
-                    params,
-                }),
-                Err(e) => out.refused.push((t.name.clone(), e.to_string())),
+            if kn && used.contains(&true) {
+                orientations.push(true);
+            }
+            for transposed in orientations {
+                let mut params = params.clone();
+                if transposed {
+                    // ort.matmul_nbits reads W[N, K] itself; a packer whose
+                    // layout assumes W[K, N] cannot, so it says so.
+                    if rule.format != TRANSPOSABLE {
+                        out.refused.push((
+                            t.name.clone(),
+                            format!("{}: the graph uses this weight transposed (Gemm transB or Transpose); this format packs W[K, N] only", rule.format),
+                        ));
+                        continue;
+                    }
+                    params = params.with("transposed", "true");
+                }
+                match packer.check_source(t.data_type, &t.dims, &params) {
+                    Ok(()) => out.wanted.push(Wanted {
+                        initializer: t.name.clone(),
+                        format: rule.format.clone(),
+                        params,
+                    }),
+                    Err(e) => out.refused.push((t.name.clone(), e.to_string())),
+                }
             }
         }
     }
@@ -93,3 +107,6 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
 fn layout_is_kn(format: &str) -> bool {
     matches!(format, "ort.matmul_nbits" | "gemm.pack_b.f32")
 }
+
+/// The one of those that can read a transposed weight (`transposed=true`).
+const TRANSPOSABLE: &str = "ort.matmul_nbits";

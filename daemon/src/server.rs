@@ -109,7 +109,6 @@ async fn drain(d: &Arc<Daemon>) {
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    d.memo.persist();
     if let Err(e) = d.store.flush() {
         tracing::error!(error = %e, "flushing the index failed");
     }

@@ -16,9 +16,12 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert;
-use crate::daemon::{wait, Daemon, OpError};
+use crate::daemon::{wait, Daemon, OpError, Packed};
 use crate::peer::Peer;
+use crate::policy::Wanted;
+use crate::scheduler::JobHandle;
 use crate::scheduler::{JobState, Priority};
+use ctcache::store::Entry;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -45,7 +48,7 @@ fn store_err(e: ctcache::store::StoreError) -> Status {
 }
 
 /// Runs blocking work (file IO, hashing, packing) off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
     tokio::task::spawn_blocking(f)
@@ -547,21 +550,7 @@ impl CompiledTensorCache for Service {
         let peer = Peer::of(&req);
         let r = req.into_inner();
         tracing::info!(peer = %peer.describe(), model = %r.model_path, output = %r.output_path, "embed");
-        let out = PathBuf::from(&r.output_path);
-        let out_dir = out
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .ok_or_else(|| Status::invalid_argument("output_path needs a folder"))?;
-        if !out.is_absolute() {
-            return Err(Status::invalid_argument("output_path must be absolute"));
-        }
-        if !peer.may_write_dir(out_dir) {
-            return Err(Status::permission_denied(format!(
-                "{} may not write in {}",
-                peer.describe(),
-                out_dir.display()
-            )));
-        }
+        let out = output_path(&peer, &r.output_path)?;
         let d = self.daemon.clone();
         let (path, model, sel) = {
             let d = d.clone();
@@ -584,29 +573,7 @@ impl CompiledTensorCache for Service {
             (jobs, model)
         };
         let (jobs, model) = jobs;
-        let mut packed = 0u32;
-        let mut entries = Vec::new();
-        for (w, h) in jobs {
-            match wait(h).await {
-                JobState::Done(p) => {
-                    packed += u32::from(!p.cached);
-                    entries.push((w, p.entry));
-                }
-                JobState::Failed(e) => {
-                    return Err(Status::internal(format!(
-                        "{} {}: {e}",
-                        w.initializer, w.format
-                    )))
-                }
-                other => {
-                    return Err(Status::aborted(format!(
-                        "{} {}: {other:?}",
-                        w.initializer, w.format
-                    )))
-                }
-            }
-        }
-        let uid_gid = (peer.uid, peer.gid);
+        let (entries, packed) = finish_jobs(jobs).await?;
         blocking(move || {
             let mut news = Vec::new();
             for (w, e) in &entries {
@@ -630,12 +597,7 @@ impl CompiledTensorCache for Service {
             let mode = if r.replace { Mode::Replace } else { Mode::Add };
             let report = rewrite::embed(&model.0, &news, &out, mode, &opts)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            // SAFETY: geteuid has no preconditions.
-            if unsafe { libc::geteuid() } == 0 {
-                for p in std::iter::once(&out).chain(report.sidecar.iter()) {
-                    let _ = std::os::unix::fs::chown(p, uid_gid.0, uid_gid.1);
-                }
-            }
+            give_to_peer(&peer, std::iter::once(&out).chain(report.sidecar.iter()));
             let _ = path;
             Ok(api::EmbedResponse {
                 output_path: out.display().to_string(),
@@ -651,6 +613,18 @@ impl CompiledTensorCache for Service {
         })
         .await
         .map(Response::new)
+    }
+
+    async fn materialize(
+        &self,
+        req: Request<api::MaterializeRequest>,
+    ) -> Result<Response<api::MaterializeResponse>, Status> {
+        let peer = Peer::of(&req);
+        let r = req.into_inner();
+        tracing::info!(peer = %peer.describe(), model = %r.model_path, output = %r.output_path, "materialize");
+        crate::materialize::materialize(self.daemon.clone(), peer, r)
+            .await
+            .map(Response::new)
     }
 
     async fn import(
@@ -906,7 +880,68 @@ impl CompiledTensorCache for Service {
 
 /// A model shared with blocking tasks.
 #[derive(Clone)]
-struct Model2(Arc<ctcache::onnx::Model>);
+pub(crate) struct Model2(pub(crate) Arc<ctcache::onnx::Model>);
+
+/// An absolute output path in a folder the peer may write.
+pub(crate) fn output_path(peer: &Peer, path: &str) -> Result<PathBuf, Status> {
+    let out = PathBuf::from(path);
+    if !out.is_absolute() {
+        return Err(Status::invalid_argument("output_path must be absolute"));
+    }
+    let out_dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| Status::invalid_argument("output_path needs a folder"))?;
+    if !peer.may_write_dir(out_dir) {
+        return Err(Status::permission_denied(format!(
+            "{} may not write in {}",
+            peer.describe(),
+            out_dir.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Waits for pack jobs: their entries in order, and how many were packed
+/// now (not found in the store).
+pub(crate) async fn finish_jobs(
+    jobs: Vec<(Wanted, JobHandle<Packed>)>,
+) -> Result<(Vec<(Wanted, Entry)>, u32), Status> {
+    let mut packed = 0u32;
+    let mut entries = Vec::new();
+    for (w, h) in jobs {
+        match wait(h).await {
+            JobState::Done(p) => {
+                packed += u32::from(!p.cached);
+                entries.push((w, p.entry));
+            }
+            JobState::Failed(e) => {
+                return Err(Status::internal(format!(
+                    "{} {}: {e}",
+                    w.initializer, w.format
+                )))
+            }
+            other => {
+                return Err(Status::aborted(format!(
+                    "{} {}: {other:?}",
+                    w.initializer, w.format
+                )))
+            }
+        }
+    }
+    Ok((entries, packed))
+}
+
+/// Files the daemon wrote for a peer belong to the peer when the daemon
+/// runs as root (otherwise it cannot give them away).
+pub(crate) fn give_to_peer<'a>(peer: &Peer, paths: impl Iterator<Item = &'a PathBuf>) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        for p in paths {
+            let _ = std::os::unix::fs::chown(p, peer.uid, peer.gid);
+        }
+    }
+}
 
 impl Service {
     fn watch_list(&self) -> api::WatchResponse {

@@ -202,7 +202,6 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
                 );
             }
         }
-        d.memo.persist();
     }
 }
 

@@ -540,8 +540,21 @@ async fn restart_keeps_cache_and_memo() {
     .expect("packed");
     drop(c);
     assert_eq!(d.stop(), Some(0));
-    let memo = std::fs::read_to_string(d.cache.join("digest-memo.json")).unwrap();
-    assert!(memo.contains(&hex::encode(&digest)), "memo persisted");
+    // The digest memo is in the index, keyed by the model path.
+    {
+        let store = ctcache::store::Store::open(&d.cache, Default::default()).unwrap();
+        let key = path.canonicalize().unwrap();
+        let memo = store
+            .memo_get(key.as_os_str().as_encoded_bytes())
+            .unwrap()
+            .expect("memo record persisted");
+        let memo = String::from_utf8(memo).unwrap();
+        assert!(
+            memo.contains(&hex::encode(&digest)),
+            "memo persisted: {memo}"
+        );
+    }
+    assert!(!d.cache.join("digest-memo.json").exists());
     d.spawn(&[], |_| {});
     let mut c = d.client().await;
     assert_eq!(entries_for(&mut c, &digest).await.len(), 2);

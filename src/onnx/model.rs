@@ -166,7 +166,7 @@ impl Model {
 
     /// Spans of the graph's fields with the given number, in file order, over
     /// every occurrence of `ModelProto.graph` (protobuf merges repeats).
-    fn graph_fields(&self, number: u32) -> Result<Vec<Range<usize>>> {
+    pub(crate) fn graph_fields(&self, number: u32) -> Result<Vec<Range<usize>>> {
         let mut out = Vec::new();
         for g in self.top.iter().filter(|f| f.number == MODEL_GRAPH) {
             for field in Fields::with_base(&self.bytes[g.value.clone()], g.value.start) {

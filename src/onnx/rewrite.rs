@@ -78,7 +78,7 @@ pub fn sidecar_name(out: &Path) -> Result<String> {
         .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
 }
 
-fn encoded_field(out: &mut Vec<u8>, number: u32, msg: &impl Message) {
+pub(crate) fn encoded_field(out: &mut Vec<u8>, number: u32, msg: &impl Message) {
     put_len_prefix(out, number, msg.encoded_len() as u64);
     msg.encode_raw(out);
 }

@@ -26,15 +26,20 @@ pub enum Tree {
     /// of its entries. Lets a lookup read the entries of one source with
     /// point reads instead of a range scan.
     Sources,
+    /// key -> value records a store user keeps beside the entries (the
+    /// daemon's digest memo: model path -> file identities and digests).
+    /// Opaque to the store: gc, verify and stats never look at it.
+    Memo,
 }
 
 impl Tree {
-    pub const ALL: [Tree; 5] = [
+    pub const ALL: [Tree; 6] = [
         Tree::Entries,
         Tree::BlobRefs,
         Tree::Access,
         Tree::Leases,
         Tree::Sources,
+        Tree::Memo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +49,7 @@ impl Tree {
             Tree::Access => "access",
             Tree::Leases => "leases",
             Tree::Sources => "sources",
+            Tree::Memo => "memo",
         }
     }
 }

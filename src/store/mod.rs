@@ -42,6 +42,7 @@ mod key;
 mod layout;
 mod lease;
 mod lookup;
+mod memo;
 mod options;
 mod sled_index;
 mod sources;

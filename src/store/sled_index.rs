@@ -30,7 +30,7 @@ use super::options::StoreOptions;
 
 pub(crate) struct SledIndex {
     db: sled::Db,
-    trees: [sled::Tree; 5],
+    trees: [sled::Tree; 6],
 }
 
 fn err(op: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
@@ -47,6 +47,7 @@ fn slot(t: Tree) -> usize {
         Tree::Access => 2,
         Tree::Leases => 3,
         Tree::Sources => 4,
+        Tree::Memo => 5,
     }
 }
 
@@ -65,6 +66,7 @@ impl SledIndex {
             open_tree(Tree::Access)?,
             open_tree(Tree::Leases)?,
             open_tree(Tree::Sources)?,
+            open_tree(Tree::Memo)?,
         ];
         Ok(SledIndex { db, trees })
     }
@@ -128,9 +130,9 @@ impl Index for SledIndex {
             self.tree(t).apply_batch(b).map_err(err("commit"))?;
             return Ok(true);
         }
-        let [a, b, c, d, e] = &self.trees;
-        let result = (a, b, c, d, e).transaction(|(a, b, c, d, e)| {
-            let txs = [a, b, c, d, e];
+        let [a, b, c, d, e, f] = &self.trees;
+        let result = (a, b, c, d, e, f).transaction(|(a, b, c, d, e, f)| {
+            let txs = [a, b, c, d, e, f];
             for p in when {
                 let cur = txs[slot(p.tree)].get(&p.key)?;
                 let ok = match (&p.expect, &cur) {

@@ -317,19 +317,18 @@ def test_watcher_packs_small_models(ctcache, daemon_a, small):
     tensors = resolution(daemon_a, conv.path)
     assert_hits_exactly_wanted(tensors, conv, digest_offline(conv.path))
     assert_python_resolve_matches(ctcache, daemon_a, conv, tensors)
-    # The Gemm weight used with transB=1 is 2-D FLOAT >= 65,536 elements, yet not wanted:
-    # both default layouts are W[K, N]. Asked for by name, the daemon says why.
-    assert tensors["fc1.weight"]["dims"] == [512, 128] and tensors["fc1.weight"]["wanted_formats"] == []
-    r = daemon_a.ctl("prepack", str(conv.path), "--initializer", "fc1.weight", "--wait")
-    assert r.returncode == 1 and "fc1.weight" in r.stderr and "transposed" in r.stderr, r.describe()
+    # The Gemm weight used with transB=1 gets ort.matmul_nbits read transposed (transposed=true);
+    # gemm.pack_b.f32, whose layout is W[K, N] only, is not wanted for it.
+    assert tensors["fc1.weight"]["dims"] == [512, 128]
+    assert tensors["fc1.weight"]["wanted_formats"] == ["ort.matmul_nbits"], tensors["fc1.weight"]
     # The watcher took both models by itself; for the FLOAT16 one the default policy (FLOAT only)
     # selects nothing, so it packed nothing.
-    assert small["verdicts"] == {str(conv.path): (2, 2), str(f16.path): (0, 0)}, small["verdicts"]
+    assert small["verdicts"] == {str(conv.path): (3, 3), str(f16.path): (0, 0)}, small["verdicts"]
     t16 = resolution(daemon_a, f16.path)
     assert_hits_exactly_wanted(t16, f16, digest_offline(f16.path))
     assert daemon_a.json("ls", "--model", str(f16.path))["entries"] == []
     by_model = daemon_a.json("ls", "--model", str(conv.path))["entries"]
-    assert sorted(fmt_of(e) for e in by_model) == sorted(POLICY)
+    assert sorted(fmt_of(e) for e in by_model) == sorted([*POLICY, "ort.matmul_nbits"])
     st = daemon_a.json("status")
     assert st["pid"] == daemon_a.pid and st["watches"] == [str(daemon_a.watch)]
     assert st["cache_dir"] == str(daemon_a.cache)
@@ -415,10 +414,10 @@ def test_embed_convnet_runs_identically(daemon_a, small, emb_conv):
     assert emb_conv["doc"]["sidecar"] is None  # small payloads stay inline
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     chk = ctl_json("check", str(out))
-    assert chk["valid"] and chk["compiled_tensors"] == 2 and chk["errors"] == [], chk
+    assert chk["valid"] and chk["compiled_tensors"] == 3 and chk["errors"] == [], chk
     insp = ctl_json("inspect", str(out))
     assert sorted((c["source_name"], c["status"]) for c in insp["compiled_tensors"]) == [
-        ("fc2.weight", "hit"), ("fc2.weight", "hit")], insp
+        ("fc1.weight", "hit"), ("fc2.weight", "hit"), ("fc2.weight", "hit")], insp
     assert_same_outputs(conv.path, out, conv, seeds=(1, 2, 3))
 
 

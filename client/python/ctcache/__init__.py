@@ -8,6 +8,14 @@
                 with c.open_payload(e) as p:          # leased, mmapped read-only
                     data = p.numpy()                  # uint8, zero copy
 
+A 4-bit onnxruntime model whose weights are hard links into the cache
+(``ctcache.ort`` imports onnxruntime only when called)::
+
+    r = ctcache.materialize("/models/m.onnx")         # -> /models/m.int4.onnx + m.int4.onnx.weights/
+    import ctcache.ort
+    sess = ctcache.ort.inference_session("/models/m.onnx")  # falls back to onnxruntime's quantizer,
+                                                            # with a warning, when no daemon answers
+
 Answers are protobuf messages from ``ctcache.pb`` (the ctcache.v1 API);
 devices and struct types are ``ctcache.onnx_pb`` messages (protobuf package
 ``ctcache_onnx``, so ``import onnx`` can live in the same process).
@@ -26,6 +34,7 @@ from .errors import (
     RequestFailed,
     SocketPermissionDenied,
 )
+from .ort import materialize
 from .payload import Payload
 
 __version__ = "0.1.0"
@@ -44,6 +53,7 @@ __all__ = [
     "connect",
     "default_socket",
     "entry_format",
+    "materialize",
     "onnx_pb",
     "pb",
 ]

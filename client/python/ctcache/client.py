@@ -233,6 +233,33 @@ class Client:
                               sidecar=sidecar, replace=replace)
         return self._call("Embed", req, timeout)
 
+    def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
+                    symmetric: bool | None = None, accuracy_level: int = 0, copy: bool = False,
+                    target: str = "onnxruntime-int4", timeout: float | None = None) -> pb.MaterializeResponse:
+        """Writes an onnxruntime-ready 4/8-bit copy of a model (packs what is missing).
+
+        Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
+        every Gemm with a constant B, transA=0, alpha=beta=1) becomes a
+        ``com.microsoft::MatMulNBits``; its weights are external data in
+        ``<output file name>.weights/``, hard links to the daemon's cache
+        payloads (copies across filesystems, or always with ``copy=True``).
+        ``bits`` / ``block_size`` / ``symmetric`` left ``None``: the daemon's
+        policy for ``ort.matmul_nbits``, else 4 / 32 / symmetric.
+        ``accuracy_level=0`` leaves the attribute out. A model with nothing to
+        rewrite raises :class:`~ctcache.errors.RequestFailed`
+        (``FAILED_PRECONDITION``); bad settings raise
+        :class:`~ctcache.errors.InvalidArgument`.
+        """
+        req = pb.MaterializeRequest(model_path=_path(model_path), output_path=_path(output_path),
+                                    target=target, accuracy_level=int(accuracy_level), copy=bool(copy))
+        if bits is not None:
+            req.bits = int(bits)
+        if block_size is not None:
+            req.block_size = int(block_size)
+        if symmetric is not None:
+            req.symmetric = bool(symmetric)
+        return self._call("Materialize", req, timeout)
+
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""
         return self._call("Import", pb.ImportRequest(model_path=_path(path)), timeout)

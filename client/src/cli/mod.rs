@@ -10,6 +10,7 @@ mod extras;
 mod format;
 mod jobs;
 mod json;
+mod materialize;
 mod offline;
 mod output;
 mod packing;
@@ -79,6 +80,8 @@ pub enum Command {
     WhyMiss { model: PathBuf, initializer: String },
     /// Write a copy of a model with compiled tensors embedded (through the daemon when it runs).
     Embed(jobs::EmbedArgs),
+    /// Write an onnxruntime-ready 4/8-bit copy of a model (MatMulNBits fed by cache entries, hard-linked).
+    Materialize(materialize::MaterializeArgs),
     /// Store the compiled tensors a model carries.
     Import { model: PathBuf },
     /// Remove entries over a size budget or unused for too long, and leftovers.
@@ -141,6 +144,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             ctx.block_on(why_miss::why_miss(&ctx, model, initializer))
         }
         Command::Embed(a) => jobs::embed(&ctx, a),
+        Command::Materialize(a) => ctx.block_on(materialize::materialize(&ctx, a)),
         Command::Import { model } => ctx.block_on(jobs::import(&ctx, model)),
         Command::Gc(a) => admin::gc(&ctx, a),
         Command::Verify(a) => admin::verify(&ctx, a),

@@ -288,6 +288,17 @@ impl Client {
         unary!(self, "Embed", embed, req)
     }
 
+    /// Writes an onnxruntime-ready 4/8-bit model whose MatMulNBits weights
+    /// are hard links to cache entries; the paths are made absolute here.
+    pub async fn materialize(
+        &self,
+        mut req: api::MaterializeRequest,
+    ) -> Result<api::MaterializeResponse> {
+        req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
+        req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
+        unary!(self, "Materialize", materialize, req)
+    }
+
     pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
         let model_path = absolute(model.as_ref())?.display().to_string();
         unary!(self, "Import", import, api::ImportRequest { model_path })

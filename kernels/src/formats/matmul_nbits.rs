@@ -2,10 +2,17 @@
 //! onnxruntime's `com.microsoft.MatMulNBits` for a MatMul weight W[K, N],
 //! byte-identical with `onnxruntime.quantization.matmul_nbits_quantizer`
 //! (QOperator format). The arithmetic is in `nbits_kernel`.
+//!
+//! With `transposed=true` the source is W[N, K], the B input of a Gemm with
+//! transB=1, and the MatMul weight is B = W^T: the payload is the one of
+//! `transposed=false` on W^T (packed from the rows of W by `nbits_rows`,
+//! without a transposed copy), and only the type name (`.t`) and the
+//! decoder (which yields W[N, K]) differ.
 
 use ctcache::dtype::DataType;
 
 use super::nbits_kernel::{self, Nbits, Weight};
+use super::nbits_rows;
 use crate::decoder::{int, ints, Builder, OUTPUT};
 use crate::layout::{const_i64, field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
@@ -35,19 +42,34 @@ const SPEC: &[ParamSpec] = &[
         default: "true",
         doc: "true: no zero_points field (implicit 2^(bits-1)); false: per-block zero points",
     },
+    ParamSpec {
+        name: "transposed",
+        allowed: &["false", "true"],
+        default: "false",
+        doc: "true: the source is W[N, K] (Gemm B with transB=1) and B = W^T; same payload as false on W^T; type name suffix `.t` (after `.f16`)",
+    },
 ];
 
 impl MatMulNbits {
-    fn settings(&self, params: &Params) -> Result<Nbits, PackError> {
+    /// The quantization settings and whether the source is transposed.
+    fn settings(&self, params: &Params) -> Result<(Nbits, bool), PackError> {
         let r = params.resolve(ID, SPEC)?;
-        Ok(Nbits {
+        let q = Nbits {
             bits: r.u32("bits"),
             block_size: r.u32("block_size") as usize,
             symmetric: r.bool("symmetric"),
-        })
+        };
+        Ok((q, r.bool("transposed")))
     }
 
-    fn shape(&self, data_type: DataType, dims: &[u64]) -> Result<(u64, u64), PackError> {
+    /// (K, N) of the MatMul weight B: the source is B[K, N], or W[N, K]
+    /// when transposed.
+    fn shape(
+        &self,
+        data_type: DataType,
+        dims: &[u64],
+        transposed: bool,
+    ) -> Result<(u64, u64), PackError> {
         if data_type != DataType::FLOAT && data_type != DataType::FLOAT16 {
             return Err(PackError::UnsupportedDataType {
                 packer: ID,
@@ -61,18 +83,21 @@ impl MatMulNbits {
             reason: reason.to_string(),
         };
         match *dims {
-            [k, n] if k >= 1 && n >= 1 => {
+            [a, b] if a >= 1 && b >= 1 => {
                 // The whole source must be addressable (it is in memory).
-                k.checked_mul(n)
+                a.checked_mul(b)
                     .and_then(|e| e.checked_mul(4))
-                    .filter(|&b| usize::try_from(b).is_ok())
+                    .filter(|&bytes| usize::try_from(bytes).is_ok())
                     .ok_or(PackError::Overflow {
                         packer: ID,
                         dims: dims.to_vec(),
                     })?;
-                Ok((k, n))
+                Ok(if transposed { (b, a) } else { (a, b) })
             }
             [_, _] => Err(bad("K and N must be at least 1")),
+            _ if transposed => Err(bad(
+                "with transposed=true the weight must be 2-D [N, K] (a Gemm B with transB=1)",
+            )),
             _ => Err(bad("the MatMul weight must be 2-D [K, N]")),
         }
     }
@@ -88,7 +113,7 @@ impl Packer for MatMulNbits {
     }
 
     fn describe(&self) -> &'static str {
-        "blockwise 4/8-bit quantization of a MatMul weight W[K,N] into MatMulNBits inputs (B, scales, zero_points), byte-identical with onnxruntime"
+        "blockwise 4/8-bit quantization of a MatMul weight W[K,N] (or a Gemm transB=1 weight W[N,K] with transposed=true) into MatMulNBits inputs (B, scales, zero_points), byte-identical with onnxruntime"
     }
 
     fn param_spec(&self) -> &'static [ParamSpec] {
@@ -101,8 +126,8 @@ impl Packer for MatMulNbits {
         dims: &[u64],
         params: &Params,
     ) -> Result<(), PackError> {
-        self.settings(params)?;
-        self.shape(data_type, dims).map(|_| ())
+        let (_, transposed) = self.settings(params)?;
+        self.shape(data_type, dims, transposed).map(|_| ())
     }
 
     fn output(
@@ -111,8 +136,8 @@ impl Packer for MatMulNbits {
         dims: &[u64],
         params: &Params,
     ) -> Result<PackedLayout, PackError> {
-        let q = self.settings(params)?;
-        let (k, n) = self.shape(data_type, dims)?;
+        let (q, transposed) = self.settings(params)?;
+        let (k, n) = self.shape(data_type, dims, transposed)?;
         let bs = q.block_size as u64;
         let kb = k.div_ceil(bs);
         let blob = q.blob() as u64;
@@ -125,6 +150,9 @@ impl Packer for MatMulNbits {
         );
         if data_type == DataType::FLOAT16 {
             name.push_str(".f16");
+        }
+        if transposed {
+            name.push_str(".t");
         }
         let mut dims_param = vec!["N", "k_blocks"];
         let mut values = vec![n, kb];
@@ -161,16 +189,24 @@ impl Packer for MatMulNbits {
         fields.push(const_i64(
             "K",
             k_i64,
-            "rows of the source weight (before block padding)",
+            if transposed {
+                "columns of the source W[N, K] = rows of B (before block padding)"
+            } else {
+                "rows of the source weight (before block padding)"
+            },
         ));
-        let decoder = decoder(&name, &q);
+        let decoder = decoder(&name, &q, transposed);
         let mut t = root(
             name,
             ID,
             self.format_version(),
             &dims_param,
             fields,
-            "MatMulNBits weight: decode as W[k, n] = (code - zero_point) * scale",
+            if transposed {
+                "MatMulNBits weight of a Gemm transB=1 source W[N, K]: decode as W[n, k] = (code - zero_point) * scale"
+            } else {
+                "MatMulNBits weight: decode as W[k, n] = (code - zero_point) * scale"
+            },
         );
         t.decoder = Some(decoder);
         let bits = size_bits(&t, &values).ok_or(PackError::Overflow {
@@ -194,20 +230,34 @@ impl Packer for MatMulNbits {
         check_isa(isa)?;
         let layout = self.output(src.data_type, src.dims, params)?;
         check_lengths(src, out, layout.payload_len)?;
-        let q = self.settings(params)?;
-        let w = Weight {
-            data: src.data,
-            f16: src.data_type == DataType::FLOAT16,
-            k: us(src.dims[0]),
-            n: us(src.dims[1]),
-        };
-        nbits_kernel::pack(isa, w, q, out);
+        let (q, transposed) = self.settings(params)?;
+        let f16 = src.data_type == DataType::FLOAT16;
+        if transposed {
+            // B's dimensions; the data is W[N, K].
+            let w = Weight {
+                data: src.data,
+                f16,
+                k: us(src.dims[1]),
+                n: us(src.dims[0]),
+            };
+            nbits_rows::pack(isa, w, q, out);
+        } else {
+            let w = Weight {
+                data: src.data,
+                f16,
+                k: us(src.dims[0]),
+                n: us(src.dims[1]),
+            };
+            nbits_kernel::pack(isa, w, q, out);
+        }
         Ok(())
     }
 }
 
-/// `W[K, N] = transpose((code - zero_point) * scale)[:, :K]` in ONNX ops.
-fn decoder(name: &str, q: &Nbits) -> ctcache::pb::FunctionProto {
+/// `W[K, N] = transpose((code - zero_point) * scale)[:, :K]` in ONNX ops;
+/// `transposed`: the source `W[N, K] = ((code - zero_point) * scale)[:, :K]`
+/// (no final Transpose).
+fn decoder(name: &str, q: &Nbits, transposed: bool) -> ctcache::pb::FunctionProto {
     let mut f = Builder::new();
     let ax2 = f.i64s(&[2]);
     let codes = if q.bits == 4 {
@@ -245,8 +295,12 @@ fn decoder(name: &str, q: &Nbits) -> ctcache::pb::FunctionProto {
     let k = f.op("Reshape", &["K", &one], vec![]);
     let zero = f.i64s(&[0]);
     let ax1 = f.i64s(&[1]);
-    let rows = f.op("Slice", &[&flat, &zero, &k, &ax1], vec![]);
-    f.op_to("Transpose", &[&rows], OUTPUT, vec![ints("perm", &[1, 0])]);
+    if transposed {
+        f.op_to("Slice", &[&flat, &zero, &k, &ax1], OUTPUT, vec![]);
+    } else {
+        let rows = f.op("Slice", &[&flat, &zero, &k, &ax1], vec![]);
+        f.op_to("Transpose", &[&rows], OUTPUT, vec![ints("perm", &[1, 0])]);
+    }
     f.finish(name, &inputs)
 }
 

@@ -8,6 +8,7 @@ pub mod ggml;
 mod ggml_kernel;
 pub mod matmul_nbits;
 mod nbits_kernel;
+mod nbits_rows;
 
 #[cfg(target_arch = "x86_64")]
 mod cast_avx2;

@@ -82,7 +82,7 @@ impl Nbits {
             (self.k_blocks(k) * self.bits as usize).div_ceil(8)
         }
     }
-    fn kmax(&self) -> f32 {
+    pub(crate) fn kmax(&self) -> f32 {
         ((1u32 << self.bits) - 1) as f32
     }
     fn mid(&self) -> f32 {
@@ -97,7 +97,7 @@ pub(crate) struct ColParams {
 }
 
 /// Scale (as stored), its f32 reading and the zero point of a block.
-fn block_params(q: &Nbits, mn: f32, mx: f32, f16: bool) -> (u32, f32, u8) {
+pub(crate) fn block_params(q: &Nbits, mn: f32, mx: f32, f16: bool) -> (u32, f32, u8) {
     let (s, zp) = if q.symmetric {
         let m = if mx.abs() > mn.abs() { mx } else { mn };
         (-m / q.mid(), q.mid() as u8)
@@ -121,6 +121,37 @@ fn block_params(q: &Nbits, mn: f32, mx: f32, f16: bool) -> (u32, f32, u8) {
     } else {
         (s.to_bits(), s, zp)
     }
+}
+
+/// Writes the parameters of block `b` of one column: its scale (as stored,
+/// `scale.len()` = element bytes) and, when asymmetric, its zero point into
+/// the column's zero-point bytes `zps` (4 bits: even block in the low nibble,
+/// spare high nibble 8). Returns the reciprocal of the stored scale (0 for a
+/// zero scale) and the zero point, as the codes use them.
+#[inline(always)]
+pub(crate) fn put_block_params(
+    q: &Nbits,
+    mn: f32,
+    mx: f32,
+    f16: bool,
+    b: usize,
+    scale: &mut [u8],
+    zps: &mut [u8],
+) -> (f32, f32) {
+    let (bits, sf, zp) = block_params(q, mn, mx, f16);
+    let es = scale.len();
+    scale.copy_from_slice(&bits.to_le_bytes()[..es]);
+    if !q.symmetric {
+        if q.bits == 8 {
+            zps[b] = zp;
+        } else if b.is_multiple_of(2) {
+            zps[b / 2] = zp | 0x80; // spare high nibble = 8
+        } else {
+            let z = &mut zps[b / 2];
+            *z = (*z & 0x0f) | (zp << 4);
+        }
+    }
+    (if sf != 0.0 { 1.0 / sf } else { 0.0 }, f32::from(zp))
 }
 
 /// The code of one element: clamp(roundf(v * recip + zp), 0, kmax), NaN
@@ -246,21 +277,16 @@ fn block(
     let mut mx = [-f32::MAX; TILE];
     minmax(isa, w, n0, width, k0, len, &mut mn, &mut mx);
     for c in 0..width {
-        let (bits, sf, zp) = block_params(q, mn[c], mx[c], w.f16);
         let at = (c * kb + b) * es;
-        scales[at..at + es].copy_from_slice(&bits.to_le_bytes()[..es]);
-        p.recip[c] = if sf != 0.0 { 1.0 / sf } else { 0.0 };
-        p.zp[c] = f32::from(zp);
-        if !q.symmetric {
-            if q.bits == 8 {
-                zps[c * zpb + b] = zp;
-            } else if b.is_multiple_of(2) {
-                zps[c * zpb + b / 2] = zp | 0x80; // spare high nibble = 8
-            } else {
-                let z = &mut zps[c * zpb + b / 2];
-                *z = (*z & 0x0f) | (zp << 4);
-            }
-        }
+        (p.recip[c], p.zp[c]) = put_block_params(
+            q,
+            mn[c],
+            mx[c],
+            w.f16,
+            b,
+            &mut scales[at..at + es],
+            &mut zps[c * zpb..(c + 1) * zpb],
+        );
     }
     fill_codes(isa, w, q, n0, width, k0, len, p, seg);
     let mut rows = if q.bits == 8 { len } else { len / 2 };
@@ -360,7 +386,7 @@ fn minmax(
 
 /// Decodes `out.len()` elements of row `k` starting at column `n`.
 #[inline(always)]
-fn load_row(w: &Weight<'_>, k: usize, n: usize, out: &mut [f32]) {
+pub(crate) fn load_row(w: &Weight<'_>, k: usize, n: usize, out: &mut [f32]) {
     let es = w.elem_bytes();
     let start = (k * w.n + n) * es;
     let bytes = &w.data[start..start + out.len() * es];

@@ -466,6 +466,18 @@ fn types_pass_core_validation_and_decoders_take_the_leaves() {
             vec![100, 7],
             nbits(8, 64, false),
         ),
+        (
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            vec![7, 100],
+            nbits_t(4, 32, false),
+        ),
+        (
+            "ort.matmul_nbits",
+            DataType::FLOAT16,
+            vec![5, 33],
+            nbits_t(8, 16, true),
+        ),
         ("ggml.q8_0", DataType::FLOAT, vec![3, 5, 64], Params::new()),
         ("ggml.q4_0", DataType::FLOAT16, vec![96], Params::new()),
         ("cast.f16", DataType::FLOAT, vec![2, 3], Params::new()),
@@ -493,4 +505,299 @@ fn types_pass_core_validation_and_decoders_take_the_leaves() {
         assert_eq!(d.output, ["output"]);
         assert_eq!(d.domain, crate::decoder::DOMAIN);
     }
+}
+
+/// W[rows, cols] (element bytes `es`) -> W^T.
+fn transpose_bytes(data: &[u8], rows: usize, cols: usize, es: usize) -> Vec<u8> {
+    let mut t = vec![0u8; data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * es, (c * rows + r) * es);
+            t[to..to + es].copy_from_slice(&data[from..from + es]);
+        }
+    }
+    t
+}
+
+/// Awkward values for the transposed tests: `noise` plus runs that make
+/// whole blocks constant, zero (mixed signs), NaN, infinite or denormal,
+/// and exact .5 ties.
+fn special_noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = noise(n, seed);
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut i = 0;
+    while i < n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let run = 1 + (s >> 58) as usize; // 1..=64
+        let end = n.min(i + run);
+        match (s >> 8) % 11 {
+            0 => x[i..end].fill(2.5),
+            1 => {
+                for (j, v) in x[i..end].iter_mut().enumerate() {
+                    *v = if (j + (s as usize >> 20)).is_multiple_of(3) {
+                        -0.0
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            2 => x[i..end].fill(f32::NAN),
+            3 => x[i..end].fill(f32::NEG_INFINITY),
+            4 => {
+                for (j, v) in x[i..end].iter_mut().enumerate() {
+                    *v =
+                        f32::from_bits(1 + j as u32) * if j.is_multiple_of(2) { 1.0 } else { -1.0 };
+                }
+            }
+            5 => {
+                // Ties: with -8 in the block the symmetric 4-bit scale is 1.
+                for (j, v) in x[i..end].iter_mut().enumerate() {
+                    *v = [-8.0, 0.5, -0.5, 7.5, -7.5, 1.5, 2.5, 3.5][j % 8];
+                }
+            }
+            6 => x[i..end].fill(-0.0),
+            7 => x[i..end].fill(f32::INFINITY),
+            _ => {}
+        }
+        i = end + (s >> 50) as usize % 40;
+    }
+    x
+}
+
+fn nbits_t(bits: u32, bs: u32, sym: bool) -> Params {
+    nbits(bits, bs, sym).with("transposed", "true")
+}
+
+#[test]
+fn matmul_nbits_transposed_equals_packing_the_transpose() {
+    // (K, N): odd K, K not a multiple of any block, K < the block, N = 1,
+    // a single element, wide and tall.
+    let shapes: &[(usize, usize)] = &[
+        (1, 1),
+        (1, 7),
+        (2, 3),
+        (3, 1),
+        (15, 9),
+        (16, 1),
+        (17, 5),
+        (31, 4),
+        (33, 8),
+        (47, 3),
+        (64, 2),
+        (100, 37),
+        (255, 3),
+        (257, 24),
+        (300, 1),
+        (513, 6),
+        (1024, 3),
+        (31, 300),
+    ];
+    for (si, &(k, n)) in shapes.iter().enumerate() {
+        for special in [false, true] {
+            let seed = (k * 131 + n) as u64 + si as u64;
+            let w = if special {
+                special_noise(k * n, seed)
+            } else {
+                noise(k * n, seed)
+            };
+            // w is B[K, N]; the transposed source is W = B^T [N, K].
+            let f32s = f32_bytes(&w);
+            let f16s: Vec<u8> = w
+                .iter()
+                .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
+                .collect();
+            for (dt, b, es) in [(DataType::FLOAT, &f32s, 4), (DataType::FLOAT16, &f16s, 2)] {
+                let wt = transpose_bytes(b, k, n, es);
+                for bits in [4, 8] {
+                    for bs in [16, 32, 64, 128, 256] {
+                        for sym in [true, false] {
+                            let want = pack_all(
+                                "ort.matmul_nbits",
+                                dt,
+                                &[k as u64, n as u64],
+                                b,
+                                &nbits(bits, bs, sym),
+                            );
+                            let got = pack_all(
+                                "ort.matmul_nbits",
+                                dt,
+                                &[n as u64, k as u64],
+                                &wt,
+                                &nbits_t(bits, bs, sym),
+                            );
+                            assert!(
+                                got == want,
+                                "K={k} N={n} {dt:?} bits={bits} bs={bs} sym={sym} special={special}: {}",
+                                first_diff(&got, &want)
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> String {
+    if a.len() != b.len() {
+        return format!("lengths {} != {}", a.len(), b.len());
+    }
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => format!(
+            "first difference at byte {i}: {:#04x} != {:#04x}",
+            a[i], b[i]
+        ),
+        None => "identical".into(),
+    }
+}
+
+#[test]
+fn matmul_nbits_transposed_zero_signs_and_odd_k() {
+    // Mixed-sign zero blocks: the stored scale's sign is that of the first
+    // zero of the block (the sequential min/max scan), wherever the lanes
+    // put it.
+    for k in [16usize, 17, 33, 40, 64, 65, 256] {
+        for first_neg in [false, true] {
+            for at in [0usize, 1, 5, 15, 16, 17, 31] {
+                // NaNs (skipped) before the first zero at `at`, then zeros
+                // of the other sign.
+                let at = at.min(k - 1);
+                let (first, rest) = if first_neg { (-0.0, 0.0) } else { (0.0, -0.0) };
+                let mut b = vec![rest; k];
+                b[..at].fill(f32::NAN);
+                b[at] = first;
+                let src = f32_bytes(&b);
+                for bits in [4, 8] {
+                    for bs in [16, 32, 64] {
+                        for sym in [true, false] {
+                            let want = pack_all(
+                                "ort.matmul_nbits",
+                                DataType::FLOAT,
+                                &[k as u64, 1],
+                                &src,
+                                &nbits(bits, bs, sym),
+                            );
+                            let got = pack_all(
+                                "ort.matmul_nbits",
+                                DataType::FLOAT,
+                                &[1, k as u64],
+                                &src,
+                                &nbits_t(bits, bs, sym),
+                            );
+                            assert_eq!(
+                                got, want,
+                                "k={k} at={at} neg={first_neg} {bits} {bs} {sym}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Odd K = 2*bs + 1 (one-element last block, even index: high nibble 0)
+    // and 3*bs + 1 (odd index: the previous block's last high code).
+    for k in [33usize, 49, 17, 97] {
+        let b: Vec<f32> = (0..k).map(|i| (i % 13) as f32 - 6.0).collect();
+        let src = f32_bytes(&b);
+        let want = pack_all(
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            &[k as u64, 1],
+            &src,
+            &nbits(4, 16, false),
+        );
+        let got = pack_all(
+            "ort.matmul_nbits",
+            DataType::FLOAT,
+            &[1, k as u64],
+            &src,
+            &nbits_t(4, 16, false),
+        );
+        assert_eq!(got, want, "k={k}");
+    }
+}
+
+#[test]
+fn matmul_nbits_transposed_layout() {
+    let m = find("ort.matmul_nbits").unwrap();
+    for dt in [DataType::FLOAT, DataType::FLOAT16] {
+        for sym in [true, false] {
+            let plain = m.output(dt, &[100, 7], &nbits(4, 32, sym)).unwrap();
+            let t = m.output(dt, &[7, 100], &nbits_t(4, 32, sym)).unwrap();
+            assert_ne!(plain.struct_type.name, t.struct_type.name);
+            assert_eq!(t.struct_type.name, format!("{}.t", plain.struct_type.name));
+            assert_eq!(t.payload_len, plain.payload_len);
+            assert_eq!(t.dims, plain.dims);
+            assert_eq!(t.struct_type.dims_param, plain.struct_type.dims_param);
+            // Same fields (K included), docs aside.
+            let strip = |st: &ctcache::pb::StructTypeProto| {
+                let mut st = st.clone();
+                st.name.clear();
+                st.doc_string.clear();
+                st.decoder = None;
+                if let Some(ctcache::pb::struct_type_proto::Kind::Structure(s)) = st.kind.as_mut() {
+                    for f in &mut s.field {
+                        f.doc_string.clear();
+                    }
+                }
+                st
+            };
+            assert_eq!(strip(&t.struct_type), strip(&plain.struct_type));
+            assert_ne!(t.struct_type.decoder, plain.struct_type.decoder);
+        }
+    }
+    let l = m
+        .output(DataType::FLOAT16, &[7, 100], &nbits_t(4, 32, false))
+        .unwrap();
+    assert_eq!(l.struct_type.name, "ort.matmul_nbits.b4.bs32.asym.f16.t");
+    let l = m
+        .output(
+            DataType::FLOAT,
+            &[64, 64],
+            &Params::new().with("transposed", "false"),
+        )
+        .unwrap();
+    assert_eq!(l.struct_type.name, "ort.matmul_nbits.b4.bs32.sym");
+    // The final Transpose of the decoder goes away.
+    let ops = |t: &ctcache::pb::StructTypeProto| -> Vec<String> {
+        let d = t.decoder.as_ref().unwrap();
+        d.node.iter().map(|n| n.op_type.clone()).collect()
+    };
+    let t = m
+        .output(DataType::FLOAT, &[7, 100], &nbits_t(4, 32, true))
+        .unwrap();
+    assert_eq!(ops(&t.struct_type).last().unwrap(), "Slice");
+    let p = m
+        .output(DataType::FLOAT, &[100, 7], &nbits(4, 32, true))
+        .unwrap();
+    assert_eq!(ops(&p.struct_type).last().unwrap(), "Transpose");
+}
+
+#[test]
+fn matmul_nbits_transposed_check_source() {
+    let m = find("ort.matmul_nbits").unwrap();
+    let t = Params::new().with("transposed", "true");
+    m.check_source(DataType::FLOAT, &[3, 100], &t).unwrap();
+    m.check_source(DataType::FLOAT16, &[1, 1], &t).unwrap();
+    let e = m
+        .check_source(DataType::FLOAT, &[2, 3, 100], &t)
+        .unwrap_err();
+    assert!(matches!(e, PackError::BadShape { .. }), "{e}");
+    assert!(e.to_string().contains("2-D [N, K]"), "{e}");
+    let e = m.check_source(DataType::FLOAT, &[100], &t).unwrap_err();
+    assert!(e.to_string().contains("2-D"), "{e}");
+    let e = m.check_source(DataType::FLOAT, &[0, 4], &t).unwrap_err();
+    assert!(matches!(e, PackError::BadShape { .. }), "{e}");
+    let e = m.check_source(DataType::INT8, &[4, 4], &t).unwrap_err();
+    assert!(matches!(e, PackError::UnsupportedDataType { .. }), "{e}");
+    let e = m
+        .check_source(
+            DataType::FLOAT,
+            &[4, 4],
+            &Params::new().with("transposed", "yes"),
+        )
+        .unwrap_err();
+    assert!(matches!(e, PackError::BadParamValue { .. }), "{e}");
 }

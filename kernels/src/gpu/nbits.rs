@@ -85,6 +85,13 @@ pub(super) fn pack(
     chunk_bytes: u64,
 ) -> Result<(), GpuError> {
     let r = params.resolve(packer.id(), packer.param_spec())?;
+    if r.bool("transposed") {
+        // W[N, K] sources: the shaders read W[K, N]; the CPU packs them.
+        return Err(GpuError::Unsupported {
+            packer: packer.id().to_string(),
+            reason: "transposed=true has no GPU kernel".to_string(),
+        });
+    }
     let (bits, bs) = (r.u32("bits") as usize, r.u32("block_size") as usize);
     let (k, n) = (src.dims[0] as usize, src.dims[1] as usize);
     let kb = k.div_ceil(bs);

@@ -335,6 +335,33 @@ fn refusals_are_errors() {
     );
 }
 
+/// transposed=true (a W[N, K] source) has no GPU kernel: the GPU refuses
+/// it as unsupported and `pack_auto` packs it on the CPU.
+#[test]
+fn matmul_nbits_transposed_goes_to_the_cpu() {
+    let v = data(Kind::Normal, 64 * 96, 32, 11);
+    let data = bytes(&v);
+    let src = SourceTensor {
+        data_type: DataType::FLOAT,
+        dims: &[64, 96],
+        data: &data,
+    };
+    let p = find("ort.matmul_nbits").unwrap();
+    let params = nbits(4, 32, false).with("transposed", "true");
+    let (_, cpu) = crate::pack_to_vec(p, &src, &params).unwrap();
+    let mut out = vec![0u8; cpu.len()];
+    assert_eq!(
+        super::pack_auto(p, &src, &params, &mut out).unwrap(),
+        Backend::Cpu
+    );
+    assert_eq!(out, cpu);
+    let Some(g) = gpu() else { return };
+    let e = g.pack("ort.matmul_nbits", &src, &params, &mut out);
+    assert!(matches!(e, Err(GpuError::Unsupported { .. })), "{e:?}");
+    let e = pack_on(Backend::Wgpu, p, &src, &params, &mut out);
+    assert!(matches!(e, Err(GpuError::Unsupported { .. })), "{e:?}");
+}
+
 #[test]
 fn pack_on_backends_agree() {
     let v = data(Kind::Normal, 256 * 64, 32, 5);

@@ -74,6 +74,35 @@ def test_matmul_nbits(dtype, bits, sym, k, n, bs):
     assert np.abs(got - w.astype(np.float32)).max() <= step  # a real dequantization
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("bits,sym", [(4, True), (4, False), (8, False)])
+@pytest.mark.parametrize("k,n,bs", [(33, 5, 16), (100, 7, 64), (5, 1, 256)])
+def test_matmul_nbits_transposed(dtype, bits, sym, k, n, bs):
+    """transposed=true: the source is W[N, K] (Gemm transB=1); the payload is
+    that of W^T untransposed, and the decoder gives back W[N, K]."""
+    w = np.random.default_rng(k * n + 1).standard_normal((n, k)).astype(dtype)
+    params = dict(bits=bits, block_size=bs, symmetric=sym)
+    payload, info, dec = pack_full("ort.matmul_nbits", w, ISA, transposed=True, **params)
+    plain, _, plain_dec = pack_full("ort.matmul_nbits", np.ascontiguousarray(w.T), ISA, **params)
+    assert payload == plain
+    assert info["name"].endswith(".t"), info
+    kb = -(-k // bs)
+    blob = bs * bits // 8
+    buf = np.frombuffer(payload, np.uint8)
+    leaves = {
+        "B": buf[: n * kb * blob].reshape(n, kb, blob),
+        "scales": buf[n * kb * blob : n * kb * (blob + w.itemsize)].view(dtype).reshape(n, kb),
+    }
+    if not sym:
+        leaves["zero_points"] = buf[n * kb * (blob + w.itemsize) :].reshape(n, -1)
+    leaves["K"] = np.array(k, np.int64)
+    got = run_decoder(dec, leaves, (n, k))
+    assert got.shape == (n, k)
+    np.testing.assert_array_equal(got, run_decoder(plain_dec, leaves, (k, n)).T)
+    step = np.abs(leaves["scales"].astype(np.float32)).max()
+    assert np.abs(got - w.astype(np.float32)).max() <= step
+
+
 @pytest.mark.parametrize("fmt,qt", [("ggml.q8_0", T.Q8_0), ("ggml.q4_0", T.Q4_0)])
 @pytest.mark.parametrize("shape", [(32,), (3, 64), (2, 3, 96)])
 def test_ggml(fmt, qt, shape):

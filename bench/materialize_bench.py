@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""fp32 model on disk -> onnxruntime session with 4-bit MatMulNBits weights.
+
+Three ways, one run, on a model of eight 4096 x 4096 FLOAT MatMul weights
+(512 MiB fp32, stored as external data next to the model, as big models are):
+
+* anchor: onnxruntime alone -- onnx.load (external data included),
+  MatMulNBitsQuantizer(bits=4, block_size=32, is_symmetric=True).process(),
+  InferenceSession on the serialized quantized model (bytes in memory: the
+  fastest path, nothing written to disk);
+* ctcache cold: a fresh ctcached (release build) on an empty cache dir:
+  Materialize (digest, pack, hard-link) + InferenceSession on the output;
+* ctcache warm: the entries stored and the daemon's digest memo warm:
+  Materialize to a new output path + InferenceSession.
+
+The daemon is started (and answering) before the clock starts for the cold
+run. The fp32 model is freshly written, so every way reads it from the page
+cache. The same session options (onnxruntime defaults) everywhere.
+
+Targets: anchor / warm >= 20x, anchor / cold >= 2x, bytes written by the warm
+materialize (model_bytes + bytes_copied) < 1% of the payload bytes.
+
+    python bench/materialize_bench.py [--bin-dir DIR] [--work DIR] [--layers 8] [--dim 4096] [--warm-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+BITS, BLOCK, SYMMETRIC = 4, 32, True
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def make_model(folder: Path, layers: int, dim: int, seed: int = 0) -> Path:
+    """X[1, dim] -> MatMul W0 -> ... -> MatMul W{layers-1}; weights in one external data file."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model_path = folder / "model.onnx"
+    data_name = "model.onnx.data"
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    offset = 0
+    with open(folder / data_name, "wb") as f:
+        for i in range(layers):
+            w = rng.standard_normal((dim, dim), dtype=np.float32)
+            w *= np.float32(1.0 / np.sqrt(dim))
+            raw = w.tobytes()
+            f.write(raw)
+            t = TensorProto(name=f"layers.{i}.weight", data_type=TensorProto.FLOAT, dims=[dim, dim])
+            t.data_location = TensorProto.EXTERNAL
+            for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            offset += len(raw)
+            inits.append(t)
+            nodes.append(helper.make_node("MatMul", ["X" if i == 0 else f"h{i}", t.name],
+                                          [f"h{i + 1}" if i + 1 < layers else "Y"], name=f"mm{i}"))
+    g = helper.make_graph(nodes, "bench", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, dim])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, dim])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save_model(m, str(model_path))  # weights already external: a few hundred bytes
+    return model_path
+
+
+def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path, Path]:
+    cache, sock = root / "cache", root / "s.sock"
+    config = root / "ctcached.toml"
+    config.touch()  # built-in defaults (the default policy), whatever ~/.config says
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
+    if not env.get("XDG_RUNTIME_DIR"):
+        xdg = root / "xdg"
+        xdg.mkdir(mode=0o700, exist_ok=True)
+        env["XDG_RUNTIME_DIR"] = str(xdg)
+    log_file = open(root / "ctcached.log", "wb")
+    proc = subprocess.Popen([str(bin_dir / "ctcached"), "--config", str(config), "--cache-dir", str(cache),
+                             "--socket", str(sock), "--log-format", "human"],
+                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return proc, cache, sock
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_check(sess, dim: int) -> np.ndarray:
+    x = np.random.default_rng(1).standard_normal((1, dim)).astype(np.float32)
+    return sess.run(None, {"X": x})[0]
+
+
+def anchor(model: Path, dim: int):
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    t0 = time.perf_counter()
+    m = onnx.load(str(model))
+    t1 = time.perf_counter()
+    q = MatMulNBitsQuantizer(m, bits=BITS, block_size=BLOCK, is_symmetric=SYMMETRIC)
+    q.process()
+    t2 = time.perf_counter()
+    data = q.model.model.SerializeToString()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    t3 = time.perf_counter()
+    y = run_check(sess, dim)
+    return {"total": t3 - t0, "load": t1 - t0, "quantize": t2 - t1, "session": t3 - t2,
+            "model_bytes": len(data)}, y
+
+
+def through_daemon(client, model: Path, out: Path, dim: int):
+    import onnxruntime as ort
+
+    t0 = time.perf_counter()
+    r = client.materialize(model, out, bits=BITS, block_size=BLOCK, symmetric=SYMMETRIC)
+    t1 = time.perf_counter()
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    t2 = time.perf_counter()
+    y = run_check(sess, dim)
+    return {"total": t2 - t0, "rpc": t1 - t0, "session": t2 - t1, "resp": r}, y
+
+
+def mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or "/var/tmp/ctcache-target")
+    ap.add_argument("--bin-dir", type=Path, default=target / "release")
+    ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir under /var/tmp)")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--warm-runs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    a = ap.parse_args()
+
+    for b in ("ctcached", "ctcachectl"):
+        if not os.access(a.bin_dir / b, os.X_OK):
+            log(f"{a.bin_dir / b} missing: cargo build --release -p ctcached -p ctcache-client")
+            return 2
+
+    import logging
+
+    import onnxruntime as ort
+
+    import ctcache
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+
+    work = a.work or Path(tempfile.mkdtemp(prefix="ctcmb-", dir="/var/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    models = work / "models"
+    models.mkdir(exist_ok=True)
+    proc = None
+    try:
+        t = time.perf_counter()
+        model = make_model(models, a.layers, a.dim)
+        fp32 = a.layers * a.dim * a.dim * 4
+        log(f"model: {a.layers} x MatMul [{a.dim} x {a.dim}] FLOAT = {mib(fp32)} external data "
+            f"({model}, written in {time.perf_counter() - t:.1f} s)")
+        log(f"settings: {BITS} bits, block {BLOCK}, {'symmetric' if SYMMETRIC else 'asymmetric'}; "
+            f"onnxruntime {ort.__version__}; {os.cpu_count()} CPUs; daemon {a.bin_dir / 'ctcached'}")
+
+        # ---- anchor
+        an, y_anchor = anchor(model, a.dim)
+        log(f"\nanchor (onnx.load + MatMulNBitsQuantizer + InferenceSession from bytes): {an['total']:.3f} s")
+        log(f"  onnx.load {an['load']:.3f} s, quantize {an['quantize']:.3f} s, "
+            f"serialize + session {an['session']:.3f} s (quantized model {mib(an['model_bytes'])})")
+
+        # ---- daemon
+        proc, cache, sock = start_daemon(a.bin_dir, work)
+        deadline = time.monotonic() + 60
+        client = None
+        while client is None:
+            try:
+                client = ctcache.connect(sock, timeout=1)
+            except ctcache.DaemonNotRunning:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log((work / "ctcached.log").read_text(errors="replace")[-3000:])
+                    return 1
+                time.sleep(0.05)
+        client.status()
+
+        cold, y_cold = through_daemon(client, model, work / "out-cold" / "model.int4.onnx", a.dim)
+        r = cold["resp"]
+        log(f"\nctcache cold (empty cache: digest + pack + link, then session): {cold['total']:.3f} s")
+        log(f"  materialize RPC {cold['rpc']:.3f} s (packed {r.packed}, cached {r.cached}, "
+            f"linked {r.files_linked}, copied {r.files_copied}), session {cold['session']:.3f} s")
+
+        warms = []
+        for i in range(a.warm_runs):
+            w, y_warm = through_daemon(client, model, work / f"out-warm{i}" / "model.int4.onnx", a.dim)
+            warms.append(w)
+            r = w["resp"]
+            log(f"ctcache warm #{i + 1}: {w['total']:.3f} s = materialize RPC {w['rpc']:.3f} s "
+                f"+ session {w['session']:.3f} s (packed {r.packed}, cached {r.cached}, linked {r.files_linked}, "
+                f"copied {r.files_copied})")
+            assert np.array_equal(y_warm, y_anchor), "warm outputs differ from the anchor's"
+        assert np.array_equal(y_cold, y_anchor), "cold outputs differ from the anchor's"
+        log("outputs: anchor, cold and warm sessions give bit-identical results")
+
+        w = sorted(warms, key=lambda x: x["total"])[len(warms) // 2]  # the median run
+        r = w["resp"]
+        written = r.model_bytes + r.bytes_copied
+        warm_total = statistics.median(x["total"] for x in warms)
+        ratio_warm = an["total"] / warm_total
+        ratio_cold = an["total"] / cold["total"]
+        bytes_pct = 100.0 * written / r.payload_bytes
+
+        def verdict(ok: bool) -> str:
+            return "PASS" if ok else "MISS"
+
+        log("\n==== summary ====")
+        log(f"anchor            {an['total']:8.3f} s")
+        log(f"ctcache cold      {cold['total']:8.3f} s   anchor/cold = {ratio_cold:6.1f}x  (target >= 2x)   "
+            f"{verdict(ratio_cold >= 2)}")
+        log(f"ctcache warm      {warm_total:8.3f} s   anchor/warm = {ratio_warm:6.1f}x  (target >= 20x)  "
+            f"{verdict(ratio_warm >= 20)}   [median of {len(warms)}]")
+        log(f"  warm split: materialize RPC {w['rpc'] * 1000:.1f} ms ({100 * w['rpc'] / w['total']:.0f}%), "
+            f"InferenceSession {w['session'] * 1000:.1f} ms ({100 * w['session'] / w['total']:.0f}%)")
+        log(f"warm bytes written {written} B (model {r.model_bytes} + copied {r.bytes_copied}) "
+            f"vs payload {mib(r.payload_bytes)} = {bytes_pct:.4f}%  (target < 1%)   {verdict(bytes_pct < 1)}")
+        return 0
+    finally:
+        if proc is not None:
+            stop_daemon(proc)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log(f"kept {work}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""onnxruntime helpers: 4/8-bit models materialized by ctcached.
+
+    import ctcache.ort
+    sess = ctcache.ort.inference_session("/models/m.onnx")    # MatMulNBits weights from the cache
+    r = ctcache.materialize("/models/m.onnx")                 # -> /models/m.int4.onnx (+ m.int4.onnx.weights/)
+
+:func:`materialize` asks the daemon to write a copy of an fp32/fp16 model in
+which every eligible MatMul (and Gemm) is a ``com.microsoft::MatMulNBits``
+whose weights are hard links to the daemon's cached ``ort.matmul_nbits``
+payloads: a warm materialize writes a few kilobytes of model, whatever the
+size of the weights.
+
+:func:`inference_session` is the drop-in: it returns an
+``onnxruntime.InferenceSession`` on that 4-bit form. When no daemon answers
+(and ``fallback=True``) it warns (:class:`FallbackWarning`) and quantizes in
+this process with onnxruntime's own ``MatMulNBitsQuantizer`` (same settings),
+which gives the same weights, only slower.
+
+onnxruntime and onnx are imported only when these functions run, so
+``import ctcache`` works without them.
+
+Note: ``onnx.load(path)`` (onnx >= 1.18) refuses external data files with
+more than one hard link, which is what linked payloads are. onnxruntime loads
+them fine; to read such a model with onnx use
+``onnx.load(path, load_external_data=False)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+from . import errors
+from ._pb import ctcache_v1_pb2 as pb
+from .client import connect
+
+#: Settings used when a call leaves them unset and no daemon decides
+#: (the daemon's own default policy for ``ort.matmul_nbits``).
+DEFAULT_BITS = 4
+DEFAULT_BLOCK_SIZE = 32
+DEFAULT_SYMMETRIC = True
+
+# ModelProto serialization limit: a model at least this large goes through a file.
+_PROTOBUF_LIMIT = 2 << 30
+
+__all__ = [
+    "DEFAULT_BITS",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_SYMMETRIC",
+    "FallbackWarning",
+    "default_output_path",
+    "inference_session",
+    "materialize",
+    "quantize_in_process",
+]
+
+
+class FallbackWarning(RuntimeWarning):
+    """No daemon answered: the model was quantized in this process instead."""
+
+
+def _cache_home() -> Path:
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"])
+    return Path.home() / ".cache"
+
+
+def default_output_path(path, bits: int | None = None) -> Path:
+    """Where :func:`materialize` writes when given no output path.
+
+    ``<folder>/<stem>.int4.onnx`` next to the model (``.int8.onnx`` with
+    ``bits=8``; ``bits=None`` names it int4 though the daemon's policy has
+    the last word), its weights in ``<stem>.int4.onnx.weights/``. When the
+    model's folder is not writable: ``$XDG_CACHE_HOME/ctcache/materialized/
+    <hash of the model's absolute path>/<stem>.int4.onnx`` (``~/.cache`` when
+    ``XDG_CACHE_HOME`` is unset).
+    """
+    src = Path(os.path.abspath(os.fspath(path)))
+    stem = src.name[:-5] if src.name.endswith(".onnx") else src.name
+    name = f"{stem}.int{bits or DEFAULT_BITS}.onnx"
+    if os.access(src.parent, os.W_OK | os.X_OK):
+        return src.parent / name
+    key = hashlib.blake2b(str(src).encode(), digest_size=8).hexdigest()
+    out = _cache_home() / "ctcache" / "materialized" / key
+    out.mkdir(parents=True, exist_ok=True)
+    return out / name
+
+
+def materialize(path, output_path=None, *, socket=None, bits: int | None = None, block_size: int | None = None,
+                symmetric: bool | None = None, accuracy_level: int = 0, copy: bool = False,
+                timeout: float | None = None) -> pb.MaterializeResponse:
+    """Has the daemon write the 4/8-bit MatMulNBits form of a model (see :meth:`Client.materialize`).
+
+    ``output_path=None``: :func:`default_output_path` (``<stem>.int4.onnx``
+    next to the model). ``socket=None``: :func:`ctcache.default_socket`.
+    Unset ``bits`` / ``block_size`` / ``symmetric``: the daemon's policy,
+    else 4 / 32 / symmetric. Raises :class:`~ctcache.DaemonNotRunning` when
+    no daemon answers.
+    """
+    out = default_output_path(path, bits) if output_path is None else output_path
+    with connect(socket) as c:
+        return c.materialize(path, out, bits=bits, block_size=block_size, symmetric=symmetric,
+                             accuracy_level=accuracy_level, copy=copy, timeout=timeout)
+
+
+def _tensors(graph):
+    """Every TensorProto of a graph: initializers and attribute tensors, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _tensors(a.g)
+            for g in a.graphs:
+                yield from _tensors(g)
+
+
+def _load_model(path):
+    """``onnx.load`` with external data, also when a data file has several hard links.
+
+    onnx >= 1.18 refuses such files ("potential hardlink attack"); they are
+    what a materialize leaves behind (its payloads, and a source model's data
+    file it linked next to the output). onnxruntime reads them, so read them
+    here too: only relative locations inside the model's folder.
+    """
+    import onnx
+
+    path = os.fspath(path)
+    try:
+        return onnx.load(path)
+    except Exception as e:  # noqa: BLE001 -- onnx.checker.ValidationError, from the C++ side
+        if "hard link" not in str(e):
+            raise
+    model = onnx.load(path, load_external_data=False)
+    base = os.path.dirname(os.path.abspath(path))
+    for t in _tensors(model.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        parts = Path(loc).parts
+        if not loc or os.path.isabs(loc) or ".." in parts:
+            raise errors.CtcacheError(f"{path}: tensor {t.name!r} has external data outside the model's folder: {loc!r}")
+        offset = int(info.get("offset") or 0)
+        length = int(info["length"]) if info.get("length") else -1
+        with open(os.path.join(base, loc), "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        if length >= 0 and len(data) != length:
+            raise errors.CtcacheError(f"{path}: tensor {t.name!r}: {loc} holds {len(data)} of {length} bytes at {offset}")
+        t.raw_data = data
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
+    return model
+
+
+def quantize_in_process(path, *, bits: int | None = None, block_size: int | None = None,
+                        symmetric: bool | None = None, accuracy_level: int = 0):
+    """The model quantized by onnxruntime's ``MatMulNBitsQuantizer`` (QOperator) in this process.
+
+    The same rewrite of MatMul nodes as the daemon's (the quantizer leaves
+    Gemm alone); unset settings are 4 bits, block 32, symmetric. Returns an
+    ``onnx.ModelProto``.
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = _load_model(path)
+    q = MatMulNBitsQuantizer(
+        model,
+        bits=DEFAULT_BITS if bits is None else int(bits),
+        block_size=DEFAULT_BLOCK_SIZE if block_size is None else int(block_size),
+        is_symmetric=DEFAULT_SYMMETRIC if symmetric is None else bool(symmetric),
+        accuracy_level=int(accuracy_level) or None,
+    )
+    q.process()
+    return q.model.model
+
+
+def _session_on_model(model, sess_options, providers):
+    """A session on an in-memory model: from bytes below 2 GiB, else from a temporary file with external data."""
+    import onnx
+    import onnxruntime
+
+    try:
+        size = model.ByteSize()
+    except Exception:  # noqa: BLE001 -- protobuf refuses to size it: certainly too large
+        size = _PROTOBUF_LIMIT
+    if size < _PROTOBUF_LIMIT:
+        return onnxruntime.InferenceSession(model.SerializeToString(), sess_options=sess_options,
+                                            providers=providers)
+    tmp = tempfile.TemporaryDirectory(prefix="ctcache-q-")
+    file = os.path.join(tmp.name, "model.onnx")
+    onnx.save_model(model, file, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    sess = onnxruntime.InferenceSession(file, sess_options=sess_options, providers=providers)
+    sess._ctcache_tmpdir = tmp  # the files live as long as the session
+    return sess
+
+
+def inference_session(path, *, bits: int | None = None, block_size: int | None = None,
+                      symmetric: bool | None = None, accuracy_level: int = 0, output_path=None, socket=None,
+                      sess_options=None, providers=None, fallback: bool = True):
+    """An ``onnxruntime.InferenceSession`` on the 4/8-bit (MatMulNBits) form of an fp32/fp16 model.
+
+    The model is materialized through the daemon (:func:`materialize`, to
+    ``output_path`` or :func:`default_output_path`) and the session is
+    opened on the written file. When no daemon answers
+    (:class:`~ctcache.DaemonNotRunning`, :class:`~ctcache.SocketPermissionDenied`)
+    and ``fallback`` is true, warns with :class:`FallbackWarning` and returns
+    a session on the model quantized in this process by onnxruntime's
+    ``MatMulNBitsQuantizer`` with the same settings (unset: 4 bits, block
+    32, symmetric); nothing is written then, except a temporary file for a
+    quantized model of 2 GiB or more. Other daemon errors (nothing to
+    materialize, bad settings) are raised.
+    """
+    import onnxruntime
+
+    try:
+        r = materialize(path, output_path, socket=socket, bits=bits, block_size=block_size, symmetric=symmetric,
+                        accuracy_level=accuracy_level)
+    except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
+        if not fallback:
+            raise
+        warnings.warn(
+            f"ctcache: {e} -- quantizing {os.fspath(path)} in this process with onnxruntime's "
+            f"MatMulNBitsQuantizer instead (slower; same weights)",
+            FallbackWarning,
+            stacklevel=2,
+        )
+        model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
+                                    accuracy_level=accuracy_level)
+        return _session_on_model(model, sess_options, providers)
+    return onnxruntime.InferenceSession(r.output_path, sess_options=sess_options, providers=providers)

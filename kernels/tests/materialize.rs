@@ -1,0 +1,439 @@
+//! `ctcache::materialize::write` with real `ort.matmul_nbits` payloads: the
+//! graph splice (shared weights, weights still used elsewhere, name
+//! collisions, value_info, opset import), external data that points at the
+//! exact payload ranges, hard links, and reruns. Byte identity with
+//! onnxruntime's quantizer is tested in tests/python/test_materialize.py.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use bytes::Bytes;
+use ctcache::dtype::DataType;
+use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
+use ctcache::onnx::Model;
+use ctcache::pb;
+use ctcache_kernels::{pack_to_vec, Params, SourceTensor};
+use prost::Message;
+
+fn weight(name: &str, dims: &[i64], seed: u32) -> pb::TensorProto {
+    let n: i64 = dims.iter().product();
+    let mut raw = Vec::with_capacity(n as usize * 4);
+    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        raw.extend_from_slice(&((x % 2001) as f32 / 1000.0 - 1.0).to_le_bytes());
+    }
+    pb::TensorProto {
+        name: name.into(),
+        data_type: DataType::FLOAT.code(),
+        dims: dims.to_vec(),
+        raw_data: raw.into(),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
+    pb::NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    }
+}
+
+fn value(name: &str) -> pb::ValueInfoProto {
+    pb::ValueInfoProto {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+/// x[?, 100] -> mm1(W1) -> h1[?, 48] -> mm2(W1 again, shared) is not
+/// shape-valid, so the shared weight is square: W1[48, 48] after a first
+/// projection P[100, 48]; Gemm(transB) with W2[32, 48] and C; W3 is read by
+/// a MatMul and by an Add (so it stays).
+fn model(with_ms_import: bool) -> pb::ModelProto {
+    let mut gemm = node("Gemm", "fc", &["h2", "W2", "C"], "y");
+    gemm.attribute = vec![pb::AttributeProto {
+        name: "transB".into(),
+        i: 1,
+        r#type: 2,
+        ..Default::default()
+    }];
+    let mut opset_import = vec![pb::OperatorSetIdProto {
+        domain: String::new(),
+        version: 17,
+    }];
+    if with_ms_import {
+        opset_import.push(pb::OperatorSetIdProto {
+            domain: "com.microsoft".into(),
+            version: 1,
+        });
+    }
+    pb::ModelProto {
+        ir_version: 8,
+        producer_name: "materialize-test".into(),
+        doc_string: "kept as is".into(),
+        opset_import,
+        metadata_props: vec![pb::StringStringEntryProto {
+            key: "k".into(),
+            value: "v".into(),
+        }],
+        graph: Some(pb::GraphProto {
+            name: "g".into(),
+            node: vec![
+                node("MatMul", "proj", &["x", "P"], "p"),
+                node("MatMul", "mm1", &["p", "W1"], "h1"),
+                node("MatMul", "", &["h1", "W1"], "h2"),
+                gemm,
+                node("MatMul", "mm3", &["p", "W3"], "z"),
+                node("Add", "uses_w3", &["z", "W3"], "z2"),
+            ],
+            initializer: vec![
+                weight("P", &[100, 48], 1),
+                weight("W1", &[48, 48], 2),
+                weight("W2", &[32, 48], 3),
+                weight("C", &[32], 4),
+                weight("W3", &[48, 48], 5),
+                // Takes the name the quantizer would give W1's codes.
+                weight("W1_Q4", &[2], 6),
+            ],
+            input: vec![value("x")],
+            output: vec![value("y"), value("z2")],
+            value_info: vec![value("W1"), value("h1")],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    model: Model,
+    weights: HashMap<mat::WeightKey, PackedWeight>,
+    payloads: HashMap<mat::WeightKey, Vec<u8>>,
+}
+
+fn fixture(m: &pb::ModelProto, s: &Settings) -> (Fixture, mat::Plan) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::from_bytes(Bytes::from(m.encode_to_vec()), dir.path()).unwrap();
+    let plan = mat::plan(&model).unwrap();
+    let packer = ctcache_kernels::find(mat::PACKER).unwrap();
+    let inits = model.initializers().unwrap();
+    let (mut weights, mut payloads) = (HashMap::new(), HashMap::new());
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    for (name, transposed) in plan.weights() {
+        let t = inits.iter().find(|t| t.name == name).unwrap();
+        let ctcache::onnx::Storage::Raw(r) = &t.storage else {
+            panic!("raw")
+        };
+        let params = Params::parse(
+            s.packer_params(transposed)
+                .iter()
+                .map(|(k, v)| format!("{k}={v}")),
+        )
+        .unwrap();
+        let src = SourceTensor {
+            data_type: t.data_type,
+            dims: &t.dims,
+            data: &model.bytes()[r.clone()],
+        };
+        let (layout, payload) = pack_to_vec(packer, &src, &params).unwrap();
+        let file_name = format!("{name}-{transposed}.bin");
+        let path = cache.join(&file_name);
+        std::fs::write(&path, &payload).unwrap();
+        weights.insert(
+            (name.clone(), transposed),
+            PackedWeight {
+                payload_path: path,
+                file_name,
+                struct_type: layout.struct_type,
+                dims: layout.dims,
+            },
+        );
+        payloads.insert((name, transposed), payload);
+    }
+    (
+        Fixture {
+            dir,
+            model,
+            weights,
+            payloads,
+        },
+        plan,
+    )
+}
+
+fn external(t: &pb::TensorProto, out_dir: &Path) -> Vec<u8> {
+    assert_eq!(t.data_location, 1, "{} is external", t.name);
+    let get = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key == k)
+            .map(|e| e.value.clone())
+            .unwrap()
+    };
+    let file = std::fs::read(out_dir.join(get("location"))).unwrap();
+    let off: usize = get("offset").parse().unwrap();
+    let len: usize = get("length").parse().unwrap();
+    file[off..off + len].to_vec()
+}
+
+#[test]
+fn splices_the_graph_and_points_into_the_payloads() {
+    let s = Settings {
+        symmetric: false,
+        accuracy_level: 4,
+        ..Default::default()
+    };
+    let (f, plan) = fixture(&model(false), &s);
+    assert_eq!(plan.targets.len(), 5, "{:?}", plan.skipped);
+    let out = f.dir.path().join("out").join("m4.onnx");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let report = mat::write(&f.model, &plan, &s, &f.weights, &out, LinkMode::LinkOrCopy).unwrap();
+    assert_eq!(report.nodes_rewritten, 5);
+    assert_eq!(report.files_linked, 4);
+    assert_eq!(report.bytes_copied, 0);
+    // P, W1 and W2 are dropped; W3 is still read by the Add.
+    assert_eq!(report.initializers_removed, 3);
+
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(report.model_bytes, bytes.len() as u64);
+    let m = pb::ModelProto::decode(bytes.as_slice()).unwrap();
+    assert_eq!(m.producer_name, "materialize-test");
+    assert_eq!(m.doc_string, "kept as is");
+    assert_eq!(m.metadata_props.len(), 1);
+    let ms: Vec<_> = m
+        .opset_import
+        .iter()
+        .filter(|o| o.domain == "com.microsoft")
+        .collect();
+    assert_eq!(ms.len(), 1);
+    let g = m.graph.unwrap();
+    let ops: Vec<(&str, &str)> = g
+        .node
+        .iter()
+        .map(|n| (n.op_type.as_str(), n.name.as_str()))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            ("MatMulNBits", "proj_Q4"),
+            ("MatMulNBits", "mm1_Q4"),
+            ("MatMulNBits", ""),
+            ("MatMulNBits", "fc_Q4"),
+            ("Add", "fc_bias"),
+            ("MatMulNBits", "mm3_Q4"),
+            ("Add", "uses_w3"),
+        ]
+    );
+    // The shared weight's inputs are the same initializers; the taken name
+    // W1_Q4 is not reused.
+    assert_eq!(g.node[1].input[1..], g.node[2].input[1..]);
+    assert_eq!(g.node[1].input[1], "W1_Q4_1");
+    assert_eq!(g.node[1].output, ["h1"]);
+    // Gemm: MatMulNBits into a fresh value, then Add(C) into y.
+    assert_eq!(g.node[3].input[1], "W2_T_Q4");
+    assert_eq!(
+        g.node[4].input,
+        [g.node[3].output[0].clone(), "C".to_string()]
+    );
+    assert_eq!(g.node[4].output, ["y"]);
+    let attrs: Vec<(&str, i64)> = g.node[3]
+        .attribute
+        .iter()
+        .map(|a| (a.name.as_str(), a.i))
+        .collect();
+    assert_eq!(
+        attrs,
+        [
+            ("K", 48),
+            ("N", 32),
+            ("accuracy_level", 4),
+            ("bits", 4),
+            ("block_size", 32)
+        ]
+    );
+    assert_eq!(g.node[3].domain, "com.microsoft");
+    // The dropped weight's value_info goes with it; others stay.
+    assert_eq!(
+        g.value_info
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>(),
+        ["h1"]
+    );
+
+    let names: Vec<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    for kept in ["C", "W3", "W1_Q4"] {
+        assert!(names.contains(&kept), "{kept} kept: {names:?}");
+    }
+    for gone in ["P", "W1", "W2"] {
+        assert!(!names.contains(&gone), "{gone} dropped: {names:?}");
+    }
+    // B | scales | zero points are the payload, in order, with the
+    // quantizer's shapes.
+    let out_dir = out.parent().unwrap();
+    for (key, base, k, n) in [
+        (("W1".to_string(), false), "W1_Q4_1", 48u64, 48u64),
+        (("W2".to_string(), true), "W2_T_Q4", 48, 32),
+    ] {
+        let init = |name: &str| g.initializer.iter().find(|t| t.name == name).unwrap();
+        let prefix = base.trim_end_matches("_Q4_1").trim_end_matches("_Q4");
+        let b = init(base);
+        let scales = init(&format!("{prefix}_scales"));
+        let zp = init(&format!("{prefix}_zero_points"));
+        let kb = k.div_ceil(32) as i64;
+        assert_eq!(b.dims, [n as i64, kb, 16]);
+        assert_eq!(b.data_type, DataType::UINT8.code());
+        assert_eq!(scales.dims, [n as i64, kb]);
+        assert_eq!(scales.data_type, DataType::FLOAT.code());
+        assert_eq!(zp.dims, [n as i64, (kb + 1) / 2]);
+        let whole: Vec<u8> = [b, scales, zp]
+            .iter()
+            .flat_map(|t| external(t, out_dir))
+            .collect();
+        assert_eq!(whole, f.payloads[&key], "{base}");
+    }
+    // Every payload file is a hard link to the cache's file.
+    for w in f.weights.values() {
+        let linked = out_dir.join("m4.onnx.weights").join(&w.file_name);
+        let a = std::fs::metadata(&linked).unwrap();
+        let b = std::fs::metadata(&w.payload_path).unwrap();
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+    }
+}
+
+#[test]
+fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
+    let s = Settings::default();
+    let (f, plan) = fixture(&model(true), &s);
+    let out = f.dir.path().join("m4.onnx");
+    let data = f.dir.path().join("m4.onnx.weights");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("stale.bin"), b"old").unwrap();
+    let r = mat::write(&f.model, &plan, &s, &f.weights, &out, LinkMode::Copy).unwrap();
+    assert_eq!((r.files_linked, r.files_copied), (0, 4));
+    assert!(!data.join("stale.bin").exists());
+    let m = pb::ModelProto::decode(std::fs::read(&out).unwrap().as_slice()).unwrap();
+    let ms = m
+        .opset_import
+        .iter()
+        .filter(|o| o.domain == "com.microsoft")
+        .count();
+    assert_eq!(ms, 1);
+    assert!(m.graph.unwrap().node[0]
+        .attribute
+        .iter()
+        .all(|a| a.name != "accuracy_level"));
+    // Copies are independent of the cache's files.
+    for w in f.weights.values() {
+        assert_eq!(std::fs::metadata(&w.payload_path).unwrap().nlink(), 1);
+    }
+    // Same folder as the source: the rerun links, and reuses what is there.
+    let again = mat::write(&f.model, &plan, &s, &f.weights, &out, LinkMode::LinkOrCopy).unwrap();
+    assert_eq!(again.files_linked, 4);
+}
+
+#[test]
+fn a_payload_of_the_wrong_shape_is_refused_before_writing() {
+    let s = Settings::default();
+    let (mut f, plan) = fixture(&model(false), &s);
+    // Swap two weights' payloads: W2's layout (N = 32) for W1 (N = 48).
+    let w2 = f.weights[&("W2".to_string(), true)].clone();
+    f.weights.insert(("W1".to_string(), false), w2);
+    let out = f.dir.path().join("bad.onnx");
+    let e = mat::write(&f.model, &plan, &s, &f.weights, &out, LinkMode::LinkOrCopy)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("W1") && e.contains("expected"), "{e}");
+    assert!(!out.exists());
+    assert!(!f.dir.path().join("bad.onnx.weights").exists());
+}
+
+#[test]
+fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
+    let s = Settings::default();
+    let mut m = model(false);
+    // W3 (kept: the Add still reads it) and W1 (rewritten) live in the
+    // user's external data file.
+    let g = m.graph.as_mut().unwrap();
+    let mut data = Vec::new();
+    let mut w3_bytes = Vec::new();
+    for t in g
+        .initializer
+        .iter_mut()
+        .filter(|t| t.name == "W3" || t.name == "W1")
+    {
+        let raw = std::mem::take(&mut t.raw_data);
+        if t.name == "W3" {
+            w3_bytes = raw.to_vec();
+        }
+        t.data_location = 1;
+        t.external_data = vec![
+            pb::StringStringEntryProto {
+                key: "location".into(),
+                value: "m.data".into(),
+            },
+            pb::StringStringEntryProto {
+                key: "offset".into(),
+                value: data.len().to_string(),
+            },
+            pb::StringStringEntryProto {
+                key: "length".into(),
+                value: raw.len().to_string(),
+            },
+        ];
+        data.extend_from_slice(&raw);
+    }
+    // Same packed payloads; the model now reads W1 and W3 from m.data.
+    let (mut f, plan) = fixture(&model(false), &s);
+    std::fs::write(f.dir.path().join("m.data"), &data).unwrap();
+    f.model = Model::from_bytes(Bytes::from(m.encode_to_vec()), f.dir.path()).unwrap();
+    let out_dir = f.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join("m4.onnx");
+    let r = mat::write(&f.model, &plan, &s, &f.weights, &out, LinkMode::LinkOrCopy).unwrap();
+    assert_eq!(r.files_copied, 1, "{r:?}");
+    assert_eq!(r.bytes_copied, w3_bytes.len() as u64);
+    assert_eq!(
+        std::fs::metadata(f.dir.path().join("m.data"))
+            .unwrap()
+            .nlink(),
+        1
+    );
+    assert!(!out_dir.join("m.data").exists());
+    let g = pb::ModelProto::decode(std::fs::read(&out).unwrap().as_slice())
+        .unwrap()
+        .graph
+        .unwrap();
+    let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
+    assert_eq!(external(w3, &out_dir), w3_bytes);
+    assert!(w3
+        .external_data
+        .iter()
+        .any(|e| e.value == "m4.onnx.weights/kept.data"));
+    // Output next to the model: the model's own data file is used as is.
+    let beside = f.dir.path().join("m4.onnx");
+    let r = mat::write(
+        &f.model,
+        &plan,
+        &s,
+        &f.weights,
+        &beside,
+        LinkMode::LinkOrCopy,
+    )
+    .unwrap();
+    assert_eq!(r.files_copied, 0);
+    let g = pb::ModelProto::decode(std::fs::read(&beside).unwrap().as_slice())
+        .unwrap()
+        .graph
+        .unwrap();
+    let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
+    assert!(w3.external_data.iter().any(|e| e.value == "m.data"));
+}

@@ -1,0 +1,238 @@
+//! Which nodes a materialize rewrites, and why the others are left alone.
+//!
+//! The rule follows onnxruntime's `MatMulNBitsQuantizer` (default RTN
+//! config, QOperator format): a node is rewritten when its input B is a
+//! graph initializer (directly, no Identity in between). ctcache is
+//! stricter where the quantizer's output could differ from what a cache
+//! entry holds: B must be 2-D FLOAT or FLOAT16 and must not also be a graph
+//! input (a value a caller may override). It adds Gemm, which the quantizer
+//! leaves alone: Gemm with transA = 0, alpha = 1 and beta = 1 (or no C)
+//! becomes MatMulNBits followed by Add(C), reading B as W[N, K] when
+//! transB = 1. Nodes inside subgraphs are not rewritten.
+
+use std::collections::{HashMap, HashSet};
+
+use prost::Message;
+
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::onnx::{Model, TensorRef};
+use crate::pb;
+
+/// What kind of node a target replaces.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    MatMul,
+    /// Gemm; `bias` is its input C, when present.
+    Gemm {
+        bias: Option<String>,
+    },
+}
+
+/// One node to rewrite.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// Position among the graph's nodes (file order).
+    pub node_index: usize,
+    pub node: pb::NodeProto,
+    pub op: Op,
+    /// The initializer holding the weight.
+    pub weight: String,
+    /// The weight is stored W[N, K] (Gemm transB = 1).
+    pub transposed: bool,
+    pub data_type: DataType,
+    pub k: u64,
+    pub n: u64,
+}
+
+/// A MatMul / Gemm left as it is, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The node's name, or `#index` when unnamed.
+    pub node: String,
+    pub op_type: String,
+    pub reason: String,
+}
+
+/// The rewrite decided for a model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub targets: Vec<Target>,
+    pub skipped: Vec<Skipped>,
+}
+
+impl Plan {
+    /// The distinct (weight, transposed) pairs the targets need, in first-use order.
+    pub fn weights(&self) -> Vec<(String, bool)> {
+        let mut seen = HashSet::new();
+        self.targets
+            .iter()
+            .map(|t| (t.weight.clone(), t.transposed))
+            .filter(|w| seen.insert(w.clone()))
+            .collect()
+    }
+
+    /// One line per skipped node, for error messages.
+    pub fn skipped_summary(&self) -> String {
+        self.skipped
+            .iter()
+            .map(|s| format!("{} {}: {}", s.op_type, s.node, s.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+fn attr<'a>(n: &'a pb::NodeProto, name: &str) -> Option<&'a pb::AttributeProto> {
+    n.attribute.iter().find(|a| a.name == name)
+}
+
+fn is_default_domain(n: &pb::NodeProto) -> bool {
+    n.domain.is_empty() || n.domain == "ai.onnx"
+}
+
+/// Names of the graph's inputs (`GraphProto.input`).
+pub(crate) fn graph_value_names(model: &Model, field: u32) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for r in model.graph_fields(field)? {
+        let vi = pb::ValueInfoProto::decode(&model.bytes()[r])
+            .map_err(|e| crate::Error::decode("ValueInfoProto", e))?;
+        names.push(vi.name);
+    }
+    Ok(names)
+}
+
+pub(crate) const GRAPH_INPUT: u32 = 11;
+pub(crate) const GRAPH_OUTPUT: u32 = 12;
+pub(crate) const GRAPH_VALUE_INFO: u32 = 13;
+
+/// Decides the rewrite of the model's top-level MatMul and Gemm nodes.
+pub fn plan(model: &Model) -> Result<Plan> {
+    let nodes = model.nodes()?;
+    let inits: HashMap<String, TensorRef> = model
+        .initializers()?
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+    let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
+    let mut out = Plan::default();
+    for (i, n) in nodes.iter().enumerate() {
+        let is_target_op = is_default_domain(n) && matches!(n.op_type.as_str(), "MatMul" | "Gemm");
+        if !is_target_op {
+            continue;
+        }
+        match target(i, n, &inits, &inputs) {
+            Ok(t) => out.targets.push(t),
+            Err(reason) => out.skipped.push(Skipped {
+                node: if n.name.is_empty() {
+                    format!("#{i}")
+                } else {
+                    n.name.clone()
+                },
+                op_type: n.op_type.clone(),
+                reason,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+fn target(
+    index: usize,
+    n: &pb::NodeProto,
+    inits: &HashMap<String, TensorRef>,
+    inputs: &HashSet<String>,
+) -> std::result::Result<Target, String> {
+    let gemm = n.op_type == "Gemm";
+    let b = n
+        .input
+        .get(1)
+        .filter(|b| !b.is_empty())
+        .ok_or("no input B")?;
+    if n.input.first().is_none_or(|a| a.is_empty()) || n.output.first().is_none_or(|y| y.is_empty())
+    {
+        return Err("input A or output Y missing".into());
+    }
+    let t = inits
+        .get(b)
+        .ok_or_else(|| format!("input B {b:?} is not an initializer (not a constant weight)"))?;
+    if inputs.contains(b) {
+        return Err(format!(
+            "initializer {b:?} is also a graph input, so a caller may override it"
+        ));
+    }
+    if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
+        return Err(format!(
+            "weight {b:?} is {}; MatMulNBits weights must be FLOAT or FLOAT16",
+            t.data_type
+        ));
+    }
+    let [d0, d1] = *t.dims.as_slice() else {
+        return Err(format!(
+            "weight {b:?} has shape {:?}; only 2-D weights are rewritten",
+            t.dims
+        ));
+    };
+    if d0 == 0 || d1 == 0 {
+        return Err(format!("weight {b:?} is empty ({d0} x {d1})"));
+    }
+    let mut transposed = false;
+    let op = if gemm {
+        let int = |name: &str| attr(n, name).map_or(0, |a| a.i);
+        let float = |name: &str| attr(n, name).map_or(1.0, |a| a.f);
+        if int("transA") != 0 {
+            return Err("Gemm with transA = 1 is not rewritten".into());
+        }
+        if float("alpha") != 1.0 {
+            return Err(format!(
+                "Gemm alpha = {} (only 1 is rewritten)",
+                float("alpha")
+            ));
+        }
+        let bias = n.input.get(2).filter(|c| !c.is_empty()).cloned();
+        if bias.is_some() && float("beta") != 1.0 {
+            return Err(format!(
+                "Gemm beta = {} (only 1 is rewritten)",
+                float("beta")
+            ));
+        }
+        transposed = int("transB") != 0;
+        Op::Gemm { bias }
+    } else {
+        Op::MatMul
+    };
+    let (k, n_cols) = if transposed { (d1, d0) } else { (d0, d1) };
+    Ok(Target {
+        node_index: index,
+        node: n.clone(),
+        op,
+        weight: b.clone(),
+        transposed,
+        data_type: t.data_type,
+        k,
+        n: n_cols,
+    })
+}
+
+/// Every value name the graph reads, subgraphs included (outer-scope
+/// references), except the inputs of the nodes at `skip`.
+pub(crate) fn used_names(model: &Model, skip: &HashSet<usize>) -> Result<HashSet<String>> {
+    fn visit(n: &pb::NodeProto, used: &mut HashSet<String>) {
+        used.extend(n.input.iter().cloned());
+        for a in &n.attribute {
+            for g in a.g.iter().chain(a.graphs.iter()) {
+                for sub in &g.node {
+                    visit(sub, used);
+                }
+                used.extend(g.output.iter().map(|o| o.name.clone()));
+            }
+        }
+    }
+    let mut used = HashSet::new();
+    for (i, n) in model.nodes()?.iter().enumerate() {
+        if !skip.contains(&i) {
+            visit(n, &mut used);
+        }
+    }
+    used.extend(graph_value_names(model, GRAPH_OUTPUT)?);
+    Ok(used)
+}

@@ -1,0 +1,231 @@
+//! Plan rules and refusals. The full write (real packer payloads, byte
+//! identity with onnxruntime) is tested in kernels/tests/materialize.rs and
+//! tests/python/test_materialize.py.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::*;
+use crate::onnx::Model;
+use crate::pb;
+
+fn tensor(name: &str, data_type: i32, dims: &[i64]) -> pb::TensorProto {
+    let elems: i64 = dims.iter().product();
+    let width = match data_type {
+        10 | 16 => 2,
+        11 => 8,
+        _ => 4,
+    };
+    pb::TensorProto {
+        name: name.into(),
+        data_type,
+        dims: dims.to_vec(),
+        raw_data: vec![0u8; (elems * width) as usize].into(),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
+    pb::NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    }
+}
+
+fn attr_i(name: &str, i: i64) -> pb::AttributeProto {
+    pb::AttributeProto {
+        name: name.into(),
+        i,
+        r#type: 2,
+        ..Default::default()
+    }
+}
+
+fn attr_f(name: &str, f: f32) -> pb::AttributeProto {
+    pb::AttributeProto {
+        name: name.into(),
+        f,
+        r#type: 1,
+        ..Default::default()
+    }
+}
+
+fn model(nodes: Vec<pb::NodeProto>, inits: Vec<pb::TensorProto>, inputs: &[&str]) -> Model {
+    let m = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "g".into(),
+            node: nodes,
+            initializer: inits,
+            input: inputs
+                .iter()
+                .map(|n| pb::ValueInfoProto {
+                    name: n.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap()
+}
+
+#[test]
+fn matmul_with_constant_2d_weight_is_a_target() {
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "W"], "y")],
+        vec![tensor("W", 1, &[64, 16])],
+        &["x"],
+    );
+    let p = plan(&m).unwrap();
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let t = &p.targets[0];
+    assert_eq!(
+        (t.k, t.n, t.transposed, t.op.clone()),
+        (64, 16, false, Op::MatMul)
+    );
+    assert_eq!(p.weights(), vec![("W".to_string(), false)]);
+}
+
+#[test]
+fn gemm_trans_b_reads_the_weight_as_n_by_k() {
+    let mut g = node("Gemm", "fc", &["x", "W", "C"], "y");
+    g.attribute = vec![
+        attr_i("transB", 1),
+        attr_f("alpha", 1.0),
+        attr_f("beta", 1.0),
+    ];
+    let m = model(
+        vec![g],
+        vec![tensor("W", 1, &[16, 64]), tensor("C", 1, &[16])],
+        &["x"],
+    );
+    let p = plan(&m).unwrap();
+    let t = &p.targets[0];
+    assert_eq!((t.k, t.n, t.transposed), (64, 16, true));
+    assert_eq!(
+        t.op,
+        Op::Gemm {
+            bias: Some("C".into())
+        }
+    );
+}
+
+#[test]
+fn skip_rules_name_their_reason() {
+    let mut alpha = node("Gemm", "alpha", &["x", "W"], "y1");
+    alpha.attribute = vec![attr_f("alpha", 0.5)];
+    let mut trans_a = node("Gemm", "transA", &["x", "W"], "y2");
+    trans_a.attribute = vec![attr_i("transA", 1)];
+    let mut beta = node("Gemm", "beta", &["x", "W", "C"], "y3");
+    beta.attribute = vec![attr_f("beta", 2.0)];
+    let m = model(
+        vec![
+            node("MatMul", "dynamic", &["x", "x2"], "a"),
+            node("MatMul", "double", &["x", "D"], "b"),
+            node("MatMul", "rank3", &["x", "R"], "c"),
+            node("MatMul", "overridable", &["x", "I"], "d"),
+            node("MatMul", "bf16", &["x", "H"], "e"),
+            alpha,
+            trans_a,
+            beta,
+        ],
+        vec![
+            tensor("D", 11, &[4, 4]),
+            tensor("R", 1, &[1, 4, 4]),
+            tensor("I", 1, &[4, 4]),
+            tensor("H", 16, &[4, 4]),
+            tensor("W", 1, &[4, 4]),
+            tensor("C", 1, &[4]),
+        ],
+        &["x", "x2", "I"],
+    );
+    let p = plan(&m).unwrap();
+    assert!(p.targets.is_empty());
+    let reason = |n: &str| {
+        p.skipped
+            .iter()
+            .find(|s| s.node == n)
+            .unwrap()
+            .reason
+            .clone()
+    };
+    assert!(reason("dynamic").contains("not an initializer"));
+    assert!(reason("double").contains("DOUBLE"));
+    assert!(reason("rank3").contains("2-D"));
+    assert!(reason("overridable").contains("graph input"));
+    assert!(reason("bf16").contains("BFLOAT16"));
+    assert!(reason("alpha").contains("alpha"));
+    assert!(reason("transA").contains("transA"));
+    assert!(reason("beta").contains("beta"));
+}
+
+#[test]
+fn fp16_weights_are_targets() {
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "W"], "y")],
+        vec![tensor("W", 10, &[32, 8])],
+        &["x"],
+    );
+    assert_eq!(
+        plan(&m).unwrap().targets[0].data_type,
+        crate::dtype::DataType::FLOAT16
+    );
+}
+
+#[test]
+fn nothing_to_materialize_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.onnx");
+    let refusal = |m: &Model| {
+        let p = plan(m).unwrap();
+        let s = Settings::default();
+        write(m, &p, &s, &HashMap::new(), &out, LinkMode::default())
+            .unwrap_err()
+            .to_string()
+    };
+    let none = model(vec![node("Relu", "r", &["x"], "y")], vec![], &["x"]);
+    let e = refusal(&none);
+    assert!(e.contains("no MatMul or Gemm"), "{e}");
+    let dynamic = model(
+        vec![node("MatMul", "mm", &["x", "x2"], "y")],
+        vec![],
+        &["x", "x2"],
+    );
+    let e = refusal(&dynamic);
+    assert!(e.contains("not an initializer"), "{e}");
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn settings_are_validated() {
+    let bad = [
+        Settings {
+            bits: 3,
+            ..Default::default()
+        },
+        Settings {
+            block_size: 48,
+            ..Default::default()
+        },
+        Settings {
+            accuracy_level: 7,
+            ..Default::default()
+        },
+    ];
+    for s in bad {
+        assert!(s.validate().is_err(), "{s:?}");
+    }
+    Settings::default().validate().unwrap();
+}

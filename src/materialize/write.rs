@@ -1,0 +1,659 @@
+//! Writing a materialized model: the graph is spliced at the wire level
+//! (rewritten nodes re-encoded in place, replaced weights dropped, the new
+//! initializers appended as external data), every other byte copied from
+//! the source mapping, and the payload files placed in `<out>.weights/`.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::Write;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use super::place::{place, LinkMode};
+use super::plan::{graph_value_names, used_names, Op, Plan, Target, GRAPH_INPUT, GRAPH_VALUE_INFO};
+use super::Settings;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::fsutil::{atomic_write, sync_dir};
+use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_NODE, MODEL_GRAPH};
+use crate::onnx::rewrite::encoded_field;
+use crate::onnx::{Model, Storage};
+use crate::pb;
+use crate::structs::{leaves, LeafType, Limits};
+use crate::wire::{put_len_prefix, Fields};
+
+const MODEL_OPSET_IMPORT: u32 = 8;
+const MS_DOMAIN: &str = "com.microsoft";
+
+/// A packed weight: (initializer name, read transposed).
+pub type WeightKey = (String, bool);
+
+/// A cached `ort.matmul_nbits` payload for one weight.
+#[derive(Debug, Clone)]
+pub struct PackedWeight {
+    /// The cache's payload file (the hard-link source).
+    pub payload_path: PathBuf,
+    /// Its name in the data folder; equal payloads share one name.
+    pub file_name: String,
+    /// The entry's physical type and dims (where B, scales and zero points lie).
+    pub struct_type: pb::StructTypeProto,
+    pub dims: Vec<u64>,
+}
+
+/// What a materialize wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub nodes_rewritten: usize,
+    pub initializers_removed: usize,
+    pub data_dir: PathBuf,
+    pub files_linked: usize,
+    pub files_copied: usize,
+    /// Bytes copied into files (0 when everything could be linked).
+    pub bytes_copied: u64,
+    /// Size of the written model file.
+    pub model_bytes: u64,
+    /// Bytes of payload the new model references.
+    pub payload_bytes: u64,
+}
+
+impl Report {
+    /// Every byte the materialize wrote: the model file and the copies.
+    pub fn bytes_written(&self) -> u64 {
+        self.model_bytes + self.bytes_copied
+    }
+}
+
+/// Where one field of a payload lies.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    offset: u64,
+    len: u64,
+}
+
+/// The byte ranges of B, scales and zero points in a payload, read from its
+/// physical type and checked against the target's shape.
+struct Layout {
+    b: (Span, Vec<u64>),
+    scales: (Span, Vec<u64>, DataType),
+    zero_points: Option<(Span, Vec<u64>)>,
+}
+
+fn layout(t: &Target, w: &PackedWeight, s: &Settings) -> Result<Layout> {
+    let bad = |what: String| {
+        Error::Rewrite(format!(
+            "materialize: the cache entry for {:?} is not an {} payload for this weight: {what}",
+            t.weight,
+            super::PACKER
+        ))
+    };
+    let all = leaves(&w.struct_type, &w.dims, &[], &Limits::default())?;
+    let find = |name: &str| -> Result<Option<(Span, Vec<u64>, DataType)>> {
+        let Some(l) = all.iter().find(|l| l.path == name) else {
+            return Ok(None);
+        };
+        let LeafType::Tensor(dt) = l.elem else {
+            return Err(bad(format!("{name} is a packed-bits field")));
+        };
+        let width = l.bit_width();
+        // Dense row-major, byte aligned: the field is one contiguous range.
+        let mut stride = width;
+        for (dim, got) in l.shape.iter().zip(&l.strides_bits).rev() {
+            if *got != stride && *dim > 1 {
+                return Err(bad(format!("{name} is not stored densely")));
+            }
+            stride = stride.saturating_mul(*dim);
+        }
+        if l.offset_bits % 8 != 0 || stride % 8 != 0 {
+            return Err(bad(format!("{name} is not byte aligned")));
+        }
+        let span = Span {
+            offset: l.offset_bits / 8,
+            len: stride / 8,
+        };
+        Ok(Some((span, l.shape.clone(), dt)))
+    };
+    let kb = t.k.div_ceil(u64::from(s.block_size));
+    let blob = u64::from(s.block_size * s.bits / 8);
+    let (b_span, b_shape, b_dt) = find("B")?.ok_or_else(|| bad("no field B".into()))?;
+    if b_dt != DataType::UINT8 || b_shape != [t.n, kb, blob] {
+        return Err(bad(format!(
+            "B is {b_dt} {b_shape:?}, expected UINT8 [{}, {kb}, {blob}]",
+            t.n
+        )));
+    }
+    let scales = find("scales")?.ok_or_else(|| bad("no field scales".into()))?;
+    if scales.2 != t.data_type || scales.1 != [t.n, kb] {
+        return Err(bad(format!("scales are {} {:?}", scales.2, scales.1)));
+    }
+    let zero_points = match (find("zero_points")?, s.symmetric) {
+        (None, true) => None,
+        (Some((span, shape, DataType::UINT8)), false) if shape.first() == Some(&t.n) => {
+            Some((span, shape))
+        }
+        (z, _) => {
+            return Err(bad(format!(
+                "zero points {} for a {} setting",
+                if z.is_some() { "present" } else { "absent" },
+                if s.symmetric {
+                    "symmetric"
+                } else {
+                    "asymmetric"
+                }
+            )))
+        }
+    };
+    Ok(Layout {
+        b: (b_span, b_shape),
+        scales,
+        zero_points,
+    })
+}
+
+fn int_attr(name: &str, i: i64) -> pb::AttributeProto {
+    pb::AttributeProto {
+        name: name.into(),
+        i,
+        r#type: pb::attribute_proto::AttributeType::Int as i32,
+        ..Default::default()
+    }
+}
+
+fn external_tensor(
+    name: &str,
+    data_type: DataType,
+    dims: &[u64],
+    location: &str,
+    span: Span,
+) -> pb::TensorProto {
+    pb::TensorProto {
+        name: name.into(),
+        data_type: data_type.code(),
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        external_data: external_entries(location, span.offset, span.len),
+        data_location: pb::tensor_proto::DataLocation::External as i32,
+        ..Default::default()
+    }
+}
+
+fn external_entries(location: &str, offset: u64, len: u64) -> Vec<pb::StringStringEntryProto> {
+    let entry = |k: &str, v: String| pb::StringStringEntryProto {
+        key: k.into(),
+        value: v,
+    };
+    vec![
+        entry("location", location.into()),
+        entry("offset", offset.to_string()),
+        entry("length", len.to_string()),
+    ]
+}
+
+/// Names not yet taken in the graph.
+struct Names(HashSet<String>);
+
+impl Names {
+    fn fresh(&mut self, base: String) -> String {
+        let mut name = base.clone();
+        let mut i = 1;
+        while self.0.contains(&name) {
+            name = format!("{base}_{i}");
+            i += 1;
+        }
+        self.0.insert(name.clone());
+        name
+    }
+}
+
+/// The MatMulNBits inputs of one weight, as initializer names.
+struct NewInputs {
+    b: String,
+    scales: String,
+    zero_points: Option<String>,
+}
+
+/// One piece of the output: bytes of the source model, or new bytes.
+enum Piece {
+    Source(Range<usize>),
+    New(Vec<u8>),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Source(r) => r.len(),
+            Piece::New(v) => v.len(),
+        }
+    }
+}
+
+/// The data folder of `out`: `model.onnx` -> `model.onnx.weights`.
+pub fn data_dir_name(out: &Path) -> Result<String> {
+    out.file_name()
+        .map(|n| format!("{}.weights", n.to_string_lossy()))
+        .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
+}
+
+/// Writes the materialized model to `out` with its payload files in
+/// `<out>.weights/`. Nothing is written when the plan has no target.
+pub fn write(
+    model: &Model,
+    plan: &Plan,
+    settings: &Settings,
+    weights: &HashMap<WeightKey, PackedWeight>,
+    out: &Path,
+    mode: LinkMode,
+) -> Result<Report> {
+    settings.validate()?;
+    if plan.targets.is_empty() {
+        let why = if plan.skipped.is_empty() {
+            "the model has no MatMul or Gemm node".to_string()
+        } else {
+            plan.skipped_summary()
+        };
+        return Err(Error::Rewrite(format!("nothing to materialize: {why}")));
+    }
+    if let Some(src) = model.path() {
+        if fs::canonicalize(src).ok() == fs::canonicalize(out).ok() && out.exists() {
+            return Err(Error::Rewrite(
+                "the output path is the input model; choose another path".into(),
+            ));
+        }
+    }
+    let graphs: Vec<_> = model
+        .top_fields()
+        .iter()
+        .filter(|f| f.number == MODEL_GRAPH)
+        .collect();
+    let [graph] = graphs.as_slice() else {
+        return Err(Error::Rewrite(
+            "the model's graph field occurs more than once; re-save it with onnx first".into(),
+        ));
+    };
+    let out_dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let data_name = data_dir_name(out)?;
+    let data_dir = out_dir.join(&data_name);
+
+    let initializers = model.initializers()?;
+    let mut names = Names(
+        initializers
+            .iter()
+            .map(|t| t.name.clone())
+            .chain(model.nodes()?.iter().flat_map(|n| n.output.clone()))
+            .chain(graph_value_names(model, GRAPH_INPUT)?)
+            .collect(),
+    );
+
+    // New initializers, one set per packed weight.
+    let mut report = Report {
+        data_dir: data_dir.clone(),
+        ..Default::default()
+    };
+    let mut new_inits = Vec::new();
+    let mut inputs: HashMap<WeightKey, NewInputs> = HashMap::new();
+    let mut files: Vec<(&PackedWeight, PathBuf)> = Vec::new();
+    for t in &plan.targets {
+        let key = (t.weight.clone(), t.transposed);
+        if inputs.contains_key(&key) {
+            continue;
+        }
+        let w = weights.get(&key).ok_or_else(|| {
+            Error::Rewrite(format!("materialize: no packed payload for {:?}", t.weight))
+        })?;
+        let l = layout(t, w, settings)?;
+        let location = format!("{data_name}/{}", w.file_name);
+        if !files.iter().any(|(f, _)| f.file_name == w.file_name) {
+            files.push((w, data_dir.join(&w.file_name)));
+        }
+        let base = if t.transposed {
+            format!("{}_T", t.weight)
+        } else {
+            t.weight.clone()
+        };
+        let b = names.fresh(format!("{base}_Q{}", settings.bits));
+        new_inits.push(external_tensor(
+            &b,
+            DataType::UINT8,
+            &l.b.1,
+            &location,
+            l.b.0,
+        ));
+        let scales = names.fresh(format!("{base}_scales"));
+        new_inits.push(external_tensor(
+            &scales,
+            l.scales.2,
+            &l.scales.1,
+            &location,
+            l.scales.0,
+        ));
+        report.payload_bytes +=
+            l.b.0.len + l.scales.0.len + l.zero_points.as_ref().map_or(0, |(s, _)| s.len);
+        let zero_points = l.zero_points.map(|(span, shape)| {
+            let z = names.fresh(format!("{base}_zero_points"));
+            new_inits.push(external_tensor(
+                &z,
+                DataType::UINT8,
+                &shape,
+                &location,
+                span,
+            ));
+            z
+        });
+        inputs.insert(
+            key,
+            NewInputs {
+                b,
+                scales,
+                zero_points,
+            },
+        );
+    }
+
+    // Replacement nodes, by node index.
+    let mut replaced: HashMap<usize, Vec<u8>> = HashMap::new();
+    for t in &plan.targets {
+        let ins = &inputs[&(t.weight.clone(), t.transposed)];
+        let mut enc = Vec::new();
+        for n in replacement(t, ins, settings, &mut names) {
+            encoded_field(&mut enc, GRAPH_NODE, &n);
+        }
+        replaced.insert(t.node_index, enc);
+    }
+    report.nodes_rewritten = replaced.len();
+
+    // Weights nothing else reads any more are dropped.
+    let still_used = used_names(model, &replaced.keys().copied().collect())?;
+    let dropped: HashSet<&str> = plan
+        .targets
+        .iter()
+        .map(|t| t.weight.as_str())
+        .filter(|w| !still_used.contains(*w))
+        .collect();
+    report.initializers_removed = dropped.len();
+
+    // Payload files first, then the model that refers to them.
+    fs::create_dir_all(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
+    let mut keep: HashSet<PathBuf> = HashSet::new();
+    for (w, dst) in &files {
+        let p = place(&w.payload_path, dst, mode)?;
+        count(&mut report, &p);
+        keep.insert(dst.clone());
+    }
+    let relocated = relocate_external(
+        model,
+        &initializers,
+        &dropped,
+        &out_dir,
+        &data_dir,
+        &data_name,
+        &mut report,
+    )?;
+    if !relocated.is_empty() {
+        keep.insert(data_dir.join(KEPT_DATA));
+    }
+    sync_dir(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
+    let mut pieces = splice_graph(
+        model,
+        graph.value.clone(),
+        &replaced,
+        &dropped,
+        &relocated,
+        &new_inits,
+    )?;
+    let graph_len: usize = pieces.iter().map(Piece::len).sum();
+    let mut top = Vec::new();
+    for f in model.top_fields() {
+        if f.number == MODEL_GRAPH {
+            let mut header = Vec::new();
+            put_len_prefix(&mut header, MODEL_GRAPH, graph_len as u64);
+            top.push(Piece::New(header));
+            top.append(&mut pieces);
+        } else {
+            top.push(Piece::Source(f.span.clone()));
+        }
+    }
+    if !imports_ms_domain(model)? {
+        let mut v = Vec::new();
+        let opset = pb::OperatorSetIdProto {
+            domain: MS_DOMAIN.into(),
+            version: 1,
+        };
+        encoded_field(&mut v, MODEL_OPSET_IMPORT, &opset);
+        top.push(Piece::New(v));
+    }
+
+    let bytes = model.bytes();
+    atomic_write(out, |w| {
+        for p in &top {
+            match p {
+                Piece::Source(r) => w.write_all(&bytes[r.clone()])?,
+                Piece::New(v) => w.write_all(v)?,
+            }
+        }
+        Ok(())
+    })?;
+    report.model_bytes = top.iter().map(|p| p.len() as u64).sum();
+    remove_stale(&data_dir, &keep);
+    Ok(report)
+}
+
+fn count(report: &mut Report, p: &super::Placed) {
+    if p.linked {
+        report.files_linked += 1;
+    } else {
+        report.files_copied += 1;
+        report.bytes_copied += p.bytes_copied;
+    }
+}
+
+/// MatMulNBits (and, for a Gemm with C, the Add of C) replacing `t.node`.
+fn replacement(t: &Target, ins: &NewInputs, s: &Settings, names: &mut Names) -> Vec<pb::NodeProto> {
+    let a = t.node.input[0].clone();
+    let y = t.node.output[0].clone();
+    let named = |suffix: &str| {
+        if t.node.name.is_empty() {
+            String::new()
+        } else {
+            format!("{}{suffix}", t.node.name)
+        }
+    };
+    let mut inputs = vec![a, ins.b.clone(), ins.scales.clone()];
+    inputs.extend(ins.zero_points.clone());
+    // Sorted by name, as onnx.helper.make_node writes them.
+    let mut attribute = vec![int_attr("K", t.k as i64), int_attr("N", t.n as i64)];
+    if s.accuracy_level != 0 {
+        attribute.push(int_attr("accuracy_level", s.accuracy_level));
+    }
+    attribute.push(int_attr("bits", i64::from(s.bits)));
+    attribute.push(int_attr("block_size", i64::from(s.block_size)));
+    let bias = match &t.op {
+        Op::Gemm { bias: Some(c) } => Some(c.clone()),
+        _ => None,
+    };
+    let mm_out = match bias {
+        Some(_) => names.fresh(format!("{y}_matmulnbits")),
+        None => y.clone(),
+    };
+    let mut nodes = vec![pb::NodeProto {
+        input: inputs,
+        output: vec![mm_out.clone()],
+        name: named(&format!("_Q{}", s.bits)),
+        op_type: "MatMulNBits".into(),
+        domain: MS_DOMAIN.into(),
+        attribute,
+        ..Default::default()
+    }];
+    if let Some(c) = bias {
+        nodes.push(pb::NodeProto {
+            input: vec![mm_out, c],
+            output: vec![y],
+            name: named("_bias"),
+            op_type: "Add".into(),
+            ..Default::default()
+        });
+    }
+    nodes
+}
+
+/// The graph's bytes with nodes replaced, weights dropped (with their
+/// value_info) and the new initializers appended.
+fn splice_graph(
+    model: &Model,
+    graph: Range<usize>,
+    replaced: &HashMap<usize, Vec<u8>>,
+    dropped: &HashSet<&str>,
+    relocated: &HashMap<usize, Vec<u8>>,
+    new_inits: &[pb::TensorProto],
+) -> Result<Vec<Piece>> {
+    let bytes = model.bytes();
+    let wire = |e: crate::wire::WireError| Error::Wire {
+        context: "GraphProto".into(),
+        offset: e.offset,
+        problem: e.problem,
+    };
+    let initializers = model.initializers()?;
+    let mut pieces = Vec::new();
+    let (mut node_i, mut init_i) = (0usize, 0usize);
+    for f in Fields::with_base(&bytes[graph.clone()], graph.start) {
+        let f = f.map_err(wire)?;
+        let piece = match f.number {
+            GRAPH_NODE => {
+                node_i += 1;
+                match replaced.get(&(node_i - 1)) {
+                    Some(enc) => Piece::New(enc.clone()),
+                    None => Piece::Source(f.span),
+                }
+            }
+            GRAPH_INITIALIZER => {
+                init_i += 1;
+                let name = initializers
+                    .get(init_i - 1)
+                    .map(|t| t.name.as_str())
+                    .unwrap_or_default();
+                if dropped.contains(name) {
+                    continue;
+                }
+                match relocated.get(&(init_i - 1)) {
+                    Some(enc) => Piece::New(enc.clone()),
+                    None => Piece::Source(f.span),
+                }
+            }
+            GRAPH_VALUE_INFO => {
+                let vi = pb::ValueInfoProto::decode(f.bytes().map_err(wire)?)
+                    .map_err(|e| Error::decode("ValueInfoProto", e))?;
+                if dropped.contains(vi.name.as_str()) {
+                    continue;
+                }
+                Piece::Source(f.span)
+            }
+            _ => Piece::Source(f.span),
+        };
+        // Adjacent source ranges are written as one.
+        match (pieces.last_mut(), piece) {
+            (Some(Piece::Source(r)), Piece::Source(s)) if r.end == s.start => r.end = s.end,
+            (_, p) => pieces.push(p),
+        }
+    }
+    let mut tail = Vec::new();
+    for t in new_inits {
+        encoded_field(&mut tail, GRAPH_INITIALIZER, t);
+    }
+    pieces.push(Piece::New(tail));
+    Ok(pieces)
+}
+
+fn imports_ms_domain(model: &Model) -> Result<bool> {
+    for f in model
+        .top_fields()
+        .iter()
+        .filter(|f| f.number == MODEL_OPSET_IMPORT)
+    {
+        let o = pb::OperatorSetIdProto::decode(&model.bytes()[f.value.clone()])
+            .map_err(|e| Error::decode("OperatorSetIdProto", e))?;
+        if o.domain == MS_DOMAIN {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Name of the file holding kept initializers' external data (below).
+const KEPT_DATA: &str = "kept.data";
+
+/// External data of the initializers the new model keeps, when it lives in
+/// another folder (locations are relative to the model's folder). Their
+/// bytes are copied into `<out>.weights/kept.data` and the initializers
+/// re-encoded to point there: linking the user's own data file instead
+/// would tie the new model to a mutable file and give that file a second
+/// link (which onnx.load then refuses, for the original model too).
+/// Returns the re-encoded initializer fields by initializer index.
+fn relocate_external(
+    model: &Model,
+    initializers: &[crate::onnx::TensorRef],
+    dropped: &HashSet<&str>,
+    out_dir: &Path,
+    data_dir: &Path,
+    data_name: &str,
+    report: &mut Report,
+) -> Result<HashMap<usize, Vec<u8>>> {
+    let mut encoded = HashMap::new();
+    if fs::canonicalize(model.dir()).ok() == fs::canonicalize(out_dir).ok() {
+        return Ok(encoded);
+    }
+    let ranges = model.graph_fields(GRAPH_INITIALIZER)?;
+    let mut parts: Vec<(u64, bytes::Bytes)> = Vec::new();
+    let mut len = 0u64;
+    let location = format!("{data_name}/{KEPT_DATA}");
+    for (i, t) in initializers.iter().enumerate() {
+        if dropped.contains(t.name.as_str()) || !matches!(t.storage, Storage::External(_)) {
+            continue;
+        }
+        let data = model
+            .mapped_data(t)?
+            .ok_or_else(|| Error::external(&t.name, "no data"))?;
+        let offset = len.next_multiple_of(KEPT_ALIGN);
+        len = offset + data.len() as u64;
+        let mut proto = pb::TensorProto::decode(&model.bytes()[ranges[i].clone()])
+            .map_err(|e| Error::decode("TensorProto", e))?;
+        proto.external_data = external_entries(&location, offset, data.len() as u64);
+        let mut field = Vec::new();
+        encoded_field(&mut field, GRAPH_INITIALIZER, &proto);
+        encoded.insert(i, field);
+        parts.push((offset, data));
+    }
+    if parts.is_empty() {
+        return Ok(encoded);
+    }
+    fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
+    atomic_write(&data_dir.join(KEPT_DATA), |w| {
+        let mut pos = 0u64;
+        for (offset, data) in &parts {
+            w.write_all(&vec![0u8; (offset - pos) as usize])?;
+            w.write_all(data)?;
+            pos = offset + data.len() as u64;
+        }
+        Ok(())
+    })?;
+    report.files_copied += 1;
+    report.bytes_copied += len;
+    Ok(encoded)
+}
+
+/// Alignment of kept tensors in `kept.data` (any element type reads aligned).
+const KEPT_ALIGN: u64 = 64;
+
+/// Removes files an earlier materialize to the same path left behind.
+fn remove_stale(data_dir: &Path, keep: &HashSet<PathBuf>) {
+    let Ok(entries) = fs::read_dir(data_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if !keep.contains(&p) && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = fs::remove_file(&p);
+        }
+    }
+}

@@ -1,0 +1,766 @@
+"""Materialize (``ctcachectl materialize``, ``Client.materialize``, ``ctcache.ort``) against a real ctcached.
+
+The daemon's 4/8-bit model is compared with onnxruntime's own
+``MatMulNBitsQuantizer`` (QOperator) run on the same model with the same
+settings: same graph (node names, inputs, outputs, attributes), same
+initializer names, shapes and dtypes, byte-identical B / scales / zero
+points, and bit-identical onnxruntime outputs. Gemm (which the quantizer
+leaves alone) is compared with the quantizer run on the equivalent
+``MatMul(A, W^T) + Add(C)`` model. Then: the payload files are hard links
+into the cache (copies across filesystems or with ``copy=True``), the model
+survives a gc that drops the entries, bad input fails cleanly without
+writing anything, the CLI's output, and ``ctcache.ort.inference_session``
+with and without a daemon.
+
+Materialized models are read with ``onnx.load(p, load_external_data=False)``
+and their external bytes by hand: ``onnx.load`` refuses external data files
+with more than one hard link, which linked payloads are.
+
+One daemon (harness.Daemon: empty config, default policy) serves the whole
+module; tests skip when the binaries are not built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+from e2e.harness import Daemon
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+
+QUANT_SUFFIXES = ("_Q4", "_Q8", "_scales", "_zero_points")
+F32, F16 = np.float32, np.float16
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    created_xdg = None
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        created_xdg = tempfile.mkdtemp(prefix="ctcm-xdg-")
+        os.chmod(created_xdg, 0o700)
+        os.environ["XDG_RUNTIME_DIR"] = created_xdg
+    root = Path(tempfile.mkdtemp(prefix="ctcm-"))  # short: socket paths are limited to ~100 bytes
+    d = Daemon(root)
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        if created_xdg:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+            shutil.rmtree(created_xdg, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(ctcache, daemon):  # noqa: F811
+    with ctcache.connect(daemon.socket, timeout=10) as c:
+        yield c
+
+
+# ---------------------------------------------------------------- models
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _model(nodes, inputs, outputs, inits, opset=17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="ctcache-test")
+    m.ir_version = 9
+    return m
+
+
+def transformer(path: Path, hidden: int, *, d_in: int = 200, vocab: int = 50, seq: int = 8, seed: int = 0) -> Path:
+    """One transformer-like block, fp32: input projection (K = d_in), q/k/v/o, LayerNorm, SiLU MLP (4x), head.
+
+    MatMul(q, k^T) and MatMul(p, v) have no constant B (left alone); a zero
+    column and a zero block exercise zero scales.
+    """
+    rng = np.random.default_rng(seed)
+    h, f = hidden, 4 * hidden
+
+    def w(name, k, n, scale=0.05):
+        a = (rng.standard_normal((k, n)) * scale).astype(F32)
+        return a
+
+    ws = {
+        "embed.in_proj.weight": w("in", d_in, h),
+        "layer0.attn.q.weight": w("q", h, h),
+        "layer0.attn.k.weight": w("k", h, h),
+        "layer0.attn.v.weight": w("v", h, h),
+        "layer0.attn.o.weight": w("o", h, h),
+        "layer0.mlp.up.weight": w("up", h, f),
+        "layer0.mlp.down.weight": w("down", f, h),
+        "lm_head.weight": w("head", h, vocab),
+    }
+    ws["embed.in_proj.weight"][:, 3] = 0.0
+    ws["layer0.mlp.up.weight"][:32, 5] = 0.0
+    ws["layer0.attn.o.weight"][7, :] *= 40.0  # an outlier row
+    inits = [numpy_helper.from_array(a, n) for n, a in ws.items()]
+    inits += [
+        numpy_helper.from_array(np.array(1.0 / np.sqrt(h), F32), "attn.scale"),
+        numpy_helper.from_array(np.ones(h, F32), "ln.gamma"),
+        numpy_helper.from_array(np.zeros(h, F32), "ln.beta"),
+    ]
+    mm = lambda name, a, b, y: helper.make_node("MatMul", [a, b], [y], name=name)  # noqa: E731
+    nodes = [
+        mm("in_proj", "X", "embed.in_proj.weight", "h"),
+        mm("q_proj", "h", "layer0.attn.q.weight", "q"),
+        mm("k_proj", "h", "layer0.attn.k.weight", "k"),
+        mm("v_proj", "h", "layer0.attn.v.weight", "v"),
+        helper.make_node("Transpose", ["k"], ["kT"], name="kT", perm=[0, 2, 1]),
+        mm("scores", "q", "kT", "s0"),
+        helper.make_node("Mul", ["s0", "attn.scale"], ["s"], name="scale"),
+        helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+        mm("attend", "p", "v", "a"),
+        mm("o_proj", "a", "layer0.attn.o.weight", "o"),
+        helper.make_node("Add", ["h", "o"], ["h2"], name="res1"),
+        helper.make_node("LayerNormalization", ["h2", "ln.gamma", "ln.beta"], ["n"], name="ln", axis=-1),
+        mm("up_proj", "n", "layer0.mlp.up.weight", "u"),
+        helper.make_node("Sigmoid", ["u"], ["sg"], name="sig"),
+        helper.make_node("Mul", ["u", "sg"], ["act"], name="silu"),
+        mm("down_proj", "act", "layer0.mlp.down.weight", "dn"),
+        helper.make_node("Add", ["h2", "dn"], ["y"], name="res2"),
+        mm("lm_head", "y", "lm_head.weight", "logits"),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, seq, d_in])],
+               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, seq, vocab])], inits)
+    return _save(m, path)
+
+
+def mlp16(path: Path, *, d_in: int = 200, hidden: int = 96, out: int = 64, seed: int = 0) -> Path:
+    """Two chained MatMuls with FLOAT16 weights (K = 200, not a multiple of the block size)."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((d_in, hidden)) * 0.05).astype(F16)
+    w2 = (rng.standard_normal((hidden, out)) * 0.05).astype(F16)
+    nodes = [helper.make_node("MatMul", ["X", "fc1.weight"], ["h"], name="fc1"),
+             helper.make_node("MatMul", ["h", "fc2.weight"], ["Y"], name="fc2")]
+    m = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [4, d_in])],
+               [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [4, out])],
+               [numpy_helper.from_array(w1, "fc1.weight"), numpy_helper.from_array(w2, "fc2.weight")])
+    return _save(m, path)
+
+
+def gemms(k: int = 100, seed: int = 0):
+    """Gemm(transB=1, C), Gemm(transB=0, no C), Gemm(transB=1, C), Gemm(alpha=0.5) (not rewritten)."""
+    rng = np.random.default_rng(seed)
+    r = lambda *s: (rng.standard_normal(s) * 0.1).astype(F32)  # noqa: E731
+    return {"W1": r(48, k), "C1": r(48), "W2": r(48, 40), "W3": r(24, 40), "C3": r(24), "W4": r(24, 16)}, k
+
+
+def gemm_model(path: Path, seed: int = 0) -> Path:
+    p, k = gemms(seed=seed)
+    nodes = [
+        helper.make_node("Gemm", ["X", "W1", "C1"], ["Y1"], name="g1", transB=1),
+        helper.make_node("Gemm", ["Y1", "W2"], ["Y2"], name="g2"),
+        helper.make_node("Gemm", ["Y2", "W3", "C3"], ["Y3"], name="g3", transB=1, alpha=1.0, beta=1.0),
+        helper.make_node("Gemm", ["Y3", "W4"], ["Y4"], name="g4", alpha=0.5),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, k])],
+               [helper.make_tensor_value_info("Y4", TensorProto.FLOAT, [4, 16])],
+               [numpy_helper.from_array(v, n) for n, v in p.items()])
+    return _save(m, path)
+
+
+def gemm_as_matmul_model(seed: int = 0) -> onnx.ModelProto:
+    """gemm_model rewritten by hand the way the daemon reads it: MatMul(A, W^T) + Add(C), named alike."""
+    p, k = gemms(seed=seed)
+    inits = {"W1_T": np.ascontiguousarray(p["W1"].T), "C1": p["C1"], "W2": p["W2"],
+             "W3_T": np.ascontiguousarray(p["W3"].T), "C3": p["C3"], "W4": p["W4"]}
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1_T"], ["Y1_matmulnbits"], name="g1"),
+        helper.make_node("Add", ["Y1_matmulnbits", "C1"], ["Y1"], name="g1_bias"),
+        helper.make_node("MatMul", ["Y1", "W2"], ["Y2"], name="g2"),
+        helper.make_node("MatMul", ["Y2", "W3_T"], ["Y3_matmulnbits"], name="g3"),
+        helper.make_node("Add", ["Y3_matmulnbits", "C3"], ["Y3"], name="g3_bias"),
+        helper.make_node("Gemm", ["Y3", "W4"], ["Y4"], name="g4", alpha=0.5),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, k])],
+                  [helper.make_tensor_value_info("Y4", TensorProto.FLOAT, [4, 16])],
+                  [numpy_helper.from_array(v, n) for n, v in inits.items()])
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def quantize(model, bits: int, block_size: int, symmetric: bool, accuracy_level: int = 0) -> onnx.ModelProto:
+    """onnxruntime's MatMulNBitsQuantizer (default RTN, QOperator) on a path or ModelProto."""
+    m = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
+    q = MatMulNBitsQuantizer(m, bits=bits, block_size=block_size, is_symmetric=symmetric,
+                             accuracy_level=accuracy_level or None)
+    q.process()
+    return q.model.model
+
+
+def load_lazy(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path), load_external_data=False)
+
+
+def tensor_bytes(model_path: Path, t: onnx.TensorProto) -> bytes:
+    """An initializer's bytes, external data read by hand (location / offset / length)."""
+    if t.data_location == TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in t.external_data}
+        with open(Path(model_path).parent / info["location"], "rb") as f:
+            f.seek(int(info.get("offset", "0")))
+            data = f.read(int(info["length"]))
+        assert len(data) == int(info["length"]), f"{t.name}: external data truncated"
+        return data
+    return numpy_helper.to_array(t).tobytes()
+
+
+def _attrs(n: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+
+def _node_sig(n: onnx.NodeProto):
+    return (n.op_type, n.domain if n.domain != "ai.onnx" else "", n.name, list(n.input), list(n.output), _attrs(n))
+
+
+def _opsets(m: onnx.ModelProto) -> dict:
+    return {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in m.opset_import}
+
+
+def assert_same_as_quantizer(out: Path, ref: onnx.ModelProto, *, bits: int, block_size: int, symmetric: bool,
+                             accuracy_level: int = 0) -> int:
+    """The daemon's model vs the quantizer's: graph, initializers (names, dims, dtypes, bytes), opsets.
+
+    Returns the number of MatMulNBits nodes."""
+    got = load_lazy(out)
+    assert [_node_sig(n) for n in got.graph.node] == [_node_sig(n) for n in ref.graph.node]
+    assert _opsets(got) == _opsets(ref)
+    assert [i.name for i in got.graph.input] == [i.name for i in ref.graph.input]
+    assert [o.name for o in got.graph.output] == [o.name for o in ref.graph.output]
+
+    gi = {t.name: t for t in got.graph.initializer}
+    ri = {t.name: t for t in ref.graph.initializer}
+    assert sorted(gi) == sorted(ri)
+    quantized = [n for n in gi if n.endswith(QUANT_SUFFIXES)]
+    assert quantized
+    for name, r in ri.items():
+        g = gi[name]
+        assert list(g.dims) == list(r.dims), name
+        assert g.data_type == r.data_type, name
+        if name in quantized:
+            assert g.data_location == TensorProto.EXTERNAL, f"{name} should be external data"
+            loc = {e.key: e.value for e in g.external_data}["location"]
+            assert loc.startswith(out.name + ".weights/") and loc.endswith(".bin"), loc
+        assert tensor_bytes(out, g) == numpy_helper.to_array(r).tobytes(), f"{name}: bytes differ from the quantizer's"
+
+    nbits = [n for n in got.graph.node if n.op_type == "MatMulNBits"]
+    for n in nbits:
+        a = _attrs(n)
+        assert n.domain == "com.microsoft"
+        assert a["bits"] == bits and a["block_size"] == block_size
+        assert a.get("accuracy_level", 0) == accuracy_level
+        assert ("accuracy_level" in a) == bool(accuracy_level)
+        b = gi[n.input[1]]
+        k_blocks = -(-a["K"] // block_size)
+        assert list(b.dims) == [a["N"], k_blocks, block_size * bits // 8]
+        assert list(gi[n.input[2]].dims) == [a["N"], k_blocks]
+        assert (len(n.input) == 4) == (not symmetric), "zero points iff asymmetric"
+    return len(nbits)
+
+
+def one_thread() -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return so
+
+
+def session(model) -> ort.InferenceSession:
+    so = one_thread()
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def random_feeds(sess: ort.InferenceSession, seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in sess.get_inputs():
+        dtype = {"tensor(float)": F32, "tensor(float16)": F16}[i.type]
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def assert_same_outputs(a, b, seeds=(1, 2)) -> list:
+    sa, sb = session(a), session(b)
+    outs = []
+    for seed in seeds:
+        feeds = random_feeds(sa, seed)
+        ya, yb = sa.run(None, feeds), sb.run(None, feeds)
+        for x, y in zip(ya, yb):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert np.isfinite(x).all()
+            assert np.array_equal(x, y), f"outputs differ: max |diff| {np.max(np.abs(x.astype(F32) - y.astype(F32)))}"
+        outs.append(ya)
+    return outs
+
+
+def sha256(p: Path) -> str:
+    return hashlib.sha256(Path(p).read_bytes()).hexdigest()
+
+
+def bins(data_dir) -> list[Path]:
+    return sorted(Path(data_dir).glob("*.bin"))
+
+
+def cache_inodes(cache: Path) -> dict:
+    out = {}
+    for dirpath, _, files in os.walk(cache / "blobs"):
+        for f in files:
+            st = os.stat(os.path.join(dirpath, f))
+            out[(st.st_dev, st.st_ino)] = os.path.join(dirpath, f)
+    return out
+
+
+# ---------------------------------------------------------------- byte identity with the quantizer
+
+CASES = [
+    # id, hidden, bits, block_size, symmetric, accuracy_level
+    ("h64-q4-b32-sym", 64, 4, 32, True, 0),
+    ("h96-q4-b64-asym", 96, 4, 64, False, 0),
+    ("h256-q4-b128-sym", 256, 4, 128, True, 0),
+    ("h64-q4-b16-asym", 64, 4, 16, False, 0),
+    ("h64-q4-b256-asym", 64, 4, 256, False, 0),
+    ("h96-q4-b32-asym-acc4", 96, 4, 32, False, 4),
+    ("h96-q8-b32-asym", 96, 8, 32, False, 0),
+    ("h64-q8-b128-sym", 64, 8, 128, True, 0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_transformer_matches_quantizer(client, tmp_path, case):
+    name, hidden, bits, block, sym, acc = case
+    model = transformer(tmp_path / "m.onnx", hidden, seed=hidden + bits + block)
+    before = sha256(model)
+    out = tmp_path / "out" / "m.q.onnx"
+    out.parent.mkdir()
+    r = client.materialize(model, out, bits=bits, block_size=block, symmetric=sym, accuracy_level=acc)
+    assert Path(r.output_path) == out and Path(r.data_dir) == out.parent / "m.q.onnx.weights"
+    assert (r.bits, r.block_size, r.symmetric, r.accuracy_level) == (bits, block, sym, acc)
+    assert r.nodes_rewritten == 8 and r.initializers_removed == 8
+    assert r.packed + r.cached == 8
+    assert sorted(s.node for s in r.skipped) == ["attend", "scores"]
+    assert all(s.op_type == "MatMul" and "not an initializer" in s.reason for s in r.skipped)
+    assert r.files_linked == len(bins(r.data_dir)) == 8 and r.files_copied == 0 and r.bytes_copied == 0
+    assert r.model_bytes == out.stat().st_size
+    assert r.payload_bytes == sum(p.stat().st_size for p in bins(r.data_dir))
+    assert sha256(model) == before, "the input model changed"
+
+    ref = quantize(model, bits, block, sym, acc)
+    assert assert_same_as_quantizer(out, ref, bits=bits, block_size=block, symmetric=sym, accuracy_level=acc) == 8
+    assert_same_outputs(out, ref)
+
+
+F16_CASES = [("f16-q4-b32-asym", 4, 32, False), ("f16-q4-b64-sym", 4, 64, True), ("f16-q8-b32-sym", 8, 32, True)]
+
+
+@pytest.mark.parametrize("case", F16_CASES, ids=[c[0] for c in F16_CASES])
+def test_float16_weights_match_quantizer(client, tmp_path, case):
+    _, bits, block, sym = case
+    model = mlp16(tmp_path / "m16.onnx", seed=bits + block)
+    out = tmp_path / "m16.q.onnx"
+    r = client.materialize(model, out, bits=bits, block_size=block, symmetric=sym)
+    assert r.nodes_rewritten == 2
+    ref = quantize(model, bits, block, sym)
+    assert assert_same_as_quantizer(out, ref, bits=bits, block_size=block, symmetric=sym) == 2
+    scales = {t.name: t.data_type for t in load_lazy(out).graph.initializer if t.name.endswith("_scales")}
+    assert set(scales.values()) == {TensorProto.FLOAT16}
+    assert_same_outputs(out, ref)
+
+
+@pytest.mark.parametrize("bits,block,sym", [(4, 32, True), (4, 64, False), (8, 16, False)])
+def test_gemm_matches_quantizer_on_matmul_form(client, tmp_path, bits, block, sym):
+    """Gemm(transB=1) + C -> MatMulNBits on W^T + Add(C); the quantizer skips Gemm, so the reference is the
+    quantizer on the hand-written MatMul(A, W^T) + Add(C) model."""
+    model = gemm_model(tmp_path / "gemm.onnx", seed=bits * block)
+    out = tmp_path / "gemm.q.onnx"
+    r = client.materialize(model, out, bits=bits, block_size=block, symmetric=sym)
+    assert r.nodes_rewritten == 3 and r.initializers_removed == 3
+    assert [(s.node, s.op_type) for s in r.skipped] == [("g4", "Gemm")] and "alpha" in r.skipped[0].reason
+    names = {t.name for t in load_lazy(out).graph.initializer}
+    assert {f"W1_T_Q{bits}", "W1_T_scales", f"W2_Q{bits}", f"W3_T_Q{bits}"} <= names
+    assert not {"W1", "W2", "W3"} & names and "W4" in names
+
+    ref_src = gemm_as_matmul_model(seed=bits * block)
+    # the hand-written form computes what the Gemm model does
+    y_gemm = session(model).run(None, random_feeds(session(model)))[0]
+    y_mm = session(ref_src).run(None, random_feeds(session(ref_src)))[0]
+    np.testing.assert_allclose(y_gemm, y_mm, rtol=1e-5, atol=1e-5)
+
+    ref = quantize(ref_src, bits, block, sym)
+    assert assert_same_as_quantizer(out, ref, bits=bits, block_size=block, symmetric=sym) == 3
+    assert_same_outputs(out, ref)
+
+
+@pytest.mark.parametrize("kind", ["MLPRegressor", "MLPClassifier"])
+def test_sklearn_exported_mlp(client, tmp_path, kind):
+    """A model from a real exporter (skl2onnx): MatMul + Add with initializer weights, (300, 200) hidden."""
+    pytest.importorskip("sklearn")
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((256, 200)).astype(F32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if kind == "MLPRegressor":
+            est = MLPRegressor(hidden_layer_sizes=(300, 200), max_iter=3, random_state=0).fit(x, x[:, 0] - x[:, 1])
+            options = None
+        else:
+            est = MLPClassifier(hidden_layer_sizes=(300, 200), max_iter=3, random_state=0).fit(x, (x[:, 0] > 0) + (x[:, 1] > 0))
+            options = {id(est): {"zipmap": False}}
+    m = skl2onnx.to_onnx(est, x[:1], target_opset=17, options=options)
+    model = tmp_path / "skl.onnx"
+    onnx.save(m, str(model))
+    weights = [n for n in m.graph.node if n.op_type == "MatMul"]
+    assert len(weights) == 3
+
+    out = tmp_path / "skl.q.onnx"
+    r = client.materialize(model, out, bits=4, block_size=32, symmetric=False)
+    assert r.nodes_rewritten == 3 and not r.skipped
+    ref = quantize(model, 4, 32, False)
+    assert assert_same_as_quantizer(out, ref, bits=4, block_size=32, symmetric=False) == 3
+    assert_same_outputs(out, ref)
+
+
+# ---------------------------------------------------------------- links, copies, gc
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> Path:
+    return transformer(tmp_path_factory.mktemp("small") / "small.onnx", 64, seed=11)
+
+
+def test_payload_files_are_hard_links_to_the_cache(client, daemon, small_model, tmp_path):
+    out = tmp_path / "linked.onnx"
+    r = client.materialize(small_model, out)  # the daemon's policy: 4 bits, block 32, symmetric
+    assert (r.bits, r.block_size, r.symmetric) == (4, 32, True)
+    files = bins(r.data_dir)
+    assert r.files_linked == len(files) == 8 and r.files_copied == 0 and r.bytes_copied == 0
+    inodes = cache_inodes(daemon.cache)
+    for f in files:
+        st = f.stat()
+        assert st.st_nlink >= 2, f"{f.name}: not a hard link"
+        assert (st.st_dev, st.st_ino) in inodes, f"{f.name}: not the inode of a file under {daemon.cache}/blobs"
+        assert Path(inodes[(st.st_dev, st.st_ino)]).name == f.stem  # blobs are named by their blake3
+
+    # Warm: everything cached, nothing packed, no payload byte written.
+    out2 = tmp_path / "again" / "linked.onnx"
+    out2.parent.mkdir()
+    r2 = client.materialize(small_model, out2)
+    assert r2.packed == 0 and r2.cached == 8
+    assert r2.files_linked == 8 and r2.bytes_copied == 0
+    assert r2.payload_bytes == r.payload_bytes and r2.model_bytes == out2.stat().st_size
+    assert r2.model_bytes + r2.bytes_copied < r2.payload_bytes / 4
+    for a, b in zip(bins(r.data_dir), bins(r2.data_dir)):
+        assert os.path.samefile(a, b)
+    assert out.read_bytes() == out2.read_bytes()  # locations are relative: same model bytes
+
+    ref = quantize(small_model, 4, 32, True)
+    assert_same_as_quantizer(out2, ref, bits=4, block_size=32, symmetric=True)
+    assert_same_outputs(out2, ref, seeds=(3,))
+
+
+def test_copies_on_another_filesystem(client, daemon, small_model):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    if os.stat(shm).st_dev == os.stat(daemon.cache).st_dev:
+        pytest.skip("/dev/shm is on the cache's filesystem")
+    folder = Path(tempfile.mkdtemp(prefix="ctcm-", dir=shm))
+    try:
+        out = folder / "shm.onnx"
+        r = client.materialize(small_model, out)
+        files = bins(r.data_dir)
+        assert r.files_copied == len(files) == 8 and r.files_linked == 0
+        assert r.bytes_copied == sum(f.stat().st_size for f in files) == r.payload_bytes
+        assert all(f.stat().st_nlink == 1 for f in files)
+        ref = quantize(small_model, 4, 32, True)
+        assert_same_as_quantizer(out, ref, bits=4, block_size=32, symmetric=True)
+        assert_same_outputs(out, ref, seeds=(4,))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_copy_forces_copies(client, daemon, small_model, tmp_path):
+    out = tmp_path / "copied.onnx"
+    r = client.materialize(small_model, out, copy=True)
+    files = bins(r.data_dir)
+    assert r.files_copied == len(files) == 8 and r.files_linked == 0
+    assert r.bytes_copied == r.payload_bytes == sum(f.stat().st_size for f in files)
+    inodes = cache_inodes(daemon.cache)
+    for f in files:
+        st = f.stat()
+        assert st.st_nlink == 1 and (st.st_dev, st.st_ino) not in inodes
+        blob = next(Path(p) for p in inodes.values() if Path(p).name == f.stem)
+        assert blob.read_bytes() == f.read_bytes()
+    ref = quantize(small_model, 4, 32, True)
+    assert_same_outputs(out, ref, seeds=(5,))
+
+
+def test_model_survives_gc(client, daemon, tmp_path):
+    model = transformer(tmp_path / "gc.onnx", 64, seed=99)
+    out = tmp_path / "gc.q.onnx"
+    r = client.materialize(model, out, block_size=64, symmetric=False)
+    files = bins(r.data_dir)
+    assert all(f.stat().st_nlink >= 2 for f in files)
+    feeds = random_feeds(session(out), seed=6)
+    before = session(out).run(None, feeds)
+
+    g = client.gc(max_bytes=0)
+    assert len(g.removed) >= 8 and g.skipped_leased == 0
+    assert client.list() == [] and client.stats().entries == 0
+    inodes = cache_inodes(daemon.cache)
+    for f in files:
+        st = f.stat()
+        assert st.st_nlink == 1 and (st.st_dev, st.st_ino) not in inodes, "the store still holds the payload"
+    after = session(out).run(None, feeds)
+    for x, y in zip(before, after):
+        assert np.array_equal(x, y)
+    ref = quantize(model, 4, 64, False)
+    assert_same_as_quantizer(out, ref, bits=4, block_size=64, symmetric=False)
+
+    # Materialized again: packed anew (the entries are gone), same bytes.
+    out2 = tmp_path / "gc2.q.onnx"
+    r2 = client.materialize(model, out2, block_size=64, symmetric=False)
+    assert r2.packed == 8 and r2.cached == 0
+    assert [f.read_bytes() for f in bins(r2.data_dir)] == [f.read_bytes() for f in files]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _no_matmul(path: Path) -> Path:
+    m = _model([helper.make_node("Relu", ["X"], ["Y"], name="relu")],
+               [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 8])],
+               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 8])], [])
+    return _save(m, path)
+
+
+def _b_is_graph_input(path: Path) -> Path:
+    m = _model([helper.make_node("MatMul", ["X", "B"], ["Y"], name="mm")],
+               [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 64]),
+                helper.make_tensor_value_info("B", TensorProto.FLOAT, [64, 32])],
+               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 32])], [])
+    return _save(m, path)
+
+
+def _b_is_overridable_initializer(path: Path) -> Path:
+    w = np.ones((64, 32), F32)
+    m = _model([helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")],
+               [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 64]),
+                helper.make_tensor_value_info("W", TensorProto.FLOAT, [64, 32])],
+               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 32])], [numpy_helper.from_array(w, "W")])
+    return _save(m, path)
+
+
+def _double_weight(path: Path) -> Path:
+    w = np.ones((64, 32), np.float64)
+    m = _model([helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")],
+               [helper.make_tensor_value_info("X", TensorProto.DOUBLE, [2, 64])],
+               [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, [2, 32])], [numpy_helper.from_array(w, "W")])
+    return _save(m, path)
+
+
+def _good(path: Path) -> Path:
+    return transformer(path, 64, seed=5)
+
+
+BAD = [
+    # id, model, request kwargs, error class name, status code, substrings of the message
+    ("no-matmul", _no_matmul, {}, "RequestFailed", "FAILED_PRECONDITION", ["nothing to materialize", "no MatMul or Gemm"]),
+    ("b-graph-input", _b_is_graph_input, {}, "RequestFailed", "FAILED_PRECONDITION",
+     ["nothing to materialize", "MatMul mm", "not an initializer"]),
+    ("b-overridable", _b_is_overridable_initializer, {}, "RequestFailed", "FAILED_PRECONDITION",
+     ["nothing to materialize", "also a graph input"]),
+    ("double-weight", _double_weight, {}, "RequestFailed", "FAILED_PRECONDITION",
+     ["nothing to materialize", "DOUBLE", "FLOAT or FLOAT16"]),
+    ("block-48", _good, {"block_size": 48}, "InvalidArgument", "INVALID_ARGUMENT", ["block size 48"]),
+    ("bits-3", _good, {"bits": 3}, "InvalidArgument", "INVALID_ARGUMENT", ["bits 3"]),
+    ("accuracy-7", _good, {"accuracy_level": 7}, "InvalidArgument", "INVALID_ARGUMENT", ["accuracy level 7"]),
+    ("target", _good, {"target": "tensorrt-fp8"}, "InvalidArgument", "INVALID_ARGUMENT", ["unknown target", "tensorrt-fp8"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_is_refused_cleanly(ctcache, client, tmp_path, case):  # noqa: F811
+    _, build, kwargs, cls, code, words = case
+    src = tmp_path / "src"
+    src.mkdir()
+    model = build(src / "m.onnx")
+    before = sha256(model)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "m.q.onnx"
+    with pytest.raises(getattr(ctcache, cls)) as e:
+        client.materialize(model, out, **kwargs)
+    assert e.value.code.name == code, e.value
+    for w in words:
+        assert w.lower() in e.value.details.lower(), f"{w!r} not in {e.value.details!r}"
+    assert not out.exists() and not list(out_dir.iterdir()), "something was written"
+    assert sorted(p.name for p in src.iterdir()) == ["m.onnx"] and sha256(model) == before
+
+
+def test_output_onto_the_input_is_refused(ctcache, client, tmp_path):  # noqa: F811
+    model = transformer(tmp_path / "m.onnx", 64, seed=6)
+    before = sha256(model)
+    with pytest.raises(ctcache.RequestFailed) as e:
+        client.materialize(model, model)
+    assert "output path is the input model" in e.value.details
+    assert sha256(model) == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_missing_model(ctcache, client, tmp_path):  # noqa: F811
+    with pytest.raises(ctcache.RequestFailed) as e:
+        client.materialize(tmp_path / "nope.onnx", tmp_path / "out.onnx")
+    assert "nope.onnx" in e.value.details
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- ctcachectl
+
+
+def test_ctcachectl_materialize(daemon, small_model, tmp_path):
+    out = tmp_path / "cli.onnx"
+    j = daemon.json("materialize", str(small_model), "-o", str(out), "--block-size", "64", "--asymmetric")
+    for key in ("output", "data_dir", "nodes_rewritten", "initializers_removed", "skipped", "packed", "cached",
+                "files_linked", "files_copied", "bytes_copied", "model_bytes", "payload_bytes", "bits", "block_size",
+                "symmetric", "accuracy_level", "elapsed_us"):
+        assert key in j, key
+    assert j["output"] == str(out) and j["nodes_rewritten"] == 8 and j["files_linked"] == 8
+    assert (j["bits"], j["block_size"], j["symmetric"]) == (4, 64, False)
+    assert sorted(s["node"] for s in j["skipped"]) == ["attend", "scores"]
+    assert j["model_bytes"] == out.stat().st_size
+
+    out2 = tmp_path / "cli2.onnx"
+    r = daemon.ctl("materialize", str(small_model), "-o", str(out2), "--bits", "8", "--accuracy-level", "4")
+    assert r.returncode == 0, r.describe()
+    assert "8 node(s) -> MatMulNBits (8 bits, block 32, symmetric)" in r.stdout, r.describe()
+    assert "8 file(s) linked, 0 copied" in r.stdout and "skipped MatMul scores" in r.stdout, r.describe()
+    a = {n.name: _attrs(n) for n in load_lazy(out2).graph.node if n.op_type == "MatMulNBits"}
+    assert len(a) == 8 and all(x["bits"] == 8 and x["accuracy_level"] == 4 for x in a.values())
+
+    bad = _no_matmul(tmp_path / "relu.onnx")
+    r = daemon.ctl("materialize", str(bad), "-o", str(tmp_path / "relu.q.onnx"))
+    assert r.returncode != 0 and "nothing to materialize" in r.stderr, r.describe()
+    assert not (tmp_path / "relu.q.onnx").exists()
+
+
+# ---------------------------------------------------------------- ctcache.ort
+
+
+def test_ort_inference_session_through_the_daemon(ctcache, daemon, tmp_path):  # noqa: F811
+    import ctcache.ort as cort
+
+    model = transformer(tmp_path / "sess.onnx", 96, seed=21)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cort.FallbackWarning)
+        sess = cort.inference_session(model, socket=daemon.socket, sess_options=one_thread(),
+                                      providers=["CPUExecutionProvider"])
+    out = tmp_path / "sess.int4.onnx"  # the default output: next to the model
+    assert out.is_file() and (tmp_path / "sess.int4.onnx.weights").is_dir()
+    assert all(f.stat().st_nlink >= 2 for f in bins(tmp_path / "sess.int4.onnx.weights"))
+    ref = quantize(model, 4, 32, True)
+    feeds = random_feeds(sess, seed=8)
+    for x, y in zip(sess.run(None, feeds), session(ref).run(None, feeds)):
+        assert np.array_equal(x, y)
+
+    # ctcache.materialize: the package-level helper, explicit settings and output.
+    (tmp_path / "x").mkdir()
+    r = ctcache.materialize(model, tmp_path / "x" / "y.onnx", socket=daemon.socket, bits=8, block_size=128,
+                            symmetric=False)
+    assert r.nodes_rewritten == 8 and (r.bits, r.block_size, r.symmetric) == (8, 128, False)
+    assert Path(r.output_path) == tmp_path / "x" / "y.onnx"
+    assert cort.default_output_path(model, 8) == tmp_path / "sess.int8.onnx"
+
+
+def test_ort_inference_session_falls_back_without_daemon(ctcache, tmp_path, monkeypatch):  # noqa: F811
+    import ctcache.ort as cort
+
+    model = transformer(tmp_path / "fb.onnx", 64, seed=31)
+    nowhere = tmp_path / "no-daemon.sock"
+    with pytest.warns(RuntimeWarning, match="MatMulNBitsQuantizer") as w:
+        sess = cort.inference_session(model, socket=nowhere, block_size=64, symmetric=False,
+                                      sess_options=one_thread(), providers=["CPUExecutionProvider"])
+    assert any(issubclass(x.category, cort.FallbackWarning) and str(nowhere) in str(x.message) for x in w)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fb.onnx"], "the fallback wrote files"
+    ref = quantize(model, 4, 64, False)
+    feeds = random_feeds(sess, seed=9)
+    for x, y in zip(sess.run(None, feeds), session(ref).run(None, feeds)):
+        assert np.array_equal(x, y)
+
+    # A quantized model of 2 GiB or more goes through a temporary external-data file: force that path.
+    monkeypatch.setattr(cort, "_PROTOBUF_LIMIT", 1)
+    with pytest.warns(cort.FallbackWarning):
+        big = cort.inference_session(model, socket=nowhere, block_size=64, symmetric=False,
+                                     sess_options=one_thread(), providers=["CPUExecutionProvider"])
+    tmp = Path(big._ctcache_tmpdir.name)
+    assert (tmp / "model.onnx").is_file() and (tmp / "model.onnx.data").is_file()
+    for x, y in zip(big.run(None, feeds), sess.run(None, feeds)):
+        assert np.array_equal(x, y)
+    del big
+
+    with pytest.raises(ctcache.DaemonNotRunning):
+        cort.inference_session(model, socket=nowhere, fallback=False)
+    with pytest.raises(ctcache.DaemonNotRunning):
+        ctcache.materialize(model, socket=nowhere)
+
+
+def test_ort_fallback_reads_hard_linked_external_data(ctcache, tmp_path):  # noqa: F811
+    """onnx.load refuses external data files with several hard links (what a materialize leaves); the fallback
+    reads them anyway, as onnxruntime does."""
+    import ctcache.ort as cort
+
+    inline = transformer(tmp_path / "inline.onnx", 64, seed=41)
+    ext_dir = tmp_path / "ext"
+    ext_dir.mkdir()
+    ext = ext_dir / "ext.onnx"
+    onnx.save_model(onnx.load(str(inline)), str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="ext.data", size_threshold=0)
+    os.link(ext_dir / "ext.data", tmp_path / "second-link.data")
+    with pytest.raises(Exception, match="hard link"):
+        onnx.load(str(ext))
+    with pytest.warns(cort.FallbackWarning):
+        sess = cort.inference_session(ext, socket=tmp_path / "none.sock", sess_options=one_thread(),
+                                      providers=["CPUExecutionProvider"])
+    ref = quantize(inline, 4, 32, True)
+    feeds = random_feeds(sess, seed=10)
+    for x, y in zip(sess.run(None, feeds), session(ref).run(None, feeds)):
+        assert np.array_equal(x, y)
+
+
+def test_package_imports_without_onnxruntime(installed, tmp_path):  # noqa: F811
+    code = (
+        "import sys\n"
+        "sys.modules['onnxruntime'] = None\n"
+        "sys.modules['onnx'] = None\n"
+        "import ctcache, ctcache.ort\n"
+        "assert callable(ctcache.materialize) and ctcache.materialize is ctcache.ort.materialize\n"
+        "assert 'onnxruntime' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(installed))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
