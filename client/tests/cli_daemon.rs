@@ -35,6 +35,7 @@ fn no_daemon_exits_3_and_says_how_to_start_it() {
         vec!["resolve", &model],
         vec!["why-miss", &model, "W"],
         vec!["import", &model],
+        vec!["materialize", &model, "-o", "/tmp/never-written.onnx"],
         vec!["gc", "--max-size", "0"],
         vec!["verify"],
         vec!["watch", "list"],
@@ -341,8 +342,13 @@ fn prepack_resolve_ls_stat_and_why_miss() {
     // A malformed model is a failure of the command (exit 1), with the reason.
     let bad = d.path("work/bad.onnx");
     std::fs::write(&bad, b"\x08\x07garbage that is no model").unwrap();
-    for cmd in ["resolve", "prepack", "import"] {
-        let o = d.ctl(&[cmd, bad.to_str().unwrap()]);
+    for cmd in ["resolve", "prepack", "import", "materialize"] {
+        let out = d.path("work/bad.int4.onnx");
+        let mut args = vec![cmd, bad.to_str().unwrap()];
+        if cmd == "materialize" {
+            args.extend(["-o", out.to_str().unwrap()]);
+        }
+        let o = d.ctl(&args);
         assert_eq!(o.code, 1, "{cmd}: {o:#?}");
         assert!(!o.stderr.is_empty());
     }

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::convert;
 use crate::memo::Memo;
 use crate::policy::{self, Wanted};
-use crate::scheduler::{JobHandle, JobState, Priority, Scheduler};
+use crate::scheduler::{JobHandle, JobState, Lane, Priority, Scheduler};
 
 /// Identity of a pack job: same source content, format and parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -125,7 +125,10 @@ impl Daemon {
             recognized: ctcache_kernels::compile::recognized(),
         };
         let host_filter = HostFilter::from_host(&host);
-        let scheduler = Scheduler::new(config.worker_count(), config.memory_budget);
+        // A GPU lane only for a hardware adapter: a software one (lavapipe)
+        // is slower than the CPU kernels.
+        let gpu_workers = usize::from(config.gpu && ctcache_kernels::compile::hardware_gpu());
+        let scheduler = Scheduler::new(config.worker_count(), gpu_workers, config.memory_budget);
         let memo = Memo::new(store.clone());
         let watches = Mutex::new(config.watch.iter().cloned().collect());
         Daemon {
@@ -453,15 +456,26 @@ impl Daemon {
         };
         let me = self.clone();
         let bytes = spec.elements_bytes.saturating_mul(2);
-        Ok(self.scheduler.submit(key, priority, bytes, move |cancel| {
-            me.run_pack(spec, cancel)
-        }))
+        let lane = if self.scheduler.has_gpu_lane()
+            && ctcache_kernels::gpu::supports_source(&w.format, t.data_type)
+            && w.params.get("transposed") != Some("true")
+        {
+            Lane::Gpu
+        } else {
+            Lane::Cpu
+        };
+        Ok(self
+            .scheduler
+            .submit(key, lane, priority, bytes, move |cancel| {
+                me.run_pack(spec, lane, cancel)
+            }))
     }
 
     /// A pack job: reuse a stored entry, else pack and put.
     fn run_pack(
         &self,
         spec: PackSpec,
+        lane: Lane,
         cancel: &crate::scheduler::CancelToken,
     ) -> Result<Packed, String> {
         let started = Instant::now();
@@ -494,10 +508,11 @@ impl Daemon {
             Some(spec.digest),
             spec.packer,
             &spec.params,
-            if self.config.gpu {
-                ctcache_kernels::compile::BackendChoice::Auto
-            } else {
-                ctcache_kernels::compile::BackendChoice::Cpu
+            // The GPU lane packs on the adapter, falling back to the CPU
+            // kernels when the GPU fails.
+            match lane {
+                Lane::Gpu => ctcache_kernels::compile::BackendChoice::Auto,
+                Lane::Cpu => ctcache_kernels::compile::BackendChoice::Cpu,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -110,3 +110,122 @@ fn layout_is_kn(format: &str) -> bool {
 
 /// The one of those that can read a transposed weight (`transposed=true`).
 const TRANSPOSABLE: &str = "ort.matmul_nbits";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use ctcache::pb;
+    use prost::Message;
+
+    fn weight(name: &str, data_type: i32, dims: &[i64]) -> pb::TensorProto {
+        let width = if data_type == 10 { 2 } else { 4 };
+        let n: i64 = dims.iter().product();
+        pb::TensorProto {
+            name: name.into(),
+            data_type,
+            dims: dims.to_vec(),
+            raw_data: vec![0u8; (n * width) as usize].into(),
+            ..Default::default()
+        }
+    }
+
+    /// `a` feeds MatMul B, `t` feeds Gemm B with transB = 1, `h` is FLOAT16.
+    fn model() -> Model {
+        let node = |op: &str, b: &str, y: &str, trans_b: bool| pb::NodeProto {
+            op_type: op.into(),
+            input: vec!["x".into(), b.into()],
+            output: vec![y.into()],
+            attribute: if trans_b {
+                vec![pb::AttributeProto {
+                    name: "transB".into(),
+                    i: 1,
+                    r#type: 2,
+                    ..Default::default()
+                }]
+            } else {
+                vec![]
+            },
+            ..Default::default()
+        };
+        let m = pb::ModelProto {
+            ir_version: 9,
+            graph: Some(pb::GraphProto {
+                node: vec![
+                    node("MatMul", "a", "y1", false),
+                    node("Gemm", "t", "y2", true),
+                    node("MatMul", "h", "y3", false),
+                ],
+                initializer: vec![
+                    weight("a", 1, &[256, 256]),
+                    weight("t", 1, &[256, 256]),
+                    weight("h", 10, &[256, 256]),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap()
+    }
+
+    fn rule(format: &str, data_types: &[&str]) -> PolicyRule {
+        PolicyRule {
+            format: format.into(),
+            params: Default::default(),
+            data_types: data_types.iter().map(|s| s.to_string()).collect(),
+            rank: 2,
+            min_elements: 1,
+            used_as: vec![],
+        }
+    }
+
+    fn wanted(sel: &Selection) -> Vec<(String, String, Option<String>)> {
+        let mut w: Vec<_> = sel
+            .wanted
+            .iter()
+            .map(|w| {
+                let t = w.params.get("transposed").map(str::to_string);
+                (w.initializer.clone(), w.format.clone(), t)
+            })
+            .collect();
+        w.sort();
+        w
+    }
+
+    #[test]
+    fn an_empty_type_list_means_float() {
+        let sel = select(&model(), &[rule("cast.f16", &[])]).unwrap();
+        let names: Vec<_> = wanted(&sel).into_iter().map(|w| w.0).collect();
+        assert_eq!(names, ["a", "t"], "FLOAT16 `h` is not FLOAT");
+        let sel = select(&model(), &[rule("ort.matmul_nbits", &["FLOAT16"])]).unwrap();
+        let names: Vec<_> = wanted(&sel).into_iter().map(|w| w.0).collect();
+        assert_eq!(names, ["h"]);
+    }
+
+    #[test]
+    fn a_transposed_use_gets_transposed_nbits_and_no_kn_panels() {
+        let rules = [
+            rule("ort.matmul_nbits", &[]),
+            rule("gemm.pack_b.f32", &[]),
+            rule("cast.f16", &[]),
+        ];
+        let sel = select(&model(), &rules).unwrap();
+        let s = |v: &str| v.to_string();
+        assert_eq!(
+            wanted(&sel),
+            [
+                (s("a"), s("cast.f16"), None),
+                (s("a"), s("gemm.pack_b.f32"), None),
+                (s("a"), s("ort.matmul_nbits"), None),
+                (s("t"), s("cast.f16"), None),
+                (s("t"), s("ort.matmul_nbits"), Some(s("true"))),
+            ]
+        );
+        let (name, why) = &sel.refused[0];
+        assert_eq!(name, "t");
+        assert!(
+            why.contains("gemm.pack_b.f32") && why.contains("transposed"),
+            "{why}"
+        );
+    }
+}

@@ -1,7 +1,9 @@
-//! The pack scheduler: a bounded pool of worker threads (packing never runs
-//! on the async runtime), a priority queue (a waiting client before the
-//! watcher), single-flight per job key, cancellation of jobs whose every
-//! waiter went away, and a memory budget for packs in flight.
+//! The pack scheduler: bounded pools of worker threads (packing never runs
+//! on the async runtime) in two lanes, CPU and GPU (a GPU has its own queue
+//! and worker so it is fed while the CPU workers are busy), a priority queue
+//! per lane (a waiting client before the watcher), single-flight per job key
+//! across lanes, cancellation of jobs whose every waiter went away, and one
+//! memory budget for packs in flight.
 
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
@@ -16,6 +18,14 @@ pub enum Priority {
     Watcher = 0,
     Background = 1,
     Client = 2,
+}
+
+/// Which workers run a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    Cpu = 0,
+    /// A GPU queue; without GPU workers its jobs run in the CPU lane.
+    Gpu = 1,
 }
 
 /// A job's progress, observed through `watch` channels.
@@ -129,10 +139,12 @@ struct Shared<K, V> {
     budget_freed: Condvar,
     next_id: AtomicU64,
     stats: Stats,
+    gpu_workers: usize,
 }
 
 struct Queue<K, V> {
-    heap: BinaryHeap<Job<K, V>>,
+    /// One heap per lane, indexed by `Lane as usize`.
+    heaps: [BinaryHeap<Job<K, V>>; 2],
     in_flight: HashMap<K, InFlight<V>>,
     shutdown: bool,
     seq: u64,
@@ -147,6 +159,8 @@ pub struct Stats {
     pub failed: AtomicU64,
     pub cancelled: AtomicU64,
     pub joined: AtomicU64,
+    /// Jobs run by a GPU-lane worker.
+    pub gpu_runs: AtomicU64,
 }
 
 /// The scheduler; cheap to clone.
@@ -167,11 +181,12 @@ where
     K: Eq + Hash + Clone + Send + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    /// Starts `workers` threads with `budget` bytes of packs in flight.
-    pub fn new(workers: usize, budget: u64) -> Self {
+    /// Starts `workers` CPU threads (at least one) and `gpu_workers` GPU
+    /// threads, with `budget` bytes of packs in flight.
+    pub fn new(workers: usize, gpu_workers: usize, budget: u64) -> Self {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
-                heap: BinaryHeap::new(),
+                heaps: [BinaryHeap::new(), BinaryHeap::new()],
                 in_flight: HashMap::new(),
                 shutdown: false,
                 seq: 0,
@@ -182,26 +197,40 @@ where
             budget_freed: Condvar::new(),
             next_id: AtomicU64::new(1),
             stats: Stats::default(),
+            gpu_workers,
         });
-        for i in 0..workers.max(1) {
-            let s = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("ctcache-pack-{i}"))
-                .spawn(move || worker(s))
-                .expect("spawning a pack worker thread");
+        let lanes = [
+            (Lane::Cpu, workers.max(1), "pack"),
+            (Lane::Gpu, gpu_workers, "gpu"),
+        ];
+        for (lane, count, name) in lanes {
+            for i in 0..count {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("ctcache-{name}-{i}"))
+                    .spawn(move || worker(s, lane))
+                    .expect("spawning a pack worker thread");
+            }
         }
         Scheduler { shared }
+    }
+
+    /// True when GPU-lane jobs have workers of their own.
+    pub fn has_gpu_lane(&self) -> bool {
+        self.shared.gpu_workers > 0
     }
 
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
     }
 
-    /// Submits `work` under `key`; an identical key queued or running is
-    /// joined instead (single-flight). `bytes` is the memory the job needs.
+    /// Submits `work` under `key` to a lane; an identical key queued or
+    /// running (in either lane) is joined instead (single-flight). `bytes`
+    /// is the memory the job needs.
     pub fn submit(
         &self,
         key: K,
+        lane: Lane,
         priority: Priority,
         bytes: u64,
         work: impl FnOnce(&CancelToken) -> Result<V, String> + Send + 'static,
@@ -222,16 +251,19 @@ where
                 let id = f.id;
                 let state = f.state.clone();
                 if priority == Priority::Client {
-                    let jobs: Vec<Job<K, V>> = std::mem::take(&mut q.heap).into_vec();
-                    q.heap = jobs
-                        .into_iter()
-                        .map(|mut j| {
-                            if j.id == id {
-                                j.priority = Priority::Client;
-                            }
-                            j
-                        })
-                        .collect();
+                    for heap in &mut q.heaps {
+                        if heap.iter().any(|j| j.id == id) {
+                            *heap = std::mem::take(heap)
+                                .into_iter()
+                                .map(|mut j| {
+                                    if j.id == id {
+                                        j.priority = Priority::Client;
+                                    }
+                                    j
+                                })
+                                .collect();
+                        }
+                    }
                 }
                 self.shared.stats.joined.fetch_add(1, Ordering::Relaxed);
                 return JobHandle {
@@ -258,7 +290,12 @@ where
                 token: token.clone(),
             },
         );
-        q.heap.push(Job {
+        let lane = if lane == Lane::Gpu && self.shared.gpu_workers == 0 {
+            Lane::Cpu
+        } else {
+            lane
+        };
+        q.heaps[lane as usize].push(Job {
             id,
             key,
             priority,
@@ -270,7 +307,8 @@ where
         });
         self.shared.stats.queued.fetch_add(1, Ordering::Relaxed);
         drop(q);
-        self.shared.wake.notify_one();
+        // Workers of both lanes wait on one condvar: wake them all.
+        self.shared.wake.notify_all();
         JobHandle {
             id,
             state: rx,
@@ -281,22 +319,28 @@ where
 
     /// Jobs waiting in the queue.
     pub fn queued(&self) -> usize {
-        self.shared.queue.lock().map(|q| q.heap.len()).unwrap_or(0)
+        self.shared
+            .queue
+            .lock()
+            .map(|q| q.heaps.iter().map(BinaryHeap::len).sum())
+            .unwrap_or(0)
     }
 
     /// Stops taking jobs; queued ones are cancelled, running ones finish.
     pub fn shutdown(&self) {
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
         q.shutdown = true;
-        for job in q.heap.drain() {
-            let _ = job.state.send(JobState::Cancelled);
+        for heap in &mut q.heaps {
+            for job in heap.drain() {
+                let _ = job.state.send(JobState::Cancelled);
+            }
         }
         drop(q);
         self.shared.wake.notify_all();
     }
 }
 
-fn worker<K: Eq + Hash + Clone, V: Clone>(s: Arc<Shared<K, V>>) {
+fn worker<K: Eq + Hash + Clone, V: Clone>(s: Arc<Shared<K, V>>, lane: Lane) {
     loop {
         let job = {
             let mut q = s.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -304,7 +348,7 @@ fn worker<K: Eq + Hash + Clone, V: Clone>(s: Arc<Shared<K, V>>) {
                 if q.shutdown {
                     return;
                 }
-                if let Some(job) = q.heap.pop() {
+                if let Some(job) = q.heaps[lane as usize].pop() {
                     break job;
                 }
                 q = s.wake.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -324,6 +368,9 @@ fn worker<K: Eq + Hash + Clone, V: Clone>(s: Arc<Shared<K, V>>) {
             s.stats.cancelled.fetch_add(1, Ordering::Relaxed);
             JobState::Cancelled
         } else {
+            if lane == Lane::Gpu {
+                s.stats.gpu_runs.fetch_add(1, Ordering::Relaxed);
+            }
             run(&s, bytes, work, &token, &state)
         };
         let mut q = s.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -389,12 +436,12 @@ mod tests {
 
     #[tokio::test]
     async fn single_flight_runs_once() {
-        let s: Scheduler<&str, u32> = Scheduler::new(2, 1 << 20);
+        let s: Scheduler<&str, u32> = Scheduler::new(2, 0, 1 << 20);
         let runs = Arc::new(AtomicUsize::new(0));
         let mut handles = Vec::new();
         for _ in 0..8 {
             let r = runs.clone();
-            handles.push(s.submit("k", Priority::Client, 10, move |_| {
+            handles.push(s.submit("k", Lane::Cpu, Priority::Client, 10, move |_| {
                 std::thread::sleep(Duration::from_millis(100));
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(7)
@@ -408,15 +455,15 @@ mod tests {
 
     #[tokio::test]
     async fn abandoned_client_job_is_cancelled() {
-        let s: Scheduler<u32, u32> = Scheduler::new(1, 1 << 20);
+        let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20);
         // Occupy the only worker.
-        let blocker = s.submit(0, Priority::Client, 1, |_| {
+        let blocker = s.submit(0, Lane::Cpu, Priority::Client, 1, |_| {
             std::thread::sleep(Duration::from_millis(200));
             Ok(0)
         });
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        let h = s.submit(1, Priority::Client, 1, move |_| {
+        let h = s.submit(1, Lane::Cpu, Priority::Client, 1, move |_| {
             r.store(true, Ordering::SeqCst);
             Ok(1)
         });
@@ -430,19 +477,19 @@ mod tests {
 
     #[tokio::test]
     async fn clients_go_before_the_watcher() {
-        let s: Scheduler<u32, u32> = Scheduler::new(1, 1 << 20);
+        let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20);
         let order = Arc::new(Mutex::new(Vec::new()));
-        let blocker = s.submit(0, Priority::Client, 1, |_| {
+        let blocker = s.submit(0, Lane::Cpu, Priority::Client, 1, |_| {
             std::thread::sleep(Duration::from_millis(100));
             Ok(0)
         });
         let o = order.clone();
-        let w = s.submit(1, Priority::Watcher, 1, move |_| {
+        let w = s.submit(1, Lane::Cpu, Priority::Watcher, 1, move |_| {
             o.lock().unwrap().push(1);
             Ok(1)
         });
         let o = order.clone();
-        let c = s.submit(2, Priority::Client, 1, move |_| {
+        let c = s.submit(2, Lane::Cpu, Priority::Client, 1, move |_| {
             o.lock().unwrap().push(2);
             Ok(2)
         });
@@ -450,5 +497,66 @@ mod tests {
         wait(w).await;
         wait(c).await;
         assert_eq!(*order.lock().unwrap(), vec![2, 1]);
+    }
+
+    #[tokio::test]
+    async fn the_gpu_lane_runs_while_the_cpu_workers_are_busy() {
+        let s: Scheduler<u32, String> = Scheduler::new(1, 1, 1 << 20);
+        assert!(s.has_gpu_lane());
+        let release = Arc::new(AtomicBool::new(false));
+        let r = release.clone();
+        let blocker = s.submit(0, Lane::Cpu, Priority::Client, 1, move |_| {
+            while !r.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(String::new())
+        });
+        let gpu = s.submit(1, Lane::Gpu, Priority::Watcher, 1, |_| {
+            Ok(std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string())
+        });
+        let state = tokio::time::timeout(Duration::from_secs(10), wait(gpu))
+            .await
+            .expect("the GPU job ran although the only CPU worker was busy");
+        assert_eq!(state, JobState::Done("ctcache-gpu-0".into()));
+        assert_eq!(s.stats().gpu_runs.load(Ordering::SeqCst), 1);
+        release.store(true, Ordering::SeqCst);
+        wait(blocker).await;
+    }
+
+    #[tokio::test]
+    async fn without_gpu_workers_gpu_jobs_run_on_the_cpu() {
+        let s: Scheduler<u32, String> = Scheduler::new(1, 0, 1 << 20);
+        assert!(!s.has_gpu_lane());
+        let h = s.submit(1, Lane::Gpu, Priority::Client, 1, |_| {
+            Ok(std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string())
+        });
+        assert_eq!(wait(h).await, JobState::Done("ctcache-pack-0".into()));
+    }
+
+    #[tokio::test]
+    async fn a_key_running_on_one_lane_is_joined_from_the_other() {
+        let s: Scheduler<u32, u32> = Scheduler::new(1, 1, 1 << 20);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let r = runs.clone();
+        let a = s.submit(7, Lane::Gpu, Priority::Client, 1, move |_| {
+            std::thread::sleep(Duration::from_millis(100));
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(1)
+        });
+        let r = runs.clone();
+        let b = s.submit(7, Lane::Cpu, Priority::Client, 1, move |_| {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(2)
+        });
+        assert!(b.joined);
+        assert_eq!(wait(a).await, JobState::Done(1));
+        assert_eq!(wait(b).await, JobState::Done(1));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }

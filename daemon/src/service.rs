@@ -213,7 +213,12 @@ impl CompiledTensorCache for Service {
             let mut missing = Vec::new();
             for t in &tensors {
                 let digest = digests[&t.name];
-                let hits = d.store.lookup(&digest, &filter).map_err(store_err)?;
+                // Counted below per wanted format: tensors nothing wants
+                // are not lookups a runtime would make.
+                let hits = d
+                    .store
+                    .lookup_uncounted(&digest, &filter)
+                    .map_err(store_err)?;
                 let wanted: Vec<_> = sel
                     .wanted
                     .iter()
@@ -236,6 +241,7 @@ impl CompiledTensorCache for Service {
                             || h.entry.type_name.starts_with(&format!("{}.", w.format))
                             || h.entry.type_name == w.format
                     });
+                    d.store.count_lookups(u64::from(hit), u64::from(!hit));
                     if !hit {
                         res.misses.push(convert::miss(
                             "no_entry",

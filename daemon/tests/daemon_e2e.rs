@@ -641,26 +641,53 @@ fn invalid_config_names_the_key() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("workers = 3"));
 }
 
-/// Runs as the client half of `put_from_untrusted_uid_is_refused` when
-/// re-executed under another uid; a no-op otherwise.
+/// Runs as the client half of `admin_rpcs_from_untrusted_uid_are_refused`
+/// when re-executed under another uid; a no-op otherwise.
 #[tokio::test]
-async fn put_client_helper() {
+async fn untrusted_client_helper() {
     let Ok(socket) = std::env::var("CTCACHE_TEST_PUT_SOCKET") else {
         return;
     };
     let mut c = api::compiled_tensor_cache_client::CompiledTensorCacheClient::new(
         channel(std::path::Path::new(&socket)).await,
     );
+    let denied = |what: &str, r: Result<(), tonic::Status>| {
+        let err = r.expect_err(what);
+        assert_eq!(err.code(), Code::PermissionDenied, "{what}: {err:?}");
+        assert!(err.message().contains("trusted_uids"), "{what}: {err:?}");
+    };
     let msgs = vec![api::PutRequest {
         part: Some(api::put_request::Part::Header(api::PutHeader::default())),
     }];
-    let err = c.put(tokio_stream::iter(msgs)).await.unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
-    println!("PUT-REFUSED-OK");
+    denied("put", c.put(tokio_stream::iter(msgs)).await.map(drop));
+    let import = api::ImportRequest {
+        model_path: socket.clone(),
+    };
+    denied("import", c.import(import).await.map(drop));
+    let gc = api::GcRequest {
+        max_bytes: 0,
+        has_max_bytes: true,
+        ..Default::default()
+    };
+    denied("gc", c.gc(gc).await.map(drop));
+    denied(
+        "verify",
+        c.verify(api::VerifyRequest::default()).await.map(drop),
+    );
+    let watch = api::WatchRequest { dir: "/tmp".into() };
+    denied("remove watch", c.remove_watch(watch).await.map(drop));
+    // Reading is what the socket group is for.
+    c.status(api::StatusRequest {}).await.expect("status");
+    let dry = api::GcRequest {
+        dry_run: true,
+        ..Default::default()
+    };
+    c.gc(dry).await.expect("a dry-run gc only reads");
+    println!("UNTRUSTED-REFUSED-OK");
 }
 
 #[test]
-fn put_from_untrusted_uid_is_refused() {
+fn admin_rpcs_from_untrusted_uid_are_refused() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0
         || std::process::Command::new("setpriv")
@@ -688,7 +715,7 @@ fn put_from_untrusted_uid_is_refused() {
         .arg(&exe)
         .args([
             "--exact",
-            "put_client_helper",
+            "untrusted_client_helper",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -697,7 +724,7 @@ fn put_from_untrusted_uid_is_refused() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("PUT-REFUSED-OK"),
+        out.status.success() && stdout.contains("UNTRUSTED-REFUSED-OK"),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -728,5 +755,54 @@ async fn gc_without_limits_applies_the_configured_budget() {
         "{gc:?}"
     );
     assert!(entries_for(&mut c, &digest).await.is_empty());
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_hit_rate_counts_only_wanted_tensors_of_a_resolve() {
+    use prost::Message;
+    let mut d = Daemon::start();
+    let path = d.models.join("m.onnx");
+    // W is wanted (two formats); the bias is not (rank 1), so a resolve's
+    // look at it is not a miss.
+    let mut m = ctcache::pb::ModelProto::decode(matmul_model(K, N, 11).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.push(ctcache::pb::TensorProto {
+        name: "bias".into(),
+        data_type: 1,
+        dims: vec![N as i64],
+        raw_data: vec![0u8; N * 4].into(),
+        ..Default::default()
+    });
+    g.node.push(ctcache::pb::NodeProto {
+        input: vec!["Y".into(), "bias".into()],
+        output: vec!["Z".into()],
+        op_type: "Add".into(),
+        ..Default::default()
+    });
+    write_model(&path, &m.encode_to_vec());
+    let digest = digest_of(&path, "W");
+    let c = d.client().await;
+    eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let dg = digest.clone();
+        async move { (entries_for(&mut c, &dg).await.len() == 2).then_some(()) }
+    })
+    .await
+    .expect("packed");
+    let mut c = c.clone();
+    let status = |mut c: api::compiled_tensor_cache_client::CompiledTensorCacheClient<_>| async move {
+        let s = c.status(api::StatusRequest {}).await.unwrap().into_inner();
+        (s.hits, s.misses)
+    };
+    let before = status(c.clone()).await;
+    c.resolve_model(api::ResolveModelRequest {
+        model_path: path.display().to_string(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let after = status(c.clone()).await;
+    assert_eq!((after.0 - before.0, after.1 - before.1), (2, 0));
     assert_eq!(d.stop(), Some(0));
 }

@@ -124,6 +124,25 @@ impl Store {
     /// Unreadable records are skipped (a miss), `verify` reports them. Hits
     /// carry no access statistics (`Entry::access` is `None`).
     pub fn lookup(&self, source: &SourceDigest, host: &HostFilter) -> StoreResult<Vec<Hit>> {
+        let hits = self.lookup_uncounted(source, host)?;
+        self.count_lookups(u64::from(!hits.is_empty()), u64::from(hits.is_empty()));
+        Ok(hits)
+    }
+
+    /// Adds to the hit / miss counters of `stats` (for callers that judge
+    /// hits themselves, such as a resolve that only counts wanted tensors).
+    pub fn count_lookups(&self, hits: u64, misses: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.counters.hits.fetch_add(hits, Relaxed);
+        self.counters.misses.fetch_add(misses, Relaxed);
+    }
+
+    /// [`Store::lookup`] without counting a hit or a miss.
+    pub fn lookup_uncounted(
+        &self,
+        source: &SourceDigest,
+        host: &HostFilter,
+    ) -> StoreResult<Vec<Hit>> {
         let prefix = source_prefix(source);
         let entries = match self.cache.get(&prefix) {
             Ok(cached) => cached,
@@ -158,12 +177,6 @@ impl Store {
                 b.0,
             ))
         });
-        let counter = if found.is_empty() {
-            &self.counters.misses
-        } else {
-            &self.counters.hits
-        };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         found
             .into_iter()
             .map(|(kb, rec, host_device, exact)| {
