@@ -94,7 +94,11 @@ pub(crate) fn write_temp(
     let mut len = 0u64;
     let result = (|| {
         loop {
-            let n = match src.read(&mut buf) {
+            // Every write ends on a multiple of the buffer size (1 MiB once
+            // grown), so the page cache keeps the file in large folios and a
+            // later map of it takes few page faults.
+            let cap = buf.len() - (len % buf.len() as u64) as usize;
+            let n = match src.read(&mut buf[..cap]) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -127,7 +131,7 @@ pub(crate) fn write_temp(
             }
             .map_err(|e| classify(paths, &tmp, len, e))?;
             len += n as u64;
-            if n == buf.len() && buf.len() < CHUNK {
+            if n == cap && buf.len() < CHUNK {
                 buf.resize(buf.len() * 2, 0);
             }
         }

@@ -239,6 +239,12 @@ fn map_file(entry: &api::Entry) -> Result<Option<Mmap>> {
         path: entry.payload_path.clone().into(),
         source: e,
     })?;
+    // Payloads are read whole: where the file is not cached yet, this makes
+    // the kernel read it in huge-page folios and map each with one page
+    // table entry, so this map and every later one take far fewer page
+    // faults. Advisory: ignored where unsupported.
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
     Ok(Some(map))
 }
 
