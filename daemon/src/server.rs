@@ -39,6 +39,7 @@ pub async fn serve(
     let limit = daemon.config.max_message_bytes;
     let svc = CompiledTensorCacheServer::new(Service {
         daemon: daemon.clone(),
+        shutdown: shutdown.clone(),
     })
     .max_decoding_message_size(limit)
     .max_encoding_message_size(limit);
@@ -73,8 +74,8 @@ pub async fn serve(
         None => None,
     };
     on_ready();
-    // Graceful shutdown waits for open streams (a client following Events
-    // never ends its call); after the grace period the daemon drains anyway.
+    // Graceful shutdown waits for open calls (Events streams end at the
+    // signal); after the grace period the daemon drains anyway.
     let grace = {
         let rx = shutdown.clone();
         async move {

@@ -11,7 +11,7 @@ use ctcache::store::{GcPolicy, NewEntry, Producer};
 use ctcache_api::v1 as api;
 use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCache;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -29,6 +29,9 @@ type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 #[derive(Clone)]
 pub struct Service {
     pub daemon: Arc<Daemon>,
+    /// Turns true at shutdown: open Events streams end then, so that the
+    /// server's graceful shutdown does not wait for followers.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl From<OpError> for Status {
@@ -841,9 +844,32 @@ impl CompiledTensorCache for Service {
         &self,
         _: Request<api::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
-        let rx = self.daemon.events.subscribe();
-        let stream = BroadcastStream::new(rx).filter_map(|e| e.ok().map(Ok));
-        Ok(Response::new(Box::pin(stream)))
+        let mut rx = self.daemon.events.subscribe();
+        let mut stop = self.shutdown.clone();
+        let (tx, out) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await.is_ok();
+            };
+            tokio::pin!(stopped);
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tx.closed() => break,
+                    e = rx.recv() => match e {
+                        Ok(e) => {
+                            if tx.send(Ok(e)).await.is_err() {
+                                break;
+                            }
+                        }
+                        // A slow follower misses events rather than stalling others.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
     }
 
     async fn status(

@@ -806,3 +806,30 @@ async fn status_hit_rate_counts_only_wanted_tensors_of_a_resolve() {
     assert_eq!((after.0 - before.0, after.1 - before.1), (2, 0));
     assert_eq!(d.stop(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_event_followers_without_waiting_out_the_grace() {
+    let mut d = Daemon::start();
+    let mut c = d.client().await;
+    let mut events = c
+        .events(api::EventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let started = std::time::Instant::now();
+    let code = tokio::task::spawn_blocking(move || d.stop()).await.unwrap();
+    assert_eq!(code, Some(0));
+    // The grace for open calls is 3 s; an Events follower must not hold
+    // the shutdown that long.
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "exit took {:?}",
+        started.elapsed()
+    );
+    // The stream ended (cleanly or with the connection), it did not hang.
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = events.next().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the Events stream ended");
+}
