@@ -17,9 +17,10 @@
 //!
 //! The entry is real: a model with a W[8192, 8192] FLOAT MatMul weight is
 //! prepacked by a `ctcached` started on a temp cache dir (gemm.pack_b.f32,
-//! 256 MiB). The daemon binary: `$CTCACHE_BIN_DIR/ctcached`, else the
-//! release dir this bench was built in, `$CARGO_TARGET_DIR/release`,
-//! `target/release`, /var/tmp/ctcache-target/release (build it with
+//! 256 MiB). The daemon binary (`ctcache_testkit::locate_bin`):
+//! `$CTCACHE_BIN_DIR/ctcached`, else the release dir this bench was built
+//! in, `$CARGO_TARGET_DIR/release`, `target/release`,
+//! /var/tmp/ctcache-target/release (build it with
 //! `cargo build --release -p ctcached`; bench/open_payload_bench.sh does).
 //!
 //! `cargo bench -p ctcache-client --bench open_payload_bench`. Environment:
@@ -28,16 +29,13 @@
 use std::fs::File;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use bytes::Bytes;
-use ctcache::pb;
 use ctcache_client::{api, Client};
-use prost::Message;
+use ctcache_testkit::{locate_bin, unit_f32, xorshift, Daemon, MatMul};
 
 const K: usize = 8192;
 const N: usize = 8192;
@@ -66,7 +64,7 @@ fn run() -> Result<()> {
         .and_then(|s| s.parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or(21);
-    let daemon = Daemon::start()?;
+    let mut daemon = start_daemon()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -248,7 +246,7 @@ fn run() -> Result<()> {
 
     drop(client);
     drop(rt);
-    daemon.stop()
+    daemon.stop_cleanly()
 }
 
 /// Times of one measurement, direct and through the client.
@@ -509,161 +507,17 @@ async fn prepack(client: &Client, model: &Path) -> Result<api::Entry> {
 
 /// Y = X @ W with W[K, N] FLOAT (xorshift values), inline raw_data.
 fn matmul_model() -> Vec<u8> {
-    let mut x = 0x9E37_79B9u32;
-    let mut w = Vec::with_capacity(K * N * 4);
-    for _ in 0..K * N {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        w.extend_from_slice(&((x as f32 / u32::MAX as f32) * 2.0 - 1.0).to_le_bytes());
-    }
-    pb::ModelProto {
-        ir_version: 9,
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        producer_name: "open_payload_bench".into(),
-        graph: Some(pb::GraphProto {
-            name: "g".into(),
-            node: vec![pb::NodeProto {
-                input: vec!["X".into(), "W".into()],
-                output: vec!["Y".into()],
-                op_type: "MatMul".into(),
-                ..Default::default()
-            }],
-            initializer: vec![pb::TensorProto {
-                name: "W".into(),
-                data_type: 1,
-                dims: vec![K as i64, N as i64],
-                raw_data: Bytes::from(w),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    MatMul::new(K, N, xorshift(0x9E37_79B9).map(unit_f32))
+        .producer("open_payload_bench")
+        .encode()
 }
 
-/// The daemon binary (see the module doc).
-fn ctcached_bin() -> Result<PathBuf> {
-    let mut candidates = Vec::new();
-    if let Some(d) = std::env::var_os("CTCACHE_BIN_DIR") {
-        candidates.push(PathBuf::from(d).join("ctcached"));
-    }
-    // This bench lives in <target>/release/deps/.
-    if let Some(release) = std::env::current_exe()?.parent().and_then(Path::parent) {
-        candidates.push(release.join("ctcached"));
-    }
-    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
-        candidates.push(PathBuf::from(d).join("release/ctcached"));
-    }
-    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/ctcached"));
-    candidates.push(PathBuf::from("/var/tmp/ctcache-target/release/ctcached"));
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            anyhow!(
-                "ctcached is missing ({candidates:?}): run `cargo build --release -p ctcached` first"
-            )
-        })
-}
-
-/// A ctcached on `T/cache`, `T/s.sock`; killed on drop.
-struct Daemon {
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-    child: Option<Child>,
-}
-
-impl Daemon {
-    fn start() -> Result<Daemon> {
-        let bin = ctcached_bin()?;
-        let dir = tempfile::Builder::new()
-            .prefix("ctcache-open-bench")
-            .tempdir()?;
-        let t = dir.path();
-        for d in ["models", "work", "config"] {
-            std::fs::create_dir_all(t.join(d))?;
-        }
-        let socket = t.join("s.sock");
-        let log = File::create(t.join("daemon.log"))?;
-        println!("daemon: {}", bin.display());
-        let child = Command::new(&bin)
-            .arg("--cache-dir")
-            .arg(t.join("cache"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--watch")
-            .arg(t.join("models"))
-            .args(["--log-format", "human"])
-            // No user or system config may leak in.
-            .env("XDG_CONFIG_HOME", t.join("config"))
-            .env_remove("CTCACHE_CONFIG")
-            .env_remove("CTCACHE_SOCKET")
-            .env_remove("CTCACHE_CACHE_DIR")
-            .env_remove("CTCACHE_WATCH")
-            .env_remove("INVOCATION_ID")
-            .env_remove("LISTEN_FDS")
-            .env_remove("LISTEN_PID")
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("spawning {}", bin.display()))?;
-        let mut d = Daemon {
-            dir,
-            socket,
-            child: Some(child),
-        };
-        let start = Instant::now();
-        while UnixStream::connect(&d.socket).is_err() {
-            if let Some(status) = d.child.as_mut().expect("running").try_wait()? {
-                bail!("ctcached exited early ({status}):\n{}", d.log());
-            }
-            ensure!(
-                start.elapsed() < Duration::from_secs(60),
-                "ctcached not listening after 60 s:\n{}",
-                d.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(d)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    /// SIGTERM and wait (30 s at most).
-    fn stop(mut self) -> Result<()> {
-        let mut child = self.child.take().expect("running");
-        // SAFETY: kill(2) on the pid of a child this process spawned.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = child.try_wait()? {
-                ensure!(s.success(), "ctcached exited with {s}:\n{}", self.log());
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                bail!("ctcached did not stop within 30 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// A ctcached on `T/cache`, `T/s.sock` (see the module doc for its binary).
+fn start_daemon() -> Result<Daemon> {
+    let bin = locate_bin("ctcached", "release")?;
+    println!("daemon: {}", bin.display());
+    Daemon::builder(bin)
+        .prefix("ctcache-open-bench")
+        .args(["--log-format", "human"])
+        .start()
 }

@@ -6,10 +6,19 @@
 //! slice conversion and a plain memcpy. Then the peak RSS of
 //! `ctcachectl pack` on a model holding that weight.
 //!
+//!
+//! Then, on the CPU only: the time of every packer with each kernel
+//! instruction set of this CPU (scalar, AVX2, AVX-512; same bytes, checked),
+//! and the effect of huge pages on output buffers: the first-touch cost of
+//! a 1 GiB buffer as a `Vec` and as an anonymous mapping advised
+//! `MADV_HUGEPAGE` (`ctcache_kernels::OutputBuffer`), and packing into a
+//! fresh buffer of each kind.
+//!
 //! `cargo bench -p ctcache-kernels --bench pack_bench` (or
 //! bench/pack_bench.sh). Environment: CTCACHE_VENV (default
 //! /var/tmp/ctcache-venv), CTCACHECTL (default
-//! $CARGO_TARGET_DIR/release/ctcachectl), PACK_BENCH_REPS (default 3).
+//! $CARGO_TARGET_DIR/release/ctcachectl), PACK_BENCH_REPS (default 3),
+//! PACK_BENCH_QUICK=1 (only the instruction-set and huge-page figures).
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -18,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use ctcache::dtype::DataType;
 use ctcache_kernels::gpu::{cpu_assist, GpuBackend};
-use ctcache_kernels::{find, Params, SourceTensor};
+use ctcache_kernels::{find, Isa, OutputBuffer, Params, SourceTensor};
 use half::slice::HalfFloatSliceExt;
 
 const K: usize = 4096;
@@ -42,6 +51,11 @@ fn main() {
         "weight: {K} x {N} FLOAT, random normal ({} MiB); best of {reps}",
         data.len() >> 20
     );
+    if std::env::var("PACK_BENCH_QUICK").is_ok_and(|v| v == "1") {
+        isa_table(&data, reps);
+        huge_pages(&data, reps);
+        return;
+    }
     let src = SourceTensor {
         data_type: DataType::FLOAT,
         dims: &[K as u64, N as u64],
@@ -142,6 +156,235 @@ fn main() {
     println!();
     peak_rss(&dir, &raw, data.len() as u64);
     std::fs::remove_dir_all(&dir).ok();
+    println!();
+    isa_table(&data, reps);
+    huge_pages(&data, reps);
+}
+
+/// Every CPU packer with each instruction set of this CPU: milliseconds
+/// (best of `reps`) and the gains; the bytes must be the same.
+fn isa_table(data: &[u8], reps: usize) {
+    let isas = Isa::available_all();
+    let halves: Vec<u8> = data
+        .chunks_exact(4)
+        .flat_map(|b| {
+            half::f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])).to_le_bytes()
+        })
+        .collect();
+    let nbits = |bits: &str, sym: &str| {
+        Params::new()
+            .with("bits", bits)
+            .with("block_size", "32")
+            .with("symmetric", sym)
+    };
+    let cases: Vec<(&str, &str, bool, Params)> = vec![
+        (
+            "matmul_nbits b4 sym",
+            "ort.matmul_nbits",
+            false,
+            nbits("4", "true"),
+        ),
+        (
+            "matmul_nbits b4 asym",
+            "ort.matmul_nbits",
+            false,
+            nbits("4", "false"),
+        ),
+        (
+            "matmul_nbits b8 asym",
+            "ort.matmul_nbits",
+            false,
+            nbits("8", "false"),
+        ),
+        (
+            "matmul_nbits b4 sym f16",
+            "ort.matmul_nbits",
+            true,
+            nbits("4", "true"),
+        ),
+        (
+            "matmul_nbits b4 sym transp",
+            "ort.matmul_nbits",
+            false,
+            nbits("4", "true").with("transposed", "true"),
+        ),
+        ("ggml.q8_0", "ggml.q8_0", false, Params::new()),
+        ("ggml.q4_0", "ggml.q4_0", false, Params::new()),
+        ("ggml.q8_0 f16", "ggml.q8_0", true, Params::new()),
+        ("ggml.q4_0 f16", "ggml.q4_0", true, Params::new()),
+        ("cast.f16", "cast.f16", false, Params::new()),
+        ("cast.bf16", "cast.bf16", false, Params::new()),
+        ("gemm.pack_b.f32", "gemm.pack_b.f32", false, Params::new()),
+    ];
+    println!(
+        "per instruction set, {K} x {N} (FLOAT unless f16), {} rayon threads; ms, best of {reps}",
+        rayon::current_num_threads()
+    );
+    let mut head = format!("{:<28}", "packer");
+    for isa in &isas {
+        head += &format!(" {:>9}", format!("{isa} ms"));
+    }
+    for pair in isas.windows(2) {
+        head += &format!(" {:>14}", format!("{}/{}", pair[1], pair[0]));
+    }
+    head += &format!(" {:>12}", "best GB/s");
+    println!("{head}");
+    for (label, id, f16, params) in cases {
+        let p = find(id).expect("packer");
+        let (dt, bytes) = if f16 {
+            (DataType::FLOAT16, &halves[..])
+        } else {
+            (DataType::FLOAT, data)
+        };
+        let src = SourceTensor {
+            data_type: dt,
+            dims: &[K as u64, N as u64],
+            data: bytes,
+        };
+        let len = p.output(dt, src.dims, &params).expect("layout").payload_len;
+        let mut out = vec![0u8; len as usize];
+        let mut first: Option<Vec<u8>> = None;
+        for &isa in &isas {
+            p.pack_with(&src, &params, &mut out, isa).expect("pack"); // warm-up
+            match &first {
+                None => first = Some(out.clone()),
+                Some(f) => assert!(f == &out, "{label}: {isa} bytes differ from scalar"),
+            }
+        }
+        // Round robin, so that a burst of other load hits every set alike.
+        let mut times = vec![Duration::MAX; isas.len()];
+        for _ in 0..reps.max(1) {
+            for (t, &isa) in times.iter_mut().zip(&isas) {
+                let start = Instant::now();
+                p.pack_with(&src, &params, &mut out, isa).expect("pack");
+                black_box(&mut out);
+                *t = (*t).min(start.elapsed());
+            }
+        }
+        let mut row = format!("{label:<28}");
+        for t in &times {
+            row += &format!(" {:>9.2}", t.as_secs_f64() * 1e3);
+        }
+        for pair in times.windows(2) {
+            row += &format!(" {:>13.2}x", pair[0].as_secs_f64() / pair[1].as_secs_f64());
+        }
+        let fastest = times.iter().min().expect("an isa");
+        row += &format!(
+            " {:>12.2}",
+            bytes.len() as f64 / fastest.as_secs_f64() / 1e9
+        );
+        println!("{row}");
+    }
+    println!();
+}
+
+/// First-touch cost of a 1 GiB output buffer, `Vec` against an anonymous
+/// mapping advised MADV_HUGEPAGE, and packing into a fresh buffer of each
+/// kind (allocation included, as `compile` does).
+fn huge_pages(data: &[u8], reps: usize) {
+    const GIB: usize = 1 << 30;
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    println!("huge pages: transparent_hugepage/enabled = {mode}");
+    println!(
+        "{:<52} {:>10} {:>10} {:>14}",
+        "first touch of a 1 GiB output (1 write/4 KiB)", "touch ms", "free ms", "AnonHugePages"
+    );
+    for mapped in [false, true] {
+        let mut touch = Duration::MAX;
+        let mut free = Duration::MAX;
+        let mut huge = 0;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            let mut b = buffer(GIB, mapped);
+            let bytes: &mut [u8] = &mut b;
+            for i in (0..bytes.len()).step_by(4096) {
+                bytes[i] = 1;
+            }
+            black_box(bytes);
+            touch = touch.min(t.elapsed());
+            huge = anon_huge_kib();
+            let t = Instant::now();
+            drop(b);
+            free = free.min(t.elapsed());
+        }
+        println!(
+            "{:<52} {:>10.1} {:>10.1} {:>10} MiB",
+            kind(mapped),
+            touch.as_secs_f64() * 1e3,
+            free.as_secs_f64() * 1e3,
+            huge / 1024
+        );
+    }
+    // Freed heap memory may be reused (glibc raises its mmap threshold up
+    // to 32 MiB after a free), so a small Vec need not be fresh pages in
+    // this loop; the 4x taller weight's output is past that threshold.
+    let tall: Vec<u8> = data.repeat(4);
+    println!(
+        "{:<52} {:>10} {:>10}",
+        "pack into a fresh buffer (alloc + pack)", "ms", "out MiB"
+    );
+    for (id, rows, src) in [
+        ("ort.matmul_nbits", K, data),
+        ("cast.f16", K, data),
+        ("cast.f16", 4 * K, &tall[..]),
+    ] {
+        let dims = [rows as u64, N as u64];
+        let src = SourceTensor {
+            data_type: DataType::FLOAT,
+            dims: &dims,
+            data: src,
+        };
+        let p = find(id).expect("packer");
+        let params = Params::new();
+        let len = p
+            .output(src.data_type, src.dims, &params)
+            .expect("layout")
+            .payload_len as usize;
+        for mapped in [false, true] {
+            let t = best(reps, || {
+                let mut b = buffer(len, mapped);
+                p.pack(&src, &params, &mut b).expect("pack");
+                black_box(&mut b[..]);
+            });
+            println!(
+                "{:<52} {:>10.2} {:>10.1}",
+                format!("{id} {rows}x{N}, {}", kind(mapped)),
+                t.as_secs_f64() * 1e3,
+                len as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    println!();
+}
+
+fn buffer(len: usize, mapped: bool) -> OutputBuffer {
+    if mapped {
+        OutputBuffer::mapped(len).expect("anonymous mapping")
+    } else {
+        OutputBuffer::heap(len)
+    }
+}
+
+fn kind(mapped: bool) -> &'static str {
+    if mapped {
+        "mmap + MADV_HUGEPAGE"
+    } else {
+        "Vec (calloc)"
+    }
+}
+
+/// This process's AnonHugePages (KiB), from /proc/self/smaps_rollup.
+fn anon_huge_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// 4096 x 4096 normal samples (Box-Muller over splitmix64), raw LE bytes.

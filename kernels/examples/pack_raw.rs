@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! pack_raw --list-isa
-//! pack_raw FORMAT DTYPE DIMS IN.raw OUT.bin [--isa scalar|avx2] [--type T.pb]
+//! pack_raw FORMAT DTYPE DIMS IN.raw OUT.bin [--isa scalar|avx2|avx512] [--type T.pb]
 //!          [--decoder F.pb] [key=value ...]
 //! ```
 //! `--type` writes the output `StructTypeProto`, `--decoder` its decoder

@@ -10,7 +10,7 @@ use ctcache::onnx::{rewrite, Model, TensorRef};
 use ctcache::pb;
 use ctcache::resolve::Recognized;
 
-use crate::{PackError, PackedLayout, Packer, Params, SourceTensor};
+use crate::{OutputBuffer, PackError, PackedLayout, Packer, Params, SourceTensor};
 
 /// Why an initializer could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -104,14 +104,13 @@ pub fn compile_on(
         dims: &t.dims,
         data: &raw,
     };
-    let mut payload =
-        vec![
-            0u8;
-            usize::try_from(layout.payload_len).map_err(|_| pack_err(PackError::Overflow {
-                packer: packer.id(),
-                dims: t.dims.clone(),
-            }))?
-        ];
+    // Large payloads get huge pages (crate::buffer).
+    let mut payload = OutputBuffer::zeroed(usize::try_from(layout.payload_len).map_err(|_| {
+        pack_err(PackError::Overflow {
+            packer: packer.id(),
+            dims: t.dims.clone(),
+        })
+    })?);
     let backend = match choice {
         BackendChoice::Cpu => {
             packer.pack(&src, params, &mut payload).map_err(pack_err)?;
@@ -139,7 +138,7 @@ pub fn compile_on(
         digest,
         layout,
         device,
-        payload: Bytes::from(payload),
+        payload: payload.into_bytes(),
         packer_id: packer.id(),
         packer_version: packer.format_version(),
         duration: started.elapsed(),

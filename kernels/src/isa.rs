@@ -1,5 +1,6 @@
 //! Kernel instruction sets. Every packer has a portable scalar kernel; the
-//! x86-64 AVX2 kernels (which also use F16C, never FMA) are chosen at run
+//! x86-64 AVX2 kernels (which also use F16C, never FMA) and AVX-512
+//! kernels (F + BW + VL, with AVX2 and F16C, never FMA) are chosen at run
 //! time and must produce the same bytes. Tests force each path.
 
 use std::fmt;
@@ -10,14 +11,19 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + F16C intrinsics.
     Avx2,
+    /// x86-64 AVX-512 F + BW + VL (plus AVX2 and F16C) intrinsics. A
+    /// kernel without a 512-bit version runs its AVX2 code here.
+    Avx512,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 2] = [Isa::Scalar, Isa::Avx2];
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
 
     /// The best instruction set of this CPU.
     pub fn detect() -> Isa {
-        if Isa::Avx2.available() {
+        if Isa::Avx512.available() {
+            Isa::Avx512
+        } else if Isa::Avx2.available() {
             Isa::Avx2
         } else {
             Isa::Scalar
@@ -29,6 +35,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
+            Isa::Avx512 => avx512_available(),
         }
     }
 
@@ -41,6 +48,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
         }
     }
 
@@ -60,7 +68,40 @@ fn avx2_available() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
 }
 
+/// The AVX-512 kernels enable exactly these features (plus those of AVX2,
+/// which they may call).
+#[cfg(target_arch = "x86_64")]
+fn avx512_available() -> bool {
+    avx2_available()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn avx2_available() -> bool {
     false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_available() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_detect_prefers_the_widest() {
+        for isa in Isa::ALL {
+            assert_eq!(Isa::from_name(isa.name()), Some(isa));
+        }
+        let all = Isa::available_all();
+        assert_eq!(all[0], Isa::Scalar);
+        assert_eq!(Isa::detect(), *all.last().unwrap());
+        if Isa::Avx512.available() {
+            assert!(Isa::Avx2.available());
+        }
+    }
 }

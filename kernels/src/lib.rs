@@ -5,6 +5,7 @@
 //! Every packer implements [`Packer`]; [`catalogue`] lists them and [`find`]
 //! looks one up by id.
 
+pub mod buffer;
 pub mod compile;
 pub mod decoder;
 pub mod device;
@@ -17,6 +18,7 @@ pub mod packer;
 pub mod params;
 mod util;
 
+pub use buffer::OutputBuffer;
 pub use gpu::{pack_on, Backend};
 pub use isa::Isa;
 pub use packer::{PackError, PackedLayout, Packer, SourceTensor};
@@ -42,7 +44,8 @@ pub fn find(id: &str) -> Option<&'static dyn Packer> {
 }
 
 /// Convenience: validates, allocates the payload and packs with the best
-/// kernel. Returns the layout and the payload.
+/// kernel. Returns the layout and the payload (a plain `Vec`; `compile`
+/// packs into an [`OutputBuffer`], huge pages for large payloads).
 pub fn pack_to_vec(
     packer: &dyn Packer,
     src: &SourceTensor<'_>,

@@ -1,20 +1,15 @@
 //! Shared builders for the core crate's integration tests: small valid
 //! models with and without compiled tensors, built through the prost types.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use bytes::Bytes;
 use ctcache::pb;
 use ctcache::pb::struct_type_proto::{self as st, Kind};
 use ctcache::pb::type_proto::{Tensor, Value as TypeValue};
-use prost::Message;
+use ctcache_testkit::{initializer_digest, MatMul};
 
-pub fn kv(k: &str, v: &str) -> pb::StringStringEntryProto {
-    pb::StringStringEntryProto {
-        key: k.into(),
-        value: v.into(),
-    }
-}
+pub use ctcache_testkit::{f32_tensor, kv, open_proto as open};
 
 pub fn scalar(elem: i32) -> pb::TypeProto {
     pb::TypeProto {
@@ -57,65 +52,14 @@ pub fn copy_type() -> pb::StructTypeProto {
     }
 }
 
-pub fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> pb::TensorProto {
-    pb::TensorProto {
-        name: name.into(),
-        data_type: 1,
-        dims: dims.to_vec(),
-        raw_data: Bytes::from(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        ),
-        ..Default::default()
-    }
-}
-
 /// A MatMul model Y = X @ W with W[4, 8] FLOAT.
 pub fn base_model() -> pb::ModelProto {
-    let w: Vec<f32> = (0..32).map(|i| i as f32 * 0.5 - 3.0).collect();
-    let io = |name: &str, dims: &[i64]| pb::ValueInfoProto {
-        name: name.into(),
-        r#type: Some(pb::TypeProto {
-            value: Some(TypeValue::TensorType(Tensor {
-                elem_type: 1,
-                shape: Some(pb::TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| pb::tensor_shape_proto::Dimension {
-                            value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d)),
-                            denotation: String::new(),
-                        })
-                        .collect(),
-                }),
-            })),
-            denotation: String::new(),
-        }),
-        ..Default::default()
-    };
-    pb::ModelProto {
-        ir_version: 10,
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: String::new(),
-            version: 21,
-        }],
-        producer_name: "ctcache-tests".into(),
-        graph: Some(pb::GraphProto {
-            name: "g".into(),
-            node: vec![pb::NodeProto {
-                input: vec!["X".into(), "W".into()],
-                output: vec!["Y".into()],
-                op_type: "MatMul".into(),
-                ..Default::default()
-            }],
-            initializer: vec![f32_tensor("W", &[4, 8], &w)],
-            input: vec![io("X", &[1, 4])],
-            output: vec![io("Y", &[1, 8])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let w = (0..32).map(|i| i as f32 * 0.5 - 3.0);
+    MatMul::new(4, 8, w)
+        .opset(10, 21)
+        .producer("ctcache-tests")
+        .with_io()
+        .proto()
 }
 
 /// The host CPU device, as entries built here record it.
@@ -125,17 +69,7 @@ pub fn cpu() -> pb::DeviceProto {
 
 /// D3 blake3 digest of W computed through the library.
 pub fn digest_of(model: &pb::ModelProto, name: &str) -> Vec<u8> {
-    let m = ctcache::onnx::Model::from_bytes(Bytes::from(model.encode_to_vec()), ".").unwrap();
-    let t = m
-        .initializers()
-        .unwrap()
-        .into_iter()
-        .find(|t| t.name == name)
-        .unwrap();
-    ctcache::digest::digest_tensor(&m, &t, ctcache::digest::Algorithm::Blake3)
-        .unwrap()
-        .bytes
-        .to_vec()
+    initializer_digest(&open(model), name)
 }
 
 /// `base_model` with one valid compiled entry (a FLOAT copy of W, inline).
@@ -159,8 +93,4 @@ pub fn compiled_model() -> pb::ModelProto {
         metadata_props: vec![],
     }];
     m
-}
-
-pub fn open(m: &pb::ModelProto) -> ctcache::onnx::Model {
-    ctcache::onnx::Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap()
 }

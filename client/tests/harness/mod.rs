@@ -1,35 +1,22 @@
 //! Test harness: a real `ctcached` on temp dirs, `ctcachectl` runs against
 //! it, and MatMul models written through the prost types.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use std::os::unix::net::UnixStream;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use bytes::Bytes;
-use ctcache::pb;
-use ctcache::pb::type_proto::{Tensor, Value as TypeValue};
-use prost::Message;
+use ctcache_testkit::{xorshift, MatMul};
 use serde_json::Value;
 
+pub use ctcache_testkit::eventually;
+
 /// The daemon binary, built by `cargo build -p ctcached` (binaries of other
-/// packages have no CARGO_BIN_EXE_ variable): next to ctcachectl, else in
-/// `$CARGO_TARGET_DIR/debug`, else in /var/tmp/ctcache-target/debug.
+/// packages have no CARGO_BIN_EXE_ variable): see `ctcache_testkit::locate_bin`
+/// (`$CTCACHE_BIN_DIR`, next to ctcachectl, `$CARGO_TARGET_DIR/debug`, ...).
 pub fn ctcached_bin() -> PathBuf {
-    let beside = Path::new(ctl_bin()).with_file_name("ctcached");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/ctcache-target"));
-    let candidates = [beside, target.join("debug").join("ctcached")];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!("ctcached is missing ({candidates:?}): run `cargo build -p ctcached` first")
-        })
+    ctcache_testkit::locate_bin("ctcached", "debug").unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 pub fn ctl_bin() -> &'static str {
@@ -74,73 +61,25 @@ pub fn ctl_raw(args: &[&str]) -> Out {
     out
 }
 
-/// A running ctcached on `T/cache`, `T/s.sock`, watching `T/models`.
-pub struct Daemon {
-    dir: Option<tempfile::TempDir>,
-    pub socket: PathBuf,
-    child: Option<Child>,
+/// A running ctcached on `T/cache`, `T/s.sock`, watching `T/models`
+/// (`ctcache_testkit`); `T/work` is free for the test's files. Derefs to the
+/// testkit's daemon (`socket`, `path`, `log`).
+pub struct Daemon(ctcache_testkit::Daemon);
+
+impl Deref for Daemon {
+    type Target = ctcache_testkit::Daemon;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Daemon {
     pub fn start() -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path();
-        for d in ["models", "work", "config"] {
-            std::fs::create_dir_all(t.join(d)).unwrap();
-        }
-        let socket = t.join("s.sock");
-        let log = std::fs::File::create(t.join("daemon.log")).unwrap();
-        let child = Command::new(ctcached_bin())
-            .arg("--cache-dir")
-            .arg(t.join("cache"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--watch")
-            .arg(t.join("models"))
+        let d = ctcache_testkit::Daemon::builder(ctcached_bin())
             .args(["--log-format", "human"])
-            // No user or system config file may leak into the test.
-            .env("XDG_CONFIG_HOME", t.join("config"))
-            .env_remove("CTCACHE_CONFIG")
-            .env_remove("CTCACHE_SOCKET")
-            .env_remove("CTCACHE_CACHE_DIR")
-            .env_remove("CTCACHE_WATCH")
-            .env_remove("INVOCATION_ID")
-            .env_remove("LISTEN_FDS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawning ctcached");
-        let mut d = Daemon {
-            dir: Some(dir),
-            socket,
-            child: Some(child),
-        };
-        d.wait_ready();
-        d
-    }
-
-    fn wait_ready(&mut self) {
-        let start = Instant::now();
-        while UnixStream::connect(&self.socket).is_err() {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("ctcached exited early ({status}):\n{}", self.log());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "ctcached not ready:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn path(&self, rel: &str) -> PathBuf {
-        self.dir.as_ref().unwrap().path().join(rel)
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+            .start();
+        Daemon(d.unwrap_or_else(|e| panic!("{e:#}")))
     }
 
     pub fn socket_arg(&self) -> String {
@@ -164,121 +103,24 @@ impl Daemon {
     /// SIGTERM; the daemon must exit 0 within 30 s. Returns its temp dir
     /// (the cache stays for offline checks).
     pub fn stop(mut self) -> tempfile::TempDir {
-        let mut child = self.child.take().unwrap();
-        // SAFETY: kill(2) on the pid of a child this test spawned.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let start = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "ctcached exited with {status}:\n{}",
-                    self.log()
-                );
-                return self.dir.take().unwrap();
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                let _ = child.kill();
-                panic!(
-                    "ctcached did not stop within 30 s of SIGTERM:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // A failed test must not leave a daemon behind.
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Polls `f` until it returns true (10 s at most).
-pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn io(name: &str, dims: &[i64]) -> pb::ValueInfoProto {
-    pb::ValueInfoProto {
-        name: name.into(),
-        r#type: Some(pb::TypeProto {
-            value: Some(TypeValue::TensorType(Tensor {
-                elem_type: 1,
-                shape: Some(pb::TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| pb::tensor_shape_proto::Dimension {
-                            value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d)),
-                            denotation: String::new(),
-                        })
-                        .collect(),
-                }),
-            })),
-            denotation: String::new(),
-        }),
-        ..Default::default()
+        self.0.stop_cleanly().unwrap_or_else(|e| panic!("{e:#}"));
+        self.0.into_dir()
     }
 }
 
 /// Y = X @ W with W[512, 256] FLOAT (131,072 elements: the default policy
 /// packs it with gemm.pack_b.f32 and ort.matmul_nbits). `seed` varies W.
 pub fn matmul_model(seed: u32) -> Vec<u8> {
-    let (k, n) = (512i64, 256i64);
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    let w: Vec<u8> = (0..k * n)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            ((x % 2000) as f32 / 1000.0 - 1.0).to_le_bytes()
-        })
-        .collect();
-    let model = pb::ModelProto {
-        ir_version: 10,
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: String::new(),
-            version: 21,
-        }],
-        producer_name: "ctcache-client-tests".into(),
-        graph: Some(pb::GraphProto {
-            name: "g".into(),
-            node: vec![pb::NodeProto {
-                input: vec!["X".into(), "W".into()],
-                output: vec!["Y".into()],
-                op_type: "MatMul".into(),
-                ..Default::default()
-            }],
-            initializer: vec![pb::TensorProto {
-                name: "W".into(),
-                data_type: 1,
-                dims: vec![k, n],
-                raw_data: Bytes::from(w),
-                ..Default::default()
-            }],
-            input: vec![io("X", &[1, k])],
-            output: vec![io("Y", &[1, n])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    model.encode_to_vec()
+    let w = xorshift(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
+    MatMul::new(512, 256, w.map(|x| (x % 2000) as f32 / 1000.0 - 1.0))
+        .opset(10, 21)
+        .producer("ctcache-client-tests")
+        .with_io()
+        .encode()
 }
 
-/// Writes a model file and returns its path as a string.
+/// Writes a model file (atomically) and returns its path as a string.
 pub fn write_model(path: &Path, seed: u32) -> String {
-    std::fs::write(path, matmul_model(seed)).unwrap();
+    ctcache_testkit::write_model(path, &matmul_model(seed));
     path.display().to_string()
 }

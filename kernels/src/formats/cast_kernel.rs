@@ -1,7 +1,8 @@
 //! FLOAT -> FLOAT16 / BFLOAT16 over a whole buffer (rules in `fp16`). The
-//! AVX2 path converts with F16C `vcvtps2ph` (round to nearest even, same as
-//! the scalar rule for every non-NaN) and redoes NaN lanes in scalar code,
-//! since the hardware sets the quiet bit and numpy does not.
+//! AVX2 and AVX-512 paths convert with F16C / AVX-512F `vcvtps2ph` (round
+//! to nearest even, same as the scalar rule for every non-NaN) and redo NaN
+//! lanes in scalar code, since the hardware sets the quiet bit and numpy
+//! does not; BFLOAT16 uses the scalar rule's integer rounding in vectors.
 
 use rayon::prelude::*;
 
@@ -28,9 +29,13 @@ fn convert_run(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
     #[allow(unused_mut)] // only x86-64 has a vector path
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    match isa {
         // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C.
-        done = unsafe { super::cast_avx2::convert_run(t, src, out) };
+        Isa::Avx2 => done = unsafe { super::cast_avx2::convert_run(t, src, out) },
+        // SAFETY: Isa::Avx512 is only used when the CPU has AVX-512
+        // F/BW/VL and F16C.
+        Isa::Avx512 => done = unsafe { super::cast_avx512::convert_run(t, src, out) },
+        Isa::Scalar => {}
     }
     let _ = isa;
     let (src, out) = (&src[done * 4..], &mut out[done * 2..]);

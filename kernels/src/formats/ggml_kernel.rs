@@ -55,10 +55,19 @@ pub(crate) fn pack(isa: Isa, t: GgmlType, src: &[u8], f16: bool, out: &mut [u8])
 
 fn pack_run(isa: Isa, t: GgmlType, src: &[u8], f16: bool, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C.
-        unsafe { super::ggml_avx2::pack_run(t, src, f16, out) };
-        return;
+    match isa {
+        Isa::Avx2 => {
+            // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C.
+            unsafe { super::ggml_avx2::pack_run(t, src, f16, out) };
+            return;
+        }
+        Isa::Avx512 => {
+            // SAFETY: Isa::Avx512 is only used when the CPU has AVX-512
+            // F/BW/VL and F16C.
+            unsafe { super::ggml_avx512::pack_run(t, src, f16, out) };
+            return;
+        }
+        Isa::Scalar => {}
     }
     let _ = isa;
     let es = if f16 { 2 } else { 4 };

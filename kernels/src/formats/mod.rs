@@ -13,9 +13,15 @@ mod nbits_rows;
 #[cfg(target_arch = "x86_64")]
 mod cast_avx2;
 #[cfg(target_arch = "x86_64")]
+mod cast_avx512;
+#[cfg(target_arch = "x86_64")]
 mod ggml_avx2;
 #[cfg(target_arch = "x86_64")]
+mod ggml_avx512;
+#[cfg(target_arch = "x86_64")]
 mod nbits_avx2;
+#[cfg(target_arch = "x86_64")]
+mod nbits_avx512;
 
 #[cfg(test)]
 mod tests;

@@ -79,6 +79,13 @@ fn pack_rows(
         unsafe { pack_rows_avx2(w, q, n0, count, codes, scales, zps) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 is only used when the CPU has AVX-512 F/BW/VL
+        // and F16C. As above, with 512-bit vectors.
+        unsafe { pack_rows_avx512(w, q, n0, count, codes, scales, zps) };
+        return;
+    }
     let _ = isa;
     rows(w, q, n0, count, codes, scales, zps);
 }
@@ -86,6 +93,20 @@ fn pack_rows(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn pack_rows_avx2(
+    w: &Weight<'_>,
+    q: &Nbits,
+    n0: usize,
+    count: usize,
+    codes: &mut [u8],
+    scales: &mut [u8],
+    zps: &mut [u8],
+) {
+    rows(w, q, n0, count, codes, scales, zps);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn pack_rows_avx512(
     w: &Weight<'_>,
     q: &Nbits,
     n0: usize,

@@ -801,3 +801,94 @@ fn matmul_nbits_transposed_check_source() {
         .unwrap_err();
     assert!(matches!(e, PackError::BadParamValue { .. }), "{e}");
 }
+
+/// Widths that exercise every vector-group shape of the wide kernels: N
+/// from 1024 on packs 128-column tiles, 256 .. 1023 32-column tiles, below
+/// that 8-column tiles; the last tile of each N below is partial (1, 3 or
+/// 4 full 16-lane vectors plus a masked one, or only a masked one), K is
+/// odd or shorter than the block, and the values are `special_noise`.
+#[test]
+fn matmul_nbits_every_isa_agrees_on_partial_vectors() {
+    for &(k, n) in &[
+        (67usize, 1024 + 100),
+        (5, 1024 + 127),
+        (33, 1024 + 48),
+        (40, 256 + 13),
+        (17, 256 + 40),
+        (3, 15),
+        (66, 16),
+        (1, 17),
+    ] {
+        let w = special_noise(k * n, (k * 7 + n) as u64);
+        let f32s = f32_bytes(&w);
+        let f16s: Vec<u8> = w
+            .iter()
+            .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
+            .collect();
+        for bits in [4, 8] {
+            for bs in [16, 32, 64] {
+                for sym in [true, false] {
+                    let p = nbits(bits, bs, sym);
+                    let dims = [k as u64, n as u64];
+                    pack_all("ort.matmul_nbits", DataType::FLOAT, &dims, &f32s, &p);
+                    pack_all("ort.matmul_nbits", DataType::FLOAT16, &dims, &f16s, &p);
+                }
+            }
+        }
+    }
+}
+
+/// ggml blocks with the deciding element (largest magnitude, a tie of it,
+/// a NaN, an infinity) at every lane of either vector half.
+#[test]
+fn ggml_every_isa_agrees_on_every_lane() {
+    let mut x = Vec::new();
+    for lane in 0..32 {
+        for case in 0..6 {
+            let mut b: Vec<f32> = (0..32).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+            match case {
+                0 => b[lane] = 9.0,
+                1 => b[lane] = -9.0,
+                2 => {
+                    // A tie of magnitudes: the first one decides Q4_0's sign.
+                    b[lane] = -9.0;
+                    b[31 - lane] = 9.0;
+                }
+                3 => b[lane] = f32::NAN,
+                4 => b[lane] = f32::NEG_INFINITY,
+                _ => b[lane] = 1e-42,
+            }
+            x.extend_from_slice(&b);
+        }
+    }
+    x.extend(std::iter::repeat_n(0.0, 32));
+    x.extend(std::iter::repeat_n(-0.0, 32));
+    x.extend(std::iter::repeat_n(1e-40, 32)); // Q8_0: 1/d overflows
+    let n = x.len() as u64;
+    let f32s = f32_bytes(&x);
+    let f16s: Vec<u8> = x
+        .iter()
+        .flat_map(|&v| crate::fp16::f32_to_f16_bits(v).to_le_bytes())
+        .collect();
+    for id in ["ggml.q8_0", "ggml.q4_0"] {
+        pack_all(id, DataType::FLOAT, &[n], &f32s, &Params::new());
+        pack_all(id, DataType::FLOAT16, &[n], &f16s, &Params::new());
+    }
+}
+
+/// Casts of every length up to 100 (whole 32-element steps, a masked
+/// 16-lane tail, both), NaNs in the tail included.
+#[test]
+fn cast_every_isa_agrees_on_every_tail() {
+    for n in 1usize..=100 {
+        let mut x = noise(n, n as u64);
+        x[n - 1] = f32::from_bits(0x7f80_0001); // a signalling NaN, last
+        if n > 20 {
+            x[n - 18] = f32::from_bits(0xffc0_1234);
+        }
+        let data = f32_bytes(&x);
+        for id in ["cast.f16", "cast.bf16"] {
+            pack_all(id, DataType::FLOAT, &[n as u64], &data, &Params::new());
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! Test support shared by the workspace's integration tests and benches (one
+//! implementation instead of a copy per crate):
+//!
+//! - [`locate_bin`]: a binary built by cargo (`ctcached`, `ctcachectl`);
+//! - [`Daemon`]: a real `ctcached` on temp dirs, waited for until it listens,
+//!   stopped with SIGTERM and a bounded wait, killed on drop;
+//! - [`eventually`] / [`eventually_async`]: polling with a deadline;
+//! - synthetic models built through the prost types ([`MatMul`],
+//!   [`f32_tensor`], [`tensor_info`], [`kv`]), written atomically
+//!   ([`write_model`]), and the D3 digests of their initializers.
+
+mod bins;
+mod daemon;
+mod model;
+mod poll;
+
+pub use bins::locate_bin;
+pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
+pub use model::{
+    digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, open_proto, tensor_info,
+    unit_f32, write_atomic, write_model, xorshift, MatMul,
+};
+pub use poll::{eventually, eventually_async};
