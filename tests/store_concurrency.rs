@@ -86,10 +86,12 @@ fn sixteen_threads_mixed_load() {
                                 if let Some(p) =
                                     expected(store.open_payload(&hit.entry.key), "open")
                                 {
-                                    assert_eq!(
-                                        *blake3::hash(&p).as_bytes(),
-                                        hit.entry.payload.blake3
-                                    );
+                                    // The mapped bytes are those of the entry
+                                    // opened. gc may have dropped the hit's
+                                    // entry and a put re-added the key with
+                                    // other bytes since the lookup (this test
+                                    // puts random payloads under one key).
+                                    assert_eq!(*blake3::hash(&p).as_bytes(), p.info.blake3);
                                 }
                             }
                         }
