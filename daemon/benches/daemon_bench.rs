@@ -87,20 +87,31 @@ async fn main() {
         lat.len()
     );
 
-    // BatchLookup throughput.
-    let batch = api::BatchLookupRequest {
-        requests: vec![req.clone(); 1000],
-    };
-    let t = Instant::now();
-    let rounds = 20;
-    for _ in 0..rounds {
-        let r = c.batch_lookup(batch.clone()).await.unwrap().into_inner();
-        assert_eq!(r.responses.len(), 1000);
+    // BatchLookup throughput, full entries and brief ones.
+    for brief in [false, true] {
+        let one = api::LookupRequest {
+            brief,
+            ..req.clone()
+        };
+        let batch = api::BatchLookupRequest {
+            requests: vec![one; 1000],
+        };
+        let t = Instant::now();
+        let rounds = 20;
+        let mut entries = 0;
+        for _ in 0..rounds {
+            let r = c.batch_lookup(batch.clone()).await.unwrap().into_inner();
+            assert_eq!(r.responses.len(), 1000);
+            entries += r.responses.iter().map(|x| x.entries.len()).sum::<usize>();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "BatchLookup{}: {:.0} lookups/s, {:.0} entries/s (batches of 1000)",
+            if brief { " brief" } else { "" },
+            (rounds * 1000) as f64 / secs,
+            entries as f64 / secs,
+        );
     }
-    println!(
-        "BatchLookup: {:.0} lookups/s (batches of 1000)",
-        (rounds * 1000) as f64 / t.elapsed().as_secs_f64()
-    );
 
     // ResolveModel with a warm memo.
     let many = work.path().join("many.onnx");

@@ -19,15 +19,26 @@ pub fn key_from_string(s: &str) -> Result<EntryKey, tonic::Status> {
 
 pub fn entry(e: &Entry, payload_path: String, leased: bool) -> api::Entry {
     api::Entry {
+        struct_type: ctcache::pb::StructTypeProto::decode(e.physical_type.as_slice()).ok(),
+        device: Some(e.device.clone()),
+        source_names: e.source_names.clone(),
+        model_paths: e.model_paths.clone(),
+        ..entry_brief(e, payload_path, leased)
+    }
+}
+
+/// An entry without its bulky fields (struct type, device, names, paths).
+pub fn entry_brief(e: &Entry, payload_path: String, leased: bool) -> api::Entry {
+    api::Entry {
         key: key_to_string(&e.key),
         source_digest: bytes::Bytes::copy_from_slice(&e.key.source.bytes),
         digest_algorithm: e.key.source.algorithm.name().into(),
         physical_type: e.type_name.clone(),
         format_version: e.format_version,
         type_key: e.key.physical_type.hex(),
-        struct_type: ctcache::pb::StructTypeProto::decode(e.physical_type.as_slice()).ok(),
+        struct_type: None,
         dims: e.dims.clone(),
-        device: Some(e.device.clone()),
+        device: None,
         payload_blake3: hex::encode(e.payload.blake3),
         payload_len: e.payload.len,
         payload_path,
@@ -39,8 +50,8 @@ pub fn entry(e: &Entry, payload_path: String, leased: bool) -> api::Entry {
         last_access_unix_ms: e.access.map_or(e.created_ms, |a| a.last_ms) as i64,
         access_count: e.access.map_or(0, |a| a.count),
         pack_duration_us: e.pack_duration.as_micros() as u64,
-        source_names: e.source_names.clone(),
-        model_paths: e.model_paths.clone(),
+        source_names: vec![],
+        model_paths: vec![],
         leased,
     }
 }

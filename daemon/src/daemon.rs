@@ -254,8 +254,16 @@ impl Daemon {
             .collect();
         if !hits.is_empty() {
             metrics::counter!("ctcache_lookup_hits_total").increment(1);
+            let entries = hits.iter().map(|h| {
+                if req.brief {
+                    let path = self.store.blob_path(&h.entry.payload.blake3);
+                    convert::entry_brief(&h.entry, path.display().to_string(), false)
+                } else {
+                    self.api_entry(&h.entry)
+                }
+            });
             return Ok(api::LookupResponse {
-                entries: hits.iter().map(|h| self.api_entry(&h.entry)).collect(),
+                entries: entries.collect(),
                 miss: None,
             });
         }

@@ -287,6 +287,14 @@ def test_resolve_prepack_and_payload_bytes(ctcache, client, daemon):
     # Lookup by digest finds the same entries.
     look = client.lookup(t.source_digest)
     assert {e.key for e in look.entries} == {e.key for e in t.entries}
+    assert all(e.HasField("struct_type") and e.HasField("device") for e in look.entries)
+    # Brief entries: no bulky fields, same keys, and they still open.
+    brief = client.lookup(t.source_digest, brief=True)
+    assert [e.key for e in brief.entries] == [e.key for e in look.entries]
+    assert not any(e.HasField("struct_type") or e.HasField("device") for e in brief.entries)
+    assert [e.payload_blake3 for e in brief.entries] == [e.payload_blake3 for e in look.entries]
+    with client.open_payload(brief.entries[0]) as p:
+        assert p.verify()
     assert client.lookup(bytes(32)).miss.reason
 
 

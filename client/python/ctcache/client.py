@@ -267,12 +267,17 @@ class Client:
     # ---- entries ----
 
     def lookup(self, source_digest, *, digest_algorithm: str = "blake3", devices=None, runtime=None,
-               accepted=None, daemon_produced_only: bool = False,
+               accepted=None, daemon_produced_only: bool = False, brief: bool = False,
                timeout: float | None = None) -> pb.LookupResponse:
-        """Entries usable by the caller for one source digest (bytes or hex), best first; ``.miss`` when none."""
+        """Entries usable by the caller for one source digest (bytes or hex), best first; ``.miss`` when none.
+
+        ``brief=True`` leaves out the bulky entry fields (struct type, device, names, paths); the
+        entries still open with :meth:`open_payload`.
+        """
         req = pb.LookupRequest(source_digest=_digest(source_digest), digest_algorithm=digest_algorithm,
                                devices=list(devices or []), runtime=_runtime(runtime),
-                               accepted=_accepted(accepted), daemon_produced_only=daemon_produced_only)
+                               accepted=_accepted(accepted), daemon_produced_only=daemon_produced_only,
+                               brief=brief)
         return self._call("Lookup", req, timeout)
 
     def list(self, *, format: str = "", device: str = "", source_digest=b"", model_path: str = "",
