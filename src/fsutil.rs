@@ -20,10 +20,14 @@ pub fn atomic_write(
     let name = path
         .file_name()
         .ok_or_else(|| Error::Rewrite(format!("{} has no file name", path.display())))?;
+    // Unique per call, so concurrent writers of one path (two requests in
+    // one daemon) never share a temp file; the last rename wins whole.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         name.to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let result = (|| {
         let file = File::create(&tmp)?;
@@ -44,4 +48,31 @@ pub fn atomic_write(
 /// fsyncs a folder so a rename inside it is durable.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod concurrent_tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_writers_of_one_path_leave_one_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.bin");
+        std::thread::scope(|s| {
+            for i in 0..8u8 {
+                let path = &path;
+                s.spawn(move || {
+                    atomic_write(path, |w| w.write_all(&vec![i; 256 << 10])).unwrap();
+                });
+            }
+        });
+        let got = fs::read(&path).unwrap();
+        assert_eq!(got.len(), 256 << 10);
+        assert!(got.iter().all(|&b| b == got[0]), "a torn file");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["out.bin"], "temp files left: {names:?}");
+    }
 }
