@@ -87,6 +87,35 @@ echo "units, sysusers.d and tmpfiles.d ok"
 step "rust tests"
 cargo test --workspace --locked
 
+step "aarch64 kernels (NEON) under qemu"
+# The kernels cross-compiled for aarch64 and run under qemu-user: the
+# ISA-forcing suites check the NEON paths byte for byte against scalar.
+# Missing tools are installed; if that is impossible (no network) the step
+# says why and is skipped, but a test failure fails the run.
+neon_skip=""
+need=()
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
+[ -e /usr/aarch64-linux-gnu/lib/crt1.o ] || need+=(libc6-dev-arm64-cross)
+if [ ${#need[@]} -gt 0 ]; then
+  { as_root apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}"; } ||
+    neon_skip="could not install ${need[*]}"
+fi
+if [ -z "$neon_skip" ] &&
+  ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+  rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1 ||
+    neon_skip="rustup target add aarch64-unknown-linux-gnu failed (no rustup, or no network to the Rust dist server)"
+fi
+if [ -n "$neon_skip" ]; then
+  echo "skipped: $neon_skip"
+else
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+    CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+    cargo test -q -p ctcache-kernels --no-default-features --target aarch64-unknown-linux-gnu --locked --lib
+fi
+
 step "python cross-checks"
 export CTCACHECTL="$CARGO_TARGET_DIR/debug/ctcachectl"
 export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"

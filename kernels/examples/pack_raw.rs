@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! pack_raw --list-isa
-//! pack_raw FORMAT DTYPE DIMS IN.raw OUT.bin [--isa scalar|avx2|avx512] [--type T.pb]
+//! pack_raw FORMAT DTYPE DIMS IN.raw OUT.bin [--isa scalar|avx2|avx512|neon] [--type T.pb]
 //!          [--decoder F.pb] [key=value ...]
 //! ```
 //! `--type` writes the output `StructTypeProto`, `--decoder` its decoder
@@ -23,7 +23,10 @@ fn run(args: Vec<String>) -> Result<(), String> {
         return Ok(());
     }
     if args.len() < 5 {
-        return Err("usage: pack_raw FORMAT DTYPE DIMS IN OUT [--isa NAME] [k=v ...]".into());
+        return Err(
+            "usage: pack_raw FORMAT DTYPE DIMS IN OUT [--isa scalar|avx2|avx512|neon] [k=v ...]"
+                .into(),
+        );
     }
     let packer = find(&args[0]).ok_or_else(|| format!("unknown packer {:?}", args[0]))?;
     let dt =

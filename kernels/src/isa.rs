@@ -1,7 +1,8 @@
 //! Kernel instruction sets. Every packer has a portable scalar kernel; the
 //! x86-64 AVX2 kernels (which also use F16C, never FMA) and AVX-512
-//! kernels (F + BW + VL, with AVX2 and F16C, never FMA) are chosen at run
-//! time and must produce the same bytes. Tests force each path.
+//! kernels (F + BW + VL, with AVX2 and F16C, never FMA) and the aarch64
+//! NEON kernels (Advanced SIMD only, never `vfma`) are chosen at run time
+//! and must produce the same bytes. Tests force each path.
 
 use std::fmt;
 
@@ -14,14 +15,19 @@ pub enum Isa {
     /// x86-64 AVX-512 F + BW + VL (plus AVX2 and F16C) intrinsics. A
     /// kernel without a 512-bit version runs its AVX2 code here.
     Avx512,
+    /// aarch64 Advanced SIMD (NEON) intrinsics, integer/bit code for every
+    /// half-precision conversion (no FP16 extension needed).
+    Neon,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
 
     /// The best instruction set of this CPU.
     pub fn detect() -> Isa {
-        if Isa::Avx512.available() {
+        if Isa::Neon.available() {
+            Isa::Neon
+        } else if Isa::Avx512.available() {
             Isa::Avx512
         } else if Isa::Avx2.available() {
             Isa::Avx2
@@ -36,6 +42,7 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
             Isa::Avx512 => avx512_available(),
+            Isa::Neon => neon_available(),
         }
     }
 
@@ -49,6 +56,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
@@ -88,6 +96,16 @@ fn avx512_available() -> bool {
     false
 }
 
+#[cfg(target_arch = "aarch64")]
+fn neon_available() -> bool {
+    std::arch::is_aarch64_feature_detected!("neon")
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn neon_available() -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +121,6 @@ mod tests {
         if Isa::Avx512.available() {
             assert!(Isa::Avx2.available());
         }
+        assert_eq!(Isa::Neon.available(), cfg!(target_arch = "aarch64"));
     }
 }

@@ -3,6 +3,8 @@
 //! to nearest even, same as the scalar rule for every non-NaN) and redo NaN
 //! lanes in scalar code, since the hardware sets the quiet bit and numpy
 //! does not; BFLOAT16 uses the scalar rule's integer rounding in vectors.
+//! The aarch64 NEON path does both conversions with the scalar rules'
+//! integer rounding in vectors (`fp16_neon`), NaNs included.
 
 use rayon::prelude::*;
 
@@ -26,7 +28,7 @@ pub(crate) fn convert(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
 }
 
 fn convert_run(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
-    #[allow(unused_mut)] // only x86-64 has a vector path
+    #[allow(unused_mut)] // only x86-64 and aarch64 have vector paths
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     match isa {
@@ -35,7 +37,12 @@ fn convert_run(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
         // SAFETY: Isa::Avx512 is only used when the CPU has AVX-512
         // F/BW/VL and F16C.
         Isa::Avx512 => done = unsafe { super::cast_avx512::convert_run(t, src, out) },
-        Isa::Scalar => {}
+        Isa::Scalar | Isa::Neon => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: Isa::Neon is only used when the CPU has NEON.
+        done = unsafe { super::cast_neon::convert_run(t, src, out) };
     }
     let _ = isa;
     let (src, out) = (&src[done * 4..], &mut out[done * 2..]);

@@ -24,10 +24,12 @@ const SPEC: &[ParamSpec] = &[ParamSpec {
     name: "panel",
     allowed: &["host", "8", "16", "32"],
     default: "host",
-    doc: "panel width NR; host: 32 with AVX-512F, 16 with AVX2, else 8",
+    doc: "panel width NR; host: 32 with AVX-512F, 16 with AVX2, else 8 (NEON on aarch64 too)",
 }];
 
-/// The panel width the host's SGEMM micro-kernel wants.
+/// The panel width the host's SGEMM micro-kernel wants: 32 (AVX-512F), 16
+/// (AVX2), else 8, which is also NEON's on aarch64 (two 4-lane registers
+/// per row, the usual 8-wide NEON SGEMM micro-kernel).
 pub fn host_panel() -> usize {
     #[cfg(target_arch = "x86_64")]
     {

@@ -67,7 +67,13 @@ fn pack_run(isa: Isa, t: GgmlType, src: &[u8], f16: bool, out: &mut [u8]) {
             unsafe { super::ggml_avx512::pack_run(t, src, f16, out) };
             return;
         }
-        Isa::Scalar => {}
+        Isa::Scalar | Isa::Neon => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: Isa::Neon is only used when the CPU has NEON.
+        unsafe { super::ggml_neon::pack_run(t, src, f16, out) };
+        return;
     }
     let _ = isa;
     let es = if f16 { 2 } else { 4 };

@@ -23,5 +23,14 @@ mod nbits_avx2;
 #[cfg(target_arch = "x86_64")]
 mod nbits_avx512;
 
+#[cfg(target_arch = "aarch64")]
+mod cast_neon;
+#[cfg(target_arch = "aarch64")]
+mod fp16_neon;
+#[cfg(target_arch = "aarch64")]
+mod ggml_neon;
+#[cfg(target_arch = "aarch64")]
+mod nbits_neon;
+
 #[cfg(test)]
 mod tests;

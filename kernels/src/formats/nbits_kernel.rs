@@ -341,7 +341,7 @@ fn transpose_out(
     out: &mut [u8],
     stride: usize,
 ) {
-    #[allow(unused_mut)] // only x86-64 has a vector path
+    #[allow(unused_mut)] // only x86-64 has a vector path (NEON: scalar)
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
@@ -375,7 +375,7 @@ fn minmax(
     mn: &mut [f32; TILE],
     mx: &mut [f32; TILE],
 ) {
-    #[allow(unused_mut)] // only x86-64 has a vector path
+    #[allow(unused_mut)] // only x86-64 and aarch64 have vector paths
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     match isa {
@@ -391,7 +391,14 @@ fn minmax(
             // F/BW/VL and F16C; the column range is inside the row.
             unsafe { super::nbits_avx512::minmax(w, n0, done, k0, len, mn, mx) };
         }
-        Isa::Scalar => {}
+        Isa::Scalar | Isa::Neon => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        done = width & !3;
+        // SAFETY: Isa::Neon is only used when the CPU has NEON (checked by
+        // the packer); the column range is inside the row.
+        unsafe { super::nbits_neon::minmax(w, n0, done, k0, len, mn, mx) };
     }
     let _ = isa;
     if done == width {
@@ -441,7 +448,7 @@ fn fill_codes(
     tile: &mut [u8],
 ) {
     let kmax = q.kmax();
-    #[allow(unused_mut)] // only x86-64 has a vector path
+    #[allow(unused_mut)] // only x86-64 and aarch64 have vector paths
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     match isa {
@@ -455,7 +462,13 @@ fn fill_codes(
             // SAFETY: as in `minmax`.
             unsafe { super::nbits_avx512::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
         }
-        Isa::Scalar => {}
+        Isa::Scalar | Isa::Neon => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        done = width & !3;
+        // SAFETY: as in `minmax`.
+        unsafe { super::nbits_neon::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
     }
     let _ = isa;
     if done == width {

@@ -86,7 +86,30 @@ fn pack_rows(
         unsafe { pack_rows_avx512(w, q, n0, count, codes, scales, zps) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: Isa::Neon is only used when the CPU has NEON. NEON is
+        // aarch64's baseline, so this is the scalar code's own
+        // vectorization (compare + select min/max, no FMA contraction);
+        // kept as a separate entry for symmetry and to force the path.
+        unsafe { pack_rows_neon(w, q, n0, count, codes, scales, zps) };
+        return;
+    }
     let _ = isa;
+    rows(w, q, n0, count, codes, scales, zps);
+}
+
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn pack_rows_neon(
+    w: &Weight<'_>,
+    q: &Nbits,
+    n0: usize,
+    count: usize,
+    codes: &mut [u8],
+    scales: &mut [u8],
+    zps: &mut [u8],
+) {
     rows(w, q, n0, count, codes, scales, zps);
 }
 

@@ -892,3 +892,69 @@ fn cast_every_isa_agrees_on_every_tail() {
         }
     }
 }
+
+/// The NEON half-precision conversions (integer code) against the scalar
+/// rules: every FLOAT16 pattern widened, and FLOAT patterns around every
+/// rounding boundary of every exponent (ties, subnormal halves, overflow,
+/// NaN payloads) plus pseudo-random ones, narrowed to FLOAT16 and BFLOAT16.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_half_conversions_match_the_scalar_rules() {
+    use super::cast_kernel::Target;
+    use super::fp16_neon::f16x4_to_f32;
+    use crate::fp16::{f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
+    use std::arch::aarch64::*;
+
+    for h0 in (0..=u16::MAX).step_by(4) {
+        let h = [h0, h0 + 1, h0 + 2, h0 + 3];
+        let mut got = [0u32; 4];
+        // SAFETY: NEON is aarch64's baseline; the arrays hold four lanes.
+        unsafe {
+            let v = f16x4_to_f32(vld1_u16(h.as_ptr()));
+            vst1q_u32(got.as_mut_ptr(), vreinterpretq_u32_f32(v));
+        }
+        for (j, &g) in got.iter().enumerate() {
+            assert_eq!(g, f16_bits_to_f32(h[j]).to_bits(), "f16 {:#06x}", h[j]);
+        }
+    }
+    let mut xs = Vec::new();
+    let lows = [
+        0u32, 1, 0xfff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x2001, 0x3000, 0x3fff, 0x7fff, 0x8000,
+        0x8001,
+    ];
+    for sign in [0u32, 1 << 31] {
+        for e in 0u32..256 {
+            for hi in [0u32, 0x2000, 0x4000, 0x40_0000, 0x7f_c000] {
+                for lo in lows {
+                    for sub in [0u32, 0x1_0000, 0x7_ffff & !0x3fff] {
+                        xs.push(sign | (e << 23) | ((hi | sub | lo) & 0x7f_ffff));
+                    }
+                }
+            }
+        }
+    }
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..100_000 {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        xs.push(s as u32);
+    }
+    while xs.len() % 8 != 0 {
+        xs.push(0);
+    }
+    let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    for (t, f) in [
+        (Target::F16, f32_to_f16_bits as fn(f32) -> u16),
+        (Target::Bf16, f32_to_bf16_bits),
+    ] {
+        let mut out = vec![0u8; 2 * xs.len()];
+        // SAFETY: as above.
+        let done = unsafe { super::cast_neon::convert_run(t, &src, &mut out) };
+        assert_eq!(done, xs.len());
+        for (x, o) in xs.iter().zip(out.chunks_exact(2)) {
+            let got = u16::from_le_bytes([o[0], o[1]]);
+            assert_eq!(got, f(f32::from_bits(*x)), "{t:?} {x:#010x}");
+        }
+    }
+}
