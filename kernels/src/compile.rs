@@ -104,13 +104,18 @@ pub fn compile_on(
         dims: &t.dims,
         data: &raw,
     };
-    // Large payloads get huge pages (crate::buffer).
-    let mut payload = OutputBuffer::zeroed(usize::try_from(layout.payload_len).map_err(|_| {
+    // Large payloads get huge pages, reused across packs (crate::buffer).
+    // The CPU packers write every byte; the GPU path gets zeroed memory.
+    let len = usize::try_from(layout.payload_len).map_err(|_| {
         pack_err(PackError::Overflow {
             packer: packer.id(),
             dims: t.dims.clone(),
         })
-    })?);
+    })?;
+    let mut payload = match choice {
+        BackendChoice::Cpu => OutputBuffer::reusable(len),
+        BackendChoice::Wgpu | BackendChoice::Auto => OutputBuffer::zeroed(len),
+    };
     let backend = match choice {
         BackendChoice::Cpu => {
             packer.pack(&src, params, &mut payload).map_err(pack_err)?;
