@@ -217,14 +217,7 @@ impl Store {
             return Ok(None);
         };
         let rec = entry::decode_record(&kb, &v)?;
-        let mut access = self.access_of(&kb)?;
-        if let Some(p) = self.access.pending(&kb) {
-            access = Access {
-                last_ms: access.last_ms.max(p.last_ms),
-                count: access.count + p.count,
-            };
-        }
-        Ok(Some(rec.into_entry(*key, Some(access))))
+        Ok(Some(rec.into_entry(*key, Some(self.current_access(&kb)?))))
     }
 
     /// The entries matching `filter`, in key order. With a source digest
@@ -264,9 +257,22 @@ impl Store {
         }
         let mut out = Vec::with_capacity(matched.len());
         for (kb, rec) in matched {
-            let access = self.access_of(&kb)?;
+            let access = self.current_access(&kb)?;
             out.push(rec.into_entry(EntryKey::from_bytes(&kb)?, Some(access)));
         }
         Ok(out)
+    }
+
+    /// Access statistics as written in the index plus those still pending
+    /// in the batch (written within about a second).
+    fn current_access(&self, kb: &KeyBytes) -> StoreResult<Access> {
+        let access = self.access_of(kb)?;
+        Ok(match self.access.pending(kb) {
+            Some(p) => Access {
+                last_ms: access.last_ms.max(p.last_ms),
+                count: access.count + p.count,
+            },
+            None => access,
+        })
     }
 }

@@ -89,9 +89,13 @@ fn access_statistics_are_batched_and_visible() {
         s.open_payload(&k).unwrap();
     }
     assert_eq!(s.stat(&k).unwrap().unwrap().access.unwrap().count, 3);
+    // Pending (not yet written) statistics show in list too.
+    let l = s.list(&Filter::default()).unwrap();
+    assert_eq!(l[0].access.unwrap().count, 3);
     s.flush().unwrap();
     let l = s.list(&Filter::default()).unwrap();
     assert_eq!(l[0].access.unwrap().count, 3);
+    assert_eq!(s.stat(&k).unwrap().unwrap().access.unwrap().count, 3);
 }
 
 #[test]
