@@ -236,6 +236,12 @@ impl CompiledTensorCache for Service {
                     entries: hits.iter().map(|h| d.api_entry(&h.entry)).collect(),
                     wanted_formats: wanted.iter().map(|w| w.format.clone()).collect(),
                     misses: vec![],
+                    refused: sel
+                        .refused
+                        .iter()
+                        .filter(|(n, _)| n == &t.name)
+                        .map(|(_, why)| why.clone())
+                        .collect(),
                 };
                 for w in wanted {
                     let hit = hits.iter().any(|h| {

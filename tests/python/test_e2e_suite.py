@@ -321,6 +321,10 @@ def test_watcher_packs_small_models(ctcache, daemon_a, small):
     # gemm.pack_b.f32, whose layout is W[K, N] only, is not wanted for it.
     assert tensors["fc1.weight"]["dims"] == [512, 128]
     assert tensors["fc1.weight"]["wanted_formats"] == ["ort.matmul_nbits"], tensors["fc1.weight"]
+    refused = tensors["fc1.weight"]["refused"]
+    assert len(refused) == 1 and refused[0].startswith("gemm.pack_b.f32") and "transposed" in refused[0], refused
+    human = daemon_a.ctl("resolve", str(conv.path))
+    assert "not wanted: fc1.weight: gemm.pack_b.f32" in human.stdout, human.describe()
     # The watcher took both models by itself; for the FLOAT16 one the default policy (FLOAT only)
     # selects nothing, so it packed nothing.
     assert small["verdicts"] == {str(conv.path): (3, 3), str(f16.path): (0, 0)}, small["verdicts"]

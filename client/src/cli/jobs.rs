@@ -264,6 +264,7 @@ pub async fn resolve(ctx: &Ctx, a: ResolveArgs) -> Result<(), Failure> {
                 "status": tensor_status(t),
                 "entries": t.entries.iter().map(json::entry).collect::<Vec<_>>(),
                 "misses": t.misses.iter().map(json::miss).collect::<Vec<_>>(),
+                "refused": t.refused,
             })).collect::<Vec<_>>(),
             "not_sources": res.not_sources.iter().map(|n| json!({"name": n.name, "reason": n.reason})).collect::<Vec<_>>(),
         }));
@@ -313,6 +314,11 @@ pub async fn resolve(ctx: &Ctx, a: ResolveArgs) -> Result<(), Failure> {
     }
     for n in &res.not_sources {
         say(&format!("not a source: {}: {}", n.name, n.reason))?;
+    }
+    for r in &res.tensors {
+        for why in &r.refused {
+            say(&format!("not wanted: {}: {why}", r.name))?;
+        }
     }
     if !ctx.quiet {
         if hidden > 0 {
