@@ -32,6 +32,25 @@ async fn entries_for(
         .entries
 }
 
+/// Waits (up to 60 s) until `digest` has `n` entries; returns them.
+async fn wait_for_entries(
+    c: &api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
+    digest: &[u8],
+    n: usize,
+    what: &str,
+) -> Vec<api::Entry> {
+    eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let digest = digest.to_vec();
+        async move {
+            let e = entries_for(&mut c, &digest).await;
+            (e.len() == n).then_some(e)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("{what}: {n} entries within 60 s"))
+}
+
 async fn prepack_all(
     c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
     model: &std::path::Path,
@@ -78,16 +97,7 @@ async fn watcher_packs_models_without_client_calls() {
     let path = d.models.join("mlp.onnx");
     write_model(&path, &matmul_model(K, N, 1));
     let digest = digest_of(&path, "W");
-    let entries = eventually(Duration::from_secs(60), || {
-        let mut c = c.clone();
-        let digest = digest.clone();
-        async move {
-            let e = entries_for(&mut c, &digest).await;
-            (e.len() == 2).then_some(e)
-        }
-    })
-    .await
-    .expect("the watcher packed both default formats");
+    let entries = wait_for_entries(&c, &digest, 2, "the watcher packed both default formats").await;
     let mut types: Vec<_> = entries.iter().map(|e| e.physical_type.clone()).collect();
     types.sort();
     assert!(types[0].starts_with("gemm.pack_b.f32"), "{types:?}");
@@ -98,13 +108,7 @@ async fn watcher_packs_models_without_client_calls() {
     write_model(&path, &matmul_model(K, N, 2));
     let new_digest = digest_of(&path, "W");
     assert_ne!(new_digest, digest);
-    eventually(Duration::from_secs(60), || {
-        let mut c = c.clone();
-        let d2 = new_digest.clone();
-        async move { (entries_for(&mut c, &d2).await.len() == 2).then_some(()) }
-    })
-    .await
-    .expect("the changed model was packed again");
+    wait_for_entries(&c, &new_digest, 2, "the changed model was packed again").await;
     assert_eq!(
         entries_for(&mut c, &digest).await.len(),
         2,
@@ -531,13 +535,7 @@ async fn restart_keeps_cache_and_memo() {
     write_model(&path, &matmul_model(K, N, 5));
     let digest = digest_of(&path, "W");
     let c = d.client().await;
-    eventually(Duration::from_secs(60), || {
-        let mut c = c.clone();
-        let dg = digest.clone();
-        async move { (entries_for(&mut c, &dg).await.len() == 2).then_some(()) }
-    })
-    .await
-    .expect("packed");
+    wait_for_entries(&c, &digest, 2, "packed").await;
     drop(c);
     assert_eq!(d.stop(), Some(0));
     // The digest memo is in the index, keyed by the model path.
@@ -783,13 +781,7 @@ async fn status_hit_rate_counts_only_wanted_tensors_of_a_resolve() {
     write_model(&path, &m.encode_to_vec());
     let digest = digest_of(&path, "W");
     let c = d.client().await;
-    eventually(Duration::from_secs(60), || {
-        let mut c = c.clone();
-        let dg = digest.clone();
-        async move { (entries_for(&mut c, &dg).await.len() == 2).then_some(()) }
-    })
-    .await
-    .expect("packed");
+    wait_for_entries(&c, &digest, 2, "packed").await;
     let mut c = c.clone();
     let status = |mut c: api::compiled_tensor_cache_client::CompiledTensorCacheClient<_>| async move {
         let s = c.status(api::StatusRequest {}).await.unwrap().into_inner();

@@ -99,47 +99,33 @@ fn pack_rows(
     rows(w, q, n0, count, codes, scales, zps);
 }
 
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn pack_rows_neon(
-    w: &Weight<'_>,
-    q: &Nbits,
-    n0: usize,
-    count: usize,
-    codes: &mut [u8],
-    scales: &mut [u8],
-    zps: &mut [u8],
-) {
-    rows(w, q, n0, count, codes, scales, zps);
+/// `rows` compiled for one instruction set: the same Rust code with wider
+/// vectors (Rust never contracts to FMA, so the bytes are the same).
+macro_rules! rows_for {
+    ($name:ident, $arch:literal, $features:literal) => {
+        #[cfg(target_arch = $arch)]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            w: &Weight<'_>,
+            q: &Nbits,
+            n0: usize,
+            count: usize,
+            codes: &mut [u8],
+            scales: &mut [u8],
+            zps: &mut [u8],
+        ) {
+            rows(w, q, n0, count, codes, scales, zps);
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn pack_rows_avx2(
-    w: &Weight<'_>,
-    q: &Nbits,
-    n0: usize,
-    count: usize,
-    codes: &mut [u8],
-    scales: &mut [u8],
-    zps: &mut [u8],
-) {
-    rows(w, q, n0, count, codes, scales, zps);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn pack_rows_avx512(
-    w: &Weight<'_>,
-    q: &Nbits,
-    n0: usize,
-    count: usize,
-    codes: &mut [u8],
-    scales: &mut [u8],
-    zps: &mut [u8],
-) {
-    rows(w, q, n0, count, codes, scales, zps);
-}
+rows_for!(pack_rows_neon, "aarch64", "neon");
+rows_for!(pack_rows_avx2, "x86_64", "avx2,f16c");
+rows_for!(
+    pack_rows_avx512,
+    "x86_64",
+    "avx512f,avx512bw,avx512vl,avx2,f16c"
+);
 
 #[inline(always)]
 fn rows(
