@@ -2,8 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::cast_kernel::Target;
-use crate::fp16::f32_to_f16_bits;
+use super::cast_kernel::{fix_nans, Target};
 
 /// Converts the leading whole groups of 16 elements; returns how many
 /// elements were converted (the caller finishes the rest).
@@ -31,7 +30,7 @@ pub(crate) unsafe fn convert_run(t: Target, src: &[u8], out: &mut [u8]) -> usize
                     _mm256_cmp_ps::<_CMP_UNORD_Q>(b, b),
                 );
                 if _mm256_movemask_ps(nan) != 0 {
-                    fix_nans(sp.add(i * 4), op.add(i * 2));
+                    fix_nans(sp.add(i * 4), op.add(i * 2), 16);
                 }
                 i += 16;
             }
@@ -48,21 +47,6 @@ pub(crate) unsafe fn convert_run(t: Target, src: &[u8], out: &mut [u8]) -> usize
         }
     }
     n
-}
-
-/// Rare: redoes the NaN lanes of 16 elements with numpy's rule (the
-/// hardware sets the quiet bit).
-#[cold]
-#[inline(never)]
-unsafe fn fix_nans(src: *const u8, out: *mut u8) {
-    for j in 0..16 {
-        let x = f32::from_le_bytes(src.add(4 * j).cast::<[u8; 4]>().read_unaligned());
-        if x.is_nan() {
-            out.add(2 * j)
-                .cast::<[u8; 2]>()
-                .write_unaligned(f32_to_f16_bits(x).to_le_bytes());
-        }
-    }
 }
 
 /// Eight bfloat16 results in the low halves of 32-bit lanes.

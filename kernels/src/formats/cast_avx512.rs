@@ -9,8 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::cast_kernel::Target;
-use crate::fp16::f32_to_f16_bits;
+use super::cast_kernel::{fix_nans, Target};
 
 /// Converts every element (`min(src.len() / 4, out.len() / 2)`); returns
 /// how many were converted.
@@ -80,21 +79,6 @@ fn mask(left: usize) -> __mmask16 {
 #[inline(always)]
 unsafe fn f16(x: __m512) -> __m256i {
     _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)
-}
-
-/// Rare: redoes the NaN lanes of `count` elements with numpy's rule (the
-/// hardware sets the quiet bit).
-#[cold]
-#[inline(never)]
-unsafe fn fix_nans(src: *const u8, out: *mut u8, count: usize) {
-    for j in 0..count {
-        let x = f32::from_le_bytes(src.add(4 * j).cast::<[u8; 4]>().read_unaligned());
-        if x.is_nan() {
-            out.add(2 * j)
-                .cast::<[u8; 2]>()
-                .write_unaligned(f32_to_f16_bits(x).to_le_bytes());
-        }
-    }
 }
 
 /// Sixteen bfloat16 results (`fp16::f32_to_bf16_bits` lane by lane).

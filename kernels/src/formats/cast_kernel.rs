@@ -59,3 +59,22 @@ fn scalar(src: &[u8], out: &mut [u8], f: impl Fn(f32) -> u16) {
         o.copy_from_slice(&h.to_le_bytes());
     }
 }
+
+/// Rare path of the vector kernels: redoes the NaN lanes of `count`
+/// elements with numpy's rule (the hardware conversion sets the quiet bit).
+///
+/// # Safety
+/// `src` must hold `count` f32 and `out` room for `count` f16, unaligned.
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn fix_nans(src: *const u8, out: *mut u8, count: usize) {
+    for j in 0..count {
+        let x = f32::from_le_bytes(src.add(4 * j).cast::<[u8; 4]>().read_unaligned());
+        if x.is_nan() {
+            out.add(2 * j)
+                .cast::<[u8; 2]>()
+                .write_unaligned(crate::fp16::f32_to_f16_bits(x).to_le_bytes());
+        }
+    }
+}

@@ -164,6 +164,26 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// `pack_all` of W[k, n] as FLOAT and FLOAT16, 4 and 8 bits, sym and asym,
+/// at each block size.
+fn nbits_all_settings(k: usize, n: usize, w: &[f32], block_sizes: &[u32]) {
+    let f32s = f32_bytes(w);
+    let f16s: Vec<u8> = w
+        .iter()
+        .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
+        .collect();
+    let dims = [k as u64, n as u64];
+    for bits in [4, 8] {
+        for &bs in block_sizes {
+            for sym in [true, false] {
+                let p = nbits(bits, bs, sym);
+                pack_all("ort.matmul_nbits", DataType::FLOAT, &dims, &f32s, &p);
+                pack_all("ort.matmul_nbits", DataType::FLOAT16, &dims, &f16s, &p);
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_nbits_every_isa_agrees() {
     for &(k, n) in &[
@@ -176,21 +196,7 @@ fn matmul_nbits_every_isa_agrees() {
         (31, 1031),
     ] {
         let w = noise(k * n, (k * 131 + n) as u64);
-        let f32s = f32_bytes(&w);
-        let f16s: Vec<u8> = w
-            .iter()
-            .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
-            .collect();
-        for bits in [4, 8] {
-            for bs in [16, 32, 64, 128, 256] {
-                for sym in [true, false] {
-                    let p = nbits(bits, bs, sym);
-                    let dims = [k as u64, n as u64];
-                    pack_all("ort.matmul_nbits", DataType::FLOAT, &dims, &f32s, &p);
-                    pack_all("ort.matmul_nbits", DataType::FLOAT16, &dims, &f16s, &p);
-                }
-            }
-        }
+        nbits_all_settings(k, n, &w, &[16, 32, 64, 128, 256]);
     }
 }
 
@@ -820,21 +826,7 @@ fn matmul_nbits_every_isa_agrees_on_partial_vectors() {
         (1, 17),
     ] {
         let w = special_noise(k * n, (k * 7 + n) as u64);
-        let f32s = f32_bytes(&w);
-        let f16s: Vec<u8> = w
-            .iter()
-            .flat_map(|&x| crate::fp16::f32_to_f16_bits(x).to_le_bytes())
-            .collect();
-        for bits in [4, 8] {
-            for bs in [16, 32, 64] {
-                for sym in [true, false] {
-                    let p = nbits(bits, bs, sym);
-                    let dims = [k as u64, n as u64];
-                    pack_all("ort.matmul_nbits", DataType::FLOAT, &dims, &f32s, &p);
-                    pack_all("ort.matmul_nbits", DataType::FLOAT16, &dims, &f16s, &p);
-                }
-            }
-        }
+        nbits_all_settings(k, n, &w, &[16, 32, 64]);
     }
 }
 
