@@ -14,7 +14,9 @@ use crate::client::api;
 
 #[derive(Debug, Args)]
 pub struct MaterializeArgs {
+    /// The FLOAT (or FLOAT16) ONNX model.
     model: PathBuf,
+    /// The model to write; its weights go to OUTPUT.weights/ next to it.
     #[arg(short, long)]
     output: PathBuf,
     /// What the model is for.
