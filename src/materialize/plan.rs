@@ -8,7 +8,10 @@
 //! input (a value a caller may override). It adds Gemm, which the quantizer
 //! leaves alone: Gemm with transA = 0, alpha = 1 and beta = 1 (or no C)
 //! becomes MatMulNBits followed by Add(C), reading B as W[N, K] when
-//! transB = 1. Nodes inside subgraphs are not rewritten.
+//! transB = 1. Nodes inside subgraphs (If / Loop / Scan bodies) are
+//! rewritten too when their B is a top-level initializer that nothing in
+//! the enclosing subgraphs shadows (as the quantizer's graph stack does);
+//! initializers of subgraphs themselves are left alone.
 
 use std::collections::{HashMap, HashSet};
 
@@ -29,10 +32,23 @@ pub enum Op {
     },
 }
 
+/// One step down into a subgraph: the node (by index in its graph), its
+/// attribute (by index) and the graph in it (0 for `g`, else the index in
+/// `graphs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Step {
+    pub node: usize,
+    pub attribute: usize,
+    pub graph: usize,
+}
+
 /// One node to rewrite.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
-    /// Position among the graph's nodes (file order).
+    /// The subgraphs the node is in, from the top-level graph down (empty
+    /// for a top-level node).
+    pub scope: Vec<Step>,
+    /// Position among its graph's nodes (file order).
     pub node_index: usize,
     pub node: pb::NodeProto,
     pub op: Op,
@@ -105,7 +121,7 @@ pub(crate) const GRAPH_INPUT: u32 = 11;
 pub(crate) const GRAPH_OUTPUT: u32 = 12;
 pub(crate) const GRAPH_VALUE_INFO: u32 = 13;
 
-/// Decides the rewrite of the model's top-level MatMul and Gemm nodes.
+/// Decides the rewrite of the model's MatMul and Gemm nodes.
 pub fn plan(model: &Model) -> Result<Plan> {
     let nodes = model.nodes()?;
     let inits: HashMap<String, TensorRef> = model
@@ -115,32 +131,70 @@ pub fn plan(model: &Model) -> Result<Plan> {
         .collect();
     let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
     let mut out = Plan::default();
+    let ctx = Context {
+        inits: &inits,
+        inputs: &inputs,
+    };
+    visit(&ctx, &nodes, &mut Vec::new(), &HashSet::new(), &mut out);
+    Ok(out)
+}
+
+struct Context<'a> {
+    inits: &'a HashMap<String, TensorRef>,
+    inputs: &'a HashSet<String>,
+}
+
+/// Plans the nodes of one graph; `shadow` holds the names the enclosing
+/// subgraphs define (so they are not the top-level initializers).
+fn visit(
+    ctx: &Context<'_>,
+    nodes: &[pb::NodeProto],
+    scope: &mut Vec<Step>,
+    shadow: &HashSet<String>,
+    out: &mut Plan,
+) {
     for (i, n) in nodes.iter().enumerate() {
         let is_target_op = is_default_domain(n) && matches!(n.op_type.as_str(), "MatMul" | "Gemm");
-        if !is_target_op {
-            continue;
+        if is_target_op {
+            match target(i, n, ctx, shadow) {
+                Ok(mut t) => {
+                    t.scope = scope.clone();
+                    out.targets.push(t);
+                }
+                Err(reason) => out.skipped.push(Skipped {
+                    node: if n.name.is_empty() {
+                        format!("#{i}")
+                    } else {
+                        n.name.clone()
+                    },
+                    op_type: n.op_type.clone(),
+                    reason,
+                }),
+            }
         }
-        match target(i, n, &inits, &inputs) {
-            Ok(t) => out.targets.push(t),
-            Err(reason) => out.skipped.push(Skipped {
-                node: if n.name.is_empty() {
-                    format!("#{i}")
-                } else {
-                    n.name.clone()
-                },
-                op_type: n.op_type.clone(),
-                reason,
-            }),
+        for (a, attr) in n.attribute.iter().enumerate() {
+            for (k, g) in attr.g.iter().chain(attr.graphs.iter()).enumerate() {
+                let mut inner = shadow.clone();
+                inner.extend(g.input.iter().map(|v| v.name.clone()));
+                inner.extend(g.initializer.iter().map(|t| t.name.clone()));
+                inner.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+                scope.push(Step {
+                    node: i,
+                    attribute: a,
+                    graph: k,
+                });
+                visit(ctx, &g.node, scope, &inner, out);
+                scope.pop();
+            }
         }
     }
-    Ok(out)
 }
 
 fn target(
     index: usize,
     n: &pb::NodeProto,
-    inits: &HashMap<String, TensorRef>,
-    inputs: &HashSet<String>,
+    ctx: &Context<'_>,
+    shadow: &HashSet<String>,
 ) -> std::result::Result<Target, String> {
     let gemm = n.op_type == "Gemm";
     let b = n
@@ -152,10 +206,16 @@ fn target(
     {
         return Err("input A or output Y missing".into());
     }
-    let t = inits
+    if shadow.contains(b) {
+        return Err(format!(
+            "input B {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
+        ));
+    }
+    let t = ctx
+        .inits
         .get(b)
         .ok_or_else(|| format!("input B {b:?} is not an initializer (not a constant weight)"))?;
-    if inputs.contains(b) {
+    if ctx.inputs.contains(b) {
         return Err(format!(
             "initializer {b:?} is also a graph input, so a caller may override it"
         ));
@@ -202,6 +262,7 @@ fn target(
     };
     let (k, n_cols) = if transposed { (d1, d0) } else { (d0, d1) };
     Ok(Target {
+        scope: Vec::new(),
         node_index: index,
         node: n.clone(),
         op,
@@ -214,8 +275,12 @@ fn target(
 }
 
 /// Every value name the graph reads, subgraphs included (outer-scope
-/// references), except the inputs of the nodes at `skip`.
-pub(crate) fn used_names(model: &Model, skip: &HashSet<usize>) -> Result<HashSet<String>> {
+/// references), with the top-level nodes in `replaced` read from their
+/// replacements.
+pub(crate) fn used_names(
+    model: &Model,
+    replaced: &HashMap<usize, Vec<pb::NodeProto>>,
+) -> Result<HashSet<String>> {
     fn visit(n: &pb::NodeProto, used: &mut HashSet<String>) {
         used.extend(n.input.iter().cloned());
         for a in &n.attribute {
@@ -229,8 +294,9 @@ pub(crate) fn used_names(model: &Model, skip: &HashSet<usize>) -> Result<HashSet
     }
     let mut used = HashSet::new();
     for (i, n) in model.nodes()?.iter().enumerate() {
-        if !skip.contains(&i) {
-            visit(n, &mut used);
+        match replaced.get(&i) {
+            Some(new) => new.iter().for_each(|n| visit(n, &mut used)),
+            None => visit(n, &mut used),
         }
     }
     used.extend(graph_value_names(model, GRAPH_OUTPUT)?);

@@ -229,3 +229,79 @@ fn settings_are_validated() {
     }
     Settings::default().validate().unwrap();
 }
+
+fn branch(name: &str, nodes: Vec<pb::NodeProto>, inputs: &[&str]) -> pb::GraphProto {
+    pb::GraphProto {
+        name: name.into(),
+        node: nodes,
+        input: inputs
+            .iter()
+            .map(|n| pb::ValueInfoProto {
+                name: n.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        output: vec![pb::ValueInfoProto {
+            name: "out".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn graph_attr(name: &str, g: pb::GraphProto) -> pb::AttributeProto {
+    pb::AttributeProto {
+        name: name.into(),
+        g: Some(g),
+        r#type: 5,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn subgraph_nodes_reading_a_top_level_weight_are_targets() {
+    let mut if_node = node("If", "branch", &["cond"], "y");
+    if_node.attribute = vec![
+        graph_attr(
+            "then_branch",
+            branch(
+                "then",
+                vec![node("MatMul", "t_mm", &["x", "W"], "out")],
+                &[],
+            ),
+        ),
+        graph_attr(
+            "else_branch",
+            // The body's own input named W shadows the top-level weight.
+            branch(
+                "else",
+                vec![node("MatMul", "e_mm", &["x", "W"], "out")],
+                &["W"],
+            ),
+        ),
+    ];
+    let m = model(
+        vec![if_node],
+        vec![tensor("W", 1, &[32, 8])],
+        &["x", "cond"],
+    );
+    let p = plan(&m).unwrap();
+    assert_eq!(p.targets.len(), 1, "{:?}", p.skipped);
+    let t = &p.targets[0];
+    assert_eq!(t.node.name, "t_mm");
+    assert_eq!(
+        t.scope,
+        [Step {
+            node: 0,
+            attribute: 0,
+            graph: 0
+        }]
+    );
+    assert_eq!(t.node_index, 0);
+    assert_eq!(p.skipped.len(), 1);
+    assert!(
+        p.skipped[0].reason.contains("inside the subgraph"),
+        "{:?}",
+        p.skipped
+    );
+}

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 
 use super::place::{place, LinkMode};
-use super::plan::{graph_value_names, used_names, Op, Plan, Target, GRAPH_INPUT, GRAPH_VALUE_INFO};
+use super::plan::{
+    graph_value_names, used_names, Op, Plan, Step, Target, GRAPH_INPUT, GRAPH_VALUE_INFO,
+};
 use super::Settings;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -278,14 +280,11 @@ pub fn write(
     let data_dir = out_dir.join(&data_name);
 
     let initializers = model.initializers()?;
-    let mut names = Names(
-        initializers
-            .iter()
-            .map(|t| t.name.clone())
-            .chain(model.nodes()?.iter().flat_map(|n| n.output.clone()))
-            .chain(graph_value_names(model, GRAPH_INPUT)?)
-            .collect(),
-    );
+    let top_nodes = model.nodes()?;
+    let mut taken: HashSet<String> = initializers.iter().map(|t| t.name.clone()).collect();
+    taken.extend(graph_value_names(model, GRAPH_INPUT)?);
+    defined_names(&top_nodes, &mut taken);
+    let mut names = Names(taken);
 
     // New initializers, one set per packed weight.
     let mut report = Report {
@@ -352,20 +351,43 @@ pub fn write(
         );
     }
 
-    // Replacement nodes, by node index.
-    let mut replaced: HashMap<usize, Vec<u8>> = HashMap::new();
+    // Replacement nodes by (scope, index), then the top-level nodes they
+    // change: a target itself, or a node whose subgraphs hold targets.
+    let mut inner: HashMap<(Vec<Step>, usize), Vec<pb::NodeProto>> = HashMap::new();
     for t in &plan.targets {
         let ins = &inputs[&(t.weight.clone(), t.transposed)];
-        let mut enc = Vec::new();
-        for n in replacement(t, ins, settings, &mut names) {
-            encoded_field(&mut enc, GRAPH_NODE, &n);
-        }
-        replaced.insert(t.node_index, enc);
+        let nodes = replacement(t, ins, settings, &mut names);
+        inner.insert((t.scope.clone(), t.node_index), nodes);
     }
-    report.nodes_rewritten = replaced.len();
+    report.nodes_rewritten = inner.len();
+    let mut new_top: HashMap<usize, Vec<pb::NodeProto>> = HashMap::new();
+    for t in &plan.targets {
+        let i = t.scope.first().map_or(t.node_index, |s| s.node);
+        if new_top.contains_key(&i) {
+            continue;
+        }
+        let nodes = if t.scope.is_empty() {
+            inner[&(Vec::new(), i)].clone()
+        } else {
+            let mut n = top_nodes[i].clone();
+            rewrite_subgraphs(&mut n, &mut Vec::new(), i, &inner);
+            vec![n]
+        };
+        new_top.insert(i, nodes);
+    }
+    let replaced: HashMap<usize, Vec<u8>> = new_top
+        .iter()
+        .map(|(&i, nodes)| {
+            let mut enc = Vec::new();
+            for n in nodes {
+                encoded_field(&mut enc, GRAPH_NODE, n);
+            }
+            (i, enc)
+        })
+        .collect();
 
     // Weights nothing else reads any more are dropped.
-    let still_used = used_names(model, &replaced.keys().copied().collect())?;
+    let still_used = used_names(model, &new_top)?;
     let dropped: HashSet<&str> = plan
         .targets
         .iter()
@@ -446,6 +468,50 @@ fn count(report: &mut Report, p: &super::Placed) {
     } else {
         report.files_copied += 1;
         report.bytes_copied += p.bytes_copied;
+    }
+}
+
+/// Every value a node list (and its subgraphs) defines or declares.
+fn defined_names(nodes: &[pb::NodeProto], out: &mut HashSet<String>) {
+    for n in nodes {
+        out.extend(n.output.iter().cloned());
+        for a in &n.attribute {
+            for g in a.g.iter().chain(a.graphs.iter()) {
+                out.extend(g.input.iter().map(|v| v.name.clone()));
+                out.extend(g.initializer.iter().map(|t| t.name.clone()));
+                defined_names(&g.node, out);
+            }
+        }
+    }
+}
+
+/// Replaces, inside `node`'s subgraphs, the nodes `inner` has replacements
+/// for; `index` is `node`'s position in its graph, `scope` the path to that
+/// graph.
+fn rewrite_subgraphs(
+    node: &mut pb::NodeProto,
+    scope: &mut Vec<Step>,
+    index: usize,
+    inner: &HashMap<(Vec<Step>, usize), Vec<pb::NodeProto>>,
+) {
+    for (a, attr) in node.attribute.iter_mut().enumerate() {
+        for (k, g) in attr.g.iter_mut().chain(attr.graphs.iter_mut()).enumerate() {
+            scope.push(Step {
+                node: index,
+                attribute: a,
+                graph: k,
+            });
+            for (j, mut child) in std::mem::take(&mut g.node).into_iter().enumerate() {
+                match inner.get(&(scope.clone(), j)) {
+                    Some(new) => g.node.extend(new.iter().cloned()),
+                    None => {
+                        rewrite_subgraphs(&mut child, scope, j, inner);
+                        g.node.push(child);
+                    }
+                }
+            }
+            scope.pop();
+        }
     }
 }
 

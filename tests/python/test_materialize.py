@@ -413,6 +413,52 @@ def test_gemm_matches_quantizer_on_matmul_form(client, tmp_path, bits, block, sy
     assert_same_outputs(out, ref)
 
 
+def if_model(path: Path, k: int = 100, n: int = 48, seed: int = 5) -> Path:
+    """An If whose branches hold MatMuls on top-level weights (as merged decoders do)."""
+    rng = np.random.default_rng(seed)
+    w = {name: (rng.standard_normal(shape) / 8).astype(F32)
+         for name, shape in (("W", (k, n)), ("U", (n, n)), ("V", (k, n)))}
+    out = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, n])  # noqa: E731
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="then_mm"),
+         helper.make_node("MatMul", ["h", "U"], ["out_t"], name="then_mm2")],
+        "then", [], [out("out_t")])
+    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "V"], ["out_e"], name="else_mm")],
+                               "else", [], [out("out_e")])
+    m = _model(
+        [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [out("y")],
+        [numpy_helper.from_array(v, name) for name, v in w.items()],
+    )
+    return _save(m, path)
+
+
+def test_subgraph_matmuls_match_quantizer(client, tmp_path):
+    model = if_model(tmp_path / "if.onnx")
+    out = tmp_path / "if.q.onnx"
+    r = client.materialize(model, out, bits=4, block_size=32, symmetric=False)
+    assert r.nodes_rewritten == 3 and r.initializers_removed == 3 and not r.skipped
+    ref = quantize(model, 4, 32, False)
+    got = load_lazy(out)
+    gi = {t.name: t for t in got.graph.initializer}
+    ri = {t.name: t for t in ref.graph.initializer}
+    assert sorted(gi) == sorted(ri)
+    for name, t in ri.items():
+        assert tensor_bytes(out, gi[name]) == numpy_helper.to_array(t).tobytes(), name
+    branches = {a.name: [(n.op_type, n.name, list(n.input)) for n in a.g.node] for a in got.graph.node[0].attribute}
+    ref_branches = {a.name: [(n.op_type, n.name, list(n.input)) for n in a.g.node]
+                    for a in ref.graph.node[0].attribute}
+    assert branches == ref_branches
+    assert branches["then_branch"][0][:2] == ("MatMulNBits", "then_mm_Q4")
+    sa, sb = session(out), session(ref)
+    rng = np.random.default_rng(3)
+    for cond in (True, False):
+        feeds = {"x": rng.standard_normal((2, 100)).astype(F32), "cond": np.array(cond)}
+        assert np.array_equal(sa.run(None, feeds)[0], sb.run(None, feeds)[0]), cond
+
+
 @pytest.mark.parametrize("kind", ["MLPRegressor", "MLPClassifier"])
 def test_sklearn_exported_mlp(client, tmp_path, kind):
     """A model from a real exporter (skl2onnx): MatMul + Add with initializer weights, (300, 200) hidden."""
