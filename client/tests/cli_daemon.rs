@@ -35,7 +35,6 @@ fn no_daemon_exits_3_and_says_how_to_start_it() {
         vec!["resolve", &model],
         vec!["why-miss", &model, "W"],
         vec!["import", &model],
-        vec!["materialize", &model, "-o", "/tmp/never-written.onnx"],
         vec!["gc", "--max-size", "0"],
         vec!["verify"],
         vec!["watch", "list"],
@@ -352,6 +351,58 @@ fn prepack_resolve_ls_stat_and_why_miss() {
         assert_eq!(o.code, 1, "{cmd}: {o:#?}");
         assert!(!o.stderr.is_empty());
     }
+    d.stop();
+}
+
+#[test]
+fn materialize_through_the_daemon_and_locally_give_the_same_model() {
+    let d = Daemon::start();
+    let model = write_model(&d.path("work/m.onnx"), 7);
+    let via = |dir: &str, extra: &[&str]| {
+        let out = d.path(&format!("work/{dir}/m.q.onnx"));
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let mut args = vec!["materialize", model.as_str(), "-o", out.to_str().unwrap()];
+        args.extend(extra);
+        (d.json(&args), out)
+    };
+    let (daemon, a) = via("a", &["--asymmetric"]);
+    let (local, b) = via("b", &["--asymmetric", "--local"]);
+    assert_eq!(
+        (daemon["via"].as_str(), local["via"].as_str()),
+        (Some("daemon"), Some("local"))
+    );
+    assert_eq!(daemon["nodes_rewritten"], 1, "{daemon}");
+    assert_eq!(local["packed"], 1, "{local}");
+    // Same bytes: the model (payload files are named by content) and its weights.
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let files = |p: &std::path::Path| {
+        let mut v: Vec<_> = std::fs::read_dir(p.with_file_name("m.q.onnx.weights"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(files(&a), files(&b));
+    // Without a daemon the command packs locally instead of failing.
+    let sock = d.path("none.sock");
+    let out = d.path("work/c/m.q.onnx");
+    let o = ctl_raw(&[
+        "--socket",
+        sock.to_str().unwrap(),
+        "--json",
+        "materialize",
+        &model,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, 0, "{o:#?}");
+    assert_eq!(o.json()["via"], "local");
+    assert!(o.stderr.contains("materializing locally"), "{o:#?}");
+    assert!(out.exists());
     d.stop();
 }
 

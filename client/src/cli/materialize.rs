@@ -1,10 +1,16 @@
 //! `materialize`: an onnxruntime-ready 4/8-bit model assembled by the daemon
-//! from cached `ort.matmul_nbits` entries (hard links, not copies).
+//! from cached `ort.matmul_nbits` entries (hard links, not copies); without
+//! a daemon (or with `--local`), packed in this process into the model's
+//! weights folder.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
+use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
+use ctcache::onnx::Model;
+use ctcache_kernels::{compile, Params};
 use serde_json::json;
 
 use super::ctx::Ctx;
@@ -40,9 +46,39 @@ pub struct MaterializeArgs {
     /// Copy the payloads instead of hard-linking them to the cache.
     #[arg(long)]
     copy: bool,
+    /// Pack in this process even when a daemon runs (no cache involved).
+    #[arg(long)]
+    local: bool,
 }
 
-pub async fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
+impl MaterializeArgs {
+    fn symmetric(&self) -> Option<bool> {
+        match (self.symmetric, self.asymmetric) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
+    fn number<T: std::str::FromStr>(v: &Option<String>) -> Option<T> {
+        v.as_deref().and_then(|b| b.parse().ok())
+    }
+}
+
+/// Through the daemon when one answers; else, or with `--local`, here.
+pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
+    if !a.local {
+        match ctx.block_on(materialize_daemon(ctx, &a)) {
+            Err(Failure::Unreachable(why)) => {
+                ctx.note(&format!("materializing locally (no cache): {why}"))
+            }
+            other => return other,
+        }
+    }
+    materialize_local(ctx, &a)
+}
+
+async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     let started = Instant::now();
     let r = c
@@ -50,20 +86,27 @@ pub async fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
             model_path: a.model.display().to_string(),
             output_path: a.output.display().to_string(),
             target: a.target.clone(),
-            bits: a.bits.as_deref().and_then(|b| b.parse().ok()),
-            block_size: a.block_size.as_deref().and_then(|b| b.parse().ok()),
-            symmetric: match (a.symmetric, a.asymmetric) {
-                (true, _) => Some(true),
-                (_, true) => Some(false),
-                _ => None,
-            },
+            bits: MaterializeArgs::number(&a.bits),
+            block_size: MaterializeArgs::number(&a.block_size),
+            symmetric: a.symmetric(),
             accuracy_level: a.accuracy_level,
             copy: a.copy,
         })
         .await?;
     let elapsed = started.elapsed();
+    report(ctx, "daemon", &r, elapsed)
+}
+
+/// Prints a materialize answer (the daemon's, or one built locally).
+fn report(
+    ctx: &Ctx,
+    via: &str,
+    r: &api::MaterializeResponse,
+    elapsed: std::time::Duration,
+) -> Result<(), Failure> {
     if ctx.json {
         return print_json(&json!({
+            "via": via,
             "output": r.output_path,
             "data_dir": r.data_dir,
             "nodes_rewritten": r.nodes_rewritten,
@@ -110,4 +153,104 @@ pub async fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
         format::size(r.model_bytes + r.bytes_copied),
         format::duration_us(elapsed.as_micros() as u64),
     ))
+}
+
+/// Packs every weight the plan needs in this process, straight into the
+/// output's weights folder, then writes the model over those files.
+fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    let defaults = Settings::default();
+    let settings = Settings {
+        bits: MaterializeArgs::number(&a.bits).unwrap_or(defaults.bits),
+        block_size: MaterializeArgs::number(&a.block_size).unwrap_or(defaults.block_size),
+        symmetric: a.symmetric().unwrap_or(defaults.symmetric),
+        accuracy_level: a.accuracy_level,
+    };
+    settings.validate()?;
+    let model = Model::open(&a.model)?;
+    let plan = mat::plan(&model)?;
+    if plan.targets.is_empty() {
+        // The same refusal the daemon gives, and nothing written.
+        mat::write(
+            &model,
+            &plan,
+            &settings,
+            &HashMap::new(),
+            &a.output,
+            LinkMode::Copy,
+        )?;
+    }
+    let out_dir = match a.output.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let data_dir = out_dir.join(mat::data_dir_name(&a.output)?);
+    std::fs::create_dir_all(&data_dir)?;
+    let packer = ctcache_kernels::find(mat::PACKER).expect("the nbits packer is built in");
+    let initializers = model.initializers()?;
+    let mut weights = HashMap::new();
+    for (name, transposed) in plan.weights() {
+        let t = initializers
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Failure::Failed(format!("no initializer {name:?}")))?;
+        let params = Params::parse(
+            settings
+                .packer_params(transposed)
+                .iter()
+                .map(|(k, v)| format!("{k}={v}")),
+        )
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+        let c = compile::compile(&model, t, None, packer, &params)
+            .map_err(|e| Failure::Failed(e.to_string()))?;
+        // Named by content, like the daemon's links, and written in place:
+        // placing a file onto itself is a no-op.
+        let file_name = format!("{}.bin", blake3::hash(&c.payload).to_hex());
+        let path = data_dir.join(&file_name);
+        ctcache::fsutil::atomic_write(&path, |w| std::io::Write::write_all(w, &c.payload))?;
+        weights.insert(
+            (name, transposed),
+            PackedWeight {
+                payload_path: path,
+                file_name,
+                struct_type: c.layout.struct_type,
+                dims: c.layout.dims,
+            },
+        );
+    }
+    let r = mat::write(
+        &model,
+        &plan,
+        &settings,
+        &weights,
+        &a.output,
+        LinkMode::LinkOrCopy,
+    )?;
+    let response = api::MaterializeResponse {
+        output_path: a.output.display().to_string(),
+        data_dir: r.data_dir.display().to_string(),
+        nodes_rewritten: r.nodes_rewritten as u32,
+        initializers_removed: r.initializers_removed as u32,
+        skipped: plan
+            .skipped
+            .iter()
+            .map(|s| api::MaterializeSkip {
+                node: s.node.clone(),
+                op_type: s.op_type.clone(),
+                reason: s.reason.clone(),
+            })
+            .collect(),
+        packed: weights.len() as u32,
+        cached: 0,
+        files_linked: 0,
+        files_copied: weights.len() as u32,
+        bytes_copied: r.payload_bytes,
+        model_bytes: r.model_bytes,
+        payload_bytes: r.payload_bytes,
+        bits: settings.bits,
+        block_size: settings.block_size,
+        symmetric: settings.symmetric,
+        accuracy_level: settings.accuracy_level,
+    };
+    report(ctx, "local", &response, started.elapsed())
 }

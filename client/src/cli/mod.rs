@@ -144,7 +144,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             ctx.block_on(why_miss::why_miss(&ctx, model, initializer))
         }
         Command::Embed(a) => jobs::embed(&ctx, a),
-        Command::Materialize(a) => ctx.block_on(materialize::materialize(&ctx, a)),
+        Command::Materialize(a) => materialize::materialize(&ctx, a),
         Command::Import { model } => ctx.block_on(jobs::import(&ctx, model)),
         Command::Gc(a) => admin::gc(&ctx, a),
         Command::Verify(a) => admin::verify(&ctx, a),
