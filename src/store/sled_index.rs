@@ -53,12 +53,25 @@ fn slot(t: Tree) -> usize {
 
 impl SledIndex {
     pub(crate) fn open(path: &Path, opts: &StoreOptions) -> StoreResult<SledIndex> {
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(path)
             .cache_capacity(opts.index_cache_bytes)
-            .flush_every_ms(opts.flush_every.map(|d| d.as_millis().max(1) as u64))
-            .open()
-            .map_err(err("open"))?;
+            .flush_every_ms(opts.flush_every.map(|d| d.as_millis().max(1) as u64));
+        // The caller holds the store's LOCK, so a busy sled lock belongs to
+        // a store of this process that was just dropped: sled releases it
+        // only when its flusher thread ends, shortly after. Wait for that.
+        let started = std::time::Instant::now();
+        let db = loop {
+            match config.open() {
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && started.elapsed() < std::time::Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                r => break r.map_err(err("open"))?,
+            }
+        };
         let open_tree = |t: Tree| db.open_tree(t.name()).map_err(err("open tree"));
         let trees = [
             open_tree(Tree::Entries)?,
