@@ -17,7 +17,7 @@ use crate::daemon::Daemon;
 use crate::peer::Peer;
 use crate::policy::Wanted;
 use crate::scheduler::Priority;
-use crate::service::{blocking, finish_jobs, give_to_peer, output_path, Model2};
+use crate::service::{blocking, finish_jobs, give_to_peer, output_path, store_err, Model2};
 
 /// How long the payloads stay leased while being linked.
 const LEASE_TTL: Duration = Duration::from_secs(120);
@@ -71,12 +71,7 @@ pub async fn materialize(
         })
         .await?
     };
-    if plan.targets.is_empty() {
-        let why = if plan.skipped.is_empty() {
-            "the model has no MatMul or Gemm node".to_string()
-        } else {
-            plan.skipped_summary()
-        };
+    if let Some(why) = plan.why_nothing() {
         return Err(Status::failed_precondition(format!(
             "nothing to materialize in {}: {why}",
             r.model_path
@@ -84,13 +79,8 @@ pub async fn materialize(
     }
     let mut wanted: Vec<(WeightKey, Wanted)> = Vec::new();
     for (weight, transposed) in plan.weights() {
-        let params = Params::parse(
-            settings
-                .packer_params(transposed)
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}")),
-        )
-        .map_err(|e| Status::internal(e.to_string()))?;
+        let params = Params::parse(settings.packer_params(transposed))
+            .map_err(|e| Status::internal(e.to_string()))?;
         let w = Wanted {
             initializer: weight.clone(),
             format: mat::PACKER.into(),
@@ -119,18 +109,14 @@ pub async fn materialize(
                 let Some((key, _)) = wanted.iter().find(|(_, x)| x == w) else {
                     continue;
                 };
-                leases.push(
-                    store
-                        .acquire_lease(&e.key, LEASE_TTL)
-                        .map_err(store_status)?,
-                );
-                let payload = store.open_payload(&e.key).map_err(store_status)?;
+                leases.push(store.acquire_lease(&e.key, LEASE_TTL).map_err(store_err)?);
+                let payload = store.open_payload(&e.key).map_err(store_err)?;
                 weights.insert(
                     key.clone(),
                     PackedWeight {
                         payload_path: payload.path.clone(),
                         file_name: format!("{}.bin", hex::encode(payload.info.blake3)),
-                        struct_type: e.physical_type().map_err(store_status)?,
+                        struct_type: e.physical_type().map_err(store_err)?,
                         dims: e.dims.clone(),
                     },
                 );
@@ -146,35 +132,10 @@ pub async fn materialize(
         // the store's owner (they are the store's inodes).
         give_to_peer(&peer, [&out, &report.data_dir].into_iter());
         Ok(api::MaterializeResponse {
-            output_path: out.display().to_string(),
-            data_dir: report.data_dir.display().to_string(),
-            nodes_rewritten: report.nodes_rewritten as u32,
-            initializers_removed: report.initializers_removed as u32,
-            skipped: plan
-                .skipped
-                .iter()
-                .map(|s| api::MaterializeSkip {
-                    node: s.node.clone(),
-                    op_type: s.op_type.clone(),
-                    reason: s.reason.clone(),
-                })
-                .collect(),
             packed,
             cached,
-            files_linked: report.files_linked as u32,
-            files_copied: report.files_copied as u32,
-            bytes_copied: report.bytes_copied,
-            model_bytes: report.model_bytes,
-            payload_bytes: report.payload_bytes,
-            bits: settings.bits,
-            block_size: settings.block_size,
-            symmetric: settings.symmetric,
-            accuracy_level: settings.accuracy_level,
+            ..api::MaterializeResponse::from_report(&out, &plan, &report, &settings)
         })
     })
     .await
-}
-
-fn store_status(e: ctcache::store::StoreError) -> Status {
-    Status::from(crate::daemon::OpError::from(e))
 }

@@ -46,7 +46,7 @@ impl From<OpError> for Status {
     }
 }
 
-fn store_err(e: ctcache::store::StoreError) -> Status {
+pub(crate) fn store_err(e: ctcache::store::StoreError) -> Status {
     Status::from(OpError::from(e))
 }
 

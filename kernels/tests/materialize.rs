@@ -14,35 +14,14 @@ use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
 use ctcache::onnx::Model;
 use ctcache::pb;
 use ctcache_kernels::{pack_to_vec, Params, SourceTensor};
+use ctcache_testkit::{f32_tensor_from, node, unit_f32, xorshift};
 use prost::Message;
 
+/// A FLOAT weight of pseudo-random values in [-1, 1].
 fn weight(name: &str, dims: &[i64], seed: u32) -> pb::TensorProto {
     let n: i64 = dims.iter().product();
-    let mut raw = Vec::with_capacity(n as usize * 4);
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        raw.extend_from_slice(&((x % 2001) as f32 / 1000.0 - 1.0).to_le_bytes());
-    }
-    pb::TensorProto {
-        name: name.into(),
-        data_type: DataType::FLOAT.code(),
-        dims: dims.to_vec(),
-        raw_data: raw.into(),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
-    pb::NodeProto {
-        op_type: op.into(),
-        name: name.into(),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.into()],
-        ..Default::default()
-    }
+    let values = xorshift(seed.wrapping_mul(2_654_435_761).max(1)).map(unit_f32);
+    f32_tensor_from(name, dims, values.take(n as usize))
 }
 
 fn value(name: &str) -> pb::ValueInfoProto {
@@ -132,12 +111,7 @@ fn fixture(m: &pb::ModelProto, s: &Settings) -> (Fixture, mat::Plan) {
         let ctcache::onnx::Storage::Raw(r) = &t.storage else {
             panic!("raw")
         };
-        let params = Params::parse(
-            s.packer_params(transposed)
-                .iter()
-                .map(|(k, v)| format!("{k}={v}")),
-        )
-        .unwrap();
+        let params = Params::parse(s.packer_params(transposed)).unwrap();
         let src = SourceTensor {
             data_type: t.data_type,
             dims: &t.dims,

@@ -71,14 +71,15 @@ impl Settings {
         Ok(())
     }
 
-    /// The `ort.matmul_nbits` parameters for a weight read as W[K, N]
+    /// The `ort.matmul_nbits` parameters, as `key=value` (the form packer
+    /// parameters are parsed from), for a weight read as W[K, N]
     /// (`transposed = false`) or W[N, K] (Gemm with transB = 1).
-    pub fn packer_params(&self, transposed: bool) -> Vec<(String, String)> {
+    pub fn packer_params(&self, transposed: bool) -> Vec<String> {
         vec![
-            ("bits".into(), self.bits.to_string()),
-            ("block_size".into(), self.block_size.to_string()),
-            ("symmetric".into(), self.symmetric.to_string()),
-            ("transposed".into(), transposed.to_string()),
+            format!("bits={}", self.bits),
+            format!("block_size={}", self.block_size),
+            format!("symmetric={}", self.symmetric),
+            format!("transposed={transposed}"),
         ]
     }
 }

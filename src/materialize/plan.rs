@@ -19,6 +19,7 @@ use prost::Message;
 
 use crate::dtype::DataType;
 use crate::error::Result;
+use crate::onnx::graph::{attr, is_default_domain};
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
@@ -88,22 +89,22 @@ impl Plan {
             .collect()
     }
 
-    /// One line per skipped node, for error messages.
-    pub fn skipped_summary(&self) -> String {
-        self.skipped
+    /// Why nothing can be materialized, when no node is a target: one
+    /// line per skipped node, or that there is no MatMul or Gemm at all.
+    pub fn why_nothing(&self) -> Option<String> {
+        if !self.targets.is_empty() {
+            return None;
+        }
+        if self.skipped.is_empty() {
+            return Some("the model has no MatMul or Gemm node".into());
+        }
+        let lines: Vec<String> = self
+            .skipped
             .iter()
             .map(|s| format!("{} {}: {}", s.op_type, s.node, s.reason))
-            .collect::<Vec<_>>()
-            .join("; ")
+            .collect();
+        Some(lines.join("; "))
     }
-}
-
-fn attr<'a>(n: &'a pb::NodeProto, name: &str) -> Option<&'a pb::AttributeProto> {
-    n.attribute.iter().find(|a| a.name == name)
-}
-
-fn is_default_domain(n: &pb::NodeProto) -> bool {
-    n.domain.is_empty() || n.domain == "ai.onnx"
 }
 
 /// Names of the graph's inputs (`GraphProto.input`).
@@ -275,10 +276,11 @@ fn target(
 }
 
 /// Every value name the graph reads, subgraphs included (outer-scope
-/// references), with the top-level nodes in `replaced` read from their
-/// replacements.
+/// references): its `nodes` (the top-level ones, in order), those in
+/// `replaced` read from their replacements, and its outputs.
 pub(crate) fn used_names(
     model: &Model,
+    nodes: &[pb::NodeProto],
     replaced: &HashMap<usize, Vec<pb::NodeProto>>,
 ) -> Result<HashSet<String>> {
     fn visit(n: &pb::NodeProto, used: &mut HashSet<String>) {
@@ -293,7 +295,7 @@ pub(crate) fn used_names(
         }
     }
     let mut used = HashSet::new();
-    for (i, n) in model.nodes()?.iter().enumerate() {
+    for (i, n) in nodes.iter().enumerate() {
         match replaced.get(&i) {
             Some(new) => new.iter().for_each(|n| visit(n, &mut used)),
             None => visit(n, &mut used),

@@ -27,6 +27,8 @@ fn tensor(name: &str, data_type: i32, dims: &[i64]) -> pb::TensorProto {
     }
 }
 
+// Not ctcache_testkit::node: this crate's unit tests see their own copy of
+// the pb types, not the one the testkit links.
 fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
     pb::NodeProto {
         op_type: op.into(),

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{atomic_write, sync_dir};
 use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_NODE, MODEL_GRAPH};
 use crate::onnx::rewrite::encoded_field;
-use crate::onnx::{Model, Storage};
+use crate::onnx::{ExternalRef, Model, Storage};
 use crate::pb;
 use crate::structs::{leaves, LeafType, Limits};
 use crate::wire::{put_len_prefix, Fields};
@@ -58,13 +58,6 @@ pub struct Report {
     pub model_bytes: u64,
     /// Bytes of payload the new model references.
     pub payload_bytes: u64,
-}
-
-impl Report {
-    /// Every byte the materialize wrote: the model file and the copies.
-    pub fn bytes_written(&self) -> u64 {
-        self.model_bytes + self.bytes_copied
-    }
 }
 
 /// Where one field of a payload lies.
@@ -173,22 +166,15 @@ fn external_tensor(
         name: name.into(),
         data_type: data_type.code(),
         dims: dims.iter().map(|&d| d as i64).collect(),
-        external_data: external_entries(location, span.offset, span.len),
+        external_data: ExternalRef {
+            location: location.into(),
+            offset: span.offset,
+            length: Some(span.len),
+        }
+        .to_entries(),
         data_location: pb::tensor_proto::DataLocation::External as i32,
         ..Default::default()
     }
-}
-
-fn external_entries(location: &str, offset: u64, len: u64) -> Vec<pb::StringStringEntryProto> {
-    let entry = |k: &str, v: String| pb::StringStringEntryProto {
-        key: k.into(),
-        value: v,
-    };
-    vec![
-        entry("location", location.into()),
-        entry("offset", offset.to_string()),
-        entry("length", len.to_string()),
-    ]
 }
 
 /// Names not yet taken in the graph.
@@ -247,12 +233,7 @@ pub fn write(
     mode: LinkMode,
 ) -> Result<Report> {
     settings.validate()?;
-    if plan.targets.is_empty() {
-        let why = if plan.skipped.is_empty() {
-            "the model has no MatMul or Gemm node".to_string()
-        } else {
-            plan.skipped_summary()
-        };
+    if let Some(why) = plan.why_nothing() {
         return Err(Error::Rewrite(format!("nothing to materialize: {why}")));
     }
     if let Some(src) = model.path() {
@@ -387,7 +368,7 @@ pub fn write(
         .collect();
 
     // Weights nothing else reads any more are dropped.
-    let still_used = used_names(model, &new_top)?;
+    let still_used = used_names(model, &top_nodes, &new_top)?;
     let dropped: HashSet<&str> = plan
         .targets
         .iter()
@@ -420,6 +401,7 @@ pub fn write(
     let mut pieces = splice_graph(
         model,
         graph.value.clone(),
+        &initializers,
         &replaced,
         &dropped,
         &relocated,
@@ -569,6 +551,7 @@ fn replacement(t: &Target, ins: &NewInputs, s: &Settings, names: &mut Names) -> 
 fn splice_graph(
     model: &Model,
     graph: Range<usize>,
+    initializers: &[crate::onnx::TensorRef],
     replaced: &HashMap<usize, Vec<u8>>,
     dropped: &HashSet<&str>,
     relocated: &HashMap<usize, Vec<u8>>,
@@ -580,7 +563,6 @@ fn splice_graph(
         offset: e.offset,
         problem: e.problem,
     };
-    let initializers = model.initializers()?;
     let mut pieces = Vec::new();
     let (mut node_i, mut init_i) = (0usize, 0usize);
     for f in Fields::with_base(&bytes[graph.clone()], graph.start) {
@@ -684,7 +666,12 @@ fn relocate_external(
         len = offset + data.len() as u64;
         let mut proto = pb::TensorProto::decode(&model.bytes()[ranges[i].clone()])
             .map_err(|e| Error::decode("TensorProto", e))?;
-        proto.external_data = external_entries(&location, offset, data.len() as u64);
+        proto.external_data = ExternalRef {
+            location: location.clone(),
+            offset,
+            length: Some(data.len() as u64),
+        }
+        .to_entries();
         let mut field = Vec::new();
         encoded_field(&mut field, GRAPH_INITIALIZER, &proto);
         encoded.insert(i, field);
@@ -693,7 +680,6 @@ fn relocate_external(
     if parts.is_empty() {
         return Ok(encoded);
     }
-    fs::create_dir_all(data_dir).map_err(|e| Error::io(data_dir, e))?;
     atomic_write(&data_dir.join(KEPT_DATA), |w| {
         let mut pos = 0u64;
         for (offset, data) in &parts {

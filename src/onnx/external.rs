@@ -73,6 +73,21 @@ impl ExternalRef {
         Ok(dir.join(loc))
     }
 
+    /// The `external_data` entries that say this (the inverse of
+    /// [`ExternalRef::from_entries`]; `length` only when known).
+    pub fn to_entries(&self) -> Vec<crate::pb::StringStringEntryProto> {
+        let entry = |key: &str, value: String| crate::pb::StringStringEntryProto {
+            key: key.into(),
+            value,
+        };
+        let mut v = vec![
+            entry("location", self.location.clone()),
+            entry("offset", self.offset.to_string()),
+        ];
+        v.extend(self.length.map(|l| entry("length", l.to_string())));
+        v
+    }
+
     /// The byte range inside a file of `file_len` bytes, checked.
     pub fn range(&self, file_len: u64) -> Result<std::ops::Range<u64>, String> {
         if self.offset > file_len {
@@ -126,5 +141,11 @@ mod tests {
         ])
         .unwrap();
         assert!(huge.range(10).is_err());
+        // to_entries is the inverse of from_entries.
+        let entries = r.to_entries();
+        let back =
+            ExternalRef::from_entries(entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))
+                .unwrap();
+        assert_eq!(back, r);
     }
 }

@@ -60,11 +60,17 @@ impl WeightUses {
     }
 }
 
-fn attr_int(n: &pb::NodeProto, name: &str) -> Option<i64> {
-    n.attribute.iter().find(|a| a.name == name).map(|a| a.i)
+/// A node's attribute by name.
+pub(crate) fn attr<'a>(n: &'a pb::NodeProto, name: &str) -> Option<&'a pb::AttributeProto> {
+    n.attribute.iter().find(|a| a.name == name)
 }
 
-fn is_default_domain(n: &pb::NodeProto) -> bool {
+fn attr_int(n: &pb::NodeProto, name: &str) -> Option<i64> {
+    attr(n, name).map(|a| a.i)
+}
+
+/// The node is in the standard ONNX domain.
+pub(crate) fn is_default_domain(n: &pb::NodeProto) -> bool {
     n.domain.is_empty() || n.domain == "ai.onnx"
 }
 
@@ -112,11 +118,7 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
             match p.op_type.as_str() {
                 "Identity" if is_default_domain(p) => via.push("Identity".to_string()),
                 "Transpose" if is_default_domain(p) => {
-                    let perm = p
-                        .attribute
-                        .iter()
-                        .find(|a| a.name == "perm")
-                        .map(|a| a.ints.clone());
+                    let perm = attr(p, "perm").map(|a| a.ints.clone());
                     // Only a 2-D swap (perm absent or [1, 0]) keeps the weight 2-D transposed.
                     if perm.as_deref().is_some_and(|p| p != [1, 0]) {
                         break;

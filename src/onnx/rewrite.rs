@@ -11,7 +11,7 @@ use prost::Message;
 use crate::error::{Error, Result};
 use crate::fsutil::atomic_write;
 use crate::onnx::fields::{self, MODEL_COMPILED_TENSORS, MODEL_DEVICES, MODEL_STRUCT_TYPES};
-use crate::onnx::{Model, TopField};
+use crate::onnx::{ExternalRef, Model, TopField};
 use crate::pb;
 use crate::wire::put_len_prefix;
 
@@ -216,11 +216,12 @@ pub fn embed(
             let offset = sidecar_len.next_multiple_of(SIDECAR_ALIGN);
             sidecar_len = offset + e.payload.len() as u64;
             sidecar.push((offset, e.payload.clone()));
-            value.external_data = vec![
-                entry("location", &sidecar_file),
-                entry("offset", &offset.to_string()),
-                entry("length", &e.payload.len().to_string()),
-            ];
+            value.external_data = ExternalRef {
+                location: sidecar_file.clone(),
+                offset,
+                length: Some(e.payload.len() as u64),
+            }
+            .to_entries();
             report.sidecar_bytes += e.payload.len() as u64;
         } else {
             value.raw_data = e.payload.clone();
@@ -267,11 +268,4 @@ pub fn embed(
 enum TypeRef {
     Index(usize),
     Inline,
-}
-
-fn entry(key: &str, value: &str) -> pb::StringStringEntryProto {
-    pb::StringStringEntryProto {
-        key: key.into(),
-        value: value.into(),
-    }
 }

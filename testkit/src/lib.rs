@@ -17,7 +17,7 @@ mod poll;
 pub use bins::locate_bin;
 pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
 pub use model::{
-    digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, open_proto, tensor_info,
-    unit_f32, write_atomic, write_model, xorshift, MatMul,
+    digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
+    tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
 pub use poll::{eventually, eventually_async};

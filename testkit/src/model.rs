@@ -43,6 +43,17 @@ pub fn f32_tensor_from(
     }
 }
 
+/// A node `op` named `name` reading `inputs`, writing `output`.
+pub fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
+    pb::NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    }
+}
+
 /// A graph input or output: FLOAT of static shape `dims`.
 pub fn tensor_info(name: &str, dims: &[i64]) -> pb::ValueInfoProto {
     let dim = dims

@@ -169,16 +169,8 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
     settings.validate()?;
     let model = Model::open(&a.model)?;
     let plan = mat::plan(&model)?;
-    if plan.targets.is_empty() {
-        // The same refusal the daemon gives, and nothing written.
-        mat::write(
-            &model,
-            &plan,
-            &settings,
-            &HashMap::new(),
-            &a.output,
-            LinkMode::Copy,
-        )?;
+    if let Some(why) = plan.why_nothing() {
+        return Err(Failure::Failed(format!("nothing to materialize: {why}")));
     }
     let out_dir = match a.output.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -194,13 +186,8 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
             .iter()
             .find(|t| t.name == name)
             .ok_or_else(|| Failure::Failed(format!("no initializer {name:?}")))?;
-        let params = Params::parse(
-            settings
-                .packer_params(transposed)
-                .iter()
-                .map(|(k, v)| format!("{k}={v}")),
-        )
-        .map_err(|e| Failure::Failed(e.to_string()))?;
+        let params = Params::parse(settings.packer_params(transposed))
+            .map_err(|e| Failure::Failed(e.to_string()))?;
         let c = compile::compile(&model, t, None, packer, &params)
             .map_err(|e| Failure::Failed(e.to_string()))?;
         // Named by content, like the daemon's links, and written in place:
@@ -226,31 +213,13 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         &a.output,
         LinkMode::LinkOrCopy,
     )?;
+    // Packed here into the weights folder: every payload byte was written.
     let response = api::MaterializeResponse {
-        output_path: a.output.display().to_string(),
-        data_dir: r.data_dir.display().to_string(),
-        nodes_rewritten: r.nodes_rewritten as u32,
-        initializers_removed: r.initializers_removed as u32,
-        skipped: plan
-            .skipped
-            .iter()
-            .map(|s| api::MaterializeSkip {
-                node: s.node.clone(),
-                op_type: s.op_type.clone(),
-                reason: s.reason.clone(),
-            })
-            .collect(),
         packed: weights.len() as u32,
-        cached: 0,
         files_linked: 0,
         files_copied: weights.len() as u32,
         bytes_copied: r.payload_bytes,
-        model_bytes: r.model_bytes,
-        payload_bytes: r.payload_bytes,
-        bits: settings.bits,
-        block_size: settings.block_size,
-        symmetric: settings.symmetric,
-        accuracy_level: settings.accuracy_level,
+        ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &settings)
     };
     report(ctx, "local", &response, started.elapsed())
 }
