@@ -57,6 +57,17 @@ fn attr_f(name: &str, f: f32) -> pb::AttributeProto {
     }
 }
 
+/// Untyped value infos, for graph inputs and outputs.
+fn values(names: &[&str]) -> Vec<pb::ValueInfoProto> {
+    names
+        .iter()
+        .map(|n| pb::ValueInfoProto {
+            name: n.to_string(),
+            ..Default::default()
+        })
+        .collect()
+}
+
 fn model(nodes: Vec<pb::NodeProto>, inits: Vec<pb::TensorProto>, inputs: &[&str]) -> Model {
     let m = pb::ModelProto {
         ir_version: 8,
@@ -68,13 +79,7 @@ fn model(nodes: Vec<pb::NodeProto>, inits: Vec<pb::TensorProto>, inputs: &[&str]
             name: "g".into(),
             node: nodes,
             initializer: inits,
-            input: inputs
-                .iter()
-                .map(|n| pb::ValueInfoProto {
-                    name: n.to_string(),
-                    ..Default::default()
-                })
-                .collect(),
+            input: values(inputs),
             ..Default::default()
         }),
         ..Default::default()
@@ -236,17 +241,8 @@ fn branch(name: &str, nodes: Vec<pb::NodeProto>, inputs: &[&str]) -> pb::GraphPr
     pb::GraphProto {
         name: name.into(),
         node: nodes,
-        input: inputs
-            .iter()
-            .map(|n| pb::ValueInfoProto {
-                name: n.to_string(),
-                ..Default::default()
-            })
-            .collect(),
-        output: vec![pb::ValueInfoProto {
-            name: "out".into(),
-            ..Default::default()
-        }],
+        input: values(inputs),
+        output: values(&["out"]),
         ..Default::default()
     }
 }
