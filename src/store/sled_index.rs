@@ -63,8 +63,10 @@ impl SledIndex {
         let started = std::time::Instant::now();
         let db = loop {
             match config.open() {
+                // sled 0.34 reports a busy lock only in the message of an
+                // `Other` error ("could not acquire lock on ...").
                 Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock
+                    if e.to_string().starts_with("could not acquire lock")
                         && started.elapsed() < std::time::Duration::from_secs(10) =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10))
@@ -235,5 +237,21 @@ mod tests {
         assert_eq!(i.get(Tree::Access, b"a2").unwrap(), Some(b"x".to_vec()));
         assert!(i.next_id().unwrap() < i.next_id().unwrap());
         i.flush().unwrap();
+    }
+
+    #[test]
+    fn open_waits_for_a_lock_released_shortly_after() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("index");
+        // Another handle of this process holds sled's lock for a while, as
+        // a just-dropped store's flusher thread does.
+        let held = sled::open(&path).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(held);
+        });
+        let i = SledIndex::open(&path, &StoreOptions::default()).expect("waited for the lock");
+        assert!(i.next_id().is_ok());
+        release.join().unwrap();
     }
 }
