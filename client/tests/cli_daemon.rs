@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 
 use ctcache_client::{api, Client, OpenOptions, ResolveOptions};
 use harness::{ctl_bin, ctl_raw, eventually, write_model, Daemon};
+use prost::Message;
 use serde_json::Value;
 
 fn keys(v: &Value) -> Vec<String> {
@@ -403,6 +404,35 @@ fn materialize_through_the_daemon_and_locally_give_the_same_model() {
     assert_eq!(o.json()["via"], "local");
     assert!(o.stderr.contains("materializing locally"), "{o:#?}");
     assert!(out.exists());
+    // Locally too, a model with nothing to rewrite is refused and nothing
+    // is written; a malformed one is a failure with the reason.
+    let relu = d.path("work/relu.onnx");
+    ctcache_testkit::write_model(
+        &relu,
+        &ctcache::pb::ModelProto {
+            graph: Some(ctcache::pb::GraphProto {
+                node: vec![ctcache_testkit::node("Relu", "r", &["x"], "y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    );
+    let bad = d.path("work/garbage.onnx");
+    std::fs::write(&bad, b"\x08\x07garbage that is no model").unwrap();
+    for (m, why) in [(&relu, "nothing to materialize"), (&bad, "")] {
+        let out = d.path("work/d/never.onnx");
+        let o = d.ctl(&[
+            "materialize",
+            m.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--local",
+        ]);
+        assert_eq!(o.code, 1, "{o:#?}");
+        assert!(o.stderr.contains(why) && !o.stderr.is_empty(), "{o:#?}");
+        assert!(!out.exists() && !d.path("work/d").exists(), "{o:#?}");
+    }
     d.stop();
 }
 
