@@ -25,7 +25,7 @@ INSTALL_VARS = PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" \
 all: build
 
 build:
-	$(CARGO) build --release --locked -p ctcached -p ctcache-client --bins
+	$(CARGO) build --release --locked -p ctcached -p ctcachectl --bins
 
 install:
 	scripts/install.sh install $(INSTALL_VARS)

@@ -160,7 +160,7 @@ def main() -> int:
 
     for b in ("ctcached", "ctcachectl"):
         if not os.access(a.bin_dir / b, os.X_OK):
-            log(f"{a.bin_dir / b} missing: cargo build --release -p ctcached -p ctcache-client")
+            log(f"{a.bin_dir / b} missing: cargo build --release -p ctcached -p ctcachectl")
             return 2
 
     import logging

@@ -115,7 +115,7 @@ do_install() {
   for b in ctcached ctcachectl; do
     if [ ! -x "$BUILD_DIR/$b" ]; then
       echo "install.sh: $BUILD_DIR/$b is missing: build first (make build, or" \
-        "cargo build --release --locked -p ctcached -p ctcache-client), or set BUILD_DIR" >&2
+        "cargo build --release --locked -p ctcached -p ctcachectl), or set BUILD_DIR" >&2
       exit 1
     fi
   done

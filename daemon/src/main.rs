@@ -1,13 +1,14 @@
-//! `ctcached`: loads the config, starts logging, opens the store, binds the
-//! socket and serves. Everything else lives in the library.
+//! `ctcached`: parses flags, loads the config, starts logging, binds the
+//! sockets and runs the daemon library until SIGTERM or SIGINT.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use ctcached::config::{config_file, Config, LogFormat, Overrides};
-use ctcached::{daemon::Daemon, logging, server, systemd, transport, watcher};
+use ctcached::{logging, Listeners};
+
+mod transport;
 
 /// The compiled-tensor cache daemon.
 #[derive(Debug, Parser)]
@@ -39,7 +40,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    match start(Args::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ctcached: {e:#}");
@@ -48,8 +49,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run() -> Result<()> {
-    let args = Args::parse();
+fn start(args: Args) -> Result<()> {
     let env = |k: &str| std::env::var(k).ok();
     let flags = Overrides {
         cache_dir: args.cache_dir,
@@ -82,21 +82,12 @@ fn run() -> Result<()> {
 async fn serve(config: Config) -> Result<()> {
     // Signal handlers first: a SIGTERM right after the socket appears must
     // drain, not kill.
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        tokio::spawn(async move {
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            tracing::info!("shutdown requested");
-            let _ = tx.send(true);
-        });
-    }
-    std::fs::create_dir_all(&config.cache_dir)
-        .with_context(|| format!("creating {}", config.cache_dir.display()))?;
-    let store = ctcache::store::Store::open(&config.cache_dir, Default::default())
-        .with_context(|| format!("opening the cache {}", config.cache_dir.display()))?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let shutdown = async move {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    };
     let env = |k: &str| std::env::var(k).ok();
     let spec = match transport::from_systemd(&env)? {
         Some(s) => s,
@@ -111,30 +102,15 @@ async fn serve(config: Config) -> Result<()> {
         }
         None => None,
     };
-    if let Some(addr) = &config.metrics_addr {
-        ctcached::metrics::install(addr)?;
-    }
     let socket_path = spec.path.clone().or_else(|| Some(config.socket.clone()));
-    let daemon = Arc::new(Daemon::new(config, Arc::new(store), socket_path.clone()));
-    watcher::start(&daemon)?;
-    // Repair file/index mismatches in the background; lookups go on meanwhile.
-    let d = daemon.clone();
-    tokio::task::spawn_blocking(move || match d.store.reconcile() {
-        Ok(r) => tracing::info!(?r, "reconcile done"),
-        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
-    });
-    let _watchdog = systemd::spawn_watchdog();
-    let where_ = socket_path
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    let ready = move || {
-        tracing::info!(socket = %where_, "ctcached ready");
-        systemd::ready(&format!("serving on {where_}"));
+    let listeners = Listeners {
+        unix: spec.listener,
+        socket_path: socket_path.clone(),
+        tcp,
     };
-    server::serve(daemon, spec.listener, tcp, rx, ready).await?;
+    let served = ctcached::run(config, listeners, shutdown).await;
     if let (Some(p), false) = (socket_path, spec.activated) {
         let _ = std::fs::remove_file(p);
     }
-    Ok(())
+    Ok(served?)
 }

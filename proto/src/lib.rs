@@ -1,10 +1,13 @@
 //! The ctcached gRPC API, version 1: messages, client and server stubs
-//! generated from `proto/ctcache/v1/ctcache.proto`.
+//! generated from `proto/ctcache/v1/ctcache.proto`, and the conversions
+//! between the core's types and these messages ([`convert`]).
 
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("ctcache.v1");
 }
+
+pub mod convert;
 
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
@@ -48,5 +51,55 @@ impl v1::MaterializeResponse {
             symmetric: settings.symmetric,
             accuracy_level: settings.accuracy_level,
         }
+    }
+}
+
+impl v1::JobState {
+    /// The word people and JSON output see: `queued`, `running`, `done`,
+    /// `cached`, `failed`, `cancelled`.
+    pub fn name(self) -> &'static str {
+        match self {
+            v1::JobState::Unspecified => "unknown",
+            v1::JobState::Queued => "queued",
+            v1::JobState::Running => "running",
+            v1::JobState::Done => "done",
+            v1::JobState::Cached => "cached",
+            v1::JobState::Failed => "failed",
+            v1::JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the job is over (it will not change again).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            v1::JobState::Done
+                | v1::JobState::Cached
+                | v1::JobState::Failed
+                | v1::JobState::Cancelled
+        )
+    }
+
+    /// Whether the job ended with an entry.
+    pub fn succeeded(self) -> bool {
+        matches!(self, v1::JobState::Done | v1::JobState::Cached)
+    }
+}
+
+impl v1::Backend {
+    /// `auto`, `cpu` or `wgpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            v1::Backend::Auto => "auto",
+            v1::Backend::Cpu => "cpu",
+            v1::Backend::Wgpu => "wgpu",
+        }
+    }
+
+    /// The backend named `name` (`auto`, `cpu`, `wgpu`).
+    pub fn from_name(name: &str) -> Option<v1::Backend> {
+        [v1::Backend::Auto, v1::Backend::Cpu, v1::Backend::Wgpu]
+            .into_iter()
+            .find(|b| b.name() == name)
     }
 }

@@ -23,7 +23,7 @@ devices and struct types are ``ctcache.onnx_pb`` messages (protobuf package
 
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import onnx_pb2 as onnx_pb
-from .client import Client, connect, default_socket, entry_format
+from .client import Client, connect, default_socket, entry_format, state_name
 from .errors import (
     CtcacheError,
     DaemonNotRunning,
@@ -56,4 +56,5 @@ __all__ = [
     "materialize",
     "onnx_pb",
     "pb",
+    "state_name",
 ]

@@ -21,7 +21,15 @@ from .payload import Payload
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 ON_MISS = {"none": pb.ON_MISS_NONE, "background": pb.ON_MISS_BACKGROUND, "wait": pb.ON_MISS_WAIT}
-FINAL_STATES = ("done", "cached", "failed")
+BACKENDS = {"auto": pb.BACKEND_AUTO, "cpu": pb.BACKEND_CPU, "wgpu": pb.BACKEND_WGPU}
+FINAL_STATES = (pb.JOB_STATE_DONE, pb.JOB_STATE_CACHED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+SUCCEEDED = (pb.JOB_STATE_DONE, pb.JOB_STATE_CACHED)
+
+
+def state_name(progress) -> str:
+    """A job state as a word: ``queued``, ``running``, ``done``, ``cached``,
+    ``failed`` or ``cancelled``."""
+    return pb.JobState.Name(progress.state).removeprefix("JOB_STATE_").lower()
 
 _ERRORS = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
@@ -201,18 +209,23 @@ class Client:
                                      runtime=_runtime(runtime))
         return self._call("ResolveModel", req, timeout)
 
-    def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "",
+    def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "auto",
                 timeout: float | None = None):
         """Packs a model's initializers (default: the daemon's policy).
 
+        ``backend``: ``auto`` (the daemon's choice), ``cpu`` or ``wgpu`` (refused
+        when the daemon's host has no hardware wgpu adapter).
         ``wait=True``: returns the final :class:`PrepackProgress` of every job
-        (state ``done`` or ``cached``, with the entry) and raises
+        (state ``JOB_STATE_DONE`` or ``JOB_STATE_CACHED``, with the entry; see
+        :func:`state_name`) and raises
         :class:`~ctcache.errors.PrepackError` if any failed. ``wait=False``:
         returns the progress stream as an iterator; abandoning it cancels the
         jobs no other client shares.
         """
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         req = pb.PrepackRequest(model_path=_path(path), initializers=list(initializers or []),
-                                formats=_format_specs(formats), backend=backend)
+                                formats=_format_specs(formats), backend=BACKENDS[backend])
         stream = self._stream("Prepack", req, timeout)
         if not wait:
             return stream
@@ -221,16 +234,15 @@ class Client:
             if p.state in FINAL_STATES:
                 final[(p.initializer, p.format)] = p
         out = list(final.values())
-        if any(p.state == "failed" for p in out):
+        if any(p.state not in SUCCEEDED for p in out):
             raise errors.PrepackError(out)
         return out
 
-    def embed(self, model_path, output_path, formats=None, *, devices=None, sidecar: bool = False,
+    def embed(self, model_path, output_path, formats=None, *, sidecar: bool = False,
               replace: bool = False, timeout: float | None = None) -> pb.EmbedResponse:
         """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
         req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
-                              formats=_format_specs(formats), devices=list(devices or []),
-                              sidecar=sidecar, replace=replace)
+                              formats=_format_specs(formats), sidecar=sidecar, replace=replace)
         return self._call("Embed", req, timeout)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
