@@ -6,12 +6,14 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use prost::Message;
 
+use crate::access::{Opener, OwnRights};
 use crate::error::{Error, Result};
+use crate::fsutil::FileStamp;
 use crate::onnx::external::ExternalRef;
 use crate::onnx::fields::*;
 use crate::onnx::tensor::{Storage, TensorRef};
@@ -43,7 +45,11 @@ pub struct Model {
     dir: PathBuf,
     bytes: Bytes,
     top: Vec<TopField>,
-    externals: Mutex<HashMap<PathBuf, Bytes>>,
+    /// The model file's stamp when it was opened.
+    stamp: Option<FileStamp>,
+    /// Opens external-data files (with whose rights the model was opened).
+    opener: Arc<dyn Opener>,
+    externals: Mutex<HashMap<PathBuf, (Bytes, FileStamp)>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -56,9 +62,9 @@ impl std::fmt::Debug for Model {
     }
 }
 
-/// Maps a whole file read-only (an empty file gives empty bytes).
-pub fn map_file(path: &Path) -> Result<Bytes> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+/// Maps a whole open file read-only (an empty file gives empty bytes);
+/// `path` names it in errors.
+fn map_file(file: &File, path: &Path) -> Result<Bytes> {
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len == 0 {
         return Ok(Bytes::new());
@@ -66,7 +72,7 @@ pub fn map_file(path: &Path) -> Result<Bytes> {
     // SAFETY: the mapping is read-only. ctcache's own payload files are
     // immutable after publish; for user files, concurrent truncation is the
     // usual mmap hazard, accepted by every mmap-based model loader.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
     Ok(Bytes::from_owner(map))
 }
 
@@ -79,17 +85,25 @@ fn wire_err(context: &str, e: WireError) -> Error {
 }
 
 impl Model {
-    /// Opens and maps a model file.
+    /// Opens and maps a model file with the process's own rights.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Model::from_file(file, path, Arc::new(OwnRights))
+    }
+
+    /// Maps the open model `file` (found at `path`); its external data is
+    /// opened through `opener` (the rights the model was opened with).
+    pub fn from_file(file: File, path: &Path, opener: Arc<dyn Opener>) -> Result<Model> {
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
         if !meta.is_file() {
             return Err(Error::Model(format!(
                 "{} is not a regular file",
                 path.display()
             )));
         }
-        let bytes = map_file(path)?;
+        let stamp = FileStamp::of_file(&file).map_err(|e| Error::io(path, e))?;
+        let bytes = map_file(&file, path)?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let dir = if dir.as_os_str().is_empty() {
             PathBuf::from(".")
@@ -98,6 +112,8 @@ impl Model {
         };
         let mut model = Model::from_bytes(bytes, dir)?;
         model.path = Some(path.to_path_buf());
+        model.stamp = Some(stamp);
+        model.opener = opener;
         Ok(model)
     }
 
@@ -143,12 +159,19 @@ impl Model {
             dir: dir.into(),
             bytes,
             top,
+            stamp: None,
+            opener: Arc::new(OwnRights),
             externals: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The model file's stamp when it was opened (`None` for bytes in memory).
+    pub fn stamp(&self) -> Option<FileStamp> {
+        self.stamp
     }
 
     /// The folder external data is resolved against.
@@ -223,6 +246,15 @@ impl Model {
     /// Maps an external-data file relative to the model folder (cached per
     /// path), refusing paths that leave the folder.
     pub fn external_file(&self, location: &ExternalRef) -> std::result::Result<Bytes, String> {
+        self.external(location).map(|(bytes, _)| bytes)
+    }
+
+    /// The stamp of an external-data file when it was opened.
+    pub fn external_stamp(&self, location: &ExternalRef) -> std::result::Result<FileStamp, String> {
+        self.external(location).map(|(_, stamp)| stamp)
+    }
+
+    fn external(&self, location: &ExternalRef) -> std::result::Result<(Bytes, FileStamp), String> {
         let path = location.path_in(&self.dir)?;
         let dir = self
             .dir
@@ -241,12 +273,20 @@ impl Model {
         if let Some(b) = cache.get(&real) {
             return Ok(b.clone());
         }
-        if !real.is_file() {
+        let file = self
+            .opener
+            .open(&real)
+            .map_err(|e| format!("{}: {e}", real.display()))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", real.display()))?;
+        if !meta.is_file() {
             return Err(format!("{} is not a regular file", real.display()));
         }
-        let bytes = map_file(&real).map_err(|e| e.to_string())?;
-        cache.insert(real, bytes.clone());
-        Ok(bytes)
+        let stamp = FileStamp::of_file(&file).map_err(|e| format!("{}: {e}", real.display()))?;
+        let bytes = map_file(&file, &real).map_err(|e| e.to_string())?;
+        cache.insert(real, (bytes.clone(), stamp));
+        Ok((bytes, stamp))
     }
 
     /// The raw-form bytes of a raw or external tensor, borrowed from a mapping;
