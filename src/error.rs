@@ -39,6 +39,9 @@ pub enum Error {
     Decode { what: String, message: String },
     #[error("rewrite: {0}")]
     Rewrite(String),
+    /// The filesystem or platform cannot do what was asked.
+    #[error("{0}")]
+    Unsupported(String),
     /// A file that is not (or not wholly) what it should be, by name.
     #[error("{}: {problem}", path.display())]
     InFile { path: PathBuf, problem: Box<Error> },

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings, WeightKey};
+use ctcache::materialize::{self as mat, PackedWeight, Settings, WeightKey};
 use ctcache_api::v1 as api;
 use ctcache_kernels::Params;
 use tonic::Status;
@@ -61,6 +61,7 @@ pub async fn materialize(
     }
     let out = output_path(&peer, &r.output_path)?;
     let settings = settings(&d.config.policy, &r)?;
+    let mode = r.link_mode().map_err(Status::invalid_argument)?;
     let (path, model, plan) = {
         let d = d.clone();
         let model_path = r.model_path.clone();
@@ -95,11 +96,6 @@ pub async fn materialize(
     };
     let (entries, packed) = finish_jobs(jobs).await?;
     let cached = entries.len() as u32 - packed;
-    let mode = if r.copy {
-        LinkMode::Copy
-    } else {
-        LinkMode::LinkOrCopy
-    };
     blocking(move || {
         let store = &d.store;
         let mut leases = Vec::new();

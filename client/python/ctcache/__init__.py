@@ -8,8 +8,9 @@
                 with c.open_payload(e) as p:          # leased, mmapped read-only
                     data = p.numpy()                  # uint8, zero copy
 
-A 4-bit onnxruntime model whose weights are hard links into the cache
-(``ctcache.ort`` imports onnxruntime only when called)::
+A 4-bit onnxruntime model whose weight files are reflinks of the cache's
+payloads (copies where the filesystem has no reflinks; ``ctcache.ort``
+imports onnxruntime only when called)::
 
     r = ctcache.materialize("/models/m.onnx")         # -> /models/m.int4.onnx + m.int4.onnx.weights/
     import ctcache.ort

@@ -21,6 +21,11 @@ from .payload import Payload
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 ON_MISS = {"none": pb.ON_MISS_NONE, "background": pb.ON_MISS_BACKGROUND, "wait": pb.ON_MISS_WAIT}
+LINK_MODES = {"auto": pb.LINK_MODE_AUTO, "reflink": pb.LINK_MODE_REFLINK, "copy": pb.LINK_MODE_COPY,
+              "hard": pb.LINK_MODE_HARD}
+#: ``MaterializeFile.method`` values by name (the names ``ctcachectl --json`` prints).
+PLACE_METHODS = {pb.PLACE_METHOD_REFLINK: "reflink", pb.PLACE_METHOD_COPY: "copy",
+                 pb.PLACE_METHOD_HARD_LINK: "hard_link", pb.PLACE_METHOD_IN_PLACE: "in_place"}
 FINAL_STATES = ("done", "cached", "failed")
 
 _ERRORS = {
@@ -234,15 +239,21 @@ class Client:
         return self._call("Embed", req, timeout)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
-                    symmetric: bool | None = None, accuracy_level: int = 0, copy: bool = False,
-                    target: str = "onnxruntime-int4", timeout: float | None = None) -> pb.MaterializeResponse:
+                    symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
+                    copy: bool = False, target: str = "onnxruntime-int4",
+                    timeout: float | None = None) -> pb.MaterializeResponse:
         """Writes an onnxruntime-ready 4/8-bit copy of a model (packs what is missing).
 
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
         every Gemm with a constant B, transA=0, alpha=beta=1) becomes a
         ``com.microsoft::MatMulNBits``; its weights are external data in
-        ``<output file name>.weights/``, hard links to the daemon's cache
-        payloads (copies across filesystems, or always with ``copy=True``).
+        ``<output file name>.weights/``. ``link`` says how those files are
+        made from the daemon's cache payloads: ``"auto"`` (a reflink where the
+        filesystem supports it, else a copy: files onnx and onnxruntime both
+        load), ``"reflink"`` (or fail), ``"copy"``, ``"hard"`` (hard links,
+        copies where refused: no bytes written, but onnx >= 1.21 refuses such
+        files; onnxruntime loads them). ``copy=True`` is ``link="copy"``. The
+        answer's ``files`` say how each file was placed (``PLACE_METHODS``).
         ``bits`` / ``block_size`` / ``symmetric`` left ``None``: the daemon's
         policy for ``ort.matmul_nbits``, else 4 / 32 / symmetric.
         ``accuracy_level=0`` leaves the attribute out. A model with nothing to
@@ -250,8 +261,13 @@ class Client:
         (``FAILED_PRECONDITION``); bad settings raise
         :class:`~ctcache.errors.InvalidArgument`.
         """
+        if link not in LINK_MODES:
+            raise ValueError(f"link must be one of {', '.join(LINK_MODES)}, not {link!r}")
+        if copy and link not in ("auto", "copy"):
+            raise ValueError(f"copy=True is link='copy'; it contradicts link={link!r}")
         req = pb.MaterializeRequest(model_path=_path(model_path), output_path=_path(output_path),
-                                    target=target, accuracy_level=int(accuracy_level), copy=bool(copy))
+                                    target=target, accuracy_level=int(accuracy_level),
+                                    link=LINK_MODES["copy" if copy else link])
         if bits is not None:
             req.bits = int(bits)
         if block_size is not None:
@@ -363,4 +379,4 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
 
-__all__ = ["Client", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]
+__all__ = ["Client", "LINK_MODES", "PLACE_METHODS", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]
