@@ -315,18 +315,32 @@ class Client:
         return Payload(self, lease, lease.entry if lease.HasField("entry") else entry, ttl_s, allow_mmap=mmap)
 
     def read_payload(self, key: str, offset: int = 0, length: int = 0) -> bytes:
-        """Copies (part of) a payload over ReadPayload (no lease)."""
-        return bytes(self._read_payload_bytes(key, length, offset))
+        """Copies bytes ``[offset, offset + length)`` of a payload over ReadPayload (no lease).
 
-    def _read_payload_bytes(self, key: str, expect: int = 0, offset: int = 0) -> bytearray:
+        ``length=0`` reads to the end. A range past the end is cut at the end
+        (as ``file.read`` does); an offset past the end raises
+        :class:`~ctcache.errors.RequestFailed` (``OUT_OF_RANGE``).
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(f"offset and length must be >= 0, not {offset} and {length}")
+        return bytes(self._read_range(key, offset, length))
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytearray:
         buf = bytearray()
-        req = pb.ReadPayloadRequest(key=key, offset=offset, length=expect if offset else 0)
+        req = pb.ReadPayloadRequest(key=key, offset=offset, length=length)
         for chunk in self._stream("ReadPayload", req):
             if chunk.offset != offset + len(buf):
                 raise errors.CtcacheError(f"ReadPayload {key}: chunk at {chunk.offset}, expected {offset + len(buf)}")
             buf += chunk.data
-        if expect and offset == 0 and len(buf) != expect:
-            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {expect}")
+            if length and len(buf) > length:
+                raise errors.CtcacheError(f"ReadPayload {key}: got more than the {length} bytes asked for")
+        return buf
+
+    def _read_whole_payload(self, key: str, size: int) -> bytearray:
+        """The whole payload of an entry of ``size`` bytes; any other size is an error."""
+        buf = self._read_range(key, 0, 0)
+        if len(buf) != size:
+            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {size}")
         return buf
 
     def gc(self, max_bytes: int | None = None, max_age_s: int = 0, *, dry_run: bool = False,
