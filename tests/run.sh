@@ -122,3 +122,6 @@ step "python cross-checks"
 export CTCACHECTL="$CARGO_TARGET_DIR/debug/ctcachectl"
 export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 "$VENV/bin/python" -m pytest -q tests/python
+
+step "README walkthrough"
+bash tests/readme_walkthrough.sh

@@ -419,6 +419,62 @@ def test_package_declares_its_dependencies_and_types(installed):
     assert (installed / "ctcache" / "py.typed").is_file()
 
 
+def readme_python_snippet() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = text.split("```python\n")
+    assert len(blocks) == 2, "README.md should have exactly one python block"
+    return blocks[1].split("```", 1)[0]
+
+
+def test_readme_python_snippet_runs_as_written(installed, tmp_path):
+    """README.md's Python block, run unchanged on a fresh cache: the daemon of the walkthrough
+    (default socket under HOME) and ~/models/model.onnx as the walkthrough leaves it."""
+    home = Path(tempfile.mkdtemp(prefix="ctc-h-"))  # short: the default socket lives under it
+    try:
+        (home / "models").mkdir()
+        w = make_matmul(home / "models" / "model.onnx", seed=21)
+        # A second, small initializer first: not packed, so the snippet must skip it.
+        _add_small_first_initializer(home / "models" / "model.onnx")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CTCACHE_", "XDG_"))}
+        env.update(HOME=str(home), PYTHONPATH=str(installed))
+        socket = home / ".cache" / "ctcache" / "ctcached.sock"
+        log = open(home / "ctcached.log", "wb")
+        proc = subprocess.Popen([binary("ctcached"), "--watch", str(home / "models")], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not socket.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, (home / "ctcached.log").read_text()
+                time.sleep(0.05)
+            r = subprocess.run([sys.executable, "-c", readme_python_snippet()], capture_output=True, text=True,
+                               timeout=300, env=env, cwd=tmp_path)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=40)
+            log.close()
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{(home / 'ctcached.log').read_text()}"
+        lines = sorted(r.stdout.splitlines())
+        assert len(lines) == 1 and lines[0].startswith("W "), r.stdout
+        assert lines[0].endswith(" True"), "Payload.verify() failed"
+        assert w.shape == (512, 256)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _add_small_first_initializer(path: Path) -> None:
+    """Puts a small Add bias (nothing packs it) before W in the initializer list."""
+    import onnx
+
+    m = onnx.load(str(path))
+    bias = numpy_helper.from_array(np.zeros(256, np.float32), "bias")
+    m.graph.initializer.insert(0, bias)
+    y = m.graph.node[0].output[0]
+    m.graph.node[0].output[0] = "mm"
+    m.graph.node.append(helper.make_node("Add", ["mm", "bias"], [y]))
+    onnx.checker.check_model(m)
+    save(m, str(path))
+
+
 def test_sigterm_exits_zero(ctcache, daemon):
     with ctcache.connect(daemon.socket, timeout=10) as c:
         assert c.status().pid == daemon.proc.pid
