@@ -43,12 +43,7 @@ pub struct MaterializeArgs {
     /// MatMulNBits accuracy_level (0 leaves the attribute out).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..=4))]
     accuracy_level: i64,
-    /// How the weight files are placed next to the model: auto = a reflink
-    /// of the cache's file where the filesystem can (btrfs, XFS, bcachefs:
-    /// no extra space), else a copy; reflink = a reflink or an error; copy;
-    /// hard = hard links into the cache (no bytes written, on any
-    /// filesystem), which onnxruntime loads but onnx >= 1.21 (onnx.load,
-    /// onnx.checker) refuses.
+    /// How the weight files are made from the cache's payload files.
     #[arg(long, value_enum, default_value_t = Link::Auto, value_name = "HOW")]
     link: Link,
     /// Same as --link copy.
@@ -59,12 +54,19 @@ pub struct MaterializeArgs {
     local: bool,
 }
 
-/// `--link`, as clap parses it.
+/// `--link`, as clap parses it (the variants' docs are its help).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Link {
+    /// A reflink where the filesystem can (btrfs, XFS, bcachefs: no extra
+    /// space), else a copy; onnx and onnxruntime load the model
     Auto,
+    /// A reflink, or an error saying why none is possible
     Reflink,
+    /// A copy
     Copy,
+    /// Hard links into the cache (no bytes written, on any filesystem):
+    /// onnxruntime loads the model, onnx >= 1.21 (onnx.load, onnx.checker)
+    /// refuses it
     Hard,
 }
 
