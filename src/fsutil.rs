@@ -42,7 +42,7 @@ pub fn atomic_write(
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result.map_err(|e| Error::io(path, e))
+    result.map_err(|e| Error::write(path, e))
 }
 
 /// The identity of a file's content as the file system tells it: it changes

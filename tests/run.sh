@@ -25,6 +25,8 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 [ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -n "$(ls /usr/share/vulkan/icd.d/lvp_icd.* 2>/dev/null)" ] || need+=(mesa-vulkan-drivers)
 ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need+=(libvulkan1)
+# mkfs.xfs: the materialize reflink test formats a small loop-mounted XFS image.
+command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}"
@@ -120,3 +122,6 @@ step "python cross-checks"
 export CTCACHECTL="$CARGO_TARGET_DIR/debug/ctcachectl"
 export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 "$VENV/bin/python" -m pytest -q tests/python
+
+step "README walkthrough"
+bash tests/readme_walkthrough.sh

@@ -84,6 +84,27 @@ fn wire_err(context: &str, e: WireError) -> Error {
     }
 }
 
+/// What a top-level wire error means: the file ends inside a field (cut
+/// short, or a length nothing can satisfy), or the bytes are not protobuf.
+fn not_a_model(len: usize, e: WireError) -> Error {
+    use crate::wire::WireProblem::{LengthTooLarge, Truncated};
+    Error::NotAModel(match e.problem {
+        LengthTooLarge(n) => format!(
+            "not a complete ONNX model (truncated at byte {len}: a field declares {n} bytes at \
+             byte {}, which exceeds the end of the file)",
+            e.offset
+        ),
+        Truncated => format!(
+            "not a complete ONNX model (truncated at byte {len}: the value at byte {} is cut off)",
+            e.offset
+        ),
+        _ => format!(
+            "not an ONNX model (malformed protobuf at byte {}: {})",
+            e.offset, e.problem
+        ),
+    })
+}
+
 impl Model {
     /// Opens and maps a model file with the process's own rights.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
@@ -110,7 +131,7 @@ impl Model {
         } else {
             dir
         };
-        let mut model = Model::from_bytes(bytes, dir)?;
+        let mut model = Model::from_bytes(bytes, dir).map_err(|e| e.in_file(path))?;
         model.path = Some(path.to_path_buf());
         model.stamp = Some(stamp);
         model.opener = opener;
@@ -120,12 +141,12 @@ impl Model {
     /// Wraps model bytes already in memory; `dir` resolves external data.
     pub fn from_bytes(bytes: Bytes, dir: impl Into<PathBuf>) -> Result<Model> {
         if bytes.is_empty() {
-            return Err(Error::Model("empty file: not an ONNX model".into()));
+            return Err(Error::NotAModel("empty file: not an ONNX model".into()));
         }
         let mut top = Vec::new();
         let mut has_graph = false;
         for field in Fields::new(&bytes) {
-            let field = field.map_err(|e| wire_err("ModelProto", e))?;
+            let field = field.map_err(|e| not_a_model(bytes.len(), e))?;
             let expects_bytes = field.number == MODEL_GRAPH || is_compiled_field(field.number);
             let value = match field.value {
                 Value::Bytes(b) => field.value_start..field.value_start + b.len(),
@@ -150,8 +171,8 @@ impl Model {
             });
         }
         if !has_graph {
-            return Err(Error::Model(
-                "no graph (ModelProto field 7): not an ONNX model".into(),
+            return Err(Error::NotAModel(
+                "not an ONNX model (no graph: ModelProto field 7 is missing)".into(),
             ));
         }
         Ok(Model {
@@ -174,6 +195,14 @@ impl Model {
         self.stamp
     }
 
+    /// A parse error of this model, naming its file when it has one.
+    fn named(&self, e: Error) -> Error {
+        match &self.path {
+            Some(p) => e.in_file(p),
+            None => e,
+        }
+    }
+
     /// The folder external data is resolved against.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -193,9 +222,11 @@ impl Model {
         let mut out = Vec::new();
         for g in self.top.iter().filter(|f| f.number == MODEL_GRAPH) {
             for field in Fields::with_base(&self.bytes[g.value.clone()], g.value.start) {
-                let field = field.map_err(|e| wire_err("GraphProto", e))?;
+                let field = field.map_err(|e| self.named(wire_err("GraphProto", e)))?;
                 if field.number == number {
-                    let b = field.bytes().map_err(|e| wire_err("GraphProto", e))?;
+                    let b = field
+                        .bytes()
+                        .map_err(|e| self.named(wire_err("GraphProto", e)))?;
                     out.push(field.value_start..field.value_start + b.len());
                 }
             }
@@ -207,7 +238,7 @@ impl Model {
     pub fn initializers(&self) -> Result<Vec<TensorRef>> {
         self.graph_fields(GRAPH_INITIALIZER)?
             .into_iter()
-            .map(|r| TensorRef::parse(&self.bytes, r))
+            .map(|r| TensorRef::parse(&self.bytes, r).map_err(|e| self.named(e)))
             .collect()
     }
 
@@ -215,12 +246,16 @@ impl Model {
     pub fn nodes(&self) -> Result<Vec<pb::NodeProto>> {
         self.graph_fields(GRAPH_NODE)?
             .into_iter()
-            .map(|r| decode(self.bytes.slice(r), "NodeProto"))
+            .map(|r| decode(self.bytes.slice(r), "NodeProto").map_err(|e| self.named(e)))
             .collect()
     }
 
     /// The compiled-tensor extension, decoded (payloads borrowed).
     pub fn extension(&self) -> Result<Extension> {
+        self.decode_extension().map_err(|e| self.named(e))
+    }
+
+    fn decode_extension(&self) -> Result<Extension> {
         let mut ext = Extension::default();
         for f in &self.top {
             let bytes = || self.bytes.slice(f.value.clone());

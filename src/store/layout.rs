@@ -113,7 +113,7 @@ fn write_layout(root: &Path, version: u32) -> StoreResult<()> {
     let path = root.join("LAYOUT");
     crate::fsutil::atomic_write(&path, |w| writeln!(w, "{LAYOUT_MAGIC} {version}")).map_err(|e| {
         match e {
-            crate::Error::Io { path, source } => StoreError::io("write", path, source),
+            crate::Error::Io { path, source, .. } => StoreError::io("write", path, source),
             other => StoreError::BadLayout {
                 dir: root.to_path_buf(),
                 detail: other.to_string(),

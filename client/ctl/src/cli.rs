@@ -69,7 +69,7 @@ pub enum Command {
     WhyMiss { model: PathBuf, initializer: String },
     /// Write a copy of a model with compiled tensors embedded (through the daemon when it runs).
     Embed(jobs::EmbedArgs),
-    /// Write an onnxruntime-ready 4/8-bit copy of a model (MatMulNBits fed by cache entries, hard-linked).
+    /// Write an onnxruntime-ready 4/8-bit copy of a model (MatMulNBits fed by cache entries).
     Materialize(materialize::MaterializeArgs),
     /// Store the compiled tensors a model carries.
     Import { model: PathBuf },

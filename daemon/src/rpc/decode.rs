@@ -112,8 +112,9 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
     }
 }
 
-pub(crate) fn materialize(r: api::MaterializeRequest) -> MaterializeRequest {
-    MaterializeRequest {
+pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeRequest, Error> {
+    let link = r.link_mode().map_err(Error::invalid)?;
+    Ok(MaterializeRequest {
         model_path: r.model_path,
         output_path: r.output_path,
         target: r.target,
@@ -121,8 +122,8 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> MaterializeRequest {
         block_size: r.block_size,
         symmetric: r.symmetric,
         accuracy_level: r.accuracy_level,
-        copy: r.copy,
-    }
+        link,
+    })
 }
 
 pub(crate) fn list(r: api::ListRequest) -> ListRequest {
