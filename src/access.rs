@@ -177,8 +177,9 @@ impl Identity {
     }
 
     /// Opens the folder `dir` (following symbolic links) and keeps it only
-    /// when this identity may list it and reach it.
-    pub fn open_dir(&self, dir: &Path) -> io::Result<File> {
+    /// when this identity may reach it and has `want` on it ([`READ`] to
+    /// list it, [`WRITE`] to create in it; [`SEARCH`] is implied).
+    pub fn open_dir(&self, dir: &Path, want: u32) -> io::Result<File> {
         let fd = rustix::fs::open(
             dir,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -189,7 +190,7 @@ impl Identity {
             return Ok(file);
         }
         let real = real_path(&file)?;
-        if self.may(&file, READ | SEARCH)? && self.may_reach(&real)? {
+        if self.may(&file, want | SEARCH)? && self.may_reach(&real)? {
             Ok(file)
         } else {
             Err(denied(dir))

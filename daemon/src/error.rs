@@ -83,6 +83,13 @@ impl Error {
     }
 }
 
+impl Error {
+    /// An I/O failure on `what` (a path the caller named).
+    pub fn from_io(e: std::io::Error, what: &str) -> Error {
+        Error::new(io_kind(&e), format!("{what}: {e}"))
+    }
+}
+
 /// The kind an I/O failure means to a caller.
 fn io_kind(e: &std::io::Error) -> ErrorKind {
     match e.kind() {

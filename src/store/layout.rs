@@ -175,7 +175,13 @@ fn refuse_foreign(root: &Path) -> StoreResult<()> {
     for e in rd {
         let e = e.map_err(|e| StoreError::io("list", root, e))?;
         let name = e.file_name();
-        if !OWN_NAMES.iter().any(|n| name == *n) {
+        // A socket holds no data: the daemon's own socket lives in the
+        // cache dir by default (D8) and may be bound before the store opens.
+        let socket = e.file_type().is_ok_and(|t| {
+            use std::os::unix::fs::FileTypeExt;
+            t.is_socket()
+        });
+        if !socket && !OWN_NAMES.iter().any(|n| name == *n) {
             return Err(StoreError::BadLayout {
                 dir: root.to_path_buf(),
                 detail: format!(

@@ -3,9 +3,11 @@
 //! and take the initializers' digests through the memo.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ctcache::access::{self, Identity, Opener, OwnRights};
 use ctcache::digest::SourceDigest;
 use ctcache::onnx::{Model, TensorRef};
 use ctcache_kernels::{PackError, Params};
@@ -30,30 +32,67 @@ pub(crate) struct OpenedModel {
     pub model: Arc<Model>,
 }
 
-/// Opens the model at `path` for `caller`: an absolute path the caller may
-/// read, or one under a watched folder.
+/// With whose rights a model is read.
+#[derive(Debug, Clone)]
+pub(crate) enum Reader {
+    /// The admin's: models under a watched folder of the config file.
+    Admin,
+    /// A user's: the model, its real path and its external data must be
+    /// readable by this identity.
+    As(Identity),
+}
+
+/// Opens the model at `path` for `caller`: an absolute path to a model the
+/// caller may read, or one under a watched folder of the config file (the
+/// admin's). Access is judged on the file opened, never on the path.
 pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedModel> {
     if path.is_empty() {
         return Err(Error::invalid("model_path is empty"));
     }
-    let p = PathBuf::from(path);
+    let p = Path::new(path);
     if !p.is_absolute() {
         return Err(Error::invalid(format!(
             "model_path {path:?} must be absolute"
         )));
     }
-    let canonical = p
-        .canonicalize()
-        .map_err(|e| Error::not_found(format!("{path}: {e}")))?;
-    if !d.watcher.covers(&canonical) && !caller.may_read(&canonical) {
-        return Err(Error::denied(format!(
-            "{path}: outside the watched folders and not readable by {}",
-            caller.describe()
-        )));
+    let file = File::open(p).map_err(|e| Error::from_io(e, path))?;
+    let real = access::real_path(&file).map_err(|e| Error::from_io(e, path))?;
+    let reader = if d.watcher.admin_covers(&real) {
+        Reader::Admin
+    } else {
+        let who = caller.identity()?;
+        who.check_read(&file, p).map_err(|_| {
+            Error::denied(format!(
+                "{path}: outside the watched folders and not readable by {}",
+                caller.describe()
+            ))
+        })?;
+        Reader::As(who.clone())
+    };
+    from_file(file, &real, &reader)
+}
+
+/// Opens the model at `path` with the rights of `reader`.
+pub(crate) fn open_as(path: &Path, reader: &Reader) -> Result<OpenedModel> {
+    let file = match reader {
+        Reader::Admin => File::open(path),
+        Reader::As(who) => who.open_read(path),
     }
-    let model = Model::open(&canonical)?;
+    .map_err(|e| Error::from_io(e, &path.display().to_string()))?;
+    let real =
+        access::real_path(&file).map_err(|e| Error::from_io(e, &path.display().to_string()))?;
+    from_file(file, &real, reader)
+}
+
+/// Maps an opened model; its external data is opened with the same rights.
+fn from_file(file: File, real: &Path, reader: &Reader) -> Result<OpenedModel> {
+    let opener: Arc<dyn Opener> = match reader {
+        Reader::Admin => Arc::new(OwnRights),
+        Reader::As(who) => Arc::new(who.clone()),
+    };
+    let model = Model::from_file(file, real, opener)?;
     Ok(OpenedModel {
-        path: canonical,
+        path: real.to_path_buf(),
         model: Arc::new(model),
     })
 }

@@ -3,7 +3,6 @@
 //! and wait for a set of jobs. The Prepack use case is the caller-facing
 //! front of it.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ctcache::digest::SourceDigest;
@@ -12,7 +11,7 @@ use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
 use ctcache_kernels::compile::BackendChoice;
 use ctcache_kernels::{Packer, Params};
 
-use super::model::{self, FormatRequest};
+use super::model::{self, FormatRequest, OpenedModel};
 use super::{Error, Result};
 use crate::caller::Caller;
 use crate::events::EventKind;
@@ -52,14 +51,7 @@ pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> R
     if r.backend == BackendRequest::Wgpu {
         check_wgpu(d, &m.model, &sel.wanted)?;
     }
-    submit_all(
-        d,
-        &m.path,
-        &m.model,
-        &sel.wanted,
-        Priority::Client,
-        r.backend,
-    )
+    submit_all(d, &m, &sel.wanted, Priority::Client, r.backend)
 }
 
 /// A wgpu request needs a hardware adapter's lane and formats it can pack.
@@ -91,31 +83,31 @@ fn gpu_can_pack(w: &Wanted, t: &TensorRef) -> bool {
         && w.params.get("transposed") != Some("true")
 }
 
-/// Starts (or joins) the jobs of every wanted pair of a model.
+/// Starts (or joins) the jobs of every wanted pair of an opened model.
 pub(crate) fn submit_all(
     d: &Arc<Daemon>,
-    path: &Path,
-    model: &Model,
+    m: &OpenedModel,
     wanted: &[Wanted],
     priority: Priority,
     backend: BackendRequest,
 ) -> Result<Jobs> {
-    let (tensors, digests) = model::digests(d, path, model)?;
+    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
     let mut jobs = Vec::new();
     for w in wanted {
         let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else {
             continue;
         };
         let digest = digests[&t.name];
-        jobs.push((w.clone(), submit(d, path, t, digest, w, priority, backend)?));
+        jobs.push((w.clone(), submit(d, m, t, digest, w, priority, backend)?));
     }
     Ok(jobs)
 }
 
-/// The resolved inputs of one pack.
+/// The resolved inputs of one pack: the model as it was opened for the
+/// request (never opened again by path), one of its initializers.
 struct PackSpec {
-    model_path: PathBuf,
-    tensor: String,
+    model: OpenedModel,
+    tensor: TensorRef,
     digest: SourceDigest,
     packer: &'static dyn Packer,
     params: Params,
@@ -131,7 +123,7 @@ fn params_key(p: &Params) -> String {
 /// Submits (or joins) the pack job of one wanted pair.
 fn submit(
     d: &Arc<Daemon>,
-    path: &Path,
+    m: &OpenedModel,
     t: &TensorRef,
     digest: SourceDigest,
     w: &Wanted,
@@ -141,8 +133,8 @@ fn submit(
     let packer = ctcache_kernels::find(&w.format)
         .ok_or_else(|| Error::invalid(format!("unknown format {:?}", w.format)))?;
     let spec = PackSpec {
-        model_path: path.to_path_buf(),
-        tensor: t.name.clone(),
+        model: m.clone(),
+        tensor: t.clone(),
         digest,
         packer,
         params: w.params.clone(),
@@ -201,20 +193,9 @@ fn run(
     choice: BackendChoice,
     cancel: &CancelToken,
 ) -> Result<Packed, String> {
-    let model = Model::open(&spec.model_path).map_err(|e| e.to_string())?;
-    let t = model
-        .initializers()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|t| t.name == spec.tensor)
-        .ok_or_else(|| {
-            format!(
-                "{}: no initializer {:?}",
-                spec.model_path.display(),
-                spec.tensor
-            )
-        })?;
-    if let Some(entry) = existing(d, &spec.digest, &t, spec.packer, &spec.params) {
+    let (model, t) = (&spec.model.model, &spec.tensor);
+    let model_path = spec.model.path.display().to_string();
+    if let Some(entry) = existing(d, &spec.digest, t, spec.packer, &spec.params) {
         return Ok(Packed {
             entry,
             cached: true,
@@ -225,8 +206,8 @@ fn run(
         return Err("every waiter went away".into());
     }
     let c = ctcache_kernels::compile::compile_on(
-        &model,
-        &t,
+        model,
+        t,
         Some(spec.digest),
         spec.packer,
         &spec.params,
@@ -250,8 +231,8 @@ fn run(
             packer_version: c.packer_version.to_string(),
             client_uid: None,
         },
-        source_names: vec![spec.tensor.clone()],
-        model_paths: vec![spec.model_path.display().to_string()],
+        source_names: vec![t.name.clone()],
+        model_paths: vec![model_path.clone()],
         pack_duration: c.duration,
     };
     let stored = d
@@ -266,8 +247,8 @@ fn run(
     d.events.emit(
         EventKind::EntryAdded,
         Some(stored.entry.key),
-        spec.model_path.display().to_string(),
-        format!("{} {}", spec.tensor, stored.entry.type_name),
+        model_path,
+        format!("{} {}", t.name, stored.entry.type_name),
     );
     Ok(Packed {
         entry: stored.entry,

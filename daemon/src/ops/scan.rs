@@ -9,11 +9,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::model::{self, Reader};
 use super::pack::{self, BackendRequest};
 use super::{Error, Result};
 use crate::events::EventKind;
 use crate::scheduler::Priority;
 use crate::state::Daemon;
+use crate::watcher::Owner;
 
 fn is_model(p: &Path) -> bool {
     p.extension().is_some_and(|e| e == "onnx")
@@ -111,13 +113,13 @@ fn walk_models(dir: &Path) -> Vec<PathBuf> {
 /// stopped meanwhile.
 fn wait_stable(d: &Daemon, p: &Path, stable: Duration) -> bool {
     let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last = crate::memo::FileId::of(p).ok();
+    let mut last = ctcache::fsutil::FileStamp::of_path(p).ok();
     loop {
         std::thread::sleep(stable.max(Duration::from_millis(20)));
         if !d.watcher.is_running() {
             return false;
         }
-        let now = crate::memo::FileId::of(p).ok();
+        let now = ctcache::fsutil::FileStamp::of_path(p).ok();
         if now.is_none() {
             return false;
         }
@@ -135,23 +137,22 @@ fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> Result<()> {
     if !wait_stable(d, path, stable) {
         return Ok(());
     }
-    let canonical = path
-        .canonicalize()
-        .map_err(|e| Error::not_found(e.to_string()))?;
-    let model = ctcache::onnx::Model::open(&canonical)?;
-    let sel = crate::policy::select(&model, &d.config.policy)?;
-    let jobs = pack::submit_all(
-        d,
-        &canonical,
-        &model,
-        &sel.wanted,
-        Priority::Watcher,
-        BackendRequest::Auto,
-    )?;
+    // Read with the rights of the watch's owner: a user's watch never
+    // packs what that user may not read (a link to another's file).
+    let Some(owner) = d.watcher.owner_of(path) else {
+        return Ok(());
+    };
+    let reader = match owner {
+        Owner::Admin => Reader::Admin,
+        Owner::User(who) => Reader::As(who),
+    };
+    let m = model::open_as(path, &reader)?;
+    let sel = crate::policy::select(&m.model, &d.config.policy)?;
+    let jobs = pack::submit_all(d, &m, &sel.wanted, Priority::Watcher, BackendRequest::Auto)?;
     d.events.emit(
         EventKind::Watcher,
         None,
-        canonical.display().to_string(),
+        m.path.display().to_string(),
         format!(
             "{} pack job(s) for {} wanted pair(s)",
             jobs.iter().filter(|(_, h)| !h.joined).count(),

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{Error, Result};
+use ctcache::access;
+
 use crate::caller::Caller;
 use crate::events::EventKind;
 use crate::state::Daemon;
@@ -18,16 +20,20 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
             dir.display()
         )));
     }
-    if !caller.may_read(dir) {
-        return Err(Error::denied(format!(
+    let who = caller.identity()?;
+    who.open_dir(dir, access::READ).map_err(|_| {
+        Error::denied(format!(
             "{} may not read {}",
             caller.describe(),
             dir.display()
-        )));
-    }
-    let owner = match caller.uid {
-        Some(uid) if !caller.is_self_or_root() => Owner::Uid(uid),
-        _ => Owner::Config,
+        ))
+    })?;
+    // A watch is its adder's: what it finds is read with their rights
+    // (root's and the daemon's own watches are the admin's).
+    let owner = if caller.is_self_or_root() {
+        Owner::Admin
+    } else {
+        Owner::User(who.clone())
     };
     if let Some(dir) = d.watcher.add(dir, owner)? {
         d.events.emit(

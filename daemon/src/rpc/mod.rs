@@ -6,6 +6,7 @@
 mod caller;
 mod decode;
 mod encode;
+mod peer;
 mod service;
 mod status;
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCacheServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
 use crate::error::RunError;
@@ -64,8 +66,19 @@ pub(crate) async fn serve(
         .map_err(|e| RunError::io("the unix listener", e))?;
     let unix = tokio::net::UnixListener::from_std(unix)
         .map_err(|e| RunError::io("the unix listener", e))?;
-    let unix_server = router(&svc)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(unix), turned_true(shutdown.clone()));
+    // A connection whose peer cannot be read is dropped, not served.
+    let incoming = UnixListenerStream::new(unix).filter_map(|conn| match conn {
+        Ok(s) => match peer::PeerStream::new(s) {
+            Ok(p) => Some(Ok::<_, std::io::Error>(p)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a connection's peer credentials");
+                None
+            }
+        },
+        Err(e) => Some(Err(e)),
+    });
+    let unix_server =
+        router(&svc).serve_with_incoming_shutdown(incoming, turned_true(shutdown.clone()));
     let tcp_server = match tcp {
         Some(l) => {
             l.set_nonblocking(true)
