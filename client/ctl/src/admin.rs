@@ -51,12 +51,7 @@ pub fn gc(ctx: &Ctx, a: GcArgs) -> Result<(), Failure> {
                 dry_run: a.dry_run,
                 has_max_bytes: a.max_size.is_some(),
             };
-            let mut out = None;
-            ctx.block_on(async {
-                out = Some(ctx.connect().await?.gc(req).await?);
-                Ok(())
-            })?;
-            out.unwrap_or_default()
+            ctx.block_on(async { Ok(ctx.connect().await?.gc(req).await?) })?
         }
     };
     print_gc(ctx, &resp, a.cache_dir.as_deref())
@@ -132,14 +127,7 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
             };
             convert::verify(&v, repaired.as_ref())
         }
-        None => {
-            let mut out = None;
-            ctx.block_on(async {
-                out = Some(ctx.connect().await?.verify(a.repair).await?);
-                Ok(())
-            })?;
-            out.unwrap_or_default()
-        }
+        None => ctx.block_on(async { Ok(ctx.connect().await?.verify(a.repair).await?) })?,
     };
     if ctx.json {
         print_json(&json!({

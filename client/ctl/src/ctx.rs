@@ -41,6 +41,10 @@ pub struct Ctx {
     pub quiet: bool,
     pub color: bool,
     pub socket: Option<PathBuf>,
+    /// The user named a socket (`--socket` or `CTCACHE_SOCKET`): a daemon
+    /// that does not answer there is an error, never a reason to work
+    /// without it.
+    pub socket_named: bool,
 }
 
 impl Ctx {
@@ -52,17 +56,20 @@ impl Ctx {
                 std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
             }
         };
+        let socket_named =
+            g.socket.is_some() || std::env::var_os("CTCACHE_SOCKET").is_some_and(|v| !v.is_empty());
         Ctx {
             json: g.json,
             quiet: g.quiet,
             color,
             socket: g.socket,
+            socket_named,
         }
     }
 
     /// Runs a daemon command's future on a current-thread runtime: the CLI
     /// does one thing at a time, and offline commands never pay for one.
-    pub fn block_on<F: Future<Output = Result<(), Failure>>>(&self, f: F) -> Result<(), Failure> {
+    pub fn block_on<T, F: Future<Output = Result<T, Failure>>>(&self, f: F) -> Result<T, Failure> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -76,6 +83,22 @@ impl Ctx {
             None => Client::connect().await,
         };
         c.map_err(Failure::from)
+    }
+
+    /// The daemon, or `None` when no socket was named and none answers at
+    /// the default one: then the command does `what` here instead, and
+    /// says so in one note.
+    pub async fn connect_or_local(&self, what: &str) -> Result<Option<Client>, Failure> {
+        match self.connect().await {
+            Err(Failure::Unreachable(_)) if !self.socket_named => {
+                self.note(&format!(
+                    "note: no ctcached at {}; {what} here, without the cache",
+                    ctcache_client::default_socket().display()
+                ));
+                Ok(None)
+            }
+            other => other.map(Some),
+        }
     }
 
     /// A note on stderr (not with --quiet).

@@ -366,14 +366,11 @@ pub struct EmbedArgs {
     local: bool,
 }
 
-/// Through the daemon (its store, its packers) when one answers; else, or
-/// with --local or --initializer, packed here.
+/// Through the daemon (its store, its packers); packed here with --local or
+/// --initializer, or when no socket was named and none answers.
 pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
-    if !a.local && a.initializers.is_empty() {
-        match ctx.block_on(embed_daemon(ctx, &a)) {
-            Err(Failure::Unreachable(why)) => ctx.note(&format!("embedding locally: {why}")),
-            other => return other,
-        }
+    if !a.local && a.initializers.is_empty() && ctx.block_on(embed_daemon(ctx, &a))? {
+        return Ok(());
     }
     crate::packing::embed(
         crate::packing::EmbedArgs {
@@ -389,8 +386,11 @@ pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
     )
 }
 
-async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
-    let c = ctx.connect().await?;
+/// False when no daemon answers and the model is to be embedded here.
+async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
+    let Some(c) = ctx.connect_or_local("embedding").await? else {
+        return Ok(false);
+    };
     let r = c
         .embed(api::EmbedRequest {
             model_path: a.model.display().to_string(),
@@ -402,7 +402,7 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
         .await?;
     let sidecar = (!r.sidecar_path.is_empty()).then_some(r.sidecar_path.clone());
     if ctx.json {
-        return print_json(&json!({
+        print_json(&json!({
             "via": "daemon",
             "output": r.output_path,
             "entries": r.entries,
@@ -410,10 +410,11 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
             "inline_bytes": r.inline_bytes,
             "sidecar": sidecar,
             "sidecar_bytes": r.sidecar_bytes,
-        }));
+        }))?;
+        return Ok(true);
     }
     if ctx.quiet {
-        return Ok(());
+        return Ok(true);
     }
     let placed = match &sidecar {
         Some(p) => format!(
@@ -426,7 +427,8 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
     say(&format!(
         "{}: {} compiled tensor(s) embedded, {} packed now ({placed})",
         r.output_path, r.entries, r.packed
-    ))
+    ))?;
+    Ok(true)
 }
 
 pub async fn import(ctx: &Ctx, model: PathBuf) -> Result<(), Failure> {

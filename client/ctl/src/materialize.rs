@@ -65,21 +65,20 @@ impl MaterializeArgs {
     }
 }
 
-/// Through the daemon when one answers; else, or with `--local`, here.
+/// Through the daemon; here with `--local`, or when no socket was named
+/// and none answers.
 pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
-    if !a.local {
-        match ctx.block_on(materialize_daemon(ctx, &a)) {
-            Err(Failure::Unreachable(why)) => {
-                ctx.note(&format!("materializing locally (no cache): {why}"))
-            }
-            other => return other,
-        }
+    if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
+        return Ok(());
     }
     materialize_local(ctx, &a)
 }
 
-async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
-    let c = ctx.connect().await?;
+/// False when no daemon answers and the model is to be materialized here.
+async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Failure> {
+    let Some(c) = ctx.connect_or_local("materializing").await? else {
+        return Ok(false);
+    };
     let started = Instant::now();
     let r = c
         .materialize(api::MaterializeRequest {
@@ -93,8 +92,8 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failur
             copy: a.copy,
         })
         .await?;
-    let elapsed = started.elapsed();
-    report(ctx, "daemon", &r, elapsed)
+    report(ctx, "daemon", &r, started.elapsed())?;
+    Ok(true)
 }
 
 /// Prints a materialize answer (the daemon's, or one built locally).

@@ -63,34 +63,15 @@ fn no_daemon_exits_3_and_says_how_to_start_it() {
         "{o:#?}"
     );
 
-    // embed falls back to packing locally, with a note on stderr.
+    // A named socket is never a reason to work without the daemon: embed
+    // and materialize fail the same way (the fallback without a named
+    // socket: cli_exits.rs).
     let out = t.path().join("e.onnx");
-    let o = ctl_raw(&[
-        "--socket",
-        sock,
-        "--json",
-        "embed",
-        &model,
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "gemm.pack_b.f32",
-    ])
-    .ok();
-    assert_eq!(o.json()["via"], "local");
-    assert!(o.stderr.contains("embedding locally"), "{o:#?}");
-    assert!(out.is_file());
-    // ...and says what it needs when it cannot pack offline.
-    let o = ctl_raw(&[
-        "--socket",
-        sock,
-        "embed",
-        &model,
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(o.code, 2, "{o:#?}");
-    assert!(o.stderr.contains("--format"), "{o:#?}");
+    for cmd in ["embed", "materialize"] {
+        let o = ctl_raw(&["--socket", sock, cmd, &model, "-o", out.to_str().unwrap()]);
+        assert_eq!(o.code, 3, "{cmd}: {o:#?}");
+        assert!(!out.exists(), "{o:#?}");
+    }
 }
 
 #[test]
@@ -388,22 +369,21 @@ fn materialize_through_the_daemon_and_locally_give_the_same_model() {
         v
     };
     assert_eq!(files(&a), files(&b));
-    // Without a daemon the command packs locally instead of failing.
+    // A socket named on the command line that does not answer is an error
+    // (exit 3), not a reason to pack here: nothing is written.
     let sock = d.path("none.sock");
     let out = d.path("work/c/m.q.onnx");
     let o = ctl_raw(&[
         "--socket",
         sock.to_str().unwrap(),
-        "--json",
         "materialize",
         &model,
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_eq!(o.code, 0, "{o:#?}");
-    assert_eq!(o.json()["via"], "local");
-    assert!(o.stderr.contains("materializing locally"), "{o:#?}");
-    assert!(out.exists());
+    assert_eq!(o.code, 3, "{o:#?}");
+    assert!(o.stderr.contains("ctcached is not running"), "{o:#?}");
+    assert!(!out.exists() && !d.path("work/c").exists());
     // Locally too, a model with nothing to rewrite is refused and nothing
     // is written; a malformed one is a failure with the reason.
     let relu = d.path("work/relu.onnx");
