@@ -361,7 +361,8 @@ def test_transformer_matches_quantizer(client, tmp_path, case):
     assert r.nodes_rewritten == 8 and r.initializers_removed == 8
     assert r.packed + r.cached == 8
     assert sorted(s.node for s in r.skipped) == ["attend", "scores"]
-    assert all(s.op_type == "MatMul" and "not an initializer" in s.reason for s in r.skipped)
+    assert all(s.op_type == "MatMul" and s.reason == "B is not a constant" and "not an initializer" in s.detail
+               for s in r.skipped)
     assert r.files_linked == len(bins(r.data_dir)) == 8 and r.files_copied == 0 and r.bytes_copied == 0
     assert r.model_bytes == out.stat().st_size
     assert r.payload_bytes == sum(p.stat().st_size for p in bins(r.data_dir))
@@ -704,7 +705,13 @@ def test_ctcachectl_materialize(daemon, small_model, tmp_path):
     r = daemon.ctl("materialize", str(small_model), "-o", str(out2), "--bits", "8", "--accuracy-level", "4")
     assert r.returncode == 0, r.describe()
     assert "8 node(s) -> MatMulNBits (8 bits, block 32, symmetric)" in r.stdout, r.describe()
-    assert "8 file(s) linked, 0 copied" in r.stdout and "skipped MatMul scores" in r.stdout, r.describe()
+    assert "8 file(s) linked, 0 copied" in r.stdout, r.describe()
+    # Skipped nodes: one line per reason; -v adds each node and its case.
+    assert "2 MatMul skipped: B is not a constant\n" in r.stdout and "scores" not in r.stdout, r.describe()
+    out3 = tmp_path / "cli3.onnx"
+    r = daemon.ctl("materialize", str(small_model), "-o", str(out3), "-v")
+    assert r.returncode == 0, r.describe()
+    assert "  MatMul scores: input B" in r.stdout and "  MatMul attend: input B" in r.stdout, r.describe()
     a = {n.name: _attrs(n) for n in load_lazy(out2).graph.node if n.op_type == "MatMulNBits"}
     assert len(a) == 8 and all(x["bits"] == 8 and x["accuracy_level"] == 4 for x in a.values())
 

@@ -38,6 +38,8 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "jobs_queued": s.jobs_queued,
             "active_leases": stats.active_leases,
             "watches": s.watches,
+            "gc_max_bytes": s.gc_max_bytes,
+            "gc_max_age_s": s.gc_max_age_s,
             "by_format": usage(&stats.by_format),
             "by_device": usage(&stats.by_device),
         }));
@@ -60,6 +62,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         "store",
         format!("{} entries, {}", s.entries, format::size(s.bytes)),
     );
+    kv("gc budget", gc_budget(&s));
     kv(
         "hit rate",
         format!("{rate} ({} hits, {} misses)", s.hits, s.misses),
@@ -89,6 +92,33 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         );
     }
     print_kv(&t)
+}
+
+/// The configured gc budget and the store against it.
+fn gc_budget(s: &api::StatusResponse) -> String {
+    let mut parts = Vec::new();
+    if let Some(max) = s.gc_max_bytes {
+        let used = match max {
+            0 => String::new(),
+            m => format!(" ({:.0}%)", s.bytes as f64 * 100.0 / m as f64),
+        };
+        parts.push(format!(
+            "store {} of {}{used}",
+            format::size(s.bytes),
+            format::size(max)
+        ));
+    }
+    if let Some(age) = s.gc_max_age_s {
+        parts.push(format!(
+            "entries unused for {} go",
+            format::long_duration(age)
+        ));
+    }
+    if parts.is_empty() {
+        "none set (gc_max_bytes, gc_max_age_secs in ctcached.toml)".into()
+    } else {
+        parts.join("; ")
+    }
 }
 
 /// Key/value lines without the (empty) header row.

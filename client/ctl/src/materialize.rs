@@ -49,6 +49,9 @@ pub struct MaterializeArgs {
     /// Pack in this process even when a daemon runs (no cache involved).
     #[arg(long)]
     local: bool,
+    /// List every skipped node and its case (default: one line per reason).
+    #[arg(short, long)]
+    verbose: bool,
 }
 
 impl MaterializeArgs {
@@ -92,13 +95,14 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
             copy: a.copy,
         })
         .await?;
-    report(ctx, "daemon", &r, started.elapsed())?;
+    report(ctx, a, "daemon", &r, started.elapsed())?;
     Ok(true)
 }
 
 /// Prints a materialize answer (the daemon's, or one built locally).
 fn report(
     ctx: &Ctx,
+    a: &MaterializeArgs,
     via: &str,
     r: &api::MaterializeResponse,
     elapsed: std::time::Duration,
@@ -111,7 +115,7 @@ fn report(
             "nodes_rewritten": r.nodes_rewritten,
             "initializers_removed": r.initializers_removed,
             "skipped": r.skipped.iter().map(|s| json!({
-                "node": s.node, "op_type": s.op_type, "reason": s.reason,
+                "node": s.node, "op_type": s.op_type, "reason": s.reason, "detail": s.detail,
             })).collect::<Vec<_>>(),
             "packed": r.packed,
             "cached": r.cached,
@@ -130,8 +134,22 @@ fn report(
     if ctx.quiet {
         return Ok(());
     }
-    for s in &r.skipped {
-        say(&format!("skipped {} {}: {}", s.op_type, s.node, s.reason))?;
+    let groups = mat::group_skips(
+        r.skipped
+            .iter()
+            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+    );
+    for g in &groups {
+        say(&g.to_string())?;
+        if a.verbose {
+            for s in r
+                .skipped
+                .iter()
+                .filter(|s| s.op_type == g.op_type && s.reason == g.reason)
+            {
+                say(&format!("  {} {}: {}", s.op_type, s.node, s.detail))?;
+            }
+        }
     }
     say(&format!(
         "{}: {} node(s) -> MatMulNBits ({} bits, block {}, {}), {} weight(s) from the cache, {} packed now",
@@ -220,5 +238,5 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         bytes_copied: r.payload_bytes,
         ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &settings)
     };
-    report(ctx, "local", &response, started.elapsed())
+    report(ctx, a, "local", &response, started.elapsed())
 }
