@@ -18,7 +18,10 @@ use ctcache_client::{absolute, api, ResolveOptions};
 #[derive(Debug, Args)]
 pub struct FormatArgs {
     /// Packer id, e.g. ort.matmul_nbits (default: the daemon's policy).
-    #[arg(long)]
+    /// Without --initializer it takes only the initializers the policy's
+    /// size and use filters admit (by default: at least 65536 elements,
+    /// used as MatMul.B or Gemm.B).
+    #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     /// Packer parameter k=v (repeatable; needs --format).
     #[arg(long = "param", requires = "format", value_parser = parse_param)]
@@ -73,6 +76,11 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
             ..Default::default()
         };
         let res = c.resolve_model(&model, &opts).await?;
+        if res.tensors.iter().all(|t| t.wanted_formats.is_empty()) {
+            // Nothing selected: the daemon's Prepack refuses that and says
+            // why, in the words embed gets.
+            c.prepack(prepack_request(&model, &a)).await?;
+        }
         if ctx.json {
             return print_json(
                 &json!({ "model_path": res.model_path, "waited": false, "jobs_started": res.jobs_started, "jobs": [] }),
@@ -82,10 +90,7 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
             return Ok(());
         }
         return say(&match res.jobs_started {
-            0 => format!(
-                "{}: nothing to pack (every wanted format is stored)",
-                res.model_path
-            ),
+            0 => format!("{}: every wanted format is stored already", res.model_path),
             n => format!(
                 "{}: {n} pack job(s) started in the background (`ctcachectl events` follows them)",
                 res.model_path
@@ -97,15 +102,7 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         // whole-model requests have a background form.
         ctx.note("--initializer and --backend make prepack wait for its jobs");
     }
-    let req = api::PrepackRequest {
-        model_path: model.display().to_string(),
-        initializers: a.initializers,
-        formats: a.fmt.specs(),
-        backend: api::Backend::from_name(&a.backend)
-            .unwrap_or_default()
-            .into(),
-    };
-    let mut stream = c.prepack(req).await?;
+    let mut stream = c.prepack(prepack_request(&model, &a)).await?;
     let bar = progress_bar(ctx);
     // Latest state per (initializer, format), in first-seen order.
     let mut jobs: Vec<api::PrepackProgress> = Vec::new();
@@ -134,7 +131,7 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
             "failed": failed,
         }))?;
     } else if !ctx.quiet || failed > 0 {
-        print_jobs(ctx, &model, &jobs)?;
+        print_jobs(ctx, &jobs)?;
     }
     if failed > 0 {
         return Err(Failure::Failed(format!(
@@ -143,6 +140,17 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+fn prepack_request(model: &std::path::Path, a: &PrepackArgs) -> api::PrepackRequest {
+    api::PrepackRequest {
+        model_path: model.display().to_string(),
+        initializers: a.initializers.clone(),
+        formats: a.fmt.specs(),
+        backend: api::Backend::from_name(&a.backend)
+            .unwrap_or_default()
+            .into(),
+    }
 }
 
 fn progress_bar(ctx: &Ctx) -> ProgressBar {
@@ -159,17 +167,7 @@ fn progress_bar(ctx: &Ctx) -> ProgressBar {
     bar
 }
 
-fn print_jobs(
-    ctx: &Ctx,
-    model: &std::path::Path,
-    jobs: &[api::PrepackProgress],
-) -> Result<(), Failure> {
-    if jobs.is_empty() {
-        return say(&format!(
-            "{}: nothing to pack (no initializer is selected)",
-            model.display()
-        ));
-    }
+fn print_jobs(ctx: &Ctx, jobs: &[api::PrepackProgress]) -> Result<(), Failure> {
     let mut t = Table::new(&[
         "INITIALIZER",
         "FORMAT",
@@ -351,8 +349,9 @@ pub struct EmbedArgs {
     output: PathBuf,
     #[command(flatten)]
     fmt: FormatArgs,
-    /// Initializers to compile (repeatable; default: all the format accepts).
-    /// Packs locally: the daemon embeds whole models only.
+    /// Initializers to compile, past the policy's filters (repeatable;
+    /// default: those the format accepts and the filters admit). Packs
+    /// locally: the daemon embeds whole models only.
     #[arg(long = "initializer", value_name = "NAME")]
     initializers: Vec<String>,
     /// Put every payload in the sidecar file (default: payloads >= 1 MiB).
