@@ -11,8 +11,12 @@ use crate::format::{paint, Style};
 use crate::output::Failure;
 use ctcache_client::Client;
 
+/// The heading the options every command accepts are listed under.
+pub const GLOBAL: &str = "Global options";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ColorChoice {
+    /// Only on a terminal, and not with NO_COLOR.
     Auto,
     Always,
     Never,
@@ -21,17 +25,17 @@ pub enum ColorChoice {
 /// Options every command accepts, before or after its name.
 #[derive(Debug, Args)]
 pub struct Global {
-    /// The daemon's socket (default: $CTCACHE_SOCKET, else $XDG_RUNTIME_DIR/ctcache/ctcached.sock, else ~/.cache/ctcache/ctcached.sock).
-    #[arg(long, global = true, value_name = "PATH")]
+    /// The daemon's socket (default: $CTCACHE_SOCKET, else $XDG_RUNTIME_DIR/ctcache/ctcached.sock, else ~/.cache/ctcache/ctcached.sock). A socket named here or in CTCACHE_SOCKET must answer.
+    #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL)]
     pub socket: Option<PathBuf>,
     /// Machine-readable JSON output (shapes: docs/CLI.md).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// No notes, progress bars or confirmations; errors and results stay.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL)]
     pub quiet: bool,
     /// Colour in human output (auto: only on a terminal, and not with NO_COLOR).
-    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN", help_heading = GLOBAL)]
     pub color: ColorChoice,
 }
 

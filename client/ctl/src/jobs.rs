@@ -48,6 +48,7 @@ impl FormatArgs {
 
 #[derive(Debug, Args)]
 pub struct PrepackArgs {
+    /// The ONNX model file.
     model: PathBuf,
     #[command(flatten)]
     fmt: FormatArgs,
@@ -225,6 +226,7 @@ pub enum OnMissArg {
 
 #[derive(Debug, Args)]
 pub struct ResolveArgs {
+    /// The ONNX model file.
     model: PathBuf,
     /// What the daemon does about misses.
     #[arg(long, value_enum, default_value = "none")]
@@ -344,8 +346,10 @@ fn tensor_status(t: &api::TensorResolution) -> &'static str {
 
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
+    /// The ONNX model file.
     model: PathBuf,
-    #[arg(short, long)]
+    /// The model to write (payloads of 1 MiB and more go to OUT.ctdata beside it).
+    #[arg(short, long, value_name = "OUT")]
     output: PathBuf,
     #[command(flatten)]
     fmt: FormatArgs,

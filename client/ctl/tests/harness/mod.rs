@@ -193,6 +193,14 @@ impl Daemon {
         out
     }
 
+    /// What the daemon binary logged since its last start.
+    pub fn log(&self) -> String {
+        match &self.inner {
+            Inner::Binary(d) => d.log(),
+            Inner::InProcess(_) => panic!("an in-process daemon logs to the test's subscriber"),
+        }
+    }
+
     /// Stops the daemon and starts it again on the same dirs.
     pub fn restart(&mut self) {
         match &mut self.inner {
