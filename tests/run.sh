@@ -86,6 +86,33 @@ fi
 rm -rf "$units_dir"
 echo "units, sysusers.d and tmpfiles.d ok"
 
+step "staged install and uninstall (scripts/install.sh into a scratch DESTDIR)"
+stage="$(mktemp -d /tmp/ctcache-stage.XXXXXX)"
+staged() { BUILD_DIR="$CARGO_TARGET_DIR/debug" POSTINSTALL=0 scripts/install.sh "$@" DESTDIR="$stage" PREFIX=/usr >/dev/null; }
+staged install
+for f in usr/bin/ctcached usr/bin/ctcachectl usr/lib/systemd/system/ctcached.service \
+  usr/share/man/man8/ctcached.8 usr/share/man/man1/ctcachectl.1 \
+  usr/share/man/man1/ctcachectl-gc.1 usr/share/man/man1/ctcachectl-watch-add.1 \
+  usr/share/bash-completion/completions/ctcachectl etc/ctcache/ctcached.toml; do
+  if [ ! -s "$stage/$f" ]; then
+    echo "scripts/install.sh did not install $f" >&2
+    exit 1
+  fi
+done
+# No page for the hidden helper commands.
+if [ -e "$stage/usr/share/man/man1/ctcachectl-man.1" ]; then
+  echo "scripts/install.sh installed a page for the hidden 'man' command" >&2
+  exit 1
+fi
+staged uninstall
+left="$(find "$stage" -type f)"
+if [ -n "$left" ]; then
+  printf 'scripts/install.sh uninstall left:\n%s\n' "$left" >&2
+  exit 1
+fi
+rm -rf "$stage"
+echo "install and uninstall ok"
+
 step "rust tests"
 cargo test --workspace --locked
 

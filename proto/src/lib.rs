@@ -101,6 +101,7 @@ impl v1::MaterializeResponse {
                     node: s.node.clone(),
                     op_type: s.op_type.clone(),
                     reason: s.reason.clone(),
+                    detail: s.detail.clone(),
                 })
                 .collect(),
             packed: 0,

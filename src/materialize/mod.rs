@@ -15,7 +15,7 @@ mod plan;
 mod write;
 
 pub use place::{place, LinkMode, Method, Placed};
-pub use plan::{plan, Op, Plan, Skipped, Step, Target};
+pub use plan::{group_skips, plan, Op, Plan, SkipGroup, Skipped, Step, Target};
 pub use write::{data_dir_name, write, PackedWeight, Report, WeightKey};
 
 use crate::error::{Error, Result};

@@ -52,6 +52,9 @@ pub struct MaterializeArgs {
     /// Pack in this process even when a daemon runs (no cache involved).
     #[arg(long)]
     local: bool,
+    /// List every skipped node and its case (default: one line per reason).
+    #[arg(short, long)]
+    verbose: bool,
 }
 
 /// `--link`, as clap parses it (the variants' docs are its help).
@@ -93,21 +96,20 @@ impl MaterializeArgs {
     }
 }
 
-/// Through the daemon when one answers; else, or with `--local`, here.
+/// Through the daemon; here with `--local`, or when no socket was named
+/// and none answers.
 pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
-    if !a.local {
-        match ctx.block_on(materialize_daemon(ctx, &a)) {
-            Err(Failure::Unreachable(why)) => {
-                ctx.note(&format!("materializing locally (no cache): {why}"))
-            }
-            other => return other,
-        }
+    if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
+        return Ok(());
     }
     materialize_local(ctx, &a)
 }
 
-async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
-    let c = ctx.connect().await?;
+/// False when no daemon answers and the model is to be materialized here.
+async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Failure> {
+    let Some(c) = ctx.connect_or_local("materializing").await? else {
+        return Ok(false);
+    };
     let started = Instant::now();
     let r = c
         .materialize(api::MaterializeRequest {
@@ -122,13 +124,14 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failur
             link: api::LinkMode::from(a.link_mode()) as i32,
         })
         .await?;
-    let elapsed = started.elapsed();
-    report(ctx, "daemon", &r, elapsed)
+    report(ctx, a, "daemon", &r, started.elapsed())?;
+    Ok(true)
 }
 
 /// Prints a materialize answer (the daemon's, or one built locally).
 fn report(
     ctx: &Ctx,
+    a: &MaterializeArgs,
     via: &str,
     r: &api::MaterializeResponse,
     elapsed: std::time::Duration,
@@ -141,7 +144,7 @@ fn report(
             "nodes_rewritten": r.nodes_rewritten,
             "initializers_removed": r.initializers_removed,
             "skipped": r.skipped.iter().map(|s| json!({
-                "node": s.node, "op_type": s.op_type, "reason": s.reason,
+                "node": s.node, "op_type": s.op_type, "reason": s.reason, "detail": s.detail,
             })).collect::<Vec<_>>(),
             "packed": r.packed,
             "cached": r.cached,
@@ -165,8 +168,22 @@ fn report(
     if ctx.quiet {
         return Ok(());
     }
-    for s in &r.skipped {
-        say(&format!("skipped {} {}: {}", s.op_type, s.node, s.reason))?;
+    let groups = mat::group_skips(
+        r.skipped
+            .iter()
+            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+    );
+    for g in &groups {
+        say(&g.to_string())?;
+        if a.verbose {
+            for s in r
+                .skipped
+                .iter()
+                .filter(|s| s.op_type == g.op_type && s.reason == g.reason)
+            {
+                say(&format!("  {} {}: {}", s.op_type, s.node, s.detail))?;
+            }
+        }
     }
     say(&format!(
         "{}: {} node(s) -> MatMulNBits ({} bits, block {}, {}), {} weight(s) from the cache, {} packed now",
@@ -280,5 +297,5 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         bytes_copied: r.bytes_copied + r.payload_bytes,
         ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &settings)
     };
-    report(ctx, "local", &response, started.elapsed())
+    report(ctx, a, "local", &response, started.elapsed())
 }

@@ -46,6 +46,9 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
     let (m, jobs) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &c2)?;
         let sel = model::wanted(&d2, &m.model, &r2.formats, &[])?;
+        if sel.wanted.is_empty() {
+            return Err(model::nothing_to_pack(&d2, &m.path, &sel, &r2.formats));
+        }
         let jobs = pack::submit_all(&d2, &m, &sel.wanted, Priority::Client, BackendRequest::Auto)?;
         Ok((m, jobs))
     })

@@ -9,11 +9,13 @@ use std::sync::Arc;
 
 use ctcache::access::{self, Identity, Opener, OwnRights};
 use ctcache::digest::SourceDigest;
+use ctcache::onnx::graph::weight_uses;
 use ctcache::onnx::{Model, TensorRef};
 use ctcache_kernels::{PackError, Params};
 
 use super::{Error, Result};
 use crate::caller::Caller;
+use crate::config::PolicyRule;
 use crate::policy::{self, Selection, Wanted};
 use crate::state::Daemon;
 
@@ -98,7 +100,9 @@ fn from_file(file: File, real: &Path, reader: &Reader) -> Result<OpenedModel> {
 }
 
 /// The wanted (initializer, format) pairs: explicit formats for every
-/// initializer they accept, or the policy; `only` keeps those initializers.
+/// initializer they accept (and, unless `only` names initializers, the
+/// policy's size and use filters admit), or the policy; `only` keeps those
+/// initializers.
 pub(crate) fn wanted(
     d: &Daemon,
     model: &Model,
@@ -108,7 +112,8 @@ pub(crate) fn wanted(
     let mut sel = if formats.is_empty() {
         policy::select(model, &d.config.policy)?
     } else {
-        explicit(model, formats)?
+        let rules = only.is_empty().then_some(d.config.policy.as_slice());
+        explicit(model, formats, rules)?
     };
     if !only.is_empty() {
         for name in only {
@@ -129,9 +134,18 @@ pub(crate) fn wanted(
     Ok(sel)
 }
 
-/// Every initializer an explicitly named format accepts.
-fn explicit(model: &Model, formats: &[FormatRequest]) -> Result<Selection> {
+/// Every initializer an explicitly named format accepts and, with `rules`,
+/// their size and use filters admit.
+fn explicit(
+    model: &Model,
+    formats: &[FormatRequest],
+    rules: Option<&[PolicyRule]>,
+) -> Result<Selection> {
     let mut sel = Selection::default();
+    let uses = match rules {
+        Some(_) => Some(weight_uses(model)?),
+        None => None,
+    };
     let mut parsed = Vec::with_capacity(formats.len());
     for f in formats {
         let packer = ctcache_kernels::find(&f.id)
@@ -142,6 +156,11 @@ fn explicit(model: &Model, formats: &[FormatRequest]) -> Result<Selection> {
     }
     for t in model.initializers()? {
         for (f, packer, params) in &parsed {
+            if let (Some(rules), Some(uses)) = (rules, &uses) {
+                if !policy::admitted(rules, &f.id, &t, uses) {
+                    continue;
+                }
+            }
             match packer.check_source(t.data_type, &t.dims, params) {
                 Ok(()) => sel.wanted.push(Wanted {
                     initializer: t.name.clone(),
@@ -160,6 +179,25 @@ fn explicit(model: &Model, formats: &[FormatRequest]) -> Result<Selection> {
         }
     }
     Ok(sel)
+}
+
+/// The refusal of a request whose selection came out empty, worded as
+/// `ctcachectl` words it when it packs locally.
+pub(crate) fn nothing_to_pack(
+    d: &Daemon,
+    path: &Path,
+    sel: &Selection,
+    formats: &[FormatRequest],
+) -> Error {
+    let format = match formats {
+        [one] => Some(one.id.as_str()),
+        _ => None,
+    };
+    let filters = policy::describe_filters(&d.config.policy, format);
+    Error::precondition(ctcache::onnx::graph::nothing_to_pack(
+        path,
+        &sel.why_nothing(&filters),
+    ))
 }
 
 /// The model's initializers and their blake3 digests, through the memo.

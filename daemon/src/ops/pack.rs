@@ -48,6 +48,9 @@ pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> R
     tracing::info!(caller = %caller.describe(), model = %r.model_path, "prepack");
     let m = model::open(d, &r.model_path, caller)?;
     let sel = model::wanted(d, &m.model, &r.formats, &r.initializers)?;
+    if sel.wanted.is_empty() {
+        return Err(model::nothing_to_pack(d, &m.path, &sel, &r.formats));
+    }
     if r.backend == BackendRequest::Wgpu {
         check_wgpu(d, &m.model, &sel.wanted)?;
     }
