@@ -3,8 +3,8 @@
 //! new one, never a torn one.
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::io::BufWriter;
+use std::path::Path;
 
 use crate::error::{Error, Result};
 
@@ -13,36 +13,9 @@ pub fn atomic_write(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
 ) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::Rewrite(format!("{} has no file name", path.display())))?;
-    // Unique per call, so concurrent writers of one path (two requests in
-    // one daemon) never share a temp file; the last rename wins whole.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{}",
-        name.to_string_lossy(),
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let file = File::create(&tmp)?;
-        let mut w = BufWriter::with_capacity(1 << 20, &file);
-        fill(&mut w)?;
-        w.flush()?;
-        drop(w);
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        sync_dir(&dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(|e| Error::write(path, e))
+    crate::outdir::OutFile::open(path)
+        .and_then(|o| o.dir.write(&o.name, fill))
+        .map_err(|e| Error::write(path, e))
 }
 
 /// The identity of a file's content as the file system tells it: it changes
@@ -88,6 +61,7 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod concurrent_tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn concurrent_writers_of_one_path_leave_one_whole_file() {

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fsutil;
 pub mod materialize;
 pub mod onnx;
+pub mod outdir;
 pub mod paths;
 pub mod resolve;
 pub mod store;

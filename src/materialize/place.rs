@@ -6,13 +6,14 @@
 //! space on any filesystem, but refused by onnx) are an opt-in. Whatever the
 //! method, the file appears atomically under its final name.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
+use crate::outdir::{OutDir, Temp};
 
 /// How payload files are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,10 +95,6 @@ pub struct Placed {
     pub bytes_copied: u64,
 }
 
-fn same_inode(a: &fs::Metadata, b: &fs::Metadata) -> bool {
-    a.dev() == b.dev() && a.ino() == b.ino()
-}
-
 /// Errors after which a hard link gives way to a copy.
 fn link_refused(e: &std::io::Error) -> bool {
     matches!(
@@ -123,59 +120,22 @@ fn reflink_unsupported(e: &std::io::Error) -> bool {
         )
 }
 
-fn temp_name(dst: &Path) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = dst
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    dst.with_file_name(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
-/// A new read-only file at `tmp` (the payloads are immutable).
-fn create_read_only(tmp: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o444)
-        .open(tmp)
-}
-
-/// Makes `tmp` a reflink of `src`.
-fn reflink(src: &File, tmp: &Path) -> std::io::Result<()> {
-    let to = create_read_only(tmp)?;
-    rustix::fs::ioctl_ficlone(&to, src)?;
-    to.sync_all()
-}
-
-/// Makes `tmp` a copy of `src`; returns the bytes copied.
-fn copy(mut src: &File, tmp: &Path) -> std::io::Result<u64> {
-    let mut to = create_read_only(tmp)?;
-    // io::copy between files uses copy_file_range (in-kernel; on btrfs and
-    // XFS it may share extents, which a copy does not promise or need).
-    let bytes = std::io::copy(&mut src, &mut to)?;
-    to.sync_all()?;
-    Ok(bytes)
-}
-
-/// Makes `dst` a reflink, copy or hard link of `src` as `mode` says,
-/// atomically replacing whatever `dst` was. The caller fsyncs `dst`'s folder
-/// once all files are placed.
-pub fn place(src: &Path, dst: &Path, mode: LinkMode) -> Result<Placed> {
+/// Makes `name` in `dir` a reflink, copy or hard link of `src` as `mode`
+/// says, atomically replacing whatever `name` was (a link there is
+/// replaced, never followed). The caller fsyncs `dir` once all files are
+/// placed.
+pub fn place(src: &Path, dir: &OutDir, name: &OsStr, mode: LinkMode) -> Result<Placed> {
+    let dst = dir.shown(name);
     let from = File::open(src).map_err(|e| Error::io(src, e))?;
     let src_meta = from.metadata().map_err(|e| Error::io(src, e))?;
     let placed = |method, bytes_copied| Placed {
-        path: dst.to_path_buf(),
+        path: dst.clone(),
         method,
         bytes_copied,
     };
-    if let Ok(existing) = fs::symlink_metadata(dst) {
-        if same_inode(&existing, &src_meta) {
-            if fs::canonicalize(src).ok() == fs::canonicalize(dst).ok() {
+    if let Ok(existing) = dir.stat(name) {
+        if existing.st_dev == src_meta.dev() && existing.st_ino == src_meta.ino() {
+            if fs::canonicalize(src).ok() == fs::canonicalize(&dst).ok() {
                 return Ok(placed(Method::InPlace, 0));
             }
             if mode == LinkMode::Hard {
@@ -183,51 +143,83 @@ pub fn place(src: &Path, dst: &Path, mode: LinkMode) -> Result<Placed> {
             }
         }
     }
-    let tmp = temp_name(dst);
-    let result = put(src, &from, &tmp, dst, mode).and_then(|(method, bytes)| {
-        fs::rename(&tmp, dst).map_err(|e| Error::write(dst, e))?;
-        Ok(placed(method, bytes))
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let (temp, method, bytes) = put(src, &from, dir, name, mode)?;
+    dir.commit(temp, name).map_err(|e| Error::write(&dst, e))?;
+    Ok(placed(method, bytes))
 }
 
-/// Creates `tmp` (to become `dst`) from `src` as `mode` says; returns the
+/// A temp file (to become `name`) made from `src` as `mode` says, with the
 /// method used and the bytes copied.
-fn put(src: &Path, from: &File, tmp: &Path, dst: &Path, mode: LinkMode) -> Result<(Method, u64)> {
-    let failed = |e| Error::write(dst, e);
+fn put(
+    src: &Path,
+    from: &File,
+    dir: &OutDir,
+    name: &OsStr,
+    mode: LinkMode,
+) -> Result<(Temp, Method, u64)> {
+    let dst = dir.shown(name);
+    let failed = |e| Error::write(&dst, e);
     if mode == LinkMode::Hard {
-        match fs::hard_link(src, tmp) {
-            Ok(()) => return Ok((Method::HardLink, 0)),
+        match dir.link_temp(src, name) {
+            Ok(t) => return Ok((t, Method::HardLink, 0)),
             Err(e) if link_refused(&e) => {}
             Err(e) => return Err(failed(e)),
         }
     }
     if matches!(mode, LinkMode::Auto | LinkMode::Reflink) {
-        match reflink(from, tmp) {
-            Ok(()) => return Ok((Method::Reflink, 0)),
-            Err(e) if reflink_unsupported(&e) && mode == LinkMode::Auto => {
-                let _ = fs::remove_file(tmp);
-            }
+        let (to, temp) = dir.create_temp(name, true).map_err(failed)?;
+        match reflink(from, &to) {
+            Ok(()) => return Ok((temp, Method::Reflink, 0)),
+            Err(e) if reflink_unsupported(&e) && mode == LinkMode::Auto => dir.discard(temp),
             Err(e) if reflink_unsupported(&e) => {
+                dir.discard(temp);
                 return Err(Error::Unsupported(format!(
                     "cannot reflink {} to {}: {e} (the filesystem has no reflinks, or the \
                      cache is on another one); --link auto copies where reflinks are impossible",
                     src.display(),
                     dst.display()
-                )))
+                )));
             }
-            Err(e) => return Err(failed(e)),
+            Err(e) => {
+                dir.discard(temp);
+                return Err(failed(e));
+            }
         }
     }
-    copy(from, tmp).map(|n| (Method::Copy, n)).map_err(failed)
+    let (to, temp) = dir.create_temp(name, true).map_err(failed)?;
+    match copy(from, to) {
+        Ok(n) => Ok((temp, Method::Copy, n)),
+        Err(e) => {
+            dir.discard(temp);
+            Err(failed(e))
+        }
+    }
+}
+
+/// Makes `to` share `src`'s extents.
+fn reflink(src: &File, to: &File) -> std::io::Result<()> {
+    rustix::fs::ioctl_ficlone(to, src)?;
+    to.sync_all()
+}
+
+/// Copies `src` into `to`; returns the bytes copied.
+fn copy(mut src: &File, mut to: File) -> std::io::Result<u64> {
+    // io::copy between files uses copy_file_range (in-kernel; on btrfs and
+    // XFS it may share extents, which a copy does not promise or need).
+    let bytes = std::io::copy(&mut src, &mut to)?;
+    to.sync_all()?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `place` into `dst`'s folder, opened here.
+    fn place_at(src: &Path, dst: &Path, mode: LinkMode) -> Result<Placed> {
+        let dir = OutDir::open(dst.parent().unwrap()).unwrap();
+        place(src, &dir, dst.file_name().unwrap(), mode)
+    }
 
     fn no_temp_files(dir: &Path) -> bool {
         fs::read_dir(dir)
@@ -247,7 +239,8 @@ mod tests {
     fn reflinks_in(dir: &Path) -> bool {
         let src = dir.join("probe-src");
         fs::write(&src, b"probe").unwrap();
-        let ok = reflink(&File::open(&src).unwrap(), &dir.join("probe-dst")).is_ok();
+        let to = File::create(dir.join("probe-dst")).unwrap();
+        let ok = reflink(&File::open(&src).unwrap(), &to).is_ok();
         let _ = fs::remove_file(dir.join("probe-dst"));
         fs::remove_file(src).unwrap();
         ok
@@ -257,7 +250,7 @@ mod tests {
     fn auto_gives_a_file_of_its_own() {
         let (dir, src) = source();
         let dst = dir.path().join("dst");
-        let p = place(&src, &dst, LinkMode::Auto).unwrap();
+        let p = place_at(&src, &dst, LinkMode::Auto).unwrap();
         let expected = if reflinks_in(dir.path()) {
             (Method::Reflink, 0)
         } else {
@@ -275,22 +268,22 @@ mod tests {
     fn hard_links_then_reuses_then_auto_replaces_the_link() {
         let (dir, src) = source();
         let dst = dir.path().join("dst");
-        let p = place(&src, &dst, LinkMode::Hard).unwrap();
+        let p = place_at(&src, &dst, LinkMode::Hard).unwrap();
         assert_eq!((p.method, p.bytes_copied), (Method::HardLink, 0));
         assert!(p.method.shares_inode());
         assert_eq!(fs::metadata(&src).unwrap().nlink(), 2);
         // Already in place: nothing to do.
-        let again = place(&src, &dst, LinkMode::Hard).unwrap();
+        let again = place_at(&src, &dst, LinkMode::Hard).unwrap();
         assert_eq!(again.method, Method::HardLink);
         // Any other mode replaces the link with a file of its own.
         for mode in [LinkMode::Copy, LinkMode::Auto] {
-            place(&src, &dst, LinkMode::Hard).unwrap();
-            let c = place(&src, &dst, mode).unwrap();
+            place_at(&src, &dst, LinkMode::Hard).unwrap();
+            let c = place_at(&src, &dst, mode).unwrap();
             assert!(!c.method.shares_inode(), "{mode:?}: {c:?}");
             assert_eq!(fs::metadata(&src).unwrap().nlink(), 1, "{mode:?}");
             assert_eq!(fs::read(&dst).unwrap(), b"payload");
         }
-        let c = place(&src, &dst, LinkMode::Copy).unwrap();
+        let c = place_at(&src, &dst, LinkMode::Copy).unwrap();
         assert_eq!((c.method, c.bytes_copied), (Method::Copy, 7));
         assert!(no_temp_files(dir.path()));
     }
@@ -299,7 +292,7 @@ mod tests {
     fn a_file_onto_itself_is_in_place() {
         let (dir, src) = source();
         for mode in LinkMode::ALL {
-            let p = place(&src, &src, mode).unwrap();
+            let p = place_at(&src, &src, mode).unwrap();
             assert_eq!((p.method, p.bytes_copied), (Method::InPlace, 0), "{mode:?}");
             assert_eq!(fs::read(&src).unwrap(), b"payload");
         }
@@ -311,12 +304,12 @@ mod tests {
         let (dir, src) = source();
         let dst = dir.path().join("dst");
         if reflinks_in(dir.path()) {
-            let p = place(&src, &dst, LinkMode::Reflink).unwrap();
+            let p = place_at(&src, &dst, LinkMode::Reflink).unwrap();
             assert_eq!(p.method, Method::Reflink);
             eprintln!("this filesystem reflinks; the refusal is covered where it does not");
             return;
         }
-        let e = place(&src, &dst, LinkMode::Reflink)
+        let e = place_at(&src, &dst, LinkMode::Reflink)
             .unwrap_err()
             .to_string();
         assert!(
@@ -348,7 +341,7 @@ mod tests {
         let same_fs =
             fs::metadata(shm).unwrap().dev() == fs::metadata(src_dir.path()).unwrap().dev();
         for mode in [LinkMode::Hard, LinkMode::Auto] {
-            let p = place(&src, &dst_dir.path().join("dst"), mode).unwrap();
+            let p = place_at(&src, &dst_dir.path().join("dst"), mode).unwrap();
             if !same_fs {
                 assert_eq!(
                     (p.method, p.bytes_copied),
@@ -363,7 +356,7 @@ mod tests {
     #[test]
     fn missing_source_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let e = place(
+        let e = place_at(
             &dir.path().join("nope"),
             &dir.path().join("dst"),
             LinkMode::Auto,
@@ -374,14 +367,26 @@ mod tests {
     }
 
     #[test]
-    fn an_unwritable_folder_says_cannot_write() {
+    fn a_link_at_the_destination_is_replaced_not_followed() {
         let (dir, src) = source();
-        let e = place(&src, &dir.path().join("no/such/dir/dst"), LinkMode::Copy)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("cannot write") && e.contains("no/such/dir"),
-            "{e}"
-        );
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let dst = dir.path().join("dst");
+        std::os::unix::fs::symlink(&victim, &dst).unwrap();
+        for mode in LinkMode::ALL {
+            if mode == LinkMode::Reflink && !reflinks_in(dir.path()) {
+                continue;
+            }
+            fs::remove_file(&dst).unwrap();
+            std::os::unix::fs::symlink(&victim, &dst).unwrap();
+            place_at(&src, &dst, mode).unwrap();
+            assert!(
+                !fs::symlink_metadata(&dst).unwrap().is_symlink(),
+                "{mode:?}"
+            );
+            assert_eq!(fs::read(&dst).unwrap(), b"payload");
+            assert_eq!(fs::read(&victim).unwrap(), b"precious", "{mode:?}");
+        }
+        assert!(no_temp_files(dir.path()));
     }
 }

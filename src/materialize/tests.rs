@@ -225,7 +225,8 @@ fn nothing_to_materialize_writes_nothing() {
     let refusal = |m: &Model| {
         let p = plan(m).unwrap();
         let s = Settings::default();
-        write(m, &p, &s, &HashMap::new(), &out, LinkMode::default())
+        let output = crate::outdir::OutFile::open(&out).unwrap();
+        write(m, &p, &s, &HashMap::new(), &output, LinkMode::default())
             .unwrap_err()
             .to_string()
     };

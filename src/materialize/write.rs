@@ -4,6 +4,7 @@
 //! the source mapping, and the payload files placed in `<out>.weights/`.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::ops::Range;
@@ -18,10 +19,10 @@ use super::plan::{
 use super::Settings;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::fsutil::{atomic_write, sync_dir};
 use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_NODE, MODEL_GRAPH};
 use crate::onnx::rewrite::encoded_field;
 use crate::onnx::{ExternalRef, Model, Storage};
+use crate::outdir::{OutDir, OutFile};
 use crate::pb;
 use crate::structs::{leaves, LeafType, Limits};
 use crate::wire::{put_len_prefix, Fields};
@@ -227,8 +228,12 @@ impl Piece {
 /// The data folder of `out`: `model.onnx` -> `model.onnx.weights`.
 pub fn data_dir_name(out: &Path) -> Result<String> {
     out.file_name()
-        .map(|n| format!("{}.weights", n.to_string_lossy()))
+        .map(weights_name)
         .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
+}
+
+fn weights_name(model_name: &OsStr) -> String {
+    format!("{}.weights", model_name.to_string_lossy())
 }
 
 /// Writes the materialized model to `out` with its payload files in
@@ -238,9 +243,10 @@ pub fn write(
     plan: &Plan,
     settings: &Settings,
     weights: &HashMap<WeightKey, PackedWeight>,
-    out: &Path,
+    output: &OutFile,
     mode: LinkMode,
 ) -> Result<Report> {
+    let out = &output.path();
     settings.validate()?;
     if let Some(why) = plan.why_nothing() {
         return Err(Error::Rewrite(format!("nothing to materialize: {why}")));
@@ -262,12 +268,9 @@ pub fn write(
             "the model's graph field occurs more than once; re-save it with onnx first".into(),
         ));
     };
-    let out_dir = match out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let data_name = data_dir_name(out)?;
-    let data_dir = out_dir.join(&data_name);
+    let out_dir = output.dir.path();
+    let data_name = weights_name(&output.name);
+    let data_dir = output.dir.shown(data_name.as_ref());
 
     let initializers = model.initializers()?;
     let top_nodes = model.nodes()?;
@@ -284,7 +287,7 @@ pub fn write(
     };
     let mut new_inits = Vec::new();
     let mut inputs: HashMap<WeightKey, NewInputs> = HashMap::new();
-    let mut files: Vec<(&PackedWeight, PathBuf)> = Vec::new();
+    let mut files: Vec<&PackedWeight> = Vec::new();
     for t in &plan.targets {
         let key = (t.weight.clone(), t.transposed);
         if inputs.contains_key(&key) {
@@ -295,8 +298,8 @@ pub fn write(
         })?;
         let l = layout(t, w, settings)?;
         let location = format!("{data_name}/{}", w.file_name);
-        if !files.iter().any(|(f, _)| f.file_name == w.file_name) {
-            files.push((w, data_dir.join(&w.file_name)));
+        if !files.iter().any(|f| f.file_name == w.file_name) {
+            files.push(w);
         }
         let base = if t.transposed {
             format!("{}_T", t.weight)
@@ -387,38 +390,41 @@ pub fn write(
         .collect();
     report.initializers_removed = dropped.len();
 
-    // Payload files first, then the model that refers to them. A folder
-    // made here goes again when a file cannot be placed (a refused reflink).
-    let made_dir = !data_dir.exists();
-    fs::create_dir_all(&data_dir).map_err(|e| Error::write(&data_dir, e))?;
-    let mut keep: HashSet<PathBuf> = HashSet::new();
-    for (w, dst) in &files {
-        let p = match place(&w.payload_path, dst, mode) {
-            Ok(p) => p,
-            Err(e) => {
-                if made_dir {
-                    let _ = fs::remove_dir_all(&data_dir);
+    // Payload files first, then the model that refers to them. What a
+    // failure leaves half done is removed: only what this call made.
+    let (weights_dir, made_dir) = output
+        .dir
+        .subdir(data_name.as_ref())
+        .map_err(|e| Error::write(&data_dir, e))?;
+    let mut keep: Vec<&OsStr> = Vec::new();
+    let placed = place_all(&files, &weights_dir, mode, &mut report).and_then(|()| {
+        relocate_external(
+            model,
+            &initializers,
+            &dropped,
+            out_dir,
+            &weights_dir,
+            &data_name,
+            &mut report,
+        )
+    });
+    let relocated = match placed {
+        Ok(r) => r,
+        Err(e) => {
+            if made_dir {
+                for f in &report.files {
+                    let _ = weights_dir.remove(f.path.file_name().unwrap_or_default());
                 }
-                return Err(e);
+                let _ = output.dir.remove_dir(data_name.as_ref());
             }
-        };
-        report.bytes_copied += p.bytes_copied;
-        report.files.push(p);
-        keep.insert(dst.clone());
-    }
-    let relocated = relocate_external(
-        model,
-        &initializers,
-        &dropped,
-        &out_dir,
-        &data_dir,
-        &data_name,
-        &mut report,
-    )?;
+            return Err(e);
+        }
+    };
+    keep.extend(files.iter().map(|w| OsStr::new(&w.file_name)));
     if !relocated.is_empty() {
-        keep.insert(data_dir.join(KEPT_DATA));
+        keep.push(OsStr::new(KEPT_DATA));
     }
-    sync_dir(&data_dir).map_err(|e| Error::write(&data_dir, e))?;
+    weights_dir.sync().map_err(|e| Error::write(&data_dir, e))?;
     let mut pieces = splice_graph(
         model,
         graph.value.clone(),
@@ -451,17 +457,21 @@ pub fn write(
     }
 
     let bytes = model.bytes();
-    atomic_write(out, |w| {
-        for p in &top {
-            match p {
-                Piece::Source(r) => w.write_all(&bytes[r.clone()])?,
-                Piece::New(v) => w.write_all(v)?,
+    output
+        .dir
+        .write(&output.name, |w| {
+            for p in &top {
+                match p {
+                    Piece::Source(r) => w.write_all(&bytes[r.clone()])?,
+                    Piece::New(v) => w.write_all(v)?,
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        })
+        .map_err(|e| Error::write(out, e))?;
     report.model_bytes = top.iter().map(|p| p.len() as u64).sum();
-    remove_stale(&data_dir, &keep);
+    // Files an earlier materialize to this path left behind.
+    let _ = weights_dir.prune(&keep);
     Ok(report)
 }
 
@@ -640,6 +650,21 @@ fn imports_ms_domain(model: &Model) -> Result<bool> {
     Ok(false)
 }
 
+/// Places every payload file in the weights folder, noting each in `report`.
+fn place_all(
+    files: &[&PackedWeight],
+    dir: &OutDir,
+    mode: LinkMode,
+    report: &mut Report,
+) -> Result<()> {
+    for w in files {
+        let p = place(&w.payload_path, dir, OsStr::new(&w.file_name), mode)?;
+        report.bytes_copied += p.bytes_copied;
+        report.files.push(p);
+    }
+    Ok(())
+}
+
 /// Name of the file holding kept initializers' external data (below).
 const KEPT_DATA: &str = "kept.data";
 
@@ -655,7 +680,7 @@ fn relocate_external(
     initializers: &[crate::onnx::TensorRef],
     dropped: &HashSet<&str>,
     out_dir: &Path,
-    data_dir: &Path,
+    data_dir: &OutDir,
     data_name: &str,
     report: &mut Report,
 ) -> Result<HashMap<usize, Vec<u8>>> {
@@ -692,16 +717,18 @@ fn relocate_external(
     if parts.is_empty() {
         return Ok(encoded);
     }
-    let kept = data_dir.join(KEPT_DATA);
-    atomic_write(&kept, |w| {
-        let mut pos = 0u64;
-        for (offset, data) in &parts {
-            w.write_all(&vec![0u8; (offset - pos) as usize])?;
-            w.write_all(data)?;
-            pos = offset + data.len() as u64;
-        }
-        Ok(())
-    })?;
+    let kept = data_dir.shown(KEPT_DATA.as_ref());
+    data_dir
+        .write(KEPT_DATA.as_ref(), |w| {
+            let mut pos = 0u64;
+            for (offset, data) in &parts {
+                w.write_all(&vec![0u8; (offset - pos) as usize])?;
+                w.write_all(data)?;
+                pos = offset + data.len() as u64;
+            }
+            Ok(())
+        })
+        .map_err(|e| Error::write(&kept, e))?;
     report.files.push(Placed {
         path: kept,
         method: Method::Copy,
@@ -713,16 +740,3 @@ fn relocate_external(
 
 /// Alignment of kept tensors in `kept.data` (any element type reads aligned).
 const KEPT_ALIGN: u64 = 64;
-
-/// Removes files an earlier materialize to the same path left behind.
-fn remove_stale(data_dir: &Path, keep: &HashSet<PathBuf>) {
-    let Ok(entries) = fs::read_dir(data_dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if !keep.contains(&p) && e.file_type().is_ok_and(|t| t.is_file()) {
-            let _ = fs::remove_file(&p);
-        }
-    }
-}

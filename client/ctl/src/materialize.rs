@@ -290,7 +290,9 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         );
     }
     // The payloads are packed in place: whatever the mode, nothing to link.
-    let r = mat::write(&model, &plan, &settings, &weights, &a.output, a.link_mode())?;
+    let output = ctcache::outdir::OutFile::open(&a.output)
+        .map_err(|e| ctcache::Error::write(&a.output, e))?;
+    let r = mat::write(&model, &plan, &settings, &weights, &output, a.link_mode())?;
     let response = api::MaterializeResponse {
         packed: weights.len() as u32,
         // Every payload byte was written here.

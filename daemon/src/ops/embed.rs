@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
 
 use super::model::{self, FormatRequest};
-use super::output::{give_to_caller, output_path};
+use super::output::{give_to_caller, output_file};
 use super::pack::{self, BackendRequest};
 use super::{blocking, Error, Result};
 use crate::caller::Caller;
@@ -41,7 +41,9 @@ pub(crate) struct Embedded {
 /// The Embed use case.
 pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> Result<Embedded> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "embed");
-    let out = output_path(caller, &r.output_path)?;
+    // Until the core's embed writes through the opened folder, it writes
+    // by path: atomically, replacing (never following) a link at the name.
+    let out = output_file(caller, &r.output_path)?.path();
     let (d2, c2, r2) = (d.clone(), caller.clone(), r.clone());
     let (m, jobs) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &c2)?;

@@ -15,7 +15,7 @@ use ctcache::materialize::{
 use ctcache_kernels::Params;
 
 use super::model;
-use super::output::{give_to_caller, output_path};
+use super::output::output_file;
 use super::pack::{self, BackendRequest};
 use super::{blocking, Error, Result};
 use crate::caller::Caller;
@@ -92,7 +92,7 @@ pub(crate) async fn materialize(
             mat::TARGET_ORT_INT4
         )));
     }
-    let out = output_path(caller, &r.output_path)?;
+    let out = output_file(caller, &r.output_path)?;
     let settings = settings(&d.config.policy, &r)?;
     let (d2, c2, model_path) = (d.clone(), caller.clone(), r.model_path.clone());
     let (m, plan) = blocking(move || {
@@ -127,7 +127,7 @@ pub(crate) async fn materialize(
     let (entries, packed) = pack::finish(jobs).await?;
     let cached = entries.len() as u32 - packed;
     let mode = r.link;
-    let (d, caller) = (d.clone(), caller.clone());
+    let d = d.clone();
     blocking(move || {
         let store = &d.store;
         let mut leases = Vec::new();
@@ -155,15 +155,11 @@ pub(crate) async fn materialize(
         for id in leases {
             let _ = store.release(id);
         }
+        // The model, its folder and copies went to the caller as they were
+        // made; linked payloads keep the store's owner (the store's inodes).
         let report = result?;
-        // The model and its folder go to the caller; linked payloads keep
-        // the store's owner (they are the store's inodes).
-        give_to_caller(
-            &caller,
-            [out.as_path(), report.data_dir.as_path()].into_iter(),
-        );
         Ok(Materialized {
-            output_path: out,
+            output_path: out.path(),
             plan,
             report,
             settings,

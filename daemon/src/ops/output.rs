@@ -1,43 +1,54 @@
-//! Files the daemon writes for a caller (Embed, Materialize): where they
-//! may go, and who owns them afterwards.
+//! Files the daemon writes for a caller (Embed, Materialize): the output's
+//! folder is opened once and the caller's right to write there judged on
+//! that open folder; every file is then made through it (see
+//! `ctcache::outdir`), handed to the caller by descriptor.
 
 use std::path::{Path, PathBuf};
 
 use ctcache::access;
+use ctcache::outdir::{OutDir, OutFile, Recipient};
 
 use super::{Error, Result};
 use crate::caller::Caller;
 
-/// An absolute output path in a folder the caller may write.
-pub(crate) fn output_path(caller: &Caller, path: &str) -> Result<PathBuf> {
+/// The output `path` (absolute) in a folder the caller may write, opened.
+pub(crate) fn output_file(caller: &Caller, path: &str) -> Result<OutFile> {
     let out = PathBuf::from(path);
     if !out.is_absolute() {
         return Err(Error::invalid("output_path must be absolute"));
     }
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .ok_or_else(|| Error::invalid("output_path needs a folder"))?;
-    caller
-        .identity()?
-        .open_dir(dir, access::WRITE)
-        .map_err(|_| {
+    let (Some(dir), Some(name)) = (out.parent(), out.file_name()) else {
+        return Err(Error::invalid("output_path needs a folder and a file name"));
+    };
+    let identity = caller.identity()?;
+    let opened = identity.open_dir(dir, access::WRITE).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
             Error::denied(format!(
                 "{} may not write in {}",
                 caller.describe(),
                 dir.display()
             ))
-        })?;
-    Ok(out)
+        } else {
+            Error::invalid(format!("cannot open {}: {e}", dir.display()))
+        }
+    })?;
+    let recipient = (!caller.is_self_or_root()).then_some(Recipient {
+        uid: identity.uid,
+        gid: identity.gid,
+    });
+    Ok(OutFile {
+        dir: OutDir::from_open(opened, dir).for_recipient(recipient),
+        name: name.to_os_string(),
+    })
 }
 
-/// Files the daemon wrote for a caller belong to the caller when the daemon
-/// runs as root (otherwise it cannot give them away).
+/// Hands files the daemon wrote by path to the caller when the daemon runs
+/// as root; a link in their place is not followed.
 pub(crate) fn give_to_caller<'a>(caller: &Caller, paths: impl Iterator<Item = &'a Path>) {
-    if crate::caller::own_uid() == 0 {
+    if crate::caller::own_uid() == 0 && !caller.is_self_or_root() {
         for p in paths {
             let id = caller.identity.as_ref();
-            let _ = std::os::unix::fs::chown(p, id.map(|i| i.uid), id.map(|i| i.gid));
+            let _ = std::os::unix::fs::lchown(p, id.map(|i| i.uid), id.map(|i| i.gid));
         }
     }
 }

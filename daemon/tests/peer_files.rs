@@ -1,0 +1,321 @@
+//! What ctcached reads and writes for a socket peer (issue 13, part B),
+//! tested as the attacks the rules stop: uid 65534 plants symbolic links in
+//! its own folders and asks the root daemon to write through them, or to
+//! read another user's private model through them. The attacker half runs
+//! by re-executing this test binary under `setpriv`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use support::*;
+use tonic::Code;
+
+const NOBODY: u32 = 65534;
+
+fn can_switch_uid() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok()
+}
+
+/// Runs the test `helper` of this binary as uid 65534 with `env`, and
+/// checks that it printed `marker`.
+fn run_as_nobody(helper: &str, env: &[(&str, &Path)], marker: &str) {
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args([
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".into(),
+    ])
+    .arg(std::env::current_exe().unwrap())
+    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A root daemon whose socket uid 65534 may use.
+fn daemon_for_nobody() -> Daemon {
+    let d = Daemon::start_with(&[], |c| {
+        c.env("CTCACHE_SOCKET_GROUP", NOBODY.to_string());
+    });
+    for p in [d.dir.path(), d.socket.parent().unwrap()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    d
+}
+
+/// A folder of uid 65534's own (0755) in a folder anyone may search.
+fn nobodys_folder() -> (tempfile::TempDir, PathBuf) {
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mine = top.path().join("nobody");
+    std::fs::create_dir(&mine).unwrap();
+    std::os::unix::fs::chown(&mine, Some(NOBODY), Some(NOBODY)).unwrap();
+    (top, mine)
+}
+
+/// Every file under `dir` with its content, owner and mode.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32, u32)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() {
+                out.insert(p.clone(), (std::fs::read(&p).unwrap(), m.uid(), m.mode()));
+            }
+        }
+    }
+    out
+}
+
+fn env_path(key: &str) -> Option<PathBuf> {
+    std::env::var_os(key).map(PathBuf::from)
+}
+
+async fn client_at(socket: &Path) -> CompiledTensorCacheClient<tonic::transport::Channel> {
+    CompiledTensorCacheClient::new(channel(socket).await)
+}
+
+/// The attacker half of `writes_for_a_peer_never_follow_its_links`.
+#[tokio::test]
+async fn link_planting_helper() {
+    let (Some(socket), Some(dir)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_DIR")) else {
+        return;
+    };
+    let mut c = client_at(&socket).await;
+    let s = |p: PathBuf| p.display().to_string();
+    let model = s(dir.join("m.onnx"));
+    // `out.onnx.weights` links into the cache: refused, nothing written.
+    let err = c
+        .materialize(api::MaterializeRequest {
+            model_path: model.clone(),
+            output_path: s(dir.join("out.onnx")),
+            link: api::LinkMode::Copy as i32,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a linked weights folder is refused");
+    assert!(err.message().contains("not a folder"), "{err:?}");
+    // `out2.onnx` links to root's file: the link is replaced by a file of
+    // the caller's; root's file is untouched.
+    let r = c
+        .materialize(api::MaterializeRequest {
+            model_path: model.clone(),
+            output_path: s(dir.join("out2.onnx")),
+            link: api::LinkMode::Copy as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("materialize beside a planted link")
+        .into_inner();
+    assert!(r.nodes_rewritten > 0, "{r:?}");
+    let r = c
+        .embed(api::EmbedRequest {
+            model_path: model.clone(),
+            output_path: s(dir.join("out3.onnx")),
+            ..Default::default()
+        })
+        .await
+        .expect("embed beside a planted link")
+        .into_inner();
+    assert!(r.entries > 0, "{r:?}");
+    // A root-owned file in a shared sticky folder is not the caller's to
+    // replace, so the daemon does not replace it for them either.
+    let err = c
+        .materialize(api::MaterializeRequest {
+            model_path: model,
+            output_path: s(dir.parent().unwrap().join("sticky/root.onnx")),
+            link: api::LinkMode::Copy as i32,
+            ..Default::default()
+        })
+        .await
+        .expect_err("root's file in a sticky folder is refused");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("another user"), "{err:?}");
+    println!("LINKS-REFUSED-OK");
+}
+
+#[test]
+fn writes_for_a_peer_never_follow_its_links() {
+    if !can_switch_uid() {
+        eprintln!("skipped: needs root and setpriv to act as another uid");
+        return;
+    }
+    let mut d = daemon_for_nobody();
+    let (top, dir) = nobodys_folder();
+    let model = dir.join("m.onnx");
+    write_model(&model, &matmul_model(512, 256, 3));
+    std::os::unix::fs::chown(&model, Some(NOBODY), Some(NOBODY)).unwrap();
+    // Something in the cache for the planted link to point at.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = client_at(&d.socket).await;
+        let mut s = c
+            .prepack(api::PrepackRequest {
+                model_path: model.display().to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        while tokio_stream::StreamExt::next(&mut s).await.is_some() {}
+    });
+    let blobs = d.cache.join("blobs");
+    let cache_before = snapshot(&blobs);
+    let shard = cache_before
+        .keys()
+        .next()
+        .and_then(|p| p.parent())
+        .expect("a payload file in the cache")
+        .to_path_buf();
+    let private = top.path().join("root-owned");
+    std::fs::write(&private, b"root's bytes").unwrap();
+    std::os::unix::fs::symlink(&shard, dir.join("out.onnx.weights")).unwrap();
+    std::os::unix::fs::symlink(&private, dir.join("out2.onnx")).unwrap();
+    std::os::unix::fs::symlink(&private, dir.join("out3.onnx")).unwrap();
+    let sticky = top.path().join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::write(sticky.join("root.onnx"), b"root's model").unwrap();
+
+    run_as_nobody(
+        "link_planting_helper",
+        &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_DIR", &dir)],
+        "LINKS-REFUSED-OK",
+    );
+
+    // The cache and root's files are as they were: content, owner, mode.
+    let cache_after = snapshot(&blobs);
+    for (p, before) in &cache_before {
+        assert_eq!(cache_after.get(p), Some(before), "{}", p.display());
+    }
+    let m = std::fs::metadata(&private).unwrap();
+    assert_eq!(std::fs::read(&private).unwrap(), b"root's bytes");
+    assert_eq!(m.uid(), 0);
+    assert_eq!(
+        std::fs::read(sticky.join("root.onnx")).unwrap(),
+        b"root's model"
+    );
+    // The links were replaced by the caller's own files.
+    for out in ["out2.onnx", "out3.onnx"] {
+        let m = std::fs::symlink_metadata(dir.join(out)).unwrap();
+        assert!(m.is_file(), "{out}");
+        assert_eq!(m.uid(), NOBODY, "{out}");
+    }
+    let weights = std::fs::symlink_metadata(dir.join("out2.onnx.weights")).unwrap();
+    assert!(weights.is_dir() && weights.uid() == NOBODY);
+    assert!(std::fs::symlink_metadata(dir.join("out.onnx.weights"))
+        .unwrap()
+        .is_symlink());
+    assert!(!dir.join("out.onnx").exists());
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// The peer half of `a_peer_never_reads_a_private_model_through_its_links`.
+#[tokio::test]
+async fn private_model_helper() {
+    let (Some(socket), Some(dir)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_WATCHED"))
+    else {
+        return;
+    };
+    let mut c = client_at(&socket).await;
+    let link = dir.join("private.onnx").display().to_string();
+    let err = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: link.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("resolving another user's private model");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = c
+        .prepack(api::PrepackRequest {
+            model_path: link,
+            ..Default::default()
+        })
+        .await
+        .expect_err("packing another user's private model");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    c.add_watch(api::WatchRequest {
+        dir: dir.display().to_string(),
+    })
+    .await
+    .expect("watching a folder of one's own");
+    println!("PRIVATE-REFUSED-OK");
+}
+
+#[test]
+fn a_peer_never_reads_a_private_model_through_its_links() {
+    if !can_switch_uid() {
+        eprintln!("skipped: needs root and setpriv to act as another uid");
+        return;
+    }
+    let mut d = daemon_for_nobody();
+    let (top, watched) = nobodys_folder();
+    let private = top.path().join("private.onnx");
+    write_model(&private, &matmul_model(512, 256, 5));
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&private, watched.join("private.onnx")).unwrap();
+    // A model of the peer's own beside it shows when the watch was scanned.
+    let own = watched.join("own.onnx");
+    write_model(&own, &matmul_model(512, 256, 6));
+    std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+
+    run_as_nobody(
+        "private_model_helper",
+        &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_WATCHED", &watched)],
+        "PRIVATE-REFUSED-OK",
+    );
+    let lookup = |digest: Vec<u8>| api::LookupRequest {
+        source_digest: digest.into(),
+        digest_algorithm: "blake3".into(),
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = client_at(&d.socket).await;
+        let own_digest = digest_of(&own, "W");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = c.lookup(lookup(own_digest.clone())).await.unwrap();
+            if !r.into_inner().entries.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the watch was never scanned"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Give the private model's turn time to pass, then check it left
+        // nothing behind.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let r = c.lookup(lookup(digest_of(&private, "W"))).await.unwrap();
+        assert!(
+            r.into_inner().entries.is_empty(),
+            "the private model was packed"
+        );
+    });
+    assert_eq!(d.stop(), Some(0));
+}

@@ -1,0 +1,335 @@
+//! A folder the process writes files into, held open: every file is made
+//! relative to the folder's descriptor under an unpredictable temp name
+//! (`O_CREAT|O_EXCL|O_NOFOLLOW`) and renamed into place, so no symbolic link
+//! in the folder (one a peer planted for the daemon to follow) is ever
+//! written through. Files written for someone else are handed to them with
+//! `fchown` on the daemon's own descriptor.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags, CWD};
+
+/// Whom the files go to, when the process writes for another user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recipient {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// An open output folder.
+#[derive(Debug)]
+pub struct OutDir {
+    fd: OwnedFd,
+    path: PathBuf,
+    recipient: Option<Recipient>,
+}
+
+/// A file to be written in an open folder.
+#[derive(Debug)]
+pub struct OutFile {
+    pub dir: OutDir,
+    pub name: OsString,
+}
+
+impl OutFile {
+    /// `path`'s folder, opened, and its file name.
+    pub fn open(path: &Path) -> io::Result<OutFile> {
+        let name = path.file_name().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the output path has no file name",
+            )
+        })?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Ok(OutFile {
+            dir: OutDir::open(dir)?,
+            name: name.to_os_string(),
+        })
+    }
+
+    /// The file's path, for messages and reports.
+    pub fn path(&self) -> PathBuf {
+        self.dir.shown(&self.name)
+    }
+}
+
+/// A temp file made in an [`OutDir`], to be renamed into place or dropped.
+#[derive(Debug)]
+pub struct Temp {
+    name: OsString,
+}
+
+impl OutDir {
+    /// Opens the folder `path`, following links on the way (what is
+    /// checked and written is the folder this opens).
+    pub fn open(path: &Path) -> io::Result<OutDir> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(CWD, path, flags, Mode::empty())?;
+        Ok(OutDir {
+            fd,
+            path: path.to_path_buf(),
+            recipient: None,
+        })
+    }
+
+    /// The folder `dir`, already open (checked by its opener).
+    pub fn from_open(dir: File, path: &Path) -> OutDir {
+        OutDir {
+            fd: dir.into(),
+            path: path.to_path_buf(),
+            recipient: None,
+        }
+    }
+
+    /// Writes for `recipient`: what is made here becomes theirs, an existing
+    /// subfolder must be theirs, and nothing made earlier is removed.
+    pub fn for_recipient(mut self, recipient: Option<Recipient>) -> OutDir {
+        self.recipient = recipient;
+        self
+    }
+
+    /// The folder as it was named.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `name` inside this folder, for messages.
+    pub fn shown(&self, name: &OsStr) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Who the files go to, when written for someone else.
+    pub fn recipient(&self) -> Option<Recipient> {
+        self.recipient
+    }
+
+    /// The subfolder `name`, made here when missing. An existing one must
+    /// be a real folder (not a link) and, when writing for someone, theirs.
+    /// Returns the folder and whether it was made now.
+    pub fn subdir(&self, name: &OsStr) -> io::Result<(OutDir, bool)> {
+        let made = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => true,
+            Err(rustix::io::Errno::EXIST) => false,
+            Err(e) => return Err(e.into()),
+        };
+        let fd = rustix::fs::openat(&self.fd, name, dir_flags(), Mode::empty()).map_err(|e| {
+            if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+                refused(format!(
+                    "{} exists and is not a folder (a symbolic link is not followed)",
+                    self.shown(name).display()
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+        if let Some(r) = self.recipient {
+            if made {
+                chown_fd(&fd, r)?;
+            } else if rustix::fs::fstat(&fd)?.st_uid != r.uid {
+                return Err(refused(format!(
+                    "{} exists and belongs to another user; remove it or choose another output",
+                    self.shown(name).display()
+                )));
+            }
+        }
+        let sub = OutDir {
+            fd,
+            path: self.shown(name),
+            recipient: self.recipient,
+        };
+        Ok((sub, made))
+    }
+
+    /// A new file for `name`: read-only when `read_only` (immutable payload
+    /// files), else 0644.
+    pub fn create_temp(&self, name: &OsStr, read_only: bool) -> io::Result<(File, Temp)> {
+        let mode = Mode::from_raw_mode(if read_only { 0o444 } else { 0o644 });
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+        loop {
+            let temp = Temp::for_name(name)?;
+            match rustix::fs::openat(&self.fd, &temp.name, flags | OFlags::CLOEXEC, mode) {
+                Ok(fd) => {
+                    if let Some(r) = self.recipient {
+                        if let Err(e) = chown_fd(&fd, r) {
+                            self.discard(temp);
+                            return Err(e);
+                        }
+                    }
+                    return Ok((File::from(fd), temp));
+                }
+                Err(rustix::io::Errno::EXIST) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A hard link to `src` under a temp name for `name` (it keeps `src`'s
+    /// owner: the file is shared, not given away).
+    pub fn link_temp(&self, src: &Path, name: &OsStr) -> io::Result<Temp> {
+        loop {
+            let temp = Temp::for_name(name)?;
+            match rustix::fs::linkat(CWD, src, &self.fd, &temp.name, AtFlags::empty()) {
+                Ok(()) => return Ok(temp),
+                Err(rustix::io::Errno::EXIST) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Renames `temp` to `name`, replacing what was there (a link named
+    /// `name` is replaced, never followed). Writing for someone, an existing
+    /// `name` in a sticky folder must be theirs, as their own rename would
+    /// require.
+    pub fn commit(&self, temp: Temp, name: &OsStr) -> io::Result<()> {
+        if let Err(e) = self.may_replace(name) {
+            self.discard(temp);
+            return Err(e);
+        }
+        match rustix::fs::renameat(&self.fd, &temp.name, &self.fd, name) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.discard(temp);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn may_replace(&self, name: &OsStr) -> io::Result<()> {
+        let Some(r) = self.recipient else {
+            return Ok(());
+        };
+        let dir = rustix::fs::fstat(&self.fd)?;
+        if dir.st_mode & libc::S_ISVTX == 0 || dir.st_uid == r.uid {
+            return Ok(());
+        }
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_uid != r.uid => Err(refused(format!(
+                "{} belongs to another user in a shared (sticky) folder",
+                self.shown(name).display()
+            ))),
+            Ok(_) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes the file `name` (a link is removed, not followed). For what
+    /// this process made in this request only.
+    pub fn remove(&self, name: &OsStr) -> io::Result<()> {
+        Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::empty())?)
+    }
+
+    /// Removes the empty folder `name`. For what this process made only.
+    pub fn remove_dir(&self, name: &OsStr) -> io::Result<()> {
+        Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)?)
+    }
+
+    /// Removes a temp file that will not be committed.
+    pub fn discard(&self, temp: Temp) {
+        let _ = rustix::fs::unlinkat(&self.fd, &temp.name, AtFlags::empty());
+    }
+
+    /// Writes `name` whole or not at all: a temp file filled by `fill`,
+    /// fsynced, renamed into place, then the folder fsynced.
+    pub fn write(
+        &self,
+        name: &OsStr,
+        fill: impl FnOnce(&mut BufWriter<&File>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let (file, temp) = self.create_temp(name, false)?;
+        let filled = (|| {
+            let mut w = BufWriter::with_capacity(1 << 20, &file);
+            fill(&mut w)?;
+            w.flush()?;
+            drop(w);
+            file.sync_all()
+        })();
+        if let Err(e) = filled {
+            self.discard(temp);
+            return Err(e);
+        }
+        self.commit(temp, name)?;
+        self.sync()
+    }
+
+    /// The metadata of `name` here, not following a link.
+    pub fn stat(&self, name: &OsStr) -> io::Result<rustix::fs::Stat> {
+        Ok(rustix::fs::statat(
+            &self.fd,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?)
+    }
+
+    /// Flushes the folder's entries to disk.
+    pub fn sync(&self) -> io::Result<()> {
+        Ok(rustix::fs::fsync(&self.fd)?)
+    }
+
+    /// Removes the regular files here not named in `keep`, when writing
+    /// for oneself; writing for someone else removes nothing (the daemon
+    /// deletes only what it made for the request at hand).
+    pub fn prune(&self, keep: &[&OsStr]) -> io::Result<()> {
+        if self.recipient.is_some() {
+            return Ok(());
+        }
+        let dup = rustix::fs::openat(&self.fd, ".", dir_flags(), Mode::empty())?;
+        let dir = rustix::fs::Dir::read_from(&dup)?;
+        for entry in dir {
+            let entry = entry?;
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if entry.file_type() == rustix::fs::FileType::RegularFile && !keep.contains(&name) {
+                let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AsFd for OutDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Temp {
+    /// `.NAME.tmp-<16 random hex>`: hidden, and not guessable in advance.
+    fn for_name(name: &OsStr) -> io::Result<Temp> {
+        let mut r = [0u8; 8];
+        let mut filled = 0;
+        while filled < r.len() {
+            filled +=
+                rustix::rand::getrandom(&mut r[filled..], rustix::rand::GetRandomFlags::empty())?;
+        }
+        let mut t = OsString::from(".");
+        t.push(name);
+        t.push(format!(".tmp-{}", hex::encode(r)));
+        Ok(Temp { name: t })
+    }
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+fn chown_fd(fd: impl AsFd, r: Recipient) -> io::Result<()> {
+    use rustix::fs::{Gid, Uid};
+    let (uid, gid) = (Uid::from_raw(r.uid), Gid::from_raw(r.gid));
+    match rustix::fs::fchown(fd, Some(uid), Some(gid)) {
+        Ok(()) => Ok(()),
+        // Not root: files stay the daemon's, which the recipient can read.
+        Err(rustix::io::Errno::PERM) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn refused(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, msg)
+}
