@@ -18,7 +18,8 @@ run. The fp32 model is freshly written, so every way reads it from the page
 cache. The same session options (onnxruntime defaults) everywhere.
 
 Targets: anchor / warm >= 20x, anchor / cold >= 2x, bytes written by the warm
-materialize (model_bytes + bytes_copied) < 1% of the payload bytes.
+materialize (model_bytes + bytes_copied) < 1% of the payload bytes. Each
+figure is also printed as a RESULT line for bench/all.sh (bench/results.py).
 
     python bench/materialize_bench.py [--bin-dir DIR] [--work DIR] [--layers 8] [--dim 4096] [--warm-runs 3]
 """
@@ -143,6 +144,17 @@ def through_daemon(client, model: Path, out: Path, dim: int):
     return {"total": t2 - t0, "rpc": t1 - t0, "session": t2 - t1, "resp": r}, y
 
 
+def result(name: str, label: str, value: float, unit: str, anchor: float | None = None,
+           ratio: float | None = None, target: str = "") -> None:
+    """A figure as a RESULT line (the format of ctcache_testkit::Figure)."""
+    line = f"RESULT name={name} value={value:.6g} unit={unit}"
+    if anchor is not None:
+        line += f" anchor={anchor:.6g} ratio={ratio:.6g}"
+    if target:
+        line += f" target={target}"
+    log(line + f' label="{label}"')
+
+
 def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
@@ -244,6 +256,13 @@ def main() -> int:
             f"InferenceSession {w['session'] * 1000:.1f} ms ({100 * w['session'] / w['total']:.0f}%)")
         log(f"warm bytes written {written} B (model {r.model_bytes} + copied {r.bytes_copied}) "
             f"vs payload {mib(r.payload_bytes)} = {bytes_pct:.4f}%  (target < 1%)   {verdict(bytes_pct < 1)}")
+        what = f"{a.layers} x {a.dim} x {a.dim} fp32 model to a 4-bit onnxruntime session"
+        result("materialize.cold", f"{what}, empty cache, vs onnxruntime's quantizer",
+               cold["total"], "s", an["total"], ratio_cold, "ratio>=2")
+        result("materialize.warm", f"{what}, warm cache, vs onnxruntime's quantizer",
+               warm_total, "s", an["total"], ratio_warm, "ratio>=20")
+        result("materialize.warm_bytes", "bytes a warm materialize writes, % of the payload bytes",
+               bytes_pct, "%", target="value<1")
         return 0
     finally:
         if proc is not None:

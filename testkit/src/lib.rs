@@ -7,15 +7,18 @@
 //! - [`eventually`] / [`eventually_async`]: polling with a deadline;
 //! - synthetic models built through the prost types ([`MatMul`],
 //!   [`f32_tensor`], [`tensor_info`], [`kv`]), written atomically
-//!   ([`write_model`]), and the D3 digests of their initializers.
+//!   ([`write_model`]), and the D3 digests of their initializers;
+//! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`.
 
 mod bins;
 mod daemon;
+mod figure;
 mod model;
 mod poll;
 
 pub use bins::locate_bin;
 pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
+pub use figure::{Figure, On};
 pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
