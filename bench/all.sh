@@ -37,7 +37,7 @@ bench pack         "bench/pack_bench.sh"                              pack.{ort.
 bench store        "cargo bench -q -p ctcache --bench store_bench"    store.{put,open,lookups,gc_plan,gc}
 bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lookup_p50,lookup_p99,batch_full,batch_brief,resolve_p50,watched_overhead}
 bench open_payload "bench/open_payload_bench.sh"                      open_payload.{ttfb,throughput,consume,pss}
-bench materialize  "bench/materialize_bench.sh"                       materialize.{cold,warm,warm_bytes}
+bench materialize  "bench/materialize_bench.sh"                       materialize.cold materialize.{warm,warm_bytes}.{auto,hard}
 # ---------------------------------------------------------------------
 
 declared() { for n in "${NAMES[@]}"; do printf '%s\n' ${FIGURES[$n]}; done; }
