@@ -25,7 +25,8 @@ cache. The same session options (onnxruntime defaults) everywhere.
 Targets: anchor / warm >= 20x, anchor / cold >= 2x, bytes written by the warm
 materialize (model_bytes + bytes_copied) < 1% of the payload bytes. A copy
 writes every payload byte, so ``auto`` meets the last two only where it
-reflinks; the summary prints both modes and which method placed the files.
+reflinks; the summary prints both modes and which method placed the files. Each
+figure is also printed as a RESULT line for bench/all.sh (bench/results.py).
 
     python bench/materialize_bench.py [--bin-dir DIR] [--work DIR] [--layers 8] [--dim 4096] [--warm-runs 3]
 """
@@ -150,6 +151,17 @@ def through_daemon(client, model: Path, out: Path, dim: int, link: str = "auto")
     return {"total": t2 - t0, "rpc": t1 - t0, "session": t2 - t1, "resp": r}, y
 
 
+def result(name: str, label: str, value: float, unit: str, anchor: float | None = None,
+           ratio: float | None = None, target: str = "") -> None:
+    """A figure as a RESULT line (the format of ctcache_testkit::Figure)."""
+    line = f"RESULT name={name} value={value:.6g} unit={unit}"
+    if anchor is not None:
+        line += f" anchor={anchor:.6g} ratio={ratio:.6g}"
+    if target:
+        line += f" target={target}"
+    log(line + f' label="{label}"')
+
+
 def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
@@ -251,6 +263,9 @@ def main() -> int:
         log(f"anchor                 {an['total']:8.3f} s")
         log(f"ctcache cold (auto)    {cold['total']:8.3f} s   anchor/cold = {ratio_cold:6.1f}x  (target >= 2x)   "
             f"{verdict(ratio_cold >= 2)}")
+        what = f"{a.layers} x {a.dim} x {a.dim} fp32 model to a 4-bit onnxruntime session"
+        result("materialize.cold", f"{what}, empty cache, vs onnxruntime's quantizer",
+               cold["total"], "s", an["total"], ratio_cold, "ratio>=2")
         for link, runs in warm.items():
             w = sorted(runs, key=lambda x: x["total"])[len(runs) // 2]  # the median run
             r = w["resp"]
@@ -264,6 +279,12 @@ def main() -> int:
                 f"InferenceSession {w['session'] * 1000:.1f} ms ({100 * w['session'] / w['total']:.0f}%)")
             log(f"  bytes written {written} B (model {r.model_bytes} + copied {r.bytes_copied}) "
                 f"vs payload {mib(r.payload_bytes)} = {bytes_pct:.4f}%  (target < 1%)   {verdict(bytes_pct < 1)}")
+            result(f"materialize.warm.{link}",
+                   f"{what}, warm cache, --link {link} (files: {placed(r)}), vs onnxruntime's quantizer",
+                   warm_total, "s", an["total"], ratio_warm, "ratio>=20")
+            result(f"materialize.warm_bytes.{link}",
+                   f"bytes a warm materialize --link {link} writes, % of the payload bytes",
+                   bytes_pct, "%", target="value<1")
         return 0
     finally:
         if proc is not None:

@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p ctcache --bench store_bench`; N from
 //! `CTCACHE_BENCH_ENTRIES` (default 100,000), the folder from
-//! `CTCACHE_BENCH_DIR` (default the system temp dir).
+//! `CTCACHE_BENCH_DIR` (default the system temp dir). Each figure is also
+//! printed as a `RESULT` line (`ctcache_testkit::Figure`) for bench/all.sh.
 
 use std::fs::File;
 use std::io::Write;
@@ -15,6 +16,7 @@ use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::pb;
 use ctcache::store::{Accept, GcPolicy, HostFilter, NewEntry, Producer, Store, StoreOptions};
 use ctcache::structs::FORMAT_VERSION_KEY;
+use ctcache_testkit::{Figure, On};
 
 fn digest(n: u64) -> SourceDigest {
     let mut bytes = [0u8; 32];
@@ -113,6 +115,18 @@ fn bench_put(base: &std::path::Path) {
         verdict(ratio >= 0.8),
         rounds.iter().map(|r| (r.0 * 100.0).round() / 100.0).collect::<Vec<_>>()
     );
+    Figure::new(
+        "store.put",
+        &format!(
+            "put of {COUNT} x {} MiB payloads vs write+fsync of the same bytes",
+            SIZE >> 20
+        ),
+        mib_s(total, store),
+        "MiB/s",
+    )
+    .anchor(mib_s(total, plain), ratio)
+    .target(On::Ratio, ">=", 0.8)
+    .print();
 }
 
 fn main() {
@@ -191,6 +205,14 @@ fn main() {
         "open with {n} entries: {open:.1?} (target < 1 s: {})",
         verdict(open < Duration::from_secs(1))
     );
+    Figure::new(
+        "store.open",
+        &format!("open of a store with {n} entries"),
+        open.as_secs_f64(),
+        "s",
+    )
+    .target(On::Value, "<", 1.0)
+    .print();
 
     let host = HostFilter::new(vec![device()], None, Accept::Any);
     // Warm the index cache, as a running daemon's would be.
@@ -214,6 +236,14 @@ fn main() {
         "lookups, one thread, {n} entries: {per_s:.0}/s (target >= 200,000/s: {})",
         verdict(per_s >= 200_000.0)
     );
+    Figure::new(
+        "store.lookups",
+        &format!("lookups per second, one thread, {n} entries"),
+        per_s,
+        "lookups/s",
+    )
+    .target(On::Value, ">=", 200_000.0)
+    .print();
 
     if std::env::var("CTCACHE_BENCH_SKIP_GC").is_ok() {
         return;
@@ -246,4 +276,22 @@ fn main() {
         real.items.len(),
         verdict(real_t < Duration::from_secs(2))
     );
+    Figure::new(
+        "store.gc_plan",
+        &format!("gc dry run (the plan alone) over {n} entries"),
+        dry_t.as_secs_f64(),
+        "s",
+    )
+    .print();
+    Figure::new(
+        "store.gc",
+        &format!(
+            "gc over {n} entries removing {} (budget -10%), plan included",
+            real.items.len()
+        ),
+        real_t.as_secs_f64(),
+        "s",
+    )
+    .target(On::Value, "<", 2.0)
+    .print();
 }

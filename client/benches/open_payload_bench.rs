@@ -24,7 +24,9 @@
 //! `cargo build --release -p ctcached`; bench/open_payload_bench.sh does).
 //!
 //! `cargo bench -p ctcache-client --bench open_payload_bench`. Environment:
-//! OPEN_PAYLOAD_BENCH_REPS (default 21; medians are printed).
+//! OPEN_PAYLOAD_BENCH_REPS (default 21; medians are printed). Each figure is
+//! also printed as a `RESULT` line (`ctcache_testkit::Figure`) for
+//! bench/all.sh.
 
 use std::fs::File;
 use std::hint::black_box;
@@ -35,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use ctcache_client::{api, Client};
-use ctcache_testkit::{locate_bin, unit_f32, xorshift, Daemon, MatMul};
+use ctcache_testkit::{locate_bin, unit_f32, xorshift, Daemon, Figure, MatMul, On};
 
 const K: usize = 8192;
 const N: usize = 8192;
@@ -192,6 +194,14 @@ fn run() -> Result<()> {
         us(td),
         us(median(lease_rpc))
     );
+    Figure::new(
+        "open_payload.ttfb",
+        "open_payload time to first 4 KiB vs open + read",
+        us(tc),
+        "µs",
+    )
+    .anchor(us(td), us(td) / us(tc))
+    .print();
     let (fd, fc) = full.medians();
     let (fd, fc) = (gbps(fd), gbps(fc));
     let r = fc / fd;
@@ -199,6 +209,18 @@ fn run() -> Result<()> {
         "throughput: client {fc:.2} GB/s, direct {fd:.2} GB/s, ratio {r:.3} (target >= 0.95): {}",
         verdict(r >= 0.95)
     );
+    Figure::new(
+        "open_payload.throughput",
+        &format!(
+            "open_payload + copy of a {} MiB entry vs read() of its file",
+            len >> 20
+        ),
+        fc,
+        "GB/s",
+    )
+    .anchor(fd, r)
+    .target(On::Ratio, ">=", 0.95)
+    .print();
     println!(
         "  of the client's time: page faults of a fresh map {:.1} ms (one touch per 4 KiB page), the rest is the copy",
         median(faults).as_secs_f64() * 1e3
@@ -209,6 +231,14 @@ fn run() -> Result<()> {
         "consume (sum every byte): client {sc:.2} GB/s (mapped, no copy), direct {sd:.2} GB/s (read + sum), ratio {:.3}",
         sc / sd
     );
+    Figure::new(
+        "open_payload.consume",
+        "sum of every byte: mapped entry vs read() + sum",
+        sc,
+        "GB/s",
+    )
+    .anchor(sd, sc / sd)
+    .print();
 
     // The same once the payload has been read back from disk (as after a
     // reboot or an eviction): how the page cache holds the file (its folio
@@ -338,6 +368,15 @@ fn pss(socket: &Path, entry: &api::Entry, path: &Path, len: usize) -> Result<()>
         mib(total_kib),
         verdict(q <= 1.2)
     );
+    Figure::new(
+        "open_payload.pss",
+        &format!("total PSS of {CHILDREN} processes mapping the entry vs one payload"),
+        mib(total_kib),
+        "MiB",
+    )
+    .anchor(one, q)
+    .target(On::Ratio, "<=", 1.2)
+    .print();
     println!(
         "pss of the payload map alone: {:.1} MiB in all ({:.1} MiB each), rss of the map {:.1} MiB each; one payload: {one:.0} MiB",
         mib(map_pss_kib),

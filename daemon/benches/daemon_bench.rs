@@ -3,6 +3,8 @@
 //! with a warm digest memo (target p50 < 5 ms), and the time from a model
 //! landing in a watched folder to all its entries ready, minus the pure
 //! packing time (target < 1 s). Run: `cargo bench -p ctcached --bench daemon_bench`.
+//! Each figure is also printed as a `RESULT` line (`ctcache_testkit::Figure`)
+//! for bench/all.sh; the Lookup and BatchLookup targets are issue #17's.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ctcache::pb;
 use ctcache_api::v1 as api;
+use ctcache_testkit::{Figure, On};
 use prost::Message;
 use support::*;
 use tokio_stream::StreamExt;
@@ -86,6 +89,22 @@ async fn main() {
         percentile(&lat, 0.99).as_secs_f64() * 1e6,
         lat.len()
     );
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    Figure::new(
+        "daemon.lookup_p50",
+        "Lookup over the Unix socket, p50",
+        us(percentile(&lat, 0.5)),
+        "µs",
+    )
+    .target(On::Value, "<=", 100.0)
+    .print();
+    Figure::new(
+        "daemon.lookup_p99",
+        "Lookup over the Unix socket, p99",
+        us(percentile(&lat, 0.99)),
+        "µs",
+    )
+    .print();
 
     // BatchLookup throughput, full entries and brief ones.
     for brief in [false, true] {
@@ -111,6 +130,25 @@ async fn main() {
             (rounds * 1000) as f64 / secs,
             entries as f64 / secs,
         );
+        let per_s = (rounds * 1000) as f64 / secs;
+        if brief {
+            Figure::new(
+                "daemon.batch_brief",
+                "BatchLookup of brief entries, batches of 1000",
+                per_s,
+                "lookups/s",
+            )
+            .print();
+        } else {
+            Figure::new(
+                "daemon.batch_full",
+                "BatchLookup of full entries, batches of 1000",
+                per_s,
+                "lookups/s",
+            )
+            .target(On::Value, ">=", 50_000.0)
+            .print();
+        }
     }
 
     // ResolveModel with a warm memo.
@@ -136,6 +174,14 @@ async fn main() {
         percentile(&lat, 0.99).as_secs_f64() * 1e3,
         if p50 < Duration::from_millis(5) { "met" } else { "NOT met" }
     );
+    Figure::new(
+        "daemon.resolve_p50",
+        "ResolveModel of 300 initializers, warm memo, p50",
+        p50.as_secs_f64() * 1e3,
+        "ms",
+    )
+    .target(On::Value, "<", 5.0)
+    .print();
 
     // Watched folder: landing -> all entries ready, minus packing time.
     let landed = d.models.join("watched.onnx");
@@ -175,5 +221,13 @@ async fn main() {
         if overhead < Duration::from_secs(1) { "met" } else { "NOT met" },
         0.3
     );
+    Figure::new(
+        "daemon.watched_overhead",
+        "model landing in a watched folder to all entries ready, minus packing",
+        overhead.as_secs_f64() * 1e3,
+        "ms",
+    )
+    .target(On::Value, "<", 1000.0)
+    .print();
     assert_eq!(d.stop(), Some(0));
 }

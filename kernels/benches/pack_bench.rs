@@ -19,6 +19,10 @@
 //! /var/tmp/ctcache-venv), CTCACHECTL (default
 //! $CARGO_TARGET_DIR/release/ctcachectl), PACK_BENCH_REPS (default 3),
 //! PACK_BENCH_QUICK=1 (only the instruction-set and huge-page figures).
+//!
+//! Each figure of the anchored packers (per backend and per instruction
+//! set) and the peak RSS are also printed as `RESULT` lines
+//! (`ctcache_testkit::Figure`) for bench/all.sh.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -28,11 +32,15 @@ use std::time::{Duration, Instant};
 use ctcache::dtype::DataType;
 use ctcache_kernels::gpu::{cpu_assist, GpuBackend};
 use ctcache_kernels::{find, Isa, OutputBuffer, Params, SourceTensor};
+use ctcache_testkit::{Figure, On};
 use half::slice::HalfFloatSliceExt;
 
 const K: usize = 4096;
 const N: usize = 4096;
 const PACKERS: [&str; 4] = ["ort.matmul_nbits", "ggml.q8_0", "ggml.q4_0", "cast.f16"];
+/// The instruction-set table's case of each of `PACKERS` (FLOAT source,
+/// default parameters), in the same order.
+const ANCHORED_CASES: [&str; 4] = ["matmul_nbits b4 sym", "ggml.q8_0", "ggml.q4_0", "cast.f16"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -52,7 +60,7 @@ fn main() {
         data.len() >> 20
     );
     if std::env::var("PACK_BENCH_QUICK").is_ok_and(|v| v == "1") {
-        isa_table(&data, reps);
+        isa_table(&data, reps, &[]);
         huge_pages(&data, reps);
         return;
     }
@@ -111,7 +119,7 @@ fn main() {
     std::fs::write(&raw, &data).expect("write weight");
     let py = python_anchors(&raw, reps);
     let anchor = |name: &str| py.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
-    let anchors = [
+    let anchors: [Anchor; 4] = [
         ("onnxruntime quantize_matmul_4bits", anchor("ort"), 4.0),
         ("gguf quantize Q8_0", anchor("q8_0"), 5.0),
         ("gguf quantize Q4_0", anchor("q4_0"), 5.0),
@@ -145,6 +153,14 @@ fn main() {
             ratio(wgpu[i]),
             target
         );
+        let mut f = figure(id, "cpu", cpu[i], &anchors[i]);
+        if a.is_some() {
+            f = f.target(On::Ratio, ">=", target);
+        }
+        f.print();
+        if let Some(w) = wgpu[i] {
+            figure(id, "wgpu", w, &anchors[i]).print();
+        }
     }
     println!(
         "{:<18} {:>9.3}   (plain copy of the same bytes)",
@@ -157,13 +173,34 @@ fn main() {
     peak_rss(&dir, &raw, data.len() as u64);
     std::fs::remove_dir_all(&dir).ok();
     println!();
-    isa_table(&data, reps);
+    isa_table(&data, reps, &anchors);
     huge_pages(&data, reps);
 }
 
+/// An anchored packer's anchor: name, GB/s (None: not measured), target ratio.
+type Anchor = (&'static str, Option<f64>, f64);
+
+/// The figure `pack.ID.HOW` (HOW: cpu, wgpu or an instruction set) of
+/// `gbps` against the packer's anchor, without a target.
+fn figure(id: &str, how: &str, gbps: f64, anchor: &Anchor) -> Figure {
+    let (name, a, _) = anchor;
+    let f = Figure::new(
+        &format!("pack.{id}.{how}"),
+        &format!("{id} on {how}, {K} x {N} FLOAT, vs {name}"),
+        gbps,
+        "GB/s",
+    );
+    match a {
+        Some(a) => f.anchor(*a, gbps / a),
+        None => f,
+    }
+}
+
 /// Every CPU packer with each instruction set of this CPU: milliseconds
-/// (best of `reps`) and the gains; the bytes must be the same.
-fn isa_table(data: &[u8], reps: usize) {
+/// (best of `reps`) and the gains; the bytes must be the same. The cases
+/// of the anchored packers (`anchors`, in `PACKERS` order; empty: not
+/// measured) print their figures too.
+fn isa_table(data: &[u8], reps: usize, anchors: &[Anchor]) {
     let isas = Isa::available_all();
     let halves: Vec<u8> = data
         .chunks_exact(4)
@@ -274,6 +311,19 @@ fn isa_table(data: &[u8], reps: usize) {
             bytes.len() as f64 / fastest.as_secs_f64() / 1e9
         );
         println!("{row}");
+        if let Some(i) = ANCHORED_CASES.iter().position(|&c| c == label) {
+            for (t, isa) in times.iter().zip(&isas) {
+                let gbps = bytes.len() as f64 / t.as_secs_f64() / 1e9;
+                let none = ("its anchor (not measured)", None, 0.0);
+                figure(
+                    PACKERS[i],
+                    isa.name(),
+                    gbps,
+                    anchors.get(i).unwrap_or(&none),
+                )
+                .print();
+            }
+        }
     }
     println!();
 }
@@ -586,6 +636,15 @@ save(helper.make_model(g), out)
         mib(limit),
         if kib * 1024 <= limit { "met" } else { "MISSED" }
     );
+    Figure::new(
+        "pack.rss",
+        "peak RSS of ctcachectl pack (ort.matmul_nbits) vs source + output + 64 MiB",
+        mib(kib * 1024),
+        "MiB",
+    )
+    .anchor(mib(limit), (kib * 1024) as f64 / limit as f64)
+    .target(On::Ratio, "<=", 1.0)
+    .print();
 }
 
 /// `--rss-child CMD ARGS..`: runs CMD, prints its peak RSS (KiB).

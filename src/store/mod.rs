@@ -28,8 +28,9 @@
 //!
 //! Locks, always taken in this order: the lease gate (lease creation vs
 //! removal), then blob stripes (file operations vs the commits referencing a
-//! blob; several only by GC, in stripe order). Nothing holding a stripe
-//! waits on the rayon pool.
+//! blob; several only by GC, in stripe order), then the list of pending
+//! reference drops (held for a map operation only). Nothing holding a
+//! stripe waits on the rayon pool.
 
 mod access;
 mod blobs;
@@ -49,6 +50,7 @@ mod sources;
 mod stats;
 mod verify;
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read};
 use std::ops::Deref;
@@ -127,11 +129,15 @@ pub struct Store {
     access: access::AccessLog,
     counters: stats::Counters,
     cache: cache::LookupCache,
-    /// Commits that dropped a payload reference, and how many of them are
-    /// known durable (a flush finished after them): a payload file is
-    /// deleted only when its last reference drop is durable.
+    /// Reference drops committed, and how many of them are known durable (a
+    /// flush finished after them): a payload file is deleted only when its
+    /// last reference drop is durable.
     dropped: AtomicU64,
     durable: AtomicU64,
+    /// The blobs whose latest reference drop may not be durable yet, with
+    /// the `dropped` count right after it (updated under the blob's stripe,
+    /// pruned by each flush); a blob not listed has no pending drop.
+    pending_drops: Mutex<HashMap<[u8; 32], u64>>,
     /// Prefix of this instance's temp files; anything else in tmp/ is stale.
     session: String,
     tmp_seq: AtomicU64,
@@ -177,6 +183,7 @@ impl Store {
             cache: cache::LookupCache::new(opts.lookup_cache_sources),
             dropped: AtomicU64::new(0),
             durable: AtomicU64::new(0),
+            pending_drops: Mutex::new(HashMap::new()),
             tmp_seq: AtomicU64::new(0),
             opened: OpenReport {
                 layout_found,
@@ -357,19 +364,35 @@ impl Store {
     }
 
     /// Deletes `blob`'s file if no entry references it, after making sure
-    /// every commit that dropped a reference is durable, so that no crash
-    /// can bring back an entry whose file is gone. Caller holds the stripe.
-    /// Returns the bytes freed (`None`: kept, or already gone).
+    /// the commit that dropped its last reference is durable, so that no
+    /// crash can bring back an entry whose file is gone. Caller holds the
+    /// stripe. Returns the bytes freed (`None`: kept, or already gone).
     pub(crate) fn delete_unreferenced(&self, blob: &[u8; 32]) -> StoreResult<Option<u64>> {
         if self.blob_referenced(blob)? {
             return Ok(None);
         }
-        // All reference drops of this blob happened under its stripe, which
-        // we hold, so they are counted in `dropped` already.
-        if self.durable.load(Ordering::SeqCst) < self.dropped.load(Ordering::SeqCst) {
+        // Every reference drop of this blob happened under its stripe, which
+        // we hold, and recorded itself in `pending_drops` before releasing
+        // it; a drop of another blob committed since needs no flush here.
+        let pending = self.pending_drops().get(blob).copied();
+        if pending.is_some_and(|after| self.durable.load(Ordering::SeqCst) < after) {
             self.make_durable()?;
         }
         blobs::delete_path(&self.paths.blob(blob))
+    }
+
+    fn pending_drops(&self) -> MutexGuard<'_, HashMap<[u8; 32], u64>> {
+        self.pending_drops.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts `n` committed reference drops of `blobs` (caller holds their
+    /// stripes and committed the drops).
+    fn dropped_refs(&self, n: u64, blobs: impl IntoIterator<Item = [u8; 32]>) {
+        let after = self.dropped.fetch_add(n, Ordering::SeqCst) + n;
+        let mut pending = self.pending_drops();
+        for blob in blobs {
+            pending.insert(blob, after);
+        }
     }
 
     /// Flushes the index and records that every reference drop counted
@@ -378,6 +401,7 @@ impl Store {
         let target = self.dropped.load(Ordering::SeqCst);
         self.index.flush()?;
         self.durable.fetch_max(target, Ordering::SeqCst);
+        self.pending_drops().retain(|_, after| *after > target);
         Ok(())
     }
 
@@ -408,7 +432,7 @@ impl Store {
                 ],
             )?;
             if done {
-                self.dropped.fetch_add(1, Ordering::SeqCst);
+                self.dropped_refs(1, [*blob]);
                 return Ok(true);
             }
             // Either the entry changed (give up) or only the source list did
@@ -458,7 +482,7 @@ impl Store {
             ops.push(sources::store(p, new));
         }
         if self.commit(&when, &ops)? {
-            self.dropped.fetch_add(items.len() as u64, Ordering::SeqCst);
+            self.dropped_refs(items.len() as u64, items.iter().map(|i| i.1));
             return Ok(vec![true; items.len()]);
         }
         items

@@ -9,10 +9,12 @@
 //! - [`eventually`] / [`eventually_async`]: polling with a deadline;
 //! - synthetic models built through the prost types ([`MatMul`],
 //!   [`f32_tensor`], [`tensor_info`], [`kv`]), written atomically
-//!   ([`write_model`]), and the D3 digests of their initializers.
+//!   ([`write_model`]), and the D3 digests of their initializers;
+//! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`.
 
 mod bins;
 mod daemon;
+mod figure;
 #[cfg(feature = "in-process")]
 mod in_process;
 mod model;
@@ -20,6 +22,7 @@ mod poll;
 
 pub use bins::locate_bin;
 pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
+pub use figure::{Figure, On};
 #[cfg(feature = "in-process")]
 pub use in_process::InProcessDaemon;
 pub use model::{

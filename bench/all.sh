@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Every performance figure the README and docs promise, as one table: builds
+# once (release), runs each bench below, collects the RESULT lines they print
+# (ctcache_testkit::Figure) and prints figure, value, anchor measured in the
+# same run, ratio, target, met or not. Each bench still runs alone (its own
+# command below); its log, prose included, is kept in the work folder.
+#
+#   bench/all.sh [--only NAME,...] [--markdown] [--keep-logs]
+#       --only      run only these benches (names below)
+#       --markdown  also write the table into README.md between its markers
+#                   (whole runs only: a row per figure)
+#   bench/all.sh --check-readme   README.md's table has exactly the figures
+#                                 declared below (runs no bench: cheap enough for CI)
+#   bench/all.sh --list           the benches and their figures
+#
+# Timings are only meaningful on a quiet machine: nothing else building.
+# Environment: CARGO_TARGET_DIR (default /var/tmp/ctcache-target), and each
+# bench's own (see its header).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/ctcache-target}"
+
+NAMES=()
+declare -A COMMAND FIGURES
+# bench NAME COMMAND FIGURE...: the command prints a RESULT line per figure.
+bench() {
+  local name=$1 command=$2
+  shift 2
+  NAMES+=("$name")
+  COMMAND[$name]=$command
+  FIGURES[$name]="$*"
+}
+
+# ---- the benches: one line each (brace expansion lists figures) ----
+bench digest       "bench/digest_bench.sh"                            digest.{b3sum,rss_anon}
+bench pack         "bench/pack_bench.sh"                              pack.{ort.matmul_nbits,ggml.q8_0,ggml.q4_0,cast.f16}.{cpu,wgpu,scalar,avx2,avx512,neon} pack.rss
+bench store        "cargo bench -q -p ctcache --bench store_bench"    store.{put,open,lookups,gc_plan,gc}
+bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lookup_p50,lookup_p99,batch_full,batch_brief,resolve_p50,watched_overhead}
+bench open_payload "bench/open_payload_bench.sh"                      open_payload.{ttfb,throughput,consume,pss}
+bench materialize  "bench/materialize_bench.sh"                       materialize.cold materialize.{warm,warm_bytes}.{auto,hard}
+# ---------------------------------------------------------------------
+
+declared() { for n in "${NAMES[@]}"; do printf '%s\n' ${FIGURES[$n]}; done; }
+
+only="" markdown=0 keep=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --only) only=${2:?--only NAME,...}; shift ;;
+    --markdown) markdown=1 ;;
+    --keep-logs) keep=1 ;;
+    --list)
+      for n in "${NAMES[@]}"; do printf '%-13s %s\n%-13s   %s\n' "$n" "${COMMAND[$n]}" "" "${FIGURES[$n]}"; done
+      exit 0 ;;
+    --check-readme)
+      list=$(mktemp); trap 'rm -f "$list"' EXIT
+      declared >"$list"
+      python3 bench/results.py check "$list" README.md
+      echo "README.md's performance table has exactly the $(wc -l <"$list") figures bench/all.sh declares"
+      exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+run=("${NAMES[@]}")
+if [ -n "$only" ]; then
+  [ "$markdown" = 0 ] || { echo "--markdown needs a whole run (no --only)" >&2; exit 2; }
+  IFS=, read -r -a run <<<"$only"
+  for n in "${run[@]}"; do
+    [ -n "${COMMAND[$n]:-}" ] || { echo "no bench named $n (see --list)" >&2; exit 2; }
+  done
+fi
+
+work=$(mktemp -d /var/tmp/ctcache-bench-all.XXXXXX)
+[ "$keep" = 1 ] || trap 'rm -rf "$work"' EXIT
+declared >"$work/figures"
+
+echo "==> build (release: binaries and benches, once)"
+cargo build --release -q --workspace --bins
+cargo bench -q --workspace --no-run --bench '*' 2>&1 | grep -v '^ *Executable' || true
+
+failed=()
+for n in "${run[@]}"; do
+  echo "==> $n: ${COMMAND[$n]}"
+  start=$(date +%s)
+  # Each bench's own build step finds everything fresh.
+  if bash -c "${COMMAND[$n]}" 2>&1 | tee "$work/$n.log" | sed 's/^/    /'; then
+    echo "    ($n: $(($(date +%s) - start)) s)"
+  else
+    failed+=("$n")
+    echo "    ($n FAILED after $(($(date +%s) - start)) s; its figures are not measured)"
+  fi
+done
+
+echo
+echo "==> performance table ($(date -u +%Y-%m-%d), $(nproc) CPUs, $(uname -m))"
+logs=()
+for n in "${run[@]}"; do logs+=("$work/$n.log"); done
+python3 bench/results.py table "$work/figures" "${logs[@]}"
+if [ "$markdown" = 1 ]; then
+  cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+  python3 bench/results.py markdown "$work/figures" "${logs[@]}" --readme README.md \
+    --note "Measured by \`bench/all.sh --markdown\` on $(date -u +%Y-%m-%d): $(nproc) CPUs ($cpu), Linux $(uname -r)."
+fi
+[ "$keep" = 0 ] || echo "logs kept in $work"
+[ ${#failed[@]} -eq 0 ] || { echo "benches that failed: ${failed[*]}" >&2; exit 1; }
