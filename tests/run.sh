@@ -152,3 +152,7 @@ export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 
 step "README walkthrough"
 bash tests/readme_walkthrough.sh
+
+step "README performance table"
+# Every figure bench/all.sh declares has its row, and no other row exists.
+bench/all.sh --check-readme
