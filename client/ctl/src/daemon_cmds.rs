@@ -40,6 +40,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "watches": s.watches,
             "by_format": usage(&stats.by_format),
             "by_device": usage(&stats.by_device),
+            "remote": s.remote.as_ref().map(crate::remote::status_json),
         }));
     }
     let rate = hit_rate
@@ -69,6 +70,9 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         format!("{} running, {} queued", s.jobs_running, s.jobs_queued),
     );
     kv("leases", format!("{} active", stats.active_leases));
+    if let Some(r) = &s.remote {
+        kv("remote", crate::remote::summary(r));
+    }
     kv(
         "watches",
         if s.watches.is_empty() {

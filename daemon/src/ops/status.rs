@@ -22,6 +22,7 @@ pub(crate) struct StatusReport {
     pub watches: Vec<PathBuf>,
     pub cache_dir: PathBuf,
     pub socket: Option<PathBuf>,
+    pub remote: Option<crate::fleet::Report>,
 }
 
 /// The Status use case.
@@ -35,6 +36,7 @@ pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
         watches: d.watcher.dirs(),
         cache_dir: d.config.cache_dir.clone(),
         socket: d.socket.clone(),
+        remote: d.fleet.as_ref().map(|f| f.report()),
     })
 }
 
