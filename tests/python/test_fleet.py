@@ -8,6 +8,9 @@
   the same bytes.
 * With the server stopped, B's resolve with ``--on-miss wait`` finishes within
   the remote deadline plus the time a host without a remote takes to pack.
+* With a server that never answers and a one-place upload queue, uploads are
+  dropped and counted and every request still succeeds. (That memory stays
+  flat is by construction, a queue of metadata and mappings; not measured.)
 
 Skips when the binaries are not built or moto is not installed.
 """
@@ -300,3 +303,64 @@ def test_a_stopped_server_costs_at_most_the_deadline(root, s3):
         assert took <= bound, f"resolve took {took:.1f} s with the remote down (bound {bound:.1f} s)"
     finally:
         b.stop()
+
+
+class Blackhole:
+    """A TCP server that accepts connections and never answers: a hung remote."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self):
+        self.sock.close()
+
+
+def chain_model(path: Path, n: int) -> Path:
+    """``n`` MatMuls in a row, each with its own 256 x 256 FLOAT weight."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32), f"W{i}")
+             for i in range(n)]
+    nodes = [helper.make_node("MatMul", ["X" if i == 0 else f"H{i}", f"W{i}"], [f"H{i + 1}"], name=f"mm{i}")
+             for i in range(n)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 256])],
+                          [helper.make_tensor_value_info(f"H{n}", TensorProto.FLOAT, [1, 256])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    save(m, str(path))
+    return path
+
+
+def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                 "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    hole = Blackhole()
+    weights = 8
+    model = chain_model(root / "chain.onnx", weights)
+    keygen("a", root)
+    d = Daemon(root / "a")
+    (d.root / "ctcached.toml").write_text("\n".join([
+        "[remote]", f'url = "s3://{BUCKET}/fleet"', f'endpoint = "{hole.endpoint}"', "allow_http = true",
+        f"timeout_ms = {TIMEOUT_MS}", "upload_queue = 1", 'fetch = "never"',
+        f'signing_key_file = "{root / "a.secret"}"']) + "\n")
+    d.start()
+    try:
+        resolve_wait(d, model)
+        assert len(d.entries()) == weights * FORMATS
+        st = remote_status(d)
+        # Each entry was dropped, failed on the hung server, is queued, or is
+        # the one upload in flight; with one place in the queue most are dropped.
+        total = weights * FORMATS
+        settled = st["upload_drops"] + st["errors"] + st["queue_depth"]
+        assert total - 1 <= settled <= total, st
+        assert st["upload_drops"] >= 1, st
+        assert st["uploads"] == 0 and st["queue_capacity"] == 1, st
+        assert st["chose_pack"] == weights * FORMATS and st["hits"] == 0, st
+    finally:
+        d.stop()
+        hole.close()
