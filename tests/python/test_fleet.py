@@ -364,3 +364,39 @@ def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, mon
     finally:
         d.stop()
         hole.close()
+
+
+def test_push_then_pull(root, s3):
+    """``remote push`` uploads what A packed with uploads off; ``remote pull`` fetches it into B without packing."""
+    model = make_model(root / "model.onnx")
+    pub_a = keygen("a", root)
+    a = fleet_daemon(root, "a", s3, sign="a", write=False)
+    try:
+        resolve_wait(a, model)
+        assert remote_status(a)["uploads"] == 0
+        # write = false: push refuses, naming why.
+        r = a.ctl("remote", "push", "--model", str(model), "--json")
+        assert r.returncode == 1 and "write = false" in r.stderr, r.describe()
+    finally:
+        a.stop()
+    text = (a.root / "ctcached.toml").read_text().replace("write = false", "write = true")
+    (a.root / "ctcached.toml").write_text(text)
+    a.start()
+    try:
+        pushed = a.json("remote", "push", "--model", str(model))
+        assert (pushed["done"], pushed["present"], pushed["failed"]) == (FORMATS, 0, 0), pushed
+        again = a.json("remote", "push")
+        assert (again["done"], again["present"]) == (0, FORMATS), again
+        packed = payloads(a)
+    finally:
+        a.stop()
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False)
+    try:
+        pulled = b.json("remote", "pull", str(model))
+        assert (pulled["done"], pulled["missing"]) == (FORMATS, 0), pulled
+        assert pulled["bytes"] == sum(len(v) for v in packed.values())
+        assert payloads(b) == packed
+        assert b.json("remote", "pull", str(model))["present"] == FORMATS
+        assert metric_sum(scrape(b), "ctcache_pack_jobs_total") == 0
+    finally:
+        b.stop()

@@ -27,13 +27,55 @@ pub enum RemoteCmd {
     /// The daemon's remote: where it is, breaker, upload queue, counters,
     /// measured throughputs and cost-rule decisions.
     Status,
+    /// Fetch every entry the daemon's policy wants for MODEL that its store
+    /// lacks from the remote (packs nothing).
+    Pull { model: PathBuf },
+    /// Upload the daemon's entries (of --model, or all) the remote lacks.
+    Push {
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
 }
 
 pub fn remote(ctx: &Ctx, cmd: RemoteCmd) -> Result<(), Failure> {
     match cmd {
         RemoteCmd::Keygen { name, dir } => keygen(ctx, &name, &dir),
         RemoteCmd::Status => ctx.block_on(status(ctx)),
+        RemoteCmd::Pull { model } => ctx.block_on(async {
+            let c = ctx.connect().await?;
+            transferred(ctx, "fetched", &c.remote_pull(&model).await?)
+        }),
+        RemoteCmd::Push { model } => ctx.block_on(async {
+            let c = ctx.connect().await?;
+            transferred(ctx, "uploaded", &c.remote_push(model.as_deref()).await?)
+        }),
     }
+}
+
+fn transferred(ctx: &Ctx, verb: &str, t: &api::RemoteTransferResponse) -> Result<(), Failure> {
+    if ctx.json {
+        print_json(&json!({
+            "done": t.done,
+            "present": t.present,
+            "missing": t.missing,
+            "failed": t.failed,
+            "bytes": t.bytes,
+            "first_error": t.first_error,
+        }))?;
+    } else {
+        say(&format!(
+            "{verb} {} ({}), {} present already, {} missing, {} failed",
+            t.done,
+            format::size(t.bytes),
+            t.present,
+            t.missing,
+            t.failed
+        ))?;
+    }
+    if t.failed > 0 {
+        return Err(Failure::Failed(t.first_error.clone()));
+    }
+    Ok(())
 }
 
 fn keygen(ctx: &Ctx, name: &str, dir: &std::path::Path) -> Result<(), Failure> {

@@ -64,6 +64,25 @@ pub(crate) struct Report {
     pub remote_rate: Option<f64>,
 }
 
+/// Who decides whether a local miss asks the remote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// `fetch` in the config (the cost rule under `auto`).
+    CostRule,
+    /// Always (an explicit `remote pull`).
+    Always,
+}
+
+/// What `push` did with one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    Uploaded(u64),
+    /// The remote has its manifest already.
+    Present,
+    /// Over `max_object_bytes`.
+    TooLarge,
+}
+
 /// Why one fetch did not produce an entry.
 enum Failed {
     /// The remote does not have it.
@@ -120,14 +139,16 @@ impl Fleet {
         })
     }
 
-    /// Read-through for a local miss of `key` (format `format`), from a pack
-    /// job's thread: the entry, stored exactly as a local pack would store
-    /// it, or `None` (then the job packs).
+    /// Read-through for a local miss of `key` (format `format`), from a
+    /// blocking thread (a pack job's, or a `remote pull`'s): the entry,
+    /// stored exactly as a local pack would store it, or `None` (then the
+    /// job packs). `ask` says whether the cost rule decides.
     pub fn fetch(
         &self,
         store: &Store,
         key: &EntryKey,
         format: &str,
+        ask: Ask,
         source_names: Vec<String>,
         model_paths: Vec<String>,
     ) -> Option<Entry> {
@@ -135,10 +156,12 @@ impl Fleet {
         if !s.settings.config.read {
             return None;
         }
-        let fetch = lock(&self.costs).should_fetch(s.settings.config.fetch, format);
-        s.counters.chose(fetch);
-        if !fetch {
-            return None;
+        if ask == Ask::CostRule {
+            let fetch = lock(&self.costs).should_fetch(s.settings.config.fetch, format);
+            s.counters.chose(fetch);
+            if !fetch {
+                return None;
+            }
         }
         {
             let mut g = lock(&self.guard);
@@ -287,6 +310,39 @@ impl Fleet {
                         "remote upload queue full: dropping uploads (counted)"
                     );
                 }
+            }
+        }
+    }
+
+    /// Uploads `entry` now, from a blocking thread (`remote push`), unless
+    /// the remote has its manifest already.
+    pub fn push(&self, store: &Store, entry: &Entry) -> Result<Pushed, String> {
+        let s = &self.shared;
+        if s.settings.signing_key.is_none() {
+            return Err("no signing_key_file: this host does not upload".into());
+        }
+        if !s.settings.config.write {
+            return Err("write = false in [remote]".into());
+        }
+        let present = self.rt.block_on(s.client.manifest(&entry.key));
+        if present.map_err(|e| e.to_string())?.is_some() {
+            return Ok(Pushed::Present);
+        }
+        let job = upload::Job {
+            entry: entry.clone(),
+            params: Default::default(),
+            payload: store.open_payload(&entry.key).map_err(|e| e.to_string())?,
+        };
+        match self.rt.block_on(upload::upload(s, job)) {
+            Ok(Some(bytes)) => {
+                s.answered();
+                s.counters.uploaded(bytes);
+                Ok(Pushed::Uploaded(bytes))
+            }
+            Ok(None) => Ok(Pushed::TooLarge),
+            Err(e) => {
+                s.counters.error("upload");
+                Err(e.to_string())
             }
         }
     }

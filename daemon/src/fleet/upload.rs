@@ -51,7 +51,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
 }
 
 /// Uploads one entry; `None` when it is too large to share.
-async fn upload(s: &Shared, job: Job) -> Result<Option<u64>, RemoteError> {
+pub(super) async fn upload(s: &Shared, job: Job) -> Result<Option<u64>, RemoteError> {
     let Some(key_file) = &s.settings.signing_key else {
         return Ok(None);
     };

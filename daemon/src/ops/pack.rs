@@ -279,6 +279,7 @@ fn fetch_remote(d: &Daemon, spec: &PackSpec, model_path: &str) -> Option<Entry> 
         &d.store,
         &key,
         spec.packer.id(),
+        crate::fleet::Ask::CostRule,
         names,
         vec![model_path.to_string()],
     )?;

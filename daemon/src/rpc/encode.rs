@@ -168,6 +168,17 @@ pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
     }
 }
 
+pub(crate) fn transfer(t: crate::ops::remote::Transfer) -> api::RemoteTransferResponse {
+    api::RemoteTransferResponse {
+        done: t.done,
+        present: t.present,
+        missing: t.missing,
+        failed: t.failed,
+        bytes: t.bytes,
+        first_error: t.first_error,
+    }
+}
+
 fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
     let c = r.counters;
     api::RemoteStatus {
