@@ -349,6 +349,32 @@ impl Client {
     pub async fn status(&self) -> Result<api::StatusResponse> {
         unary!(self, "Status", status, api::StatusRequest {})
     }
+
+    /// Fetches every wanted entry of `model` the daemon's store lacks from
+    /// its remote (packs nothing).
+    pub async fn remote_pull(&self, model: &Path) -> Result<api::RemoteTransferResponse> {
+        let model_path = absolute(model)?.display().to_string();
+        unary!(
+            self,
+            "RemotePull",
+            remote_pull,
+            api::RemotePullRequest { model_path }
+        )
+    }
+
+    /// Uploads the daemon's entries (of `model`, or all) its remote lacks.
+    pub async fn remote_push(&self, model: Option<&Path>) -> Result<api::RemoteTransferResponse> {
+        let model_path = match model {
+            Some(m) => absolute(m)?.display().to_string(),
+            None => String::new(),
+        };
+        unary!(
+            self,
+            "RemotePush",
+            remote_push,
+            api::RemotePushRequest { model_path }
+        )
+    }
 }
 
 /// An error and its sources on one line (tonic's own text is only

@@ -153,6 +153,9 @@ pub enum RunError {
     /// The watcher or the gRPC server failed.
     #[error("{0}")]
     Serve(String),
+    /// The `[remote]` section is unusable (bad URL, unreadable key).
+    #[error("remote: {0}")]
+    Remote(String),
 }
 
 impl RunError {

@@ -19,7 +19,8 @@ pub(crate) struct JobKey {
 #[derive(Debug, Clone)]
 pub(crate) struct Packed {
     pub entry: Entry,
-    /// True when the entry already existed and nothing was packed.
+    /// True when nothing was packed here: the entry was in the store, or
+    /// came from the fleet tier's remote.
     pub cached: bool,
     /// The backend that packed it (`None` when nothing was packed).
     pub backend: Option<Backend>,

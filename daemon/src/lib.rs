@@ -13,6 +13,7 @@ pub mod logging;
 mod caller;
 mod error;
 mod events;
+mod fleet;
 mod jobs;
 mod memo;
 mod metrics;
@@ -61,6 +62,12 @@ pub async fn run(
     if let Some(addr) = &config.metrics_addr {
         metrics::install(addr)?;
     }
+    let fleet = config
+        .remote
+        .clone()
+        .map(|r| fleet::Fleet::start(*r, tokio::runtime::Handle::current()))
+        .transpose()
+        .map_err(RunError::Remote)?;
     let dir = config.cache_dir.clone();
     let socket = listeners.socket_path.clone();
     let daemon = tokio::task::spawn_blocking(move || -> Result<Arc<Daemon>, RunError> {
@@ -71,7 +78,12 @@ pub async fn run(
                 dir,
                 source: Box::new(e),
             })?;
-        Ok(Arc::new(Daemon::new(config, Arc::new(store), socket)))
+        Ok(Arc::new(Daemon::new(
+            config,
+            Arc::new(store),
+            socket,
+            fleet,
+        )))
     })
     .await
     .map_err(|e| RunError::Serve(format!("start-up failed: {e}")))??;

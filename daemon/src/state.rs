@@ -11,6 +11,7 @@ use ctcache::store::{HostFilter, Store};
 
 use crate::config::Config;
 use crate::events::Events;
+use crate::fleet::Fleet;
 use crate::jobs::{JobKey, Packed};
 use crate::memo::Memo;
 use crate::scheduler::Scheduler;
@@ -31,10 +32,17 @@ pub(crate) struct Daemon {
     pub started: Instant,
     /// The Unix socket's path, for `status`.
     pub socket: Option<PathBuf>,
+    /// The fleet tier, when `[remote]` is configured.
+    pub fleet: Option<Fleet>,
 }
 
 impl Daemon {
-    pub fn new(config: Config, store: Arc<Store>, socket: Option<PathBuf>) -> Daemon {
+    pub fn new(
+        config: Config,
+        store: Arc<Store>,
+        socket: Option<PathBuf>,
+        fleet: Option<Fleet>,
+    ) -> Daemon {
         let host = Host {
             devices: ctcache_kernels::compile::host_devices(),
             runtime: None,
@@ -58,6 +66,7 @@ impl Daemon {
             memo,
             started: Instant::now(),
             socket,
+            fleet,
         }
     }
 }

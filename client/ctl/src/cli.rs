@@ -10,7 +10,8 @@ use clap::{Parser, Subcommand};
 use crate::ctx::{self, Global};
 use crate::output::Failure;
 use crate::{
-    admin, daemon_cmds, extras, format, jobs, materialize, offline, packing, watch, why_miss,
+    admin, daemon_cmds, extras, format, jobs, materialize, offline, packing, remote, watch,
+    why_miss,
 };
 
 /// The ctcache admin tool.
@@ -100,6 +101,9 @@ pub enum Command {
     /// Model folders the daemon watches.
     #[command(subcommand)]
     Watch(watch::WatchCmd),
+    /// The fleet tier: signing keys, the daemon's remote.
+    #[command(subcommand)]
+    Remote(remote::RemoteCmd),
     /// Follow the daemon's events, one line (or JSON object) per event.
     Events {
         /// Stop after this many events.
@@ -170,6 +174,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Gc(a) => admin::gc(&ctx, a),
         Command::Verify(a) => admin::verify(&ctx, a),
         Command::Watch(cmd) => ctx.block_on(watch::watch(&ctx, cmd)),
+        Command::Remote(cmd) => remote::remote(&ctx, cmd),
         Command::Events { count } => ctx.block_on(watch::events(&ctx, count)),
         Command::Pack {
             model,

@@ -42,6 +42,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "gc_max_age_s": s.gc_max_age_s,
             "by_format": usage(&stats.by_format),
             "by_device": usage(&stats.by_device),
+            "remote": s.remote.as_ref().map(crate::remote::status_json),
         }));
     }
     let rate = hit_rate
@@ -72,6 +73,9 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         format!("{} running, {} queued", s.jobs_running, s.jobs_queued),
     );
     kv("leases", format!("{} active", stats.active_leases));
+    if let Some(r) = &s.remote {
+        kv("remote", crate::remote::summary(r));
+    }
     kv(
         "watches",
         if s.watches.is_empty() {

@@ -13,6 +13,7 @@ mod materialize;
 mod offline;
 mod output;
 mod packing;
+mod remote;
 mod watch;
 mod why_miss;
 

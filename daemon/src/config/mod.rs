@@ -125,6 +125,9 @@ pub struct Config {
     /// Age limit since last access for gc, seconds (0 = none).
     pub gc_max_age_secs: u64,
     pub policy: Vec<PolicyRule>,
+    /// The fleet tier on S3-compatible object storage (off when absent;
+    /// boxed: most configs have none).
+    pub remote: Option<Box<ctcache_remote::config::RemoteConfig>>,
 }
 
 /// D8 defaults for an unprivileged user (see `ctcache::paths`).
@@ -154,6 +157,7 @@ impl Default for Config {
             gc_max_bytes: 0,
             gc_max_age_secs: 0,
             policy: default_policy(),
+            remote: None,
         }
     }
 }
@@ -262,6 +266,9 @@ impl Config {
         if let Some(v) = env("CTCACHE_LOG_LEVEL") {
             self.log_level = v;
         }
+        if let Some(v) = env("CTCACHE_REMOTE_URL").filter(|s| !s.is_empty()) {
+            self.remote.get_or_insert_with(Default::default).url = v;
+        }
         if let Some(v) = env("CTCACHE_GPU") {
             self.gpu = matches!(v.as_str(), "1" | "true" | "yes" | "on");
         }
@@ -320,6 +327,12 @@ impl Config {
                 "stable_secs",
                 "must be a non-negative number".into(),
             ));
+        }
+        if let Some(r) = &self.remote {
+            ctcache_remote::config::parse_url(&r.url).map_err(|m| invalid("remote.url", m))?;
+            if r.timeout_ms == 0 {
+                return Err(invalid("remote.timeout_ms", "must be above 0".into()));
+            }
         }
         for (i, rule) in self.policy.iter().enumerate() {
             if ctcache_kernels::find(&rule.format).is_none() {

@@ -60,3 +60,26 @@ fn default_config_round_trips() {
     let c = Config::default();
     assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
 }
+
+#[test]
+fn remote_section_parses_is_checked_and_round_trips() {
+    let c = Config::from_toml(
+        "[remote]\nurl = \"s3://fleet-bucket/a\"\nendpoint = \"http://127.0.0.1:9000\"\nallow_http = true\nfetch = \"always\"\n",
+    )
+    .unwrap();
+    let r = c.remote.clone().unwrap();
+    assert_eq!(r.timeout_ms, 3000);
+    assert_eq!(r.upload_queue, 256);
+    assert_eq!(r.fetch, ctcache_remote::config::FetchMode::Always);
+    assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
+    let e = Config::from_toml("[remote]\nurll = \"s3://b/x\"\n").unwrap_err();
+    assert!(e.contains("urll"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, "[remote]\nurl = \"http://not-s3\"\n").unwrap();
+    let e = Config::load(Some(&f), &env_of(&[]), &Overrides::default()).unwrap_err();
+    assert!(e.to_string().contains("remote.url"), "{e}");
+    let env = env_of(&[("CTCACHE_REMOTE_URL", "s3://from-env/p")]);
+    let c = Config::load(None, &env, &Overrides::default()).unwrap();
+    assert_eq!(c.remote.unwrap().url, "s3://from-env/p");
+}

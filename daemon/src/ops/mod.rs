@@ -15,6 +15,7 @@ pub(crate) mod pack;
 pub(crate) mod payload;
 pub(crate) mod progress;
 pub(crate) mod put;
+pub(crate) mod remote;
 pub(crate) mod resolve;
 pub(crate) mod scan;
 pub(crate) mod status;

@@ -208,6 +208,13 @@ fn run(
     if cancel.cancelled() {
         return Err("every waiter went away".into());
     }
+    if let Some(entry) = fetch_remote(d, &spec, &model_path) {
+        return Ok(Packed {
+            entry,
+            cached: true,
+            backend: None,
+        });
+    }
     let c = ctcache_kernels::compile::compile_on(
         model,
         t,
@@ -253,11 +260,39 @@ fn run(
         model_path,
         format!("{} {}", t.name, stored.entry.type_name),
     );
+    if let (Some(fleet), true) = (&d.fleet, stored.created) {
+        let params = spec.params.iter();
+        let params = params.map(|(k, v)| (k.to_string(), v.to_string()));
+        fleet.packed(&d.store, &stored.entry, format, params.collect());
+    }
     Ok(Packed {
         entry: stored.entry,
         cached: !stored.created,
         backend: Some(c.backend),
     })
+}
+
+/// Read-through on a local miss: the entry from the fleet tier, stored
+/// here, when the remote has it (and the cost rule says fetching pays).
+fn fetch_remote(d: &Daemon, spec: &PackSpec, model_path: &str) -> Option<Entry> {
+    let fleet = d.fleet.as_ref()?;
+    let key = expected_key(&spec.digest, &spec.tensor, spec.packer, &spec.params)?;
+    let names = vec![spec.tensor.name.clone()];
+    let entry = fleet.fetch(
+        &d.store,
+        &key,
+        spec.packer.id(),
+        crate::fleet::Ask::CostRule,
+        names,
+        vec![model_path.to_string()],
+    )?;
+    d.events.emit(
+        EventKind::EntryAdded,
+        Some(entry.key),
+        model_path.to_string(),
+        format!("{} {} (from the remote)", spec.tensor.name, entry.type_name),
+    );
+    Some(entry)
 }
 
 /// Waits for jobs: their entries in order, and how many were packed now

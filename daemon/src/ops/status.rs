@@ -25,6 +25,7 @@ pub(crate) struct StatusReport {
     /// The configured gc budget (what a Gc without limits applies).
     pub gc_max_bytes: Option<u64>,
     pub gc_max_age: Option<Duration>,
+    pub remote: Option<crate::fleet::Report>,
 }
 
 /// The Status use case.
@@ -41,6 +42,7 @@ pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
         socket: d.socket.clone(),
         gc_max_bytes,
         gc_max_age,
+        remote: d.fleet.as_ref().map(|f| f.report()),
     })
 }
 

@@ -166,6 +166,45 @@ pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
         pid: std::process::id(),
         gc_max_bytes: s.gc_max_bytes,
         gc_max_age_s: s.gc_max_age.map(|a| a.as_secs()),
+        remote: s.remote.map(remote_status),
+    }
+}
+
+pub(crate) fn transfer(t: crate::ops::remote::Transfer) -> api::RemoteTransferResponse {
+    api::RemoteTransferResponse {
+        done: t.done,
+        present: t.present,
+        missing: t.missing,
+        failed: t.failed,
+        bytes: t.bytes,
+        first_error: t.first_error,
+    }
+}
+
+fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
+    let c = r.counters;
+    api::RemoteStatus {
+        remote: r.remote,
+        read: r.read,
+        write: r.write,
+        fetch: r.fetch,
+        breaker: r.breaker.into(),
+        last_error: r.last_error,
+        queue_depth: r.queue_depth,
+        queue_capacity: r.queue_capacity,
+        hits: c.hits,
+        misses: c.misses,
+        errors: c.errors,
+        rejected: c.rejected,
+        bytes_in: c.bytes_in,
+        bytes_out: c.bytes_out,
+        uploads: c.uploads,
+        upload_drops: c.upload_drops,
+        skipped: c.skipped,
+        chose_fetch: c.chose_fetch,
+        chose_pack: c.chose_pack,
+        pack_bytes_per_s: r.pack_rates.into_iter().collect(),
+        remote_bytes_per_s: r.remote_rate.unwrap_or(0.0),
     }
 }
 

@@ -370,4 +370,30 @@ impl CompiledTensorCache for Service {
         self.run(ops::status::status, |_, s| encode::status(s))
             .await
     }
+
+    async fn remote_pull(
+        &self,
+        req: Request<api::RemotePullRequest>,
+    ) -> Answer<api::RemoteTransferResponse> {
+        let caller = self.caller(&req);
+        let path = req.into_inner().model_path;
+        self.run(
+            move |d| ops::remote::pull(d, &caller, &path),
+            |_, t| encode::transfer(t),
+        )
+        .await
+    }
+
+    async fn remote_push(
+        &self,
+        req: Request<api::RemotePushRequest>,
+    ) -> Answer<api::RemoteTransferResponse> {
+        let caller = self.caller(&req);
+        let path = req.into_inner().model_path;
+        self.run(
+            move |d| ops::remote::push(d, &caller, &path),
+            |_, t| encode::transfer(t),
+        )
+        .await
+    }
 }

@@ -1,0 +1,146 @@
+//! Counters of the fleet tier: kept here for `status`, mirrored to the
+//! Prometheus endpoint as `ctcache_remote_*`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub errors: AtomicU64,
+    pub rejected: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub uploads: AtomicU64,
+    pub upload_drops: AtomicU64,
+    /// Local misses the remote was not asked about: breaker open.
+    pub skipped: AtomicU64,
+    /// Cost-rule decisions.
+    pub chose_fetch: AtomicU64,
+    pub chose_pack: AtomicU64,
+}
+
+/// A copy of the counters at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub hits: u64,
+    pub misses: u64,
+    pub errors: u64,
+    pub rejected: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub uploads: u64,
+    pub upload_drops: u64,
+    pub skipped: u64,
+    pub chose_fetch: u64,
+    pub chose_pack: u64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    pub fn hit(&self, bytes: u64) {
+        add(&self.hits, 1);
+        add(&self.bytes_in, bytes);
+        metrics::counter!("ctcache_remote_hits_total").increment(1);
+        metrics::counter!("ctcache_remote_bytes_in_total").increment(bytes);
+    }
+
+    pub fn miss(&self) {
+        add(&self.misses, 1);
+        metrics::counter!("ctcache_remote_misses_total").increment(1);
+    }
+
+    pub fn error(&self, during: &'static str) {
+        add(&self.errors, 1);
+        metrics::counter!("ctcache_remote_errors_total", "during" => during).increment(1);
+    }
+
+    pub fn rejected(&self, reason: &'static str) {
+        add(&self.rejected, 1);
+        metrics::counter!("ctcache_remote_rejected_total", "reason" => reason).increment(1);
+    }
+
+    pub fn uploaded(&self, bytes: u64) {
+        add(&self.uploads, 1);
+        add(&self.bytes_out, bytes);
+        metrics::counter!("ctcache_remote_uploads_total").increment(1);
+        metrics::counter!("ctcache_remote_bytes_out_total").increment(bytes);
+    }
+
+    pub fn dropped(&self) {
+        add(&self.upload_drops, 1);
+        metrics::counter!("ctcache_remote_upload_drops_total").increment(1);
+    }
+
+    pub fn skipped(&self) {
+        add(&self.skipped, 1);
+        metrics::counter!("ctcache_remote_skipped_total").increment(1);
+    }
+
+    pub fn chose(&self, fetch: bool) {
+        let (c, path) = if fetch {
+            (&self.chose_fetch, "fetch")
+        } else {
+            (&self.chose_pack, "pack")
+        };
+        add(c, 1);
+        metrics::counter!("ctcache_remote_decisions_total", "path" => path).increment(1);
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Snapshot {
+            hits: g(&self.hits),
+            misses: g(&self.misses),
+            errors: g(&self.errors),
+            rejected: g(&self.rejected),
+            bytes_in: g(&self.bytes_in),
+            bytes_out: g(&self.bytes_out),
+            uploads: g(&self.uploads),
+            upload_drops: g(&self.upload_drops),
+            skipped: g(&self.skipped),
+            chose_fetch: g(&self.chose_fetch),
+            chose_pack: g(&self.chose_pack),
+        }
+    }
+}
+
+/// Describes the metrics on the Prometheus endpoint.
+pub(crate) fn describe() {
+    let c = |name: &'static str, help: &'static str| metrics::describe_counter!(name, help);
+    c(
+        "ctcache_remote_hits_total",
+        "local misses served from the remote",
+    );
+    c(
+        "ctcache_remote_misses_total",
+        "local misses the remote did not have",
+    );
+    c(
+        "ctcache_remote_errors_total",
+        "remote requests that failed or timed out, by phase",
+    );
+    c(
+        "ctcache_remote_rejected_total",
+        "remote entries refused, by reason (bad checksum, bad or missing signature, ...)",
+    );
+    c("ctcache_remote_bytes_in_total", "payload bytes fetched");
+    c("ctcache_remote_bytes_out_total", "payload bytes uploaded");
+    c("ctcache_remote_uploads_total", "entries uploaded");
+    c(
+        "ctcache_remote_upload_drops_total",
+        "uploads dropped: queue full",
+    );
+    c(
+        "ctcache_remote_skipped_total",
+        "local misses not asked: breaker open",
+    );
+    c(
+        "ctcache_remote_decisions_total",
+        "cost-rule choices, by path",
+    );
+    metrics::describe_gauge!("ctcache_remote_upload_queue", "uploads waiting");
+}

@@ -1,0 +1,424 @@
+//! The daemon's side of the fleet tier (`[remote]`): read-through on a
+//! local miss and write-back after a local pack. The remote can only ever
+//! save work: any timeout, error or doubtful byte is a miss with a named
+//! reason, and the pack job goes on to pack locally.
+
+mod costs;
+mod counters;
+mod upload;
+
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ctcache::store::{Entry, EntryKey, Payload, Store};
+use ctcache_remote::client::{Client, PayloadStream, RemoteError};
+use ctcache_remote::config::{RemoteConfig, Settings};
+use ctcache_remote::guard::{Breaker, NegativeCache};
+use ctcache_remote::manifest::{self, Rejected};
+use ctcache_remote::payload::Checked;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+
+pub(crate) use counters::Snapshot;
+
+use costs::Costs;
+use counters::Counters;
+
+/// What the fleet tier shares between the pack jobs and the upload task.
+struct Shared {
+    settings: Settings,
+    client: Client,
+    counters: Counters,
+    /// A failure is logged at warn once until the next success.
+    warned: AtomicBool,
+    /// The last failed request; cleared by an answer.
+    last_error: Mutex<String>,
+}
+
+/// The fleet tier of a running daemon.
+pub(crate) struct Fleet {
+    shared: Arc<Shared>,
+    rt: Handle,
+    guard: Mutex<(Breaker, NegativeCache)>,
+    costs: Mutex<Costs>,
+    uploads: Option<mpsc::Sender<upload::Job>>,
+    last_drop_log: Mutex<Option<Instant>>,
+}
+
+/// What `status` shows of the fleet tier.
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    pub remote: String,
+    pub read: bool,
+    pub write: bool,
+    pub fetch: String,
+    pub breaker: &'static str,
+    pub last_error: String,
+    pub queue_depth: u64,
+    pub queue_capacity: u64,
+    pub counters: Snapshot,
+    /// (format, pack bytes/s) and the remote's bytes/s, as measured.
+    pub pack_rates: Vec<(String, f64)>,
+    pub remote_rate: Option<f64>,
+}
+
+/// Who decides whether a local miss asks the remote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// `fetch` in the config (the cost rule under `auto`).
+    CostRule,
+    /// Always (an explicit `remote pull`).
+    Always,
+}
+
+/// What `push` did with one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    Uploaded(u64),
+    /// The remote has its manifest already.
+    Present,
+    /// Over `max_object_bytes`.
+    TooLarge,
+}
+
+/// Why one fetch did not produce an entry.
+enum Failed {
+    /// The remote does not have it.
+    Absent,
+    Rejected(&'static str, String),
+    Remote(&'static str, RemoteError),
+    Store(String),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Fleet {
+    /// Starts the fleet tier on the runtime `rt` (the upload task runs
+    /// there). Fails on a bad config: the operator asked for a remote.
+    pub fn start(config: RemoteConfig, rt: Handle) -> Result<Fleet, String> {
+        let settings = Settings::new(config)?;
+        let client = Client::new(&settings).map_err(|e| e.to_string())?;
+        counters::describe();
+        let writes = settings.config.write && settings.signing_key.is_some();
+        if settings.config.write && !writes {
+            tracing::warn!("remote: write = true but no signing_key_file: uploads are off");
+        }
+        let capacity = settings.config.upload_queue.max(1);
+        let shared = Arc::new(Shared {
+            settings,
+            client,
+            counters: Counters::default(),
+            warned: AtomicBool::new(false),
+            last_error: Mutex::new(String::new()),
+        });
+        let uploads = writes.then(|| {
+            let (tx, rx) = mpsc::channel(capacity);
+            rt.spawn(upload::run(shared.clone(), rx));
+            tx
+        });
+        tracing::info!(remote = %shared.client.describe, uploads = writes, "fleet tier on");
+        // Say early whether the remote answers; misses fall back either way.
+        let probe = shared.clone();
+        rt.spawn(async move {
+            match probe.client.reachable().await {
+                Ok(()) => tracing::info!("remote reachable"),
+                Err(e) => probe.failed(&format!("remote not reachable: {e}")),
+            }
+        });
+        Ok(Fleet {
+            shared,
+            rt,
+            guard: Mutex::new(Default::default()),
+            costs: Mutex::new(Costs::default()),
+            uploads,
+            last_drop_log: Mutex::new(None),
+        })
+    }
+
+    /// Read-through for a local miss of `key` (format `format`), from a
+    /// blocking thread (a pack job's, or a `remote pull`'s): the entry,
+    /// stored exactly as a local pack would store it, or `None` (then the
+    /// job packs). `ask` says whether the cost rule decides.
+    pub fn fetch(
+        &self,
+        store: &Store,
+        key: &EntryKey,
+        format: &str,
+        ask: Ask,
+        source_names: Vec<String>,
+        model_paths: Vec<String>,
+    ) -> Option<Entry> {
+        let s = &self.shared;
+        if !s.settings.config.read {
+            return None;
+        }
+        if ask == Ask::CostRule {
+            let fetch = lock(&self.costs).should_fetch(s.settings.config.fetch, format);
+            s.counters.chose(fetch);
+            if !fetch {
+                return None;
+            }
+        }
+        {
+            let mut g = lock(&self.guard);
+            let now = Instant::now();
+            if g.1.known_miss(key, now) {
+                s.counters.miss();
+                return None;
+            }
+            if !g.0.allow(now) {
+                s.counters.skipped();
+                return None;
+            }
+        }
+        let started = Instant::now();
+        let got = self.try_fetch(store, key, source_names, model_paths);
+        let mut g = lock(&self.guard);
+        match got {
+            Ok(e) => {
+                g.0.success();
+                s.answered();
+                s.counters.hit(e.payload.len);
+                lock(&self.costs).fetched(e.payload.len, started.elapsed());
+                tracing::debug!(%key, bytes = e.payload.len, "remote hit");
+                Some(e)
+            }
+            Err(Failed::Absent) => {
+                g.0.success();
+                s.answered();
+                g.1.remember(*key, Instant::now());
+                s.counters.miss();
+                None
+            }
+            Err(Failed::Rejected(reason, detail)) => {
+                // The server answered; what it holds is not for us.
+                g.0.success();
+                s.answered();
+                g.1.remember(*key, Instant::now());
+                s.counters.rejected(reason);
+                tracing::warn!(%key, reason, "remote entry rejected: {detail}");
+                None
+            }
+            Err(Failed::Remote(during, e)) => {
+                s.counters.error(during);
+                let opened = g.0.failure(Instant::now());
+                s.failed(&format!("remote {during} of {key} failed: {e}"));
+                if opened {
+                    tracing::warn!(
+                        cooldown_s = ctcache_remote::guard::BREAKER_COOLDOWN.as_secs(),
+                        "remote: too many failures in a row; skipping it for a while"
+                    );
+                }
+                None
+            }
+            Err(Failed::Store(e)) => {
+                s.counters.error("store");
+                tracing::warn!(%key, "storing a fetched entry failed: {e}");
+                None
+            }
+        }
+    }
+
+    fn try_fetch(
+        &self,
+        store: &Store,
+        key: &EntryKey,
+        source_names: Vec<String>,
+        model_paths: Vec<String>,
+    ) -> Result<Entry, Failed> {
+        let s = &self.shared;
+        let bytes = self
+            .rt
+            .block_on(s.client.manifest(key))
+            .map_err(|e| Failed::Remote("manifest", e))?
+            .ok_or(Failed::Absent)?;
+        let max = s.settings.config.max_object_bytes;
+        let accepted = manifest::open(&bytes, &s.settings.trust, key, max)
+            .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))?;
+        let stream = self
+            .rt
+            .block_on(s.client.payload(key, accepted.payload.len))
+            .map_err(|e| match e {
+                RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
+                e => Failed::Remote("payload", e),
+            })?;
+        let new = manifest::new_entry(&accepted, source_names, model_paths);
+        let mut reader = Streamed {
+            rt: &self.rt,
+            stream,
+            chunk: bytes::Bytes::new(),
+            failed: None,
+        };
+        let mut checked = Checked::new(&mut reader, accepted.payload);
+        let put = store.put(&new, &mut checked);
+        if let Some(m) = checked.mismatch() {
+            return Err(Failed::Rejected("bad_checksum", m.to_string()));
+        }
+        if let Some(e) = reader.failed.take() {
+            return Err(Failed::Remote("payload", e));
+        }
+        let stored = put.map_err(|e| Failed::Store(e.to_string()))?;
+        if stored.entry.key != *key {
+            // `open` checked the key the record derives; `put` derived the
+            // same. A difference is a bug, never a hit.
+            return Err(Failed::Store(format!(
+                "stored under {} instead of {key}",
+                stored.entry.key
+            )));
+        }
+        Ok(stored.entry)
+    }
+
+    /// After a local pack: measures it and queues the upload (dropped and
+    /// counted when the queue is full).
+    pub fn packed(
+        &self,
+        store: &Store,
+        entry: &Entry,
+        format: &str,
+        params: Vec<(String, String)>,
+    ) {
+        lock(&self.costs).packed(format, entry.payload.len, entry.pack_duration);
+        let Some(tx) = &self.uploads else { return };
+        let payload: Payload = match store.open_payload(&entry.key) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(key = %entry.key, "upload skipped: {e}");
+                return;
+            }
+        };
+        let job = upload::Job {
+            entry: entry.clone(),
+            params: params.into_iter().collect(),
+            payload,
+        };
+        match tx.try_send(job) {
+            Ok(()) => {
+                metrics::gauge!("ctcache_remote_upload_queue").set(self.queue_depth() as f64);
+            }
+            Err(_) => {
+                self.shared.counters.dropped();
+                let mut last = lock(&self.last_drop_log);
+                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    *last = Some(Instant::now());
+                    tracing::warn!(
+                        capacity = self.shared.settings.config.upload_queue,
+                        "remote upload queue full: dropping uploads (counted)"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Uploads `entry` now, from a blocking thread (`remote push`), unless
+    /// the remote has its manifest already.
+    pub fn push(&self, store: &Store, entry: &Entry) -> Result<Pushed, String> {
+        let s = &self.shared;
+        if s.settings.signing_key.is_none() {
+            return Err("no signing_key_file: this host does not upload".into());
+        }
+        if !s.settings.config.write {
+            return Err("write = false in [remote]".into());
+        }
+        let present = self.rt.block_on(s.client.manifest(&entry.key));
+        if present.map_err(|e| e.to_string())?.is_some() {
+            return Ok(Pushed::Present);
+        }
+        let job = upload::Job {
+            entry: entry.clone(),
+            params: Default::default(),
+            payload: store.open_payload(&entry.key).map_err(|e| e.to_string())?,
+        };
+        match self.rt.block_on(upload::upload(s, job)) {
+            Ok(Some(bytes)) => {
+                s.answered();
+                s.counters.uploaded(bytes);
+                Ok(Pushed::Uploaded(bytes))
+            }
+            Ok(None) => Ok(Pushed::TooLarge),
+            Err(e) => {
+                s.counters.error("upload");
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn queue_depth(&self) -> u64 {
+        self.uploads
+            .as_ref()
+            .map_or(0, |tx| (tx.max_capacity() - tx.capacity()) as u64)
+    }
+
+    pub fn report(&self) -> Report {
+        let c = &self.shared.settings.config;
+        let breaker = lock(&self.guard).0.state(Instant::now());
+        let (pack_rates, remote_rate) = lock(&self.costs).rates();
+        Report {
+            remote: self.shared.client.describe.clone(),
+            read: c.read,
+            write: self.uploads.is_some(),
+            fetch: format!("{:?}", c.fetch).to_lowercase(),
+            breaker: breaker.name(),
+            last_error: lock(&self.shared.last_error).clone(),
+            queue_depth: self.queue_depth(),
+            queue_capacity: self
+                .uploads
+                .as_ref()
+                .map_or(0, |tx| tx.max_capacity() as u64),
+            counters: self.shared.counters.snapshot(),
+            pack_rates,
+            remote_rate,
+        }
+    }
+}
+
+impl Shared {
+    /// A request failed: logged at warn the first time after an answer.
+    fn failed(&self, msg: &str) {
+        *lock(&self.last_error) = msg.to_string();
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!("{msg} (packing locally; further failures are logged at debug)");
+        } else {
+            tracing::debug!("{msg}");
+        }
+    }
+
+    /// The remote answered.
+    fn answered(&self) {
+        self.warned.store(false, Ordering::Relaxed);
+        lock(&self.last_error).clear();
+    }
+}
+
+/// The payload stream as a blocking reader (for `Store::put`, on a pack
+/// job's thread, never an async one). A transport failure is kept apart
+/// from the bytes' check.
+struct Streamed<'a> {
+    rt: &'a Handle,
+    stream: PayloadStream,
+    chunk: bytes::Bytes,
+    failed: Option<RemoteError>,
+}
+
+impl Read for Streamed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rt.block_on(self.stream.next()) {
+                None => return Ok(0),
+                Some(Ok(c)) => self.chunk = c,
+                Some(Err(e)) => {
+                    let msg = e.to_string();
+                    self.failed = Some(e);
+                    return Err(io::Error::other(msg));
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
+}

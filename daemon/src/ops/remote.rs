@@ -1,0 +1,110 @@
+//! The fleet tier's explicit transfers: `remote pull` (fetch every wanted
+//! entry of a model the store lacks, packing nothing) and `remote push`
+//! (upload local entries the remote lacks).
+
+use super::{model, pack, Error, Result};
+use crate::caller::Caller;
+use crate::fleet::{Ask, Fleet, Pushed};
+use crate::state::Daemon;
+
+/// What a pull or push did, entry by entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Transfer {
+    /// Fetched (pull) or uploaded (push) now.
+    pub done: u32,
+    /// Already on the receiving side.
+    pub present: u32,
+    /// Not on the sending side, or refused (pull: no manifest, rejected,
+    /// failed; push: too large).
+    pub missing: u32,
+    /// Push: uploads that failed.
+    pub failed: u32,
+    pub bytes: u64,
+    /// The first failure, for people.
+    pub first_error: String,
+}
+
+fn fleet(d: &Daemon) -> Result<&Fleet> {
+    d.fleet
+        .as_ref()
+        .ok_or_else(|| Error::precondition("no [remote] in the daemon's config"))
+}
+
+/// The RemotePull use case.
+pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Transfer> {
+    let f = fleet(d)?;
+    tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
+    let m = model::open(d, model_path, caller)?;
+    let sel = model::wanted(d, &m.model, &[], &[])?;
+    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    let path = m.path.display().to_string();
+    let mut t = Transfer::default();
+    for w in &sel.wanted {
+        let (Some(tensor), Some(packer)) = (
+            tensors.iter().find(|t| t.name == w.initializer),
+            ctcache_kernels::find(&w.format),
+        ) else {
+            continue;
+        };
+        let Some(key) = pack::expected_key(&digests[&tensor.name], tensor, packer, &w.params)
+        else {
+            t.missing += 1;
+            continue;
+        };
+        if d.store.stat(&key)?.is_some() {
+            t.present += 1;
+            continue;
+        }
+        let names = vec![tensor.name.clone()];
+        match f.fetch(
+            &d.store,
+            &key,
+            packer.id(),
+            Ask::Always,
+            names,
+            vec![path.clone()],
+        ) {
+            Some(e) => {
+                t.done += 1;
+                t.bytes += e.payload.len;
+            }
+            None => t.missing += 1,
+        }
+    }
+    Ok(t)
+}
+
+/// The RemotePush use case: every local entry, or those packed from
+/// `model_path` (as the entries record it). Trusted callers only: it
+/// writes to the fleet's bucket.
+pub(crate) fn push(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Transfer> {
+    caller.require_trusted("remote push")?;
+    let f = fleet(d)?;
+    // Entries record the real path the daemon opened.
+    let model_path = match model_path {
+        "" => String::new(),
+        p => std::fs::canonicalize(p).map_or_else(|_| p.to_string(), |r| r.display().to_string()),
+    };
+    let entries = d.store.list(&Default::default())?;
+    let mut t = Transfer::default();
+    for e in entries
+        .iter()
+        .filter(|e| model_path.is_empty() || e.model_paths.contains(&model_path))
+    {
+        match f.push(&d.store, e) {
+            Ok(Pushed::Uploaded(b)) => {
+                t.done += 1;
+                t.bytes += b;
+            }
+            Ok(Pushed::Present) => t.present += 1,
+            Ok(Pushed::TooLarge) => t.missing += 1,
+            Err(msg) => {
+                t.failed += 1;
+                if t.first_error.is_empty() {
+                    t.first_error = format!("{}: {msg}", e.key);
+                }
+            }
+        }
+    }
+    Ok(t)
+}

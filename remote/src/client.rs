@@ -1,0 +1,194 @@
+//! The object store client: reads and writes the two objects of an entry
+//! under a short deadline (a load path cannot wait out object_store's
+//! default ten retries over three minutes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ctcache::store::EntryKey;
+use futures_util::stream::{BoxStream, StreamExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+    WriteMultipart,
+};
+
+use crate::config::Settings;
+use crate::layout;
+use crate::manifest::MAX_MANIFEST_BYTES;
+
+/// Payloads above this go up in parts.
+const MULTIPART_ABOVE: usize = 32 << 20;
+const PART_BYTES: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("the remote did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Store(#[from] object_store::Error),
+    #[error("object {path} has {len} bytes, expected {want}")]
+    Size {
+        path: String,
+        len: u64,
+        want: String,
+    },
+    #[error("remote config: {0}")]
+    Config(String),
+}
+
+/// One bucket prefix on an S3-compatible server.
+pub struct Client {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    timeout: Duration,
+    /// Where it is, for status.
+    pub describe: String,
+}
+
+/// A payload being downloaded: its chunks, each due within the timeout.
+pub struct PayloadStream {
+    inner: BoxStream<'static, object_store::Result<Bytes>>,
+    timeout: Duration,
+}
+
+impl PayloadStream {
+    /// The next chunk; `None` at the end.
+    pub async fn next(&mut self) -> Option<Result<Bytes, RemoteError>> {
+        match tokio::time::timeout(self.timeout, self.inner.next()).await {
+            Err(_) => Some(Err(RemoteError::Timeout(self.timeout))),
+            Ok(c) => c.map(|r| r.map_err(RemoteError::from)),
+        }
+    }
+}
+
+impl Client {
+    /// A client for `s`; credentials come from the standard AWS environment.
+    pub fn new(s: &Settings) -> Result<Client, RemoteError> {
+        let t = s.timeout();
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&s.location.bucket)
+            .with_allow_http(s.config.allow_http)
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig {
+                    init_backoff: Duration::from_millis(50),
+                    max_backoff: t / 4,
+                    base: 2.0,
+                },
+                max_retries: 1,
+                retry_timeout: t,
+            })
+            // Whole-request timeouts would cut long payload streams: each
+            // call below bounds the wait for an answer, and each chunk.
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(t)
+                    .with_timeout_disabled()
+                    .with_allow_http(s.config.allow_http),
+            );
+        if !s.config.endpoint.is_empty() {
+            b = b.with_endpoint(&s.config.endpoint);
+        }
+        if !s.config.region.is_empty() {
+            b = b.with_region(&s.config.region);
+        }
+        let store = b.build().map_err(|e| RemoteError::Config(e.to_string()))?;
+        let endpoint = if s.config.endpoint.is_empty() {
+            "aws"
+        } else {
+            &s.config.endpoint
+        };
+        Ok(Client {
+            store: Arc::new(store),
+            prefix: s.location.prefix.clone(),
+            timeout: t,
+            describe: format!("{} at {endpoint}", s.config.url),
+        })
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> Result<T, RemoteError> {
+        tokio::time::timeout(self.timeout, f)
+            .await
+            .map_err(|_| RemoteError::Timeout(self.timeout))?
+            .map_err(RemoteError::from)
+    }
+
+    /// The manifest of `key`; `None` when there is none.
+    pub async fn manifest(&self, key: &EntryKey) -> Result<Option<Bytes>, RemoteError> {
+        let path = Path::from(layout::objects(&self.prefix, key).manifest);
+        let got = match self.bounded(self.store.get(&path)).await {
+            Err(RemoteError::Store(object_store::Error::NotFound { .. })) => return Ok(None),
+            r => r?,
+        };
+        if got.meta.size > MAX_MANIFEST_BYTES {
+            return Err(RemoteError::Size {
+                path: path.to_string(),
+                len: got.meta.size,
+                want: format!("at most {MAX_MANIFEST_BYTES}"),
+            });
+        }
+        self.bounded(got.bytes()).await.map(Some)
+    }
+
+    /// Starts reading the payload of `key`, which must be `len` bytes.
+    pub async fn payload(&self, key: &EntryKey, len: u64) -> Result<PayloadStream, RemoteError> {
+        let path = Path::from(layout::objects(&self.prefix, key).payload);
+        let got = self.bounded(self.store.get(&path)).await?;
+        if got.meta.size != len {
+            return Err(RemoteError::Size {
+                path: path.to_string(),
+                len: got.meta.size,
+                want: len.to_string(),
+            });
+        }
+        Ok(PayloadStream {
+            inner: got.into_stream(),
+            timeout: self.timeout,
+        })
+    }
+
+    /// Uploads the payload of `key` (in parts when large). Each part's
+    /// request gets the timeout; the upload as a whole is the caller's.
+    pub async fn put_payload(&self, key: &EntryKey, data: Bytes) -> Result<(), RemoteError> {
+        let path = Path::from(layout::objects(&self.prefix, key).payload);
+        if data.len() <= MULTIPART_ABOVE {
+            self.bounded(self.store.put(&path, PutPayload::from_bytes(data)))
+                .await?;
+            return Ok(());
+        }
+        let upload = self.bounded(self.store.put_multipart(&path)).await?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        for part in data.chunks(PART_BYTES) {
+            self.bounded(w.wait_for_capacity(4)).await?;
+            w.write(part);
+        }
+        w.finish().await?;
+        Ok(())
+    }
+
+    /// Uploads a manifest: the commit point of its entry.
+    pub async fn put_manifest(&self, key: &EntryKey, manifest: Vec<u8>) -> Result<(), RemoteError> {
+        let path = Path::from(layout::objects(&self.prefix, key).manifest);
+        self.bounded(self.store.put(&path, PutPayload::from(manifest)))
+            .await?;
+        Ok(())
+    }
+
+    /// Whether the bucket answers (a missing object is an answer).
+    pub async fn reachable(&self) -> Result<(), RemoteError> {
+        let probe = Path::from(if self.prefix.is_empty() {
+            format!("{}/.probe", layout::LAYOUT)
+        } else {
+            format!("{}/{}/.probe", self.prefix, layout::LAYOUT)
+        });
+        match self.bounded(self.store.head(&probe)).await {
+            Ok(_) | Err(RemoteError::Store(object_store::Error::NotFound { .. })) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

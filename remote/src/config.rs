@@ -1,0 +1,192 @@
+//! The `[remote]` section of the daemon's config, and its checked form.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::keys::{PublicKey, SecretKey};
+use crate::manifest::Trust;
+
+/// When a local miss asks the remote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FetchMode {
+    /// The cost rule: fetch when the measured remote throughput beats the
+    /// measured packer throughput for the entry's format (fetch until both
+    /// are measured).
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+/// `[remote]`: the fleet tier on S3-compatible object storage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteConfig {
+    /// `s3://bucket/prefix` (the prefix may be empty).
+    pub url: String,
+    /// The S3 endpoint (`http://127.0.0.1:9000` for a local server); empty:
+    /// AWS, or `AWS_ENDPOINT` from the environment.
+    pub endpoint: String,
+    /// Empty: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: String,
+    /// Allow plain HTTP endpoints (local servers only).
+    pub allow_http: bool,
+    /// Fetch on a local miss.
+    pub read: bool,
+    /// Upload what this host packs.
+    pub write: bool,
+    /// Each request's limit until its answer starts, and the longest stall
+    /// while a payload streams, ms; at most one retry within it.
+    pub timeout_ms: u64,
+    /// Upload jobs queued at most; more are dropped and counted.
+    pub upload_queue: usize,
+    /// Largest payload fetched or uploaded, bytes.
+    pub max_object_bytes: u64,
+    /// Ed25519 key (`ctcachectl remote keygen`) that signs uploads; without
+    /// one this host does not upload.
+    pub signing_key_file: Option<PathBuf>,
+    /// Public keys (`name:base64`) whose manifests this host accepts; its
+    /// own signing key is always trusted.
+    pub trusted_keys: Vec<String>,
+    pub fetch: FetchMode,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        RemoteConfig {
+            url: String::new(),
+            endpoint: String::new(),
+            region: String::new(),
+            allow_http: false,
+            read: true,
+            write: true,
+            timeout_ms: 3000,
+            upload_queue: 256,
+            max_object_bytes: 4 << 30,
+            signing_key_file: None,
+            trusted_keys: Vec::new(),
+            fetch: FetchMode::Auto,
+        }
+    }
+}
+
+/// A bucket and the prefix inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub bucket: String,
+    /// No leading or trailing `/`.
+    pub prefix: String,
+}
+
+/// Parses `s3://bucket[/prefix]`.
+pub fn parse_url(url: &str) -> Result<Location, String> {
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| format!("{url:?}: expected s3://bucket/prefix"))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let valid_bucket = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if !valid_bucket {
+        return Err(format!(
+            "{url:?}: bucket {bucket:?} is not a valid S3 bucket name"
+        ));
+    }
+    let prefix = prefix.trim_matches('/');
+    if prefix.split('/').any(|p| p == "." || p == "..") || prefix.contains("//") {
+        return Err(format!(
+            "{url:?}: the prefix has an empty, '.' or '..' part"
+        ));
+    }
+    Ok(Location {
+        bucket: bucket.to_string(),
+        prefix: prefix.to_string(),
+    })
+}
+
+/// The config, checked: location parsed, keys loaded.
+pub struct Settings {
+    pub config: RemoteConfig,
+    pub location: Location,
+    pub signing_key: Option<SecretKey>,
+    pub trust: Trust,
+}
+
+impl Settings {
+    pub fn new(config: RemoteConfig) -> Result<Settings, String> {
+        let location = parse_url(&config.url)?;
+        if config.timeout_ms == 0 {
+            return Err("timeout_ms must be above 0".into());
+        }
+        let signing_key = match &config.signing_key_file {
+            Some(p) => Some(SecretKey::load(p).map_err(|e| format!("signing_key_file: {e}"))?),
+            None => None,
+        };
+        let mut keys = config
+            .trusted_keys
+            .iter()
+            .map(|t| PublicKey::parse(t).map_err(|e| format!("trusted_keys: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        keys.extend(signing_key.as_ref().map(SecretKey::public));
+        Ok(Settings {
+            config,
+            location,
+            signing_key,
+            trust: Trust::new(keys),
+        })
+    }
+
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let l = parse_url("s3://ctc-bucket/fleet/a/").unwrap();
+        assert_eq!(
+            (l.bucket.as_str(), l.prefix.as_str()),
+            ("ctc-bucket", "fleet/a")
+        );
+        assert_eq!(parse_url("s3://abc").unwrap().prefix, "");
+        for bad in [
+            "http://b/p",
+            "s3://",
+            "s3://B_ucket/x",
+            "s3://abc/x/../y",
+            "s3://abc/x//y",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_trust_their_own_key_and_refuse_bad_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let k = SecretKey::generate("me").unwrap();
+        let (s, p) = (d.path().join("s"), d.path().join("p"));
+        k.write_pair(&s, &p).unwrap();
+        let cfg = RemoteConfig {
+            url: "s3://bucket/x".into(),
+            signing_key_file: Some(s),
+            ..Default::default()
+        };
+        let st = Settings::new(cfg.clone()).unwrap();
+        assert!(!st.trust.is_empty());
+        let bad = RemoteConfig {
+            trusted_keys: vec!["nope".into()],
+            ..cfg
+        };
+        let err = Settings::new(bad)
+            .err()
+            .expect("a bad trusted key is refused");
+        assert!(err.contains("trusted_keys"), "{err}");
+    }
+}

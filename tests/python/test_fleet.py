@@ -1,0 +1,402 @@
+"""The fleet tier against a local S3 server (moto, started here on 127.0.0.1).
+
+* Two daemons with separate caches share a bucket: A packs a model and uploads
+  it; B resolves it with zero local packs (its metrics show remote hits and no
+  pack job) and its payload bytes equal A's.
+* A corrupted payload object, a manifest signed by an untrusted key and an
+  unsigned one are all rejected (counted by reason) and B packs locally, with
+  the same bytes.
+* With the server stopped, B's resolve with ``--on-miss wait`` finishes within
+  the remote deadline plus the time a host without a remote takes to pack.
+* With a server that never answers and a one-place upload queue, uploads are
+  dropped and counted and every request still succeeds. (That memory stays
+  flat is by construction, a queue of metadata and mappings; not measured.)
+
+Skips when the binaries are not built or moto is not installed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from e2e.harness import Daemon, ctl
+from test_first_run import make_model  # a 512 x 256 FLOAT MatMul weight
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto")
+
+BUCKET = "ctc-fleet"
+TIMEOUT_MS = 1500
+FORMATS = 2  # the default policy: gemm.pack_b.f32 and ort.matmul_nbits
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """``moto_server`` on a free loopback port."""
+
+    def __init__(self, root: Path):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = root / "moto.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "S3Server":
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto did not start: {self.log.read_text(errors='replace')[-3000:]}")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def client(self):
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="test", aws_secret_access_key="test")
+
+
+@pytest.fixture
+def root():
+    r = Path(tempfile.mkdtemp(prefix="ctc-fleet-"))  # short: sockets live under it
+    yield r
+    shutil.rmtree(r, ignore_errors=True)
+
+
+@pytest.fixture
+def s3(root, monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                 "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    server = S3Server(root).start()
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    server.stop()
+
+
+def keygen(name: str, dir_: Path) -> str:
+    """A key pair in ``dir_``; returns the public key line."""
+    r = ctl("remote", "keygen", name, "--dir", str(dir_))
+    assert r.returncode == 0, r.describe()
+    return (dir_ / f"{name}.pub").read_text().strip()
+
+
+def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", sign: str | None = None,
+                 trust: list[str] = (), write: bool = True, metrics: bool = True) -> Daemon:
+    d = Daemon(root / name)
+    lines = ["[remote]", f'url = "s3://{BUCKET}/{prefix}"', f'endpoint = "{s3.endpoint}"',
+             "allow_http = true", f"timeout_ms = {TIMEOUT_MS}", f"write = {str(write).lower()}",
+             'fetch = "always"']
+    if sign:
+        lines.append(f'signing_key_file = "{root / (sign + ".secret")}"')
+    lines.append("trusted_keys = [" + ", ".join(f'"{t}"' for t in trust) + "]")
+    top = []
+    if metrics:
+        d.metrics = f"127.0.0.1:{free_port()}"
+        top.append(f'metrics_addr = "{d.metrics}"')
+    (d.root / "ctcached.toml").write_text("\n".join(top + lines) + "\n")
+    return d.start()
+
+
+def plain_daemon(root: Path, name: str) -> Daemon:
+    return Daemon(root / name).start()
+
+
+def remote_status(d: Daemon) -> dict:
+    return d.json("remote", "status")
+
+
+def wait_uploads(d: Daemon, n: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = remote_status(d)
+        if st["uploads"] >= n:
+            return st
+        if time.monotonic() > deadline:
+            pytest.fail(f"{n} uploads not done in {timeout} s: {st}\n{d.log_text()}")
+        time.sleep(0.1)
+
+
+def scrape(d: Daemon) -> str:
+    with urllib.request.urlopen(f"http://{d.metrics}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric_sum(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+([0-9.eE+-]+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
+def resolve_wait(d: Daemon, model: Path) -> float:
+    t0 = time.monotonic()
+    r = d.ctl("resolve", str(model), "--on-miss", "wait", timeout=300)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.describe() + d.log_text()
+    return took
+
+
+def payloads(d: Daemon) -> dict[str, bytes]:
+    """{entry key: payload bytes} of a daemon's store."""
+    return {k: Path(e["payload_path"]).read_bytes() for k, e in d.entries().items()}
+
+
+@pytest.fixture
+def shared(root, s3):
+    """A packed and uploaded the model; returns (A's payloads, model, trusted line)."""
+    model = make_model(root / "model.onnx")
+    pub_a = keygen("a", root)
+    a = fleet_daemon(root, "a", s3, sign="a")
+    try:
+        resolve_wait(a, model)
+        wait_uploads(a, FORMATS)
+        packed = payloads(a)
+        assert len(packed) == FORMATS
+        assert metric_sum(scrape(a), "ctcache_pack_jobs_total") == FORMATS
+    finally:
+        a.stop()
+    return packed, model, pub_a
+
+
+def test_a_second_host_fetches_what_the_first_packed(root, s3, shared):
+    packed, model, pub_a = shared
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False)
+    try:
+        resolve_wait(b, model)
+        assert payloads(b) == packed
+        st = remote_status(b)
+        assert (st["hits"], st["rejected"], st["errors"]) == (FORMATS, 0, 0), st
+        assert st["bytes_in"] == sum(len(v) for v in packed.values())
+        m = scrape(b)
+        assert metric_sum(m, "ctcache_remote_hits_total") == FORMATS
+        assert metric_sum(m, "ctcache_pack_jobs_total") == 0, "B packed locally"
+    finally:
+        b.stop()
+
+
+def objects(s3: S3Server, prefix: str, leaf: str) -> list[str]:
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
+            .get("Contents", [])]
+    return sorted(k for k in keys if k.endswith("/" + leaf))
+
+
+def unsigned(manifest: bytes) -> bytes:
+    """The manifest with its signature field (2) removed: field 1 re-encoded alone."""
+    assert manifest[0] == 0x0A  # field 1, length-delimited
+    n, shift, i = 0, 0, 1
+    while True:
+        b = manifest[i]
+        n |= (b & 0x7F) << shift
+        i += 1
+        shift += 7
+        if b < 0x80:
+            break
+    return manifest[:i + n]
+
+
+def corrupt_payloads(s3: S3Server):
+    c = s3.client()
+    for k in objects(s3, "fleet", "payload"):
+        body = bytearray(c.get_object(Bucket=BUCKET, Key=k)["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        c.put_object(Bucket=BUCKET, Key=k, Body=bytes(body))
+
+
+def strip_signatures(s3: S3Server):
+    c = s3.client()
+    for k in objects(s3, "fleet", "manifest"):
+        body = c.get_object(Bucket=BUCKET, Key=k)["Body"].read()
+        c.put_object(Bucket=BUCKET, Key=k, Body=unsigned(body))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("corrupt_payload", "bad_checksum"),
+    ("untrusted_key", "untrusted_key"),
+    ("unsigned", "unsigned"),
+])
+def test_entries_that_fail_the_checks_are_rejected_and_packed_locally(root, s3, shared, damage, reason):
+    packed, model, pub_a = shared
+    if damage == "corrupt_payload":
+        corrupt_payloads(s3)
+    elif damage == "unsigned":
+        strip_signatures(s3)
+    else:
+        # Host C signs with a key B does not trust; its manifests replace A's.
+        keygen("c", root)
+        c = fleet_daemon(root, "c", s3, prefix="other", sign="c", metrics=False)
+        try:
+            resolve_wait(c, model)
+            wait_uploads(c, FORMATS)
+        finally:
+            c.stop()
+        cl = s3.client()
+        for k in objects(s3, "other", "manifest"):
+            cl.copy_object(Bucket=BUCKET, Key="fleet/" + k[len("other/"):],
+                           CopySource={"Bucket": BUCKET, "Key": k})
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False)
+    try:
+        resolve_wait(b, model)
+        assert payloads(b) == packed, "B's local packs equal A's"
+        st = remote_status(b)
+        assert (st["hits"], st["rejected"]) == (0, FORMATS), st
+        m = scrape(b)
+        assert metric_sum(m, "ctcache_pack_jobs_total") == FORMATS
+        assert re.search(rf'ctcache_remote_rejected_total\{{reason="{reason}"\}} {FORMATS}', m), m
+        # Nothing of the rejected bytes stayed behind in B's store.
+        blobs = [p for p in (b.cache / "blobs").rglob("*") if p.is_file()]
+        assert len(blobs) == FORMATS
+    finally:
+        b.stop()
+
+
+def test_a_stopped_server_costs_at_most_the_deadline(root, s3):
+    model = make_model(root / "model.onnx")
+    local = plain_daemon(root, "local")
+    try:
+        pack_s = resolve_wait(local, model)
+        packed = payloads(local)
+    finally:
+        local.stop()
+    s3.stop()
+    b = fleet_daemon(root, "b", s3, write=False)
+    try:
+        took = resolve_wait(b, model)
+        assert payloads(b) == packed
+        st = remote_status(b)
+        assert st["hits"] == 0 and st["errors"] + st["skipped"] >= 1, st
+        # One retry at most within the deadline, per entry; slack for a busy CI host.
+        bound = pack_s + FORMATS * 2 * TIMEOUT_MS / 1000 + 5
+        assert took <= bound, f"resolve took {took:.1f} s with the remote down (bound {bound:.1f} s)"
+    finally:
+        b.stop()
+
+
+class Blackhole:
+    """A TCP server that accepts connections and never answers: a hung remote."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self):
+        self.sock.close()
+
+
+def chain_model(path: Path, n: int) -> Path:
+    """``n`` MatMuls in a row, each with its own 256 x 256 FLOAT weight."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32), f"W{i}")
+             for i in range(n)]
+    nodes = [helper.make_node("MatMul", ["X" if i == 0 else f"H{i}", f"W{i}"], [f"H{i + 1}"], name=f"mm{i}")
+             for i in range(n)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 256])],
+                          [helper.make_tensor_value_info(f"H{n}", TensorProto.FLOAT, [1, 256])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    save(m, str(path))
+    return path
+
+
+def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                 "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    hole = Blackhole()
+    weights = 8
+    model = chain_model(root / "chain.onnx", weights)
+    keygen("a", root)
+    d = Daemon(root / "a")
+    (d.root / "ctcached.toml").write_text("\n".join([
+        "[remote]", f'url = "s3://{BUCKET}/fleet"', f'endpoint = "{hole.endpoint}"', "allow_http = true",
+        f"timeout_ms = {TIMEOUT_MS}", "upload_queue = 1", 'fetch = "never"',
+        f'signing_key_file = "{root / "a.secret"}"']) + "\n")
+    d.start()
+    try:
+        resolve_wait(d, model)
+        assert len(d.entries()) == weights * FORMATS
+        st = remote_status(d)
+        # Each entry was dropped, failed on the hung server, is queued, or is
+        # the one upload in flight; with one place in the queue most are dropped.
+        total = weights * FORMATS
+        settled = st["upload_drops"] + st["errors"] + st["queue_depth"]
+        assert total - 1 <= settled <= total, st
+        assert st["upload_drops"] >= 1, st
+        assert st["uploads"] == 0 and st["queue_capacity"] == 1, st
+        assert st["chose_pack"] == weights * FORMATS and st["hits"] == 0, st
+    finally:
+        d.stop()
+        hole.close()
+
+
+def test_push_then_pull(root, s3):
+    """``remote push`` uploads what A packed with uploads off; ``remote pull`` fetches it into B without packing."""
+    model = make_model(root / "model.onnx")
+    pub_a = keygen("a", root)
+    a = fleet_daemon(root, "a", s3, sign="a", write=False)
+    try:
+        resolve_wait(a, model)
+        assert remote_status(a)["uploads"] == 0
+        # write = false: push refuses, naming why.
+        r = a.ctl("remote", "push", "--model", str(model), "--json")
+        assert r.returncode == 1 and "write = false" in r.stderr, r.describe()
+    finally:
+        a.stop()
+    text = (a.root / "ctcached.toml").read_text().replace("write = false", "write = true")
+    (a.root / "ctcached.toml").write_text(text)
+    a.start()
+    try:
+        pushed = a.json("remote", "push", "--model", str(model))
+        assert (pushed["done"], pushed["present"], pushed["failed"]) == (FORMATS, 0, 0), pushed
+        again = a.json("remote", "push")
+        assert (again["done"], again["present"]) == (0, FORMATS), again
+        packed = payloads(a)
+    finally:
+        a.stop()
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False)
+    try:
+        pulled = b.json("remote", "pull", str(model))
+        assert (pulled["done"], pulled["missing"]) == (FORMATS, 0), pulled
+        assert pulled["bytes"] == sum(len(v) for v in packed.values())
+        assert payloads(b) == packed
+        assert b.json("remote", "pull", str(model))["present"] == FORMATS
+        assert metric_sum(scrape(b), "ctcache_pack_jobs_total") == 0
+    finally:
+        b.stop()
