@@ -54,7 +54,7 @@ use std::io::{ErrorKind, Read};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 use prost::Message;
@@ -65,7 +65,7 @@ pub use gc::{GcItem, GcPolicy, GcReason, GcReport, GcTarget};
 pub use index::{Expect, Index, Op, Precondition, Tree};
 pub use key::{source_prefix, EntryKey, KEY_LEN, SOURCE_PREFIX_LEN};
 pub use layout::LAYOUT_VERSION;
-pub use lease::{Lease, LeaseId};
+pub use lease::{Lease, LeaseAuthority, LeaseId};
 pub use lookup::{Accept, Filter, Hit, HostFilter};
 pub use options::{Clock, StoreOptions, WriteFault};
 pub use stats::{Stats, Usage};
@@ -130,7 +130,8 @@ pub struct Store {
     index: Box<dyn Index>,
     opts: StoreOptions,
     stripes: blobs::Stripes,
-    gate: Mutex<()>,
+    /// The lease gate, holding the in-memory book of live leases.
+    gate: Mutex<lease::Book>,
     access: access::AccessLog,
     counters: Counters,
     cache: cache::LookupCache,
@@ -177,7 +178,7 @@ impl Store {
             paths,
             index: Box::new(index),
             stripes: blobs::Stripes::new(),
-            gate: Mutex::new(()),
+            gate: Mutex::new(lease::Book::default()),
             access: access::AccessLog::new(now),
             counters: Counters::default(),
             cache: cache::LookupCache::new(opts.lookup_cache_sources),
@@ -208,10 +209,6 @@ impl Store {
 
     pub(crate) fn now(&self) -> u64 {
         self.opts.clock.now_ms()
-    }
-
-    fn lease_gate(&self) -> MutexGuard<'_, ()> {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stores a payload streamed from `payload` under the key `new` derives.
@@ -337,9 +334,8 @@ impl Store {
     /// refuses a leased entry. Returns whether it existed.
     pub fn remove(&self, key: &EntryKey) -> StoreResult<bool> {
         let kb = key.to_bytes();
-        let gate = self.lease_gate();
-        let (live, _) = lease::scan(&*self.index, self.now())?;
-        if let Some(&until_ms) = live.get(&kb) {
+        let gate = self.lease_gate()?;
+        if let Some(until_ms) = gate.leased_until(&kb) {
             return Err(StoreError::Leased {
                 key: *key,
                 until_ms,
@@ -543,7 +539,12 @@ impl Store {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(damaged("the payload file is missing".into()))
+                // Collected since the record was read: files go only after
+                // their last entry is gone (and that is durable).
+                if self.index.get(Tree::Entries, &kb)?.is_none() {
+                    return Err(StoreError::NotFound(*key));
+                }
+                return Err(damaged("the payload file is missing".into()));
             }
             Err(e) => return Err(StoreError::io("open", &path, e)),
         };
