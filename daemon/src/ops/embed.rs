@@ -51,7 +51,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             &m.path,
             &m.model,
             &sel.wanted,
-            Priority::Client,
+            (c2.queue_owner(), Priority::Client),
             BackendRequest::Auto,
         )?;
         Ok((m, jobs))

@@ -42,14 +42,21 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
             "model_path {path:?} must be absolute"
         )));
     }
-    let canonical = p
-        .canonicalize()
-        .map_err(|e| Error::not_found(format!("{path}: {e}")))?;
-    if !d.watcher.covers(&canonical) && !caller.may_read(&canonical) {
-        return Err(Error::denied(format!(
-            "{path}: outside the watched folders and not readable by {}",
+    // To anyone but root and the daemon's user, a missing model and one they
+    // may not read get the same answer: no probing for other users' files.
+    let hidden = || {
+        Error::denied(format!(
+            "{path}: not found, or outside the watched folders and not readable by {}",
             caller.describe()
-        )));
+        ))
+    };
+    let canonical = match p.canonicalize() {
+        Ok(c) => c,
+        Err(e) if caller.is_self_or_root() => return Err(Error::not_found(format!("{path}: {e}"))),
+        Err(_) => return Err(hidden()),
+    };
+    if !d.watcher.covers(&canonical) && !caller.may_read(&canonical) {
+        return Err(hidden());
     }
     let model = Model::open(&canonical)?;
     Ok(OpenedModel {
@@ -124,12 +131,37 @@ fn explicit(model: &Model, formats: &[FormatRequest]) -> Result<Selection> {
 }
 
 /// The model's initializers and their blake3 digests, through the memo.
+/// A model with an initializer over `max_tensor_bytes` is refused before
+/// any of its data is read.
 pub(crate) fn digests(
     d: &Daemon,
     path: &Path,
     model: &Model,
 ) -> Result<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
     let tensors = model.initializers()?;
+    check_sizes(&tensors, d.config.max_tensor_bytes)?;
     let (digests, _) = d.memo.digests(path, model, &tensors)?;
     Ok((tensors, digests))
+}
+
+/// Refuses initializers whose declared data exceeds `max` bytes (a sparse
+/// external-data file can declare terabytes it never stored).
+fn check_sizes(tensors: &[TensorRef], max: u64) -> Result<()> {
+    for t in tensors {
+        // Variable-width (string) data is bounded by the model file itself.
+        if t.data_type.bit_width().is_none() {
+            continue;
+        }
+        match t.raw_size() {
+            Some(n) if n <= max => {}
+            n => {
+                let size = n.map_or("more than 2^64".into(), |n| n.to_string());
+                return Err(Error::exhausted(format!(
+                    "initializer {:?} declares {size} bytes of data, over max_tensor_bytes ({max}): the daemon does not read it",
+                    t.name
+                )));
+            }
+        }
+    }
+    Ok(())
 }

@@ -180,7 +180,7 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
         &m.path,
         &m.model,
         &missing,
-        priority,
+        (caller.queue_owner(), priority),
         BackendRequest::Auto,
     )?;
     res.jobs_started = jobs.len() as u64;

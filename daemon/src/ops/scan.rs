@@ -145,7 +145,7 @@ fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> Result<()> {
         &canonical,
         &model,
         &sel.wanted,
-        Priority::Watcher,
+        (None, Priority::Watcher),
         BackendRequest::Auto,
     )?;
     d.events.emit(

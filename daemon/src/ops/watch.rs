@@ -12,18 +12,27 @@ use crate::watcher::Owner;
 /// Watches `dir` for the caller; returns the watched folders.
 pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf>> {
     tracing::info!(caller = %caller.describe(), dir = %dir.display(), "add watch");
-    if !dir.is_absolute() || !dir.is_dir() {
-        return Err(Error::invalid(format!(
+    let not_a_folder = || {
+        Error::invalid(format!(
             "{} is not an absolute path to a folder",
             dir.display()
-        )));
+        ))
+    };
+    if !dir.is_absolute() {
+        return Err(not_a_folder());
     }
+    // Checked before looking at the folder: to anyone but root and the
+    // daemon's uid, a missing folder and one they may not read get the same
+    // answer.
     if !caller.may_read(dir) {
         return Err(Error::denied(format!(
-            "{} may not read {}",
-            caller.describe(),
-            dir.display()
+            "{}: not found, or not readable by {}",
+            dir.display(),
+            caller.describe()
         )));
+    }
+    if !dir.is_dir() {
+        return Err(not_a_folder());
     }
     let owner = match caller.uid {
         Some(uid) if !caller.is_self_or_root() => Owner::Uid(uid),
