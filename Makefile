@@ -2,7 +2,7 @@
 #
 #   make build                    release build of ctcached and ctcachectl
 #   sudo make install             binaries, systemd units, sysusers/tmpfiles,
-#                                 example config, man page, docs
+#                                 example config, man pages, docs
 #   make install DESTDIR=/tmp/pkg PREFIX=/usr   staged install for packaging
 #   sudo make uninstall
 #

@@ -96,33 +96,34 @@ impl Error {
         rpc: &'static str,
         s: tonic::Status,
     ) -> Error {
-        match s.code() {
-            // Unavailable is what tonic reports when the connection broke;
-            // a stream cut mid-call arrives as Unknown with an h2 error.
-            tonic::Code::Unavailable => Error::Unavailable {
+        if connection_lost(&s) {
+            return Error::Unavailable {
                 socket: socket.to_path_buf(),
                 rpc,
-                message: s.message().to_string(),
-            },
-            tonic::Code::Unknown
-                if s.message().contains("h2 protocol error")
-                    || s.message().contains("connection") =>
-            {
-                Error::Unavailable {
-                    socket: socket.to_path_buf(),
-                    rpc,
-                    message: s.message().to_string(),
-                }
-            }
-            code => Error::Rpc {
-                rpc,
-                code,
-                message: if s.message().is_empty() {
-                    format!("{rpc} failed: {code}")
-                } else {
-                    s.message().to_string()
-                },
+                message: crate::chain(&s),
+            };
+        }
+        let code = s.code();
+        Error::Rpc {
+            rpc,
+            code,
+            message: if s.message().is_empty() {
+                format!("{rpc} failed: {code}")
+            } else {
+                s.message().to_string()
             },
         }
     }
+}
+
+/// Whether tonic made `s` itself because the connection broke (the daemon
+/// went away mid-call) instead of receiving it from the daemon. A status
+/// the daemon sends has no source error; one tonic builds from a transport
+/// failure keeps it (unary calls: "transport error", code Unknown), or
+/// names the HTTP/2 failure, or (a stream cut inside a message) the EOF.
+fn connection_lost(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unavailable
+        || std::error::Error::source(s).is_some()
+        || s.message().starts_with("h2 protocol error")
+        || s.message() == "Unexpected EOF decoding stream."
 }

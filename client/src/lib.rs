@@ -351,9 +351,13 @@ impl Client {
     }
 }
 
-/// An error and its sources on one line (tonic's own text is only "transport error").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
+/// An error and its sources on one line (tonic's own text is only
+/// "transport error"); a status shows its message, not its debug fields.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = match e.downcast_ref::<tonic::Status>() {
+        Some(status) => status.message().to_string(),
+        None => e.to_string(),
+    };
     let mut cur = e.source();
     while let Some(c) = cur {
         s.push_str(": ");

@@ -1,18 +1,18 @@
-//! Who is asking: the identity the transport vouches for (the Unix
-//! socket's peer credentials, or a TCP peer's verified client certificate),
-//! whether the daemon trusts it with admin and mutating use cases, which use
-//! cases its transport admits, and the file-access checks done on its
-//! behalf.
+//! Who is asking: the identity the transport vouches for (the Unix socket's
+//! peer credentials and groups, or a TCP peer's verified client
+//! certificate), whether the daemon trusts it with the admin and mutating
+//! use cases, and which use cases its transport admits. File access on a
+//! caller's behalf is judged by the core (`ctcache::access`) on what is
+//! actually opened.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use ctcache::access::Identity;
 
 use crate::ops::UseCase;
 
 /// How the caller reached the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Transport {
-    /// The Unix socket: credentials from SO_PEERCRED.
+    /// The Unix socket: credentials from SO_PEERCRED / SO_PEERGROUPS.
     Unix,
     /// TCP: no uid. `verified_client` when the peer presented a client
     /// certificate the configured `tls_client_ca` signed.
@@ -22,8 +22,8 @@ pub(crate) enum Transport {
 /// The identity a use case acts for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Caller {
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
+    /// uid, gid and groups; `None` over TCP.
+    pub identity: Option<Identity>,
     pub pid: Option<i32>,
     pub transport: Transport,
     /// Root, the daemon's own user, a `trusted_uids` member or a TCP peer
@@ -42,29 +42,33 @@ impl Caller {
     /// A caller with these credentials; trusted when root, the daemon's user
     /// or one of `trusted_uids`.
     pub fn new(
-        uid: Option<u32>,
-        gid: Option<u32>,
+        identity: Option<Identity>,
         pid: Option<i32>,
         transport: Transport,
         trusted_uids: &[u32],
     ) -> Caller {
-        let trusted = uid.is_some_and(|u| u == 0 || u == own_uid() || trusted_uids.contains(&u))
+        let trusted = identity
+            .as_ref()
+            .is_some_and(|i| i.uid == 0 || i.uid == own_uid() || trusted_uids.contains(&i.uid))
             || transport
                 == (Transport::Tcp {
                     verified_client: true,
                 });
         Caller {
-            uid,
-            gid,
+            identity,
             pid,
             transport,
             trusted,
         }
     }
 
+    pub fn uid(&self) -> Option<u32> {
+        self.identity.as_ref().map(|i| i.uid)
+    }
+
     /// Root or the daemon's own user: access checks would change nothing.
     pub fn is_self_or_root(&self) -> bool {
-        matches!(self.uid, Some(0)) || self.uid == Some(own_uid())
+        matches!(self.uid(), Some(0)) || self.uid() == Some(own_uid())
     }
 
     /// The uid whose bounds (queued jobs, watches) apply to this caller:
@@ -73,7 +77,7 @@ impl Caller {
         if self.is_self_or_root() {
             None
         } else {
-            self.uid
+            self.uid()
         }
     }
 
@@ -112,48 +116,20 @@ impl Caller {
         }
     }
 
-    /// Whether the permission bits let this caller do `want` (4 read, 2
-    /// write) on `path` (its primary group only; supplementary groups are
-    /// unknown).
-    fn allowed(&self, path: &Path, want: u32) -> bool {
-        let (Some(uid), Some(gid)) = (self.uid, self.gid) else {
-            return false;
-        };
-        if uid == 0 {
-            return true;
-        }
-        let Ok(m) = std::fs::metadata(path) else {
-            return false;
-        };
-        let mode = m.mode();
-        let bits = if m.uid() == uid {
-            mode >> 6
-        } else if m.gid() == gid {
-            mode >> 3
-        } else {
-            mode
-        };
-        bits & want == want
-    }
-
-    /// The caller may read the file and search every folder above it.
-    pub fn may_read(&self, path: &Path) -> bool {
-        self.is_self_or_root()
-            || self.allowed(path, 4)
-                && path
-                    .ancestors()
-                    .skip(1)
-                    .all(|d| d.as_os_str().is_empty() || self.allowed(d, 1))
-    }
-
-    /// The caller may create files in `dir`.
-    pub fn may_write_dir(&self, dir: &Path) -> bool {
-        self.is_self_or_root() || self.allowed(dir, 2 | 1)
+    /// The identity file access is judged for; a caller without one (TCP)
+    /// may reach nothing on the file system.
+    pub fn identity(&self) -> crate::error::Result<&Identity> {
+        self.identity.as_ref().ok_or_else(|| {
+            crate::error::Error::denied(format!(
+                "{} has no credentials to check file access with",
+                self.describe()
+            ))
+        })
     }
 
     /// "uid 1000 (pid 42)", for logs and messages.
     pub fn describe(&self) -> String {
-        match (self.uid, self.pid) {
+        match (self.uid(), self.pid) {
             (Some(u), Some(p)) => format!("uid {u} (pid {p})"),
             (Some(u), None) => format!("uid {u}"),
             _ if self.trusted => "a TCP peer with a verified client certificate".into(),

@@ -86,6 +86,18 @@ impl Error {
     }
 }
 
+impl Error {
+    /// An I/O failure on `what` (a path the caller named): a missing file
+    /// is the request's NOT_FOUND, anything else as [`io_kind`] says.
+    pub fn from_io(e: std::io::Error, what: &str) -> Error {
+        let kind = match e.kind() {
+            Io::NotFound => ErrorKind::NotFound,
+            _ => io_kind(&e),
+        };
+        Error::new(kind, format!("{what}: {e}"))
+    }
+}
+
 /// The kind an I/O failure of the daemon means to a caller: a full disk is
 /// a bound reached, a busy or interrupted resource passes, the daemon being
 /// refused a file is a permission matter, anything else (a file missing
@@ -193,6 +205,7 @@ mod tests {
         assert_eq!(kind_of(Io::Interrupted), ErrorKind::Unavailable);
         let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
         let e = Error::from(ctcache::Error::Io {
+            action: "read",
             path: "/m.onnx".into(),
             source: enospc,
         });

@@ -80,7 +80,7 @@ pub async fn run(
     // Repair file/index mismatches in the background; lookups go on meanwhile.
     let d = daemon.clone();
     tokio::task::spawn_blocking(move || match d.store.reconcile() {
-        Ok(r) => tracing::info!(?r, "reconcile done"),
+        Ok(r) => ops::gc::log_reconcile(&r),
         Err(e) => tracing::warn!(error = %e, "reconcile failed"),
     });
     let _watchdog = systemd::spawn_watchdog();

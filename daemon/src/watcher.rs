@@ -12,6 +12,8 @@ use std::time::Duration;
 use notify::{EventKind as FsEvent, RecursiveMode};
 use notify_debouncer_full::{new_debouncer, DebounceEventResult, Debouncer, RecommendedCache};
 
+use ctcache::access::Identity;
+
 use crate::error::{Error, Result};
 
 type Debounced = Debouncer<notify::RecommendedWatcher, RecommendedCache>;
@@ -19,13 +21,14 @@ type Debounced = Debouncer<notify::RecommendedWatcher, RecommendedCache>;
 /// How long a burst of file events is gathered before it is reported.
 const DEBOUNCE: Duration = Duration::from_millis(300);
 
-/// Who added a watched folder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who added a watched folder, and so with whose rights what it finds is
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Owner {
-    /// The config file or the command line: the admin's.
-    Config,
-    /// A caller of AddWatch.
-    Uid(u32),
+    /// The config file, the command line, root or the daemon's own user.
+    Admin,
+    /// Another caller of AddWatch.
+    User(Identity),
 }
 
 /// The live notify watcher and the queue it feeds; dropping it closes the
@@ -55,7 +58,7 @@ impl Watcher {
             dirs: Mutex::new(
                 config_dirs
                     .iter()
-                    .map(|d| (d.clone(), Owner::Config))
+                    .map(|d| (d.clone(), Owner::Admin))
                     .collect(),
             ),
             live: Mutex::new(None),
@@ -129,13 +132,25 @@ impl Watcher {
         lock(&self.dirs).keys().cloned().collect()
     }
 
-    /// Whether `path` (canonical) lies under a watched folder.
-    pub fn covers(&self, path: &Path) -> bool {
-        lock(&self.dirs).keys().any(|w| {
-            w.canonicalize()
-                .map(|w| path.starts_with(w))
-                .unwrap_or(false)
+    /// Whether the real path `path` lies under a folder the admin watches.
+    pub fn admin_covers(&self, path: &Path) -> bool {
+        lock(&self.dirs).iter().any(|(w, owner)| {
+            *owner == Owner::Admin
+                && w.canonicalize()
+                    .map(|w| path.starts_with(w))
+                    .unwrap_or(false)
         })
+    }
+
+    /// The owner of the watched folder a reported path was found under
+    /// (the most specific one; the admin's where the admin's and a user's
+    /// folder are the same), `None` when no watched folder holds it.
+    pub fn owner_of(&self, path: &Path) -> Option<Owner> {
+        lock(&self.dirs)
+            .iter()
+            .filter(|(w, _)| path.starts_with(w))
+            .max_by_key(|(w, owner)| (w.as_os_str().len(), **owner == Owner::Admin))
+            .map(|(_, owner)| owner.clone())
     }
 
     /// Adds a folder; returns its canonical path, or `None` when it was
@@ -150,8 +165,13 @@ impl Watcher {
             if dirs.contains_key(&dir) {
                 return Ok(None);
             }
-            if let Owner::Uid(uid) = owner {
-                if dirs.values().filter(|o| **o == owner).count() >= self.max_per_uid {
+            if let Owner::User(who) = &owner {
+                let uid = who.uid;
+                let held = dirs
+                    .values()
+                    .filter(|o| matches!(o, Owner::User(w) if w.uid == uid))
+                    .count();
+                if held >= self.max_per_uid {
                     return Err(Error::exhausted(format!(
                         "uid {uid} watches {} folders, the most allowed (max_watches_per_uid); remove one first",
                         self.max_per_uid

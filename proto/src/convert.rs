@@ -112,24 +112,34 @@ pub fn gc_reason(r: &GcReason) -> &'static str {
     }
 }
 
-/// What a gc removed (or would remove).
+/// What a gc removed (or would remove), and the limits it applied.
 pub fn gc(r: &GcReport) -> api::GcResponse {
     api::GcResponse {
         removed: r
             .items
             .iter()
-            .map(|i| api::GcItem {
-                key: match &i.target {
-                    GcTarget::Entry(k) => key_to_string(k),
-                    GcTarget::File(p) => p.display().to_string(),
-                },
-                bytes: i.bytes_freed,
-                reason: gc_reason(&i.reason).into(),
+            .map(|i| {
+                let about = i.about.clone().unwrap_or_default();
+                api::GcItem {
+                    key: match &i.target {
+                        GcTarget::Entry(k) => key_to_string(k),
+                        GcTarget::File(p) => p.display().to_string(),
+                    },
+                    bytes: i.bytes_freed,
+                    reason: gc_reason(&i.reason).into(),
+                    source_names: about.source_names,
+                    model_paths: about.model_paths,
+                    physical_type: about.type_name,
+                }
             })
             .collect(),
         bytes_freed: r.bytes_freed,
         dry_run: r.dry_run,
         skipped_leased: r.leased_kept as u32,
+        max_bytes: r.max_bytes,
+        max_age_s: r.max_age.map(|a| a.as_secs()),
+        bytes_before: r.bytes_before,
+        bytes_after: r.bytes_after,
     }
 }
 

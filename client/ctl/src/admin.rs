@@ -15,18 +15,24 @@ use ctcache_api::convert;
 use ctcache_client::api;
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Without --max-size and --max-age the daemon's configured budget applies (gc_max_bytes, \
+gc_max_age_secs in ctcached.toml; `ctcachectl status` shows it); when none is set, only \
+leftovers (orphan and stale temp files) go, and gc says so. Leased entries always stay.")]
 pub struct GcArgs {
-    /// Evict least recently used entries until the store takes at most this
-    /// (10G, 512MiB, 0 = everything not leased).
+    /// Evict least recently used entries until the store takes at most SIZE
+    /// (10G, 512MiB). 0 means everything not leased.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     max_size: Option<u64>,
-    /// Evict entries not used for this long (7d, 12h, 30m).
+    /// Evict entries not used for DURATION or longer (7d, 12h, 30m). 0 means
+    /// everything not leased, as for --max-size.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     max_age: Option<u64>,
     /// Report what would go; change nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Collect this cache dir directly (no daemon may hold it).
+    /// Collect this cache dir directly (no daemon may hold it; no configured
+    /// budget applies).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
 }
@@ -50,13 +56,9 @@ pub fn gc(ctx: &Ctx, a: GcArgs) -> Result<(), Failure> {
                 max_age_s: a.max_age.unwrap_or(0),
                 dry_run: a.dry_run,
                 has_max_bytes: a.max_size.is_some(),
+                has_max_age_s: a.max_age.is_some(),
             };
-            let mut out = None;
-            ctx.block_on(async {
-                out = Some(ctx.connect().await?.gc(req).await?);
-                Ok(())
-            })?;
-            out.unwrap_or_default()
+            ctx.block_on(async { Ok(ctx.connect().await?.gc(req).await?) })?
         }
     };
     print_gc(ctx, &resp, a.cache_dir.as_deref())
@@ -69,41 +71,110 @@ fn via(cache_dir: Option<&Path>) -> serde_json::Value {
     }
 }
 
+/// The words people read for a gc reason.
+fn reason_text(reason: &str) -> &str {
+    match reason {
+        "size_budget" => "over the size budget",
+        "max_age" => "unused too long",
+        "orphan_entry" => "payload file missing",
+        "orphan_file" => "payload file without entry",
+        "temp_file" => "stale temp file",
+        other => other,
+    }
+}
+
+/// A list of names for a table cell: `-` when empty.
+fn names(v: &[String]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(", ")
+    }
+}
+
 fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<(), Failure> {
     if ctx.json {
         return print_json(&json!({
             "via": via(cache_dir),
             "dry_run": r.dry_run,
-            "removed": r.removed.iter().map(|i| json!({"key": i.key, "bytes": i.bytes, "reason": i.reason})).collect::<Vec<_>>(),
+            "max_bytes": r.max_bytes,
+            "max_age_s": r.max_age_s,
+            "removed": r.removed.iter().map(|i| json!({
+                "key": i.key, "bytes": i.bytes, "reason": i.reason,
+                "physical_type": i.physical_type,
+                "source_names": i.source_names, "model_paths": i.model_paths,
+            })).collect::<Vec<_>>(),
             "bytes_freed": r.bytes_freed,
+            "bytes_before": r.bytes_before,
+            "bytes_after": r.bytes_after,
             "skipped_leased": r.skipped_leased,
         }));
     }
     if ctx.quiet {
         return Ok(());
     }
-    if !r.removed.is_empty() {
-        let mut t = Table::new(&["KEY / FILE", "SIZE", "REASON"]);
-        for i in &r.removed {
+    if r.max_bytes.is_none() && r.max_age_s.is_none() {
+        say(
+            "no gc budget is set: give --max-size or --max-age, or set gc_max_bytes / \
+             gc_max_age_secs in ctcached.toml; only leftover files are collected",
+        )?;
+    }
+    // Entries carry what they were packed from; leftover files their path.
+    let (files, mut entries): (Vec<&api::GcItem>, Vec<&api::GcItem>) = r
+        .removed
+        .iter()
+        .partition(|i| matches!(i.reason.as_str(), "orphan_file" | "temp_file"));
+    entries.sort_by(|a, b| {
+        (&a.model_paths, &a.source_names, &a.physical_type).cmp(&(
+            &b.model_paths,
+            &b.source_names,
+            &b.physical_type,
+        ))
+    });
+    if !entries.is_empty() {
+        let mut t = Table::new(&["MODEL", "INITIALIZER", "PHYSICAL TYPE", "SIZE", "REASON"]);
+        for i in &entries {
             t.row(vec![
-                (format::short_key(&i.key), Style::Plain),
+                (names(&i.model_paths), Style::Plain),
+                (names(&i.source_names), Style::Plain),
+                (i.physical_type.clone(), Style::Plain),
                 (format::size(i.bytes), Style::Plain),
-                (i.reason.clone(), Style::Dim),
+                (reason_text(&i.reason).to_string(), Style::Dim),
             ]);
         }
         t.print(ctx.color)?;
     }
-    let verb = if r.dry_run { "would remove" } else { "removed" };
+    for f in &files {
+        say(&format!(
+            "{} {} ({}, {})",
+            ctx.paint("leftover", Style::Yellow),
+            f.key,
+            format::size(f.bytes),
+            reason_text(&f.reason)
+        ))?;
+    }
     let mut line = format!(
-        "{verb} {}, {} freed",
-        format::count(r.removed.len() as u64, "item", "items"),
-        format::size(r.bytes_freed)
+        "{}{}, {} freed, store {} -> {}",
+        if r.dry_run { "would remove " } else { "" },
+        format::count(entries.len() as u64, "entry", "entries"),
+        format::size(r.bytes_freed),
+        format::size(r.bytes_before),
+        format::size(r.bytes_after),
     );
+    if !files.is_empty() {
+        line.push_str(&format!(
+            "; {}",
+            format::count(files.len() as u64, "leftover file", "leftover files")
+        ));
+    }
     if r.skipped_leased > 0 {
         line.push_str(&format!(
             "; {} kept",
             format::count(r.skipped_leased, "leased entry", "leased entries")
         ));
+    }
+    if r.dry_run {
+        line.push_str(" (dry run: nothing changed)");
     }
     say(&line)
 }
@@ -132,14 +203,7 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
             };
             convert::verify(&v, repaired.as_ref())
         }
-        None => {
-            let mut out = None;
-            ctx.block_on(async {
-                out = Some(ctx.connect().await?.verify(a.repair).await?);
-                Ok(())
-            })?;
-            out.unwrap_or_default()
-        }
+        None => ctx.block_on(async { Ok(ctx.connect().await?.verify(a.repair).await?) })?,
     };
     if ctx.json {
         print_json(&json!({

@@ -11,8 +11,12 @@ use crate::format::{paint, Style};
 use crate::output::Failure;
 use ctcache_client::Client;
 
+/// The heading the options every command accepts are listed under.
+pub const GLOBAL: &str = "Global options";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ColorChoice {
+    /// Only on a terminal, and not with NO_COLOR.
     Auto,
     Always,
     Never,
@@ -21,17 +25,17 @@ pub enum ColorChoice {
 /// Options every command accepts, before or after its name.
 #[derive(Debug, Args)]
 pub struct Global {
-    /// The daemon's socket (default: $CTCACHE_SOCKET, else $XDG_RUNTIME_DIR/ctcache/ctcached.sock, else ~/.cache/ctcache/ctcached.sock).
-    #[arg(long, global = true, value_name = "PATH")]
+    /// The daemon's socket (default: $CTCACHE_SOCKET, else $XDG_RUNTIME_DIR/ctcache/ctcached.sock, else ~/.cache/ctcache/ctcached.sock). A socket named here or in CTCACHE_SOCKET must answer.
+    #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL)]
     pub socket: Option<PathBuf>,
     /// Machine-readable JSON output (shapes: docs/CLI.md).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// No notes, progress bars or confirmations; errors and results stay.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL)]
     pub quiet: bool,
     /// Colour in human output (auto: only on a terminal, and not with NO_COLOR).
-    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN", help_heading = GLOBAL)]
     pub color: ColorChoice,
 }
 
@@ -41,6 +45,10 @@ pub struct Ctx {
     pub quiet: bool,
     pub color: bool,
     pub socket: Option<PathBuf>,
+    /// The user named a socket (`--socket` or `CTCACHE_SOCKET`): a daemon
+    /// that does not answer there is an error, never a reason to work
+    /// without it.
+    pub socket_named: bool,
 }
 
 impl Ctx {
@@ -52,17 +60,20 @@ impl Ctx {
                 std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
             }
         };
+        let socket_named =
+            g.socket.is_some() || std::env::var_os("CTCACHE_SOCKET").is_some_and(|v| !v.is_empty());
         Ctx {
             json: g.json,
             quiet: g.quiet,
             color,
             socket: g.socket,
+            socket_named,
         }
     }
 
     /// Runs a daemon command's future on a current-thread runtime: the CLI
     /// does one thing at a time, and offline commands never pay for one.
-    pub fn block_on<F: Future<Output = Result<(), Failure>>>(&self, f: F) -> Result<(), Failure> {
+    pub fn block_on<T, F: Future<Output = Result<T, Failure>>>(&self, f: F) -> Result<T, Failure> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -76,6 +87,22 @@ impl Ctx {
             None => Client::connect().await,
         };
         c.map_err(Failure::from)
+    }
+
+    /// The daemon, or `None` when no socket was named and none answers at
+    /// the default one: then the command does `what` here instead, and
+    /// says so in one note.
+    pub async fn connect_or_local(&self, what: &str) -> Result<Option<Client>, Failure> {
+        match self.connect().await {
+            Err(Failure::Unreachable(_)) if !self.socket_named => {
+                self.note(&format!(
+                    "note: no ctcached at {}; {what} here, without the cache",
+                    ctcache_client::default_socket().display()
+                ));
+                Ok(None)
+            }
+            other => other.map(Some),
+        }
     }
 
     /// A note on stderr (not with --quiet).

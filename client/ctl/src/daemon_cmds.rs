@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use crate::ctx::Ctx;
@@ -38,6 +38,8 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "jobs_queued": s.jobs_queued,
             "active_leases": stats.active_leases,
             "watches": s.watches,
+            "gc_max_bytes": s.gc_max_bytes,
+            "gc_max_age_s": s.gc_max_age_s,
             "by_format": usage(&stats.by_format),
             "by_device": usage(&stats.by_device),
         }));
@@ -60,6 +62,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         "store",
         format!("{} entries, {}", s.entries, format::size(s.bytes)),
     );
+    kv("gc budget", gc_budget(&s));
     kv(
         "hit rate",
         format!("{rate} ({} hits, {} misses)", s.hits, s.misses),
@@ -91,6 +94,33 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
     print_kv(&t)
 }
 
+/// The configured gc budget and the store against it.
+fn gc_budget(s: &api::StatusResponse) -> String {
+    let mut parts = Vec::new();
+    if let Some(max) = s.gc_max_bytes {
+        let used = match max {
+            0 => String::new(),
+            m => format!(" ({:.0}%)", s.bytes as f64 * 100.0 / m as f64),
+        };
+        parts.push(format!(
+            "store {} of {}{used}",
+            format::size(s.bytes),
+            format::size(max)
+        ));
+    }
+    if let Some(age) = s.gc_max_age_s {
+        parts.push(format!(
+            "entries unused for {} go",
+            format::long_duration(age)
+        ));
+    }
+    if parts.is_empty() {
+        "none set (gc_max_bytes, gc_max_age_secs in ctcached.toml)".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 /// Key/value lines without the (empty) header row.
 pub fn print_kv(t: &Table) -> Result<(), Failure> {
     t.print_body(false)
@@ -99,6 +129,19 @@ pub fn print_kv(t: &Table) -> Result<(), Failure> {
 pub async fn devices(ctx: &Ctx) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     crate::packing::print_devices(&c.get_host_devices().await?, ctx.json)
+}
+
+/// The order of `ls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SortBy {
+    /// The index's order (by source digest).
+    Key,
+    /// By model path, then initializer.
+    Model,
+    /// Most recently used first.
+    LastUse,
+    /// Largest payload first.
+    Size,
 }
 
 #[derive(Debug, Args)]
@@ -112,12 +155,24 @@ pub struct LsArgs {
     /// Only entries packed from this model.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// At most this many entries.
-    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    /// At most this many entries (the first in --sort order).
+    #[arg(long, default_value_t = 0, hide_default_value = true, value_name = "N")]
     limit: u32,
+    /// Order of the entries.
+    #[arg(long, value_enum, default_value_t = SortBy::Key, value_name = "ORDER")]
+    sort: SortBy,
     /// Whole keys instead of abbreviated ones.
     #[arg(long)]
     full: bool,
+}
+
+/// The first of a list, and how many more: `/m/a.onnx (+2)`.
+fn first_of(v: &[String]) -> String {
+    match v {
+        [] => "-".into(),
+        [one] => one.clone(),
+        [first, rest @ ..] => format!("{first} (+{})", rest.len()),
+    }
 }
 
 pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
@@ -131,15 +186,31 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
             .to_string(),
         None => String::new(),
     };
-    let entries = c
+    // The daemon cuts at --limit in key order; another order cuts here.
+    let mut entries = c
         .list(api::ListRequest {
             format: a.format.unwrap_or_default(),
             device: a.device.unwrap_or_default(),
             model_path,
-            limit: a.limit,
+            limit: if a.sort == SortBy::Key { a.limit } else { 0 },
             ..Default::default()
         })
         .await?;
+    match a.sort {
+        SortBy::Key => {}
+        SortBy::Model => entries.sort_by(|x, y| {
+            (&x.model_paths, &x.source_names, &x.physical_type).cmp(&(
+                &y.model_paths,
+                &y.source_names,
+                &y.physical_type,
+            ))
+        }),
+        SortBy::LastUse => entries.sort_by_key(|e| std::cmp::Reverse(e.last_access_unix_ms)),
+        SortBy::Size => entries.sort_by_key(|e| std::cmp::Reverse(e.payload_len)),
+    }
+    if a.limit > 0 {
+        entries.truncate(a.limit as usize);
+    }
     if ctx.json {
         return print_json(
             &json!({ "entries": entries.iter().map(json::entry).collect::<Vec<_>>() }),
@@ -150,7 +221,8 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
     }
     let mut t = Table::new(&[
         "KEY",
-        "SOURCE",
+        "MODEL",
+        "INITIALIZER",
         "PHYSICAL TYPE",
         "DEVICE",
         "SIZE",
@@ -168,7 +240,8 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
                 },
                 Style::Plain,
             ),
-            (e.source_names.join(","), Style::Plain),
+            (first_of(&e.model_paths), Style::Plain),
+            (first_of(&e.source_names), Style::Plain),
             (e.physical_type.clone(), Style::Plain),
             (json::describe_device(e.device.as_ref()), Style::Plain),
             (format::size(e.payload_len), Style::Plain),

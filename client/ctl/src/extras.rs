@@ -2,6 +2,7 @@
 //! generated from the same clap definition as the parser.
 
 use std::io::Write;
+use std::path::Path;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
@@ -18,7 +19,13 @@ pub fn completions(shell: Shell) -> Result<(), Failure> {
     Ok(())
 }
 
-pub fn man() -> Result<(), Failure> {
+/// The top page on stdout, or, with `dir`, a page for every command that is
+/// not hidden (`ctcachectl.1`, `ctcachectl-gc.1`, `ctcachectl-watch-add.1`).
+pub fn man(dir: Option<&Path>) -> Result<(), Failure> {
+    if let Some(dir) = dir {
+        return clap_mangen::generate_to(Cli::command(), dir)
+            .map_err(|e| Failure::Failed(format!("writing man pages to {}: {e}", dir.display())));
+    }
     let mut buf = Vec::new();
     clap_mangen::Man::new(Cli::command()).render(&mut buf)?;
     std::io::stdout().lock().write_all(&buf)?;

@@ -18,7 +18,10 @@ use ctcache_client::{absolute, api, ResolveOptions};
 #[derive(Debug, Args)]
 pub struct FormatArgs {
     /// Packer id, e.g. ort.matmul_nbits (default: the daemon's policy).
-    #[arg(long)]
+    /// Without --initializer it takes only the initializers the policy's
+    /// size and use filters admit (by default: at least 65536 elements,
+    /// used as MatMul.B or Gemm.B).
+    #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     /// Packer parameter k=v (repeatable; needs --format).
     #[arg(long = "param", requires = "format", value_parser = parse_param)]
@@ -45,6 +48,7 @@ impl FormatArgs {
 
 #[derive(Debug, Args)]
 pub struct PrepackArgs {
+    /// The ONNX model file.
     model: PathBuf,
     #[command(flatten)]
     fmt: FormatArgs,
@@ -73,6 +77,11 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
             ..Default::default()
         };
         let res = c.resolve_model(&model, &opts).await?;
+        if res.tensors.iter().all(|t| t.wanted_formats.is_empty()) {
+            // Nothing selected: the daemon's Prepack refuses that and says
+            // why, in the words embed gets.
+            c.prepack(prepack_request(&model, &a)).await?;
+        }
         if ctx.json {
             return print_json(
                 &json!({ "model_path": res.model_path, "waited": false, "jobs_started": res.jobs_started, "jobs": [] }),
@@ -82,10 +91,7 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
             return Ok(());
         }
         return say(&match res.jobs_started {
-            0 => format!(
-                "{}: nothing to pack (every wanted format is stored)",
-                res.model_path
-            ),
+            0 => format!("{}: every wanted format is stored already", res.model_path),
             n => format!(
                 "{}: {n} pack job(s) started in the background (`ctcachectl events` follows them)",
                 res.model_path
@@ -97,15 +103,7 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         // whole-model requests have a background form.
         ctx.note("--initializer and --backend make prepack wait for its jobs");
     }
-    let req = api::PrepackRequest {
-        model_path: model.display().to_string(),
-        initializers: a.initializers,
-        formats: a.fmt.specs(),
-        backend: api::Backend::from_name(&a.backend)
-            .unwrap_or_default()
-            .into(),
-    };
-    let mut stream = c.prepack(req).await?;
+    let mut stream = c.prepack(prepack_request(&model, &a)).await?;
     let bar = progress_bar(ctx);
     // Latest state per (initializer, format), in first-seen order.
     let mut jobs: Vec<api::PrepackProgress> = Vec::new();
@@ -134,7 +132,7 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
             "failed": failed,
         }))?;
     } else if !ctx.quiet || failed > 0 {
-        print_jobs(ctx, &model, &jobs)?;
+        print_jobs(ctx, &jobs)?;
     }
     if failed > 0 {
         return Err(Failure::Failed(format!(
@@ -143,6 +141,17 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+fn prepack_request(model: &std::path::Path, a: &PrepackArgs) -> api::PrepackRequest {
+    api::PrepackRequest {
+        model_path: model.display().to_string(),
+        initializers: a.initializers.clone(),
+        formats: a.fmt.specs(),
+        backend: api::Backend::from_name(&a.backend)
+            .unwrap_or_default()
+            .into(),
+    }
 }
 
 fn progress_bar(ctx: &Ctx) -> ProgressBar {
@@ -159,17 +168,7 @@ fn progress_bar(ctx: &Ctx) -> ProgressBar {
     bar
 }
 
-fn print_jobs(
-    ctx: &Ctx,
-    model: &std::path::Path,
-    jobs: &[api::PrepackProgress],
-) -> Result<(), Failure> {
-    if jobs.is_empty() {
-        return say(&format!(
-            "{}: nothing to pack (no initializer is selected)",
-            model.display()
-        ));
-    }
+fn print_jobs(ctx: &Ctx, jobs: &[api::PrepackProgress]) -> Result<(), Failure> {
     let mut t = Table::new(&[
         "INITIALIZER",
         "FORMAT",
@@ -227,6 +226,7 @@ pub enum OnMissArg {
 
 #[derive(Debug, Args)]
 pub struct ResolveArgs {
+    /// The ONNX model file.
     model: PathBuf,
     /// What the daemon does about misses.
     #[arg(long, value_enum, default_value = "none")]
@@ -346,13 +346,16 @@ fn tensor_status(t: &api::TensorResolution) -> &'static str {
 
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
+    /// The ONNX model file.
     model: PathBuf,
-    #[arg(short, long)]
+    /// The model to write (payloads of 1 MiB and more go to OUT.ctdata beside it).
+    #[arg(short, long, value_name = "OUT")]
     output: PathBuf,
     #[command(flatten)]
     fmt: FormatArgs,
-    /// Initializers to compile (repeatable; default: all the format accepts).
-    /// Packs locally: the daemon embeds whole models only.
+    /// Initializers to compile, past the policy's filters (repeatable;
+    /// default: those the format accepts and the filters admit). Packs
+    /// locally: the daemon embeds whole models only.
     #[arg(long = "initializer", value_name = "NAME")]
     initializers: Vec<String>,
     /// Put every payload in the sidecar file (default: payloads >= 1 MiB).
@@ -366,14 +369,11 @@ pub struct EmbedArgs {
     local: bool,
 }
 
-/// Through the daemon (its store, its packers) when one answers; else, or
-/// with --local or --initializer, packed here.
+/// Through the daemon (its store, its packers); packed here with --local or
+/// --initializer, or when no socket was named and none answers.
 pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
-    if !a.local && a.initializers.is_empty() {
-        match ctx.block_on(embed_daemon(ctx, &a)) {
-            Err(Failure::Unreachable(why)) => ctx.note(&format!("embedding locally: {why}")),
-            other => return other,
-        }
+    if !a.local && a.initializers.is_empty() && ctx.block_on(embed_daemon(ctx, &a))? {
+        return Ok(());
     }
     crate::packing::embed(
         crate::packing::EmbedArgs {
@@ -389,8 +389,11 @@ pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
     )
 }
 
-async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
-    let c = ctx.connect().await?;
+/// False when no daemon answers and the model is to be embedded here.
+async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
+    let Some(c) = ctx.connect_or_local("embedding").await? else {
+        return Ok(false);
+    };
     let r = c
         .embed(api::EmbedRequest {
             model_path: a.model.display().to_string(),
@@ -402,7 +405,7 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
         .await?;
     let sidecar = (!r.sidecar_path.is_empty()).then_some(r.sidecar_path.clone());
     if ctx.json {
-        return print_json(&json!({
+        print_json(&json!({
             "via": "daemon",
             "output": r.output_path,
             "entries": r.entries,
@@ -410,10 +413,11 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
             "inline_bytes": r.inline_bytes,
             "sidecar": sidecar,
             "sidecar_bytes": r.sidecar_bytes,
-        }));
+        }))?;
+        return Ok(true);
     }
     if ctx.quiet {
-        return Ok(());
+        return Ok(true);
     }
     let placed = match &sidecar {
         Some(p) => format!(
@@ -426,7 +430,8 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<(), Failure> {
     say(&format!(
         "{}: {} compiled tensor(s) embedded, {} packed now ({placed})",
         r.output_path, r.entries, r.packed
-    ))
+    ))?;
+    Ok(true)
 }
 
 pub async fn import(ctx: &Ctx, model: PathBuf) -> Result<(), Failure> {

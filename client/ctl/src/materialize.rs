@@ -1,13 +1,13 @@
 //! `materialize`: an onnxruntime-ready 4/8-bit model assembled by the daemon
-//! from cached `ort.matmul_nbits` entries (hard links, not copies); without
-//! a daemon (or with `--local`), packed in this process into the model's
-//! weights folder.
+//! from cached `ort.matmul_nbits` entries (reflinked or copied, hard-linked
+//! with `--link hard`); without a daemon (or with `--local`), packed in this
+//! process into the model's weights folder.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
 use ctcache::onnx::Model;
 use ctcache_kernels::{compile, Params};
@@ -43,15 +43,46 @@ pub struct MaterializeArgs {
     /// MatMulNBits accuracy_level (0 leaves the attribute out).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..=4))]
     accuracy_level: i64,
-    /// Copy the payloads instead of hard-linking them to the cache.
-    #[arg(long)]
+    /// How the weight files are made from the cache's payload files.
+    #[arg(long, value_enum, default_value_t = Link::Auto, value_name = "HOW")]
+    link: Link,
+    /// Same as --link copy.
+    #[arg(long, conflicts_with = "link")]
     copy: bool,
     /// Pack in this process even when a daemon runs (no cache involved).
     #[arg(long)]
     local: bool,
+    /// List every skipped node and its case (default: one line per reason).
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// `--link`, as clap parses it (the variants' docs are its help).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Link {
+    /// A reflink where the filesystem can (btrfs, XFS, bcachefs: no extra
+    /// space), else a copy; onnx and onnxruntime load the model
+    Auto,
+    /// A reflink, or an error saying why none is possible
+    Reflink,
+    /// A copy
+    Copy,
+    /// Hard links into the cache (no bytes written, on any filesystem):
+    /// onnxruntime loads the model, onnx >= 1.21 (onnx.load, onnx.checker)
+    /// refuses it
+    Hard,
 }
 
 impl MaterializeArgs {
+    fn link_mode(&self) -> LinkMode {
+        match (self.copy, self.link) {
+            (true, _) | (_, Link::Copy) => LinkMode::Copy,
+            (_, Link::Auto) => LinkMode::Auto,
+            (_, Link::Reflink) => LinkMode::Reflink,
+            (_, Link::Hard) => LinkMode::Hard,
+        }
+    }
+
     fn symmetric(&self) -> Option<bool> {
         match (self.symmetric, self.asymmetric) {
             (true, _) => Some(true),
@@ -65,21 +96,20 @@ impl MaterializeArgs {
     }
 }
 
-/// Through the daemon when one answers; else, or with `--local`, here.
+/// Through the daemon; here with `--local`, or when no socket was named
+/// and none answers.
 pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
-    if !a.local {
-        match ctx.block_on(materialize_daemon(ctx, &a)) {
-            Err(Failure::Unreachable(why)) => {
-                ctx.note(&format!("materializing locally (no cache): {why}"))
-            }
-            other => return other,
-        }
+    if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
+        return Ok(());
     }
     materialize_local(ctx, &a)
 }
 
-async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
-    let c = ctx.connect().await?;
+/// False when no daemon answers and the model is to be materialized here.
+async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Failure> {
+    let Some(c) = ctx.connect_or_local("materializing").await? else {
+        return Ok(false);
+    };
     let started = Instant::now();
     let r = c
         .materialize(api::MaterializeRequest {
@@ -90,16 +120,18 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failur
             block_size: MaterializeArgs::number(&a.block_size),
             symmetric: a.symmetric(),
             accuracy_level: a.accuracy_level,
-            copy: a.copy,
+            copy: false,
+            link: api::LinkMode::from(a.link_mode()) as i32,
         })
         .await?;
-    let elapsed = started.elapsed();
-    report(ctx, "daemon", &r, elapsed)
+    report(ctx, a, "daemon", &r, started.elapsed())?;
+    Ok(true)
 }
 
 /// Prints a materialize answer (the daemon's, or one built locally).
 fn report(
     ctx: &Ctx,
+    a: &MaterializeArgs,
     via: &str,
     r: &api::MaterializeResponse,
     elapsed: std::time::Duration,
@@ -112,10 +144,15 @@ fn report(
             "nodes_rewritten": r.nodes_rewritten,
             "initializers_removed": r.initializers_removed,
             "skipped": r.skipped.iter().map(|s| json!({
-                "node": s.node, "op_type": s.op_type, "reason": s.reason,
+                "node": s.node, "op_type": s.op_type, "reason": s.reason, "detail": s.detail,
             })).collect::<Vec<_>>(),
             "packed": r.packed,
             "cached": r.cached,
+            "link": link_name(r.link),
+            "files": r.files.iter().map(|f| json!({
+                "path": f.path, "method": f.method().name(), "bytes_copied": f.bytes_copied,
+            })).collect::<Vec<_>>(),
+            "files_reflinked": r.files_reflinked,
             "files_linked": r.files_linked,
             "files_copied": r.files_copied,
             "bytes_copied": r.bytes_copied,
@@ -131,8 +168,22 @@ fn report(
     if ctx.quiet {
         return Ok(());
     }
-    for s in &r.skipped {
-        say(&format!("skipped {} {}: {}", s.op_type, s.node, s.reason))?;
+    let groups = mat::group_skips(
+        r.skipped
+            .iter()
+            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+    );
+    for g in &groups {
+        say(&g.to_string())?;
+        if a.verbose {
+            for s in r
+                .skipped
+                .iter()
+                .filter(|s| s.op_type == g.op_type && s.reason == g.reason)
+            {
+                say(&format!("  {} {}: {}", s.op_type, s.node, s.detail))?;
+            }
+        }
     }
     say(&format!(
         "{}: {} node(s) -> MatMulNBits ({} bits, block {}, {}), {} weight(s) from the cache, {} packed now",
@@ -145,14 +196,47 @@ fn report(
         r.packed,
     ))?;
     say(&format!(
-        "  {} of weights in {}: {} file(s) linked, {} copied; wrote {} in {}",
+        "  {} of weights in {} (--link {}): {}; wrote {} in {}",
         format::size(r.payload_bytes),
         r.data_dir,
-        r.files_linked,
-        r.files_copied,
+        link_name(r.link),
+        placed_summary(&r.files),
         format::size(r.model_bytes + r.bytes_copied),
         format::duration_us(elapsed.as_micros() as u64),
-    ))
+    ))?;
+    if r.files_linked > 0 {
+        say(&format!(
+            "  note: {} file(s) hard-linked into the cache: onnxruntime loads this model, \
+             onnx >= 1.21 (onnx.load, onnx.checker) refuses it; --link auto gives files of their own",
+            r.files_linked
+        ))?;
+    }
+    Ok(())
+}
+
+fn link_name(link: i32) -> &'static str {
+    api::LinkMode::try_from(link).map_or("unknown", |m| LinkMode::from(m).name())
+}
+
+/// "8 reflinked, 1 copied": how many files each method placed.
+fn placed_summary(files: &[api::MaterializeFile]) -> String {
+    let mut parts = Vec::new();
+    for (method, said) in [
+        (api::PlaceMethod::Reflink, "reflinked"),
+        (api::PlaceMethod::Copy, "copied"),
+        (api::PlaceMethod::HardLink, "hard-linked"),
+        (api::PlaceMethod::InPlace, "packed here"),
+    ] {
+        let n = files.iter().filter(|f| f.method() == method).count();
+        if n > 0 {
+            parts.push(format!("{n} file(s) {said}"));
+        }
+    }
+    if parts.is_empty() {
+        "no files".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// Packs every weight the plan needs in this process, straight into the
@@ -177,7 +261,7 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         _ => PathBuf::from("."),
     };
     let data_dir = out_dir.join(mat::data_dir_name(&a.output)?);
-    std::fs::create_dir_all(&data_dir)?;
+    std::fs::create_dir_all(&data_dir).map_err(|e| ctcache::Error::write(&data_dir, e))?;
     let packer = ctcache_kernels::find(mat::PACKER).expect("the nbits packer is built in");
     let initializers = model.initializers()?;
     let mut weights = HashMap::new();
@@ -205,21 +289,13 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
             },
         );
     }
-    let r = mat::write(
-        &model,
-        &plan,
-        &settings,
-        &weights,
-        &a.output,
-        LinkMode::LinkOrCopy,
-    )?;
-    // Packed here into the weights folder: every payload byte was written.
+    // The payloads are packed in place: whatever the mode, nothing to link.
+    let r = mat::write(&model, &plan, &settings, &weights, &a.output, a.link_mode())?;
     let response = api::MaterializeResponse {
         packed: weights.len() as u32,
-        files_linked: 0,
-        files_copied: weights.len() as u32,
-        bytes_copied: r.payload_bytes,
+        // Every payload byte was written here.
+        bytes_copied: r.bytes_copied + r.payload_bytes,
         ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &settings)
     };
-    report(ctx, "local", &response, started.elapsed())
+    report(ctx, a, "local", &response, started.elapsed())
 }

@@ -72,7 +72,7 @@ impl From<std::io::Error> for Failure {
 /// Prints a JSON value on stdout.
 pub fn print_json(v: &serde_json::Value) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v).map_err(|e| Failure::Failed(e.to_string()))?;
+    serde_json::to_writer_pretty(&mut out, v).map_err(std::io::Error::from)?;
     writeln!(out)?;
     Ok(())
 }
@@ -80,7 +80,7 @@ pub fn print_json(v: &serde_json::Value) -> Result<(), Failure> {
 /// Prints one JSON value on one line (streams: one object per line).
 pub fn print_json_line(v: &serde_json::Value) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, v).map_err(|e| Failure::Failed(e.to_string()))?;
+    serde_json::to_writer(&mut out, v).map_err(std::io::Error::from)?;
     writeln!(out)?;
     out.flush()?;
     Ok(())

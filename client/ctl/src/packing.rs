@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
-use ctcache::onnx::{Model, TensorRef};
+use ctcache::onnx::{graph, Model, TensorRef};
 use ctcache_kernels::compile::{self, compile};
 use ctcache_kernels::{Packer, Params};
 use prost::Message;
@@ -174,9 +174,12 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     let model = Model::open(a.model)?;
     let all = model.initializers()?;
     // Named initializers must exist and be accepted; without names, every
-    // initializer the packer accepts is compiled.
+    // initializer the packer accepts and the default policy's size and use
+    // filters admit (as the daemon does for a named format).
     let selected: Vec<&TensorRef> = if a.initializers.is_empty() {
+        let uses = graph::weight_uses(&model)?;
         all.iter()
+            .filter(|t| uses.admits(t, graph::DEFAULT_MIN_ELEMENTS, &graph::DEFAULT_USED_AS))
             .filter(|t| compile::accepts(t, p, &params).is_ok())
             .collect()
     } else {
@@ -191,10 +194,14 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
         v
     };
     if selected.is_empty() {
-        return Err(Failure::Failed(format!(
-            "no initializer of {} is accepted by {}",
-            a.model.display(),
-            p.id()
+        let filters = graph::describe_filter(graph::DEFAULT_MIN_ELEMENTS, &graph::DEFAULT_USED_AS);
+        return Err(Failure::Failed(graph::nothing_to_pack(
+            a.model,
+            &format!(
+                "no initializer that {} accepts passes the filters ({filters}); \
+                 --initializer NAME packs a named one",
+                p.id()
+            ),
         )));
     }
     let mut entries = Vec::with_capacity(selected.len());

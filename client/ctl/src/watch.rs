@@ -14,9 +14,15 @@ use crate::output::{print_json, print_json_line, say, Failure};
 #[derive(Debug, Subcommand)]
 pub enum WatchCmd {
     /// Watch a model folder (recursively); new and changed models are packed.
-    Add { dir: PathBuf },
+    Add {
+        /// The folder (sent as an absolute path).
+        dir: PathBuf,
+    },
     /// Stop watching a folder.
-    Remove { dir: PathBuf },
+    Remove {
+        /// The folder, as `watch list` shows it.
+        dir: PathBuf,
+    },
     /// The watched folders.
     List,
 }

@@ -1,7 +1,8 @@
 //! `why-miss MODEL INITIALIZER`: which key component keeps an initializer
 //! from a usable entry: its digest (stale), the device, the physical type or
 //! the format version. From the daemon's own miss reason and the entries it
-//! lists for the digest (and for the model under older digests).
+//! lists for the digest (and for the model under older digests). Its hint
+//! is a command that, run as printed, packs what is missing.
 
 use std::path::PathBuf;
 
@@ -108,12 +109,11 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
     } else {
         (Some("no_entry".to_string()), "nothing is wanted or stored for this initializer (the policy selects none of its formats)".to_string())
     };
-    let hint = reason.as_deref().map(|r| match r {
-        "no_entry" | "stale_digest" | "incompatible_device" => {
-            format!("ctcachectl prepack {} --initializer {name} --wait", res.model_path)
-        }
-        _ => "this daemon's packers do not read that format: upgrade ctcached, or pack again with `ctcachectl prepack`".into(),
-    });
+    let hint = if hit {
+        None
+    } else {
+        prepack_hint(ctx, &res.model_path, t, &formats)
+    };
 
     if ctx.json {
         return print_json(&json!({
@@ -180,6 +180,55 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
         say(&format!("hint: {h}"))?;
     }
     Ok(())
+}
+
+/// A command that packs what the initializer misses, as it can be pasted
+/// into a shell: the wanted formats (every miss reason is cured by packing
+/// them again for this host), or, when the policy wants none, the first of
+/// the daemon's formats that takes the tensor. None when nothing would.
+fn prepack_hint(
+    ctx: &Ctx,
+    model: &str,
+    t: &api::TensorResolution,
+    formats: &[api::FormatInfo],
+) -> Option<String> {
+    let mut cmd = vec!["ctcachectl".to_string()];
+    if let Some(s) = &ctx.socket {
+        cmd.extend(["--socket".into(), shell_word(&s.display().to_string())]);
+    }
+    cmd.extend([
+        "prepack".into(),
+        shell_word(model),
+        "--initializer".into(),
+        shell_word(&t.name),
+    ]);
+    if !t.wanted_formats.is_empty() {
+        cmd.push("--wait".into());
+        return Some(cmd.join(" "));
+    }
+    // A rule matched and its packer refused: another format would pack a
+    // layout the graph cannot use.
+    if !t.refused.is_empty() {
+        return None;
+    }
+    let data_type = ctcache::dtype::DataType::from_i32(t.data_type).ok()?;
+    let params = ctcache_kernels::Params::new();
+    let format = formats.iter().find(|f| {
+        ctcache_kernels::find(&f.id)
+            .is_some_and(|p| p.check_source(data_type, &t.dims, &params).is_ok())
+    })?;
+    cmd.extend(["--format".into(), shell_word(&format.id)]);
+    Some(cmd.join(" "))
+}
+
+/// `s` as one shell word: as it is when only safe characters, else single-quoted.
+fn shell_word(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// The first component of an entry's key that does not fit this daemon's

@@ -63,34 +63,15 @@ fn no_daemon_exits_3_and_says_how_to_start_it() {
         "{o:#?}"
     );
 
-    // embed falls back to packing locally, with a note on stderr.
+    // A named socket is never a reason to work without the daemon: embed
+    // and materialize fail the same way (the fallback without a named
+    // socket: cli_exits.rs).
     let out = t.path().join("e.onnx");
-    let o = ctl_raw(&[
-        "--socket",
-        sock,
-        "--json",
-        "embed",
-        &model,
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "gemm.pack_b.f32",
-    ])
-    .ok();
-    assert_eq!(o.json()["via"], "local");
-    assert!(o.stderr.contains("embedding locally"), "{o:#?}");
-    assert!(out.is_file());
-    // ...and says what it needs when it cannot pack offline.
-    let o = ctl_raw(&[
-        "--socket",
-        sock,
-        "embed",
-        &model,
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(o.code, 2, "{o:#?}");
-    assert!(o.stderr.contains("--format"), "{o:#?}");
+    for cmd in ["embed", "materialize"] {
+        let o = ctl_raw(&["--socket", sock, cmd, &model, "-o", out.to_str().unwrap()]);
+        assert_eq!(o.code, 3, "{cmd}: {o:#?}");
+        assert!(!out.exists(), "{o:#?}");
+    }
 }
 
 #[test]
@@ -124,6 +105,33 @@ fn bad_arguments_exit_2() {
         .stdout
         .contains("ctcachectl"));
     assert!(ctl_raw(&["man"]).ok().stdout.contains(".TH ctcachectl"));
+    // One page per command that is not hidden, nested ones included.
+    let t = tempfile::tempdir().unwrap();
+    ctl_raw(&["man", "--dir", t.path().to_str().unwrap()]).ok();
+    let mut pages: Vec<String> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    for page in [
+        "ctcachectl.1",
+        "ctcachectl-gc.1",
+        "ctcachectl-watch-add.1",
+        "ctcachectl-why-miss.1",
+    ] {
+        assert!(pages.iter().any(|p| p == page), "{page} not in {pages:?}");
+    }
+    assert!(
+        !pages
+            .iter()
+            .any(|p| p.contains("-man.") || p.contains("-completions.") || p.contains("-help.")),
+        "{pages:?}"
+    );
+    let gc = std::fs::read_to_string(t.path().join("ctcachectl-gc.1")).unwrap();
+    assert!(
+        gc.contains("max\\-size") && gc.contains("\\-\\-socket"),
+        "{gc}"
+    );
 }
 
 #[test]
@@ -273,6 +281,14 @@ fn prepack_resolve_ls_stat_and_why_miss() {
         ls.contains("PHYSICAL TYPE") && ls.contains("2 entries"),
         "{ls}"
     );
+    // The model each entry came from, and the orders ls knows.
+    assert!(
+        ls.lines()
+            .nth(1)
+            .unwrap()
+            .contains(&format!("  {model}  W  ")),
+        "{ls}"
+    );
     let key = keys(&all)[0].clone();
     let st = d.json(&["stat", &key]);
     assert_eq!(st["key"], key.as_str());
@@ -388,22 +404,21 @@ fn materialize_through_the_daemon_and_locally_give_the_same_model() {
         v
     };
     assert_eq!(files(&a), files(&b));
-    // Without a daemon the command packs locally instead of failing.
+    // A socket named on the command line that does not answer is an error
+    // (exit 3), not a reason to pack here: nothing is written.
     let sock = d.path("none.sock");
     let out = d.path("work/c/m.q.onnx");
     let o = ctl_raw(&[
         "--socket",
         sock.to_str().unwrap(),
-        "--json",
         "materialize",
         &model,
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_eq!(o.code, 0, "{o:#?}");
-    assert_eq!(o.json()["via"], "local");
-    assert!(o.stderr.contains("materializing locally"), "{o:#?}");
-    assert!(out.exists());
+    assert_eq!(o.code, 3, "{o:#?}");
+    assert!(o.stderr.contains("ctcached is not running"), "{o:#?}");
+    assert!(!out.exists() && !d.path("work/c").exists());
     // Locally too, a model with nothing to rewrite is refused and nothing
     // is written; a malformed one is a failure with the reason.
     let relu = d.path("work/relu.onnx");
@@ -596,6 +611,21 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     assert_eq!(keys(&d.json(&["ls"])).len(), 0);
     d.json(&["prepack", &model, "--wait"]);
 
+    // The daemon logged one readable line per gc, verify and reconcile
+    // (no Debug dumps of its reports).
+    let log = d.log();
+    for words in [
+        "gc (dry run): would remove 2 entries and 0 leftover files, ",
+        "gc: removed 0 entries and 0 leftover files, 0 bytes freed, store ",
+        "verify: 2 payload files (",
+        "verify: 2 payload files",
+        "1 damaged (quarantined, their entries dropped)",
+        "reconcile: 2 entries checked, 0 damaged, ",
+    ] {
+        assert!(log.contains(words), "{words:?} not in:\n{log}");
+    }
+    assert!(!log.contains("Report {"), "{log}");
+
     // With the daemon gone, gc and verify open the cache dir themselves.
     let dir = d.stop();
     let v = ctl_raw(&["--json", "verify", "--cache-dir", &cache])
@@ -624,7 +654,7 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     .json();
     assert_eq!(g["removed"].as_array().unwrap().len(), 2, "{g}");
     let o = ctl_raw(&["gc", "--max-size", "0", "--cache-dir", &cache]).ok();
-    assert!(o.stdout.contains("removed 2"), "{o:#?}");
+    assert!(o.stdout.contains("\n2 entries, "), "{o:#?}");
     let o = ctl_raw(&[
         "gc",
         "--cache-dir",
@@ -680,6 +710,12 @@ fn events_follow_packs_and_the_watcher() {
     eventually("watcher packs", || {
         keys(&d.json(&["ls", "--model", d.path("models/w.onnx").to_str().unwrap()])).len() == 2
     });
+    // One readable log line for the model, once its jobs ended.
+    let line = format!(
+        "watcher: {}: 2 packed, 0 stored already, in ",
+        d.path("models/w.onnx").canonicalize().unwrap().display()
+    );
+    eventually("the watcher's log line", || d.log().contains(&line));
     d.stop();
 }
 
@@ -809,6 +845,60 @@ fn permission_denied_says_to_join_the_group() {
     assert!(
         stderr.contains(&format!("ls -l {}", d.socket_arg())),
         "{stderr}"
+    );
+    d.stop();
+}
+
+#[test]
+fn ls_shows_the_model_and_sorts_by_model_last_use_and_size() {
+    let d = Daemon::in_process();
+    let b = write_model(&d.path("work/b.onnx"), 41);
+    let a = write_model(&d.path("work/a.onnx"), 42);
+    d.json(&["prepack", &b, "--wait"]);
+    d.json(&["prepack", &a, "--wait"]);
+    let order = |args: &[&str]| -> Vec<Value> {
+        let mut all = vec!["ls"];
+        all.extend_from_slice(args);
+        d.json(&all)["entries"].as_array().unwrap().clone()
+    };
+    let field = |v: &[Value], f: &str| -> Vec<Value> { v.iter().map(|e| e[f].clone()).collect() };
+    let by_model = order(&["--sort", "model"]);
+    let models: Vec<&str> = by_model
+        .iter()
+        .map(|e| e["model_paths"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(models, [&a, &a, &b, &b]);
+    let sizes: Vec<u64> = field(&order(&["--sort", "size"]), "payload_len")
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+    // Reading one of b's payloads makes it the most recently used entry
+    // (a's entries were created after b's).
+    let key = by_model[3]["key"].as_str().unwrap().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let c = Client::connect_to(&d.socket).await.unwrap();
+        c.read_payload(&key, 0, 0).await.unwrap();
+    });
+    let recent = order(&["--sort", "last-use"]);
+    assert_eq!(recent[0]["key"], key.as_str(), "{recent:?}");
+    let ms: Vec<i64> = field(&recent, "last_access_unix_ms")
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert!(ms.windows(2).all(|w| w[0] >= w[1]), "{ms:?}");
+    // --limit keeps the first in that order.
+    assert_eq!(
+        field(&order(&["--sort", "last-use", "--limit", "1"]), "key"),
+        [Value::from(key.as_str())]
+    );
+    let human = d.ctl(&["ls", "--sort", "model"]).ok().stdout;
+    let rows: Vec<&str> = human.lines().skip(1).take(4).collect();
+    assert!(
+        rows[..2].iter().all(|r| r.contains(&format!("  {a}  W  ")))
+            && rows[2..].iter().all(|r| r.contains(&format!("  {b}  W  "))),
+        "{human}"
     );
     d.stop();
 }

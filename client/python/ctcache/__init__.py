@@ -6,10 +6,11 @@
         for t in r.tensors:
             for e in t.entries:
                 with c.open_payload(e) as p:          # leased, mmapped read-only
-                    data = p.numpy()                  # uint8, zero copy
+                    data = p.numpy()                  # zero copy; the entry's dtype and shape
 
-A 4-bit onnxruntime model whose weights are hard links into the cache
-(``ctcache.ort`` imports onnxruntime only when called)::
+A 4-bit onnxruntime model whose weight files are reflinks of the cache's
+payloads (copies where the filesystem has no reflinks; ``ctcache.ort``
+imports onnxruntime only when called)::
 
     r = ctcache.materialize("/models/m.onnx")         # -> /models/m.int4.onnx + m.int4.onnx.weights/
     import ctcache.ort

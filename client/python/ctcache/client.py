@@ -30,6 +30,11 @@ def state_name(progress) -> str:
     """A job state as a word: ``queued``, ``running``, ``done``, ``cached``,
     ``failed`` or ``cancelled``."""
     return pb.JobState.Name(progress.state).removeprefix("JOB_STATE_").lower()
+LINK_MODES = {"auto": pb.LINK_MODE_AUTO, "reflink": pb.LINK_MODE_REFLINK, "copy": pb.LINK_MODE_COPY,
+              "hard": pb.LINK_MODE_HARD}
+#: ``MaterializeFile.method`` values by name (the names ``ctcachectl --json`` prints).
+PLACE_METHODS = {pb.PLACE_METHOD_REFLINK: "reflink", pb.PLACE_METHOD_COPY: "copy",
+                 pb.PLACE_METHOD_HARD_LINK: "hard_link", pb.PLACE_METHOD_IN_PLACE: "in_place"}
 
 _ERRORS = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
@@ -246,15 +251,21 @@ class Client:
         return self._call("Embed", req, timeout)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
-                    symmetric: bool | None = None, accuracy_level: int = 0, copy: bool = False,
-                    target: str = "onnxruntime-int4", timeout: float | None = None) -> pb.MaterializeResponse:
+                    symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
+                    copy: bool = False, target: str = "onnxruntime-int4",
+                    timeout: float | None = None) -> pb.MaterializeResponse:
         """Writes an onnxruntime-ready 4/8-bit copy of a model (packs what is missing).
 
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
         every Gemm with a constant B, transA=0, alpha=beta=1) becomes a
         ``com.microsoft::MatMulNBits``; its weights are external data in
-        ``<output file name>.weights/``, hard links to the daemon's cache
-        payloads (copies across filesystems, or always with ``copy=True``).
+        ``<output file name>.weights/``. ``link`` says how those files are
+        made from the daemon's cache payloads: ``"auto"`` (a reflink where the
+        filesystem supports it, else a copy: files onnx and onnxruntime both
+        load), ``"reflink"`` (or fail), ``"copy"``, ``"hard"`` (hard links,
+        copies where refused: no bytes written, but onnx >= 1.21 refuses such
+        files; onnxruntime loads them). ``copy=True`` is ``link="copy"``. The
+        answer's ``files`` say how each file was placed (``PLACE_METHODS``).
         ``bits`` / ``block_size`` / ``symmetric`` left ``None``: the daemon's
         policy for ``ort.matmul_nbits``, else 4 / 32 / symmetric.
         ``accuracy_level=0`` leaves the attribute out. A model with nothing to
@@ -262,8 +273,13 @@ class Client:
         (``FAILED_PRECONDITION``); bad settings raise
         :class:`~ctcache.errors.InvalidArgument`.
         """
+        if link not in LINK_MODES:
+            raise ValueError(f"link must be one of {', '.join(LINK_MODES)}, not {link!r}")
+        if copy and link not in ("auto", "copy"):
+            raise ValueError(f"copy=True is link='copy'; it contradicts link={link!r}")
         req = pb.MaterializeRequest(model_path=_path(model_path), output_path=_path(output_path),
-                                    target=target, accuracy_level=int(accuracy_level), copy=bool(copy))
+                                    target=target, accuracy_level=int(accuracy_level),
+                                    link=LINK_MODES["copy" if copy else link])
         if bits is not None:
             req.bits = int(bits)
         if block_size is not None:
@@ -311,18 +327,32 @@ class Client:
         return Payload(self, lease, lease.entry if lease.HasField("entry") else entry, ttl_s, allow_mmap=mmap)
 
     def read_payload(self, key: str, offset: int = 0, length: int = 0) -> bytes:
-        """Copies (part of) a payload over ReadPayload (no lease)."""
-        return bytes(self._read_payload_bytes(key, length, offset))
+        """Copies bytes ``[offset, offset + length)`` of a payload over ReadPayload (no lease).
 
-    def _read_payload_bytes(self, key: str, expect: int = 0, offset: int = 0) -> bytearray:
+        ``length=0`` reads to the end. A range past the end is cut at the end
+        (as ``file.read`` does); an offset past the end raises
+        :class:`~ctcache.errors.RequestFailed` (``OUT_OF_RANGE``).
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(f"offset and length must be >= 0, not {offset} and {length}")
+        return bytes(self._read_range(key, offset, length))
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytearray:
         buf = bytearray()
-        req = pb.ReadPayloadRequest(key=key, offset=offset, length=expect if offset else 0)
+        req = pb.ReadPayloadRequest(key=key, offset=offset, length=length)
         for chunk in self._stream("ReadPayload", req):
             if chunk.offset != offset + len(buf):
                 raise errors.CtcacheError(f"ReadPayload {key}: chunk at {chunk.offset}, expected {offset + len(buf)}")
             buf += chunk.data
-        if expect and offset == 0 and len(buf) != expect:
-            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {expect}")
+            if length and len(buf) > length:
+                raise errors.CtcacheError(f"ReadPayload {key}: got more than the {length} bytes asked for")
+        return buf
+
+    def _read_whole_payload(self, key: str, size: int) -> bytearray:
+        """The whole payload of an entry of ``size`` bytes; any other size is an error."""
+        buf = self._read_range(key, 0, 0)
+        if len(buf) != size:
+            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {size}")
         return buf
 
     def gc(self, max_bytes: int | None = None, max_age_s: int = 0, *, dry_run: bool = False,
@@ -375,4 +405,4 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
 
-__all__ = ["Client", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]
+__all__ = ["Client", "LINK_MODES", "PLACE_METHODS", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]

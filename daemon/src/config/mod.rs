@@ -47,10 +47,12 @@ fn default_rank() -> usize {
     2
 }
 fn default_min_elements() -> u64 {
-    65_536
+    ctcache::onnx::graph::DEFAULT_MIN_ELEMENTS
 }
 fn default_used_as() -> Vec<String> {
-    vec!["MatMul.B".into(), "Gemm.B".into()]
+    ctcache::onnx::graph::DEFAULT_USED_AS
+        .map(String::from)
+        .to_vec()
 }
 
 /// The default policy: MatMul/Gemm weights of at least 65,536 FLOAT elements
@@ -64,7 +66,7 @@ pub fn default_policy() -> Vec<PolicyRule> {
             .collect(),
         data_types: default_types(),
         rank: 2,
-        min_elements: 65_536,
+        min_elements: default_min_elements(),
         used_as: default_used_as(),
     };
     vec![

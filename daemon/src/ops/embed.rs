@@ -46,10 +46,12 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
     let (m, jobs) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &c2)?;
         let sel = model::wanted(&d2, &m.model, &r2.formats, &[])?;
+        if sel.wanted.is_empty() {
+            return Err(model::nothing_to_pack(&d2, &m.path, &sel, &r2.formats));
+        }
         let jobs = pack::submit_all(
             &d2,
-            &m.path,
-            &m.model,
+            &m,
             &sel.wanted,
             (c2.queue_owner(), Priority::Client),
             BackendRequest::Auto,

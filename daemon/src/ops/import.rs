@@ -111,7 +111,7 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
                 client_uid: if caller.is_self_or_root() {
                     None
                 } else {
-                    caller.uid
+                    caller.uid()
                 },
             },
             source_names: vec![c.source_name.clone()],

@@ -1,6 +1,7 @@
 //! The Materialize use case: plan the rewrite, pack the missing
 //! `ort.matmul_nbits` entries (single-flight with every other request), then
-//! write the model with its weights linked or copied from the store, under
+//! write the model with its weights reflinked, copied or hard-linked from the
+//! store (`LinkMode`), under
 //! leases so that a gc running meanwhile cannot remove a payload first.
 
 use std::collections::HashMap;
@@ -28,7 +29,7 @@ const LEASE_TTL: Duration = Duration::from_secs(120);
 
 /// A Materialize request; unset settings come from the policy's
 /// `ort.matmul_nbits` rule, else the packer's defaults.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct MaterializeRequest {
     pub model_path: String,
     pub output_path: String,
@@ -38,8 +39,8 @@ pub(crate) struct MaterializeRequest {
     pub block_size: Option<u32>,
     pub symmetric: Option<bool>,
     pub accuracy_level: i64,
-    /// Copy payloads instead of hard-linking them.
-    pub copy: bool,
+    /// How weight files are placed (reflink or copy by default).
+    pub link: LinkMode,
 }
 
 /// What Materialize wrote.
@@ -121,16 +122,11 @@ pub(crate) async fn materialize(
         let (d, m) = (d.clone(), m.clone());
         let ws: Vec<Wanted> = wanted.iter().map(|(_, w)| w.clone()).collect();
         let who = (caller.queue_owner(), Priority::Client);
-        blocking(move || pack::submit_all(&d, &m.path, &m.model, &ws, who, BackendRequest::Auto))
-            .await?
+        blocking(move || pack::submit_all(&d, &m, &ws, who, BackendRequest::Auto)).await?
     };
     let (entries, packed) = pack::finish(jobs).await?;
     let cached = entries.len() as u32 - packed;
-    let mode = if r.copy {
-        LinkMode::Copy
-    } else {
-        LinkMode::LinkOrCopy
-    };
+    let mode = r.link;
     let (d, caller) = (d.clone(), caller.clone());
     blocking(move || {
         let store = &d.store;

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ctcache::access;
+
 use super::{Error, Result};
 use crate::caller::Caller;
 
@@ -16,13 +18,16 @@ pub(crate) fn output_path(caller: &Caller, path: &str) -> Result<PathBuf> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .ok_or_else(|| Error::invalid("output_path needs a folder"))?;
-    if !caller.may_write_dir(dir) {
-        return Err(Error::denied(format!(
-            "{} may not write in {}",
-            caller.describe(),
-            dir.display()
-        )));
-    }
+    caller
+        .identity()?
+        .open_dir(dir, access::WRITE)
+        .map_err(|_| {
+            Error::denied(format!(
+                "{} may not write in {}",
+                caller.describe(),
+                dir.display()
+            ))
+        })?;
     Ok(out)
 }
 
@@ -31,7 +36,8 @@ pub(crate) fn output_path(caller: &Caller, path: &str) -> Result<PathBuf> {
 pub(crate) fn give_to_caller<'a>(caller: &Caller, paths: impl Iterator<Item = &'a Path>) {
     if crate::caller::own_uid() == 0 {
         for p in paths {
-            let _ = std::os::unix::fs::chown(p, caller.uid, caller.gid);
+            let id = caller.identity.as_ref();
+            let _ = std::os::unix::fs::chown(p, id.map(|i| i.uid), id.map(|i| i.gid));
         }
     }
 }

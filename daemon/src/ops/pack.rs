@@ -3,7 +3,6 @@
 //! and wait for a set of jobs. The Prepack use case is the caller-facing
 //! front of it.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ctcache::digest::SourceDigest;
@@ -12,7 +11,7 @@ use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
 use ctcache_kernels::compile::BackendChoice;
 use ctcache_kernels::{Packer, Params};
 
-use super::model::{self, FormatRequest};
+use super::model::{self, FormatRequest, OpenedModel};
 use super::{Error, Result};
 use crate::caller::Caller;
 use crate::events::EventKind;
@@ -49,13 +48,15 @@ pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> R
     tracing::info!(caller = %caller.describe(), model = %r.model_path, "prepack");
     let m = model::open(d, &r.model_path, caller)?;
     let sel = model::wanted(d, &m.model, &r.formats, &r.initializers)?;
+    if sel.wanted.is_empty() {
+        return Err(model::nothing_to_pack(d, &m.path, &sel, &r.formats));
+    }
     if r.backend == BackendRequest::Wgpu {
         check_wgpu(d, &m.model, &sel.wanted)?;
     }
     submit_all(
         d,
-        &m.path,
-        &m.model,
+        &m,
         &sel.wanted,
         (caller.queue_owner(), Priority::Client),
         r.backend,
@@ -95,17 +96,16 @@ fn gpu_can_pack(w: &Wanted, t: &TensorRef) -> bool {
 /// daemon or an admin) and how urgent it is.
 pub(crate) type For = (Option<u32>, Priority);
 
-/// Starts (or joins) the jobs of every wanted pair of a model. Every
+/// Starts (or joins) the jobs of every wanted pair of an opened model. Every
 /// payload is checked against the limit before any job is submitted.
 pub(crate) fn submit_all(
     d: &Arc<Daemon>,
-    path: &Path,
-    model: &Model,
+    m: &OpenedModel,
     wanted: &[Wanted],
     who: For,
     backend: BackendRequest,
 ) -> Result<Jobs> {
-    let (tensors, digests) = model::digests(d, path, model)?;
+    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
     let mut todo = Vec::with_capacity(wanted.len());
     for w in wanted {
         let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else {
@@ -119,10 +119,7 @@ pub(crate) fn submit_all(
     let mut jobs = Vec::with_capacity(todo.len());
     for (w, t, packer) in todo {
         let digest = digests[&t.name];
-        jobs.push((
-            w.clone(),
-            submit(d, path, t, digest, w, packer, who, backend)?,
-        ));
+        jobs.push((w.clone(), submit(d, m, t, digest, w, packer, who, backend)?));
     }
     Ok(jobs)
 }
@@ -143,10 +140,11 @@ fn check_payload(d: &Daemon, t: &TensorRef, w: &Wanted, packer: &dyn Packer) -> 
     Ok(())
 }
 
-/// The resolved inputs of one pack.
+/// The resolved inputs of one pack: the model as it was opened for the
+/// request (never opened again by path), one of its initializers.
 struct PackSpec {
-    model_path: PathBuf,
-    tensor: String,
+    model: OpenedModel,
+    tensor: TensorRef,
     digest: SourceDigest,
     packer: &'static dyn Packer,
     params: Params,
@@ -163,7 +161,7 @@ fn params_key(p: &Params) -> String {
 #[allow(clippy::too_many_arguments)]
 fn submit(
     d: &Arc<Daemon>,
-    path: &Path,
+    m: &OpenedModel,
     t: &TensorRef,
     digest: SourceDigest,
     w: &Wanted,
@@ -172,8 +170,8 @@ fn submit(
     backend: BackendRequest,
 ) -> Result<JobHandle<Packed>> {
     let spec = PackSpec {
-        model_path: path.to_path_buf(),
-        tensor: t.name.clone(),
+        model: m.clone(),
+        tensor: t.clone(),
         digest,
         packer,
         params: w.params.clone(),
@@ -233,20 +231,9 @@ fn run(
     choice: BackendChoice,
     cancel: &CancelToken,
 ) -> Result<Packed, String> {
-    let model = Model::open(&spec.model_path).map_err(|e| e.to_string())?;
-    let t = model
-        .initializers()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|t| t.name == spec.tensor)
-        .ok_or_else(|| {
-            format!(
-                "{}: no initializer {:?}",
-                spec.model_path.display(),
-                spec.tensor
-            )
-        })?;
-    if let Some(entry) = existing(d, &spec.digest, &t, spec.packer, &spec.params) {
+    let (model, t) = (&spec.model.model, &spec.tensor);
+    let model_path = spec.model.path.display().to_string();
+    if let Some(entry) = existing(d, &spec.digest, t, spec.packer, &spec.params) {
         return Ok(Packed {
             entry,
             cached: true,
@@ -257,8 +244,8 @@ fn run(
         return Err("every waiter went away".into());
     }
     let c = ctcache_kernels::compile::compile_on(
-        &model,
-        &t,
+        model,
+        t,
         Some(spec.digest),
         spec.packer,
         &spec.params,
@@ -282,8 +269,8 @@ fn run(
             packer_version: c.packer_version.to_string(),
             client_uid: None,
         },
-        source_names: vec![spec.tensor.clone()],
-        model_paths: vec![spec.model_path.display().to_string()],
+        source_names: vec![t.name.clone()],
+        model_paths: vec![model_path.clone()],
         pack_duration: c.duration,
     };
     let stored = d
@@ -298,8 +285,8 @@ fn run(
     d.events.emit(
         EventKind::EntryAdded,
         Some(stored.entry.key),
-        spec.model_path.display().to_string(),
-        format!("{} {}", spec.tensor, stored.entry.type_name),
+        model_path,
+        format!("{} {}", t.name, stored.entry.type_name),
     );
     Ok(Packed {
         entry: stored.entry,

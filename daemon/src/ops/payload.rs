@@ -61,7 +61,7 @@ fn authority(caller: &Caller) -> LeaseAuthority {
     if caller.trusted {
         LeaseAuthority::Any
     } else {
-        LeaseAuthority::Owner(caller.uid)
+        LeaseAuthority::Owner(caller.uid())
     }
 }
 
@@ -75,7 +75,7 @@ pub(crate) fn acquire(d: &Daemon, caller: &Caller, key: &EntryKey, ttl_ms: u64) 
     let ttl = ttl(d, ttl_ms);
     let id = d
         .store
-        .acquire_lease_for(key, ttl, caller.uid, d.config.max_leases_per_uid)?;
+        .acquire_lease_for(key, ttl, caller.uid(), d.config.max_leases_per_uid)?;
     Ok(Granted {
         id,
         expires_unix_ms: now_ms() + ttl.as_millis() as i64,

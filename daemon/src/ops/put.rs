@@ -78,7 +78,7 @@ pub(crate) fn begin(d: &Daemon, caller: &Caller, h: PutHeader) -> Result<PutSess
             physical_type: ty,
             dims: h.dims,
             producer: Producer {
-                client_uid: caller.uid,
+                client_uid: caller.uid(),
                 ..Default::default()
             },
             source_names: non_empty(h.source_name),

@@ -177,8 +177,7 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
     };
     let jobs = pack::submit_all(
         d,
-        &m.path,
-        &m.model,
+        &m,
         &missing,
         (caller.queue_owner(), priority),
         BackendRequest::Auto,

@@ -1,7 +1,8 @@
 //! The watcher's use case: paths the watcher reports become models to
 //! (re)consider; once a model file is stable, the policy's prepacks are
-//! submitted at watcher priority. Deleting a model leaves its entries in
-//! place (they are keyed by content).
+//! submitted at watcher priority, and one log line per model says how they
+//! ended. Deleting a model leaves its entries in place (they are keyed by
+//! content).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -9,11 +10,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::pack::{self, BackendRequest};
+use super::model::{self, Reader};
+use super::pack::{self, BackendRequest, Jobs};
 use super::{Error, Result};
 use crate::events::EventKind;
-use crate::scheduler::Priority;
+use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;
+use crate::watcher::Owner;
 
 fn is_model(p: &Path) -> bool {
     p.extension().is_some_and(|e| e == "onnx")
@@ -24,16 +27,19 @@ fn is_model(p: &Path) -> bool {
 pub(crate) fn start(d: &Arc<Daemon>) -> Result<()> {
     let (tx, rx) = mpsc::channel::<PathBuf>();
     let daemon = d.clone();
+    // The jobs' ends are awaited on the daemon's runtime.
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| Error::internal(format!("the watcher needs the daemon's runtime: {e}")))?;
     std::thread::Builder::new()
         .name("ctcache-watch".into())
-        .spawn(move || scan_loop(daemon, rx))
+        .spawn(move || scan_loop(daemon, rx, runtime))
         .map_err(|e| Error::internal(e.to_string()))?;
     d.watcher.start(tx)
 }
 
 /// Turns event paths into models to (re)consider, waits for stability, and
 /// submits the policy's prepacks.
-fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
+fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtime::Handle) {
     let stable = Duration::from_secs_f64(d.config.stable_secs);
     while let Ok(first) = rx.recv() {
         // Gather a burst of paths, then handle each model once.
@@ -63,7 +69,7 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
             }
         }
         for m in models {
-            if let Err(e) = consider(&d, &m, stable) {
+            if let Err(e) = consider(&d, &m, stable, &runtime) {
                 tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
                 d.events.emit(
                     EventKind::Watcher,
@@ -111,13 +117,13 @@ fn walk_models(dir: &Path) -> Vec<PathBuf> {
 /// stopped meanwhile.
 fn wait_stable(d: &Daemon, p: &Path, stable: Duration) -> bool {
     let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last = crate::memo::FileId::of(p).ok();
+    let mut last = ctcache::fsutil::FileStamp::of_path(p).ok();
     loop {
         std::thread::sleep(stable.max(Duration::from_millis(20)));
         if !d.watcher.is_running() {
             return false;
         }
-        let now = crate::memo::FileId::of(p).ok();
+        let now = ctcache::fsutil::FileStamp::of_path(p).ok();
         if now.is_none() {
             return false;
         }
@@ -131,19 +137,29 @@ fn wait_stable(d: &Daemon, p: &Path, stable: Duration) -> bool {
     }
 }
 
-fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> Result<()> {
+fn consider(
+    d: &Arc<Daemon>,
+    path: &Path,
+    stable: Duration,
+    runtime: &tokio::runtime::Handle,
+) -> Result<()> {
     if !wait_stable(d, path, stable) {
         return Ok(());
     }
-    let canonical = path
-        .canonicalize()
-        .map_err(|e| Error::not_found(e.to_string()))?;
-    let model = ctcache::onnx::Model::open(&canonical)?;
-    let sel = crate::policy::select(&model, &d.config.policy)?;
+    // Read with the rights of the watch's owner: a user's watch never
+    // packs what that user may not read (a link to another's file).
+    let Some(owner) = d.watcher.owner_of(path) else {
+        return Ok(());
+    };
+    let reader = match owner {
+        Owner::Admin => Reader::Admin,
+        Owner::User(who) => Reader::As(who),
+    };
+    let m = model::open_as(path, &reader)?;
+    let sel = crate::policy::select(&m.model, &d.config.policy)?;
     let jobs = pack::submit_all(
         d,
-        &canonical,
-        &model,
+        &m,
         &sel.wanted,
         (None, Priority::Watcher),
         BackendRequest::Auto,
@@ -151,12 +167,47 @@ fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> Result<()> {
     d.events.emit(
         EventKind::Watcher,
         None,
-        canonical.display().to_string(),
+        m.path.display().to_string(),
         format!(
             "{} pack job(s) for {} wanted pair(s)",
             jobs.iter().filter(|(_, h)| !h.joined).count(),
             sel.wanted.len()
         ),
     );
+    runtime.spawn(log_when_done(m.path.clone(), jobs, Instant::now()));
     Ok(())
+}
+
+/// Waits for a watched model's jobs and logs one line: what was packed,
+/// what was stored already, what failed.
+async fn log_when_done(model: PathBuf, jobs: Jobs, started: Instant) {
+    let wanted = jobs.len();
+    let (mut packed, mut stored, mut failed) = (0, 0, Vec::new());
+    for (w, h) in jobs {
+        match h.finished().await {
+            JobState::Done(p) if p.cached => stored += 1,
+            JobState::Done(_) => packed += 1,
+            JobState::Failed(e) => failed.push(format!("{} as {}: {e}", w.initializer, w.format)),
+            _ => failed.push(format!("{} as {}: cancelled", w.initializer, w.format)),
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if wanted == 0 {
+        tracing::info!(
+            "watcher: {}: nothing to pack (no initializer matches the policy)",
+            model.display()
+        );
+    } else if failed.is_empty() {
+        tracing::info!(
+            "watcher: {}: {packed} packed, {stored} stored already, in {secs:.2} s",
+            model.display()
+        );
+    } else {
+        tracing::warn!(
+            "watcher: {}: {packed} packed, {stored} stored already, {} failed ({}), in {secs:.2} s",
+            model.display(),
+            failed.len(),
+            failed.join("; ")
+        );
+    }
 }

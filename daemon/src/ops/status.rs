@@ -21,11 +21,15 @@ pub(crate) struct StatusReport {
     pub watches: Vec<PathBuf>,
     pub cache_dir: PathBuf,
     pub socket: Option<PathBuf>,
+    /// The configured gc budget (what a Gc without limits applies).
+    pub gc_max_bytes: Option<u64>,
+    pub gc_max_age: Option<Duration>,
 }
 
 /// The Status use case.
 pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
     let sched = d.scheduler.stats();
+    let (gc_max_bytes, gc_max_age) = super::gc::configured_budget(d);
     Ok(StatusReport {
         uptime: d.started.elapsed(),
         stats: d.store.stats()?,
@@ -34,6 +38,8 @@ pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
         watches: d.watcher.dirs(),
         cache_dir: d.config.cache_dir.clone(),
         socket: d.socket.clone(),
+        gc_max_bytes,
+        gc_max_age,
     })
 }
 

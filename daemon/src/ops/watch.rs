@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{Error, Result};
+use ctcache::access;
+
 use crate::caller::Caller;
 use crate::events::EventKind;
 use crate::state::Daemon;
@@ -21,22 +23,26 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
     if !dir.is_absolute() {
         return Err(not_a_folder());
     }
-    // Checked before looking at the folder: to anyone but root and the
-    // daemon's uid, a missing folder and one they may not read get the same
+    let who = caller.identity()?;
+    // Judged on the opened folder. To anyone but root and the daemon's uid a
+    // missing folder, a file and a folder they may not read get the same
     // answer.
-    if !caller.may_read(dir) {
+    if who.open_dir(dir, access::READ).is_err() {
+        if caller.is_self_or_root() {
+            return Err(not_a_folder());
+        }
         return Err(Error::denied(format!(
-            "{}: not found, or not readable by {}",
+            "{}: not found, not a folder, or not readable by {}",
             dir.display(),
             caller.describe()
         )));
     }
-    if !dir.is_dir() {
-        return Err(not_a_folder());
-    }
-    let owner = match caller.uid {
-        Some(uid) if !caller.is_self_or_root() => Owner::Uid(uid),
-        _ => Owner::Config,
+    // A watch is its adder's: what it finds is read with their rights
+    // (root's and the daemon's own watches are the admin's).
+    let owner = if caller.is_self_or_root() {
+        Owner::Admin
+    } else {
+        Owner::User(who.clone())
     };
     if let Some(dir) = d.watcher.add(dir, owner)? {
         d.events.emit(

@@ -1,11 +1,12 @@
 //! The caller of a request, from what the transport vouches for: the Unix
-//! socket's peer credentials; for TCP, whether the peer presented a client
-//! certificate the configured CA verified (TCP peers have no uid).
+//! socket's peer (`peer.rs`); for TCP, whether the peer presented a client
+//! certificate the configured CA verified (TCP peers have no credentials).
 
 use tonic::codegen::http::Extensions;
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Request;
 
+use super::peer::PeerInfo;
 use crate::caller::{Caller, Transport};
 
 /// Who sent `req`.
@@ -15,12 +16,10 @@ pub(crate) fn of<T>(req: &Request<T>, trusted_uids: &[u32]) -> Caller {
 
 /// Who sent the request whose connection info is in `ext`.
 pub(crate) fn from_extensions(ext: &Extensions, trusted_uids: &[u32]) -> Caller {
-    if let Some(info) = ext.get::<UdsConnectInfo>() {
-        let cred = info.peer_cred;
+    if let Some(p) = ext.get::<PeerInfo>() {
         return Caller::new(
-            cred.map(|c| c.uid()),
-            cred.map(|c| c.gid()),
-            cred.and_then(|c| c.pid()),
+            Some(p.identity.clone()),
+            p.pid,
             Transport::Unix,
             trusted_uids,
         );
@@ -30,11 +29,5 @@ pub(crate) fn from_extensions(ext: &Extensions, trusted_uids: &[u32]) -> Caller 
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|t| t.peer_certs())
         .is_some_and(|certs| !certs.is_empty());
-    Caller::new(
-        None,
-        None,
-        None,
-        Transport::Tcp { verified_client },
-        trusted_uids,
-    )
+    Caller::new(None, None, Transport::Tcp { verified_client }, trusted_uids)
 }

@@ -112,8 +112,9 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
     }
 }
 
-pub(crate) fn materialize(r: api::MaterializeRequest) -> MaterializeRequest {
-    MaterializeRequest {
+pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeRequest, Error> {
+    let link = r.link_mode().map_err(Error::invalid)?;
+    Ok(MaterializeRequest {
         model_path: r.model_path,
         output_path: r.output_path,
         target: r.target,
@@ -121,8 +122,8 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> MaterializeRequest {
         block_size: r.block_size,
         symmetric: r.symmetric,
         accuracy_level: r.accuracy_level,
-        copy: r.copy,
-    }
+        link,
+    })
 }
 
 pub(crate) fn list(r: api::ListRequest) -> ListRequest {
@@ -137,9 +138,9 @@ pub(crate) fn list(r: api::ListRequest) -> ListRequest {
 
 pub(crate) fn gc(r: api::GcRequest) -> GcRequest {
     GcRequest {
-        // `has_max_bytes` tells a budget of 0 from no budget.
+        // The `has_` flags tell a limit of 0 (everything) from no limit.
         max_bytes: (r.has_max_bytes || r.max_bytes > 0).then_some(r.max_bytes),
-        max_age_secs: (r.max_age_s > 0).then_some(r.max_age_s),
+        max_age_secs: (r.has_max_age_s || r.max_age_s > 0).then_some(r.max_age_s),
         dry_run: r.dry_run,
     }
 }

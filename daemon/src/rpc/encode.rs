@@ -164,6 +164,8 @@ pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
         pid: std::process::id(),
+        gc_max_bytes: s.gc_max_bytes,
+        gc_max_age_s: s.gc_max_age.map(|a| a.as_secs()),
     }
 }
 

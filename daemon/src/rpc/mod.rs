@@ -10,6 +10,7 @@ mod caller;
 mod decode;
 mod encode;
 mod guard;
+mod peer;
 mod service;
 mod status;
 
@@ -96,10 +97,16 @@ pub(crate) async fn serve(
         tokio::net::UnixListener::from_std(unix)
             .map_err(|e| RunError::io("the unix listener", e))?,
     );
+    // A connection whose peer cannot be read is dropped, not served.
     let unix_incoming = accept::incoming(
         move || {
             let l = unix.clone();
-            async move { l.accept().await.map(|(s, _)| s) }
+            async move {
+                let (s, _) = l.accept().await?;
+                peer::PeerStream::new(s).inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot read a connection's peer credentials");
+                })
+            }
         },
         open.clone(),
     );

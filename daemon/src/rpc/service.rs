@@ -242,7 +242,7 @@ impl CompiledTensorCache for Service {
         req: Request<api::MaterializeRequest>,
     ) -> Answer<api::MaterializeResponse> {
         let caller = self.caller(&req);
-        let r = decode::materialize(req.into_inner());
+        let r = decode::materialize(req.into_inner())?;
         let m = ops::materialize::materialize(&self.daemon, &caller, r).await?;
         ok(encode::materialized(m))
     }

@@ -45,20 +45,39 @@ impl Out {
 
 /// Runs ctcachectl with `args` (no daemon socket added).
 pub fn ctl_raw(args: &[&str]) -> Out {
-    let o = Command::new(ctl_bin())
-        .args(args)
-        .env_remove("CTCACHE_SOCKET")
-        .env("NO_COLOR", "1")
+    ctl_env(args, &[])
+}
+
+/// Runs ctcachectl with `args` and these environment variables (and no
+/// `CTCACHE_SOCKET` unless `env` sets it).
+pub fn ctl_env(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let o = ctl_command(args, env)
         .stdin(Stdio::null())
         .output()
         .expect("running ctcachectl");
-    let out = Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into(),
-        stderr: String::from_utf8_lossy(&o.stderr).into(),
-    };
-    assert!(!out.stderr.contains("panicked"), "panic: {out:#?}");
-    out
+    Out::of(o)
+}
+
+/// The ctcachectl command `ctl_env` runs, to spawn it another way.
+pub fn ctl_command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(ctl_bin());
+    c.args(args)
+        .env_remove("CTCACHE_SOCKET")
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied());
+    c
+}
+
+impl Out {
+    pub fn of(o: std::process::Output) -> Out {
+        let out = Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into(),
+            stderr: String::from_utf8_lossy(&o.stderr).into(),
+        };
+        assert!(!out.stderr.contains("panicked"), "panic: {out:#?}");
+        out
+    }
 }
 
 /// A running ctcached on temp dirs `T` (cache `T/cache`, watching
@@ -95,6 +114,20 @@ impl Daemon {
         }
     }
 
+    /// In this process, with a gc budget configured (`gc_max_bytes`,
+    /// `gc_max_age_secs`; 0: none).
+    pub fn in_process_with_gc_budget(max_bytes: u64, max_age_secs: u64) -> Daemon {
+        let d = ctcache_testkit::InProcessDaemon::start_with(|c| {
+            c.gc_max_bytes = max_bytes;
+            c.gc_max_age_secs = max_age_secs;
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        Daemon {
+            socket: d.socket.clone(),
+            inner: Inner::InProcess(d),
+        }
+    }
+
     /// `T/rel`.
     pub fn path(&self, rel: &str) -> PathBuf {
         match &self.inner {
@@ -119,6 +152,67 @@ impl Daemon {
         let mut all = vec!["--json"];
         all.extend_from_slice(args);
         self.ctl(&all).ok().json()
+    }
+
+    /// Runs `ctcachectl ARGS` against this daemon (the binary) and kills
+    /// the daemon with SIGKILL while the call is open: the daemon is stopped
+    /// (SIGSTOP) first, so the call is surely under way and unanswered when
+    /// the daemon dies. Starts the daemon again afterwards.
+    pub fn kill_during(&mut self, args: &[&str]) -> Out {
+        let Inner::Binary(d) = &mut self.inner else {
+            panic!("kill_during needs the daemon binary (Daemon::start)");
+        };
+        let pid = d.child.as_ref().expect("running").id() as i32;
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let mut all = vec!["--socket", self.socket.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let child = ctl_command(&all, &[])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running ctcachectl");
+        // The call is open once ctcachectl holds a connected socket (the
+        // probe's is dropped at once; the channel's stays) and sent its
+        // request a moment later.
+        let fds = format!("/proc/{}/fd", child.id());
+        eventually("ctcachectl connects", || {
+            std::fs::read_dir(&fds).is_ok_and(|rd| {
+                rd.flatten().any(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+            })
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(d.child.take()); // SIGKILL and reap
+        let out = Out::of(child.wait_with_output().expect("waiting for ctcachectl"));
+        d.spawn(&[], |_| {})
+            .unwrap_or_else(|e| panic!("restarting ctcached: {e:#}"));
+        out
+    }
+
+    /// What the daemon binary logged since its last start.
+    pub fn log(&self) -> String {
+        match &self.inner {
+            Inner::Binary(d) => d.log(),
+            Inner::InProcess(_) => panic!("an in-process daemon logs to the test's subscriber"),
+        }
+    }
+
+    /// Stops the daemon and starts it again on the same dirs.
+    pub fn restart(&mut self) {
+        match &mut self.inner {
+            Inner::Binary(d) => {
+                d.stop_cleanly().unwrap_or_else(|e| panic!("{e:#}"));
+                d.spawn(&[], |_| {}).unwrap_or_else(|e| panic!("{e:#}"));
+            }
+            Inner::InProcess(d) => {
+                d.stop().unwrap_or_else(|e| panic!("{e:#}"));
+                d.restart().unwrap_or_else(|e| panic!("{e:#}"));
+            }
+        }
     }
 
     /// Stops the daemon (the binary must exit 0 within 30 s of SIGTERM).
