@@ -1,7 +1,10 @@
 //! Store benchmark (one run, prints figures against their targets):
 //! put throughput vs a plain write+fsync of the same bytes (>= 0.8x),
 //! lookups per second on one core with N entries (>= 200,000/s), open time
-//! of a store with N entries (< 1 s), GC over N entries (< 2 s).
+//! of a store with N entries (< 1 s), GC over N entries (< 2 s), and stats,
+//! GC and a bounded lease acquire with L live leases (default 100,000, from
+//! `CTCACHE_BENCH_LEASES`) against the same store without leases (each
+//! <= 2x its anchor).
 //!
 //! `cargo bench -p ctcache --bench store_bench`; N from
 //! `CTCACHE_BENCH_ENTRIES` (default 100,000), the folder from
@@ -129,6 +132,85 @@ fn bench_put(base: &std::path::Path) {
     .print();
 }
 
+/// The median of `reps` timings of `f`.
+fn median(reps: usize, mut f: impl FnMut()) -> Duration {
+    let mut t: Vec<Duration> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed()
+        })
+        .collect();
+    t.sort();
+    t[reps / 2]
+}
+
+/// Stats, a GC that keeps everything (its plan and lease checks over every
+/// entry) and a bounded acquire+release, on 10,000 entries with no lease
+/// (the anchor) and with L live leases spread over entries and 1,000 uids.
+fn bench_leases(base: &std::path::Path) {
+    let leases: u64 = std::env::var("CTCACHE_BENCH_LEASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    const ENTRIES: u64 = 10_000;
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    let s = Store::open(
+        tmp.path(),
+        StoreOptions {
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let keys: Vec<_> = (0..ENTRIES)
+        .map(|i| s.put(&entry(i), &i.to_le_bytes()[..]).unwrap().entry.key)
+        .collect();
+    let keep_all = GcPolicy {
+        max_bytes: Some(u64::MAX),
+        ..Default::default()
+    };
+    let ttl = Duration::from_secs(3600);
+    let measure = |s: &Store| {
+        let stats = median(5, || drop(s.stats().unwrap()));
+        let gc = median(5, || drop(s.gc(&keep_all).unwrap()));
+        let mut i = 0usize;
+        let acquire = median(2001, || {
+            i += 1;
+            let id = s
+                .acquire_lease_for(&keys[i % keys.len()], ttl, Some(u32::MAX), 1024)
+                .unwrap();
+            s.release(id).unwrap();
+        });
+        (stats, gc, acquire)
+    };
+    let anchor = measure(&s);
+    let t = Instant::now();
+    for i in 0..leases {
+        s.acquire_lease_for(
+            &keys[(i % ENTRIES) as usize],
+            ttl,
+            Some((i % 1000) as u32),
+            1024,
+        )
+        .unwrap();
+    }
+    println!("set-up: {leases} leases taken in {:.1?}", t.elapsed());
+    let loaded = measure(&s);
+    assert_eq!(s.lease_count().unwrap(), leases);
+    for (what, a, l) in [
+        ("stats", anchor.0, loaded.0),
+        ("gc (keeps all)", anchor.1, loaded.1),
+        ("acquire+release (bounded)", anchor.2, loaded.2),
+    ] {
+        let ratio = l.as_secs_f64() / a.as_secs_f64();
+        println!(
+            "{what} on {ENTRIES} entries: {l:.2?} with {leases} leases, {a:.2?} without: ratio {ratio:.2} (target <= 2: {})",
+            verdict(ratio <= 2.0)
+        );
+    }
+}
+
 fn main() {
     let n: u64 = std::env::var("CTCACHE_BENCH_ENTRIES")
         .ok()
@@ -142,6 +224,9 @@ fn main() {
     }
     if std::env::var("CTCACHE_BENCH_SKIP_PUT").is_err() {
         bench_put(&base);
+    }
+    if std::env::var("CTCACHE_BENCH_SKIP_LEASES").is_err() {
+        bench_leases(&base);
     }
 
     let tmp = tempfile::tempdir_in(&base).unwrap();

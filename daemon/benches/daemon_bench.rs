@@ -17,7 +17,6 @@ use ctcache_api::v1 as api;
 use ctcache_testkit::{Figure, On};
 use prost::Message;
 use support::*;
-use tokio_stream::StreamExt;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -55,15 +54,7 @@ async fn main() {
     // Entries to look up: prepack one model.
     let model = work.path().join("m.onnx");
     write_model(&model, &matmul_model(1024, 1024, 1));
-    let mut s = c
-        .prepack(api::PrepackRequest {
-            model_path: model.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    while s.next().await.is_some() {}
+    prepack_all(&mut c, &model).await;
     let digest = digest_of(&model, "W");
     let req = api::LookupRequest {
         source_digest: Bytes::copy_from_slice(&digest),

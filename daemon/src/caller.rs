@@ -1,17 +1,22 @@
 //! Who is asking: the identity the transport vouches for (the Unix socket's
-//! peer credentials and groups), and whether the daemon trusts it with the
-//! admin and mutating use cases. File access on a caller's behalf is judged
-//! by the core (`ctcache::access`) on what is actually opened.
+//! peer credentials and groups, or a TCP peer's verified client
+//! certificate), whether the daemon trusts it with the admin and mutating
+//! use cases, and which use cases its transport admits. File access on a
+//! caller's behalf is judged by the core (`ctcache::access`) on what is
+//! actually opened.
 
 use ctcache::access::Identity;
+
+use crate::ops::UseCase;
 
 /// How the caller reached the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Transport {
     /// The Unix socket: credentials from SO_PEERCRED / SO_PEERGROUPS.
     Unix,
-    /// TCP: no credentials.
-    Tcp,
+    /// TCP: no uid. `verified_client` when the peer presented a client
+    /// certificate the configured `tls_client_ca` signed.
+    Tcp { verified_client: bool },
 }
 
 /// The identity a use case acts for.
@@ -21,8 +26,9 @@ pub(crate) struct Caller {
     pub identity: Option<Identity>,
     pub pid: Option<i32>,
     pub transport: Transport,
-    /// Root, the daemon's own user or a `trusted_uids` member: may run the
-    /// admin and mutating use cases.
+    /// Root, the daemon's own user, a `trusted_uids` member or a TCP peer
+    /// with a verified client certificate: may run the admin and mutating
+    /// use cases.
     pub trusted: bool,
 }
 
@@ -43,7 +49,11 @@ impl Caller {
     ) -> Caller {
         let trusted = identity
             .as_ref()
-            .is_some_and(|i| i.uid == 0 || i.uid == own_uid() || trusted_uids.contains(&i.uid));
+            .is_some_and(|i| i.uid == 0 || i.uid == own_uid() || trusted_uids.contains(&i.uid))
+            || transport
+                == (Transport::Tcp {
+                    verified_client: true,
+                });
         Caller {
             identity,
             pid,
@@ -61,6 +71,16 @@ impl Caller {
         matches!(self.uid(), Some(0)) || self.uid() == Some(own_uid())
     }
 
+    /// The uid whose bounds (queued jobs, watches) apply to this caller:
+    /// none for root and the daemon's own user.
+    pub fn queue_owner(&self) -> Option<u32> {
+        if self.is_self_or_root() {
+            None
+        } else {
+            self.uid()
+        }
+    }
+
     /// Fails unless the caller is trusted with `what` (logged either way).
     pub fn require_trusted(&self, what: &str) -> crate::error::Result<()> {
         tracing::info!(caller = %self.describe(), trusted = self.trusted, "{what}");
@@ -71,6 +91,28 @@ impl Caller {
                 "{} may not {what}: only the daemon's user, root and trusted_uids may",
                 self.describe()
             )))
+        }
+    }
+
+    /// Fails unless the caller's transport admits `use_case` (`None`: a
+    /// method the daemon does not know). The one place the transport rule
+    /// is applied, for every request before its handler runs: TCP callers
+    /// without a verified client certificate may only read.
+    pub fn admits(&self, use_case: Option<UseCase>) -> crate::error::Result<()> {
+        let read_only = self.transport
+            == Transport::Tcp {
+                verified_client: false,
+            };
+        match use_case {
+            Some(u) if !read_only || u.reads_only() => Ok(()),
+            _ => {
+                let what = use_case.map_or("this method", UseCase::name);
+                tracing::info!(caller = %self.describe(), "refused {what} over TCP");
+                Err(crate::error::Error::denied(format!(
+                    "{} may not call {what}: TCP callers without a verified client certificate may only read (Lookup, BatchLookup, ResolveModel, ReadPayload, Status, Health, ListFormats, GetHostDevices, List, Stats, ListWatches)",
+                    self.describe()
+                )))
+            }
         }
     }
 
@@ -90,6 +132,7 @@ impl Caller {
         match (self.uid(), self.pid) {
             (Some(u), Some(p)) => format!("uid {u} (pid {p})"),
             (Some(u), None) => format!("uid {u}"),
+            _ if self.trusted => "a TCP peer with a verified client certificate".into(),
             _ => "a TCP peer".into(),
         }
     }

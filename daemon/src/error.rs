@@ -28,6 +28,9 @@ pub(crate) enum ErrorKind {
     DataLoss,
     /// The work was abandoned (shutdown, every waiter gone).
     Cancelled,
+    /// A passing fault (a busy or interrupted resource); asking again may
+    /// succeed.
+    Unavailable,
     /// A fault of the daemon or its host (I/O, a broken index).
     Internal,
 }
@@ -84,18 +87,28 @@ impl Error {
 }
 
 impl Error {
-    /// An I/O failure on `what` (a path the caller named).
+    /// An I/O failure on `what` (a path the caller named): a missing file
+    /// is the request's NOT_FOUND, anything else as [`io_kind`] says.
     pub fn from_io(e: std::io::Error, what: &str) -> Error {
-        Error::new(io_kind(&e), format!("{what}: {e}"))
+        let kind = match e.kind() {
+            Io::NotFound => ErrorKind::NotFound,
+            _ => io_kind(&e),
+        };
+        Error::new(kind, format!("{what}: {e}"))
     }
 }
 
-/// The kind an I/O failure means to a caller.
+/// The kind an I/O failure of the daemon means to a caller: a full disk is
+/// a bound reached, a busy or interrupted resource passes, the daemon being
+/// refused a file is a permission matter, anything else (a file missing
+/// under the daemon included) is the daemon's fault, never the request's.
 fn io_kind(e: &std::io::Error) -> ErrorKind {
     match e.kind() {
-        Io::NotFound => ErrorKind::NotFound,
+        Io::StorageFull | Io::QuotaExceeded | Io::FileTooLarge => ErrorKind::Exhausted,
+        Io::TimedOut | Io::Interrupted | Io::WouldBlock | Io::ResourceBusy => {
+            ErrorKind::Unavailable
+        }
         Io::PermissionDenied => ErrorKind::PermissionDenied,
-        Io::StorageFull | Io::QuotaExceeded => ErrorKind::Exhausted,
         _ => ErrorKind::Internal,
     }
 }
@@ -120,6 +133,8 @@ impl From<StoreError> for Error {
             StoreError::NoSpace { .. } => ErrorKind::Exhausted,
             StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
+            StoreError::NotLeaseOwner(_) => ErrorKind::PermissionDenied,
+            StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,
             StoreError::Leased { .. } => ErrorKind::Precondition,
             StoreError::PayloadDamaged { .. } => ErrorKind::DataLoss,
             _ => ErrorKind::Internal,
@@ -131,6 +146,9 @@ impl From<StoreError> for Error {
 /// Why the daemon could not start or serve.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The configuration is not one the daemon may run with.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
     /// The cache dir could not be opened.
     #[error("opening the cache {}: {source}", .dir.display())]
     Store {
@@ -164,5 +182,36 @@ impl RunError {
             what: what.into(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_of(io: Io) -> ErrorKind {
+        Error::from(StoreError::Io {
+            op: "open",
+            path: "/x".into(),
+            source: io.into(),
+        })
+        .kind
+    }
+
+    #[test]
+    fn io_failures_are_never_the_requests_fault() {
+        assert_eq!(kind_of(Io::StorageFull), ErrorKind::Exhausted);
+        assert_eq!(kind_of(Io::QuotaExceeded), ErrorKind::Exhausted);
+        assert_eq!(kind_of(Io::NotFound), ErrorKind::Internal);
+        assert_eq!(kind_of(Io::InvalidInput), ErrorKind::Internal);
+        assert_eq!(kind_of(Io::InvalidData), ErrorKind::Internal);
+        assert_eq!(kind_of(Io::Interrupted), ErrorKind::Unavailable);
+        let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let e = Error::from(ctcache::Error::Io {
+            action: "read",
+            path: "/m.onnx".into(),
+            source: enospc,
+        });
+        assert_eq!(e.kind, ErrorKind::Exhausted);
     }
 }

@@ -1,9 +1,14 @@
 //! The daemon's event feed, followed through the Events RPC: entries added,
 //! pack progress and watcher activity. Followers that fall behind miss
-//! events rather than slow the daemon down.
+//! events rather than slow the daemon down; at most `max_event_subscribers`
+//! follow at once.
+
+use std::sync::Arc;
 
 use ctcache::store::EntryKey;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
 
 use crate::jobs::JobProgress;
 
@@ -40,15 +45,26 @@ pub(crate) struct Event {
     pub progress: Option<JobProgress>,
 }
 
-/// The broadcast channel of events.
+/// The broadcast channel of events, and the places for followers.
 pub(crate) struct Events {
     tx: broadcast::Sender<Event>,
+    followers: Arc<Semaphore>,
+    max_followers: usize,
+}
+
+/// A follower's subscription; its place is freed when dropped.
+pub(crate) struct Subscription {
+    pub rx: broadcast::Receiver<Event>,
+    _place: OwnedSemaphorePermit,
 }
 
 impl Events {
-    pub fn new() -> Events {
+    /// A feed for at most `max_followers` followers at once.
+    pub fn new(max_followers: usize) -> Events {
         Events {
             tx: broadcast::channel(BACKLOG).0,
+            followers: Arc::new(Semaphore::new(max_followers)),
+            max_followers,
         }
     }
 
@@ -68,8 +84,18 @@ impl Events {
         let _ = self.tx.send(event);
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.tx.subscribe()
+    /// Follows the feed; RESOURCE_EXHAUSTED when every place is taken.
+    pub fn subscribe(&self) -> Result<Subscription> {
+        let place = self.followers.clone().try_acquire_owned().map_err(|_| {
+            Error::exhausted(format!(
+                "{} event followers already, the most allowed (max_event_subscribers)",
+                self.max_followers
+            ))
+        })?;
+        Ok(Subscription {
+            rx: self.tx.subscribe(),
+            _place: place,
+        })
     }
 }
 

@@ -2,7 +2,8 @@
 //! of the file and of its external-data files as they were opened (device,
 //! inode, size, mtime, ctime), so unchanged models are not rehashed on ResolveModel or restart.
 //! Persisted in the store's index (its memo tree, one JSON record per model
-//! path) and cached in memory.
+//! path) and cached in memory, at most `max_memo_entries` models (past
+//! that, an arbitrary one is dropped from memory; the index keeps it).
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
@@ -25,6 +26,7 @@ struct Record {
 pub struct Memo {
     store: Arc<Store>,
     map: Mutex<HashMap<PathBuf, Record>>,
+    max_in_memory: usize,
 }
 
 fn key(path: &Path) -> &[u8] {
@@ -49,12 +51,30 @@ fn identity(model: &Model, tensors: &[TensorRef]) -> Option<Vec<FileStamp>> {
 impl Memo {
     /// A memo over the store's memo tree. The file an older version kept
     /// in the cache dir (`digest-memo.json`) is removed: it is only a cache.
-    pub fn new(store: Arc<Store>) -> Memo {
+    pub fn new(store: Arc<Store>, max_in_memory: usize) -> Memo {
         let _ = std::fs::remove_file(store.dir().join("digest-memo.json"));
         Memo {
             store,
             map: Mutex::new(HashMap::new()),
+            max_in_memory: max_in_memory.max(1),
         }
+    }
+
+    /// Keeps `r` in memory, making room within the bound.
+    fn remember(&self, model_path: &Path, r: Record) {
+        let mut map = self.lock();
+        if !map.contains_key(model_path) && map.len() >= self.max_in_memory {
+            if let Some(k) = map.keys().next().cloned() {
+                map.remove(&k);
+            }
+        }
+        map.insert(model_path.to_path_buf(), r);
+    }
+
+    /// Models kept in memory.
+    #[cfg(test)]
+    fn in_memory(&self) -> usize {
+        self.lock().len()
     }
 
     /// The record of a model: from memory, else from the index.
@@ -64,7 +84,7 @@ impl Memo {
         }
         let bytes = self.store.memo_get(key(model_path)).ok().flatten()?;
         let r: Record = serde_json::from_slice(&bytes).ok()?;
-        self.lock().insert(model_path.to_path_buf(), r.clone());
+        self.remember(model_path, r.clone());
         Some(r)
     }
 
@@ -128,7 +148,7 @@ impl Memo {
             }
             Err(e) => tracing::warn!(error = %e, "cannot encode a memo record"),
         }
-        self.lock().insert(model_path.to_path_buf(), record);
+        self.remember(model_path, record);
         Ok((out, true))
     }
 
@@ -136,5 +156,38 @@ impl Memo {
     pub fn forget(&self, model_path: &Path) {
         self.lock().remove(model_path);
         let _ = self.store.memo_remove(key(model_path));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_holds_at_most_the_bound_and_the_index_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path().join("cache"), Default::default()).unwrap());
+        let memo = Memo::new(store, 3);
+        let mut digests = Vec::new();
+        for i in 0..10u32 {
+            let path = dir.path().join(format!("m{i}.onnx"));
+            let w = ctcache_testkit::xorshift(i + 1).map(ctcache_testkit::unit_f32);
+            std::fs::write(&path, ctcache_testkit::MatMul::new(4, 4, w).encode()).unwrap();
+            let model = Model::open(&path).unwrap();
+            let tensors = model.initializers().unwrap();
+            let (d, computed) = memo.digests(&path, &model, &tensors).unwrap();
+            assert!(computed);
+            digests.push((path, d));
+            assert!(memo.in_memory() <= 3);
+        }
+        // A model dropped from memory is served from the index, not rehashed.
+        for (path, d) in digests {
+            let model = Model::open(&path).unwrap();
+            let tensors = model.initializers().unwrap();
+            let (again, computed) = memo.digests(&path, &model, &tensors).unwrap();
+            assert!(!computed, "{}", path.display());
+            assert_eq!(again, d);
+        }
+        assert!(memo.in_memory() <= 3);
     }
 }

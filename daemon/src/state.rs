@@ -52,16 +52,22 @@ impl Daemon {
         // A GPU lane only for a hardware adapter: a software one (lavapipe)
         // is slower than the CPU kernels.
         let gpu_workers = usize::from(config.gpu && ctcache_kernels::compile::hardware_gpu());
-        let scheduler = Scheduler::new(config.worker_count(), gpu_workers, config.memory_budget);
-        let memo = Memo::new(store.clone());
-        let watcher = Watcher::new(&config.watch);
+        let scheduler = Scheduler::new(
+            config.worker_count(),
+            gpu_workers,
+            config.memory_budget,
+            config.max_queued_jobs_per_uid,
+        );
+        let memo = Memo::new(store.clone(), config.max_memo_entries);
+        let watcher = Watcher::new(&config.watch, config.max_watches_per_uid);
+        let events = Events::new(config.max_event_subscribers);
         Daemon {
             config,
             store,
             host,
             host_filter,
             scheduler,
-            events: Events::new(),
+            events,
             watcher,
             memo,
             started: Instant::now(),

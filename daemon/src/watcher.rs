@@ -1,6 +1,7 @@
 //! The watched model folders and the notify watcher over them (notify +
 //! notify-debouncer-full, recursive): changed paths are sent to a queue
-//! that the watch use case (`ops/watch.rs`) turns into prepacks.
+//! that the watch use case (`ops/watch.rs`) turns into prepacks. A uid adds
+//! at most `max_watches_per_uid` folders.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,8 @@ struct Live {
 pub(crate) struct Watcher {
     dirs: Mutex<BTreeMap<PathBuf, Owner>>,
     live: Mutex<Option<Live>>,
+    /// Folders one uid may add.
+    max_per_uid: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -48,8 +51,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Watcher {
-    /// The configured folders, not watched until [`Watcher::start`].
-    pub fn new(config_dirs: &[PathBuf]) -> Watcher {
+    /// The configured folders, not watched until [`Watcher::start`]; a uid
+    /// may add at most `max_per_uid` more.
+    pub fn new(config_dirs: &[PathBuf], max_per_uid: usize) -> Watcher {
         Watcher {
             dirs: Mutex::new(
                 config_dirs
@@ -58,6 +62,7 @@ impl Watcher {
                     .collect(),
             ),
             live: Mutex::new(None),
+            max_per_uid,
         }
     }
 
@@ -149,16 +154,38 @@ impl Watcher {
     }
 
     /// Adds a folder; returns its canonical path, or `None` when it was
-    /// watched already.
+    /// watched already. RESOURCE_EXHAUSTED when a uid owner has
+    /// `max_watches_per_uid` folders already.
     pub fn add(&self, dir: &Path, owner: Owner) -> Result<Option<PathBuf>> {
         let dir = dir
             .canonicalize()
             .map_err(|e| Error::invalid(format!("{}: {e}", dir.display())))?;
-        if lock(&self.dirs).contains_key(&dir) {
-            return Ok(None);
+        {
+            let mut dirs = lock(&self.dirs);
+            if dirs.contains_key(&dir) {
+                return Ok(None);
+            }
+            if let Owner::User(who) = &owner {
+                let uid = who.uid;
+                let held = dirs
+                    .values()
+                    .filter(|o| matches!(o, Owner::User(w) if w.uid == uid))
+                    .count();
+                if held >= self.max_per_uid {
+                    return Err(Error::exhausted(format!(
+                        "uid {uid} watches {} folders, the most allowed (max_watches_per_uid); remove one first",
+                        self.max_per_uid
+                    )));
+                }
+            }
+            // Counted from now on, so concurrent adds of one uid cannot pass
+            // the bound together; taken back if watching fails.
+            dirs.insert(dir.clone(), owner);
         }
-        self.watch(&dir)?;
-        lock(&self.dirs).insert(dir.clone(), owner);
+        if let Err(e) = self.watch(&dir) {
+            lock(&self.dirs).remove(&dir);
+            return Err(e);
+        }
         Ok(Some(dir))
     }
 

@@ -15,63 +15,6 @@ use tonic::Code;
 const K: usize = 512;
 const N: usize = 256;
 
-fn lookup_req(digest: &[u8]) -> api::LookupRequest {
-    api::LookupRequest {
-        source_digest: bytes::Bytes::copy_from_slice(digest),
-        digest_algorithm: "blake3".into(),
-        ..Default::default()
-    }
-}
-
-async fn entries_for(
-    c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
-    digest: &[u8],
-) -> Vec<api::Entry> {
-    c.lookup(lookup_req(digest))
-        .await
-        .unwrap()
-        .into_inner()
-        .entries
-}
-
-/// Waits (up to 60 s) until `digest` has `n` entries; returns them.
-async fn wait_for_entries(
-    c: &api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
-    digest: &[u8],
-    n: usize,
-    what: &str,
-) -> Vec<api::Entry> {
-    eventually(Duration::from_secs(60), || {
-        let mut c = c.clone();
-        let digest = digest.to_vec();
-        async move {
-            let e = entries_for(&mut c, &digest).await;
-            (e.len() == n).then_some(e)
-        }
-    })
-    .await
-    .unwrap_or_else(|| panic!("{what}: {n} entries within 60 s"))
-}
-
-async fn prepack_all(
-    c: &mut api::compiled_tensor_cache_client::CompiledTensorCacheClient<tonic::transport::Channel>,
-    model: &std::path::Path,
-) -> Vec<api::PrepackProgress> {
-    let mut s = c
-        .prepack(api::PrepackRequest {
-            model_path: model.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(p) = s.next().await {
-        out.push(p.unwrap());
-    }
-    out
-}
-
 #[test]
 fn ready_notification_and_clean_sigterm() {
     let dir = tempfile::tempdir().unwrap();

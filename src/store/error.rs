@@ -61,6 +61,10 @@ pub enum StoreError {
     Leased { key: EntryKey, until_ms: u64 },
     #[error("unknown or expired lease {0}")]
     UnknownLease(LeaseId),
+    #[error("{0} belongs to another holder")]
+    NotLeaseOwner(LeaseId),
+    #[error("{} holds {max} live leases, the most allowed; release some first", match .owner { Some(u) => format!("uid {u}"), None => "this holder".to_string() })]
+    TooManyLeases { owner: Option<u32>, max: usize },
     #[error("payload of {key} ({}) is damaged: {detail}; run verify", .path.display())]
     PayloadDamaged {
         // Boxed: keeps every `StoreResult` small.

@@ -6,7 +6,7 @@
 //! walked in parallel) and one listing of blobs/ and tmp/ (a pure function
 //! of what it saw, so a dry run reports exactly what a real run on the same
 //! state does), then *executes* the plan in batches of `gc_batch` entries.
-//! Each batch takes the lease gate, re-reads the leases (an entry leased
+//! Each batch takes the lease gate, checks the live leases (an entry leased
 //! since the plan is kept), commits the removals, flushes the index, and
 //! only then unlinks the payload files that lost their last reference: on
 //! threads of their own, while the next batch commits (a commit is index
@@ -25,7 +25,6 @@ use super::entry::{self, Access};
 use super::error::{StoreError, StoreResult};
 use super::index::{Op, Tree};
 use super::key::{EntryKey, KeyBytes};
-use super::lease;
 use super::Store;
 
 /// What to collect. The default collects nothing.
@@ -268,7 +267,7 @@ impl Store {
         let now = self.now();
         // Exact LRU needs the pending access statistics in the index.
         self.access.write(&*self.index, now)?;
-        let (snap, expired) = self.snapshot(policy, now)?;
+        let (snap, expired) = self.snapshot(policy)?;
         let (mut items, before, after, leased_kept) = plan(&snap, policy, now);
         self.describe(&mut items)?;
         let mut report = GcReport {
@@ -286,11 +285,8 @@ impl Store {
             report.items = items;
             return Ok(report);
         }
-        let ops: Vec<Op> = expired
-            .into_iter()
-            .map(|k| Op::Delete(Tree::Leases, k))
-            .collect();
-        self.commit(&[], &ops)?;
+        drop(expired);
+        report.expired_leases = self.delete_dead_leases()?;
         let (entries, files): (Vec<GcItem>, Vec<GcItem>) = items
             .into_iter()
             .partition(|i| matches!(i.target, GcTarget::Entry(_)));
@@ -322,6 +318,21 @@ impl Store {
         }
         report.bytes_freed = report.items.iter().map(|i| i.bytes_freed).sum();
         Ok(report)
+    }
+
+    /// Deletes the records of expired leases; returns how many.
+    fn delete_dead_leases(&self) -> StoreResult<u64> {
+        let mut gate = self.lease_gate()?;
+        let dead = gate.take_dead();
+        let ops: Vec<Op> = dead
+            .iter()
+            .map(|k| Op::Delete(Tree::Leases, k.clone()))
+            .collect();
+        if let Err(e) = self.commit(&[], &ops) {
+            gate.restore_dead(dead);
+            return Err(e);
+        }
+        Ok(ops.len() as u64)
     }
 
     /// Fills in what each planned entry was packed from (one record read
@@ -432,15 +443,14 @@ impl Store {
     ) -> StoreResult<Vec<(GcItem, [u8; 32])>> {
         let mut removed: Vec<(GcItem, [u8; 32])> = Vec::with_capacity(batch.len());
         {
-            let _gate = self.lease_gate();
-            let (live, _) = lease::scan(&*self.index, self.now())?;
+            let gate = self.lease_gate()?;
             let mut todo = Vec::with_capacity(batch.len());
             for item in batch {
                 let GcTarget::Entry(key) = &item.target else {
                     continue;
                 };
                 let kb = key.to_bytes();
-                if live.contains_key(&kb) {
+                if gate.is_leased(&kb) {
                     *leased_kept += 1;
                     continue;
                 }
@@ -471,11 +481,11 @@ impl Store {
 
     /// Reads what a plan needs: entries with access times, leases, and
     /// (when the policy asks) the files. Returns the expired lease ids too.
-    pub(crate) fn snapshot(&self, p: &GcPolicy, now: u64) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
+    pub(crate) fn snapshot(&self, p: &GcPolicy) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
         // The file listings (one folder read per shard, in parallel) run
         // beside the index walk.
         let (index_part, files_part) = rayon::join(
-            || self.snapshot_index(now),
+            || self.snapshot_index(),
             || -> StoreResult<_> {
                 let listing = if p.orphans {
                     Some(blobs::list(&self.paths)?)
@@ -516,10 +526,13 @@ impl Store {
     /// The index part of a snapshot: entries with access times, leases.
     /// Entries and access times are walked in parallel, both in key order,
     /// and merged.
-    fn snapshot_index(&self, now: u64) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
+    fn snapshot_index(&self) -> StoreResult<(Snapshot, Vec<Vec<u8>>)> {
         let mut s = Snapshot::default();
-        let (live, expired) = lease::scan(&*self.index, now)?;
-        s.leased = live.into_keys().collect();
+        let expired = {
+            let gate = self.lease_gate()?;
+            s.leased = gate.leased_keys().copied().collect();
+            gate.dead().to_vec()
+        };
         let (cands, access) = rayon::join(|| self.entry_cands(), || self.access_times());
         s.cands = cands?;
         let mut access = access?.into_iter().peekable();

@@ -67,7 +67,7 @@ pub use gc::{EntryAbout, GcItem, GcPolicy, GcReason, GcReport, GcTarget};
 pub use index::{Expect, Index, Op, Precondition, Tree};
 pub use key::{source_prefix, EntryKey, KEY_LEN, SOURCE_PREFIX_LEN};
 pub use layout::LAYOUT_VERSION;
-pub use lease::{Lease, LeaseId};
+pub use lease::{Lease, LeaseAuthority, LeaseId};
 pub use lookup::{Accept, Filter, Hit, HostFilter};
 pub use options::{Clock, StoreOptions, WriteFault};
 pub use stats::{Stats, Usage};
@@ -125,7 +125,8 @@ pub struct Store {
     index: Box<dyn Index>,
     opts: StoreOptions,
     stripes: blobs::Stripes,
-    gate: Mutex<()>,
+    /// The lease gate, holding the in-memory book of live leases.
+    gate: Mutex<lease::Book>,
     access: access::AccessLog,
     counters: stats::Counters,
     cache: cache::LookupCache,
@@ -177,7 +178,7 @@ impl Store {
             paths,
             index: Box::new(index),
             stripes: blobs::Stripes::new(),
-            gate: Mutex::new(()),
+            gate: Mutex::new(lease::Book::default()),
             access: access::AccessLog::new(now),
             counters,
             cache: cache::LookupCache::new(opts.lookup_cache_sources),
@@ -209,10 +210,6 @@ impl Store {
 
     pub(crate) fn now(&self) -> u64 {
         self.opts.clock.now_ms()
-    }
-
-    fn lease_gate(&self) -> MutexGuard<'_, ()> {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stores a payload streamed from `payload` under the key `new` derives.
@@ -339,9 +336,8 @@ impl Store {
     /// refuses a leased entry. Returns whether it existed.
     pub fn remove(&self, key: &EntryKey) -> StoreResult<bool> {
         let kb = key.to_bytes();
-        let gate = self.lease_gate();
-        let (live, _) = lease::scan(&*self.index, self.now())?;
-        if let Some(&until_ms) = live.get(&kb) {
+        let gate = self.lease_gate()?;
+        if let Some(until_ms) = gate.leased_until(&kb) {
             return Err(StoreError::Leased {
                 key: *key,
                 until_ms,
@@ -562,7 +558,12 @@ impl Store {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(damaged("the payload file is missing".into()))
+                // Collected since the record was read: files go only after
+                // their last entry is gone (and that is durable).
+                if self.index.get(Tree::Entries, &kb)?.is_none() {
+                    return Err(StoreError::NotFound(*key));
+                }
+                return Err(damaged("the payload file is missing".into()));
             }
             Err(e) => return Err(StoreError::io("open", &path, e)),
         };

@@ -14,7 +14,6 @@ use std::sync::Mutex;
 use super::entry;
 use super::error::StoreResult;
 use super::index::{Index, Op, Tree};
-use super::lease;
 use super::Store;
 use crate::device;
 
@@ -146,7 +145,7 @@ impl Store {
         s.hits = self.counters.hits.load(Ordering::Relaxed);
         s.misses = self.counters.misses.load(Ordering::Relaxed);
         s.puts = self.counters.puts.load(Ordering::Relaxed);
-        s.leased_entries = lease::scan(&*self.index, self.now())?.0.len() as u64;
+        s.leased_entries = self.lease_gate()?.leased_entries() as u64;
         s.index_bytes = self.index.disk_bytes();
         Ok(s)
     }

@@ -134,6 +134,76 @@ fn reconcile_repairs_source_lists() {
 }
 
 #[test]
+fn leases_are_owned_and_bounded_per_owner() {
+    let d = tempfile::tempdir().unwrap();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let opts = StoreOptions {
+        clock: Clock::manual(now.clone()),
+        ..Default::default()
+    };
+    let s = Store::open(d.path(), opts.clone()).unwrap();
+    let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
+    let ttl = Duration::from_secs(10);
+    let a = s.acquire_lease_for(&k, ttl, Some(1000), 2).unwrap();
+    s.acquire_lease_for(&k, ttl, Some(1000), 2).unwrap();
+    assert!(matches!(
+        s.acquire_lease_for(&k, ttl, Some(1000), 2),
+        Err(StoreError::TooManyLeases {
+            owner: Some(1000),
+            max: 2
+        })
+    ));
+    // Another owner has its own count; the store's own leases have none.
+    s.acquire_lease_for(&k, ttl, Some(1001), 2).unwrap();
+    s.acquire_lease(&k, ttl).unwrap();
+    assert_eq!(s.lease_count().unwrap(), 4);
+
+    // Only the owner (or any-authority) may renew or release.
+    let other = LeaseAuthority::Owner(Some(1001));
+    assert!(matches!(
+        s.renew_as(a, ttl, other),
+        Err(StoreError::NotLeaseOwner(_))
+    ));
+    assert!(matches!(
+        s.release_as(a, other),
+        Err(StoreError::NotLeaseOwner(_))
+    ));
+    assert!(matches!(s.remove(&k), Err(StoreError::Leased { .. })));
+    let owner = LeaseAuthority::Owner(Some(1000));
+    assert_eq!(s.renew_as(a, ttl, owner).unwrap().owner, Some(1000));
+    assert!(s.release_as(a, owner).unwrap());
+    assert!(!s.release_as(a, owner).unwrap(), "released once");
+    s.acquire_lease_for(&k, ttl, Some(1000), 2)
+        .expect("a release frees a place");
+
+    // Expired leases stop counting without any release.
+    now.fetch_add(11_000, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(s.lease_count().unwrap(), 0);
+    s.acquire_lease_for(&k, ttl, Some(1000), 2).unwrap();
+    s.acquire_lease_for(&k, ttl, Some(1000), 2).unwrap();
+
+    // The owner and the counts survive a reopen (the book is reloaded).
+    drop(s);
+    let s = Store::open(d.path(), opts).unwrap();
+    assert!(matches!(
+        s.acquire_lease_for(&k, ttl, Some(1000), 2),
+        Err(StoreError::TooManyLeases { .. })
+    ));
+    assert!(s.leases().unwrap().iter().all(|l| l.owner == Some(1000)));
+    assert!(s.is_leased(&k).unwrap());
+    // GC deletes the expired records and keeps the leased entry.
+    let r = s
+        .gc(&GcPolicy {
+            max_bytes: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.expired_leases, 4);
+    assert_eq!(r.leased_kept, 1);
+    assert!(s.stat(&k).unwrap().is_some());
+}
+
+#[test]
 fn lookup_and_put_counters_survive_reopening() {
     let d = tempfile::tempdir().unwrap();
     let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);

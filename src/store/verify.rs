@@ -308,7 +308,7 @@ impl Store {
             }
         }
         {
-            let _gate = self.lease_gate();
+            let mut gate = self.lease_gate()?;
             let now = self.now();
             let mut ops = Vec::new();
             self.index.scan(Tree::Leases, &[], None, &mut |k, v| {
@@ -327,6 +327,13 @@ impl Store {
                 true
             })?;
             self.commit(&[], &ops)?;
+            // Every record the book knows as dead was expired by `now`.
+            gate.take_dead();
+            for op in &ops {
+                if let Op::Delete(_, id) = op {
+                    gate.forget(id);
+                }
+            }
         }
 
         // Files against entries.

@@ -1,5 +1,6 @@
 //! A `ctcached` run in this process through `ctcached::run`, on temp dirs:
-//! its own thread and async runtime, its own Unix socket; stopped (drained)
+//! its own thread and async runtime, its own Unix socket (and a TCP
+//! listener when the configuration names one); stopped (drained)
 //! by [`InProcessDaemon::stop`] or on drop. For tests that need no separate
 //! process (signals, sd_notify and kill tests spawn the binary instead).
 
@@ -22,6 +23,9 @@ pub struct InProcessDaemon {
     pub models: PathBuf,
     /// The configuration it runs with.
     pub config: Config,
+    /// Where its TCP listener is bound (when `config.listen_tcp` is set;
+    /// port 0 there picks a free port at each start).
+    pub tcp_addr: Option<std::net::SocketAddr>,
     running: Option<Running>,
 }
 
@@ -60,6 +64,7 @@ impl InProcessDaemon {
             root: t.to_path_buf(),
             dir: Some(dir),
             config,
+            tcp_addr: None,
             running: None,
         };
         d.restart()?;
@@ -78,10 +83,18 @@ impl InProcessDaemon {
         let _ = std::fs::remove_file(&self.socket);
         let unix = std::os::unix::net::UnixListener::bind(&self.socket)
             .with_context(|| format!("binding {}", self.socket.display()))?;
+        let tcp = match &self.config.listen_tcp {
+            Some(a) => {
+                let l = std::net::TcpListener::bind(a).with_context(|| format!("binding {a}"))?;
+                self.tcp_addr = Some(l.local_addr()?);
+                Some(l)
+            }
+            None => None,
+        };
         let listeners = ctcached::Listeners {
             unix,
             socket_path: Some(self.socket.clone()),
-            tcp: None,
+            tcp,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let config = self.config.clone();

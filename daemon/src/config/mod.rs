@@ -96,8 +96,17 @@ pub struct Config {
     pub socket: PathBuf,
     /// Group that may connect to the socket (name or gid); empty = the daemon's.
     pub socket_group: String,
-    /// Optional TCP listen address (off by default).
+    /// Optional TCP listen address (off by default). A non-loopback address
+    /// needs `tls_cert` and `tls_key`.
     pub listen_tcp: Option<String>,
+    /// PEM certificate chain the TCP listener serves TLS with.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): TCP clients must present a certificate one of
+    /// them signed (mutual TLS); such clients are trusted like
+    /// `trusted_uids`. Without it, TCP callers may only read.
+    pub tls_client_ca: Option<PathBuf>,
     /// Optional Prometheus endpoint address (off by default).
     pub metrics_addr: Option<String>,
     /// Model directories watched recursively.
@@ -117,6 +126,34 @@ pub struct Config {
     pub stable_secs: f64,
     /// Largest gRPC message, bytes.
     pub max_message_bytes: usize,
+    /// Largest payload the daemon packs or takes from Put, bytes (also
+    /// never more than `memory_budget`).
+    pub max_payload_bytes: u64,
+    /// Largest initializer the daemon reads for a request (digest, pack),
+    /// bytes of its declared data.
+    pub max_tensor_bytes: u64,
+    /// Live leases one uid may hold.
+    pub max_leases_per_uid: usize,
+    /// Longest lease, seconds (longer requests are cut to it).
+    pub max_lease_ttl_secs: u64,
+    /// Pack jobs one uid may have waiting in the queue.
+    pub max_queued_jobs_per_uid: usize,
+    /// Folders one uid may add with AddWatch.
+    pub max_watches_per_uid: usize,
+    /// Events followers at once.
+    pub max_event_subscribers: usize,
+    /// Models whose digests the memo keeps in memory (the index keeps all).
+    pub max_memo_entries: usize,
+    /// Open connections, Unix socket and TCP together (more wait to be
+    /// accepted).
+    pub max_connections: usize,
+    /// Requests one connection may have running (more wait).
+    pub max_requests_per_connection: usize,
+    /// HTTP/2 streams one connection may have open.
+    pub max_streams_per_connection: u32,
+    /// Longest a call may take to answer, seconds (0 = no limit); streams
+    /// already answering are not cut.
+    pub request_timeout_secs: u64,
     pub log_format: LogFormat,
     /// Tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
     pub log_level: String,
@@ -143,6 +180,9 @@ impl Default for Config {
             socket,
             socket_group: String::new(),
             listen_tcp: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             metrics_addr: None,
             watch: Vec::new(),
             workers: 0,
@@ -152,6 +192,18 @@ impl Default for Config {
             daemon_produced_only: false,
             stable_secs: 0.3,
             max_message_bytes: 16 << 20,
+            max_payload_bytes: 2 << 30,
+            max_tensor_bytes: 16 << 30,
+            max_leases_per_uid: 1024,
+            max_lease_ttl_secs: 3600,
+            max_queued_jobs_per_uid: 1024,
+            max_watches_per_uid: 16,
+            max_event_subscribers: 64,
+            max_memo_entries: 4096,
+            max_connections: 512,
+            max_requests_per_connection: 32,
+            max_streams_per_connection: 64,
+            request_timeout_secs: 1800,
             log_format: LogFormat::Auto,
             log_level: "info".into(),
             gc_max_bytes: 0,
@@ -299,7 +351,9 @@ impl Config {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks the settings together; [`Config::load`] and `ctcached::run`
+    /// call it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: String| ConfigError::Invalid {
             key: key.into(),
             message,
@@ -320,6 +374,32 @@ impl Config {
             if let Some(a) = addr {
                 a.parse::<std::net::SocketAddr>()
                     .map_err(|_| invalid(key, format!("{a:?} is not host:port")))?;
+            }
+        }
+        self.validate_tls()?;
+        for (key, v) in [
+            ("max_payload_bytes", self.max_payload_bytes),
+            ("max_tensor_bytes", self.max_tensor_bytes),
+            ("max_leases_per_uid", self.max_leases_per_uid as u64),
+            ("max_lease_ttl_secs", self.max_lease_ttl_secs),
+            (
+                "max_queued_jobs_per_uid",
+                self.max_queued_jobs_per_uid as u64,
+            ),
+            ("max_event_subscribers", self.max_event_subscribers as u64),
+            ("max_memo_entries", self.max_memo_entries as u64),
+            ("max_connections", self.max_connections as u64),
+            (
+                "max_requests_per_connection",
+                self.max_requests_per_connection as u64,
+            ),
+            (
+                "max_streams_per_connection",
+                u64::from(self.max_streams_per_connection),
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
             }
         }
         if self.stable_secs < 0.0 || !self.stable_secs.is_finite() {
@@ -351,6 +431,51 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// TCP off a loopback address only with TLS; TLS files come in pairs.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.into(),
+            message,
+        };
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => return Err(invalid("tls_key", "tls_cert needs tls_key".into())),
+            (None, Some(_)) => return Err(invalid("tls_cert", "tls_key needs tls_cert".into())),
+            _ => {}
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            return Err(invalid(
+                "tls_client_ca",
+                "client certificates need TLS: set tls_cert and tls_key".into(),
+            ));
+        }
+        let Some(addr) = &self.listen_tcp else {
+            if self.tls_cert.is_some() {
+                return Err(invalid(
+                    "tls_cert",
+                    "TLS is for listen_tcp, which is not set".into(),
+                ));
+            }
+            return Ok(());
+        };
+        let addr: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|_| invalid("listen_tcp", format!("{addr:?} is not host:port")))?;
+        if !addr.ip().is_loopback() && self.tls_cert.is_none() {
+            return Err(invalid(
+                "listen_tcp",
+                format!(
+                    "{addr} is not a loopback address: TCP beyond this host needs TLS (set tls_cert and tls_key; tls_client_ca to require client certificates)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The largest payload a pack or Put may produce.
+    pub fn payload_limit(&self) -> u64 {
+        self.max_payload_bytes.min(self.memory_budget)
     }
 
     /// The effective config as TOML (for `--print-config`).

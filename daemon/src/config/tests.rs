@@ -83,3 +83,42 @@ fn remote_section_parses_is_checked_and_round_trips() {
     let c = Config::load(None, &env, &Overrides::default()).unwrap();
     assert_eq!(c.remote.unwrap().url, "s3://from-env/p");
 }
+
+#[test]
+fn tcp_beyond_loopback_needs_tls() {
+    let tcp = |addr: &str, tls: &str| {
+        Config::from_toml(&format!("listen_tcp = \"{addr}\"\n{tls}"))
+            .unwrap()
+            .validate()
+    };
+    tcp("127.0.0.1:7000", "").unwrap();
+    tcp("[::1]:7000", "").unwrap();
+    let e = tcp("0.0.0.0:7000", "").unwrap_err().to_string();
+    assert!(
+        e.contains("listen_tcp") && e.contains("not a loopback") && e.contains("tls_cert"),
+        "{e}"
+    );
+    tcp(
+        "0.0.0.0:7000",
+        "tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",
+    )
+    .unwrap();
+    let e = tcp("0.0.0.0:7000", "tls_cert = \"/c.pem\"\n").unwrap_err();
+    assert!(e.to_string().contains("tls_key"), "{e}");
+    let e = tcp("127.0.0.1:7000", "tls_client_ca = \"/ca.pem\"\n").unwrap_err();
+    assert!(e.to_string().contains("tls_client_ca"), "{e}");
+}
+
+#[test]
+fn bounds_have_safe_defaults_and_refuse_zero() {
+    let c = Config::default();
+    assert_eq!(c.max_leases_per_uid, 1024);
+    assert_eq!(c.max_lease_ttl_secs, 3600);
+    assert!(c.payload_limit() <= c.memory_budget);
+    c.validate().unwrap();
+    let e = Config::from_toml("max_leases_per_uid = 0")
+        .unwrap()
+        .validate()
+        .unwrap_err();
+    assert!(e.to_string().contains("max_leases_per_uid"), "{e}");
+}

@@ -51,7 +51,13 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
         if sel.wanted.is_empty() {
             return Err(model::nothing_to_pack(&d2, &m.path, &sel, &r2.formats));
         }
-        let jobs = pack::submit_all(&d2, &m, &sel.wanted, Priority::Client, BackendRequest::Auto)?;
+        let jobs = pack::submit_all(
+            &d2,
+            &m,
+            &sel.wanted,
+            (c2.queue_owner(), Priority::Client),
+            BackendRequest::Auto,
+        )?;
         Ok((m, jobs))
     })
     .await?;

@@ -121,8 +121,8 @@ pub(crate) async fn materialize(
     let jobs = {
         let (d, m) = (d.clone(), m.clone());
         let ws: Vec<Wanted> = wanted.iter().map(|(_, w)| w.clone()).collect();
-        blocking(move || pack::submit_all(&d, &m, &ws, Priority::Client, BackendRequest::Auto))
-            .await?
+        let who = (caller.queue_owner(), Priority::Client);
+        blocking(move || pack::submit_all(&d, &m, &ws, who, BackendRequest::Auto)).await?
     };
     let (entries, packed) = pack::finish(jobs).await?;
     let cached = entries.len() as u32 - packed;

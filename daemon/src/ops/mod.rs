@@ -23,6 +23,121 @@ pub(crate) mod watch;
 
 pub(crate) use crate::error::{Error, Result};
 
+/// The daemon's use cases as the transport rule sees them (see
+/// [`Caller::admits`](crate::caller::Caller::admits)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UseCase {
+    GetHostDevices,
+    ListFormats,
+    Lookup,
+    BatchLookup,
+    ResolveModel,
+    Prepack,
+    Put,
+    ReadPayload,
+    AcquireLease,
+    RenewLease,
+    ReleaseLease,
+    Embed,
+    Materialize,
+    Import,
+    Stats,
+    List,
+    Status,
+    Gc,
+    Verify,
+    AddWatch,
+    RemoveWatch,
+    ListWatches,
+    Events,
+    /// grpc.health.v1.
+    Health,
+    /// grpc.reflection.
+    Reflection,
+}
+
+impl UseCase {
+    /// Every use case, for the edge's method table.
+    pub const ALL: [UseCase; 25] = [
+        UseCase::GetHostDevices,
+        UseCase::ListFormats,
+        UseCase::Lookup,
+        UseCase::BatchLookup,
+        UseCase::ResolveModel,
+        UseCase::Prepack,
+        UseCase::Put,
+        UseCase::ReadPayload,
+        UseCase::AcquireLease,
+        UseCase::RenewLease,
+        UseCase::ReleaseLease,
+        UseCase::Embed,
+        UseCase::Materialize,
+        UseCase::Import,
+        UseCase::Stats,
+        UseCase::List,
+        UseCase::Status,
+        UseCase::Gc,
+        UseCase::Verify,
+        UseCase::AddWatch,
+        UseCase::RemoveWatch,
+        UseCase::ListWatches,
+        UseCase::Events,
+        UseCase::Health,
+        UseCase::Reflection,
+    ];
+
+    /// The RPC's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            UseCase::GetHostDevices => "GetHostDevices",
+            UseCase::ListFormats => "ListFormats",
+            UseCase::Lookup => "Lookup",
+            UseCase::BatchLookup => "BatchLookup",
+            UseCase::ResolveModel => "ResolveModel",
+            UseCase::Prepack => "Prepack",
+            UseCase::Put => "Put",
+            UseCase::ReadPayload => "ReadPayload",
+            UseCase::AcquireLease => "AcquireLease",
+            UseCase::RenewLease => "RenewLease",
+            UseCase::ReleaseLease => "ReleaseLease",
+            UseCase::Embed => "Embed",
+            UseCase::Materialize => "Materialize",
+            UseCase::Import => "Import",
+            UseCase::Stats => "Stats",
+            UseCase::List => "List",
+            UseCase::Status => "Status",
+            UseCase::Gc => "Gc",
+            UseCase::Verify => "Verify",
+            UseCase::AddWatch => "AddWatch",
+            UseCase::RemoveWatch => "RemoveWatch",
+            UseCase::ListWatches => "ListWatches",
+            UseCase::Events => "Events",
+            UseCase::Health => "Health",
+            UseCase::Reflection => "Reflection",
+        }
+    }
+
+    /// Reads the cache or the daemon's state and changes nothing a caller
+    /// could notice (ResolveModel packs only what its caller may already
+    /// have packed through a watched folder; see docs/OPERATIONS.md).
+    pub fn reads_only(self) -> bool {
+        matches!(
+            self,
+            UseCase::Lookup
+                | UseCase::BatchLookup
+                | UseCase::ResolveModel
+                | UseCase::ReadPayload
+                | UseCase::Status
+                | UseCase::Health
+                | UseCase::ListFormats
+                | UseCase::GetHostDevices
+                | UseCase::List
+                | UseCase::Stats
+                | UseCase::ListWatches
+        )
+    }
+}
+
 /// Why nothing usable was found: a stable reason code and a sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Miss {

@@ -57,18 +57,25 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
             "model_path {path:?} must be absolute"
         )));
     }
-    let file = File::open(p).map_err(|e| Error::from_io(e, path))?;
-    let real = access::real_path(&file).map_err(|e| Error::from_io(e, path))?;
+    // To anyone but root and the daemon's user, a missing model and one they
+    // may not read get the same answer: no probing for other users' files.
+    let hidden = || {
+        Error::denied(format!(
+            "{path}: not found, or outside the watched folders and not readable by {}",
+            caller.describe()
+        ))
+    };
+    let opened = File::open(p).and_then(|f| Ok((access::real_path(&f)?, f)));
+    let (real, file) = match opened {
+        Ok(x) => x,
+        Err(e) if caller.is_self_or_root() => return Err(Error::from_io(e, path)),
+        Err(_) => return Err(hidden()),
+    };
     let reader = if d.watcher.admin_covers(&real) {
         Reader::Admin
     } else {
-        let who = caller.identity()?;
-        who.check_read(&file, p).map_err(|_| {
-            Error::denied(format!(
-                "{path}: outside the watched folders and not readable by {}",
-                caller.describe()
-            ))
-        })?;
+        let who = caller.identity().map_err(|_| hidden())?;
+        who.check_read(&file, p).map_err(|_| hidden())?;
         Reader::As(who.clone())
     };
     from_file(file, &real, &reader)
@@ -201,12 +208,37 @@ pub(crate) fn nothing_to_pack(
 }
 
 /// The model's initializers and their blake3 digests, through the memo.
+/// A model with an initializer over `max_tensor_bytes` is refused before
+/// any of its data is read.
 pub(crate) fn digests(
     d: &Daemon,
     path: &Path,
     model: &Model,
 ) -> Result<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
     let tensors = model.initializers()?;
+    check_sizes(&tensors, d.config.max_tensor_bytes)?;
     let (digests, _) = d.memo.digests(path, model, &tensors)?;
     Ok((tensors, digests))
+}
+
+/// Refuses initializers whose declared data exceeds `max` bytes (a sparse
+/// external-data file can declare terabytes it never stored).
+fn check_sizes(tensors: &[TensorRef], max: u64) -> Result<()> {
+    for t in tensors {
+        // Variable-width (string) data is bounded by the model file itself.
+        if t.data_type.bit_width().is_none() {
+            continue;
+        }
+        match t.raw_size() {
+            Some(n) if n <= max => {}
+            n => {
+                let size = n.map_or("more than 2^64".into(), |n| n.to_string());
+                return Err(Error::exhausted(format!(
+                    "initializer {:?} declares {size} bytes of data, over max_tensor_bytes ({max}): the daemon does not read it",
+                    t.name
+                )));
+            }
+        }
+    }
+    Ok(())
 }

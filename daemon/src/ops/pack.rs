@@ -54,7 +54,13 @@ pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> R
     if r.backend == BackendRequest::Wgpu {
         check_wgpu(d, &m.model, &sel.wanted)?;
     }
-    submit_all(d, &m, &sel.wanted, Priority::Client, r.backend)
+    submit_all(
+        d,
+        &m,
+        &sel.wanted,
+        (caller.queue_owner(), Priority::Client),
+        r.backend,
+    )
 }
 
 /// A wgpu request needs a hardware adapter's lane and formats it can pack.
@@ -86,24 +92,52 @@ fn gpu_can_pack(w: &Wanted, t: &TensorRef) -> bool {
         && w.params.get("transposed") != Some("true")
 }
 
-/// Starts (or joins) the jobs of every wanted pair of an opened model.
+/// Who a job is for: the owner whose queue bound applies (`None`: the
+/// daemon or an admin) and how urgent it is.
+pub(crate) type For = (Option<u32>, Priority);
+
+/// Starts (or joins) the jobs of every wanted pair of an opened model. Every
+/// payload is checked against the limit before any job is submitted.
 pub(crate) fn submit_all(
     d: &Arc<Daemon>,
     m: &OpenedModel,
     wanted: &[Wanted],
-    priority: Priority,
+    who: For,
     backend: BackendRequest,
 ) -> Result<Jobs> {
     let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
-    let mut jobs = Vec::new();
+    let mut todo = Vec::with_capacity(wanted.len());
     for w in wanted {
         let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else {
             continue;
         };
+        let packer = ctcache_kernels::find(&w.format)
+            .ok_or_else(|| Error::invalid(format!("unknown format {:?}", w.format)))?;
+        check_payload(d, t, w, packer)?;
+        todo.push((w, t, packer));
+    }
+    let mut jobs = Vec::with_capacity(todo.len());
+    for (w, t, packer) in todo {
         let digest = digests[&t.name];
-        jobs.push((w.clone(), submit(d, m, t, digest, w, priority, backend)?));
+        jobs.push((w.clone(), submit(d, m, t, digest, w, packer, who, backend)?));
     }
     Ok(jobs)
+}
+
+/// Refuses a pack whose declared payload exceeds the limit
+/// (`max_payload_bytes`, `memory_budget`), before anything is allocated.
+fn check_payload(d: &Daemon, t: &TensorRef, w: &Wanted, packer: &dyn Packer) -> Result<()> {
+    let layout = packer
+        .output(t.data_type, &t.dims, &w.params)
+        .map_err(|e| Error::invalid(format!("{} as {}: {e}", t.name, w.format)))?;
+    let limit = d.config.payload_limit();
+    if layout.payload_len > limit {
+        return Err(Error::exhausted(format!(
+            "{} as {}: the payload would be {} bytes, over the limit of {limit} (max_payload_bytes, memory_budget)",
+            t.name, w.format, layout.payload_len
+        )));
+    }
+    Ok(())
 }
 
 /// The resolved inputs of one pack: the model as it was opened for the
@@ -124,17 +158,17 @@ fn params_key(p: &Params) -> String {
 }
 
 /// Submits (or joins) the pack job of one wanted pair.
+#[allow(clippy::too_many_arguments)]
 fn submit(
     d: &Arc<Daemon>,
     m: &OpenedModel,
     t: &TensorRef,
     digest: SourceDigest,
     w: &Wanted,
-    priority: Priority,
+    packer: &'static dyn Packer,
+    (owner, priority): For,
     backend: BackendRequest,
 ) -> Result<JobHandle<Packed>> {
-    let packer = ctcache_kernels::find(&w.format)
-        .ok_or_else(|| Error::invalid(format!("unknown format {:?}", w.format)))?;
     let spec = PackSpec {
         model: m.clone(),
         tensor: t.clone(),
@@ -158,10 +192,11 @@ fn submit(
         BackendRequest::Auto => (Lane::Cpu, BackendChoice::Cpu),
     };
     let me = d.clone();
-    Ok(d.scheduler
-        .submit(key, lane, priority, bytes, move |cancel| {
+    d.scheduler
+        .submit(owner, key, lane, priority, bytes, move |cancel| {
             run(&me, spec, choice, cancel)
-        }))
+        })
+        .map_err(|full| Error::exhausted(full.to_string()))
 }
 
 /// The key of the entry `packer` produces from `t` (digest `digest`) with

@@ -1,19 +1,19 @@
 //! Serving payloads: ranges of a payload for callers that stream it, and
 //! leases for callers that map the payload file (an entry under a lease is
-//! never collected).
+//! never collected). A lease belongs to the uid that took it: only that uid
+//! or a trusted caller renews or releases it (lease ids are sequential; the
+//! owner check is what protects them), and a uid holds at most
+//! `max_leases_per_uid` live leases of at most `max_lease_ttl_secs`.
 
 use std::ops::Range;
 use std::time::Duration;
 
-use ctcache::store::{Entry, EntryKey, Lease, LeaseId, Payload};
+use ctcache::store::{Entry, EntryKey, Lease, LeaseAuthority, LeaseId, Payload};
 
 use super::{Error, Result};
 use crate::caller::Caller;
 use crate::events::now_ms;
 use crate::state::Daemon;
-
-/// Longest lease a caller may ask for.
-const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// A payload and the byte range of it to send.
 pub(crate) struct PayloadRange {
@@ -50,23 +50,32 @@ pub(crate) struct Granted {
     pub entry: Option<Entry>,
 }
 
-fn ttl(ms: u64) -> Duration {
-    Duration::from_millis(ms).clamp(Duration::from_millis(1), MAX_TTL)
+/// The lease time a request gets: 1 ms .. `max_lease_ttl_secs`.
+fn ttl(d: &Daemon, ms: u64) -> Duration {
+    let max = Duration::from_secs(d.config.max_lease_ttl_secs);
+    Duration::from_millis(ms).clamp(Duration::from_millis(1), max)
 }
 
-/// Leases an entry for `ttl_ms` (clamped to 1 ms .. 24 h).
-pub(crate) fn acquire(
-    d: &Daemon,
-    _caller: &Caller,
-    key: &EntryKey,
-    ttl_ms: u64,
-) -> Result<Granted> {
+/// Whose leases the caller may renew or release.
+fn authority(caller: &Caller) -> LeaseAuthority {
+    if caller.trusted {
+        LeaseAuthority::Any
+    } else {
+        LeaseAuthority::Owner(caller.uid())
+    }
+}
+
+/// Leases an entry for the caller for `ttl_ms` (clamped to 1 ms ..
+/// `max_lease_ttl_secs`); RESOURCE_EXHAUSTED past `max_leases_per_uid`.
+pub(crate) fn acquire(d: &Daemon, caller: &Caller, key: &EntryKey, ttl_ms: u64) -> Result<Granted> {
     let entry = d
         .store
         .stat(key)?
         .ok_or_else(|| Error::not_found("no such entry"))?;
-    let ttl = ttl(ttl_ms);
-    let id = d.store.acquire_lease(key, ttl)?;
+    let ttl = ttl(d, ttl_ms);
+    let id = d
+        .store
+        .acquire_lease_for(key, ttl, caller.uid(), d.config.max_leases_per_uid)?;
     Ok(Granted {
         id,
         expires_unix_ms: now_ms() + ttl.as_millis() as i64,
@@ -74,13 +83,13 @@ pub(crate) fn acquire(
     })
 }
 
-/// Extends a lease to `ttl_ms` from now.
-pub(crate) fn renew(d: &Daemon, _caller: &Caller, id: LeaseId, ttl_ms: u64) -> Result<Lease> {
-    Ok(d.store.renew(id, ttl(ttl_ms))?)
+/// Extends the caller's lease to `ttl_ms` from now.
+pub(crate) fn renew(d: &Daemon, caller: &Caller, id: LeaseId, ttl_ms: u64) -> Result<Lease> {
+    Ok(d.store.renew_as(id, ttl(d, ttl_ms), authority(caller))?)
 }
 
-/// Ends a lease (an unknown one is not an error).
-pub(crate) fn release(d: &Daemon, _caller: &Caller, id: LeaseId) -> Result<()> {
-    d.store.release(id)?;
+/// Ends the caller's lease (an unknown one is not an error).
+pub(crate) fn release(d: &Daemon, caller: &Caller, id: LeaseId) -> Result<()> {
+    d.store.release_as(id, authority(caller))?;
     Ok(())
 }

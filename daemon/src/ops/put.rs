@@ -34,7 +34,8 @@ pub(crate) struct PutSession {
 }
 
 /// Checks a Put header: trusted caller, known digest algorithm, a valid type
-/// whose size is the declared length, within the memory budget.
+/// whose size is the declared length, within `max_payload_bytes` and the
+/// memory budget.
 pub(crate) fn begin(d: &Daemon, caller: &Caller, h: PutHeader) -> Result<PutSession> {
     caller.require_trusted("put entries")?;
     let algorithm = h.digest_algorithm.parse().map_err(|_| {
@@ -60,10 +61,11 @@ pub(crate) fn begin(d: &Daemon, caller: &Caller, h: PutHeader) -> Result<PutSess
             h.payload_len, layout.byte_len
         )));
     }
-    let max = d.config.memory_budget;
+    let max = d.config.payload_limit();
     if h.payload_len > max {
         return Err(Error::exhausted(format!(
-            "payload larger than the memory budget ({max} bytes)"
+            "payload of {} bytes, over the limit of {max} (max_payload_bytes, memory_budget)",
+            h.payload_len
         )));
     }
     let non_empty = |s: String| (!s.is_empty()).then_some(s).into_iter().collect();

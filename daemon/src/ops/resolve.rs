@@ -175,7 +175,13 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
         OnMiss::Background => Priority::Background,
         OnMiss::Wait => Priority::Client,
     };
-    let jobs = pack::submit_all(d, &m, &missing, priority, BackendRequest::Auto)?;
+    let jobs = pack::submit_all(
+        d,
+        &m,
+        &missing,
+        (caller.queue_owner(), priority),
+        BackendRequest::Auto,
+    )?;
     res.jobs_started = jobs.len() as u64;
     Ok((res, jobs))
 }

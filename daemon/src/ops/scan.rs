@@ -157,7 +157,13 @@ fn consider(
     };
     let m = model::open_as(path, &reader)?;
     let sel = crate::policy::select(&m.model, &d.config.policy)?;
-    let jobs = pack::submit_all(d, &m, &sel.wanted, Priority::Watcher, BackendRequest::Auto)?;
+    let jobs = pack::submit_all(
+        d,
+        &m,
+        &sel.wanted,
+        (None, Priority::Watcher),
+        BackendRequest::Auto,
+    )?;
     d.events.emit(
         EventKind::Watcher,
         None,

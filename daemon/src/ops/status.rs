@@ -1,7 +1,6 @@
 //! Read-only views of the daemon: its status, store statistics and the list
 //! of stored entries.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -49,7 +48,7 @@ pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
 /// Store statistics and the number of active leases.
 pub(crate) fn stats(d: &Daemon) -> Result<(Stats, u64)> {
     let stats = d.store.stats()?;
-    let leases = d.store.leases()?.len() as u64;
+    let leases = d.store.lease_count()?;
     Ok((stats, leases))
 }
 
@@ -92,21 +91,22 @@ pub(crate) fn list(d: &Daemon, r: &ListRequest) -> Result<Vec<Listed>> {
         ..Default::default()
     };
     let entries = d.store.list(&filter)?;
-    let leased: HashSet<_> = d.store.leases()?.into_iter().map(|l| l.key).collect();
     let limit = if r.limit == 0 {
         usize::MAX
     } else {
         r.limit as usize
     };
-    Ok(entries
+    entries
         .into_iter()
         .filter(|e| r.format.is_empty() || e.type_name.starts_with(&r.format))
         .filter(|e| r.device.is_empty() || ctcache::device::describe(&e.device).contains(&r.device))
         .filter(|e| r.model_path.is_empty() || e.model_paths.iter().any(|p| p == &r.model_path))
         .take(limit)
-        .map(|e| Listed {
-            leased: leased.contains(&e.key),
-            entry: e,
+        .map(|e| {
+            Ok(Listed {
+                leased: d.store.is_leased(&e.key)?,
+                entry: e,
+            })
         })
-        .collect())
+        .collect()
 }

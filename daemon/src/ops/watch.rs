@@ -14,20 +14,29 @@ use crate::watcher::Owner;
 /// Watches `dir` for the caller; returns the watched folders.
 pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf>> {
     tracing::info!(caller = %caller.describe(), dir = %dir.display(), "add watch");
-    if !dir.is_absolute() || !dir.is_dir() {
-        return Err(Error::invalid(format!(
+    let not_a_folder = || {
+        Error::invalid(format!(
             "{} is not an absolute path to a folder",
             dir.display()
-        )));
+        ))
+    };
+    if !dir.is_absolute() {
+        return Err(not_a_folder());
     }
     let who = caller.identity()?;
-    who.open_dir(dir, access::READ).map_err(|_| {
-        Error::denied(format!(
-            "{} may not read {}",
-            caller.describe(),
-            dir.display()
-        ))
-    })?;
+    // Judged on the opened folder. To anyone but root and the daemon's uid a
+    // missing folder, a file and a folder they may not read get the same
+    // answer.
+    if who.open_dir(dir, access::READ).is_err() {
+        if caller.is_self_or_root() {
+            return Err(not_a_folder());
+        }
+        return Err(Error::denied(format!(
+            "{}: not found, not a folder, or not readable by {}",
+            dir.display(),
+            caller.describe()
+        )));
+    }
     // A watch is its adder's: what it finds is read with their rights
     // (root's and the daemon's own watches are the admin's).
     let owner = if caller.is_self_or_root() {

@@ -1,11 +1,15 @@
 //! The gRPC edge, the only place in the daemon that knows tonic and the API
 //! messages: the service (decode, call one use case, encode), the status
-//! mapping, and serving it with grpc.health.v1 and reflection on the Unix
-//! listener (and optionally TCP) until shutdown, then draining.
+//! mapping, the transport rule applied to every request (`guard.rs`), and
+//! serving it with grpc.health.v1 and reflection on the Unix listener (and
+//! optionally TCP, with TLS when configured) within the configured
+//! connection, stream and request bounds until shutdown, then draining.
 
+mod accept;
 mod caller;
 mod decode;
 mod encode;
+mod guard;
 mod peer;
 mod service;
 mod status;
@@ -14,14 +18,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCacheServer;
-use tokio::sync::watch;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tokio_stream::StreamExt;
-use tonic::transport::Server;
+use tokio::sync::{watch, Semaphore};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::config::Config;
 use crate::error::RunError;
 use crate::state::Daemon;
+use guard::GuardLayer;
 use service::Service;
+
+/// Pings that find dead peers, so their connections do not stay open.
+const KEEPALIVE: Duration = Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long running pack jobs may take to finish after shutdown.
 const DRAIN_BOUND: Duration = Duration::from_secs(20);
@@ -56,39 +64,73 @@ pub(crate) async fn serve(
     })
     .max_decoding_message_size(limit)
     .max_encoding_message_size(limit);
-    let router = |s: &CompiledTensorCacheServer<Service>| {
-        Server::builder()
+    let cfg = &daemon.config;
+    let guard = GuardLayer {
+        trusted_uids: cfg.trusted_uids.clone().into(),
+    };
+    let open = Arc::new(Semaphore::new(cfg.max_connections));
+    let server = |tls: Option<ServerTlsConfig>| -> Result<_, RunError> {
+        let mut b = Server::builder();
+        if let Some(tls) = tls {
+            b = b
+                .tls_config(tls)
+                .map_err(|e| RunError::Serve(format!("TLS for listen_tcp: {e}")))?;
+        }
+        let timeout =
+            (cfg.request_timeout_secs > 0).then(|| Duration::from_secs(cfg.request_timeout_secs));
+        let mut b = b
+            .concurrency_limit_per_connection(cfg.max_requests_per_connection)
+            .max_concurrent_streams(cfg.max_streams_per_connection)
+            .http2_keepalive_interval(Some(KEEPALIVE))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+        if let Some(t) = timeout {
+            b = b.timeout(t);
+        }
+        Ok(b.layer(guard.clone())
             .add_service(health.clone())
             .add_service(reflection.clone())
-            .add_service(s.clone())
+            .add_service(svc.clone()))
     };
     unix.set_nonblocking(true)
         .map_err(|e| RunError::io("the unix listener", e))?;
-    let unix = tokio::net::UnixListener::from_std(unix)
-        .map_err(|e| RunError::io("the unix listener", e))?;
+    let unix = Arc::new(
+        tokio::net::UnixListener::from_std(unix)
+            .map_err(|e| RunError::io("the unix listener", e))?,
+    );
     // A connection whose peer cannot be read is dropped, not served.
-    let incoming = UnixListenerStream::new(unix).filter_map(|conn| match conn {
-        Ok(s) => match peer::PeerStream::new(s) {
-            Ok(p) => Some(Ok::<_, std::io::Error>(p)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read a connection's peer credentials");
-                None
+    let unix_incoming = accept::incoming(
+        move || {
+            let l = unix.clone();
+            async move {
+                let (s, _) = l.accept().await?;
+                peer::PeerStream::new(s).inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot read a connection's peer credentials");
+                })
             }
         },
-        Err(e) => Some(Err(e)),
-    });
+        open.clone(),
+    );
     let unix_server =
-        router(&svc).serve_with_incoming_shutdown(incoming, turned_true(shutdown.clone()));
+        server(None)?.serve_with_incoming_shutdown(unix_incoming, turned_true(shutdown.clone()));
     let tcp_server = match tcp {
         Some(l) => {
             l.set_nonblocking(true)
                 .map_err(|e| RunError::io("the tcp listener", e))?;
-            let l = tokio::net::TcpListener::from_std(l)
-                .map_err(|e| RunError::io("the tcp listener", e))?;
-            Some(tokio::spawn(router(&svc).serve_with_incoming_shutdown(
-                TcpListenerStream::new(l),
-                turned_true(shutdown.clone()),
-            )))
+            let l = Arc::new(
+                tokio::net::TcpListener::from_std(l)
+                    .map_err(|e| RunError::io("the tcp listener", e))?,
+            );
+            let incoming = accept::incoming(
+                move || {
+                    let l = l.clone();
+                    async move { l.accept().await.map(|(s, _)| s) }
+                },
+                open,
+            );
+            Some(tokio::spawn(
+                server(tls(cfg)?)?
+                    .serve_with_incoming_shutdown(incoming, turned_true(shutdown.clone())),
+            ))
         }
         None => None,
     };
@@ -112,6 +154,26 @@ pub(crate) async fn serve(
     turned_true(shutdown).await;
     drain(&daemon).await;
     Ok(())
+}
+
+/// The TLS settings of the TCP listener, from the configured PEM files.
+fn tls(cfg: &Config) -> Result<Option<ServerTlsConfig>, RunError> {
+    let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) else {
+        return Ok(None);
+    };
+    let read = |key: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| RunError::io(format!("reading {key} {}", p.display()), e))
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
+        read("tls_cert", cert)?,
+        read("tls_key", key)?,
+    ));
+    if let Some(ca) = &cfg.tls_client_ca {
+        tls = tls
+            .client_ca_root(Certificate::from_pem(read("tls_client_ca", ca)?))
+            .client_auth_optional(false);
+    }
+    Ok(Some(tls))
 }
 
 /// Stops taking work, lets running pack jobs finish within a bound, stops

@@ -337,7 +337,7 @@ impl CompiledTensorCache for Service {
     type EventsStream = Streamed<api::Event>;
 
     async fn events(&self, _: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
-        let mut rx = self.daemon.events.subscribe();
+        let sub = self.daemon.events.subscribe()?;
         let mut stop = self.shutdown.clone();
         let d = self.daemon.clone();
         let (tx, out) = mpsc::channel(256);
@@ -346,11 +346,13 @@ impl CompiledTensorCache for Service {
                 let _ = stop.wait_for(|s| *s).await.is_ok();
             };
             tokio::pin!(stopped);
+            // The subscription (and its place) lives as long as the task.
+            let mut sub = sub;
             loop {
                 tokio::select! {
                     _ = &mut stopped => break,
                     _ = tx.closed() => break,
-                    e = rx.recv() => match e {
+                    e = sub.rx.recv() => match e {
                         Ok(e) => {
                             if tx.send(Ok(encode::event(&d, &e))).await.is_err() {
                                 break;

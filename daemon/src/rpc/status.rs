@@ -15,6 +15,7 @@ pub(crate) fn status(e: Error) -> Status {
         ErrorKind::Exhausted => Code::ResourceExhausted,
         ErrorKind::DataLoss => Code::DataLoss,
         ErrorKind::Cancelled => Code::Aborted,
+        ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Internal => Code::Internal,
     };
     Status::new(code, e.message)

@@ -96,8 +96,27 @@ impl CancelToken {
     }
 }
 
+/// An owner already has as many jobs waiting as it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull {
+    pub owner: u32,
+    pub max: usize,
+}
+
+impl std::fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "uid {} has {} pack jobs waiting, the most allowed; wait for some to finish",
+            self.owner, self.max
+        )
+    }
+}
+
 struct Job<K, V> {
     id: u64,
+    /// Who queued it (`None`: the daemon itself or an admin; not bounded).
+    owner: Option<u32>,
     key: K,
     priority: Priority,
     seq: u64,
@@ -140,12 +159,15 @@ struct Shared<K, V> {
     next_id: AtomicU64,
     stats: Stats,
     gpu_workers: usize,
+    max_queued_per_owner: usize,
 }
 
 struct Queue<K, V> {
     /// One heap per lane, indexed by `Lane as usize`.
     heaps: [BinaryHeap<Job<K, V>>; 2],
     in_flight: HashMap<K, InFlight<V>>,
+    /// Jobs waiting per owner.
+    queued_by: HashMap<u32, usize>,
     shutdown: bool,
     seq: u64,
 }
@@ -182,12 +204,19 @@ where
     V: Clone + Send + Sync + 'static,
 {
     /// Starts `workers` CPU threads (at least one) and `gpu_workers` GPU
-    /// threads, with `budget` bytes of packs in flight.
-    pub fn new(workers: usize, gpu_workers: usize, budget: u64) -> Self {
+    /// threads, with `budget` bytes of packs in flight and at most
+    /// `max_queued_per_owner` jobs waiting per owner.
+    pub fn new(
+        workers: usize,
+        gpu_workers: usize,
+        budget: u64,
+        max_queued_per_owner: usize,
+    ) -> Self {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 heaps: [BinaryHeap::new(), BinaryHeap::new()],
                 in_flight: HashMap::new(),
+                queued_by: HashMap::new(),
                 shutdown: false,
                 seq: 0,
             }),
@@ -198,6 +227,7 @@ where
             next_id: AtomicU64::new(1),
             stats: Stats::default(),
             gpu_workers,
+            max_queued_per_owner,
         });
         let lanes = [
             (Lane::Cpu, workers.max(1), "pack"),
@@ -224,17 +254,19 @@ where
         &self.shared.stats
     }
 
-    /// Submits `work` under `key` to a lane; an identical key queued or
-    /// running (in either lane) is joined instead (single-flight). `bytes`
-    /// is the memory the job needs.
+    /// Submits `work` under `key` to a lane for `owner`; an identical key
+    /// queued or running (in either lane) is joined instead (single-flight,
+    /// not counted against the owner). `bytes` is the memory the job needs.
+    /// Fails when `owner` already has `max_queued_per_owner` jobs waiting.
     pub fn submit(
         &self,
+        owner: Option<u32>,
         key: K,
         lane: Lane,
         priority: Priority,
         bytes: u64,
         work: impl FnOnce(&CancelToken) -> Result<V, String> + Send + 'static,
-    ) -> JobHandle<V> {
+    ) -> Result<JobHandle<V>, QueueFull> {
         let waiter = Arc::new(Waiter);
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = q.in_flight.get(&key) {
@@ -266,13 +298,21 @@ where
                     }
                 }
                 self.shared.stats.joined.fetch_add(1, Ordering::Relaxed);
-                return JobHandle {
+                return Ok(JobHandle {
                     id,
                     state,
                     joined: true,
                     _waiter: waiter,
-                };
+                });
             }
+        }
+        if let Some(uid) = owner {
+            let max = self.shared.max_queued_per_owner;
+            let n = q.queued_by.entry(uid).or_default();
+            if *n >= max {
+                return Err(QueueFull { owner: uid, max });
+            }
+            *n += 1;
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(JobState::Queued);
@@ -297,6 +337,7 @@ where
         };
         q.heaps[lane as usize].push(Job {
             id,
+            owner,
             key,
             priority,
             seq,
@@ -309,12 +350,12 @@ where
         drop(q);
         // Workers of both lanes wait on one condvar: wake them all.
         self.shared.wake.notify_all();
-        JobHandle {
+        Ok(JobHandle {
             id,
             state: rx,
             joined: false,
             _waiter: waiter,
-        }
+        })
     }
 
     /// Jobs waiting in the queue.
@@ -330,6 +371,7 @@ where
     pub fn shutdown(&self) {
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
         q.shutdown = true;
+        q.queued_by.clear();
         for heap in &mut q.heaps {
             for job in heap.drain() {
                 let _ = job.state.send(JobState::Cancelled);
@@ -349,6 +391,14 @@ fn worker<K: Eq + Hash + Clone, V: Clone>(s: Arc<Shared<K, V>>, lane: Lane) {
                     return;
                 }
                 if let Some(job) = q.heaps[lane as usize].pop() {
+                    if let Some(uid) = job.owner {
+                        if let Some(n) = q.queued_by.get_mut(&uid) {
+                            *n -= 1;
+                            if *n == 0 {
+                                q.queued_by.remove(&uid);
+                            }
+                        }
+                    }
                     break job;
                 }
                 q = s.wake.wait(q).unwrap_or_else(|p| p.into_inner());

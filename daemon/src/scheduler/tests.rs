@@ -10,16 +10,19 @@ async fn wait<V: Clone>(h: JobHandle<V>) -> JobState<V> {
 
 #[tokio::test]
 async fn single_flight_runs_once() {
-    let s: Scheduler<&str, u32> = Scheduler::new(2, 0, 1 << 20);
+    let s: Scheduler<&str, u32> = Scheduler::new(2, 0, 1 << 20, usize::MAX);
     let runs = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for _ in 0..8 {
         let r = runs.clone();
-        handles.push(s.submit("k", Lane::Cpu, Priority::Client, 10, move |_| {
-            std::thread::sleep(Duration::from_millis(100));
-            r.fetch_add(1, Ordering::SeqCst);
-            Ok(7)
-        }));
+        handles.push(
+            s.submit(None, "k", Lane::Cpu, Priority::Client, 10, move |_| {
+                std::thread::sleep(Duration::from_millis(100));
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(7)
+            })
+            .unwrap(),
+        );
     }
     for h in handles {
         assert_eq!(wait(h).await, JobState::Done(7));
@@ -29,18 +32,22 @@ async fn single_flight_runs_once() {
 
 #[tokio::test]
 async fn abandoned_client_job_is_cancelled() {
-    let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20);
+    let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20, usize::MAX);
     // Occupy the only worker.
-    let blocker = s.submit(0, Lane::Cpu, Priority::Client, 1, |_| {
-        std::thread::sleep(Duration::from_millis(200));
-        Ok(0)
-    });
+    let blocker = s
+        .submit(None, 0, Lane::Cpu, Priority::Client, 1, |_| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(0)
+        })
+        .unwrap();
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
-    let h = s.submit(1, Lane::Cpu, Priority::Client, 1, move |_| {
-        r.store(true, Ordering::SeqCst);
-        Ok(1)
-    });
+    let h = s
+        .submit(None, 1, Lane::Cpu, Priority::Client, 1, move |_| {
+            r.store(true, Ordering::SeqCst);
+            Ok(1)
+        })
+        .unwrap();
     let state = h.state.clone();
     drop(h);
     wait(blocker).await;
@@ -51,22 +58,28 @@ async fn abandoned_client_job_is_cancelled() {
 
 #[tokio::test]
 async fn clients_go_before_the_watcher() {
-    let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20);
+    let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20, usize::MAX);
     let order = Arc::new(Mutex::new(Vec::new()));
-    let blocker = s.submit(0, Lane::Cpu, Priority::Client, 1, |_| {
-        std::thread::sleep(Duration::from_millis(100));
-        Ok(0)
-    });
+    let blocker = s
+        .submit(None, 0, Lane::Cpu, Priority::Client, 1, |_| {
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(0)
+        })
+        .unwrap();
     let o = order.clone();
-    let w = s.submit(1, Lane::Cpu, Priority::Watcher, 1, move |_| {
-        o.lock().unwrap().push(1);
-        Ok(1)
-    });
+    let w = s
+        .submit(None, 1, Lane::Cpu, Priority::Watcher, 1, move |_| {
+            o.lock().unwrap().push(1);
+            Ok(1)
+        })
+        .unwrap();
     let o = order.clone();
-    let c = s.submit(2, Lane::Cpu, Priority::Client, 1, move |_| {
-        o.lock().unwrap().push(2);
-        Ok(2)
-    });
+    let c = s
+        .submit(None, 2, Lane::Cpu, Priority::Client, 1, move |_| {
+            o.lock().unwrap().push(2);
+            Ok(2)
+        })
+        .unwrap();
     wait(blocker).await;
     wait(w).await;
     wait(c).await;
@@ -75,22 +88,26 @@ async fn clients_go_before_the_watcher() {
 
 #[tokio::test]
 async fn the_gpu_lane_runs_while_the_cpu_workers_are_busy() {
-    let s: Scheduler<u32, String> = Scheduler::new(1, 1, 1 << 20);
+    let s: Scheduler<u32, String> = Scheduler::new(1, 1, 1 << 20, usize::MAX);
     assert!(s.has_gpu_lane());
     let release = Arc::new(AtomicBool::new(false));
     let r = release.clone();
-    let blocker = s.submit(0, Lane::Cpu, Priority::Client, 1, move |_| {
-        while !r.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(String::new())
-    });
-    let gpu = s.submit(1, Lane::Gpu, Priority::Watcher, 1, |_| {
-        Ok(std::thread::current()
-            .name()
-            .unwrap_or_default()
-            .to_string())
-    });
+    let blocker = s
+        .submit(None, 0, Lane::Cpu, Priority::Client, 1, move |_| {
+            while !r.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(String::new())
+        })
+        .unwrap();
+    let gpu = s
+        .submit(None, 1, Lane::Gpu, Priority::Watcher, 1, |_| {
+            Ok(std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string())
+        })
+        .unwrap();
     let state = tokio::time::timeout(Duration::from_secs(10), wait(gpu))
         .await
         .expect("the GPU job ran although the only CPU worker was busy");
@@ -102,34 +119,89 @@ async fn the_gpu_lane_runs_while_the_cpu_workers_are_busy() {
 
 #[tokio::test]
 async fn without_gpu_workers_gpu_jobs_run_on_the_cpu() {
-    let s: Scheduler<u32, String> = Scheduler::new(1, 0, 1 << 20);
+    let s: Scheduler<u32, String> = Scheduler::new(1, 0, 1 << 20, usize::MAX);
     assert!(!s.has_gpu_lane());
-    let h = s.submit(1, Lane::Gpu, Priority::Client, 1, |_| {
-        Ok(std::thread::current()
-            .name()
-            .unwrap_or_default()
-            .to_string())
-    });
+    let h = s
+        .submit(None, 1, Lane::Gpu, Priority::Client, 1, |_| {
+            Ok(std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string())
+        })
+        .unwrap();
     assert_eq!(wait(h).await, JobState::Done("ctcache-pack-0".into()));
 }
 
 #[tokio::test]
 async fn a_key_running_on_one_lane_is_joined_from_the_other() {
-    let s: Scheduler<u32, u32> = Scheduler::new(1, 1, 1 << 20);
+    let s: Scheduler<u32, u32> = Scheduler::new(1, 1, 1 << 20, usize::MAX);
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let a = s.submit(7, Lane::Gpu, Priority::Client, 1, move |_| {
-        std::thread::sleep(Duration::from_millis(100));
-        r.fetch_add(1, Ordering::SeqCst);
-        Ok(1)
-    });
+    let a = s
+        .submit(None, 7, Lane::Gpu, Priority::Client, 1, move |_| {
+            std::thread::sleep(Duration::from_millis(100));
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(1)
+        })
+        .unwrap();
     let r = runs.clone();
-    let b = s.submit(7, Lane::Cpu, Priority::Client, 1, move |_| {
-        r.fetch_add(1, Ordering::SeqCst);
-        Ok(2)
-    });
+    let b = s
+        .submit(None, 7, Lane::Cpu, Priority::Client, 1, move |_| {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(2)
+        })
+        .unwrap();
     assert!(b.joined);
     assert_eq!(wait(a).await, JobState::Done(1));
     assert_eq!(wait(b).await, JobState::Done(1));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn waiting_jobs_are_bounded_per_owner() {
+    let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20, 2);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = Arc::new(Mutex::new(rx));
+    // Occupies the only worker until told to finish.
+    let r = rx.clone();
+    let blocker = s
+        .submit(Some(7), 0, Lane::Cpu, Priority::Client, 1, move |_| {
+            let _ = r.lock().unwrap().recv();
+            Ok(0)
+        })
+        .unwrap();
+    while s.stats().running.load(Ordering::Relaxed) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let a = s
+        .submit(Some(7), 1, Lane::Cpu, Priority::Client, 1, |_| Ok(1))
+        .unwrap();
+    let b = s
+        .submit(Some(7), 2, Lane::Cpu, Priority::Client, 1, |_| Ok(2))
+        .unwrap();
+    let full = s
+        .submit(Some(7), 3, Lane::Cpu, Priority::Client, 1, |_| Ok(3))
+        .err()
+        .expect("a third waiting job of uid 7 is refused");
+    assert_eq!(full, QueueFull { owner: 7, max: 2 });
+    // Joining a waiting job takes no place; other owners have their own.
+    let joined = s
+        .submit(Some(7), 1, Lane::Cpu, Priority::Client, 1, |_| Ok(9))
+        .unwrap();
+    assert!(joined.joined);
+    let other = s
+        .submit(Some(8), 4, Lane::Cpu, Priority::Client, 1, |_| Ok(4))
+        .unwrap();
+    let admin = s
+        .submit(None, 5, Lane::Cpu, Priority::Client, 1, |_| Ok(5))
+        .unwrap();
+    tx.send(()).unwrap();
+    for h in [blocker, a, b, joined, other, admin] {
+        assert!(matches!(wait(h).await, JobState::Done(_)));
+    }
+    // Once they ran, uid 7 may queue again.
+    let again = s
+        .submit(Some(7), 3, Lane::Cpu, Priority::Client, 1, |_| Ok(3))
+        .unwrap();
+    assert_eq!(wait(again).await, JobState::Done(3));
 }

@@ -8,7 +8,11 @@
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
+use tokio_stream::StreamExt;
+
+use ctcache_api::v1 as api;
 use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use ctcache_testkit::MatMul;
 use tonic::transport::{Channel, Endpoint};
@@ -145,4 +149,80 @@ pub fn matmul_model(k: usize, n: usize, seed: u32) -> Vec<u8> {
     MatMul::new(k, n, w.map(ctcache_testkit::unit_f32))
         .metadata("test", "ctcached")
         .encode()
+}
+
+pub async fn entries_for(
+    c: &mut CompiledTensorCacheClient<Channel>,
+    digest: &[u8],
+) -> Vec<api::Entry> {
+    c.lookup(lookup_req(digest))
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+}
+
+/// Waits (up to 60 s) until `digest` has `n` entries; returns them.
+pub async fn wait_for_entries(
+    c: &CompiledTensorCacheClient<Channel>,
+    digest: &[u8],
+    n: usize,
+    what: &str,
+) -> Vec<api::Entry> {
+    eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let digest = digest.to_vec();
+        async move {
+            let e = entries_for(&mut c, &digest).await;
+            (e.len() == n).then_some(e)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("{what}: {n} entries within 60 s"))
+}
+
+/// A Lookup of a blake3 source digest.
+pub fn lookup_req(digest: &[u8]) -> api::LookupRequest {
+    api::LookupRequest {
+        source_digest: bytes::Bytes::copy_from_slice(digest),
+        digest_algorithm: "blake3".into(),
+        ..Default::default()
+    }
+}
+
+/// Prepacks a model by the policy and waits for every job.
+pub async fn prepack_all(
+    c: &mut CompiledTensorCacheClient<Channel>,
+    model: &std::path::Path,
+) -> Vec<api::PrepackProgress> {
+    let mut s = c
+        .prepack(api::PrepackRequest {
+            model_path: model.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(p) = s.next().await {
+        out.push(p.unwrap());
+    }
+    out
+}
+
+/// The whole payload of `key`, through ReadPayload.
+pub async fn read_all(c: &mut CompiledTensorCacheClient<Channel>, key: &str) -> Vec<u8> {
+    let mut chunks = c
+        .read_payload(api::ReadPayloadRequest {
+            key: key.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut data = Vec::new();
+    while let Some(ch) = chunks.next().await {
+        data.extend_from_slice(&ch.unwrap().data);
+    }
+    data
 }

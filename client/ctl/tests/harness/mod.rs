@@ -89,6 +89,8 @@ pub struct Daemon {
     inner: Inner,
 }
 
+// One per test: the size of either variant does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Inner {
     Binary(ctcache_testkit::Daemon),
     InProcess(ctcache_testkit::InProcessDaemon),

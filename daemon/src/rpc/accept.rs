@@ -1,0 +1,111 @@
+//! Accepting connections within `max_connections`: a connection holds a
+//! permit until it closes, and no new one is accepted while none is free
+//! (the kernel's backlog holds the rest).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+
+/// A connection and its place among the open ones.
+pub(crate) struct Counted<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO: Connected> Connected for Counted<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The connections `accept` yields, each once a permit of `open` is free;
+/// ends when the server drops the stream.
+pub(crate) fn incoming<IO, F, Fut>(
+    mut accept: F,
+    open: Arc<Semaphore>,
+) -> ReceiverStream<io::Result<Counted<IO>>>
+where
+    IO: Send + 'static,
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = io::Result<IO>> + Send,
+{
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                p = open.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = tx.closed() => return,
+            };
+            let accepted = tokio::select! {
+                r = accept() => r,
+                _ = tx.closed() => return,
+            };
+            let failed = accepted.is_err();
+            let item = accepted.map(|io| Counted {
+                io,
+                _permit: permit,
+            });
+            if tx.send(item).await.is_err() {
+                return;
+            }
+            if failed {
+                // Out of descriptors, say: do not spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}

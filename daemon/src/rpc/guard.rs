@@ -1,0 +1,117 @@
+//! The transport rule at the edge: before any handler runs, the request's
+//! caller must be admitted for the method's use case
+//! ([`Caller::admits`](crate::caller::Caller::admits)); a refused request is
+//! answered PERMISSION_DENIED without reaching the service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::body::Body;
+use tonic::codegen::http;
+use tower::{Layer, Service};
+
+use super::caller;
+use crate::ops::UseCase;
+
+/// The use case of a gRPC method path (`/package.Service/Method`).
+fn use_case(path: &str) -> Option<UseCase> {
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    match service {
+        "ctcache.v1.CompiledTensorCache" => UseCase::ALL.into_iter().find(|u| u.name() == method),
+        "grpc.health.v1.Health" => Some(UseCase::Health),
+        s if s.starts_with("grpc.reflection.") => Some(UseCase::Reflection),
+        _ => None,
+    }
+}
+
+/// Wraps the served routes in [`Guard`].
+#[derive(Clone)]
+pub(crate) struct GuardLayer {
+    pub trusted_uids: Arc<[u32]>,
+}
+
+impl<S> Layer<S> for GuardLayer {
+    type Service = Guard<S>;
+
+    fn layer(&self, inner: S) -> Guard<S> {
+        Guard {
+            inner,
+            trusted_uids: self.trusted_uids.clone(),
+        }
+    }
+}
+
+/// Admits or refuses each request before the routes see it.
+#[derive(Clone)]
+pub(crate) struct Guard<S> {
+    inner: S,
+    trusted_uids: Arc<[u32]>,
+}
+
+type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send>>;
+
+impl<S> Service<http::Request<Body>> for Guard<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = Answer<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let who = caller::from_extensions(req.extensions(), &self.trusted_uids);
+        match who.admits(use_case(req.uri().path())) {
+            Ok(()) => Box::pin(self.inner.call(req)),
+            Err(e) => {
+                let refused = tonic::Status::from(e).into_http::<Body>();
+                Box::pin(async move { Ok(refused) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_paths_name_their_use_case() {
+        assert_eq!(
+            use_case("/ctcache.v1.CompiledTensorCache/Put"),
+            Some(UseCase::Put)
+        );
+        assert_eq!(
+            use_case("/ctcache.v1.CompiledTensorCache/BatchLookup"),
+            Some(UseCase::BatchLookup)
+        );
+        assert_eq!(
+            use_case("/grpc.health.v1.Health/Check"),
+            Some(UseCase::Health)
+        );
+        assert_eq!(use_case("/ctcache.v1.CompiledTensorCache/Nope"), None);
+        assert_eq!(use_case("/other.Service/Put"), None);
+        assert_eq!(use_case("garbage"), None);
+    }
+
+    #[test]
+    fn every_rpc_of_the_proto_has_a_use_case() {
+        let proto = include_str!("../../../proto/ctcache/v1/ctcache.proto");
+        let rpcs: Vec<&str> = proto
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rpc "))
+            .filter_map(|l| l.split('(').next())
+            .collect();
+        assert_eq!(rpcs.len(), UseCase::ALL.len() - 2, "{rpcs:?}");
+        for rpc in rpcs {
+            let path = format!("/ctcache.v1.CompiledTensorCache/{rpc}");
+            assert!(use_case(&path).is_some(), "{rpc} has no use case");
+        }
+    }
+}

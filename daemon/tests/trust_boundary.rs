@@ -1,0 +1,662 @@
+//! The trust boundary of ctcached (issue 13): leases owned and bounded,
+//! per-uid bounds on queued jobs and watches, payload and tensor size
+//! limits, answers that do not reveal other users' files, and TCP only on
+//! loopback unless TLS is configured (read-only without a verified client
+//! certificate). Attacks run as uid 65534 by re-executing this test binary
+//! under `setpriv`.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use support::*;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::Code;
+
+const NOBODY: &str = "65534";
+
+fn can_switch_uid() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok()
+}
+
+fn open_to_all(p: &Path) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Runs `helper` of this binary as uid 65534 with `env`; returns its stdout
+/// after checking it printed `marker`.
+fn run_as_nobody(helper: &str, env: &[(&str, String)], marker: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args([
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".into(),
+    ])
+    .arg(&exe)
+    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A daemon binary whose socket uid 65534 may use, with `config` (TOML).
+fn daemon_for_nobody(config: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let cfg = dir.join("ctcached.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let d = Daemon::start_with(&["--config", cfg.to_str().unwrap()], |c| {
+        c.env("CTCACHE_SOCKET_GROUP", NOBODY);
+    });
+    for p in [
+        d.dir.path().to_path_buf(),
+        d.socket.parent().unwrap().to_path_buf(),
+    ] {
+        open_to_all(&p);
+    }
+    d
+}
+
+/// The client half of `leases_watches_and_jobs_are_owned_and_bounded`, as
+/// uid 65534.
+#[tokio::test]
+async fn nobody_attacks_helper() {
+    let Ok(socket) = std::env::var("CTCACHE_TEST_SOCKET") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let mut c = CompiledTensorCacheClient::new(channel(Path::new(&socket)).await);
+
+    // Another uid's lease can be neither renewed nor released.
+    let root_lease: u64 = var("CTCACHE_TEST_ROOT_LEASE").parse().unwrap();
+    let renew = c
+        .renew_lease(api::RenewLeaseRequest {
+            lease_id: root_lease,
+            ttl_ms: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(renew.code(), Code::PermissionDenied, "{renew:?}");
+    let release = c
+        .release_lease(api::ReleaseLeaseRequest {
+            lease_id: root_lease,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(release.code(), Code::PermissionDenied, "{release:?}");
+
+    // 2,000 leases with a cap of 1,000: the 1,001st and later are refused.
+    let key = var("CTCACHE_TEST_OTHER_KEY");
+    let mut mine = Vec::new();
+    for i in 0..2000 {
+        let r = c
+            .acquire_lease(api::AcquireLeaseRequest {
+                key: key.clone(),
+                ttl_ms: 3_600_000,
+            })
+            .await;
+        match r {
+            Ok(l) if i < 1000 => mine.push(l.into_inner().lease_id),
+            Err(e) if i >= 1000 => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "lease {i}: {e:?}");
+                assert!(e.message().contains("1000"), "{e:?}");
+            }
+            other => panic!("lease {i}: {other:?}"),
+        }
+    }
+    // Its own lease it may release and renew, and then take another.
+    c.renew_lease(api::RenewLeaseRequest {
+        lease_id: mine[1],
+        ttl_ms: 60_000,
+    })
+    .await
+    .expect("renew own lease");
+    c.release_lease(api::ReleaseLeaseRequest { lease_id: mine[0] })
+        .await
+        .expect("release own lease");
+    c.acquire_lease(api::AcquireLeaseRequest {
+        key: key.clone(),
+        ttl_ms: 1000,
+    })
+    .await
+    .expect("a released lease frees a place");
+
+    // Watches: at most 2 folders for this uid.
+    let dirs: Vec<String> = var("CTCACHE_TEST_WATCH_DIRS")
+        .split(':')
+        .map(String::from)
+        .collect();
+    for d in &dirs[..2] {
+        c.add_watch(api::WatchRequest { dir: d.clone() })
+            .await
+            .expect("a watch within the bound");
+    }
+    let e = c
+        .add_watch(api::WatchRequest {
+            dir: dirs[2].clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("max_watches_per_uid"), "{e:?}");
+
+    // Jobs: at most 1 waiting; a model of 4 wanted pairs overflows it.
+    let e = c
+        .prepack(api::PrepackRequest {
+            model_path: var("CTCACHE_TEST_MANY_WEIGHTS"),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the second waiting job of this uid is refused");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("pack jobs waiting"), "{e:?}");
+
+    // A model this uid may not read: the same answer whether it exists.
+    let resolve = |p: String| {
+        let mut c = c.clone();
+        async move {
+            c.resolve_model(api::ResolveModelRequest {
+                model_path: p,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err()
+        }
+    };
+    let secret = var("CTCACHE_TEST_SECRET");
+    let missing = format!("{secret}.missing");
+    let (a, b) = (
+        resolve(secret.clone()).await,
+        resolve(missing.clone()).await,
+    );
+    assert_eq!(a.code(), b.code(), "{a:?} / {b:?}");
+    assert_eq!(a.code(), Code::PermissionDenied);
+    assert_eq!(
+        a.message().replace(&secret, "P"),
+        b.message().replace(&missing, "P")
+    );
+    // Nor does AddWatch of a folder it may not read.
+    let watch = |p: String| {
+        let mut c = c.clone();
+        async move { c.add_watch(api::WatchRequest { dir: p }).await.unwrap_err() }
+    };
+    let secret_dir = Path::new(&secret).parent().unwrap().display().to_string();
+    let missing_dir = format!("{secret_dir}.missing");
+    let (a, b) = (
+        watch(secret_dir.clone()).await,
+        watch(missing_dir.clone()).await,
+    );
+    assert_eq!(a.code(), Code::PermissionDenied, "{a:?}");
+    assert_eq!(b.code(), Code::PermissionDenied, "{b:?}");
+    assert_eq!(
+        a.message().replace(&secret_dir, "P"),
+        b.message().replace(&missing_dir, "P")
+    );
+    println!("NOBODY-ATTACKS-REFUSED");
+}
+
+#[test]
+fn leases_watches_and_jobs_are_owned_and_bounded() {
+    if !can_switch_uid() {
+        eprintln!("skipped: needs root and setpriv to act as another uid");
+        return;
+    }
+    let mut d = daemon_for_nobody(
+        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\n",
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut c = rt.block_on(d.client());
+    // Two packed models: one entry root leases, one uid 65534 leases.
+    let (a, b) = (d.models.join("a.onnx"), d.models.join("b.onnx"));
+    write_model(&a, &matmul_model(256, 256, 1));
+    write_model(&b, &matmul_model(256, 256, 2));
+    let ea = rt.block_on(wait_for_entries(&c, &digest_of(&a, "W"), 2, "a packed"));
+    let eb = rt.block_on(wait_for_entries(&c, &digest_of(&b, "W"), 2, "b packed"));
+    let root_lease = rt
+        .block_on(c.acquire_lease(api::AcquireLeaseRequest {
+            key: ea[0].key.clone(),
+            ttl_ms: 600_000,
+        }))
+        .unwrap()
+        .into_inner()
+        .lease_id;
+
+    // Files of uid 65534's world: folders to watch, a model it may read with
+    // 4 wanted pairs, and root's private model.
+    let world = tempfile::tempdir().unwrap();
+    open_to_all(world.path());
+    let dirs: Vec<PathBuf> = (0..3).map(|i| world.path().join(format!("w{i}"))).collect();
+    for dir in &dirs {
+        std::fs::create_dir(dir).unwrap();
+        open_to_all(dir);
+    }
+    let many = world.path().join("many.onnx");
+    write_model(&many, &two_weights_model());
+    std::fs::set_permissions(&many, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let secret = std::env::temp_dir().join(format!("ctcache-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret_model = secret.join("secret.onnx");
+    write_model(&secret_model, &matmul_model(256, 256, 3));
+
+    let env = [
+        ("CTCACHE_TEST_SOCKET", d.socket.display().to_string()),
+        ("CTCACHE_TEST_ROOT_LEASE", root_lease.to_string()),
+        ("CTCACHE_TEST_OTHER_KEY", eb[0].key.clone()),
+        (
+            "CTCACHE_TEST_WATCH_DIRS",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":"),
+        ),
+        ("CTCACHE_TEST_MANY_WEIGHTS", many.display().to_string()),
+        ("CTCACHE_TEST_SECRET", secret_model.display().to_string()),
+    ];
+    run_as_nobody("nobody_attacks_helper", &env, "NOBODY-ATTACKS-REFUSED");
+    std::fs::remove_dir_all(&secret).unwrap();
+
+    // Root's lease still protects its entry from gc --max-size 0.
+    let report = rt
+        .block_on(c.gc(api::GcRequest {
+            max_bytes: 0,
+            has_max_bytes: true,
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
+    assert!(report.skipped_leased >= 2, "{report:?}");
+    let left: Vec<_> = rt
+        .block_on(entries_for(&mut c, &digest_of(&a, "W")))
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(
+        left,
+        vec![ea[0].key.clone()],
+        "only the leased entry of a stays"
+    );
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// A model with two MatMul weights (4 wanted pairs under the default policy).
+fn two_weights_model() -> Vec<u8> {
+    use ctcache_testkit::{f32_tensor_from, node, tensor_info, unit_f32, xorshift};
+    let (k, n) = (512usize, 512usize);
+    let w = |name: &str, seed| {
+        f32_tensor_from(
+            name,
+            &[k as i64, n as i64],
+            xorshift(seed).map(unit_f32).take(k * n),
+        )
+    };
+    let (w1, w2) = (w("W1", 11), w("W2", 12));
+    let model = ctcache::pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![ctcache::pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(ctcache::pb::GraphProto {
+            name: "two".into(),
+            node: vec![
+                node("MatMul", "m1", &["X", "W1"], "H"),
+                node("MatMul", "m2", &["H", "W2"], "Y"),
+            ],
+            initializer: vec![w1, w2],
+            input: vec![tensor_info("X", &[1, k as i64])],
+            output: vec![tensor_info("Y", &[1, n as i64])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    prost::Message::encode_to_vec(&model)
+}
+
+/// A Put of `e`'s payload under the source digest `[n; 32]`.
+fn put_of(e: &api::Entry, n: u8, data: Vec<u8>) -> Vec<api::PutRequest> {
+    let header = api::PutHeader {
+        source_digest: bytes::Bytes::from(vec![n; 32]),
+        digest_algorithm: "blake3".into(),
+        struct_type: e.struct_type.clone(),
+        dims: e.dims.clone(),
+        device: e.device.clone(),
+        payload_len: e.payload_len,
+        source_name: "W".into(),
+        model_path: String::new(),
+    };
+    vec![
+        api::PutRequest {
+            part: Some(api::put_request::Part::Header(header)),
+        },
+        api::PutRequest {
+            part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packs_and_puts_over_the_payload_limit_are_refused_before_they_start() {
+    // A 512 KiB entry, packed under the default limit.
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let first = d.path("work/first.onnx");
+    write_model(&first, &matmul_model(512, 256, 5));
+    prepack_all(&mut c, &first).await;
+    let e = entries_for(&mut c, &digest_of(&first, "W"))
+        .await
+        .into_iter()
+        .max_by_key(|e| e.payload_len)
+        .unwrap();
+    assert_eq!(e.payload_len, 512 << 10, "{}", e.physical_type);
+    let data = read_all(&mut c, &e.key).await;
+    assert_eq!(d.stop(), Some(0));
+
+    d.config.max_payload_bytes = 64 << 10;
+    d.restart();
+    let mut c = d.client().await;
+    let before = c.status(api::StatusRequest {}).await.unwrap().into_inner();
+    let path = d.path("work/m.onnx");
+    write_model(&path, &matmul_model(512, 256, 4));
+    let e_pack = c
+        .prepack(api::PrepackRequest {
+            model_path: path.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a 512 KiB payload over a 64 KiB limit is refused");
+    assert_eq!(e_pack.code(), Code::ResourceExhausted, "{e_pack:?}");
+    assert!(e_pack.message().contains("max_payload_bytes"), "{e_pack:?}");
+    let e_put = c
+        .put(tokio_stream::iter(put_of(&e, 9, data)))
+        .await
+        .expect_err("a 512 KiB Put over a 64 KiB limit is refused");
+    assert_eq!(e_put.code(), Code::ResourceExhausted, "{e_put:?}");
+    assert!(e_put.message().contains("max_payload_bytes"), "{e_put:?}");
+    let after = c.status(api::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(after.entries, before.entries, "nothing was stored");
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// A model whose W declares 64 GiB of external data in a sparse file.
+fn sparse_model(dir: &Path) -> PathBuf {
+    use ctcache::pb::tensor_proto::DataLocation;
+    const SIDE: i64 = 131_072; // 131072^2 floats = 64 GiB
+    let mut m = ctcache_testkit::MatMul::new(4, 4, [0.5f32; 16]).proto();
+    let g = m.graph.as_mut().unwrap();
+    let w = g.initializer.iter_mut().find(|t| t.name == "W").unwrap();
+    w.dims = vec![SIDE, SIDE];
+    w.raw_data = Default::default();
+    w.float_data.clear();
+    w.data_location = DataLocation::External as i32;
+    let len = (SIDE * SIDE * 4) as u64;
+    w.external_data = vec![
+        ctcache_testkit::kv("location", "w.bin"),
+        ctcache_testkit::kv("offset", "0"),
+        ctcache_testkit::kv("length", &len.to_string()),
+    ];
+    let f = std::fs::File::create(dir.join("w.bin")).unwrap();
+    f.set_len(len).unwrap();
+    let path = dir.join("huge.onnx");
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    path
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_sparse_64_gib_tensor_is_refused_with_rss_staying_low() {
+    let mut d = Daemon::start();
+    let pid = d.child.as_ref().unwrap().id();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut c = rt.block_on(d.client());
+    let work = d.path("work");
+    let path = sparse_model(&work);
+    let before = rss_kib(pid);
+    for req in [
+        api::ResolveModelRequest {
+            model_path: path.display().to_string(),
+            on_miss: api::OnMiss::Wait as i32,
+            ..Default::default()
+        },
+        api::ResolveModelRequest {
+            model_path: path.display().to_string(),
+            ..Default::default()
+        },
+    ] {
+        let mut r = tonic::Request::new(req);
+        r.set_timeout(Duration::from_secs(30));
+        let e = rt.block_on(c.resolve_model(r)).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("max_tensor_bytes"), "{e:?}");
+    }
+    let e = rt
+        .block_on(c.prepack(api::PrepackRequest {
+            model_path: path.display().to_string(),
+            ..Default::default()
+        }))
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // The watcher refuses it too.
+    std::fs::rename(work.join("w.bin"), d.models.join("w.bin")).unwrap();
+    std::fs::rename(&path, d.models.join("huge.onnx")).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rss_kib(pid);
+    assert!(
+        after < before + (256 << 10),
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+    let st = rt
+        .block_on(c.status(api::StatusRequest {}))
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.entries, 0);
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[test]
+fn tcp_beyond_loopback_without_tls_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin())
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .arg("--socket")
+        .arg(dir.path().join("s.sock"))
+        .args(["--listen-tcp", "0.0.0.0:0"])
+        .env_remove("CTCACHE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listen_tcp") && err.contains("not a loopback") && err.contains("tls_cert"),
+        "{err}"
+    );
+    assert!(!dir.path().join("s.sock").exists(), "nothing was served");
+}
+
+/// A CA and certificates it signs, as PEM files in `dir`.
+struct Pki {
+    ca: String,
+}
+
+impl Pki {
+    fn new() -> (Pki, rcgen::CertifiedIssuer<'static, rcgen::KeyPair>) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        (Pki { ca: ca.pem() }, ca)
+    }
+}
+
+/// A certificate for `name` signed by `ca`: (cert PEM, key PEM).
+fn issue(ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>, name: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, &**ca)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A daemon serving TLS on 0.0.0.0 (port chosen at start); `client_ca`
+/// turns on client certificates.
+fn tls_daemon(dir: &Path, pki: &Pki, server: &(String, String), client_ca: bool) -> InProc {
+    std::fs::write(dir.join("server.pem"), &server.0).unwrap();
+    std::fs::write(dir.join("server.key"), &server.1).unwrap();
+    std::fs::write(dir.join("ca.pem"), &pki.ca).unwrap();
+    InProc::start_with(|c| {
+        c.listen_tcp = Some("0.0.0.0:0".into());
+        c.tls_cert = Some(dir.join("server.pem"));
+        c.tls_key = Some(dir.join("server.key"));
+        c.tls_client_ca = client_ca.then(|| dir.join("ca.pem"));
+    })
+}
+
+async fn tls_client(
+    d: &InProc,
+    pki: &Pki,
+    identity: Option<&(String, String)>,
+) -> Result<CompiledTensorCacheClient<Channel>, tonic::transport::Error> {
+    let port = d.tcp_addr.unwrap().port();
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&pki.ca))
+        .domain_name("localhost");
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let ch = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))?
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(CompiledTensorCacheClient::new(ch))
+}
+
+fn gc_all() -> api::GcRequest {
+    api::GcRequest {
+        max_bytes: 0,
+        has_max_bytes: true,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_without_client_certificates_only_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, ca) = Pki::new();
+    let mut d = tls_daemon(dir.path(), &pki, &issue(&ca, "localhost"), false);
+    let mut c = tls_client(&d, &pki, None).await.unwrap();
+    c.status(api::StatusRequest {}).await.expect("status");
+    let lookup = c
+        .lookup(api::LookupRequest {
+            source_digest: bytes::Bytes::from(vec![1u8; 32]),
+            digest_algorithm: "blake3".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("lookup");
+    assert!(lookup.into_inner().entries.is_empty());
+    let denied = |what: &str, r: Result<(), tonic::Status>| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), Code::PermissionDenied, "{what}: {e:?}");
+        assert!(e.message().contains("may only read"), "{what}: {e:?}");
+    };
+    denied("gc", c.gc(gc_all()).await.map(drop));
+    let put = vec![api::PutRequest {
+        part: Some(api::put_request::Part::Header(api::PutHeader::default())),
+    }];
+    denied("put", c.put(tokio_stream::iter(put)).await.map(drop));
+    denied(
+        "acquire lease",
+        c.acquire_lease(api::AcquireLeaseRequest::default())
+            .await
+            .map(drop),
+    );
+    denied(
+        "events",
+        c.events(api::EventsRequest::default()).await.map(drop),
+    );
+    // A plain-text client gets nothing.
+    let port = d.tcp_addr.unwrap().port();
+    let plain = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(ch) = plain {
+        let mut p = CompiledTensorCacheClient::new(ch);
+        assert!(p.status(api::StatusRequest {}).await.is_err());
+    }
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_refuses_clients_without_a_certificate_and_trusts_signed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, ca) = Pki::new();
+    let mut d = tls_daemon(dir.path(), &pki, &issue(&ca, "localhost"), true);
+    // A packed entry to copy (over the Unix socket).
+    let mut local = d.client().await;
+    let path = d.path("work/m.onnx");
+    write_model(&path, &matmul_model(512, 256, 6));
+    prepack_all(&mut local, &path).await;
+    let e = entries_for(&mut local, &digest_of(&path, "W"))
+        .await
+        .remove(0);
+    let data = read_all(&mut local, &e.key).await;
+
+    // Without a certificate: no call gets through.
+    if let Ok(mut anon) = tls_client(&d, &pki, None).await {
+        let r = anon.status(api::StatusRequest {}).await;
+        assert!(
+            r.is_err(),
+            "a client without a certificate was served: {r:?}"
+        );
+    }
+    // With a certificate the CA signed: trusted, Put works.
+    let (other_pki, other_ca) = Pki::new();
+    let stranger = issue(&other_ca, "client");
+    if let Ok(mut s) = tls_client(&d, &pki, Some(&stranger)).await {
+        assert!(
+            s.status(api::StatusRequest {}).await.is_err(),
+            "a certificate of another CA was accepted"
+        );
+    }
+    drop(other_pki);
+    let mut c = tls_client(&d, &pki, Some(&issue(&ca, "client")))
+        .await
+        .unwrap();
+    let put = c
+        .put(tokio_stream::iter(put_of(&e, 9, data)))
+        .await
+        .expect("put")
+        .into_inner();
+    assert!(!put.already_present);
+    assert_eq!(entries_for(&mut local, &[9u8; 32]).await.len(), 1);
+    assert_eq!(d.stop(), Some(0));
+}
