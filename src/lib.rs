@@ -10,6 +10,7 @@ pub mod digest;
 pub mod dtype;
 pub mod error;
 pub mod fsutil;
+pub mod hit;
 pub mod materialize;
 pub mod onnx;
 pub mod paths;

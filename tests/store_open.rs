@@ -4,13 +4,12 @@
 
 mod store_util;
 
-use std::collections::HashSet;
 use std::fs;
 use std::time::Duration;
 
 use ctcache::device::RuntimeIdentity;
+use ctcache::hit::KnownTypes;
 use ctcache::pb;
-use ctcache::resolve::Recognized;
 use ctcache::store::{Accept, Filter, HostFilter, Store, StoreError, StoreOptions, LAYOUT_VERSION};
 use store_util::*;
 
@@ -181,31 +180,29 @@ fn lookup_applies_d5_and_d4_best_first() {
     let hits = s.lookup(&src, &any).unwrap();
     assert!(hits[0].exact && !hits[1].exact);
 
-    let recognized: Recognized = [("a.fmt", 1)].into_iter().collect();
+    let recognized = Accept::Known(std::sync::Arc::new(KnownTypes::new(NamedTypes(vec![(
+        "a.fmt", 1,
+    )]))));
     let ort13 = RuntimeIdentity {
         name: "ort".into(),
         version: "1.3.0".into(),
     };
-    let h = HostFilter::new(
-        vec![host_cpu.clone()],
-        Some(ort13),
-        Accept::Types(recognized.clone()),
-    );
+    let h = HostFilter::new(vec![host_cpu.clone()], Some(ort13), recognized.clone());
     assert_eq!(keys(&h), vec![exact, with_rt, subset_new, subset_old]);
     let ort2 = RuntimeIdentity {
         name: "ort".into(),
         version: "2.0.0".into(),
     };
-    let h = HostFilter::new(
-        vec![host_cpu.clone()],
-        Some(ort2),
-        Accept::Types(recognized),
-    );
+    let h = HostFilter::new(vec![host_cpu.clone()], Some(ort2), recognized);
     assert_eq!(keys(&h), vec![exact, subset_new, subset_old]);
 
-    let only: HashSet<_> = [v2.physical_type].into_iter().collect();
-    let h = HostFilter::new(vec![host_cpu.clone()], None, Accept::Keys(only));
+    let h = HostFilter::new(
+        vec![host_cpu.clone()],
+        None,
+        Accept::exact([layout("a.fmt", 2)]),
+    );
     assert_eq!(keys(&h), vec![v2]);
+    assert_eq!(v2.physical_type, layout("a.fmt", 2).key);
 
     // A second host device: entries fitting the first listed device come first.
     let gpu = pb::DeviceProto {

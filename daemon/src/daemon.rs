@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ctcache::digest::SourceDigest;
+use ctcache::hit::{Accept, Host};
 use ctcache::onnx::{Model, TensorRef};
 use ctcache::pb;
-use ctcache::resolve::{Host, Recognized};
-use ctcache::store::{Accept, Entry, EntryKey, HostFilter, NewEntry, Producer, Store};
+use ctcache::store::{Entry, EntryKey, HostFilter, NewEntry, Producer, Store};
 use ctcache_api::v1 as api;
 use ctcache_kernels::{Packer, Params};
 use tokio::sync::broadcast;
@@ -119,12 +119,12 @@ struct PackSpec {
 
 impl Daemon {
     pub fn new(config: Config, store: Arc<Store>, socket: Option<PathBuf>) -> Daemon {
-        let host = Host {
-            devices: ctcache_kernels::compile::host_devices(),
-            runtime: None,
-            recognized: ctcache_kernels::compile::recognized(),
-        };
-        let host_filter = HostFilter::from_host(&host);
+        let host = Host::new(
+            ctcache_kernels::compile::host_devices(),
+            None,
+            Accept::Known(ctcache_kernels::registry::known_types()),
+        );
+        let host_filter = host.clone();
         // A GPU lane only for a hardware adapter: a software one (lavapipe)
         // is slower than the CPU kernels.
         let gpu_workers = usize::from(config.gpu && ctcache_kernels::compile::hardware_gpu());
@@ -180,7 +180,7 @@ impl Daemon {
         accepted: &[api::AcceptedType],
     ) -> HostFilter {
         let devices = if devices.is_empty() {
-            self.host.devices.clone()
+            self.host.devices().to_vec()
         } else {
             devices.to_vec()
         };
@@ -191,23 +191,16 @@ impl Daemon {
                     name: r.name.clone(),
                     version: r.version.clone(),
                 });
-        let accept = if accepted.is_empty() {
-            Accept::Types(self.host.recognized.clone())
+        let host = HostFilter::new(devices, runtime, self.host.accept().clone());
+        if accepted.is_empty() {
+            host
         } else {
-            let mut r = Recognized::default();
-            for a in accepted {
-                let versions: Vec<u32> = if a.versions.is_empty() {
-                    (1..=64).collect()
-                } else {
-                    a.versions.clone()
-                };
-                for v in versions {
-                    r.insert(a.name.clone(), v);
-                }
-            }
-            Accept::Types(r)
-        };
-        HostFilter::new(devices, runtime, accept)
+            host.accepting_names(
+                accepted
+                    .iter()
+                    .map(|a| (a.name.clone(), a.versions.clone())),
+            )
+        }
     }
 
     /// Lookup of one source digest: hits best first, or the miss reason.
@@ -276,48 +269,14 @@ impl Daemon {
         })
     }
 
-    /// Why no entry of `source` fits: the closest entry's first differing part.
+    /// Why no entry of `source` fits: the core's judgement of the entry
+    /// that got furthest.
     fn explain_miss(&self, source: &SourceDigest, filter: &HostFilter) -> OpResult<api::Miss> {
-        let all = self.store.list(&ctcache::store::Filter {
-            source: Some(*source),
-            limit: Some(64),
-            ..Default::default()
-        })?;
-        let Some(first) = all.first() else {
-            return Ok(convert::miss(
-                "no_entry",
-                "nothing is stored for this source digest",
-            ));
+        let reason = match self.store.lookup_explained(source, None, filter)? {
+            Ok(_) => ctcache::hit::MissReason::NoEntry,
+            Err(m) => m,
         };
-        for e in &all {
-            if let Err(m) = ctcache::device::find_compatible(&e.device, filter.devices(), None) {
-                if all.len() == 1 {
-                    return Ok(convert::miss("incompatible_device", m.to_string()));
-                }
-            } else {
-                let known = self.host.recognized.versions(&e.type_name);
-                return Ok(match known {
-                    None => convert::miss(
-                        "unknown_physical_type",
-                        format!("{:?} is not recognized", e.type_name),
-                    ),
-                    Some(v) if !v.contains(&e.format_version) => convert::miss(
-                        "unsupported_format_version",
-                        format!("{:?} version {}", e.type_name, e.format_version),
-                    ),
-                    Some(_) => convert::miss(
-                        "incompatible_device",
-                        "the runtime or required metadata differ",
-                    ),
-                });
-            }
-        }
-        let m = ctcache::device::find_compatible(&first.device, filter.devices(), None).err();
-        Ok(convert::miss(
-            "incompatible_device",
-            m.map(|m| m.to_string())
-                .unwrap_or_else(|| "no entry fits these devices".into()),
-        ))
+        Ok(convert::miss(reason.code(), reason.detail()))
     }
 
     /// Opens a model the peer named, after the access check.
@@ -533,6 +492,7 @@ impl Daemon {
         }
         let new = NewEntry {
             source: spec.digest,
+            source_shape: c.source_shape.clone(),
             device: c.device.clone(),
             physical_type: c.layout.struct_type.clone(),
             dims: c.layout.dims.clone(),

@@ -126,7 +126,7 @@ impl CompiledTensorCache for Service {
         _: Request<api::GetHostDevicesRequest>,
     ) -> Result<Response<api::GetHostDevicesResponse>, Status> {
         Ok(Response::new(api::GetHostDevicesResponse {
-            devices: self.daemon.host.devices.clone(),
+            devices: self.daemon.host.devices().to_vec(),
         }))
     }
 
@@ -418,8 +418,20 @@ impl CompiledTensorCache for Service {
                 header.payload_len
             )));
         }
+        let source_shape = ctcache::hit::SourceShape {
+            data_type: ctcache::dtype::DataType::from_i32(header.source_data_type).map_err(
+                |_| {
+                    Status::invalid_argument(format!(
+                    "source_data_type {} is not an ONNX data type (the source's shape is required)",
+                    header.source_data_type
+                ))
+                },
+            )?,
+            dims: header.source_dims.clone(),
+        };
         let new = NewEntry {
             source: ctcache::digest::SourceDigest { algorithm, bytes },
+            source_shape,
             device,
             physical_type: ty,
             dims: header.dims,

@@ -450,6 +450,8 @@ async fn every_rpc_success_and_errors() {
         payload_len: e.payload_len,
         source_name: "W".into(),
         model_path: String::new(),
+        source_data_type: 1,
+        source_dims: vec![K as u64, N as u64],
     };
     let put = |h: api::PutHeader, data: Vec<u8>| {
         let mut c = c.clone();

@@ -28,6 +28,10 @@ fn new_entry(n: u8) -> NewEntry {
             ..Default::default()
         },
         dims: vec![],
+        source_shape: crate::hit::SourceShape {
+            data_type: crate::dtype::DataType::FLOAT,
+            dims: vec![],
+        },
         producer: Producer::default(),
         source_names: vec![format!("w{n}")],
         model_paths: vec![],
