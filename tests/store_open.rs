@@ -104,7 +104,7 @@ fn version_0_layout_is_migrated() {
     for k in keys {
         s.open_payload(&k).unwrap();
     }
-    assert!(s.verify().unwrap().problems.is_empty());
+    assert!(s.verify(true).unwrap().problems.is_empty());
 }
 
 #[test]

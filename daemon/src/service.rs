@@ -786,7 +786,7 @@ impl CompiledTensorCache for Service {
         self.require_trusted(&peer, "verify the store")?;
         let d = self.daemon.clone();
         blocking(move || {
-            let v = d.store.verify().map_err(store_err)?;
+            let v = d.store.verify(true).map_err(store_err)?;
             let corrupt = v
                 .problems
                 .iter()

@@ -153,7 +153,7 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
     let r = match &a.cache_dir {
         Some(dir) => {
             let store = open_offline(dir)?;
-            let v = store.verify()?;
+            let v = store.verify(true)?;
             let keys = |missing: bool| -> Vec<String> {
                 v.problems
                     .iter()
