@@ -804,7 +804,11 @@ impl CompiledTensorCache for Service {
                 bytes_checked: v.bytes_checked,
                 corrupt,
                 missing,
-                orphans: vec![],
+                orphans: v
+                    .orphan_files
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect(),
                 clean: v.problems.is_empty(),
             })
         })

@@ -271,6 +271,14 @@ fn exact_layouts_and_names() {
 }
 
 #[test]
+fn checksum_test_vector_of_docs_format() {
+    let v = "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85";
+    assert_eq!(payload_checksum(b"abc"), v);
+    assert!(check_payload(v, b"abc").is_ok());
+    assert!(check_payload(v, b"abd").is_err());
+}
+
+#[test]
 fn verdicts_are_cached_per_type_and_shape() {
     let calls = Arc::new(AtomicUsize::new(0));
     let h = Host::new(

@@ -139,8 +139,9 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// Also repair what differs between files and index (orphans, records
-    /// pointing nowhere); damaged payloads are quarantined in any case.
+    /// Also repair what differs between files and index (records pointing
+    /// nowhere, stray files); damaged payloads are quarantined and orphan
+    /// payload files removed in any case.
     #[arg(long)]
     repair: bool,
     /// Verify this cache dir directly (no daemon may hold it).
@@ -161,16 +162,20 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
                     .flat_map(|p| p.entries_dropped.iter().map(|k| hex::encode(k.to_bytes())))
                     .collect()
             };
-            let orphans = if a.repair {
+            let mut orphans: Vec<String> = v
+                .orphan_files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            if a.repair {
                 let rec = store.reconcile()?;
-                rec.orphan_files_removed
-                    .iter()
-                    .chain(&rec.stray_files_removed)
-                    .map(|p| p.display().to_string())
-                    .collect()
-            } else {
-                Vec::new()
-            };
+                orphans.extend(
+                    rec.orphan_files_removed
+                        .iter()
+                        .chain(&rec.stray_files_removed)
+                        .map(|p| p.display().to_string()),
+                );
+            }
             api::VerifyResponse {
                 checked: v.blobs_checked,
                 bytes_checked: v.bytes_checked,
