@@ -283,6 +283,21 @@ impl Record {
         let b = merge(&mut self.model_paths, paths, max);
         a || b
     }
+
+    /// What a repeated put of the same key adds to the record: source names
+    /// and model paths, and the source shape of a record stored before
+    /// shapes were kept, when the daemon itself packed it again (a client's
+    /// claim does not complete a record it did not make). Returns whether
+    /// anything changed.
+    pub fn merge_put(&mut self, new: &NewEntry, max: usize) -> bool {
+        let seen = self.merge_seen(&new.source_names, &new.model_paths, max);
+        let heal = self.source_data_type.is_none() && new.producer.client_uid.is_none();
+        if heal {
+            self.source_data_type = Some(new.source_shape.data_type.code());
+            self.source_dims = new.source_shape.dims.clone();
+        }
+        seen || heal
+    }
 }
 
 fn cut(s: &str) -> String {
@@ -485,6 +500,21 @@ mod tests {
         let mut future = p.record.clone();
         future.version = RECORD_VERSION + 1;
         assert!(decode_record(&k, &future.encode_to_vec()).is_err());
+    }
+
+    #[test]
+    fn a_daemon_put_completes_a_record_without_a_shape() {
+        let mut old = prepare(&new_entry(), 1, 16).unwrap().record;
+        old.source_data_type = None;
+        old.source_dims.clear();
+        let mut by_client = new_entry();
+        by_client.producer.client_uid = Some(1000);
+        let mut rec = old.clone();
+        assert!(!rec.merge_put(&by_client, 16));
+        assert_eq!(rec.source_shape(), None);
+        assert!(rec.merge_put(&new_entry(), 16));
+        assert_eq!(rec.source_shape(), Some(new_entry().source_shape));
+        assert!(!rec.merge_put(&new_entry(), 16), "once");
     }
 
     #[test]

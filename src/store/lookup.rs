@@ -48,13 +48,23 @@ struct StoredFacts<'a> {
 }
 
 impl<'a> StoredFacts<'a> {
-    fn new(kb: &'a KeyBytes, rec: &'a entry::Record, want: Option<&SourceShape>) -> Self {
-        // A caller that knows the source's shape trusts it over the record's.
-        let shape = match want {
-            Some(w) if rec.source_shape().as_ref() != Some(w) => None,
-            _ => rec.source_shape(),
-        };
-        StoredFacts { kb, rec, shape }
+    /// `want`: the source's shape as the caller knows it (it has the
+    /// tensor); a record of another shape is refused, not judged.
+    fn new(
+        kb: &'a KeyBytes,
+        rec: &'a entry::Record,
+        want: Option<&SourceShape>,
+    ) -> Result<Self, MissReason> {
+        let shape = rec.source_shape();
+        if let (Some(w), Some(s)) = (want, &shape) {
+            if w != s {
+                return Err(MissReason::Invalid {
+                    rule: "store.record",
+                    message: format!("the entry records a {s} source, the source is {w}"),
+                });
+            }
+        }
+        Ok(StoredFacts { kb, rec, shape })
     }
 }
 
@@ -193,7 +203,7 @@ impl Store {
         };
         let mut found: Vec<(&KeyBytes, &entry::Record, hit::Usable, bool)> = Vec::new();
         for (kb, rec) in entries.iter() {
-            match hit::judge(&StoredFacts::new(kb, rec, shape), host) {
+            match StoredFacts::new(kb, rec, shape).and_then(|f| hit::judge(&f, host)) {
                 Ok(u) => {
                     let exact = host
                         .device_keys()

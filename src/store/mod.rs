@@ -323,14 +323,15 @@ impl Store {
     }
 
     /// The entry under `kb`, after remembering the new entry's source names
-    /// and model paths (a bounded, best-effort list).
+    /// and model paths (a bounded, best-effort list) and, for a record
+    /// stored without it, the source shape (`Record::merge_put`).
     fn existing(&self, kb: &KeyBytes, new: &NewEntry) -> StoreResult<Option<Entry>> {
         for _ in 0..4 {
             let Some(old) = self.index.get(Tree::Entries, kb)? else {
                 return Ok(None);
             };
             let mut rec = entry::decode_record(kb, &old)?;
-            let changed = rec.merge_seen(&new.source_names, &new.model_paths, self.opts.max_seen);
+            let changed = rec.merge_put(new, self.opts.max_seen);
             let done = !changed
                 || self.commit(
                     &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
@@ -341,7 +342,8 @@ impl Store {
                 return Ok(Some(rec.into_entry(key, Some(self.access_of(kb)?))));
             }
         }
-        // Lost four races to concurrent updates: the names are informational.
+        // Lost four races to concurrent updates: the names are informational
+        // (a missing shape is completed by a later put).
         self.stat(&EntryKey::from_bytes(kb)?)
     }
 
