@@ -2,7 +2,7 @@
 #
 #   make build                    release build of ctcached and ctcachectl
 #   sudo make install             binaries, systemd units, sysusers/tmpfiles,
-#                                 example config, man page, docs
+#                                 example config, man pages, docs
 #   make install DESTDIR=/tmp/pkg PREFIX=/usr   staged install for packaging
 #   sudo make uninstall
 #
@@ -25,7 +25,7 @@ INSTALL_VARS = PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" \
 all: build
 
 build:
-	$(CARGO) build --release --locked -p ctcached -p ctcache-client --bins
+	$(CARGO) build --release --locked -p ctcached -p ctcachectl --bins
 
 install:
 	scripts/install.sh install $(INSTALL_VARS)

@@ -12,7 +12,7 @@ WORK="${WORK:-$(mktemp -d /var/tmp/ctcache-digest-bench.XXXXXX)}"
 
 command -v b3sum >/dev/null || cargo install b3sum --locked -q
 [ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q -r tests/python/requirements.txt; }
-cargo build --release -q -p ctcache-client
+cargo build --release -q -p ctcachectl
 CTL="$CARGO_TARGET_DIR/release/ctcachectl"
 
 "$VENV/bin/python" - "$WORK" "$SIZE_MIB" <<'PY'

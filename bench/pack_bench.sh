@@ -14,5 +14,5 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"; chmod 700 "$XDG_RUNTIME_DIR"; export XDG_RUNTIME_DIR
 fi
 [ -x "$CTCACHE_VENV/bin/python" ] || { python3 -m venv "$CTCACHE_VENV"; "$CTCACHE_VENV/bin/pip" install -q -r tests/python/requirements.txt; }
-cargo build --release -q -p ctcache-client
+cargo build --release -q -p ctcachectl
 cargo bench -q -p ctcache-kernels --bench pack_bench

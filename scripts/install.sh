@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs (or uninstalls) ctcache: the binaries ctcached and ctcachectl, the
 # systemd units, sysusers.d / tmpfiles.d files, the example config, the man
-# page and shell completions (when this ctcachectl can print them) and the
-# operations guide. See docs/OPERATIONS.md, "Install".
+# pages (ctcached(8), ctcachectl(1) and one per ctcachectl command) and shell
+# completions (when the binaries can print them) and the operations guide.
+# See docs/OPERATIONS.md, "Install".
 #
 #   scripts/install.sh [install|uninstall|units] [VAR=value ...]
 #   make install PREFIX=/usr DESTDIR=/tmp/pkg      (the same, through make)
@@ -115,7 +116,7 @@ do_install() {
   for b in ctcached ctcachectl; do
     if [ ! -x "$BUILD_DIR/$b" ]; then
       echo "install.sh: $BUILD_DIR/$b is missing: build first (make build, or" \
-        "cargo build --release --locked -p ctcached -p ctcache-client), or set BUILD_DIR" >&2
+        "cargo build --release --locked -p ctcached -p ctcachectl), or set BUILD_DIR" >&2
       exit 1
     fi
   done
@@ -141,15 +142,24 @@ do_install() {
     fi
   done
 
-  # Man page and completions come from ctcachectl itself (hidden commands
-  # `man` and `completions`); an older build without them is skipped.
-  local ctl="$BUILD_DIR/ctcachectl" tmp
+  # Man pages and completions come from the binaries themselves (hidden
+  # `ctcachectl man --dir` and `completions`, `ctcached --print-man`); an
+  # older build without them is skipped.
+  local ctl="$BUILD_DIR/ctcachectl" tmp pages
   tmp="$(mktemp)"
-  if "$ctl" man >"$tmp" 2>/dev/null && grep -q '^\.TH' "$tmp"; then
+  pages="$(mktemp -d)"
+  if "$ctl" man --dir "$pages" >/dev/null 2>&1 && grep -q '^\.TH' "$pages/ctcachectl.1"; then
     install -d -m 0755 "$(d "$MANDIR")/man1"
-    install -m 0644 "$tmp" "$(d "$MANDIR")/man1/ctcachectl.1"
+    install -m 0644 "$pages"/ctcachectl*.1 "$(d "$MANDIR")/man1/"
   else
-    say "this ctcachectl prints no man page (no 'ctcachectl man'); skipped"
+    say "this ctcachectl writes no man pages (no 'ctcachectl man --dir'); skipped"
+  fi
+  rm -rf "$pages"
+  if "$BUILD_DIR/ctcached" --print-man >"$tmp" 2>/dev/null && grep -q '^\.TH' "$tmp"; then
+    install -d -m 0755 "$(d "$MANDIR")/man8"
+    install -m 0644 "$tmp" "$(d "$MANDIR")/man8/ctcached.8"
+  else
+    say "this ctcached prints no man page (no 'ctcached --print-man'); skipped"
   fi
   for c in "${COMPLETIONS[@]}"; do
     if "$ctl" completions "${c%%:*}" >"$tmp" 2>/dev/null && [ -s "$tmp" ]; then
@@ -178,7 +188,7 @@ do_uninstall() {
   rm -f "$(d "$BINDIR")/ctcached" "$(d "$BINDIR")/ctcachectl"
   for u in "${UNITS[@]}"; do rm -f "$(d "$UNITDIR")/$u"; done
   rm -f "$(d "$SYSUSERSDIR")/ctcache.conf" "$(d "$TMPFILESDIR")/ctcache.conf"
-  rm -f "$(d "$MANDIR")/man1/ctcachectl.1"
+  rm -f "$(d "$MANDIR")"/man1/ctcachectl.1 "$(d "$MANDIR")"/man1/ctcachectl-*.1 "$(d "$MANDIR")/man8/ctcached.8"
   for c in "${COMPLETIONS[@]}"; do rm -f "$(d "${c#*:}")"; done
   # Config files go only when unchanged from what install wrote.
   for f in ctcached.toml gc.env; do

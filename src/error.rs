@@ -6,8 +6,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {source}")]
+    /// An I/O failure; `action` is what was being done ("read", "write").
+    #[error("cannot {action} {path}: {source}")]
     Io {
+        action: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -20,6 +22,9 @@ pub enum Error {
     },
     #[error("invalid model: {0}")]
     Model(String),
+    /// Bytes that are not (or not wholly) an ONNX model; says which.
+    #[error("{0}")]
+    NotAModel(String),
     #[error("tensor {name:?}: {problem}")]
     Tensor { name: String, problem: String },
     #[error("tensor {name:?}: external data: {problem}")]
@@ -34,13 +39,38 @@ pub enum Error {
     Decode { what: String, message: String },
     #[error("rewrite: {0}")]
     Rewrite(String),
+    /// The filesystem or platform cannot do what was asked.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A file that is not (or not wholly) what it should be, by name.
+    #[error("{}: {problem}", path.display())]
+    InFile { path: PathBuf, problem: Box<Error> },
 }
 
 impl Error {
+    /// Reading `path` failed.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {
+            action: "read",
             path: path.into(),
             source,
+        }
+    }
+
+    /// Writing `path` failed.
+    pub fn write(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            action: "write",
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// This error, as a problem of the file at `path`.
+    pub(crate) fn in_file(self, path: &std::path::Path) -> Error {
+        Error::InFile {
+            path: path.to_path_buf(),
+            problem: Box::new(self),
         }
     }
 
@@ -77,5 +107,93 @@ impl Error {
             name: name.to_string(),
             problem: problem.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use prost::Message;
+
+    use crate::onnx::Model;
+    use crate::pb;
+
+    fn model_bytes() -> Vec<u8> {
+        pb::ModelProto {
+            ir_version: 9,
+            graph: Some(pb::GraphProto {
+                name: "g".into(),
+                node: vec![pb::NodeProto {
+                    op_type: "Relu".into(),
+                    input: vec!["x".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    fn open_err(name: &str, bytes: &[u8]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        fs::write(&path, bytes).unwrap();
+        let e = Model::open(&path).unwrap_err().to_string();
+        let prefix = format!("{}: ", path.display());
+        assert!(e.starts_with(&prefix), "{e:?} does not name the file");
+        e[prefix.len()..].to_string()
+    }
+
+    #[test]
+    fn a_truncated_model_names_its_file_and_where_it_ends() {
+        let whole = model_bytes();
+        assert!(whole.len() > 19);
+        let e = open_err("trunc.onnx", &whole[..19]);
+        assert!(
+            e.starts_with("not a complete ONNX model (truncated at byte 19: "),
+            "{e}"
+        );
+        // Cut inside a field's length varint: the end of input, said so.
+        let e = open_err("cut.onnx", &whole[..3]);
+        assert!(
+            e.starts_with("not a complete ONNX model (truncated at byte 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn other_files_say_they_are_not_models() {
+        assert_eq!(open_err("e.onnx", b""), "empty file: not an ONNX model");
+        let e = open_err("text.onnx", b"This is not an ONNX model.\n");
+        assert!(
+            e.starts_with("not an ONNX model (malformed protobuf at byte "),
+            "{e}"
+        );
+        // Well-formed protobuf without a graph.
+        let e = open_err(
+            "nograph.onnx",
+            &pb::ModelProto {
+                ir_version: 9,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        assert!(e.starts_with("not an ONNX model (no graph"), "{e}");
+    }
+
+    #[test]
+    fn a_write_into_a_missing_folder_says_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("nonexistent").join("x.bin");
+        let e = crate::fsutil::atomic_write(&out, |w| std::io::Write::write_all(w, b"x"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("cannot write {}: ", out.display())),
+            "{e}"
+        );
     }
 }

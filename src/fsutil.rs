@@ -42,7 +42,42 @@ pub fn atomic_write(
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result.map_err(|e| Error::io(path, e))
+    result.map_err(|e| Error::write(path, e))
+}
+
+/// The identity of a file's content as the file system tells it: it changes
+/// whenever the content may have changed (device, inode, size, mtime and
+/// ctime to the nanosecond).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl FileStamp {
+    /// The stamp of an open file.
+    pub fn of_file(file: &File) -> std::io::Result<FileStamp> {
+        Ok(FileStamp::of_meta(&file.metadata()?))
+    }
+
+    /// The stamp of the file at `path` (following symbolic links).
+    pub fn of_path(path: &Path) -> std::io::Result<FileStamp> {
+        Ok(FileStamp::of_meta(&fs::metadata(path)?))
+    }
+
+    fn of_meta(m: &fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
 }
 
 /// fsyncs a folder so a rename inside it is durable.

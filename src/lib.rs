@@ -4,6 +4,7 @@
 //! No async runtime and no networking live here; the daemon and the clients
 //! build on these types.
 
+pub mod access;
 pub mod check;
 pub mod device;
 pub mod digest;

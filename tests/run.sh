@@ -25,6 +25,8 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 [ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -n "$(ls /usr/share/vulkan/icd.d/lvp_icd.* 2>/dev/null)" ] || need+=(mesa-vulkan-drivers)
 ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need+=(libvulkan1)
+# mkfs.xfs: the materialize reflink test formats a small loop-mounted XFS image.
+command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}"
@@ -84,6 +86,33 @@ fi
 rm -rf "$units_dir"
 echo "units, sysusers.d and tmpfiles.d ok"
 
+step "staged install and uninstall (scripts/install.sh into a scratch DESTDIR)"
+stage="$(mktemp -d /tmp/ctcache-stage.XXXXXX)"
+staged() { BUILD_DIR="$CARGO_TARGET_DIR/debug" POSTINSTALL=0 scripts/install.sh "$@" DESTDIR="$stage" PREFIX=/usr >/dev/null; }
+staged install
+for f in usr/bin/ctcached usr/bin/ctcachectl usr/lib/systemd/system/ctcached.service \
+  usr/share/man/man8/ctcached.8 usr/share/man/man1/ctcachectl.1 \
+  usr/share/man/man1/ctcachectl-gc.1 usr/share/man/man1/ctcachectl-watch-add.1 \
+  usr/share/bash-completion/completions/ctcachectl etc/ctcache/ctcached.toml; do
+  if [ ! -s "$stage/$f" ]; then
+    echo "scripts/install.sh did not install $f" >&2
+    exit 1
+  fi
+done
+# No page for the hidden helper commands.
+if [ -e "$stage/usr/share/man/man1/ctcachectl-man.1" ]; then
+  echo "scripts/install.sh installed a page for the hidden 'man' command" >&2
+  exit 1
+fi
+staged uninstall
+left="$(find "$stage" -type f)"
+if [ -n "$left" ]; then
+  printf 'scripts/install.sh uninstall left:\n%s\n' "$left" >&2
+  exit 1
+fi
+rm -rf "$stage"
+echo "install and uninstall ok"
+
 step "rust tests"
 cargo test --workspace --locked
 
@@ -120,3 +149,6 @@ step "python cross-checks"
 export CTCACHECTL="$CARGO_TARGET_DIR/debug/ctcachectl"
 export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 "$VENV/bin/python" -m pytest -q tests/python
+
+step "README walkthrough"
+bash tests/readme_walkthrough.sh

@@ -141,6 +141,17 @@ fn max_age_removes_idle_entries() {
             idle: Duration::from_millis(8_000)
         }
     );
+    // The report says what each entry was packed from, and the limits.
+    let about = r.items[0].about.as_ref().expect("an entry is described");
+    assert_eq!(
+        (&about.source_names[..], &about.model_paths[..]),
+        (&["w".to_string()][..], &["/models/m.onnx".to_string()][..])
+    );
+    assert!(!about.type_name.is_empty());
+    assert_eq!(
+        (r.max_age, r.max_bytes),
+        (Some(Duration::from_millis(6_500)), None)
+    );
     assert_eq!(f.remaining().len(), 3);
 }
 

@@ -129,6 +129,14 @@ fn a_folder_in_use_is_not_taken_over() {
 }
 
 #[test]
+fn a_new_cache_dir_may_hold_the_daemons_socket() {
+    // The default socket lives in the cache dir (D8) and is bound first.
+    let d = tempfile::tempdir().unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(d.path().join("ctcached.sock")).unwrap();
+    Store::open(d.path(), StoreOptions::default()).expect("a socket is no data to protect");
+}
+
+#[test]
 fn lookup_applies_d5_and_d4_best_first() {
     let d = tempfile::tempdir().unwrap();
     let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000));

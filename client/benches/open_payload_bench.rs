@@ -491,14 +491,16 @@ async fn prepack(client: &Client, model: &Path) -> Result<api::Entry> {
             id: FORMAT.into(),
             params: Default::default(),
         }],
-        backend: "cpu".into(),
+        backend: api::Backend::Cpu.into(),
     };
     let mut stream = client.prepack(req).await?;
     let mut last = None;
     while let Some(p) = stream.next().await? {
-        match p.state.as_str() {
-            "failed" => bail!("prepack failed: {}", p.error),
-            "done" | "cached" => last = p.entry,
+        match p.state() {
+            api::JobState::Failed | api::JobState::Cancelled => {
+                bail!("prepack failed: {}", p.error)
+            }
+            api::JobState::Done | api::JobState::Cached => last = p.entry,
             _ => {}
         }
     }

@@ -28,18 +28,22 @@ def _stubs_module():
     return mod
 
 
+# Payload.numpy() and Payload.verify(): part of the basic use the README shows.
+ARRAY_REQUIREMENTS = ["numpy>=1.21", "blake3>=0.3"]
+
+
 def _runtime_requirements() -> list[str]:
     """grpcio/protobuf at least as new as the grpcio-tools generating the stubs
-    (its generated code checks both at import time)."""
+    (its generated code checks both at import time), numpy and blake3."""
     reqs = ["grpcio>=1.60", "protobuf>=4.21"]
     try:
         tools = version("grpcio-tools")
     except PackageNotFoundError:
-        return reqs
+        return reqs + ARRAY_REQUIREMENTS
     reqs = [f"grpcio>={tools}"]
     proto = [r for r in (requires("grpcio-tools") or []) if re.match(r"protobuf\b", r)]
     reqs.append(proto[0].split(";")[0].replace(" ", "") if proto else "protobuf>=4.21")
-    return reqs
+    return reqs + ARRAY_REQUIREMENTS
 
 
 class BuildPyWithStubs(build_py):
@@ -60,8 +64,7 @@ setup(
     cmdclass={"build_py": BuildPyWithStubs},
     install_requires=_runtime_requirements(),
     extras_require={
-        "numpy": ["numpy"],
         "health": ["grpcio-health-checking"],
-        "all": ["numpy", "grpcio-health-checking"],
+        "all": ["grpcio-health-checking"],
     },
 )

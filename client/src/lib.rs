@@ -1,11 +1,368 @@
-//! ctcache client library and the `ctcachectl` command line.
+//! The ctcached client: gRPC over the daemon's Unix socket, a typed async
+//! method per RPC, model resolution and leased zero-copy payload access.
 //!
-//! [`Client`] talks to `ctcached` over its Unix socket; see [`client`].
+//! ```no_run
+//! # async fn demo() -> ctcache_client::Result<()> {
+//! use ctcache_client::{Client, ResolveOptions};
+//! let client = Client::connect().await?;
+//! let res = client.resolve_model("/models/m.onnx", &ResolveOptions::default()).await?;
+//! for t in &res.tensors {
+//!     if let Some(e) = t.entries.first() {
+//!         let payload = client.open_payload(e).await?; // leased until dropped
+//!         println!("{}: {} bytes", t.name, payload.len());
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 
-pub mod cli;
-pub mod client;
+mod error;
+mod payload;
+mod socket;
+mod stream;
 
-pub use client::{
-    api, default_socket, Client, Error, MappedPayload, MessageStream, OpenOptions, ResolveOptions,
-    Result,
-};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub use ctcache_api::v1 as api;
+pub use error::{Error, Result};
+pub use payload::{MappedPayload, OpenOptions};
+pub use socket::{default_socket, default_socket_with};
+pub use stream::MessageStream;
+
+/// Largest message accepted from the daemon (a List of many entries).
+const MAX_MESSAGE: usize = 256 << 20;
+/// Chunk size of `Put` data messages (the daemon accepts 16 MiB messages).
+const PUT_CHUNK: usize = 1 << 20;
+
+/// Options of [`Client::resolve_model`].
+#[derive(Debug, Clone, Default)]
+pub struct ResolveOptions {
+    pub on_miss: api::OnMiss,
+    /// Formats to resolve; empty = the daemon's policy.
+    pub formats: Vec<api::FormatSpec>,
+    /// The caller's devices; empty = the daemon's host devices.
+    pub devices: Vec<ctcache::pb::DeviceProto>,
+    pub runtime: Option<api::RuntimeIdentity>,
+}
+
+/// A connection to ctcached; cheap to clone (one shared HTTP/2 channel).
+#[derive(Clone)]
+pub struct Client {
+    inner: CompiledTensorCacheClient<Channel>,
+    socket: Arc<PathBuf>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("socket", &self.socket)
+            .finish()
+    }
+}
+
+/// An absolute form of a path the caller named: the daemon resolves paths
+/// in its own working directory, not the caller's.
+pub fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
+macro_rules! unary {
+    ($self:ident, $rpc:literal, $method:ident, $req:expr) => {
+        $self
+            .inner
+            .clone()
+            .$method($req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| Error::from_status(&$self.socket, $rpc, s))
+    };
+}
+
+impl Client {
+    /// Connects to `CTCACHE_SOCKET`, else the D8 default socket.
+    pub async fn connect() -> Result<Client> {
+        Client::connect_to(default_socket()).await
+    }
+
+    /// Connects to the daemon's socket at `path`.
+    pub async fn connect_to(path: impl AsRef<Path>) -> Result<Client> {
+        let socket = path.as_ref().to_path_buf();
+        socket::probe(&socket).await?;
+        let target = socket.clone();
+        // The URI is a placeholder: every connection goes to the socket.
+        let channel = Endpoint::from_static("http://[::]:50051")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let target = target.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(target).await?,
+                    ))
+                }
+            }))
+            .await
+            .map_err(|e| Error::Connect {
+                socket: socket.clone(),
+                detail: chain(&e),
+            })?;
+        let inner = CompiledTensorCacheClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(Client {
+            inner,
+            socket: Arc::new(socket),
+        })
+    }
+
+    /// The socket this client talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub async fn get_host_devices(&self) -> Result<Vec<ctcache::pb::DeviceProto>> {
+        Ok(unary!(
+            self,
+            "GetHostDevices",
+            get_host_devices,
+            api::GetHostDevicesRequest {}
+        )?
+        .devices)
+    }
+
+    pub async fn list_formats(&self) -> Result<Vec<api::FormatInfo>> {
+        Ok(unary!(
+            self,
+            "ListFormats",
+            list_formats,
+            api::ListFormatsRequest {}
+        )?
+        .formats)
+    }
+
+    pub async fn lookup(&self, req: api::LookupRequest) -> Result<api::LookupResponse> {
+        unary!(self, "Lookup", lookup, req)
+    }
+
+    pub async fn batch_lookup(
+        &self,
+        requests: Vec<api::LookupRequest>,
+    ) -> Result<Vec<api::LookupResponse>> {
+        Ok(unary!(
+            self,
+            "BatchLookup",
+            batch_lookup,
+            api::BatchLookupRequest { requests }
+        )?
+        .responses)
+    }
+
+    /// Per initializer of the model: digest, usable entries, misses (and,
+    /// with `on_miss`, pack jobs for the misses).
+    pub async fn resolve_model(
+        &self,
+        model: impl AsRef<Path>,
+        opts: &ResolveOptions,
+    ) -> Result<api::ResolveModelResponse> {
+        let req = api::ResolveModelRequest {
+            model_path: absolute(model.as_ref())?.display().to_string(),
+            on_miss: opts.on_miss as i32,
+            formats: opts.formats.clone(),
+            devices: opts.devices.clone(),
+            runtime: opts.runtime.clone(),
+        };
+        unary!(self, "ResolveModel", resolve_model, req)
+    }
+
+    /// Starts (or joins) pack jobs; the stream reports each job's states.
+    /// Dropping the stream cancels jobs nobody else waits for.
+    pub async fn prepack(
+        &self,
+        mut req: api::PrepackRequest,
+    ) -> Result<MessageStream<api::PrepackProgress>> {
+        req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
+        let s = unary!(self, "Prepack", prepack, req)?;
+        Ok(MessageStream::new(s, "Prepack", self.socket.clone()))
+    }
+
+    /// Stores a payload this process produced (only trusted users may).
+    pub async fn put(
+        &self,
+        header: api::PutHeader,
+        payload: bytes::Bytes,
+    ) -> Result<api::PutResponse> {
+        use api::put_request::Part;
+        let mut parts = vec![api::PutRequest {
+            part: Some(Part::Header(header)),
+        }];
+        let mut rest = payload;
+        while !rest.is_empty() {
+            let chunk = rest.split_to(rest.len().min(PUT_CHUNK));
+            parts.push(api::PutRequest {
+                part: Some(Part::Data(chunk)),
+            });
+        }
+        unary!(self, "Put", put, tokio_stream::iter(parts))
+    }
+
+    /// Streams `length` bytes (0 = to the end) of a payload into memory.
+    pub async fn read_payload(&self, key: &str, offset: u64, length: u64) -> Result<Vec<u8>> {
+        let req = api::ReadPayloadRequest {
+            key: key.into(),
+            offset,
+            length,
+        };
+        let mut s = MessageStream::new(
+            unary!(self, "ReadPayload", read_payload, req)?,
+            "ReadPayload",
+            self.socket.clone(),
+        );
+        let mut out = Vec::with_capacity(length as usize);
+        while let Some(chunk) = s.next().await? {
+            if chunk.offset != offset + out.len() as u64 {
+                return Err(Error::PayloadMismatch {
+                    key: key.into(),
+                    detail: format!(
+                        "chunk at offset {} where {} was expected",
+                        chunk.offset,
+                        offset + out.len() as u64
+                    ),
+                });
+            }
+            out.extend_from_slice(&chunk.data);
+        }
+        Ok(out)
+    }
+
+    pub async fn acquire_lease(&self, key: &str, ttl: Duration) -> Result<api::LeaseResponse> {
+        let req = api::AcquireLeaseRequest {
+            key: key.into(),
+            ttl_ms: ttl.as_millis() as u64,
+        };
+        unary!(self, "AcquireLease", acquire_lease, req)
+    }
+
+    pub async fn renew_lease(&self, lease_id: u64, ttl: Duration) -> Result<api::LeaseResponse> {
+        let req = api::RenewLeaseRequest {
+            lease_id,
+            ttl_ms: ttl.as_millis() as u64,
+        };
+        unary!(self, "RenewLease", renew_lease, req)
+    }
+
+    pub async fn release_lease(&self, lease_id: u64) -> Result<()> {
+        unary!(
+            self,
+            "ReleaseLease",
+            release_lease,
+            api::ReleaseLeaseRequest { lease_id }
+        )
+        .map(|_| ())
+    }
+
+    /// A payload's bytes under a lease: mapped when the file is readable,
+    /// else streamed (see [`OpenOptions`]).
+    pub async fn open_payload(&self, entry: &api::Entry) -> Result<MappedPayload> {
+        self.open_payload_with(entry, &OpenOptions::default()).await
+    }
+
+    pub async fn open_payload_with(
+        &self,
+        entry: &api::Entry,
+        opts: &OpenOptions,
+    ) -> Result<MappedPayload> {
+        payload::open(self, entry, opts).await
+    }
+
+    /// Writes a copy of a model with compiled tensors embedded; the paths
+    /// are made absolute here.
+    pub async fn embed(&self, mut req: api::EmbedRequest) -> Result<api::EmbedResponse> {
+        req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
+        req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
+        unary!(self, "Embed", embed, req)
+    }
+
+    /// Writes an onnxruntime-ready 4/8-bit model whose MatMulNBits weights
+    /// are hard links to cache entries; the paths are made absolute here.
+    pub async fn materialize(
+        &self,
+        mut req: api::MaterializeRequest,
+    ) -> Result<api::MaterializeResponse> {
+        req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
+        req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
+        unary!(self, "Materialize", materialize, req)
+    }
+
+    pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
+        let model_path = absolute(model.as_ref())?.display().to_string();
+        unary!(self, "Import", import, api::ImportRequest { model_path })
+    }
+
+    pub async fn stats(&self) -> Result<api::StatsResponse> {
+        unary!(self, "Stats", stats, api::StatsRequest {})
+    }
+
+    pub async fn list(&self, req: api::ListRequest) -> Result<Vec<api::Entry>> {
+        Ok(unary!(self, "List", list, req)?.entries)
+    }
+
+    pub async fn gc(&self, req: api::GcRequest) -> Result<api::GcResponse> {
+        unary!(self, "Gc", gc, req)
+    }
+
+    pub async fn verify(&self, repair: bool) -> Result<api::VerifyResponse> {
+        unary!(self, "Verify", verify, api::VerifyRequest { repair })
+    }
+
+    pub async fn add_watch(&self, dir: impl AsRef<Path>) -> Result<Vec<String>> {
+        let dir = absolute(dir.as_ref())?.display().to_string();
+        Ok(unary!(self, "AddWatch", add_watch, api::WatchRequest { dir })?.dirs)
+    }
+
+    pub async fn remove_watch(&self, dir: impl AsRef<Path>) -> Result<Vec<String>> {
+        let dir = absolute(dir.as_ref())?.display().to_string();
+        Ok(unary!(self, "RemoveWatch", remove_watch, api::WatchRequest { dir })?.dirs)
+    }
+
+    pub async fn list_watches(&self) -> Result<Vec<String>> {
+        Ok(unary!(
+            self,
+            "ListWatches",
+            list_watches,
+            api::ListWatchesRequest {}
+        )?
+        .dirs)
+    }
+
+    /// Follows the daemon's events from now on.
+    pub async fn events(&self) -> Result<MessageStream<api::Event>> {
+        let s = unary!(self, "Events", events, api::EventsRequest {})?;
+        Ok(MessageStream::new(s, "Events", self.socket.clone()))
+    }
+
+    pub async fn status(&self) -> Result<api::StatusResponse> {
+        unary!(self, "Status", status, api::StatusRequest {})
+    }
+}
+
+/// An error and its sources on one line (tonic's own text is only
+/// "transport error"); a status shows its message, not its debug fields.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = match e.downcast_ref::<tonic::Status>() {
+        Some(status) => status.message().to_string(),
+        None => e.to_string(),
+    };
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

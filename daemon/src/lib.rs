@@ -1,20 +1,114 @@
-//! ctcached: the compiled-tensor cache daemon. `server::serve` runs the gRPC
-//! service on listeners the caller binds; `main.rs` only wires config,
-//! logging, the store and sockets.
+//! ctcached, the compiled-tensor cache daemon, as a library: [`run`] serves
+//! a [`Config`](config::Config) on listeners the caller binds until a
+//! shutdown future resolves. `main.rs` parses flags, starts logging, binds
+//! the sockets and calls it; tests call it in-process on temp dirs.
+//!
+//! Inside: `ops/` holds the use cases (core types in and out, no gRPC),
+//! `rpc/` the gRPC edge; the scheduler, watcher, policy and digest memo
+//! serve the use cases.
 
 pub mod config;
-pub mod convert;
-pub mod daemon;
-pub mod import;
 pub mod logging;
-pub mod materialize;
-pub mod memo;
-pub mod metrics;
-pub mod peer;
-pub mod policy;
-pub mod scheduler;
-pub mod server;
-pub mod service;
-pub mod systemd;
-pub mod transport;
-pub mod watcher;
+
+mod caller;
+mod error;
+mod events;
+mod jobs;
+mod memo;
+mod metrics;
+mod ops;
+mod policy;
+mod rpc;
+mod scheduler;
+mod state;
+mod systemd;
+mod watcher;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use config::Config;
+pub use error::RunError;
+use state::Daemon;
+
+/// The sockets the daemon serves on, bound by the caller.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The Unix socket (from systemd or bound at `socket_path`).
+    pub unix: std::os::unix::net::UnixListener,
+    /// Where the Unix socket lives, for `status`.
+    pub socket_path: Option<PathBuf>,
+    /// The optional TCP listener.
+    pub tcp: Option<std::net::TcpListener>,
+}
+
+/// Runs the daemon: opens the store, starts the scheduler, the watcher and
+/// the optional metrics endpoint, serves on `listeners` until `shutdown`
+/// resolves, then drains (queued jobs cancelled, running ones finished
+/// within a bound, the index flushed).
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutdown requested");
+        let _ = tx.send(true);
+    });
+    if let Some(addr) = &config.metrics_addr {
+        metrics::install(addr)?;
+    }
+    let dir = config.cache_dir.clone();
+    let socket = listeners.socket_path.clone();
+    let daemon = tokio::task::spawn_blocking(move || -> Result<Arc<Daemon>, RunError> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| RunError::io(format!("creating {}", dir.display()), e))?;
+        let store =
+            ctcache::store::Store::open(&dir, Default::default()).map_err(|e| RunError::Store {
+                dir,
+                source: Box::new(e),
+            })?;
+        Ok(Arc::new(Daemon::new(config, Arc::new(store), socket)))
+    })
+    .await
+    .map_err(|e| RunError::Serve(format!("start-up failed: {e}")))??;
+    ops::scan::start(&daemon).map_err(|e| RunError::Serve(e.message))?;
+    // Repair file/index mismatches in the background; lookups go on meanwhile.
+    let d = daemon.clone();
+    tokio::task::spawn_blocking(move || match d.store.reconcile() {
+        Ok(r) => ops::gc::log_reconcile(&r),
+        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+    });
+    let _watchdog = systemd::spawn_watchdog();
+    let where_ = listeners
+        .socket_path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let ready = move || {
+        tracing::info!(socket = %where_, "ctcached ready");
+        systemd::ready(&format!("serving on {where_}"));
+    };
+    let served = rpc::serve(daemon.clone(), listeners.unix, listeners.tcp, rx, ready).await;
+    daemon.watcher.stop();
+    release(daemon).await;
+    served
+}
+
+/// Waits (a bounded time) until nothing else holds the daemon (the watcher's
+/// scan thread, pack jobs finishing), then drops it: when `run` returns,
+/// the store is closed and the cache dir free for another owner.
+async fn release(daemon: Arc<Daemon>) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while Arc::strong_count(&daemon) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    if Arc::strong_count(&daemon) > 1 {
+        tracing::warn!("work still running after shutdown; the store closes when it ends");
+    }
+    // Closing the store flushes and syncs: off the async threads.
+    let _ = tokio::task::spawn_blocking(move || drop(daemon)).await;
+}

@@ -1,45 +1,62 @@
-//! `ctcached`: loads the config, starts logging, opens the store, binds the
-//! socket and serves. Everything else lives in the library.
+//! `ctcached`: parses flags, loads the config, starts logging, binds the
+//! sockets and runs the daemon library until SIGTERM or SIGINT.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use ctcached::config::{config_file, Config, LogFormat, Overrides};
-use ctcached::{daemon::Daemon, logging, server, systemd, transport, watcher};
+use ctcached::{logging, Listeners};
+
+mod transport;
 
 /// The compiled-tensor cache daemon.
 #[derive(Debug, Parser)]
-#[command(name = "ctcached", version, about)]
+#[command(
+    name = "ctcached",
+    version,
+    about,
+    long_about = "The compiled-tensor cache daemon: packs ONNX initializers into device-specific \
+                  layouts, stores them once per (source digest, device, physical type) and serves \
+                  them over gRPC on a Unix socket. Flags override the config file, which overrides \
+                  the CTCACHE_* environment (docs/OPERATIONS.md, \"Configuration\").",
+    after_help = "Stops (draining open calls) on SIGTERM or SIGINT. `ctcachectl status` talks to it."
+)]
 struct Args {
     /// Config file (default: $CTCACHE_CONFIG, /etc/ctcache/ctcached.toml under systemd, ~/.config/ctcache/ctcached.toml).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    #[arg(long)]
+    /// The store (default: $CTCACHE_CACHE_DIR, else $XDG_CACHE_HOME/ctcache or ~/.cache/ctcache). One daemon per cache dir.
+    #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
-    #[arg(long)]
+    /// The gRPC Unix socket to bind (default: $CTCACHE_SOCKET, else $XDG_RUNTIME_DIR/ctcache/ctcached.sock, else in the cache dir). Ignored with socket activation.
+    #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Model folder to watch (repeatable).
-    #[arg(long)]
+    /// Model folder to watch recursively; new and changed models are packed (repeatable; replaces the config's list).
+    #[arg(long, value_name = "DIR")]
     watch: Vec<PathBuf>,
-    /// Also listen on TCP (off by default).
-    #[arg(long)]
+    /// Also serve gRPC on TCP at this IP address and port, e.g. 127.0.0.1:50051 (off by default).
+    #[arg(long, value_name = "ADDR")]
     listen_tcp: Option<String>,
     /// Prometheus endpoint (off by default), e.g. 127.0.0.1:9464.
-    #[arg(long)]
+    #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
-    #[arg(long)]
+    /// CPU pack threads (default: cores - 1, at least 1).
+    #[arg(long, value_name = "N")]
     workers: Option<usize>,
-    #[arg(long, value_parser = ["auto", "human", "json", "journald"])]
+    /// Log format: auto (journald when stderr is the journal, else human), human, json, journald.
+    #[arg(long, value_name = "FORMAT", value_parser = ["auto", "human", "json", "journald"])]
     log_format: Option<String>,
     /// Print the effective config as TOML and exit.
     #[arg(long)]
     print_config: bool,
+    /// Print the man page (roff) and exit (scripts/install.sh installs it).
+    #[arg(long, hide = true)]
+    print_man: bool,
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    match start(Args::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ctcached: {e:#}");
@@ -48,8 +65,19 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run() -> Result<()> {
-    let args = Args::parse();
+fn start(args: Args) -> Result<()> {
+    if args.print_man {
+        use clap::CommandFactory;
+        use std::io::Write;
+        let mut page = Vec::new();
+        clap_mangen::Man::new(Args::command())
+            .section("8")
+            .render(&mut page)?;
+        return match std::io::stdout().lock().write_all(&page) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+            _ => Ok(()),
+        };
+    }
     let env = |k: &str| std::env::var(k).ok();
     let flags = Overrides {
         cache_dir: args.cache_dir,
@@ -82,21 +110,12 @@ fn run() -> Result<()> {
 async fn serve(config: Config) -> Result<()> {
     // Signal handlers first: a SIGTERM right after the socket appears must
     // drain, not kill.
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        tokio::spawn(async move {
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            tracing::info!("shutdown requested");
-            let _ = tx.send(true);
-        });
-    }
-    std::fs::create_dir_all(&config.cache_dir)
-        .with_context(|| format!("creating {}", config.cache_dir.display()))?;
-    let store = ctcache::store::Store::open(&config.cache_dir, Default::default())
-        .with_context(|| format!("opening the cache {}", config.cache_dir.display()))?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let shutdown = async move {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    };
     let env = |k: &str| std::env::var(k).ok();
     let spec = match transport::from_systemd(&env)? {
         Some(s) => s,
@@ -111,30 +130,41 @@ async fn serve(config: Config) -> Result<()> {
         }
         None => None,
     };
-    if let Some(addr) = &config.metrics_addr {
-        ctcached::metrics::install(addr)?;
-    }
     let socket_path = spec.path.clone().or_else(|| Some(config.socket.clone()));
-    let daemon = Arc::new(Daemon::new(config, Arc::new(store), socket_path.clone()));
-    watcher::start(&daemon)?;
-    // Repair file/index mismatches in the background; lookups go on meanwhile.
-    let d = daemon.clone();
-    tokio::task::spawn_blocking(move || match d.store.reconcile() {
-        Ok(r) => tracing::info!(?r, "reconcile done"),
-        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
-    });
-    let _watchdog = systemd::spawn_watchdog();
-    let where_ = socket_path
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    let ready = move || {
-        tracing::info!(socket = %where_, "ctcached ready");
-        systemd::ready(&format!("serving on {where_}"));
+    let listeners = Listeners {
+        unix: spec.listener,
+        socket_path: socket_path.clone(),
+        tcp,
     };
-    server::serve(daemon, spec.listener, tcp, rx, ready).await?;
+    let served = ctcached::run(config, listeners, shutdown).await;
     if let (Some(p), false) = (socket_path, spec.activated) {
         let _ = std::fs::remove_file(p);
     }
-    Ok(())
+    Ok(served?)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_option_has_help() {
+        let cmd = super::Args::command();
+        cmd.clone().debug_assert();
+        let missing: Vec<String> = cmd
+            .get_arguments()
+            .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+            .filter(|a| a.get_help().is_none_or(|h| h.to_string().trim().is_empty()))
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert!(missing.is_empty(), "options without help: {missing:?}");
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd)
+            .section("8")
+            .render(&mut page)
+            .unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert!(page.contains(".TH ctcached 8"), "{page}");
+        assert!(page.contains("cache\\-dir"), "{page}");
+    }
 }

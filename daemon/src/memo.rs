@@ -1,46 +1,23 @@
-//! The digest memo: a model file's initializer digests keyed by the identity
-//! of the file and of its external-data files (device, inode, size, mtime,
-//! ctime), so unchanged models are not rehashed on ResolveModel or restart.
+//! The digest memo: a model file's initializer digests keyed by the stamps
+//! of the file and of its external-data files as they were opened (device,
+//! inode, size, mtime, ctime), so unchanged models are not rehashed on ResolveModel or restart.
 //! Persisted in the store's index (its memo tree, one JSON record per model
 //! path) and cached in memory.
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ctcache::digest::{Algorithm, SourceDigest};
+use ctcache::fsutil::FileStamp;
 use ctcache::onnx::{Model, Storage, TensorRef};
 use ctcache::store::Store;
 use serde::{Deserialize, Serialize};
 
-/// File identity: changes whenever the file's content may have changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct FileId {
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
-}
-
-impl FileId {
-    pub fn of(path: &Path) -> std::io::Result<FileId> {
-        let m = std::fs::metadata(path)?;
-        Ok(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        })
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
-    files: Vec<FileId>,
+    files: Vec<FileStamp>,
     digests: HashMap<String, String>,
 }
 
@@ -54,20 +31,19 @@ fn key(path: &Path) -> &[u8] {
     path.as_os_str().as_bytes()
 }
 
-/// Identities of the model file and every external-data file it uses.
-fn identity(model_path: &Path, tensors: &[TensorRef], dir: &Path) -> Vec<FileId> {
-    let mut files = vec![FileId::of(model_path).ok()];
-    let mut locations: Vec<&str> = tensors
-        .iter()
-        .filter_map(|t| match &t.storage {
-            Storage::External(e) => Some(e.location.as_str()),
-            _ => None,
-        })
-        .collect();
-    locations.sort_unstable();
-    locations.dedup();
-    files.extend(locations.into_iter().map(|l| FileId::of(&dir.join(l)).ok()));
-    files.into_iter().flatten().collect()
+/// Stamps of the model file and every external-data file it uses, taken
+/// from the files as they were opened (so they describe the bytes read).
+fn identity(model: &Model, tensors: &[TensorRef]) -> Option<Vec<FileStamp>> {
+    let mut files = vec![model.stamp()?];
+    let mut seen = std::collections::HashSet::new();
+    for t in tensors {
+        if let Storage::External(e) = &t.storage {
+            if seen.insert(e.location.as_str()) {
+                files.push(model.external_stamp(e).ok()?);
+            }
+        }
+    }
+    Some(files)
 }
 
 impl Memo {
@@ -105,9 +81,11 @@ impl Memo {
         model: &Model,
         tensors: &[TensorRef],
     ) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
-        let files = identity(model_path, tensors, model.dir());
+        let files = identity(model, tensors);
         if let Some(r) = self.record(model_path) {
-            if r.files == files && tensors.iter().all(|t| r.digests.contains_key(&t.name)) {
+            if Some(&r.files) == files.as_ref()
+                && tensors.iter().all(|t| r.digests.contains_key(&t.name))
+            {
                 let parsed: Option<HashMap<String, SourceDigest>> = tensors
                     .iter()
                     .map(|t| {
@@ -132,6 +110,11 @@ impl Memo {
         for (t, d) in tensors.iter().zip(computed) {
             out.insert(t.name.clone(), d?);
         }
+        // Without stamps (a model in memory, an unreadable external file)
+        // nothing is remembered.
+        let Some(files) = files else {
+            return Ok((out, true));
+        };
         let record = Record {
             files,
             digests: out.iter().map(|(n, d)| (n.clone(), d.hex())).collect(),

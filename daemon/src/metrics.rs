@@ -1,16 +1,17 @@
 //! The optional Prometheus endpoint (off by default). Counters and
 //! histograms are recorded with the `metrics` macros where things happen.
 
-use anyhow::{Context, Result};
+use crate::error::RunError;
 
-pub fn install(addr: &str) -> Result<()> {
+/// Starts the endpoint at `addr` (host:port) and describes the metrics.
+pub(crate) fn install(addr: &str) -> Result<(), RunError> {
     let addr: std::net::SocketAddr = addr
         .parse()
-        .with_context(|| format!("metrics_addr {addr:?}"))?;
+        .map_err(|_| RunError::Metrics(format!("metrics_addr {addr:?} is not host:port")))?;
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
         .install()
-        .context("starting the Prometheus endpoint")?;
+        .map_err(|e| RunError::Metrics(format!("starting the Prometheus endpoint: {e}")))?;
     metrics::describe_counter!(
         "ctcache_lookup_hits_total",
         "lookups that found a usable entry"

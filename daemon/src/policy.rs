@@ -3,7 +3,7 @@
 //! directly or through Identity / Transpose, honouring Gemm's transB).
 
 use ctcache::dtype::DataType;
-use ctcache::onnx::graph::{weight_uses, NotASource, WeightUses};
+use ctcache::onnx::graph::{describe_filter, weight_uses, NotASource, WeightUses};
 use ctcache::onnx::{Model, TensorRef};
 use ctcache_kernels::Params;
 
@@ -37,12 +37,69 @@ fn rule_matches(rule: &PolicyRule, t: &TensorRef, uses: &WeightUses) -> bool {
             .any(|n| DataType::from_name(n) == Some(t.data_type))
     };
     let rank_ok = rule.rank == 0 || t.dims.len() == rule.rank;
-    let size_ok = t.elements >= rule.min_elements;
-    let use_ok = rule.used_as.is_empty()
-        || uses
-            .of(&t.name)
-            .any(|u| rule.used_as.iter().any(|w| w == u.site.name()));
-    type_ok && rank_ok && size_ok && use_ok
+    type_ok && rank_ok && uses.admits(t, rule.min_elements, &rule.used_as)
+}
+
+/// The size and use filters an explicitly named format gets: those of the
+/// policy's rules for it, else of every rule (a tensor passes when one
+/// rule's filters admit it); none when the policy is empty.
+pub fn admitted(rules: &[PolicyRule], format: &str, t: &TensorRef, uses: &WeightUses) -> bool {
+    let own: Vec<&PolicyRule> = rules.iter().filter(|r| r.format == format).collect();
+    let filters = if own.is_empty() {
+        rules.iter().collect()
+    } else {
+        own
+    };
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|r| uses.admits(t, r.min_elements, &r.used_as))
+}
+
+/// Those filters in words, for a selection that came out empty.
+pub fn describe_filters(rules: &[PolicyRule], format: Option<&str>) -> String {
+    let own: Vec<&PolicyRule> = rules
+        .iter()
+        .filter(|r| format.is_none_or(|f| r.format == f))
+        .collect();
+    let filters = if own.is_empty() {
+        rules.iter().collect()
+    } else {
+        own
+    };
+    let mut words: Vec<String> = filters
+        .iter()
+        .map(|r| describe_filter(r.min_elements, &r.used_as))
+        .collect();
+    words.dedup();
+    words.join("; or ")
+}
+
+impl Selection {
+    /// Why nothing is wanted: the packers' refusals, else the filters no
+    /// initializer passed (`filters`, in words).
+    pub fn why_nothing(&self, filters: &str) -> String {
+        const SHOWN: usize = 3;
+        if !self.refused.is_empty() {
+            let mut parts: Vec<String> = self
+                .refused
+                .iter()
+                .take(SHOWN)
+                .map(|(n, why)| format!("{n}: {why}"))
+                .collect();
+            if self.refused.len() > SHOWN {
+                parts.push(format!("{} more", self.refused.len() - SHOWN));
+            }
+            return format!(
+                "every initializer selected is refused ({})",
+                parts.join("; ")
+            );
+        }
+        format!(
+            "no initializer passes the filters ({filters}); `ctcachectl resolve --all` lists them, \
+             --initializer NAME with --format FORMAT packs one"
+        )
+    }
 }
 
 /// Applies `rules` to the model's top-level initializers.

@@ -5,15 +5,13 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 
-pub fn ready(status: &str) {
+/// READY=1 with a status line.
+pub(crate) fn ready(status: &str) {
     let _ = sd_notify::notify(false, &[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
-pub fn status(status: &str) {
-    let _ = sd_notify::notify(false, &[NotifyState::Status(status)]);
-}
-
-pub fn stopping() {
+/// STOPPING=1 while draining.
+pub(crate) fn stopping() {
     let _ = sd_notify::notify(
         false,
         &[NotifyState::Stopping, NotifyState::Status("draining")],
@@ -21,7 +19,7 @@ pub fn stopping() {
 }
 
 /// Pings the watchdog at half its interval until the task is dropped.
-pub fn spawn_watchdog() -> Option<tokio::task::JoinHandle<()>> {
+pub(crate) fn spawn_watchdog() -> Option<tokio::task::JoinHandle<()>> {
     let mut usec = 0u64;
     if !sd_notify::watchdog_enabled(false, &mut usec) || usec == 0 {
         return None;

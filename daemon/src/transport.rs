@@ -12,14 +12,16 @@ use anyhow::{bail, Context, Result};
 const SD_LISTEN_FDS_START: i32 = 3;
 
 /// A Unix listener and where it came from.
-pub struct UnixListenerSpec {
+pub(crate) struct UnixListenerSpec {
     pub listener: std::os::unix::net::UnixListener,
     pub path: Option<PathBuf>,
     pub activated: bool,
 }
 
 /// Takes the socket systemd passed, when LISTEN_PID names this process.
-pub fn from_systemd(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<UnixListenerSpec>> {
+pub(crate) fn from_systemd(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<UnixListenerSpec>> {
     let pid_ok = env("LISTEN_PID").and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
     let fds: i32 = env("LISTEN_FDS").and_then(|n| n.parse().ok()).unwrap_or(0);
     if !pid_ok || fds < 1 {
@@ -54,7 +56,7 @@ pub fn from_systemd(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<UnixL
 
 /// Binds the Unix socket at `path`, replacing a stale one and refusing when a
 /// live daemon answers on it.
-pub fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerSpec> {
+pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerSpec> {
     if let Some(parent) = path.parent() {
         if !parent.exists() {
             std::fs::DirBuilder::new()
@@ -92,7 +94,7 @@ pub fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerSpec> {
 }
 
 /// Resolves a group name or number to a gid.
-pub fn resolve_group(group: &str) -> Result<Option<u32>> {
+pub(crate) fn resolve_group(group: &str) -> Result<Option<u32>> {
     if group.is_empty() {
         return Ok(None);
     }

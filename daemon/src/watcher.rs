@@ -1,51 +1,79 @@
-//! The model-directory watcher (notify + notify-debouncer-full): recursive
-//! watches; new, changed and renamed `.onnx` files and changes of their
-//! external data trigger the policy's prepacks once the file is stable.
-//! Deleting a model leaves its entries in place (they are keyed by content).
+//! The watched model folders and the notify watcher over them (notify +
+//! notify-debouncer-full, recursive): changed paths are sent to a queue
+//! that the watch use case (`ops/watch.rs`) turns into prepacks.
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
-use notify::{EventKind, RecursiveMode};
+use notify::{EventKind as FsEvent, RecursiveMode};
 use notify_debouncer_full::{new_debouncer, DebounceEventResult, Debouncer, RecommendedCache};
 
-use crate::daemon::{Daemon, OpError, OpResult};
-use crate::scheduler::Priority;
+use ctcache::access::Identity;
 
-type Watcher = Debouncer<notify::RecommendedWatcher, RecommendedCache>;
+use crate::error::{Error, Result};
 
-/// The live watcher and the queue of paths to look at.
-pub struct Watching {
-    debouncer: Mutex<Watcher>,
+type Debounced = Debouncer<notify::RecommendedWatcher, RecommendedCache>;
+
+/// How long a burst of file events is gathered before it is reported.
+const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// Who added a watched folder, and so with whose rights what it finds is
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// The config file, the command line, root or the daemon's own user.
+    Admin,
+    /// Another caller of AddWatch.
+    User(Identity),
+}
+
+/// The live notify watcher and the queue it feeds; dropping it closes the
+/// queue.
+struct Live {
+    debouncer: Debounced,
     queue: mpsc::Sender<PathBuf>,
 }
 
-static WATCHING: OnceLock<Watching> = OnceLock::new();
-
-fn is_model(p: &Path) -> bool {
-    p.extension().is_some_and(|e| e == "onnx")
+/// The watched folders and, once started, the watcher over them.
+pub(crate) struct Watcher {
+    dirs: Mutex<BTreeMap<PathBuf, Owner>>,
+    live: Mutex<Option<Live>>,
 }
 
-/// Starts the watcher and the scan thread, then watches and scans every
-/// configured folder.
-pub fn start(d: &Arc<Daemon>) -> OpResult<()> {
-    let (tx, rx) = mpsc::channel::<PathBuf>();
-    let events_tx = tx.clone();
-    let debouncer = new_debouncer(
-        Duration::from_millis(300),
-        None,
-        move |res: DebounceEventResult| match res {
-            Ok(events) => {
-                for e in events {
-                    if matches!(e.kind, EventKind::Access(_)) {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Watcher {
+    /// The configured folders, not watched until [`Watcher::start`].
+    pub fn new(config_dirs: &[PathBuf]) -> Watcher {
+        Watcher {
+            dirs: Mutex::new(
+                config_dirs
+                    .iter()
+                    .map(|d| (d.clone(), Owner::Admin))
+                    .collect(),
+            ),
+            live: Mutex::new(None),
+        }
+    }
+
+    /// Starts watching every folder known so far; changed paths (and each
+    /// folder itself, to scan what is already there) go to `queue`.
+    pub fn start(&self, queue: mpsc::Sender<PathBuf>) -> Result<()> {
+        let events = queue.clone();
+        let debouncer = new_debouncer(DEBOUNCE, None, move |res: DebounceEventResult| match res {
+            Ok(batch) => {
+                for e in batch {
+                    if matches!(e.kind, FsEvent::Access(_)) {
                         continue;
                     }
                     metrics::counter!("ctcache_watcher_events_total").increment(1);
                     for p in &e.paths {
-                        let _ = events_tx.send(p.clone());
+                        let _ = events.send(p.clone());
                     }
                 }
             }
@@ -54,227 +82,107 @@ pub fn start(d: &Arc<Daemon>) -> OpResult<()> {
                     tracing::warn!(error = %e, "watcher error");
                 }
             }
-        },
-    )
-    .map_err(|e| OpError::Internal(format!("cannot start the watcher: {e}")))?;
-    if WATCHING
-        .set(Watching {
-            debouncer: Mutex::new(debouncer),
-            queue: tx,
         })
-        .is_err()
-    {
-        return Err(OpError::Internal("the watcher is already running".into()));
-    }
-    let daemon = d.clone();
-    std::thread::Builder::new()
-        .name("ctcache-watch".into())
-        .spawn(move || scan_loop(daemon, rx))
-        .map_err(|e| OpError::Internal(e.to_string()))?;
-    let dirs: Vec<PathBuf> = d
-        .watches
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .cloned()
-        .collect();
-    for dir in dirs {
-        if let Err(e) = watch_dir(&dir) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch");
+        .map_err(|e| Error::internal(format!("cannot start the watcher: {e}")))?;
+        {
+            let mut live = lock(&self.live);
+            if live.is_some() {
+                return Err(Error::internal("the watcher is already running"));
+            }
+            *live = Some(Live { debouncer, queue });
         }
-    }
-    Ok(())
-}
-
-fn watch_dir(dir: &Path) -> OpResult<()> {
-    let w = WATCHING
-        .get()
-        .ok_or_else(|| OpError::FailedPrecondition("the watcher is not running".into()))?;
-    w.debouncer
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .watch(dir, RecursiveMode::Recursive)
-        .map_err(|e| OpError::InvalidArgument(format!("cannot watch {}: {e}", dir.display())))?;
-    // Existing models are scanned too (start-up and new watches).
-    let _ = w.queue.send(dir.to_path_buf());
-    Ok(())
-}
-
-/// Adds a watched folder (also recorded for the session).
-pub fn add(d: &Daemon, dir: &Path) -> OpResult<()> {
-    let dir = dir
-        .canonicalize()
-        .map_err(|e| OpError::InvalidArgument(format!("{}: {e}", dir.display())))?;
-    if d.watches
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&dir)
-    {
-        return Ok(());
-    }
-    watch_dir(&dir)?;
-    d.watches
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(dir.clone());
-    d.emit(
-        "watcher",
-        String::new(),
-        dir.display().to_string(),
-        "watch added".into(),
-        None,
-    );
-    Ok(())
-}
-
-pub fn remove(d: &Daemon, dir: &Path) -> OpResult<()> {
-    let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let mut watches = d.watches.lock().unwrap_or_else(|e| e.into_inner());
-    let key = if watches.contains(&canonical) {
-        canonical
-    } else {
-        dir.to_path_buf()
-    };
-    if !watches.remove(&key) {
-        return Err(OpError::NotFound(format!(
-            "{} is not watched",
-            dir.display()
-        )));
-    }
-    if let Some(w) = WATCHING.get() {
-        let _ = w
-            .debouncer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .unwatch(&key);
-    }
-    d.emit(
-        "watcher",
-        String::new(),
-        key.display().to_string(),
-        "watch removed".into(),
-        None,
-    );
-    Ok(())
-}
-
-/// Turns event paths into models to (re)consider, waits for stability, and
-/// submits the policy's prepacks.
-fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>) {
-    let stable = Duration::from_secs_f64(d.config.stable_secs);
-    while let Ok(first) = rx.recv() {
-        // Gather a burst of paths, then handle each model once.
-        let mut paths = vec![first];
-        while let Ok(p) = rx.recv_timeout(Duration::from_millis(50)) {
-            paths.push(p);
-        }
-        let mut models = HashSet::new();
-        for p in paths {
-            if p.is_dir() {
-                models.extend(walk_models(&p));
-            } else if is_model(&p) {
-                if p.exists() {
-                    models.insert(p);
-                } else {
-                    d.memo.forget(&p);
-                    d.emit(
-                        "watcher",
-                        String::new(),
-                        p.display().to_string(),
-                        "model removed; its entries stay until gc".into(),
-                        None,
-                    );
-                }
-            } else if let Some(dir) = p.parent() {
-                // An external-data file changed: reconsider the models beside it.
-                models.extend(walk_shallow(dir));
+        for dir in self.dirs() {
+            if let Err(e) = self.watch(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch");
             }
         }
-        for m in models {
-            if let Err(e) = consider(&d, &m, stable) {
-                tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
-                d.emit(
-                    "watcher",
-                    String::new(),
-                    m.display().to_string(),
-                    format!("skipped: {e}"),
-                    None,
-                );
-            }
-        }
+        Ok(())
     }
-}
 
-fn walk_shallow(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| is_model(p) && p.is_file())
-                .collect()
+    /// Stops watching; the queue closes.
+    pub fn stop(&self) {
+        lock(&self.live).take();
+    }
+
+    /// Whether it watches (started and not stopped).
+    pub fn is_running(&self) -> bool {
+        lock(&self.live).is_some()
+    }
+
+    fn watch(&self, dir: &Path) -> Result<()> {
+        let mut live = lock(&self.live);
+        let w = live
+            .as_mut()
+            .ok_or_else(|| Error::precondition("the watcher is not running"))?;
+        w.debouncer
+            .watch(dir, RecursiveMode::Recursive)
+            .map_err(|e| Error::invalid(format!("cannot watch {}: {e}", dir.display())))?;
+        // Existing models are scanned too (start-up and new watches).
+        let _ = w.queue.send(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// The watched folders.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        lock(&self.dirs).keys().cloned().collect()
+    }
+
+    /// Whether the real path `path` lies under a folder the admin watches.
+    pub fn admin_covers(&self, path: &Path) -> bool {
+        lock(&self.dirs).iter().any(|(w, owner)| {
+            *owner == Owner::Admin
+                && w.canonicalize()
+                    .map(|w| path.starts_with(w))
+                    .unwrap_or(false)
         })
-        .unwrap_or_default()
-}
+    }
 
-fn walk_models(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
+    /// The owner of the watched folder a reported path was found under
+    /// (the most specific one; the admin's where the admin's and a user's
+    /// folder are the same), `None` when no watched folder holds it.
+    pub fn owner_of(&self, path: &Path) -> Option<Owner> {
+        lock(&self.dirs)
+            .iter()
+            .filter(|(w, _)| path.starts_with(w))
+            .max_by_key(|(w, owner)| (w.as_os_str().len(), **owner == Owner::Admin))
+            .map(|(_, owner)| owner.clone())
+    }
+
+    /// Adds a folder; returns its canonical path, or `None` when it was
+    /// watched already.
+    pub fn add(&self, dir: &Path, owner: Owner) -> Result<Option<PathBuf>> {
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| Error::invalid(format!("{}: {e}", dir.display())))?;
+        if lock(&self.dirs).contains_key(&dir) {
+            return Ok(None);
+        }
+        self.watch(&dir)?;
+        lock(&self.dirs).insert(dir.clone(), owner);
+        Ok(Some(dir))
+    }
+
+    /// Removes a folder; returns the path it was watched under.
+    pub fn remove(&self, dir: &Path) -> Result<PathBuf> {
+        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        let key = {
+            let mut dirs = lock(&self.dirs);
+            let key = if dirs.contains_key(&canonical) {
+                canonical
+            } else {
+                dir.to_path_buf()
+            };
+            if dirs.remove(&key).is_none() {
+                return Err(Error::not_found(format!(
+                    "{} is not watched",
+                    dir.display()
+                )));
+            }
+            key
         };
-        for e in rd.flatten() {
-            let p = e.path();
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(p),
-                Ok(t) if t.is_file() && is_model(&p) => out.push(p),
-                _ => {}
-            }
+        if let Some(w) = lock(&self.live).as_mut() {
+            let _ = w.debouncer.unwatch(&key);
         }
+        Ok(key)
     }
-    out
-}
-
-/// Waits until size and mtime stop changing (a writer may still be copying).
-fn wait_stable(p: &Path, stable: Duration) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last = crate::memo::FileId::of(p).ok();
-    loop {
-        std::thread::sleep(stable.max(Duration::from_millis(20)));
-        let now = crate::memo::FileId::of(p).ok();
-        if now.is_none() {
-            return false;
-        }
-        if now == last {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        last = now;
-    }
-}
-
-fn consider(d: &Arc<Daemon>, path: &Path, stable: Duration) -> OpResult<()> {
-    if !wait_stable(path, stable) {
-        return Ok(());
-    }
-    let canonical = path
-        .canonicalize()
-        .map_err(|e| OpError::NotFound(e.to_string()))?;
-    let model = ctcache::onnx::Model::open(&canonical)?;
-    let sel = crate::policy::select(&model, &d.config.policy)?;
-    let jobs = d.prepack_model(&canonical, &model, &sel.wanted, Priority::Watcher)?;
-    d.emit(
-        "watcher",
-        String::new(),
-        canonical.display().to_string(),
-        format!(
-            "{} pack job(s) for {} wanted pair(s)",
-            jobs.iter().filter(|(_, h)| !h.joined).count(),
-            sel.wanted.len()
-        ),
-        None,
-    );
-    Ok(())
 }

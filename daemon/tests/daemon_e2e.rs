@@ -1,5 +1,7 @@
-//! End-to-end tests of ctcached: the real binary on temp dirs, driven over
-//! its Unix socket with the generated gRPC client.
+//! End-to-end tests of ctcached on temp dirs, driven over its Unix socket
+//! with the generated gRPC client: in this process through `ctcached::run`
+//! where no separate process is needed, the real binary for signals,
+//! sd_notify, socket and cache-dir conflicts and config errors.
 
 mod support;
 
@@ -92,7 +94,7 @@ fn ready_notification_and_clean_sigterm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_packs_models_without_client_calls() {
-    let mut d = Daemon::start();
+    let mut d = InProc::start();
     let mut c = d.client().await;
     let path = d.models.join("mlp.onnx");
     write_model(&path, &matmul_model(K, N, 1));
@@ -130,7 +132,7 @@ async fn watcher_packs_models_without_client_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn identical_prepacks_share_one_job() {
-    let mut d = Daemon::start();
+    let mut d = InProc::start();
     let c = d.client().await;
     let other = tempfile::tempdir().unwrap();
     let path = other.path().join("m.onnx");
@@ -148,7 +150,7 @@ async fn identical_prepacks_share_one_job() {
             .await
             .unwrap()
             .into_iter()
-            .filter(|p| p.state == "done" || p.state == "cached")
+            .filter(|p| p.state().succeeded())
         {
             job_ids
                 .entry(p.format.clone())
@@ -172,7 +174,7 @@ async fn identical_prepacks_share_one_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rpc_success_and_errors() {
-    let mut d = Daemon::start();
+    let mut d = InProc::start();
     let mut c = d.client().await;
     let work = tempfile::tempdir().unwrap();
     let path = work.path().join("m.onnx");
@@ -387,7 +389,7 @@ async fn every_rpc_success_and_errors() {
         &original[..]
     );
 
-    let mut fresh = Daemon::start();
+    let mut fresh = InProc::start();
     let mut fc = fresh.client().await;
     let imp = fc
         .import(api::ImportRequest {
@@ -526,13 +528,13 @@ async fn every_rpc_success_and_errors() {
         Code::InvalidArgument
     );
     let st = c.status(api::StatusRequest {}).await.unwrap().into_inner();
-    assert_eq!(st.pid, d.child.as_ref().unwrap().id());
+    assert_eq!(st.pid, std::process::id());
     assert_eq!(d.stop(), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_cache_and_memo() {
-    let mut d = Daemon::start();
+    let mut d = InProc::start();
     let path = d.models.join("m.onnx");
     write_model(&path, &matmul_model(K, N, 5));
     let digest = digest_of(&path, "W");
@@ -555,7 +557,7 @@ async fn restart_keeps_cache_and_memo() {
         );
     }
     assert!(!d.cache.join("digest-memo.json").exists());
-    d.spawn(&[], |_| {});
+    d.restart();
     let mut c = d.client().await;
     assert_eq!(entries_for(&mut c, &digest).await.len(), 2);
     assert_eq!(d.stop(), Some(0));
@@ -563,7 +565,7 @@ async fn restart_keeps_cache_and_memo() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_check_is_served() {
-    let mut d = Daemon::start();
+    let mut d = InProc::start();
     let ch = channel(&d.socket).await;
     let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
     let r = h
@@ -733,10 +735,7 @@ fn admin_rpcs_from_untrusted_uid_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_without_limits_applies_the_configured_budget() {
-    let cfg_dir = tempfile::tempdir().unwrap();
-    let cfg = cfg_dir.path().join("ctcached.toml");
-    std::fs::write(&cfg, "gc_max_bytes = 1\n").unwrap();
-    let mut d = Daemon::start_with(&["--config", cfg.to_str().unwrap()], |_| {});
+    let mut d = InProc::start_with(|c| c.gc_max_bytes = 1);
     let mut c = d.client().await;
     let work = tempfile::tempdir().unwrap();
     let path = work.path().join("m.onnx");
@@ -761,7 +760,7 @@ async fn gc_without_limits_applies_the_configured_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_hit_rate_counts_only_wanted_tensors_of_a_resolve() {
     use prost::Message;
-    let mut d = Daemon::start();
+    let mut d = InProc::start();
     let path = d.models.join("m.onnx");
     // W is wanted (two formats); the bias is not (rank 1), so a resolve's
     // look at it is not a miss.
@@ -826,4 +825,82 @@ async fn sigterm_ends_event_followers_without_waiting_out_the_grace() {
     })
     .await;
     assert!(end.is_ok(), "the Events stream ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepack_backends_are_honoured_or_refused_with_the_reason() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let path = d.path("work/m.onnx");
+    write_model(&path, &matmul_model(K, N, 12));
+    let prepack = |backend: api::Backend| api::PrepackRequest {
+        model_path: path.display().to_string(),
+        formats: vec![api::FormatSpec {
+            id: "ggml.q8_0".into(),
+            params: Default::default(),
+        }],
+        backend: backend.into(),
+        ..Default::default()
+    };
+    // This machine has no hardware wgpu adapter: refused, with the reason.
+    let err = c.prepack(prepack(api::Backend::Wgpu)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("wgpu"), "{err:?}");
+    // An explicit CPU pack reports the backend that packed it.
+    let mut s = c
+        .prepack(prepack(api::Backend::Cpu))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = s.next().await {
+        last = Some(p.unwrap());
+    }
+    let last = last.unwrap();
+    assert_eq!(last.state(), api::JobState::Done, "{last:?}");
+    assert_eq!(last.backend(), api::Backend::Cpu, "{last:?}");
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reports_orphans_and_removes_them_only_with_repair() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    // Let the start-up reconcile finish before planting the orphan.
+    c.status(api::StatusRequest {}).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bytes = b"a payload file no entry references";
+    let hash = blake3::hash(bytes);
+    let shard = d
+        .cache
+        .join("blobs")
+        .join(hex::encode(&hash.as_bytes()[..1]));
+    std::fs::create_dir_all(&shard).unwrap();
+    let orphan = shard.join(hash.to_hex().as_str());
+    std::fs::write(&orphan, bytes).unwrap();
+    let report = c
+        .verify(api::VerifyRequest { repair: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        report.orphans,
+        vec![orphan.display().to_string()],
+        "{report:?}"
+    );
+    assert!(!report.repaired, "{report:?}");
+    assert!(orphan.exists(), "verify without repair changes nothing");
+    let report = c
+        .verify(api::VerifyRequest { repair: true })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        report.orphans,
+        vec![orphan.display().to_string()],
+        "{report:?}"
+    );
+    assert!(report.repaired, "{report:?}");
+    assert!(!orphan.exists());
+    assert_eq!(d.stop(), Some(0));
 }

@@ -510,7 +510,7 @@ fn peak_rss(dir: &Path, raw: &Path, source: u64) {
         .unwrap_or_else(|_| Path::new(&target_dir).join("release/ctcachectl"));
     if !ctl.exists() {
         println!(
-            "peak RSS: skipped, no {} (cargo build --release -p ctcache-client)",
+            "peak RSS: skipped, no {} (cargo build --release -p ctcachectl)",
             ctl.display()
         );
         return;

@@ -2,19 +2,20 @@
 //! `ort.matmul_nbits` payloads. Every MatMul (and Gemm with a constant B)
 //! whose weight qualifies becomes `com.microsoft::MatMulNBits`; its B,
 //! scales and zero points are external data pointing into files next to the
-//! output model that are hard links to the cache's payload files (copies
-//! when a link is impossible). The rest of the model is copied byte for byte.
+//! output model: reflinks of the cache's payload files where the filesystem
+//! can, else copies (hard links on request; see [`LinkMode`]). The rest of
+//! the model is copied byte for byte.
 //!
 //! - [`plan`] decides which nodes are rewritten and why others are skipped;
 //! - [`write`] splices the graph and places the payload files;
-//! - [`place`] links or copies one file atomically.
+//! - [`place`] reflinks, copies or links one file atomically.
 
 mod place;
 mod plan;
 mod write;
 
-pub use place::{place, LinkMode, Placed};
-pub use plan::{plan, Op, Plan, Skipped, Step, Target};
+pub use place::{place, LinkMode, Method, Placed};
+pub use plan::{group_skips, plan, Op, Plan, SkipGroup, Skipped, Step, Target};
 pub use write::{data_dir_name, write, PackedWeight, Report, WeightKey};
 
 use crate::error::{Error, Result};

@@ -68,7 +68,49 @@ pub struct Skipped {
     /// The node's name, or `#index` when unnamed.
     pub node: String,
     pub op_type: String,
+    /// The rule, worded the same for every node it stops ("B is not a
+    /// constant"), so reports can count nodes per reason.
     pub reason: String,
+    /// This node's case: which input, which value.
+    pub detail: String,
+}
+
+/// Nodes skipped for one reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkipGroup<'a> {
+    pub op_type: &'a str,
+    pub reason: &'a str,
+    pub nodes: usize,
+}
+
+impl std::fmt::Display for SkipGroup<'_> {
+    /// `6 MatMul skipped: B is not a constant`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} skipped: {}",
+            self.nodes, self.op_type, self.reason
+        )
+    }
+}
+
+/// (op type, reason) pairs counted, in first-seen order.
+pub fn group_skips<'a>(skips: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<SkipGroup<'a>> {
+    let mut groups: Vec<SkipGroup<'a>> = Vec::new();
+    for (op_type, reason) in skips {
+        match groups
+            .iter_mut()
+            .find(|g| g.op_type == op_type && g.reason == reason)
+        {
+            Some(g) => g.nodes += 1,
+            None => groups.push(SkipGroup {
+                op_type,
+                reason,
+                nodes: 1,
+            }),
+        }
+    }
+    groups
 }
 
 /// The rewrite decided for a model.
@@ -89,8 +131,9 @@ impl Plan {
             .collect()
     }
 
-    /// Why nothing can be materialized, when no node is a target: one
-    /// line per skipped node, or that there is no MatMul or Gemm at all.
+    /// Why nothing can be materialized, when no node is a target: the
+    /// skipped nodes counted per reason, each with its first node's case;
+    /// or that there is no MatMul or Gemm.
     pub fn why_nothing(&self) -> Option<String> {
         if !self.targets.is_empty() {
             return None;
@@ -98,10 +141,25 @@ impl Plan {
         if self.skipped.is_empty() {
             return Some("the model has no MatMul or Gemm node".into());
         }
-        let lines: Vec<String> = self
-            .skipped
+        let groups = group_skips(
+            self.skipped
+                .iter()
+                .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+        );
+        let lines: Vec<String> = groups
             .iter()
-            .map(|s| format!("{} {}: {}", s.op_type, s.node, s.reason))
+            .map(|g| {
+                let first = self
+                    .skipped
+                    .iter()
+                    .find(|s| s.op_type == g.op_type && s.reason == g.reason)
+                    .expect("grouped from these");
+                let which = if g.nodes == 1 { "" } else { "first: " };
+                format!(
+                    "{g} ({which}{} {}: {})",
+                    first.op_type, first.node, first.detail
+                )
+            })
             .collect();
         Some(lines.join("; "))
     }
@@ -162,14 +220,15 @@ fn visit(
                     t.scope = scope.clone();
                     out.targets.push(t);
                 }
-                Err(reason) => out.skipped.push(Skipped {
+                Err((reason, detail)) => out.skipped.push(Skipped {
                     node: if n.name.is_empty() {
                         format!("#{i}")
                     } else {
                         n.name.clone()
                     },
                     op_type: n.op_type.clone(),
-                    reason,
+                    reason: reason.into(),
+                    detail,
                 }),
             }
         }
@@ -191,69 +250,85 @@ fn visit(
     }
 }
 
+/// Why a node is not a target: the rule (the same words for every node it
+/// stops) and this node's case.
+type Refusal = (&'static str, String);
+
 fn target(
     index: usize,
     n: &pb::NodeProto,
     ctx: &Context<'_>,
     shadow: &HashSet<String>,
-) -> std::result::Result<Target, String> {
+) -> std::result::Result<Target, Refusal> {
     let gemm = n.op_type == "Gemm";
     let b = n
         .input
         .get(1)
         .filter(|b| !b.is_empty())
-        .ok_or("no input B")?;
+        .ok_or(("no input B", String::from("the node has no second input")))?;
     if n.input.first().is_none_or(|a| a.is_empty()) || n.output.first().is_none_or(|y| y.is_empty())
     {
-        return Err("input A or output Y missing".into());
+        return Err(("input A or output Y missing", String::new()));
     }
     if shadow.contains(b) {
-        return Err(format!(
-            "input B {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
+        return Err((
+            "B is defined inside a subgraph",
+            format!(
+                "input B {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
+            ),
         ));
     }
-    let t = ctx
-        .inits
-        .get(b)
-        .ok_or_else(|| format!("input B {b:?} is not an initializer (not a constant weight)"))?;
+    let t = ctx.inits.get(b).ok_or_else(|| {
+        (
+            "B is not a constant",
+            format!("input B {b:?} is not an initializer (not a constant weight)"),
+        )
+    })?;
     if ctx.inputs.contains(b) {
-        return Err(format!(
-            "initializer {b:?} is also a graph input, so a caller may override it"
+        return Err((
+            "B is also a graph input",
+            format!("initializer {b:?} is also a graph input, so a caller may override it"),
         ));
     }
     if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
-        return Err(format!(
-            "weight {b:?} is {}; MatMulNBits weights must be FLOAT or FLOAT16",
-            t.data_type
+        return Err((
+            "B is not FLOAT or FLOAT16",
+            format!(
+                "weight {b:?} is {}; MatMulNBits weights must be FLOAT or FLOAT16",
+                t.data_type
+            ),
         ));
     }
     let [d0, d1] = *t.dims.as_slice() else {
-        return Err(format!(
-            "weight {b:?} has shape {:?}; only 2-D weights are rewritten",
-            t.dims
+        return Err((
+            "B is not 2-D",
+            format!(
+                "weight {b:?} has shape {:?}; only 2-D weights are rewritten",
+                t.dims
+            ),
         ));
     };
     if d0 == 0 || d1 == 0 {
-        return Err(format!("weight {b:?} is empty ({d0} x {d1})"));
+        return Err(("B is empty", format!("weight {b:?} is empty ({d0} x {d1})")));
     }
     let mut transposed = false;
     let op = if gemm {
         let int = |name: &str| attr(n, name).map_or(0, |a| a.i);
         let float = |name: &str| attr(n, name).map_or(1.0, |a| a.f);
         if int("transA") != 0 {
-            return Err("Gemm with transA = 1 is not rewritten".into());
+            return Err(("transA = 1", "Gemm with transA = 1 is not rewritten".into()));
         }
         if float("alpha") != 1.0 {
-            return Err(format!(
-                "Gemm alpha = {} (only 1 is rewritten)",
-                float("alpha")
+            return Err((
+                "alpha is not 1",
+                format!("Gemm alpha = {} (only 1 is rewritten)", float("alpha")),
             ));
         }
         let bias = n.input.get(2).filter(|c| !c.is_empty()).cloned();
         if bias.is_some() && float("beta") != 1.0 {
-            return Err(format!(
-                "Gemm beta = {} (only 1 is rewritten)",
-                float("beta")
+            return Err((
+                "beta is not 1",
+                format!("Gemm beta = {} (only 1 is rewritten)", float("beta")),
             ));
         }
         transposed = int("transB") != 0;

@@ -160,12 +160,8 @@ fn skip_rules_name_their_reason() {
     let p = plan(&m).unwrap();
     assert!(p.targets.is_empty());
     let reason = |n: &str| {
-        p.skipped
-            .iter()
-            .find(|s| s.node == n)
-            .unwrap()
-            .reason
-            .clone()
+        let s = p.skipped.iter().find(|s| s.node == n).unwrap();
+        format!("{}: {}", s.reason, s.detail)
     };
     assert!(reason("dynamic").contains("not an initializer"));
     assert!(reason("double").contains("DOUBLE"));
@@ -175,6 +171,38 @@ fn skip_rules_name_their_reason() {
     assert!(reason("alpha").contains("alpha"));
     assert!(reason("transA").contains("transA"));
     assert!(reason("beta").contains("beta"));
+    // Reasons are the rule's words, details the node's case: reports count
+    // nodes per reason.
+    let groups = group_skips(
+        p.skipped
+            .iter()
+            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+    );
+    assert_eq!(groups.len(), 7, "DOUBLE and BFLOAT16 share a reason");
+    assert_eq!(
+        groups[0].to_string(),
+        "1 MatMul skipped: B is not a constant"
+    );
+    let twice = group_skips([
+        ("MatMul", "B is not a constant"),
+        ("Gemm", "B is not a constant"),
+        ("MatMul", "B is not a constant"),
+    ]);
+    assert_eq!(
+        twice.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "2 MatMul skipped: B is not a constant",
+            "1 Gemm skipped: B is not a constant"
+        ]
+    );
+    let why = plan(&m).unwrap().why_nothing().unwrap();
+    assert!(
+        why.starts_with("1 MatMul skipped: B is not a constant (MatMul dynamic: input B \"x2\"")
+            && why
+                .contains("; 2 MatMul skipped: B is not FLOAT or FLOAT16 (first: MatMul double: ")
+            && why.matches(" skipped: ").count() == 7,
+        "{why}"
+    );
 }
 
 #[test]
@@ -210,7 +238,7 @@ fn nothing_to_materialize_writes_nothing() {
         &["x", "x2"],
     );
     let e = refusal(&dynamic);
-    assert!(e.contains("not an initializer"), "{e}");
+    assert!(e.contains("1 MatMul skipped: B is not a constant"), "{e}");
     assert!(!out.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
@@ -298,7 +326,7 @@ fn subgraph_nodes_reading_a_top_level_weight_are_targets() {
     assert_eq!(t.node_index, 0);
     assert_eq!(p.skipped.len(), 1);
     assert!(
-        p.skipped[0].reason.contains("inside the subgraph"),
+        p.skipped[0].detail.contains("inside the subgraph"),
         "{:?}",
         p.skipped
     );

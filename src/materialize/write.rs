@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
-use super::place::{place, LinkMode};
+use super::place::{place, LinkMode, Method, Placed};
 use super::plan::{
     graph_value_names, used_names, Op, Plan, Step, Target, GRAPH_INPUT, GRAPH_VALUE_INFO,
 };
@@ -35,7 +35,7 @@ pub type WeightKey = (String, bool);
 /// A cached `ort.matmul_nbits` payload for one weight.
 #[derive(Debug, Clone)]
 pub struct PackedWeight {
-    /// The cache's payload file (the hard-link source).
+    /// The cache's payload file (what is reflinked, copied or linked).
     pub payload_path: PathBuf,
     /// Its name in the data folder; equal payloads share one name.
     pub file_name: String,
@@ -50,14 +50,23 @@ pub struct Report {
     pub nodes_rewritten: usize,
     pub initializers_removed: usize,
     pub data_dir: PathBuf,
-    pub files_linked: usize,
-    pub files_copied: usize,
-    /// Bytes copied into files (0 when everything could be linked).
+    /// How files were asked to be placed.
+    pub link: LinkMode,
+    /// Every file placed in the data folder, and how.
+    pub files: Vec<Placed>,
+    /// Bytes copied into files (0 when every file is a reflink or a link).
     pub bytes_copied: u64,
     /// Size of the written model file.
     pub model_bytes: u64,
     /// Bytes of payload the new model references.
     pub payload_bytes: u64,
+}
+
+impl Report {
+    /// How many files were placed by `method`.
+    pub fn count(&self, method: Method) -> usize {
+        self.files.iter().filter(|f| f.method == method).count()
+    }
 }
 
 /// Where one field of a payload lies.
@@ -270,6 +279,7 @@ pub fn write(
     // New initializers, one set per packed weight.
     let mut report = Report {
         data_dir: data_dir.clone(),
+        link: mode,
         ..Default::default()
     };
     let mut new_inits = Vec::new();
@@ -377,12 +387,23 @@ pub fn write(
         .collect();
     report.initializers_removed = dropped.len();
 
-    // Payload files first, then the model that refers to them.
-    fs::create_dir_all(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
+    // Payload files first, then the model that refers to them. A folder
+    // made here goes again when a file cannot be placed (a refused reflink).
+    let made_dir = !data_dir.exists();
+    fs::create_dir_all(&data_dir).map_err(|e| Error::write(&data_dir, e))?;
     let mut keep: HashSet<PathBuf> = HashSet::new();
     for (w, dst) in &files {
-        let p = place(&w.payload_path, dst, mode)?;
-        count(&mut report, &p);
+        let p = match place(&w.payload_path, dst, mode) {
+            Ok(p) => p,
+            Err(e) => {
+                if made_dir {
+                    let _ = fs::remove_dir_all(&data_dir);
+                }
+                return Err(e);
+            }
+        };
+        report.bytes_copied += p.bytes_copied;
+        report.files.push(p);
         keep.insert(dst.clone());
     }
     let relocated = relocate_external(
@@ -397,7 +418,7 @@ pub fn write(
     if !relocated.is_empty() {
         keep.insert(data_dir.join(KEPT_DATA));
     }
-    sync_dir(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
+    sync_dir(&data_dir).map_err(|e| Error::write(&data_dir, e))?;
     let mut pieces = splice_graph(
         model,
         graph.value.clone(),
@@ -442,15 +463,6 @@ pub fn write(
     report.model_bytes = top.iter().map(|p| p.len() as u64).sum();
     remove_stale(&data_dir, &keep);
     Ok(report)
-}
-
-fn count(report: &mut Report, p: &super::Placed) {
-    if p.linked {
-        report.files_linked += 1;
-    } else {
-        report.files_copied += 1;
-        report.bytes_copied += p.bytes_copied;
-    }
 }
 
 /// Every value a node list (and its subgraphs) defines or declares.
@@ -680,7 +692,8 @@ fn relocate_external(
     if parts.is_empty() {
         return Ok(encoded);
     }
-    atomic_write(&data_dir.join(KEPT_DATA), |w| {
+    let kept = data_dir.join(KEPT_DATA);
+    atomic_write(&kept, |w| {
         let mut pos = 0u64;
         for (offset, data) in &parts {
             w.write_all(&vec![0u8; (offset - pos) as usize])?;
@@ -689,7 +702,11 @@ fn relocate_external(
         }
         Ok(())
     })?;
-    report.files_copied += 1;
+    report.files.push(Placed {
+        path: kept,
+        method: Method::Copy,
+        bytes_copied: len,
+    });
     report.bytes_copied += len;
     Ok(encoded)
 }

@@ -58,6 +58,40 @@ impl WeightUses {
     pub fn of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a WeightUse> + 'a {
         self.uses.iter().filter(move |u| u.initializer == name)
     }
+
+    /// Whether `t` passes a packing rule's size and use filters: at least
+    /// `min_elements` elements and, unless `used_as` is empty, one of those
+    /// uses (`UseSite::name`: `MatMul.B`, `Gemm.B`).
+    pub fn admits<S: AsRef<str>>(&self, t: &TensorRef, min_elements: u64, used_as: &[S]) -> bool {
+        t.elements >= min_elements
+            && (used_as.is_empty()
+                || self
+                    .of(&t.name)
+                    .any(|u| used_as.iter().any(|w| w.as_ref() == u.site.name())))
+    }
+}
+
+/// The size and use filters of the default packing rules (the daemon's
+/// default policy, and `ctcachectl embed` packing without a daemon).
+pub const DEFAULT_MIN_ELEMENTS: u64 = 65_536;
+pub const DEFAULT_USED_AS: [&str; 2] = ["MatMul.B", "Gemm.B"];
+
+/// A rule's size and use filters in words: `at least 65536 elements, used
+/// as MatMul.B or Gemm.B`.
+pub fn describe_filter<S: AsRef<str>>(min_elements: u64, used_as: &[S]) -> String {
+    let uses: Vec<&str> = used_as.iter().map(AsRef::as_ref).collect();
+    match uses.as_slice() {
+        [] => format!("at least {min_elements} elements"),
+        _ => format!(
+            "at least {min_elements} elements, used as {}",
+            uses.join(" or ")
+        ),
+    }
+}
+
+/// What the daemon and `ctcachectl` say when a model has nothing to pack.
+pub fn nothing_to_pack(model: &std::path::Path, why: &str) -> String {
+    format!("{}: nothing to pack: {why}", model.display())
 }
 
 /// A node's attribute by name.

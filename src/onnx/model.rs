@@ -6,12 +6,14 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use prost::Message;
 
+use crate::access::{Opener, OwnRights};
 use crate::error::{Error, Result};
+use crate::fsutil::FileStamp;
 use crate::onnx::external::ExternalRef;
 use crate::onnx::fields::*;
 use crate::onnx::tensor::{Storage, TensorRef};
@@ -63,7 +65,11 @@ pub struct Model {
     dir: PathBuf,
     bytes: Bytes,
     top: Vec<TopField>,
-    externals: Mutex<HashMap<PathBuf, Bytes>>,
+    /// The model file's stamp when it was opened.
+    stamp: Option<FileStamp>,
+    /// Opens external-data files (with whose rights the model was opened).
+    opener: Arc<dyn Opener>,
+    externals: Mutex<HashMap<PathBuf, (Bytes, FileStamp)>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -76,9 +82,9 @@ impl std::fmt::Debug for Model {
     }
 }
 
-/// Maps a whole file read-only (an empty file gives empty bytes).
-pub fn map_file(path: &Path) -> Result<Bytes> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+/// Maps a whole open file read-only (an empty file gives empty bytes);
+/// `path` names it in errors.
+fn map_file(file: &File, path: &Path) -> Result<Bytes> {
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len == 0 {
         return Ok(Bytes::new());
@@ -86,7 +92,7 @@ pub fn map_file(path: &Path) -> Result<Bytes> {
     // SAFETY: the mapping is read-only. ctcache's own payload files are
     // immutable after publish; for user files, concurrent truncation is the
     // usual mmap hazard, accepted by every mmap-based model loader.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
     Ok(Bytes::from_owner(map))
 }
 
@@ -98,38 +104,69 @@ fn wire_err(context: &str, e: WireError) -> Error {
     }
 }
 
+/// What a top-level wire error means: the file ends inside a field (cut
+/// short, or a length nothing can satisfy), or the bytes are not protobuf.
+fn not_a_model(len: usize, e: WireError) -> Error {
+    use crate::wire::WireProblem::{LengthTooLarge, Truncated};
+    Error::NotAModel(match e.problem {
+        LengthTooLarge(n) => format!(
+            "not a complete ONNX model (truncated at byte {len}: a field declares {n} bytes at \
+             byte {}, which exceeds the end of the file)",
+            e.offset
+        ),
+        Truncated => format!(
+            "not a complete ONNX model (truncated at byte {len}: the value at byte {} is cut off)",
+            e.offset
+        ),
+        _ => format!(
+            "not an ONNX model (malformed protobuf at byte {}: {})",
+            e.offset, e.problem
+        ),
+    })
+}
+
 impl Model {
-    /// Opens and maps a model file.
+    /// Opens and maps a model file with the process's own rights.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Model::from_file(file, path, Arc::new(OwnRights))
+    }
+
+    /// Maps the open model `file` (found at `path`); its external data is
+    /// opened through `opener` (the rights the model was opened with).
+    pub fn from_file(file: File, path: &Path, opener: Arc<dyn Opener>) -> Result<Model> {
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
         if !meta.is_file() {
             return Err(Error::Model(format!(
                 "{} is not a regular file",
                 path.display()
             )));
         }
-        let bytes = map_file(path)?;
+        let stamp = FileStamp::of_file(&file).map_err(|e| Error::io(path, e))?;
+        let bytes = map_file(&file, path)?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let dir = if dir.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
             dir
         };
-        let mut model = Model::from_bytes(bytes, dir)?;
+        let mut model = Model::from_bytes(bytes, dir).map_err(|e| e.in_file(path))?;
         model.path = Some(path.to_path_buf());
+        model.stamp = Some(stamp);
+        model.opener = opener;
         Ok(model)
     }
 
     /// Wraps model bytes already in memory; `dir` resolves external data.
     pub fn from_bytes(bytes: Bytes, dir: impl Into<PathBuf>) -> Result<Model> {
         if bytes.is_empty() {
-            return Err(Error::Model("empty file: not an ONNX model".into()));
+            return Err(Error::NotAModel("empty file: not an ONNX model".into()));
         }
         let mut top = Vec::new();
         let mut has_graph = false;
         for field in Fields::new(&bytes) {
-            let field = field.map_err(|e| wire_err("ModelProto", e))?;
+            let field = field.map_err(|e| not_a_model(bytes.len(), e))?;
             let expects_bytes = field.number == MODEL_GRAPH || is_compiled_field(field.number);
             let value = match field.value {
                 Value::Bytes(b) => field.value_start..field.value_start + b.len(),
@@ -154,8 +191,8 @@ impl Model {
             });
         }
         if !has_graph {
-            return Err(Error::Model(
-                "no graph (ModelProto field 7): not an ONNX model".into(),
+            return Err(Error::NotAModel(
+                "not an ONNX model (no graph: ModelProto field 7 is missing)".into(),
             ));
         }
         Ok(Model {
@@ -163,12 +200,27 @@ impl Model {
             dir: dir.into(),
             bytes,
             top,
+            stamp: None,
+            opener: Arc::new(OwnRights),
             externals: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The model file's stamp when it was opened (`None` for bytes in memory).
+    pub fn stamp(&self) -> Option<FileStamp> {
+        self.stamp
+    }
+
+    /// A parse error of this model, naming its file when it has one.
+    fn named(&self, e: Error) -> Error {
+        match &self.path {
+            Some(p) => e.in_file(p),
+            None => e,
+        }
     }
 
     /// The folder external data is resolved against.
@@ -190,9 +242,11 @@ impl Model {
         let mut out = Vec::new();
         for g in self.top.iter().filter(|f| f.number == MODEL_GRAPH) {
             for field in Fields::with_base(&self.bytes[g.value.clone()], g.value.start) {
-                let field = field.map_err(|e| wire_err("GraphProto", e))?;
+                let field = field.map_err(|e| self.named(wire_err("GraphProto", e)))?;
                 if field.number == number {
-                    let b = field.bytes().map_err(|e| wire_err("GraphProto", e))?;
+                    let b = field
+                        .bytes()
+                        .map_err(|e| self.named(wire_err("GraphProto", e)))?;
                     out.push(field.value_start..field.value_start + b.len());
                 }
             }
@@ -204,7 +258,7 @@ impl Model {
     pub fn initializers(&self) -> Result<Vec<TensorRef>> {
         self.graph_fields(GRAPH_INITIALIZER)?
             .into_iter()
-            .map(|r| TensorRef::parse(&self.bytes, r))
+            .map(|r| TensorRef::parse(&self.bytes, r).map_err(|e| self.named(e)))
             .collect()
     }
 
@@ -228,12 +282,16 @@ impl Model {
     pub fn nodes(&self) -> Result<Vec<pb::NodeProto>> {
         self.graph_fields(GRAPH_NODE)?
             .into_iter()
-            .map(|r| decode(self.bytes.slice(r), "NodeProto"))
+            .map(|r| decode(self.bytes.slice(r), "NodeProto").map_err(|e| self.named(e)))
             .collect()
     }
 
     /// The compiled-tensor extension, decoded (payloads borrowed).
     pub fn extension(&self) -> Result<Extension> {
+        self.decode_extension().map_err(|e| self.named(e))
+    }
+
+    fn decode_extension(&self) -> Result<Extension> {
         let mut ext = Extension::default();
         for f in &self.top {
             let bytes = || self.bytes.slice(f.value.clone());
@@ -292,6 +350,15 @@ impl Model {
     /// Maps an external-data file relative to the model folder (cached per
     /// path), refusing paths that leave the folder.
     pub fn external_file(&self, location: &ExternalRef) -> std::result::Result<Bytes, String> {
+        self.external(location).map(|(bytes, _)| bytes)
+    }
+
+    /// The stamp of an external-data file when it was opened.
+    pub fn external_stamp(&self, location: &ExternalRef) -> std::result::Result<FileStamp, String> {
+        self.external(location).map(|(_, stamp)| stamp)
+    }
+
+    fn external(&self, location: &ExternalRef) -> std::result::Result<(Bytes, FileStamp), String> {
         let path = location.path_in(&self.dir)?;
         let dir = self
             .dir
@@ -310,12 +377,20 @@ impl Model {
         if let Some(b) = cache.get(&real) {
             return Ok(b.clone());
         }
-        if !real.is_file() {
+        let file = self
+            .opener
+            .open(&real)
+            .map_err(|e| format!("{}: {e}", real.display()))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", real.display()))?;
+        if !meta.is_file() {
             return Err(format!("{} is not a regular file", real.display()));
         }
-        let bytes = map_file(&real).map_err(|e| e.to_string())?;
-        cache.insert(real, bytes.clone());
-        Ok(bytes)
+        let stamp = FileStamp::of_file(&file).map_err(|e| format!("{}: {e}", real.display()))?;
+        let bytes = map_file(&file, &real).map_err(|e| e.to_string())?;
+        cache.insert(real, (bytes.clone(), stamp));
+        Ok((bytes, stamp))
     }
 
     /// The raw-form bytes of a raw or external tensor, borrowed from a mapping;

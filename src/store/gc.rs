@@ -31,7 +31,8 @@ pub struct GcPolicy {
     /// Remove least recently used entries until the payload files of the
     /// remaining ones take at most this many bytes.
     pub max_bytes: Option<u64>,
-    /// Remove entries not accessed for longer than this.
+    /// Remove entries not accessed for this long or longer (zero: every
+    /// entry not leased, like a `max_bytes` of zero).
     pub max_age: Option<Duration>,
     /// Remove payload files without entries and entries without files.
     pub orphans: bool,
@@ -70,6 +71,17 @@ pub struct GcItem {
     /// Bytes of files deleted with it (0 when an entry's payload file is
     /// still referenced by other entries).
     pub bytes_freed: u64,
+    /// What an entry was packed from, for people reading the report
+    /// (`None` for files).
+    pub about: Option<EntryAbout>,
+}
+
+/// An entry's physical type and the names it was packed under.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryAbout {
+    pub type_name: String,
+    pub source_names: Vec<String>,
+    pub model_paths: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,6 +93,9 @@ pub struct GcReport {
     /// Bytes of referenced payload files before and after (as planned).
     pub bytes_before: u64,
     pub bytes_after: u64,
+    /// The limits applied (the policy's).
+    pub max_bytes: Option<u64>,
+    pub max_age: Option<Duration>,
     /// Entries a policy selected but a lease kept.
     pub leased_kept: u64,
     /// Expired lease records removed (or, dry, that would be).
@@ -121,6 +136,7 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
         target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
         reason,
         bytes_freed,
+        about: None,
     };
     for c in &s.cands {
         let missing = s.files.as_ref().is_some_and(|f| !f.contains(&c.blob));
@@ -148,7 +164,7 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
         let max_ms = max_age.as_millis() as u64;
         for c in &s.cands {
             let idle = now_ms.saturating_sub(c.last_ms);
-            if gone.contains(&c.kb) || idle <= max_ms {
+            if gone.contains(&c.kb) || idle < max_ms {
                 continue;
             }
             if s.leased.contains(&c.kb) {
@@ -192,6 +208,7 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
                 target: GcTarget::File(path.clone()),
                 reason: GcReason::OrphanPayload,
                 bytes_freed: *len,
+                about: None,
             });
         }
         for (path, len) in &s.stray_files {
@@ -199,6 +216,7 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
                 target: GcTarget::File(path.clone()),
                 reason: GcReason::StrayFile,
                 bytes_freed: *len,
+                about: None,
             });
         }
     }
@@ -208,6 +226,7 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
                 target: GcTarget::File(path.clone()),
                 reason: GcReason::StaleTemp,
                 bytes_freed: *len,
+                about: None,
             });
         }
     }
@@ -237,11 +256,14 @@ impl Store {
         // Exact LRU needs the pending access statistics in the index.
         self.access.write(&*self.index, now)?;
         let (snap, expired) = self.snapshot(policy, now)?;
-        let (items, before, after, leased_kept) = plan(&snap, policy, now);
+        let (mut items, before, after, leased_kept) = plan(&snap, policy, now);
+        self.describe(&mut items)?;
         let mut report = GcReport {
             dry_run: policy.dry_run,
             bytes_before: before,
             bytes_after: after,
+            max_bytes: policy.max_bytes,
+            max_age: policy.max_age,
             leased_kept,
             expired_leases: expired.len() as u64,
             ..Default::default()
@@ -290,6 +312,26 @@ impl Store {
         }
         report.bytes_freed = report.items.iter().map(|i| i.bytes_freed).sum();
         Ok(report)
+    }
+
+    /// Fills in what each planned entry was packed from (one record read
+    /// per entry; an entry gone meanwhile stays undescribed).
+    fn describe(&self, items: &mut [GcItem]) -> StoreResult<()> {
+        for item in items {
+            let GcTarget::Entry(key) = &item.target else {
+                continue;
+            };
+            let kb = key.to_bytes();
+            if let Some(v) = self.index.get(Tree::Entries, &kb)? {
+                let r = entry::decode_record(&kb, &v)?;
+                item.about = Some(EntryAbout {
+                    type_name: r.type_name,
+                    source_names: r.source_names,
+                    model_paths: r.model_paths,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// One GC batch: commit the removals under the lease gate, flush, then
@@ -526,6 +568,30 @@ mod tests {
             vec![0, 100]
         );
         assert_eq!((before, after), (200, 100));
+    }
+
+    #[test]
+    fn a_zero_age_takes_every_entry_like_a_zero_budget() {
+        let s = Snapshot {
+            cands: vec![cand(1, 1, 10, 100), cand(2, 2, 10, 40)],
+            ..Default::default()
+        };
+        let age = GcPolicy {
+            max_age: Some(Duration::ZERO),
+            ..Default::default()
+        };
+        let size = GcPolicy {
+            max_bytes: Some(0),
+            ..Default::default()
+        };
+        // Entry 1 was used at this very millisecond: still idle "0 or longer".
+        let (by_age, ..) = plan(&s, &age, 100);
+        let (by_size, ..) = plan(&s, &size, 100);
+        let mut a = keys(&by_age);
+        let mut b = keys(&by_size);
+        a.sort();
+        b.sort();
+        assert_eq!((a, b), (vec![1, 2], vec![1, 2]));
     }
 
     #[test]

@@ -30,16 +30,20 @@ pub enum Tree {
     /// daemon's digest memo: model path -> file identities and digests).
     /// Opaque to the store: gc, verify and stats never look at it.
     Memo,
+    /// counter name (`hits`, `misses`, `puts`) -> u64 big-endian: the
+    /// statistics that outlive a restart.
+    Counters,
 }
 
 impl Tree {
-    pub const ALL: [Tree; 6] = [
+    pub const ALL: [Tree; 7] = [
         Tree::Entries,
         Tree::BlobRefs,
         Tree::Access,
         Tree::Leases,
         Tree::Sources,
         Tree::Memo,
+        Tree::Counters,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +54,7 @@ impl Tree {
             Tree::Leases => "leases",
             Tree::Sources => "sources",
             Tree::Memo => "memo",
+            Tree::Counters => "counters",
         }
     }
 }

@@ -113,7 +113,7 @@ fn write_layout(root: &Path, version: u32) -> StoreResult<()> {
     let path = root.join("LAYOUT");
     crate::fsutil::atomic_write(&path, |w| writeln!(w, "{LAYOUT_MAGIC} {version}")).map_err(|e| {
         match e {
-            crate::Error::Io { path, source } => StoreError::io("write", path, source),
+            crate::Error::Io { path, source, .. } => StoreError::io("write", path, source),
             other => StoreError::BadLayout {
                 dir: root.to_path_buf(),
                 detail: other.to_string(),
@@ -175,7 +175,13 @@ fn refuse_foreign(root: &Path) -> StoreResult<()> {
     for e in rd {
         let e = e.map_err(|e| StoreError::io("list", root, e))?;
         let name = e.file_name();
-        if !OWN_NAMES.iter().any(|n| name == *n) {
+        // A socket holds no data: the daemon's own socket lives in the
+        // cache dir by default (D8) and may be bound before the store opens.
+        let socket = e.file_type().is_ok_and(|t| {
+            use std::os::unix::fs::FileTypeExt;
+            t.is_socket()
+        });
+        if !socket && !OWN_NAMES.iter().any(|n| name == *n) {
             return Err(StoreError::BadLayout {
                 dir: root.to_path_buf(),
                 detail: format!(

@@ -133,6 +133,7 @@ impl Store {
         use std::sync::atomic::Ordering::Relaxed;
         self.counters.hits.fetch_add(hits, Relaxed);
         self.counters.misses.fetch_add(misses, Relaxed);
+        self.save_counters_if_due();
     }
 
     /// [`Store::lookup`] without counting a hit or a miss.

@@ -67,7 +67,7 @@ use prost::Message;
 
 pub use entry::{AccessStats, Entry, NewEntry, PayloadInfo, Producer};
 pub use error::{StoreError, StoreResult};
-pub use gc::{GcItem, GcPolicy, GcReason, GcReport, GcTarget};
+pub use gc::{EntryAbout, GcItem, GcPolicy, GcReason, GcReport, GcTarget};
 pub use index::{Expect, Index, Op, Precondition, Tree};
 pub use key::{source_prefix, EntryKey, KEY_LEN, SOURCE_PREFIX_LEN};
 pub use layout::LAYOUT_VERSION;
@@ -123,13 +123,6 @@ impl std::fmt::Debug for Payload {
     }
 }
 
-#[derive(Default)]
-struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    puts: AtomicU64,
-}
-
 /// A cache dir, opened. `Send + Sync`: share it (e.g. in an `Arc`).
 pub struct Store {
     paths: Paths,
@@ -138,7 +131,7 @@ pub struct Store {
     stripes: blobs::Stripes,
     gate: Mutex<()>,
     access: access::AccessLog,
-    counters: Counters,
+    counters: stats::Counters,
     cache: cache::LookupCache,
     /// Commits that dropped a payload reference, and how many of them are
     /// known durable (a flush finished after them): a payload file is
@@ -176,6 +169,7 @@ impl Store {
         let temp_removed = layout::clean_tmp(&paths)?;
         let index = sled_index::SledIndex::open(&paths.index, &opts)?;
         let now = opts.clock.now_ms();
+        let counters = stats::Counters::load(&index, now)?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -187,7 +181,7 @@ impl Store {
             stripes: blobs::Stripes::new(),
             gate: Mutex::new(()),
             access: access::AccessLog::new(now),
-            counters: Counters::default(),
+            counters,
             cache: cache::LookupCache::new(opts.lookup_cache_sources),
             dropped: AtomicU64::new(0),
             durable: AtomicU64::new(0),
@@ -316,6 +310,7 @@ impl Store {
             self.index.flush()?;
         }
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        self.save_counters_if_due();
         Ok(Stored {
             entry: record.into_entry(prep.key, Some(access)),
             created: true,
@@ -601,9 +596,18 @@ impl Store {
         }
     }
 
-    /// Writes pending access statistics and makes every commit durable.
+    /// Writes the counters when a write is due (see `stats.rs`).
+    pub(crate) fn save_counters_if_due(&self) {
+        let interval = self.opts.access_interval.as_millis() as u64;
+        self.counters
+            .save_if_due(&*self.index, self.now(), interval);
+    }
+
+    /// Writes pending access statistics and the counters, and makes every
+    /// commit durable.
     pub fn flush(&self) -> StoreResult<()> {
         self.access.write(&*self.index, self.now())?;
+        self.counters.save(&*self.index)?;
         self.make_durable()
     }
 }

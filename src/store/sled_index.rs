@@ -30,7 +30,7 @@ use super::options::StoreOptions;
 
 pub(crate) struct SledIndex {
     db: sled::Db,
-    trees: [sled::Tree; 6],
+    trees: [sled::Tree; 7],
 }
 
 fn err(op: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
@@ -48,6 +48,7 @@ fn slot(t: Tree) -> usize {
         Tree::Leases => 3,
         Tree::Sources => 4,
         Tree::Memo => 5,
+        Tree::Counters => 6,
     }
 }
 
@@ -82,6 +83,7 @@ impl SledIndex {
             open_tree(Tree::Leases)?,
             open_tree(Tree::Sources)?,
             open_tree(Tree::Memo)?,
+            open_tree(Tree::Counters)?,
         ];
         Ok(SledIndex { db, trees })
     }
@@ -145,9 +147,9 @@ impl Index for SledIndex {
             self.tree(t).apply_batch(b).map_err(err("commit"))?;
             return Ok(true);
         }
-        let [a, b, c, d, e, f] = &self.trees;
-        let result = (a, b, c, d, e, f).transaction(|(a, b, c, d, e, f)| {
-            let txs = [a, b, c, d, e, f];
+        let [a, b, c, d, e, f, g] = &self.trees;
+        let result = (a, b, c, d, e, f, g).transaction(|(a, b, c, d, e, f, g)| {
+            let txs = [a, b, c, d, e, f, g];
             for p in when {
                 let cur = txs[slot(p.tree)].get(&p.key)?;
                 let ok = match (&p.expect, &cur) {

@@ -136,3 +136,37 @@ fn reconcile_repairs_source_lists() {
     assert_eq!(s.lookup(&b.source, &host).unwrap().len(), 1);
     assert_eq!(s.reconcile().unwrap().source_lists_fixed, 0);
 }
+
+#[test]
+fn lookup_and_put_counters_survive_reopening() {
+    let d = tempfile::tempdir().unwrap();
+    let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);
+    let counts = |s: &Store| {
+        let st = s.stats().unwrap();
+        (st.hits, st.misses, st.puts)
+    };
+    {
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        let k = s.put(&new_entry(1), &b"a"[..]).unwrap().entry.key;
+        assert_eq!(s.lookup(&k.source, &host).unwrap().len(), 1);
+        assert!(s.lookup(&new_entry(9).source, &host).unwrap().is_empty());
+        assert!(s.lookup(&new_entry(8).source, &host).unwrap().is_empty());
+        assert_eq!(counts(&s), (1, 2, 1));
+    }
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(counts(&s), (1, 2, 1), "counted before the restart");
+    s.count_lookups(2, 0);
+    drop(s);
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(counts(&s), (3, 2, 1));
+    // A malformed stored value counts as 0 instead of failing the open.
+    s.index
+        .commit(&[], &[Op::Put(Tree::Counters, b"hits".to_vec(), vec![1])])
+        .unwrap();
+    let loaded = stats::Counters::load(&*s.index, 0).unwrap();
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        (get(&loaded.hits), get(&loaded.misses), get(&loaded.puts)),
+        (0, 2, 1)
+    );
+}

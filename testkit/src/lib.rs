@@ -4,6 +4,8 @@
 //! - [`locate_bin`]: a binary built by cargo (`ctcached`, `ctcachectl`);
 //! - [`Daemon`]: a real `ctcached` on temp dirs, waited for until it listens,
 //!   stopped with SIGTERM and a bounded wait, killed on drop;
+//! - `InProcessDaemon` (feature `in-process`): `ctcached::run` in this
+//!   process on temp dirs;
 //! - [`eventually`] / [`eventually_async`]: polling with a deadline;
 //! - synthetic models built through the prost types ([`MatMul`],
 //!   [`f32_tensor`], [`tensor_info`], [`kv`]), written atomically
@@ -11,11 +13,15 @@
 
 mod bins;
 mod daemon;
+#[cfg(feature = "in-process")]
+mod in_process;
 mod model;
 mod poll;
 
 pub use bins::locate_bin;
 pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
+#[cfg(feature = "in-process")]
+pub use in_process::InProcessDaemon;
 pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,

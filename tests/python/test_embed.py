@@ -36,7 +36,9 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def make_model(path, k=256, n=96, with_unknown=True) -> bytes:
+def make_model(path, k=256, n=256, with_unknown=True) -> bytes:
+    """W1[k, n] feeds a MatMul (65,536 elements by default: what the policy's filters admit);
+    W2[n, 64] and the bias B are below them."""
     rng = np.random.default_rng(7)
     w1 = rng.standard_normal((k, n)).astype(np.float32)
     w2 = rng.standard_normal((n, 64)).astype(np.float32)
@@ -123,7 +125,7 @@ def test_embed_twice_needs_replace(tmp_path):
     r = ctl.run("embed", str(once), "-o", str(tmp_path / "twice.onnx"), "--format", "cast.f16", "--replace")
     assert r.returncode == 0, r.describe()
     twice = ctl.run_json("inspect", str(tmp_path / "twice.onnx"))
-    assert len(twice["compiled_tensors"]) == 3  # W1, W2, B
+    assert len(twice["compiled_tensors"]) == 1  # W1: W2 and B are below the filters
 
 
 def test_stale_after_initializer_change(tmp_path):

@@ -6,15 +6,18 @@ settings: same graph (node names, inputs, outputs, attributes), same
 initializer names, shapes and dtypes, byte-identical B / scales / zero
 points, and bit-identical onnxruntime outputs. Gemm (which the quantizer
 leaves alone) is compared with the quantizer run on the equivalent
-``MatMul(A, W^T) + Add(C)`` model. Then: the payload files are hard links
-into the cache (copies across filesystems or with ``copy=True``), the model
-survives a gc that drops the entries, bad input fails cleanly without
-writing anything, the CLI's output, and ``ctcache.ort.inference_session``
-with and without a daemon.
+``MatMul(A, W^T) + Add(C)`` model. The default output (``link="auto"``)
+opens in ``onnx.load`` and ``onnx.checker.check_model(path)``: every payload
+file has one link, a reflink of the cache's file (on a loop-mounted XFS
+image, when the machine allows mounting one) or a copy (ext4, tmpfs).
+``link="hard"`` gives hard links into the cache that onnxruntime runs and
+onnx (>= 1.21) refuses, and a model that survives a gc of its entries;
+``link="reflink"`` fails clearly where reflinks are impossible. Then: bad
+input fails cleanly without writing anything, the CLI's output, and
+``ctcache.ort.inference_session`` with and without a daemon.
 
-Materialized models are read with ``onnx.load(p, load_external_data=False)``
-and their external bytes by hand: ``onnx.load`` refuses external data files
-with more than one hard link, which linked payloads are.
+The byte comparisons read models with ``onnx.load(p, load_external_data=False)``
+and external bytes by hand, which works whatever the link method.
 
 One daemon (harness.Daemon: empty config, default policy) serves the whole
 module; tests skip when the binaries are not built.
@@ -23,6 +26,7 @@ module; tests skip when the binaries are not built.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -38,7 +42,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-from e2e.harness import Daemon
+from e2e.harness import Daemon, ctl
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 
 QUANT_SUFFIXES = ("_Q4", "_Q8", "_scales", "_zero_points")
@@ -333,6 +337,46 @@ def cache_inodes(cache: Path) -> dict:
     return out
 
 
+def api():
+    """ctcache.pb, of the pip-installed client the fixtures put on sys.path."""
+    import ctcache
+
+    return ctcache.pb
+
+
+def place_method(m: int) -> str:
+    from ctcache.client import PLACE_METHODS
+
+    return PLACE_METHODS[m]
+
+
+def method_names(r) -> list[str]:
+    return [place_method(f.method) for f in r.files]
+
+
+def assert_files_of_their_own(r, *, allowed=("reflink", "copy")) -> None:
+    """Every payload file has one link and a method in ``allowed``; the counters add up."""
+    methods = method_names(r)
+    assert set(methods) <= set(allowed), methods
+    assert {Path(f.path) for f in r.files} >= set(bins(r.data_dir))
+    for f in r.files:
+        st = os.stat(f.path)
+        assert st.st_nlink == 1, f"{f.path}: {st.st_nlink} links"
+        assert f.bytes_copied == (st.st_size if place_method(f.method) == "copy" else 0)
+    assert r.files_linked == 0
+    assert r.files_reflinked == methods.count("reflink") and r.files_copied == methods.count("copy")
+    assert r.bytes_copied == sum(f.bytes_copied for f in r.files)
+
+
+def assert_opens_in_onnx(out: Path, ref: onnx.ModelProto) -> None:
+    """onnx.load with its external data and check_model by path (which checks the data files too)."""
+    onnx.checker.check_model(str(out))
+    full = onnx.load(str(out))
+    ri = {t.name: t for t in ref.graph.initializer}
+    for t in full.graph.initializer:
+        assert numpy_helper.to_array(t).tobytes() == numpy_helper.to_array(ri[t.name]).tobytes(), t.name
+
+
 # ---------------------------------------------------------------- byte identity with the quantizer
 
 CASES = [
@@ -361,14 +405,17 @@ def test_transformer_matches_quantizer(client, tmp_path, case):
     assert r.nodes_rewritten == 8 and r.initializers_removed == 8
     assert r.packed + r.cached == 8
     assert sorted(s.node for s in r.skipped) == ["attend", "scores"]
-    assert all(s.op_type == "MatMul" and "not an initializer" in s.reason for s in r.skipped)
-    assert r.files_linked == len(bins(r.data_dir)) == 8 and r.files_copied == 0 and r.bytes_copied == 0
+    assert all(s.op_type == "MatMul" and s.reason == "B is not a constant" and "not an initializer" in s.detail
+               for s in r.skipped)
+    assert len(r.files) == len(bins(r.data_dir)) == 8 and r.link == api().LINK_MODE_AUTO
+    assert_files_of_their_own(r)
     assert r.model_bytes == out.stat().st_size
     assert r.payload_bytes == sum(p.stat().st_size for p in bins(r.data_dir))
     assert sha256(model) == before, "the input model changed"
 
     ref = quantize(model, bits, block, sym, acc)
     assert assert_same_as_quantizer(out, ref, bits=bits, block_size=block, symmetric=sym, accuracy_level=acc) == 8
+    assert_opens_in_onnx(out, ref)
     assert_same_outputs(out, ref)
 
 
@@ -499,12 +546,13 @@ def small_model(tmp_path_factory) -> Path:
     return transformer(tmp_path_factory.mktemp("small") / "small.onnx", 64, seed=11)
 
 
-def test_payload_files_are_hard_links_to_the_cache(client, daemon, small_model, tmp_path):
+def test_link_hard_gives_hard_links_that_onnxruntime_runs(client, daemon, small_model, tmp_path):
     out = tmp_path / "linked.onnx"
-    r = client.materialize(small_model, out)  # the daemon's policy: 4 bits, block 32, symmetric
-    assert (r.bits, r.block_size, r.symmetric) == (4, 32, True)
+    r = client.materialize(small_model, out, link="hard")  # the daemon's policy: 4 bits, block 32, symmetric
+    assert (r.bits, r.block_size, r.symmetric) == (4, 32, True) and r.link == api().LINK_MODE_HARD
     files = bins(r.data_dir)
     assert r.files_linked == len(files) == 8 and r.files_copied == 0 and r.bytes_copied == 0
+    assert method_names(r) == ["hard_link"] * 8
     inodes = cache_inodes(daemon.cache)
     for f in files:
         st = f.stat()
@@ -515,7 +563,7 @@ def test_payload_files_are_hard_links_to_the_cache(client, daemon, small_model, 
     # Warm: everything cached, nothing packed, no payload byte written.
     out2 = tmp_path / "again" / "linked.onnx"
     out2.parent.mkdir()
-    r2 = client.materialize(small_model, out2)
+    r2 = client.materialize(small_model, out2, link="hard")
     assert r2.packed == 0 and r2.cached == 8
     assert r2.files_linked == 8 and r2.bytes_copied == 0
     assert r2.payload_bytes == r.payload_bytes and r2.model_bytes == out2.stat().st_size
@@ -527,6 +575,14 @@ def test_payload_files_are_hard_links_to_the_cache(client, daemon, small_model, 
     ref = quantize(small_model, 4, 32, True)
     assert_same_as_quantizer(out2, ref, bits=4, block_size=32, symmetric=True)
     assert_same_outputs(out2, ref, seeds=(3,))
+    # What --link hard's help says: onnx (this one is >= 1.21) refuses such files.
+    with pytest.raises(Exception, match="hard link"):
+        onnx.load(str(out2))
+
+    # The default over a hard-linked output: files of their own again, which onnx opens.
+    r3 = client.materialize(small_model, out2)
+    assert_files_of_their_own(r3)
+    assert_opens_in_onnx(out2, ref)
 
 
 def test_copies_on_another_filesystem(client, daemon, small_model):
@@ -537,25 +593,29 @@ def test_copies_on_another_filesystem(client, daemon, small_model):
         pytest.skip("/dev/shm is on the cache's filesystem")
     folder = Path(tempfile.mkdtemp(prefix="ctcm-", dir=shm))
     try:
-        out = folder / "shm.onnx"
-        r = client.materialize(small_model, out)
-        files = bins(r.data_dir)
-        assert r.files_copied == len(files) == 8 and r.files_linked == 0
-        assert r.bytes_copied == sum(f.stat().st_size for f in files) == r.payload_bytes
-        assert all(f.stat().st_nlink == 1 for f in files)
         ref = quantize(small_model, 4, 32, True)
-        assert_same_as_quantizer(out, ref, bits=4, block_size=32, symmetric=True)
-        assert_same_outputs(out, ref, seeds=(4,))
+        for link in ("auto", "hard"):  # no reflink and no hard link across filesystems: copies
+            out = folder / f"shm-{link}.onnx"
+            r = client.materialize(small_model, out, link=link)
+            files = bins(r.data_dir)
+            assert r.files_copied == len(files) == 8 and r.files_linked == 0 and r.files_reflinked == 0
+            assert r.bytes_copied == sum(f.stat().st_size for f in files) == r.payload_bytes
+            assert_files_of_their_own(r, allowed=("copy",))
+            assert_same_as_quantizer(out, ref, bits=4, block_size=32, symmetric=True)
+            assert_opens_in_onnx(out, ref)
+            assert_same_outputs(out, ref, seeds=(4,))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_copy_forces_copies(client, daemon, small_model, tmp_path):
+@pytest.mark.parametrize("how", [{"copy": True}, {"link": "copy"}])
+def test_copy_forces_copies(client, daemon, small_model, tmp_path, how):
     out = tmp_path / "copied.onnx"
-    r = client.materialize(small_model, out, copy=True)
+    r = client.materialize(small_model, out, **how)
     files = bins(r.data_dir)
-    assert r.files_copied == len(files) == 8 and r.files_linked == 0
+    assert r.files_copied == len(files) == 8 and r.files_linked == 0 and r.link == api().LINK_MODE_COPY
     assert r.bytes_copied == r.payload_bytes == sum(f.stat().st_size for f in files)
+    assert_files_of_their_own(r, allowed=("copy",))
     inodes = cache_inodes(daemon.cache)
     for f in files:
         st = f.stat()
@@ -566,10 +626,105 @@ def test_copy_forces_copies(client, daemon, small_model, tmp_path):
     assert_same_outputs(out, ref, seeds=(5,))
 
 
+def _ficlone_works(folder: Path) -> bool:
+    """Whether files in ``folder`` can be reflinked (FICLONE)."""
+    import fcntl
+
+    src, dst = folder / ".probe-src", folder / ".probe-dst"
+    src.write_bytes(b"probe")
+    try:
+        with open(src, "rb") as a, open(dst, "wb") as b:
+            fcntl.ioctl(b.fileno(), 0x40049409, a.fileno())  # FICLONE
+        return True
+    except OSError:
+        return False
+    finally:
+        src.unlink()
+        dst.unlink(missing_ok=True)
+
+
+def test_link_reflink_fails_clearly_where_impossible(ctcache, client, small_model, tmp_path):  # noqa: F811
+    if _ficlone_works(tmp_path):
+        pytest.skip(f"{tmp_path} reflinks; test_reflinks_on_xfs covers --link reflink")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with pytest.raises(ctcache.InvalidArgument) as e:
+        client.materialize(small_model, out_dir / "r.onnx", link="reflink")
+    assert "cannot reflink" in e.value.details and "--link auto" in e.value.details, e.value.details
+    assert not list(out_dir.iterdir()), "something was written"
+
+
+def test_link_names_are_checked(ctcache, client, small_model, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="link must be one of"):
+        client.materialize(small_model, tmp_path / "x.onnx", link="symlink")
+    with pytest.raises(ValueError, match="contradicts"):
+        client.materialize(small_model, tmp_path / "x.onnx", link="hard", copy=True)
+    # The daemon checks the raw request too.
+    pb = api()
+    for req, words in [(dict(link=9), "unknown link mode"), (dict(link=pb.LINK_MODE_HARD, copy=True), "contradicts")]:
+        with pytest.raises(ctcache.InvalidArgument, match=words):
+            client._call("Materialize", pb.MaterializeRequest(model_path=str(small_model),
+                                                              output_path=str(tmp_path / "x.onnx"), **req))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def xfs(tmp_path_factory):
+    """A 300 MiB XFS image mounted on a loop device (skipped where that is impossible)."""
+    mkfs = shutil.which("mkfs.xfs") or ("/usr/sbin/mkfs.xfs" if os.access("/usr/sbin/mkfs.xfs", os.X_OK) else None)
+    if os.geteuid() != 0:
+        pytest.skip("reflink test: needs root to mount a loop-mounted XFS image")
+    if mkfs is None:
+        pytest.skip("reflink test: no mkfs.xfs (apt-get install xfsprogs; tests/run.sh does)")
+    img = tmp_path_factory.mktemp("xfs-img") / "xfs.img"
+    with open(img, "wb") as f:
+        f.truncate(300 << 20)  # mkfs.xfs's minimum
+    mnt = Path(tempfile.mkdtemp(prefix="ctcx-"))
+    r = subprocess.run([mkfs, "-q", "-f", str(img)], capture_output=True, text=True)
+    if r.returncode == 0:
+        r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        mnt.rmdir()
+        img.unlink()
+        pytest.skip(f"reflink test: cannot make or mount an XFS image here: {r.stderr.strip()}")
+    try:
+        if not _ficlone_works(mnt):
+            pytest.skip("reflink test: the mounted XFS image does not reflink")
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+        mnt.rmdir()
+        img.unlink()
+
+
+def test_reflinks_on_xfs(ctcache, xfs, small_model):  # noqa: F811
+    """Cache and output on XFS: the default reflinks every payload (no byte copied, one link each) and the model
+    opens in onnx and runs in onnxruntime like the quantizer's; --link reflink does the same."""
+    d = Daemon(xfs / "d")
+    try:
+        d.start()
+        with ctcache.connect(d.socket, timeout=10) as c:
+            ref = quantize(small_model, 4, 32, True)
+            for link in ("auto", "reflink"):
+                out = xfs / f"out-{link}" / "m.onnx"
+                out.parent.mkdir()
+                r = c.materialize(small_model, out, link=link)
+                assert method_names(r) == ["reflink"] * 8, method_names(r)
+                assert r.files_reflinked == 8 and r.bytes_copied == 0
+                assert_files_of_their_own(r, allowed=("reflink",))
+                inodes = cache_inodes(d.cache)
+                assert not any((os.stat(f.path).st_dev, os.stat(f.path).st_ino) in inodes for f in r.files)
+                assert_same_as_quantizer(out, ref, bits=4, block_size=32, symmetric=True)
+                assert_opens_in_onnx(out, ref)
+                assert_same_outputs(out, ref, seeds=(7,))
+    finally:
+        d.stop()
+
+
 def test_model_survives_gc(client, daemon, tmp_path):
     model = transformer(tmp_path / "gc.onnx", 64, seed=99)
     out = tmp_path / "gc.q.onnx"
-    r = client.materialize(model, out, block_size=64, symmetric=False)
+    r = client.materialize(model, out, block_size=64, symmetric=False, link="hard")
     files = bins(r.data_dir)
     assert all(f.stat().st_nlink >= 2 for f in files)
     feeds = random_feeds(session(out), seed=6)
@@ -692,26 +847,64 @@ def test_ctcachectl_materialize(daemon, small_model, tmp_path):
     out = tmp_path / "cli.onnx"
     j = daemon.json("materialize", str(small_model), "-o", str(out), "--block-size", "64", "--asymmetric")
     for key in ("output", "data_dir", "nodes_rewritten", "initializers_removed", "skipped", "packed", "cached",
-                "files_linked", "files_copied", "bytes_copied", "model_bytes", "payload_bytes", "bits", "block_size",
-                "symmetric", "accuracy_level", "elapsed_us"):
+                "link", "files", "files_reflinked", "files_linked", "files_copied", "bytes_copied", "model_bytes",
+                "payload_bytes", "bits", "block_size", "symmetric", "accuracy_level", "elapsed_us"):
         assert key in j, key
-    assert j["output"] == str(out) and j["nodes_rewritten"] == 8 and j["files_linked"] == 8
+    assert j["output"] == str(out) and j["nodes_rewritten"] == 8 and j["link"] == "auto"
+    assert len(j["files"]) == 8 and j["files_linked"] == 0
+    assert {f["method"] for f in j["files"]} <= {"reflink", "copy"}
+    assert j["files_reflinked"] + j["files_copied"] == 8
+    for f in j["files"]:
+        assert os.stat(f["path"]).st_nlink == 1
+        assert f["bytes_copied"] == (os.stat(f["path"]).st_size if f["method"] == "copy" else 0)
     assert (j["bits"], j["block_size"], j["symmetric"]) == (4, 64, False)
     assert sorted(s["node"] for s in j["skipped"]) == ["attend", "scores"]
     assert j["model_bytes"] == out.stat().st_size
+    onnx.checker.check_model(str(out))
 
     out2 = tmp_path / "cli2.onnx"
-    r = daemon.ctl("materialize", str(small_model), "-o", str(out2), "--bits", "8", "--accuracy-level", "4")
+    r = daemon.ctl("materialize", str(small_model), "-o", str(out2), "--bits", "8", "--accuracy-level", "4",
+                   "--link", "hard")
     assert r.returncode == 0, r.describe()
     assert "8 node(s) -> MatMulNBits (8 bits, block 32, symmetric)" in r.stdout, r.describe()
-    assert "8 file(s) linked, 0 copied" in r.stdout and "skipped MatMul scores" in r.stdout, r.describe()
+    assert all(s.op_type == "MatMul" and s.reason == "B is not a constant" and "not an initializer" in s.detail
+               for s in r.skipped)
+    assert len(r.files) == len(bins(r.data_dir)) == 8 and r.link == api().LINK_MODE_AUTO
+    assert_files_of_their_own(r)
     a = {n.name: _attrs(n) for n in load_lazy(out2).graph.node if n.op_type == "MatMulNBits"}
     assert len(a) == 8 and all(x["bits"] == 8 and x["accuracy_level"] == 4 for x in a.values())
+    assert_same_outputs(out2, quantize(small_model, 8, 32, True, 4), seeds=(11,))
+
+    # --copy is --link copy; the default's output names its methods and has no onnx note.
+    out3 = tmp_path / "cli3.onnx"
+    j3 = daemon.json("materialize", str(small_model), "-o", str(out3), "--copy")
+    assert j3["link"] == "copy" and [f["method"] for f in j3["files"]] == ["copy"] * 8
+    r = daemon.ctl("materialize", str(small_model), "-o", str(tmp_path / "cli4.onnx"))
+    assert r.returncode == 0 and "(--link auto): 8 file(s) " in r.stdout and "onnx >= 1.21" not in r.stdout, \
+        r.describe()
+    r = daemon.ctl("materialize", str(small_model), "-o", str(tmp_path / "x.onnx"), "--copy", "--link", "hard")
+    assert r.returncode == 2 and "cannot be used with" in r.stderr, r.describe()
+    help_text = daemon.ctl("materialize", "--help").stdout
+    assert "--link <HOW>" in help_text and "onnx >= 1.21" in help_text, help_text
 
     bad = _no_matmul(tmp_path / "relu.onnx")
     r = daemon.ctl("materialize", str(bad), "-o", str(tmp_path / "relu.q.onnx"))
     assert r.returncode != 0 and "nothing to materialize" in r.stderr, r.describe()
     assert not (tmp_path / "relu.q.onnx").exists()
+
+
+def test_ctcachectl_materialize_local(small_model, tmp_path):
+    """Without a daemon (--local): packed here into the weights folder, files named as the daemon's, and the
+    model opens in onnx."""
+    out = tmp_path / "local.onnx"
+    r = ctl("--json", "materialize", "--local", str(small_model), "-o", str(out), "--link", "hard")
+    assert r.returncode == 0, r.describe()
+    j = json.loads(r.stdout)
+    assert j["via"] == "local" and [f["method"] for f in j["files"]] == ["in_place"] * 8
+    assert j["bytes_copied"] == j["payload_bytes"] and j["files_linked"] == 0
+    ref = quantize(small_model, 4, 32, True)
+    assert_same_as_quantizer(out, ref, bits=4, block_size=32, symmetric=True)
+    assert_opens_in_onnx(out, ref)
 
 
 # ---------------------------------------------------------------- ctcache.ort
@@ -727,7 +920,7 @@ def test_ort_inference_session_through_the_daemon(ctcache, daemon, tmp_path):  #
                                       providers=["CPUExecutionProvider"])
     out = tmp_path / "sess.int4.onnx"  # the default output: next to the model
     assert out.is_file() and (tmp_path / "sess.int4.onnx.weights").is_dir()
-    assert all(f.stat().st_nlink >= 2 for f in bins(tmp_path / "sess.int4.onnx.weights"))
+    assert all(f.stat().st_nlink == 1 for f in bins(tmp_path / "sess.int4.onnx.weights"))
     ref = quantize(model, 4, 32, True)
     feeds = random_feeds(sess, seed=8)
     for x, y in zip(sess.run(None, feeds), session(ref).run(None, feeds)):

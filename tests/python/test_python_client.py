@@ -11,6 +11,7 @@ when the binaries are not built.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket as socketlib
@@ -258,7 +259,7 @@ def test_resolve_prepack_and_payload_bytes(ctcache, client, daemon):
 
     progress = client.prepack(model, wait=True)
     assert sorted((p.initializer, p.format) for p in progress) == [("W", "gemm.pack_b.f32"), ("W", "ort.matmul_nbits")]
-    assert all(p.state in ("done", "cached") and p.entry.key for p in progress)
+    assert all(ctcache.state_name(p) in ("done", "cached") and p.entry.key for p in progress)
 
     r = client.resolve_model(model)
     t = r.tensors[0]
@@ -275,15 +276,38 @@ def test_resolve_prepack_and_payload_bytes(ctcache, client, daemon):
             assert len(p) == e.payload_len == len(expected)
             assert p.memoryview.readonly
             assert p.memoryview.tobytes() == expected, f"{fmt}: daemon payload differs from ctcachectl pack"
-            arr = p.numpy()
-            assert arr.dtype == np.uint8 and not arr.flags.writeable
-            assert arr.tobytes() == expected
+            raw = p.numpy(np.uint8)
+            assert raw.dtype == np.uint8 and raw.shape == (len(expected),) and not raw.flags.writeable
+            arr = p.numpy()  # the entry's own dtype and shape where the format has one
+            assert not arr.flags.writeable and arr.tobytes() == expected
+            if fmt == "gemm.pack_b.f32":  # one field: float32 panels [ceil(N / NR), K, NR]
+                nr = arr.shape[2]
+                assert arr.dtype == np.float32 and arr.shape == (-(-256 // nr), 512, nr), arr.shape
+                w = make_matmul(daemon.root / "again.onnx")  # the same weight (same seed)
+                assert np.array_equal(arr[0, :, :nr], w[:, :nr])
+            else:  # ort.matmul_nbits: B, scales (no zero points: symmetric) -> no single dtype
+                assert arr.dtype == np.uint8 and arr.shape == (len(expected),)
+                fields = {f.name: f for f in p.fields()}
+                assert list(fields) == ["B", "scales"], list(fields)
+                b, scales = p.numpy(field="B"), p.numpy(field="scales")
+                assert b.dtype == np.uint8 and b.shape == (256, 512 // 32, 16)
+                assert scales.dtype == np.float32 and scales.shape == (256, 512 // 32)
+                assert b.tobytes() + scales.tobytes() == expected
+                with pytest.raises(KeyError, match="zero_points"):
+                    p.numpy(field="zero_points")
             assert p.verify()
-            del arr
+            del arr, raw
         assert p.closed
         # The ReadPayload fallback gives the same bytes.
         with client.open_payload(e, mmap=False) as p:
             assert p.source == "stream" and p.tobytes() == expected
+        # A range read returns that range, from offset 0 too.
+        assert client.read_payload(e.key, 0, 4096) == expected[:4096]
+        assert client.read_payload(e.key, 100, 50) == expected[100:150]
+        assert client.read_payload(e.key, len(expected) - 10, 4096) == expected[-10:]
+        assert client.read_payload(e.key) == expected
+        with pytest.raises(ctcache.RequestFailed, match="past the payload"):
+            client.read_payload(e.key, len(expected) + 1, 1)
     # Lookup by digest finds the same entries.
     look = client.lookup(t.source_digest)
     assert {e.key for e in look.entries} == {e.key for e in t.entries}
@@ -314,7 +338,7 @@ def test_resolve_on_miss_wait_packs(ctcache, client, daemon):
     make_matmul(bg, seed=12)
     r = client.resolve_model(bg, on_miss="background")
     assert r.jobs_started == 2
-    states = [(p.format, p.state) for p in client.prepack(bg, formats="ort.matmul_nbits", wait=False)]
+    states = [(p.format, ctcache.state_name(p)) for p in client.prepack(bg, formats="ort.matmul_nbits", wait=False)]
     assert states[-1][0] == "ort.matmul_nbits" and states[-1][1] in ("done", "cached"), states
     with pytest.raises(ctcache.InvalidArgument):
         client.prepack(bg, formats={"no.such.format": {}})
@@ -381,6 +405,74 @@ def test_embed_and_import(ctcache, client, daemon):
     imp = client.import_model(out)
     assert imp.imported + imp.already_present == 2, imp
     assert len(client.list()) == 2
+
+
+def test_package_declares_its_dependencies_and_types(installed):
+    """What the README's `pip install ./client/python` brings: numpy and blake3 (Payload.numpy /
+    verify), and the PEP 561 marker."""
+    from importlib.metadata import PathDistribution
+
+    [info] = installed.glob("ctcache-*.dist-info")
+    requires = {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in PathDistribution(info).requires or []
+                if "extra ==" not in r}
+    assert {"grpcio", "protobuf", "numpy", "blake3"} <= requires, requires
+    assert (installed / "ctcache" / "py.typed").is_file()
+
+
+def readme_python_snippet() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = text.split("```python\n")
+    assert len(blocks) == 2, "README.md should have exactly one python block"
+    return blocks[1].split("```", 1)[0]
+
+
+def test_readme_python_snippet_runs_as_written(installed, tmp_path):
+    """README.md's Python block, run unchanged on a fresh cache: the daemon of the walkthrough
+    (default socket under HOME) and ~/models/model.onnx as the walkthrough leaves it."""
+    home = Path(tempfile.mkdtemp(prefix="ctc-h-"))  # short: the default socket lives under it
+    try:
+        (home / "models").mkdir()
+        w = make_matmul(home / "models" / "model.onnx", seed=21)
+        # A second, small initializer first: not packed, so the snippet must skip it.
+        _add_small_first_initializer(home / "models" / "model.onnx")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CTCACHE_", "XDG_"))}
+        env.update(HOME=str(home), PYTHONPATH=str(installed))
+        socket = home / ".cache" / "ctcache" / "ctcached.sock"
+        log = open(home / "ctcached.log", "wb")
+        proc = subprocess.Popen([binary("ctcached"), "--watch", str(home / "models")], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not socket.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, (home / "ctcached.log").read_text()
+                time.sleep(0.05)
+            r = subprocess.run([sys.executable, "-c", readme_python_snippet()], capture_output=True, text=True,
+                               timeout=300, env=env, cwd=tmp_path)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=40)
+            log.close()
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{(home / 'ctcached.log').read_text()}"
+        lines = sorted(r.stdout.splitlines())
+        assert len(lines) == 1 and lines[0].startswith("W "), r.stdout
+        assert lines[0].endswith(" True"), "Payload.verify() failed"
+        assert w.shape == (512, 256)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _add_small_first_initializer(path: Path) -> None:
+    """Puts a small Add bias (nothing packs it) before W in the initializer list."""
+    import onnx
+
+    m = onnx.load(str(path))
+    bias = numpy_helper.from_array(np.zeros(256, np.float32), "bias")
+    m.graph.initializer.insert(0, bias)
+    y = m.graph.node[0].output[0]
+    m.graph.node[0].output[0] = "mm"
+    m.graph.node.append(helper.make_node("Add", ["mm", "bias"], [y]))
+    onnx.checker.check_model(m)
+    save(m, str(path))
 
 
 def test_sigterm_exits_zero(ctcache, daemon):

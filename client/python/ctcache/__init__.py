@@ -6,10 +6,11 @@
         for t in r.tensors:
             for e in t.entries:
                 with c.open_payload(e) as p:          # leased, mmapped read-only
-                    data = p.numpy()                  # uint8, zero copy
+                    data = p.numpy()                  # zero copy; the entry's dtype and shape
 
-A 4-bit onnxruntime model whose weights are hard links into the cache
-(``ctcache.ort`` imports onnxruntime only when called)::
+A 4-bit onnxruntime model whose weight files are reflinks of the cache's
+payloads (copies where the filesystem has no reflinks; ``ctcache.ort``
+imports onnxruntime only when called)::
 
     r = ctcache.materialize("/models/m.onnx")         # -> /models/m.int4.onnx + m.int4.onnx.weights/
     import ctcache.ort
@@ -23,7 +24,7 @@ devices and struct types are ``ctcache.onnx_pb`` messages (protobuf package
 
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import onnx_pb2 as onnx_pb
-from .client import Client, connect, default_socket, entry_format
+from .client import Client, connect, default_socket, entry_format, state_name
 from .errors import (
     CtcacheError,
     DaemonNotRunning,
@@ -56,4 +57,5 @@ __all__ = [
     "materialize",
     "onnx_pb",
     "pb",
+    "state_name",
 ]

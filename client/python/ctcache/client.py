@@ -21,7 +21,20 @@ from .payload import Payload
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 ON_MISS = {"none": pb.ON_MISS_NONE, "background": pb.ON_MISS_BACKGROUND, "wait": pb.ON_MISS_WAIT}
-FINAL_STATES = ("done", "cached", "failed")
+BACKENDS = {"auto": pb.BACKEND_AUTO, "cpu": pb.BACKEND_CPU, "wgpu": pb.BACKEND_WGPU}
+FINAL_STATES = (pb.JOB_STATE_DONE, pb.JOB_STATE_CACHED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+SUCCEEDED = (pb.JOB_STATE_DONE, pb.JOB_STATE_CACHED)
+
+
+def state_name(progress) -> str:
+    """A job state as a word: ``queued``, ``running``, ``done``, ``cached``,
+    ``failed`` or ``cancelled``."""
+    return pb.JobState.Name(progress.state).removeprefix("JOB_STATE_").lower()
+LINK_MODES = {"auto": pb.LINK_MODE_AUTO, "reflink": pb.LINK_MODE_REFLINK, "copy": pb.LINK_MODE_COPY,
+              "hard": pb.LINK_MODE_HARD}
+#: ``MaterializeFile.method`` values by name (the names ``ctcachectl --json`` prints).
+PLACE_METHODS = {pb.PLACE_METHOD_REFLINK: "reflink", pb.PLACE_METHOD_COPY: "copy",
+                 pb.PLACE_METHOD_HARD_LINK: "hard_link", pb.PLACE_METHOD_IN_PLACE: "in_place"}
 
 _ERRORS = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
@@ -201,18 +214,23 @@ class Client:
                                      runtime=_runtime(runtime))
         return self._call("ResolveModel", req, timeout)
 
-    def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "",
+    def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "auto",
                 timeout: float | None = None):
         """Packs a model's initializers (default: the daemon's policy).
 
+        ``backend``: ``auto`` (the daemon's choice), ``cpu`` or ``wgpu`` (refused
+        when the daemon's host has no hardware wgpu adapter).
         ``wait=True``: returns the final :class:`PrepackProgress` of every job
-        (state ``done`` or ``cached``, with the entry) and raises
+        (state ``JOB_STATE_DONE`` or ``JOB_STATE_CACHED``, with the entry; see
+        :func:`state_name`) and raises
         :class:`~ctcache.errors.PrepackError` if any failed. ``wait=False``:
         returns the progress stream as an iterator; abandoning it cancels the
         jobs no other client shares.
         """
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         req = pb.PrepackRequest(model_path=_path(path), initializers=list(initializers or []),
-                                formats=_format_specs(formats), backend=backend)
+                                formats=_format_specs(formats), backend=BACKENDS[backend])
         stream = self._stream("Prepack", req, timeout)
         if not wait:
             return stream
@@ -221,28 +239,33 @@ class Client:
             if p.state in FINAL_STATES:
                 final[(p.initializer, p.format)] = p
         out = list(final.values())
-        if any(p.state == "failed" for p in out):
+        if any(p.state not in SUCCEEDED for p in out):
             raise errors.PrepackError(out)
         return out
 
-    def embed(self, model_path, output_path, formats=None, *, devices=None, sidecar: bool = False,
+    def embed(self, model_path, output_path, formats=None, *, sidecar: bool = False,
               replace: bool = False, timeout: float | None = None) -> pb.EmbedResponse:
         """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
         req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
-                              formats=_format_specs(formats), devices=list(devices or []),
-                              sidecar=sidecar, replace=replace)
+                              formats=_format_specs(formats), sidecar=sidecar, replace=replace)
         return self._call("Embed", req, timeout)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
-                    symmetric: bool | None = None, accuracy_level: int = 0, copy: bool = False,
-                    target: str = "onnxruntime-int4", timeout: float | None = None) -> pb.MaterializeResponse:
+                    symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
+                    copy: bool = False, target: str = "onnxruntime-int4",
+                    timeout: float | None = None) -> pb.MaterializeResponse:
         """Writes an onnxruntime-ready 4/8-bit copy of a model (packs what is missing).
 
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
         every Gemm with a constant B, transA=0, alpha=beta=1) becomes a
         ``com.microsoft::MatMulNBits``; its weights are external data in
-        ``<output file name>.weights/``, hard links to the daemon's cache
-        payloads (copies across filesystems, or always with ``copy=True``).
+        ``<output file name>.weights/``. ``link`` says how those files are
+        made from the daemon's cache payloads: ``"auto"`` (a reflink where the
+        filesystem supports it, else a copy: files onnx and onnxruntime both
+        load), ``"reflink"`` (or fail), ``"copy"``, ``"hard"`` (hard links,
+        copies where refused: no bytes written, but onnx >= 1.21 refuses such
+        files; onnxruntime loads them). ``copy=True`` is ``link="copy"``. The
+        answer's ``files`` say how each file was placed (``PLACE_METHODS``).
         ``bits`` / ``block_size`` / ``symmetric`` left ``None``: the daemon's
         policy for ``ort.matmul_nbits``, else 4 / 32 / symmetric.
         ``accuracy_level=0`` leaves the attribute out. A model with nothing to
@@ -250,8 +273,13 @@ class Client:
         (``FAILED_PRECONDITION``); bad settings raise
         :class:`~ctcache.errors.InvalidArgument`.
         """
+        if link not in LINK_MODES:
+            raise ValueError(f"link must be one of {', '.join(LINK_MODES)}, not {link!r}")
+        if copy and link not in ("auto", "copy"):
+            raise ValueError(f"copy=True is link='copy'; it contradicts link={link!r}")
         req = pb.MaterializeRequest(model_path=_path(model_path), output_path=_path(output_path),
-                                    target=target, accuracy_level=int(accuracy_level), copy=bool(copy))
+                                    target=target, accuracy_level=int(accuracy_level),
+                                    link=LINK_MODES["copy" if copy else link])
         if bits is not None:
             req.bits = int(bits)
         if block_size is not None:
@@ -299,18 +327,32 @@ class Client:
         return Payload(self, lease, lease.entry if lease.HasField("entry") else entry, ttl_s, allow_mmap=mmap)
 
     def read_payload(self, key: str, offset: int = 0, length: int = 0) -> bytes:
-        """Copies (part of) a payload over ReadPayload (no lease)."""
-        return bytes(self._read_payload_bytes(key, length, offset))
+        """Copies bytes ``[offset, offset + length)`` of a payload over ReadPayload (no lease).
 
-    def _read_payload_bytes(self, key: str, expect: int = 0, offset: int = 0) -> bytearray:
+        ``length=0`` reads to the end. A range past the end is cut at the end
+        (as ``file.read`` does); an offset past the end raises
+        :class:`~ctcache.errors.RequestFailed` (``OUT_OF_RANGE``).
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(f"offset and length must be >= 0, not {offset} and {length}")
+        return bytes(self._read_range(key, offset, length))
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytearray:
         buf = bytearray()
-        req = pb.ReadPayloadRequest(key=key, offset=offset, length=expect if offset else 0)
+        req = pb.ReadPayloadRequest(key=key, offset=offset, length=length)
         for chunk in self._stream("ReadPayload", req):
             if chunk.offset != offset + len(buf):
                 raise errors.CtcacheError(f"ReadPayload {key}: chunk at {chunk.offset}, expected {offset + len(buf)}")
             buf += chunk.data
-        if expect and offset == 0 and len(buf) != expect:
-            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {expect}")
+            if length and len(buf) > length:
+                raise errors.CtcacheError(f"ReadPayload {key}: got more than the {length} bytes asked for")
+        return buf
+
+    def _read_whole_payload(self, key: str, size: int) -> bytearray:
+        """The whole payload of an entry of ``size`` bytes; any other size is an error."""
+        buf = self._read_range(key, 0, 0)
+        if len(buf) != size:
+            raise errors.CtcacheError(f"ReadPayload {key}: got {len(buf)} bytes, the entry has {size}")
         return buf
 
     def gc(self, max_bytes: int | None = None, max_age_s: int = 0, *, dry_run: bool = False,
@@ -363,4 +405,4 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
 
-__all__ = ["Client", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]
+__all__ = ["Client", "LINK_MODES", "PLACE_METHODS", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]

@@ -59,6 +59,8 @@ class PrepackError(CtcacheError):
 
     def __init__(self, progress):
         self.progress = list(progress)
-        failed = [p for p in self.progress if p.state == "failed"]
+        from .client import SUCCEEDED
+
+        failed = [p for p in self.progress if p.state not in SUCCEEDED]
         what = "; ".join(f"{p.initializer} {p.format}: {p.error or 'failed'}" for p in failed)
         super().__init__(f"{len(failed)} of {len(self.progress)} pack jobs failed: {what}")

@@ -6,9 +6,10 @@
 
 :func:`materialize` asks the daemon to write a copy of an fp32/fp16 model in
 which every eligible MatMul (and Gemm) is a ``com.microsoft::MatMulNBits``
-whose weights are hard links to the daemon's cached ``ort.matmul_nbits``
-payloads: a warm materialize writes a few kilobytes of model, whatever the
-size of the weights.
+whose weights come from the daemon's cached ``ort.matmul_nbits`` payloads:
+reflinks where the filesystem supports them (a warm materialize then writes
+a few kilobytes of model, whatever the size of the weights), else copies;
+hard links with ``link="hard"``.
 
 :func:`inference_session` is the drop-in: it returns an
 ``onnxruntime.InferenceSession`` on that 4-bit form. When no daemon answers
@@ -19,10 +20,11 @@ which gives the same weights, only slower.
 onnxruntime and onnx are imported only when these functions run, so
 ``import ctcache`` works without them.
 
-Note: ``onnx.load(path)`` (onnx >= 1.18) refuses external data files with
-more than one hard link, which is what linked payloads are. onnxruntime loads
-them fine; to read such a model with onnx use
-``onnx.load(path, load_external_data=False)``.
+Note: ``onnx.load(path)`` (onnx >= 1.21) refuses external data files with
+more than one hard link, which is what ``link="hard"`` payloads are.
+onnxruntime loads them fine; to read such a model with onnx use
+``onnx.load(path, load_external_data=False)``. The default (``link="auto"``)
+gives every file one link, which onnx loads.
 """
 
 from __future__ import annotations
@@ -90,20 +92,22 @@ def default_output_path(path, bits: int | None = None) -> Path:
 
 
 def materialize(path, output_path=None, *, socket=None, bits: int | None = None, block_size: int | None = None,
-                symmetric: bool | None = None, accuracy_level: int = 0, copy: bool = False,
+                symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto", copy: bool = False,
                 timeout: float | None = None) -> pb.MaterializeResponse:
     """Has the daemon write the 4/8-bit MatMulNBits form of a model (see :meth:`Client.materialize`).
 
     ``output_path=None``: :func:`default_output_path` (``<stem>.int4.onnx``
     next to the model). ``socket=None``: :func:`ctcache.default_socket`.
     Unset ``bits`` / ``block_size`` / ``symmetric``: the daemon's policy,
-    else 4 / 32 / symmetric. Raises :class:`~ctcache.DaemonNotRunning` when
-    no daemon answers.
+    else 4 / 32 / symmetric. ``link``: how the weight files are made
+    (``"auto"``, ``"reflink"``, ``"copy"``, ``"hard"``; ``copy=True`` is
+    ``"copy"``). Raises :class:`~ctcache.DaemonNotRunning` when no daemon
+    answers.
     """
     out = default_output_path(path, bits) if output_path is None else output_path
     with connect(socket) as c:
         return c.materialize(path, out, bits=bits, block_size=block_size, symmetric=symmetric,
-                             accuracy_level=accuracy_level, copy=copy, timeout=timeout)
+                             accuracy_level=accuracy_level, link=link, copy=copy, timeout=timeout)
 
 
 def _tensors(graph):
@@ -123,10 +127,10 @@ def _tensors(graph):
 def _load_model(path):
     """``onnx.load`` with external data, also when a data file has several hard links.
 
-    onnx >= 1.18 refuses such files ("potential hardlink attack"); they are
-    what a materialize leaves behind (its payloads, and a source model's data
-    file it linked next to the output). onnxruntime reads them, so read them
-    here too: only relative locations inside the model's folder.
+    onnx >= 1.21 refuses such files ("potential hardlink attack"); they are
+    what a materialize with ``link="hard"`` leaves behind. onnxruntime reads
+    them, so read them here too: only relative locations inside the model's
+    folder.
     """
     import onnx
 

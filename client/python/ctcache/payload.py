@@ -9,6 +9,7 @@ import weakref
 
 import grpc
 
+from . import layout
 from ._pb import ctcache_v1_pb2 as pb
 
 
@@ -42,7 +43,7 @@ class Payload:
             if allow_mmap:
                 self._view = self._map()
             if self._view is None:
-                self._view = memoryview(client._read_payload_bytes(self.key, entry.payload_len))
+                self._view = memoryview(client._read_whole_payload(self.key, entry.payload_len))
                 self.source = "stream"
         except BaseException:
             self._release_lease()
@@ -85,8 +86,21 @@ class Payload:
             raise ValueError("payload is closed")
         return self._view
 
-    def numpy(self, dtype=None, shape=None):
-        """The payload as a read-only numpy array (default ``uint8``), without a copy.
+    def fields(self) -> list:
+        """The payload's fields (:class:`ctcache.layout.Field`: name, offset, dtype, shape), in order."""
+        return layout.fields(self.entry.struct_type, self.entry.dims)
+
+    def numpy(self, dtype=None, shape=None, *, field: str | None = None):
+        """The payload (or one field of it) as a read-only numpy array, without a copy.
+
+        No arguments: the entry's own dtype and shape where its format has
+        one, i.e. a single payload field numpy can hold (``cast.f16``:
+        float16 in the weight's shape; ``gemm.pack_b.f32``: float32 panels;
+        ``ggml.q8_0``: structured blocks ``d``/``qs``); else the bytes as
+        flat ``uint8`` (``ort.matmul_nbits`` has three fields: ask for one).
+        ``field="scales"``: that field, in its dtype and shape. ``dtype`` /
+        ``shape``: the raw bytes viewed as given (``dtype`` defaults to
+        ``uint8``).
 
         Arrays made here keep the mapping alive; do not use them after
         :meth:`close` (the lease is gone, so gc may remove the file; the
@@ -94,8 +108,30 @@ class Payload:
         """
         import numpy as np
 
-        arr = np.frombuffer(self.memoryview, dtype=np.uint8 if dtype is None else dtype)
+        view = self.memoryview
+        if field is not None:
+            if dtype is not None or shape is not None:
+                raise ValueError("numpy(field=...) takes the field's own dtype and shape")
+            found = [f for f in self.fields() if f.name == field]
+            if not found:
+                names = ", ".join(f.name for f in self.fields()) or "none"
+                raise KeyError(f"{self.entry.physical_type} has no field {field!r} numpy can hold (fields: {names})")
+            return self._field_array(found[0])
+        if dtype is None and shape is None:
+            fs = self.fields()
+            if len(fs) == 1 and layout.payload_fields(self.entry.struct_type) == 1 and fs[0].nbytes == len(view):
+                return self._field_array(fs[0])
+        arr = np.frombuffer(view, dtype=np.uint8 if dtype is None else dtype)
         return arr if shape is None else arr.reshape(shape)
+
+    def _field_array(self, f):
+        import numpy as np
+
+        view = self.memoryview
+        if f.offset + f.nbytes > len(view):
+            raise ValueError(f"field {f.name!r} ends at byte {f.offset + f.nbytes}, past the {len(view)}-byte payload")
+        count = f.nbytes // f.dtype.itemsize
+        return np.frombuffer(view, dtype=f.dtype, count=count, offset=f.offset).reshape(f.shape)
 
     def tobytes(self) -> bytes:
         return self.memoryview.tobytes()

@@ -1,5 +1,7 @@
-//! Test harness: the real `ctcached` on temp dirs (`ctcache_testkit`), a
-//! gRPC client over its Unix socket, and small models.
+//! Test harness: `ctcached` on temp dirs (`ctcache_testkit`), either run
+//! in this process through `ctcached::run` ([`InProc`]) or as the real
+//! binary ([`Daemon`], for signals, sd_notify and start-up failures), a gRPC
+//! client over its Unix socket, and small models.
 
 #![allow(dead_code, unused_imports)]
 
@@ -67,6 +69,57 @@ impl Daemon {
     pub fn stop(&mut self) -> Option<i32> {
         let status = self.0.stop().unwrap_or_else(|e| panic!("{e:#}"));
         status.and_then(|s| s.code())
+    }
+}
+
+/// `ctcached::run` in this process on temp dirs (socket
+/// `T/run/ctcached.sock`, cache `T/cache`, watching `T/models`); stopped by
+/// `stop` or on drop. Derefs to the testkit's in-process daemon.
+pub struct InProc(ctcache_testkit::InProcessDaemon);
+
+impl Deref for InProc {
+    type Target = ctcache_testkit::InProcessDaemon;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for InProc {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl InProc {
+    pub fn start() -> InProc {
+        Self::start_with(|_| {})
+    }
+
+    /// Starts with `adjust` applied to the configuration.
+    pub fn start_with(adjust: impl FnOnce(&mut ctcached::config::Config)) -> InProc {
+        InProc(
+            ctcache_testkit::InProcessDaemon::start_with(adjust)
+                .unwrap_or_else(|e| panic!("{e:#}")),
+        )
+    }
+
+    pub async fn client(&self) -> CompiledTensorCacheClient<Channel> {
+        CompiledTensorCacheClient::new(channel(&self.socket).await)
+    }
+
+    /// Shuts down (drained) and waits; `Some(0)` when `run` returned Ok,
+    /// like a clean exit of the binary.
+    pub fn stop(&mut self) -> Option<i32> {
+        match self.0.stop() {
+            Ok(()) => Some(0),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// Starts again on the same dirs and configuration.
+    pub fn restart(&mut self) {
+        self.0.restart().unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
 

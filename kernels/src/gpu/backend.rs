@@ -197,6 +197,8 @@ pub(super) fn backends() -> wgpu::Backends {
 
 /// A new instance over [`backends`].
 pub(super) fn instance() -> wgpu::Instance {
+    #[cfg(target_os = "linux")]
+    super::wayland_log::route_to_debug_log();
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends();
     // No validation layers: they cost time and are not installed in

@@ -29,6 +29,8 @@ mod nbits;
 mod session;
 #[cfg(not(feature = "wgpu"))]
 mod stub;
+#[cfg(all(feature = "wgpu", target_os = "linux"))]
+mod wayland_log;
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests;

@@ -1,0 +1,287 @@
+//! Store maintenance: `gc` and `verify`, through the daemon or, with
+//! `--cache-dir`, on a cache dir no daemon holds (opened here directly).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use ctcache::store::{GcPolicy, Store, StoreError};
+use serde_json::json;
+
+use crate::ctx::Ctx;
+use crate::format::{self, parse_duration, parse_size, Style, Table};
+use crate::output::{print_json, say, Failure};
+use ctcache_api::convert;
+use ctcache_client::api;
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Without --max-size and --max-age the daemon's configured budget applies (gc_max_bytes, \
+gc_max_age_secs in ctcached.toml; `ctcachectl status` shows it); when none is set, only \
+leftovers (orphan and stale temp files) go, and gc says so. Leased entries always stay.")]
+pub struct GcArgs {
+    /// Evict least recently used entries until the store takes at most SIZE
+    /// (10G, 512MiB). 0 means everything not leased.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    max_size: Option<u64>,
+    /// Evict entries not used for DURATION or longer (7d, 12h, 30m). 0 means
+    /// everything not leased, as for --max-size.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    max_age: Option<u64>,
+    /// Report what would go; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Collect this cache dir directly (no daemon may hold it; no configured
+    /// budget applies).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+pub fn gc(ctx: &Ctx, a: GcArgs) -> Result<(), Failure> {
+    let resp = match &a.cache_dir {
+        Some(dir) => {
+            let store = open_offline(dir)?;
+            let policy = GcPolicy {
+                max_bytes: a.max_size,
+                max_age: a.max_age.map(Duration::from_secs),
+                orphans: true,
+                temp_files: true,
+                dry_run: a.dry_run,
+            };
+            convert::gc(&store.gc(&policy)?)
+        }
+        None => {
+            let req = api::GcRequest {
+                max_bytes: a.max_size.unwrap_or(0),
+                max_age_s: a.max_age.unwrap_or(0),
+                dry_run: a.dry_run,
+                has_max_bytes: a.max_size.is_some(),
+                has_max_age_s: a.max_age.is_some(),
+            };
+            ctx.block_on(async { Ok(ctx.connect().await?.gc(req).await?) })?
+        }
+    };
+    print_gc(ctx, &resp, a.cache_dir.as_deref())
+}
+
+fn via(cache_dir: Option<&Path>) -> serde_json::Value {
+    match cache_dir {
+        Some(d) => json!(d),
+        None => json!("daemon"),
+    }
+}
+
+/// The words people read for a gc reason.
+fn reason_text(reason: &str) -> &str {
+    match reason {
+        "size_budget" => "over the size budget",
+        "max_age" => "unused too long",
+        "orphan_entry" => "payload file missing",
+        "orphan_file" => "payload file without entry",
+        "temp_file" => "stale temp file",
+        other => other,
+    }
+}
+
+/// A list of names for a table cell: `-` when empty.
+fn names(v: &[String]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<(), Failure> {
+    if ctx.json {
+        return print_json(&json!({
+            "via": via(cache_dir),
+            "dry_run": r.dry_run,
+            "max_bytes": r.max_bytes,
+            "max_age_s": r.max_age_s,
+            "removed": r.removed.iter().map(|i| json!({
+                "key": i.key, "bytes": i.bytes, "reason": i.reason,
+                "physical_type": i.physical_type,
+                "source_names": i.source_names, "model_paths": i.model_paths,
+            })).collect::<Vec<_>>(),
+            "bytes_freed": r.bytes_freed,
+            "bytes_before": r.bytes_before,
+            "bytes_after": r.bytes_after,
+            "skipped_leased": r.skipped_leased,
+        }));
+    }
+    if ctx.quiet {
+        return Ok(());
+    }
+    if r.max_bytes.is_none() && r.max_age_s.is_none() {
+        say(
+            "no gc budget is set: give --max-size or --max-age, or set gc_max_bytes / \
+             gc_max_age_secs in ctcached.toml; only leftover files are collected",
+        )?;
+    }
+    // Entries carry what they were packed from; leftover files their path.
+    let (files, mut entries): (Vec<&api::GcItem>, Vec<&api::GcItem>) = r
+        .removed
+        .iter()
+        .partition(|i| matches!(i.reason.as_str(), "orphan_file" | "temp_file"));
+    entries.sort_by(|a, b| {
+        (&a.model_paths, &a.source_names, &a.physical_type).cmp(&(
+            &b.model_paths,
+            &b.source_names,
+            &b.physical_type,
+        ))
+    });
+    if !entries.is_empty() {
+        let mut t = Table::new(&["MODEL", "INITIALIZER", "PHYSICAL TYPE", "SIZE", "REASON"]);
+        for i in &entries {
+            t.row(vec![
+                (names(&i.model_paths), Style::Plain),
+                (names(&i.source_names), Style::Plain),
+                (i.physical_type.clone(), Style::Plain),
+                (format::size(i.bytes), Style::Plain),
+                (reason_text(&i.reason).to_string(), Style::Dim),
+            ]);
+        }
+        t.print(ctx.color)?;
+    }
+    for f in &files {
+        say(&format!(
+            "{} {} ({}, {})",
+            ctx.paint("leftover", Style::Yellow),
+            f.key,
+            format::size(f.bytes),
+            reason_text(&f.reason)
+        ))?;
+    }
+    let mut line = format!(
+        "{}{}, {} freed, store {} -> {}",
+        if r.dry_run { "would remove " } else { "" },
+        format::count(entries.len() as u64, "entry", "entries"),
+        format::size(r.bytes_freed),
+        format::size(r.bytes_before),
+        format::size(r.bytes_after),
+    );
+    if !files.is_empty() {
+        line.push_str(&format!(
+            "; {}",
+            format::count(files.len() as u64, "leftover file", "leftover files")
+        ));
+    }
+    if r.skipped_leased > 0 {
+        line.push_str(&format!(
+            "; {} kept",
+            format::count(r.skipped_leased, "leased entry", "leased entries")
+        ));
+    }
+    if r.dry_run {
+        line.push_str(" (dry run: nothing changed)");
+    }
+    say(&line)
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Also repair: damaged payloads are quarantined (their entries dropped),
+    /// orphan payload files removed, files and index reconciled. Without
+    /// it the store is not changed, only reported on.
+    #[arg(long)]
+    repair: bool,
+    /// Verify this cache dir directly (no daemon may hold it).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+/// Exit 1 when damage was found (and quarantined), so scripts notice.
+pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
+    let r = match &a.cache_dir {
+        Some(dir) => {
+            let store = open_offline(dir)?;
+            let v = store.verify(a.repair)?;
+            let repaired = if a.repair {
+                Some(store.reconcile()?)
+            } else {
+                None
+            };
+            convert::verify(&v, repaired.as_ref())
+        }
+        None => ctx.block_on(async { Ok(ctx.connect().await?.verify(a.repair).await?) })?,
+    };
+    if ctx.json {
+        print_json(&json!({
+            "via": via(a.cache_dir.as_deref()),
+            "checked": r.checked,
+            "bytes_checked": r.bytes_checked,
+            "corrupt": r.corrupt,
+            "missing": r.missing,
+            "orphans": r.orphans,
+            "clean": r.clean,
+        }))?;
+    } else {
+        let (dropped, removed) = if r.repaired {
+            ("payload quarantined, entry dropped", "removed")
+        } else {
+            (
+                "not changed: --repair drops it",
+                "not changed: --repair removes it",
+            )
+        };
+        for k in &r.corrupt {
+            say(&format!(
+                "{} {k} ({dropped})",
+                ctx.paint("corrupt", Style::Red)
+            ))?;
+        }
+        for k in &r.missing {
+            say(&format!(
+                "{} {k} (payload file gone; {dropped})",
+                ctx.paint("missing", Style::Red)
+            ))?;
+        }
+        for f in &r.orphans {
+            say(&format!(
+                "{} {f} ({removed})",
+                ctx.paint("orphan", Style::Yellow)
+            ))?;
+        }
+        if !ctx.quiet {
+            say(&format!(
+                "{} payload file(s) checked, {}",
+                r.checked,
+                format::size(r.bytes_checked)
+            ))?;
+        }
+    }
+    if r.clean {
+        Ok(())
+    } else {
+        let then = if r.repaired {
+            "the entries were dropped and will be packed again"
+        } else {
+            "nothing changed (they are never served); --repair drops them"
+        };
+        Err(Failure::Failed(format!(
+            "store damaged: {} corrupt, {} missing payload(s); {then}",
+            r.corrupt.len(),
+            r.missing.len()
+        )))
+    }
+}
+
+/// Opens a cache dir for offline maintenance; refuses a dir a daemon holds.
+fn open_offline(dir: &Path) -> Result<Store, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::Failed(format!(
+            "{}: no such cache dir",
+            dir.display()
+        )));
+    }
+    Store::open(dir, Default::default()).map_err(|e| match e {
+        StoreError::Locked { dir, pid } => Failure::Failed(format!(
+            "cache dir {} is held by a running daemon{}: run the command without --cache-dir to have \
+             the daemon do it, or stop the daemon first",
+            dir.display(),
+            pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+        )),
+        other => other.into(),
+    })
+}

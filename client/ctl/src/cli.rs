@@ -1,0 +1,252 @@
+//! The command line: argument parsing and dispatch. Each command group lives in
+//! its own module over library calls; this file only wires them. Daemon
+//! commands run on a current-thread runtime made per invocation
+//! ([`ctx::Ctx::block_on`]); offline ones never start one.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::ctx::{self, Global};
+use crate::output::Failure;
+use crate::{
+    admin, daemon_cmds, extras, format, jobs, materialize, offline, packing, watch, why_miss,
+};
+
+/// The ctcache admin tool.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ctcachectl",
+    version,
+    about = "Inspect, check and manage compiled ONNX tensors and the ctcached cache",
+    after_help = "Exit codes: 0 ok, 1 failure, 2 usage error, 3 daemon not reachable. JSON shapes: docs/CLI.md."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a model's compiled tensors (structural rules; no hardware needed).
+    Check {
+        /// The ONNX model file.
+        model: PathBuf,
+    },
+    /// Print the canonical source digest of every top-level initializer.
+    Digest {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// blake3 (default) or sha256.
+        #[arg(long, default_value = "blake3", value_parser = ["blake3", "sha256"])]
+        algorithm: String,
+    },
+    /// List the compiled tensors and whether each is usable on this host.
+    Inspect {
+        /// The ONNX model file.
+        model: PathBuf,
+    },
+    /// Write a copy of the model without compiled tensors (all else byte-for-byte).
+    Strip {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// The model to write.
+        #[arg(short, long, value_name = "OUT")]
+        output: PathBuf,
+    },
+    /// The daemon's status: version, uptime, store size, hit rate, jobs, watches.
+    Status,
+    /// The devices of the daemon's host, as compiled tensors describe them.
+    Devices {
+        /// Detect this host locally instead of asking the daemon.
+        #[arg(long)]
+        local: bool,
+    },
+    /// The packers (formats) of this build and their parameters.
+    Formats,
+    /// List stored entries.
+    Ls(daemon_cmds::LsArgs),
+    /// One stored entry in full.
+    Stat {
+        /// The entry's key: whole, a unique prefix, or abbreviated as `ls` shows it.
+        key: String,
+    },
+    /// Pack a model's initializers into the store.
+    Prepack(jobs::PrepackArgs),
+    /// Per initializer of a model: its digest, stored entries and misses.
+    Resolve(jobs::ResolveArgs),
+    /// Why an initializer of a model has no usable entry, and a command that packs it.
+    WhyMiss {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// The initializer's name.
+        initializer: String,
+    },
+    /// Write a copy of a model with compiled tensors embedded (through the daemon when it runs).
+    Embed(jobs::EmbedArgs),
+    /// Write an onnxruntime-ready 4/8-bit copy of a model (MatMulNBits fed by cache entries).
+    Materialize(materialize::MaterializeArgs),
+    /// Store the compiled tensors a model carries.
+    Import {
+        /// The ONNX model file with compiled tensors.
+        model: PathBuf,
+    },
+    /// Remove entries over a size budget or unused for too long, and leftovers.
+    Gc(admin::GcArgs),
+    /// Rehash every payload; quarantine and drop damaged ones.
+    Verify(admin::VerifyArgs),
+    /// Model folders the daemon watches.
+    #[command(subcommand)]
+    Watch(watch::WatchCmd),
+    /// Follow the daemon's events, one line (or JSON object) per event.
+    Events {
+        /// Stop after this many events.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
+    /// Pack one initializer locally and write the raw payload (what a cache entry stores).
+    Pack {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// The initializer to pack.
+        #[arg(long, value_name = "NAME")]
+        initializer: String,
+        /// Packer id (`ctcachectl formats` lists them).
+        #[arg(long, value_name = "FORMAT")]
+        format: String,
+        /// Packer parameter, k=v (repeatable).
+        #[arg(long = "param", value_parser = format::parse_param, value_name = "K=V")]
+        params: Vec<String>,
+        /// Where to pack: the CPU kernels, or a wgpu adapter (software ones included).
+        #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]
+        backend: String,
+        /// The payload file to write.
+        #[arg(short, long, value_name = "OUT")]
+        output: PathBuf,
+        /// Also write the payload's StructTypeProto (binary protobuf).
+        #[arg(long, value_name = "FILE")]
+        type_out: Option<PathBuf>,
+    },
+    /// Shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// The man pages (roff): the top page on stdout, or one file per command in a folder.
+    #[command(hide = true)]
+    Man {
+        /// Write ctcachectl.1 and ctcachectl-COMMAND.1 for every command here.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let ctx = ctx::Ctx::new(cli.global);
+    let json = ctx.json;
+    match cli.command {
+        Command::Check { model } => offline::check(&model, json),
+        Command::Digest { model, algorithm } => offline::digest(&model, &algorithm, json),
+        Command::Inspect { model } => offline::inspect(&model, json),
+        Command::Strip { model, output } => offline::strip(&model, &output),
+        Command::Devices { local: true } => packing::devices(json),
+        Command::Devices { local: false } => ctx.block_on(daemon_cmds::devices(&ctx)),
+        Command::Formats => packing::formats(json),
+        Command::Status => ctx.block_on(daemon_cmds::status(&ctx)),
+        Command::Ls(a) => ctx.block_on(daemon_cmds::ls(&ctx, a)),
+        Command::Stat { key } => ctx.block_on(daemon_cmds::stat(&ctx, &key)),
+        Command::Prepack(a) => ctx.block_on(jobs::prepack(&ctx, a)),
+        Command::Resolve(a) => ctx.block_on(jobs::resolve(&ctx, a)),
+        Command::WhyMiss { model, initializer } => {
+            ctx.block_on(why_miss::why_miss(&ctx, model, initializer))
+        }
+        Command::Embed(a) => jobs::embed(&ctx, a),
+        Command::Materialize(a) => materialize::materialize(&ctx, a),
+        Command::Import { model } => ctx.block_on(jobs::import(&ctx, model)),
+        Command::Gc(a) => admin::gc(&ctx, a),
+        Command::Verify(a) => admin::verify(&ctx, a),
+        Command::Watch(cmd) => ctx.block_on(watch::watch(&ctx, cmd)),
+        Command::Events { count } => ctx.block_on(watch::events(&ctx, count)),
+        Command::Pack {
+            model,
+            initializer,
+            format,
+            params,
+            backend,
+            output,
+            type_out,
+        } => packing::pack(
+            packing::PackArgs {
+                model: &model,
+                initializer: &initializer,
+                format: &format,
+                params: &params,
+                backend: &backend,
+                output: &output,
+                type_out: type_out.as_deref(),
+            },
+            json,
+        ),
+        Command::Completions { shell } => extras::completions(shell),
+        Command::Man { dir } => extras::man(dir.as_deref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+    use crate::ctx::GLOBAL;
+
+    /// Every command has an about line and every argument a help text;
+    /// global options are listed under their own heading.
+    #[test]
+    fn every_command_and_argument_has_help() {
+        let mut cmd = Cli::command();
+        cmd.build();
+        cmd.clone().debug_assert();
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            if c.get_about()
+                .is_none_or(|a| a.to_string().trim().is_empty())
+            {
+                missing.push(format!("{path}: no about"));
+            }
+            for a in c.get_arguments() {
+                let id = a.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{path} {id}: no help"));
+                }
+                if a.is_global_set() != (a.get_help_heading() == Some(GLOBAL)) {
+                    missing.push(format!("{path} {id}: global iff under {GLOBAL:?}"));
+                }
+            }
+            for s in c.get_subcommands().filter(|s| s.get_name() != "help") {
+                walk(s, &format!("{path} {}", s.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&cmd, "ctcachectl", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+        // Globals reach every command's help, under their heading.
+        let gc = cmd.find_subcommand_mut("gc").unwrap();
+        let help = gc.render_help().to_string();
+        let (own, global) = help.split_once(&format!("{GLOBAL}:")).expect("a heading");
+        let global = global.split("\n\n").next().unwrap_or_default();
+        assert!(
+            own.contains("--max-size") && !own.contains("--socket"),
+            "{help}"
+        );
+        assert!(
+            global.contains("--socket") && !global.contains("--max-size"),
+            "{help}"
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! Hidden helper commands for packagers: shell completions and the man page,
+//! generated from the same clap definition as the parser.
+
+use std::io::Write;
+use std::path::Path;
+
+use clap::CommandFactory;
+use clap_complete::Shell;
+
+use crate::cli::Cli;
+use crate::output::Failure;
+
+/// Rendered into memory first: clap_complete panics on a write error, and a
+/// closed pipe (`| head`) must stay a quiet exit 0.
+pub fn completions(shell: Shell) -> Result<(), Failure> {
+    let mut buf = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "ctcachectl", &mut buf);
+    std::io::stdout().lock().write_all(&buf)?;
+    Ok(())
+}
+
+/// The top page on stdout, or, with `dir`, a page for every command that is
+/// not hidden (`ctcachectl.1`, `ctcachectl-gc.1`, `ctcachectl-watch-add.1`).
+pub fn man(dir: Option<&Path>) -> Result<(), Failure> {
+    if let Some(dir) = dir {
+        return clap_mangen::generate_to(Cli::command(), dir)
+            .map_err(|e| Failure::Failed(format!("writing man pages to {}: {e}", dir.display())));
+    }
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(Cli::command()).render(&mut buf)?;
+    std::io::stdout().lock().write_all(&buf)?;
+    Ok(())
+}

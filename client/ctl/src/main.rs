@@ -1,0 +1,33 @@
+//! `ctcachectl`: the ctcache admin CLI. Exit codes: 0 success, 1 failure or
+//! invalid input, 2 usage error, 3 daemon not reachable (message on stderr).
+
+mod admin;
+mod cli;
+mod ctx;
+mod daemon_cmds;
+mod extras;
+mod format;
+mod jobs;
+mod json;
+mod materialize;
+mod offline;
+mod output;
+mod packing;
+mod watch;
+mod why_miss;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    match cli::run(cli::Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if let Some(msg) = f.message() {
+                eprintln!("ctcachectl: {msg}");
+            }
+            ExitCode::from(f.exit_code())
+        }
+    }
+}

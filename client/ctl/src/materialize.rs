@@ -1,0 +1,301 @@
+//! `materialize`: an onnxruntime-ready 4/8-bit model assembled by the daemon
+//! from cached `ort.matmul_nbits` entries (reflinked or copied, hard-linked
+//! with `--link hard`); without a daemon (or with `--local`), packed in this
+//! process into the model's weights folder.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
+use ctcache::onnx::Model;
+use ctcache_kernels::{compile, Params};
+use serde_json::json;
+
+use crate::ctx::Ctx;
+use crate::format;
+use crate::output::{print_json, say, Failure};
+use ctcache_client::api;
+
+#[derive(Debug, Args)]
+pub struct MaterializeArgs {
+    /// The FLOAT (or FLOAT16) ONNX model.
+    model: PathBuf,
+    /// The model to write; its weights go to OUTPUT.weights/ next to it.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// What the model is for.
+    #[arg(long, default_value = "onnxruntime-int4", value_parser = ["onnxruntime-int4"])]
+    target: String,
+    /// Bits per weight (default: the daemon's policy, else 4).
+    #[arg(long, value_parser = ["4", "8"])]
+    bits: Option<String>,
+    /// Weights per scale (default: the daemon's policy, else 32).
+    #[arg(long, value_parser = ["16", "32", "64", "128", "256"])]
+    block_size: Option<String>,
+    /// No zero points (default: the daemon's policy, else symmetric).
+    #[arg(long, conflicts_with = "asymmetric")]
+    symmetric: bool,
+    /// Per-block zero points.
+    #[arg(long)]
+    asymmetric: bool,
+    /// MatMulNBits accuracy_level (0 leaves the attribute out).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..=4))]
+    accuracy_level: i64,
+    /// How the weight files are made from the cache's payload files.
+    #[arg(long, value_enum, default_value_t = Link::Auto, value_name = "HOW")]
+    link: Link,
+    /// Same as --link copy.
+    #[arg(long, conflicts_with = "link")]
+    copy: bool,
+    /// Pack in this process even when a daemon runs (no cache involved).
+    #[arg(long)]
+    local: bool,
+    /// List every skipped node and its case (default: one line per reason).
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// `--link`, as clap parses it (the variants' docs are its help).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Link {
+    /// A reflink where the filesystem can (btrfs, XFS, bcachefs: no extra
+    /// space), else a copy; onnx and onnxruntime load the model
+    Auto,
+    /// A reflink, or an error saying why none is possible
+    Reflink,
+    /// A copy
+    Copy,
+    /// Hard links into the cache (no bytes written, on any filesystem):
+    /// onnxruntime loads the model, onnx >= 1.21 (onnx.load, onnx.checker)
+    /// refuses it
+    Hard,
+}
+
+impl MaterializeArgs {
+    fn link_mode(&self) -> LinkMode {
+        match (self.copy, self.link) {
+            (true, _) | (_, Link::Copy) => LinkMode::Copy,
+            (_, Link::Auto) => LinkMode::Auto,
+            (_, Link::Reflink) => LinkMode::Reflink,
+            (_, Link::Hard) => LinkMode::Hard,
+        }
+    }
+
+    fn symmetric(&self) -> Option<bool> {
+        match (self.symmetric, self.asymmetric) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
+    fn number<T: std::str::FromStr>(v: &Option<String>) -> Option<T> {
+        v.as_deref().and_then(|b| b.parse().ok())
+    }
+}
+
+/// Through the daemon; here with `--local`, or when no socket was named
+/// and none answers.
+pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
+    if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
+        return Ok(());
+    }
+    materialize_local(ctx, &a)
+}
+
+/// False when no daemon answers and the model is to be materialized here.
+async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Failure> {
+    let Some(c) = ctx.connect_or_local("materializing").await? else {
+        return Ok(false);
+    };
+    let started = Instant::now();
+    let r = c
+        .materialize(api::MaterializeRequest {
+            model_path: a.model.display().to_string(),
+            output_path: a.output.display().to_string(),
+            target: a.target.clone(),
+            bits: MaterializeArgs::number(&a.bits),
+            block_size: MaterializeArgs::number(&a.block_size),
+            symmetric: a.symmetric(),
+            accuracy_level: a.accuracy_level,
+            copy: false,
+            link: api::LinkMode::from(a.link_mode()) as i32,
+        })
+        .await?;
+    report(ctx, a, "daemon", &r, started.elapsed())?;
+    Ok(true)
+}
+
+/// Prints a materialize answer (the daemon's, or one built locally).
+fn report(
+    ctx: &Ctx,
+    a: &MaterializeArgs,
+    via: &str,
+    r: &api::MaterializeResponse,
+    elapsed: std::time::Duration,
+) -> Result<(), Failure> {
+    if ctx.json {
+        return print_json(&json!({
+            "via": via,
+            "output": r.output_path,
+            "data_dir": r.data_dir,
+            "nodes_rewritten": r.nodes_rewritten,
+            "initializers_removed": r.initializers_removed,
+            "skipped": r.skipped.iter().map(|s| json!({
+                "node": s.node, "op_type": s.op_type, "reason": s.reason, "detail": s.detail,
+            })).collect::<Vec<_>>(),
+            "packed": r.packed,
+            "cached": r.cached,
+            "link": link_name(r.link),
+            "files": r.files.iter().map(|f| json!({
+                "path": f.path, "method": f.method().name(), "bytes_copied": f.bytes_copied,
+            })).collect::<Vec<_>>(),
+            "files_reflinked": r.files_reflinked,
+            "files_linked": r.files_linked,
+            "files_copied": r.files_copied,
+            "bytes_copied": r.bytes_copied,
+            "model_bytes": r.model_bytes,
+            "payload_bytes": r.payload_bytes,
+            "bits": r.bits,
+            "block_size": r.block_size,
+            "symmetric": r.symmetric,
+            "accuracy_level": r.accuracy_level,
+            "elapsed_us": elapsed.as_micros() as u64,
+        }));
+    }
+    if ctx.quiet {
+        return Ok(());
+    }
+    let groups = mat::group_skips(
+        r.skipped
+            .iter()
+            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+    );
+    for g in &groups {
+        say(&g.to_string())?;
+        if a.verbose {
+            for s in r
+                .skipped
+                .iter()
+                .filter(|s| s.op_type == g.op_type && s.reason == g.reason)
+            {
+                say(&format!("  {} {}: {}", s.op_type, s.node, s.detail))?;
+            }
+        }
+    }
+    say(&format!(
+        "{}: {} node(s) -> MatMulNBits ({} bits, block {}, {}), {} weight(s) from the cache, {} packed now",
+        r.output_path,
+        r.nodes_rewritten,
+        r.bits,
+        r.block_size,
+        if r.symmetric { "symmetric" } else { "asymmetric" },
+        r.cached,
+        r.packed,
+    ))?;
+    say(&format!(
+        "  {} of weights in {} (--link {}): {}; wrote {} in {}",
+        format::size(r.payload_bytes),
+        r.data_dir,
+        link_name(r.link),
+        placed_summary(&r.files),
+        format::size(r.model_bytes + r.bytes_copied),
+        format::duration_us(elapsed.as_micros() as u64),
+    ))?;
+    if r.files_linked > 0 {
+        say(&format!(
+            "  note: {} file(s) hard-linked into the cache: onnxruntime loads this model, \
+             onnx >= 1.21 (onnx.load, onnx.checker) refuses it; --link auto gives files of their own",
+            r.files_linked
+        ))?;
+    }
+    Ok(())
+}
+
+fn link_name(link: i32) -> &'static str {
+    api::LinkMode::try_from(link).map_or("unknown", |m| LinkMode::from(m).name())
+}
+
+/// "8 reflinked, 1 copied": how many files each method placed.
+fn placed_summary(files: &[api::MaterializeFile]) -> String {
+    let mut parts = Vec::new();
+    for (method, said) in [
+        (api::PlaceMethod::Reflink, "reflinked"),
+        (api::PlaceMethod::Copy, "copied"),
+        (api::PlaceMethod::HardLink, "hard-linked"),
+        (api::PlaceMethod::InPlace, "packed here"),
+    ] {
+        let n = files.iter().filter(|f| f.method() == method).count();
+        if n > 0 {
+            parts.push(format!("{n} file(s) {said}"));
+        }
+    }
+    if parts.is_empty() {
+        "no files".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Packs every weight the plan needs in this process, straight into the
+/// output's weights folder, then writes the model over those files.
+fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    let defaults = Settings::default();
+    let settings = Settings {
+        bits: MaterializeArgs::number(&a.bits).unwrap_or(defaults.bits),
+        block_size: MaterializeArgs::number(&a.block_size).unwrap_or(defaults.block_size),
+        symmetric: a.symmetric().unwrap_or(defaults.symmetric),
+        accuracy_level: a.accuracy_level,
+    };
+    settings.validate()?;
+    let model = Model::open(&a.model)?;
+    let plan = mat::plan(&model)?;
+    if let Some(why) = plan.why_nothing() {
+        return Err(Failure::Failed(format!("nothing to materialize: {why}")));
+    }
+    let out_dir = match a.output.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let data_dir = out_dir.join(mat::data_dir_name(&a.output)?);
+    std::fs::create_dir_all(&data_dir).map_err(|e| ctcache::Error::write(&data_dir, e))?;
+    let packer = ctcache_kernels::find(mat::PACKER).expect("the nbits packer is built in");
+    let initializers = model.initializers()?;
+    let mut weights = HashMap::new();
+    for (name, transposed) in plan.weights() {
+        let t = initializers
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Failure::Failed(format!("no initializer {name:?}")))?;
+        let params = Params::parse(settings.packer_params(transposed))
+            .map_err(|e| Failure::Failed(e.to_string()))?;
+        let c = compile::compile(&model, t, None, packer, &params)
+            .map_err(|e| Failure::Failed(e.to_string()))?;
+        // Named by content, like the daemon's links, and written in place:
+        // placing a file onto itself is a no-op.
+        let file_name = format!("{}.bin", blake3::hash(&c.payload).to_hex());
+        let path = data_dir.join(&file_name);
+        ctcache::fsutil::atomic_write(&path, |w| std::io::Write::write_all(w, &c.payload))?;
+        weights.insert(
+            (name, transposed),
+            PackedWeight {
+                payload_path: path,
+                file_name,
+                struct_type: c.layout.struct_type,
+                dims: c.layout.dims,
+            },
+        );
+    }
+    // The payloads are packed in place: whatever the mode, nothing to link.
+    let r = mat::write(&model, &plan, &settings, &weights, &a.output, a.link_mode())?;
+    let response = api::MaterializeResponse {
+        packed: weights.len() as u32,
+        // Every payload byte was written here.
+        bytes_copied: r.bytes_copied + r.payload_bytes,
+        ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &settings)
+    };
+    report(ctx, a, "local", &response, started.elapsed())
+}

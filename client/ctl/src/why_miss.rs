@@ -1,0 +1,290 @@
+//! `why-miss MODEL INITIALIZER`: which key component keeps an initializer
+//! from a usable entry: its digest (stale), the device, the physical type or
+//! the format version. From the daemon's own miss reason and the entries it
+//! lists for the digest (and for the model under older digests). Its hint
+//! is a command that, run as printed, packs what is missing.
+
+use std::path::PathBuf;
+
+use ctcache::pb::DeviceProto;
+use serde_json::{json, Value};
+
+use crate::ctx::Ctx;
+use crate::format::{self, Style, Table};
+use crate::json;
+use crate::output::{print_json, say, Failure};
+use ctcache_client::{api, ResolveOptions};
+
+/// A stored entry close to what was wanted, and the component that differs.
+struct Candidate {
+    entry: api::Entry,
+    differs: Option<&'static str>,
+    detail: String,
+}
+
+pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Failure> {
+    let c = ctx.connect().await?;
+    let res = c.resolve_model(&model, &ResolveOptions::default()).await?;
+    let Some(t) = res.tensors.iter().find(|t| t.name == name) else {
+        if let Some(n) = res.not_sources.iter().find(|n| n.name == name) {
+            return Err(Failure::Failed(format!(
+                "{name} is not a compiled-tensor source: {}",
+                n.reason
+            )));
+        }
+        return Err(Failure::Failed(format!(
+            "{}: no top-level initializer named {name:?}",
+            res.model_path
+        )));
+    };
+    let lookup = c
+        .lookup(api::LookupRequest {
+            source_digest: t.source_digest.clone(),
+            digest_algorithm: t.digest_algorithm.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let same = c
+        .list(api::ListRequest {
+            source_digest: t.source_digest.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let by_model = c
+        .list(api::ListRequest {
+            model_path: res.model_path.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let host = c.get_host_devices().await?;
+    let formats = c.list_formats().await?;
+
+    let mut candidates: Vec<Candidate> = same
+        .into_iter()
+        .map(|e| classify(e, &host, &formats))
+        .collect();
+    let digest_hex = hex::encode(&t.source_digest);
+    for e in by_model
+        .into_iter()
+        .filter(|e| e.source_names.contains(&name) && e.source_digest != t.source_digest)
+    {
+        let detail = format!(
+            "packed from other contents ({} digest {}…); {name} now has {}…",
+            e.digest_algorithm,
+            &hex::encode(&e.source_digest)[..12],
+            &digest_hex[..12]
+        );
+        candidates.push(Candidate {
+            entry: e,
+            differs: Some("digest"),
+            detail,
+        });
+    }
+
+    let hit = t.misses.is_empty() && !t.entries.is_empty();
+    let (reason, detail) = if hit {
+        (
+            None,
+            format::count(t.entries.len() as u64, "usable entry", "usable entries"),
+        )
+    } else if let (true, Some(m)) = (
+        t.entries.is_empty(),
+        lookup.miss.as_ref().filter(|m| m.reason != "no_entry"),
+    ) {
+        (Some(m.reason.clone()), m.detail.clone())
+    } else if t.entries.is_empty() && candidates.iter().any(|c| c.differs == Some("digest")) {
+        (
+            Some("stale_digest".to_string()),
+            "entries exist for this initializer's former contents only".to_string(),
+        )
+    } else if let Some(m) = t.misses.first() {
+        (
+            Some(m.reason.clone()),
+            t.misses
+                .iter()
+                .map(|m| m.detail.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    } else {
+        (Some("no_entry".to_string()), "nothing is wanted or stored for this initializer (the policy selects none of its formats)".to_string())
+    };
+    let hint = if hit {
+        None
+    } else {
+        prepack_hint(ctx, &res.model_path, t, &formats)
+    };
+
+    if ctx.json {
+        return print_json(&json!({
+            "model_path": res.model_path,
+            "initializer": name,
+            "source_digest": digest_hex,
+            "digest_algorithm": t.digest_algorithm,
+            "hit": hit,
+            "reason": reason,
+            "detail": detail,
+            "wanted_formats": t.wanted_formats,
+            "usable": t.entries.iter().map(|e| e.key.clone()).collect::<Vec<_>>(),
+            "misses": t.misses.iter().map(json::miss).collect::<Vec<_>>(),
+            "lookup_miss": lookup.miss.as_ref().map(json::miss),
+            "candidates": candidates.iter().map(candidate_json).collect::<Vec<_>>(),
+            "hint": hint,
+        }));
+    }
+    let verdict = match &reason {
+        None => ctx.paint("hit", Style::Green),
+        Some(r) => ctx.paint(&format!("miss ({r})"), Style::Red),
+    };
+    say(&format!("{name} in {}: {verdict}", res.model_path))?;
+    say(&format!("  {detail}"))?;
+    say(&format!(
+        "  digest {}:{digest_hex}; wanted: {}",
+        t.digest_algorithm,
+        if t.wanted_formats.is_empty() {
+            "-".into()
+        } else {
+            t.wanted_formats.join(", ")
+        }
+    ))?;
+    if !candidates.is_empty() {
+        let mut tab = Table::new(&[
+            "ENTRY",
+            "PHYSICAL TYPE",
+            "VERSION",
+            "DEVICE",
+            "DIFFERS",
+            "DETAIL",
+        ]);
+        for c in &candidates {
+            let e = &c.entry;
+            tab.row(vec![
+                (format::short_key(&e.key), Style::Plain),
+                (e.physical_type.clone(), Style::Plain),
+                (e.format_version.to_string(), Style::Plain),
+                (json::describe_device(e.device.as_ref()), Style::Plain),
+                (
+                    c.differs.unwrap_or("-").to_string(),
+                    if c.differs.is_some() {
+                        Style::Yellow
+                    } else {
+                        Style::Green
+                    },
+                ),
+                (c.detail.clone(), Style::Plain),
+            ]);
+        }
+        tab.print(ctx.color)?;
+    }
+    if let (Some(h), false) = (&hint, ctx.quiet) {
+        say(&format!("hint: {h}"))?;
+    }
+    Ok(())
+}
+
+/// A command that packs what the initializer misses, as it can be pasted
+/// into a shell: the wanted formats (every miss reason is cured by packing
+/// them again for this host), or, when the policy wants none, the first of
+/// the daemon's formats that takes the tensor. None when nothing would.
+fn prepack_hint(
+    ctx: &Ctx,
+    model: &str,
+    t: &api::TensorResolution,
+    formats: &[api::FormatInfo],
+) -> Option<String> {
+    let mut cmd = vec!["ctcachectl".to_string()];
+    if let Some(s) = &ctx.socket {
+        cmd.extend(["--socket".into(), shell_word(&s.display().to_string())]);
+    }
+    cmd.extend([
+        "prepack".into(),
+        shell_word(model),
+        "--initializer".into(),
+        shell_word(&t.name),
+    ]);
+    if !t.wanted_formats.is_empty() {
+        cmd.push("--wait".into());
+        return Some(cmd.join(" "));
+    }
+    // A rule matched and its packer refused: another format would pack a
+    // layout the graph cannot use.
+    if !t.refused.is_empty() {
+        return None;
+    }
+    let data_type = ctcache::dtype::DataType::from_i32(t.data_type).ok()?;
+    let params = ctcache_kernels::Params::new();
+    let format = formats.iter().find(|f| {
+        ctcache_kernels::find(&f.id)
+            .is_some_and(|p| p.check_source(data_type, &t.dims, &params).is_ok())
+    })?;
+    cmd.extend(["--format".into(), shell_word(&format.id)]);
+    Some(cmd.join(" "))
+}
+
+/// `s` as one shell word: as it is when only safe characters, else single-quoted.
+fn shell_word(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The first component of an entry's key that does not fit this daemon's
+/// host: device, then physical type, then format version (the order the
+/// loading rules check them in).
+fn classify(entry: api::Entry, host: &[DeviceProto], formats: &[api::FormatInfo]) -> Candidate {
+    let device = entry.device.clone().unwrap_or_default();
+    if let Err(m) = ctcache::device::find_compatible(&device, host, None) {
+        return Candidate {
+            entry,
+            differs: Some("device"),
+            detail: m.to_string(),
+        };
+    }
+    let family = formats
+        .iter()
+        .filter(|f| {
+            entry.physical_type == f.id
+                || entry
+                    .physical_type
+                    .strip_prefix(f.id.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+        })
+        .max_by_key(|f| f.id.len());
+    let (differs, detail) = match family {
+        None => (
+            Some("physical_type"),
+            format!(
+                "{:?} is produced by none of the daemon's packers",
+                entry.physical_type
+            ),
+        ),
+        Some(f) if f.version != entry.format_version => (
+            Some("format_version"),
+            format!(
+                "format version {}, the daemon's {} packer is at version {}",
+                entry.format_version, f.id, f.version
+            ),
+        ),
+        Some(_) => (None, "usable on this host".to_string()),
+    };
+    Candidate {
+        entry,
+        differs,
+        detail,
+    }
+}
+
+fn candidate_json(c: &Candidate) -> Value {
+    json!({
+        "key": c.entry.key,
+        "physical_type": c.entry.physical_type,
+        "format_version": c.entry.format_version,
+        "device": json::describe_device(c.entry.device.as_ref()),
+        "source_digest": hex::encode(&c.entry.source_digest),
+        "differs": c.differs,
+        "detail": c.detail,
+    })
+}

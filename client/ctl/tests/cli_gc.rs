@@ -1,0 +1,167 @@
+//! `gc` as the admins' command: the budget `status` shows and a `gc`
+//! without limits applies (or says is missing), what goes listed by model
+//! and initializer with the store's size before and after, `0` meaning
+//! everything for both limits, and hit/miss counters that outlive a restart.
+
+mod harness;
+
+use harness::{ctl_raw, write_model, Daemon};
+use serde_json::Value;
+
+fn removed_keys(g: &Value) -> Vec<String> {
+    let mut v: Vec<String> = g["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn status_shows_the_budget_and_gc_applies_it_listing_models_and_initializers() {
+    // 1 KiB: less than one packed weight, so everything is over it.
+    let d = Daemon::in_process_with_gc_budget(1024, 30 * 86_400);
+    let model = write_model(&d.path("work/m.onnx"), 21);
+    d.json(&["prepack", &model, "--wait"]);
+    let s = d.json(&["status"]);
+    assert_eq!(
+        (s["gc_max_bytes"].as_u64(), s["gc_max_age_s"].as_u64()),
+        (Some(1024), Some(30 * 86_400)),
+        "{s}"
+    );
+    let bytes = s["bytes"].as_u64().unwrap();
+    let human = d.ctl(&["status"]).ok().stdout;
+    let line = human.lines().find(|l| l.starts_with("gc budget")).unwrap();
+    assert!(
+        line.contains("of 1.0 KiB") && line.contains("unused for 30d 0h"),
+        "{human}"
+    );
+
+    // No limit given: the configured budget applies.
+    let dry = d.json(&["gc", "--dry-run"]);
+    assert_eq!(dry["max_bytes"], 1024, "{dry}");
+    let items = dry["removed"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{dry}");
+    assert!(
+        items.iter().all(|i| i["model_paths"][0] == model.as_str()
+            && i["source_names"][0] == "W"
+            && i["physical_type"].as_str().is_some_and(|t| !t.is_empty())),
+        "{dry}"
+    );
+    assert_eq!(
+        (dry["bytes_before"].as_u64(), dry["bytes_after"].as_u64()),
+        (Some(bytes), Some(0)),
+        "{dry}"
+    );
+    let out = d.ctl(&["gc", "--dry-run"]).ok().stdout;
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("MODEL") && lines[0].contains("INITIALIZER"),
+        "{out}"
+    );
+    assert!(
+        lines[1..3]
+            .iter()
+            .all(|l| l.starts_with(model.as_str()) && l.contains(" W ")),
+        "{out}"
+    );
+    let last = lines.last().unwrap();
+    assert!(
+        last.starts_with("would remove 2 entries, ")
+            && last.contains(" freed, store ")
+            && last.ends_with("-> 0 B (dry run: nothing changed)"),
+        "{out}"
+    );
+    let real = d.ctl(&["gc"]).ok().stdout;
+    let last = real.lines().last().unwrap();
+    assert!(
+        last.starts_with("2 entries, ") && last.ends_with(" -> 0 B"),
+        "{real}"
+    );
+    assert_eq!(d.json(&["ls"])["entries"], serde_json::json!([]));
+    d.stop();
+}
+
+#[test]
+fn gc_without_any_budget_says_none_is_set() {
+    let d = Daemon::in_process();
+    let model = write_model(&d.path("work/m.onnx"), 22);
+    d.json(&["prepack", &model, "--wait"]);
+    let s = d.json(&["status"]);
+    assert!(
+        s["gc_max_bytes"].is_null() && s["gc_max_age_s"].is_null(),
+        "{s}"
+    );
+    let human = d.ctl(&["status"]).ok().stdout;
+    assert!(human.contains("gc budget  none set"), "{human}");
+    let o = d.ctl(&["gc"]).ok().stdout;
+    assert!(o.starts_with("no gc budget is set: "), "{o}");
+    let last = o.lines().last().unwrap();
+    let (before, after) = last
+        .strip_prefix("0 entries, 0 B freed, store ")
+        .and_then(|r| r.split_once(" -> "))
+        .unwrap_or_else(|| panic!("{o}"));
+    assert_eq!(before, after, "{o}");
+    let g = d.json(&["gc"]);
+    assert!(
+        g["max_bytes"].is_null() && g["removed"] == serde_json::json!([]),
+        "{g}"
+    );
+    assert_eq!(d.json(&["ls"])["entries"].as_array().unwrap().len(), 2);
+    d.stop();
+}
+
+#[test]
+fn zero_means_everything_for_both_limits_through_the_daemon_and_offline() {
+    let d = Daemon::in_process();
+    let model = write_model(&d.path("work/m.onnx"), 23);
+    d.json(&["prepack", &model, "--wait"]);
+    let by_age = d.json(&["gc", "--max-age", "0", "--dry-run"]);
+    let by_size = d.json(&["gc", "--max-size", "0", "--dry-run"]);
+    assert_eq!(removed_keys(&by_age).len(), 2, "{by_age}");
+    assert_eq!(removed_keys(&by_age), removed_keys(&by_size));
+    assert_eq!(by_age["max_age_s"], 0, "{by_age}");
+    let cache = d.path("cache").display().to_string();
+    let _dir = d.stop();
+    let offline = |limit: &str| {
+        ctl_raw(&[
+            "--json",
+            "gc",
+            limit,
+            "0",
+            "--dry-run",
+            "--cache-dir",
+            &cache,
+        ])
+        .ok()
+        .json()
+    };
+    assert_eq!(removed_keys(&offline("--max-age")), removed_keys(&by_age));
+    assert_eq!(removed_keys(&offline("--max-size")), removed_keys(&by_age));
+    // --help says so for both.
+    let help = ctl_raw(&["gc", "--help"]).ok().stdout;
+    assert_eq!(
+        help.matches("0 means everything not leased").count(),
+        2,
+        "{help}"
+    );
+}
+
+#[test]
+fn hit_and_miss_counters_survive_a_restart() {
+    let mut d = Daemon::in_process();
+    let model = write_model(&d.path("work/m.onnx"), 24);
+    d.json(&["resolve", &model]);
+    d.json(&["prepack", &model, "--wait"]);
+    d.json(&["resolve", &model]);
+    let before = d.json(&["status"]);
+    let counts = |s: &Value| (s["hits"].as_u64().unwrap(), s["misses"].as_u64().unwrap());
+    let (hits, misses) = counts(&before);
+    assert!(hits > 0 && misses > 0, "{before}");
+    d.restart();
+    let after = d.json(&["status"]);
+    assert_eq!(counts(&after), (hits, misses), "{after}");
+    d.stop();
+}

@@ -1,0 +1,358 @@
+//! The daemon's configuration: one struct, loaded once from defaults, the
+//! TOML file, `CTCACHE_*` environment variables and flags, in that order of
+//! increasing precedence (D8). Unknown keys are rejected by name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where the settings came from when a value is invalid.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("invalid setting {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+/// A policy rule: which initializers get which format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    /// Packer id, e.g. `ort.matmul_nbits`.
+    pub format: String,
+    /// Packer parameters.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// Source data types (ONNX names); empty = FLOAT.
+    #[serde(default = "default_types")]
+    pub data_types: Vec<String>,
+    /// Required rank (0 = any).
+    #[serde(default = "default_rank")]
+    pub rank: usize,
+    #[serde(default = "default_min_elements")]
+    pub min_elements: u64,
+    /// Uses that qualify: `MatMul.B`, `Gemm.B`; empty = any initializer.
+    #[serde(default = "default_used_as")]
+    pub used_as: Vec<String>,
+}
+
+fn default_types() -> Vec<String> {
+    vec!["FLOAT".into()]
+}
+fn default_rank() -> usize {
+    2
+}
+fn default_min_elements() -> u64 {
+    ctcache::onnx::graph::DEFAULT_MIN_ELEMENTS
+}
+fn default_used_as() -> Vec<String> {
+    ctcache::onnx::graph::DEFAULT_USED_AS
+        .map(String::from)
+        .to_vec()
+}
+
+/// The default policy: MatMul/Gemm weights of at least 65,536 FLOAT elements
+/// get the host's SGEMM B-panel layout and onnxruntime's 4-bit format.
+pub fn default_policy() -> Vec<PolicyRule> {
+    let rule = |format: &str, params: &[(&str, &str)]| PolicyRule {
+        format: format.into(),
+        params: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        data_types: default_types(),
+        rank: 2,
+        min_elements: default_min_elements(),
+        used_as: default_used_as(),
+    };
+    vec![
+        rule("gemm.pack_b.f32", &[]),
+        rule(
+            "ort.matmul_nbits",
+            &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")],
+        ),
+    ]
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Journald when `JOURNAL_STREAM` says stderr is the journal, else human.
+    Auto,
+    Human,
+    Json,
+    Journald,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cache_dir: PathBuf,
+    pub socket: PathBuf,
+    /// Group that may connect to the socket (name or gid); empty = the daemon's.
+    pub socket_group: String,
+    /// Optional TCP listen address (off by default).
+    pub listen_tcp: Option<String>,
+    /// Optional Prometheus endpoint address (off by default).
+    pub metrics_addr: Option<String>,
+    /// Model directories watched recursively.
+    pub watch: Vec<PathBuf>,
+    /// CPU pack workers (0 = cores - 1, at least 1).
+    pub workers: usize,
+    /// Bytes of pack output in flight at once.
+    pub memory_budget: u64,
+    /// Pack on a hardware wgpu adapter when there is one (never a software one).
+    pub gpu: bool,
+    /// uids allowed to Put, Import, Gc, Verify and RemoveWatch (the daemon's
+    /// own uid and root always are).
+    pub trusted_uids: Vec<u32>,
+    /// Lookups return only entries the daemon packed itself.
+    pub daemon_produced_only: bool,
+    /// Seconds a watched file must stay unchanged before it is read.
+    pub stable_secs: f64,
+    /// Largest gRPC message, bytes.
+    pub max_message_bytes: usize,
+    pub log_format: LogFormat,
+    /// Tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
+    pub log_level: String,
+    /// Size budget for `ctcachectl gc` and the daily gc timer (bytes, 0 = none).
+    pub gc_max_bytes: u64,
+    /// Age limit since last access for gc, seconds (0 = none).
+    pub gc_max_age_secs: u64,
+    pub policy: Vec<PolicyRule>,
+}
+
+/// D8 defaults for an unprivileged user (see `ctcache::paths`).
+pub fn default_paths(env: &dyn Fn(&str) -> Option<String>) -> (PathBuf, PathBuf) {
+    ctcache::paths::user_defaults(env)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let (cache_dir, socket) = default_paths(&|k| std::env::var(k).ok());
+        Config {
+            cache_dir,
+            socket,
+            socket_group: String::new(),
+            listen_tcp: None,
+            metrics_addr: None,
+            watch: Vec::new(),
+            workers: 0,
+            memory_budget: 2 << 30,
+            gpu: true,
+            trusted_uids: Vec::new(),
+            daemon_produced_only: false,
+            stable_secs: 0.3,
+            max_message_bytes: 16 << 20,
+            log_format: LogFormat::Auto,
+            log_level: "info".into(),
+            gc_max_bytes: 0,
+            gc_max_age_secs: 0,
+            policy: default_policy(),
+        }
+    }
+}
+
+/// Flags that override the file and the environment.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub cache_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub watch: Vec<PathBuf>,
+    pub listen_tcp: Option<String>,
+    pub metrics_addr: Option<String>,
+    pub workers: Option<usize>,
+    pub log_format: Option<LogFormat>,
+}
+
+/// The config file to read: `--config`, else `CTCACHE_CONFIG`, else the
+/// system file when it exists (only under systemd or for root), else the
+/// user's `$XDG_CONFIG_HOME/ctcache/ctcached.toml` when it exists.
+pub fn config_file(flag: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    if let Some(f) = flag {
+        return Some(f.to_path_buf());
+    }
+    if let Some(f) = env("CTCACHE_CONFIG").filter(|s| !s.is_empty()) {
+        return Some(PathBuf::from(f));
+    }
+    let system = PathBuf::from(ctcache::paths::SYSTEM_CONFIG);
+    if env("INVOCATION_ID").is_some() && system.exists() {
+        return Some(system);
+    }
+    let user = env("XDG_CONFIG_HOME")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".config")))?
+        .join("ctcache/ctcached.toml");
+    user.exists().then_some(user)
+}
+
+impl Config {
+    /// Loads the effective config: defaults < file < environment < flags.
+    pub fn load(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+                Self::from_toml(&text).map_err(|message| ConfigError::File {
+                    path: path.to_path_buf(),
+                    message,
+                })?
+            }
+            None => Config::default(),
+        };
+        cfg.apply_env(env)?;
+        cfg.apply_flags(flags);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses a TOML document over the defaults; errors name the bad key.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str::<Config>(text).map_err(|e| e.to_string())
+    }
+
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let bad = |var: &str, message: String| ConfigError::Env {
+            var: var.to_string(),
+            message,
+        };
+        if let Some(v) = env("CTCACHE_CACHE_DIR") {
+            self.cache_dir = v.into();
+        }
+        if let Some(v) = env("CTCACHE_SOCKET") {
+            self.socket = v.into();
+        }
+        if let Some(v) = env("CTCACHE_SOCKET_GROUP") {
+            self.socket_group = v;
+        }
+        if let Some(v) = env("CTCACHE_LISTEN_TCP") {
+            self.listen_tcp = Some(v).filter(|s| !s.is_empty());
+        }
+        if let Some(v) = env("CTCACHE_METRICS_ADDR") {
+            self.metrics_addr = Some(v).filter(|s| !s.is_empty());
+        }
+        if let Some(v) = env("CTCACHE_WATCH") {
+            self.watch = std::env::split_paths(&v).collect();
+        }
+        if let Some(v) = env("CTCACHE_WORKERS") {
+            self.workers = v
+                .parse()
+                .map_err(|_| bad("CTCACHE_WORKERS", format!("{v:?} is not a number")))?;
+        }
+        if let Some(v) = env("CTCACHE_LOG_FORMAT") {
+            self.log_format = toml::Value::String(v.clone()).try_into().map_err(|_| {
+                bad(
+                    "CTCACHE_LOG_FORMAT",
+                    format!("{v:?}: expected auto, human, json or journald"),
+                )
+            })?;
+        }
+        if let Some(v) = env("CTCACHE_LOG_LEVEL") {
+            self.log_level = v;
+        }
+        if let Some(v) = env("CTCACHE_GPU") {
+            self.gpu = matches!(v.as_str(), "1" | "true" | "yes" | "on");
+        }
+        Ok(())
+    }
+
+    fn apply_flags(&mut self, f: &Overrides) {
+        if let Some(v) = &f.cache_dir {
+            self.cache_dir = v.clone();
+        }
+        if let Some(v) = &f.socket {
+            self.socket = v.clone();
+        }
+        if !f.watch.is_empty() {
+            self.watch = f.watch.clone();
+        }
+        if let Some(v) = &f.listen_tcp {
+            self.listen_tcp = Some(v.clone());
+        }
+        if let Some(v) = &f.metrics_addr {
+            self.metrics_addr = Some(v.clone());
+        }
+        if let Some(v) = f.workers {
+            self.workers = v;
+        }
+        if let Some(v) = f.log_format {
+            self.log_format = v;
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.into(),
+            message,
+        };
+        if self.cache_dir.as_os_str().is_empty() {
+            return Err(invalid("cache_dir", "empty path".into()));
+        }
+        if self.socket.as_os_str().len() > 100 {
+            return Err(invalid(
+                "socket",
+                "Unix socket paths are limited to about 100 bytes".into(),
+            ));
+        }
+        for (key, addr) in [
+            ("listen_tcp", &self.listen_tcp),
+            ("metrics_addr", &self.metrics_addr),
+        ] {
+            if let Some(a) = addr {
+                a.parse::<std::net::SocketAddr>()
+                    .map_err(|_| invalid(key, format!("{a:?} is not host:port")))?;
+            }
+        }
+        if self.stable_secs < 0.0 || !self.stable_secs.is_finite() {
+            return Err(invalid(
+                "stable_secs",
+                "must be a non-negative number".into(),
+            ));
+        }
+        for (i, rule) in self.policy.iter().enumerate() {
+            if ctcache_kernels::find(&rule.format).is_none() {
+                return Err(invalid(
+                    &format!("policy[{i}].format"),
+                    format!("unknown format {:?}", rule.format),
+                ));
+            }
+            for t in &rule.data_types {
+                if ctcache::dtype::DataType::from_name(t).is_none() {
+                    return Err(invalid(
+                        &format!("policy[{i}].data_types"),
+                        format!("unknown data type {t:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The effective config as TOML (for `--print-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
+    }
+
+    /// Pack workers after applying the default (cores - 1, at least 1).
+    pub fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            return self.workers;
+        }
+        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests;

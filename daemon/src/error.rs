@@ -1,0 +1,165 @@
+//! The daemon's errors: [`Error`], the one error of the use cases (a kind
+//! that means something to the caller, and a sentence for people; the RPC
+//! edge maps kinds to gRPC codes in one place, `rpc/status.rs`), and
+//! [`RunError`], why the daemon could not start or serve.
+
+use std::io::ErrorKind as Io;
+
+use ctcache::store::StoreError;
+
+/// What went wrong, as the caller needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorKind {
+    /// The request is malformed or names something unusable; asking again
+    /// the same way fails the same way.
+    InvalidInput,
+    /// A model, entry, lease or watch the request names does not exist.
+    NotFound,
+    /// The request reads past the end of what it names.
+    OutOfRange,
+    /// The caller may not do this (or read or write that).
+    PermissionDenied,
+    /// The request is well formed but the state does not allow it (nothing
+    /// to materialize, no GPU for a wgpu request).
+    Precondition,
+    /// A bound was reached (disk full, too many leases or jobs).
+    Exhausted,
+    /// Stored bytes are damaged; they were not served.
+    DataLoss,
+    /// The work was abandoned (shutdown, every waiter gone).
+    Cancelled,
+    /// A fault of the daemon or its host (I/O, a broken index).
+    Internal,
+}
+
+/// A failed use case.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub(crate) struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::InvalidInput, message)
+    }
+
+    pub fn out_of_range(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::OutOfRange, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::NotFound, message)
+    }
+
+    pub fn denied(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::PermissionDenied, message)
+    }
+
+    pub fn precondition(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Precondition, message)
+    }
+
+    pub fn exhausted(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Exhausted, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Internal, message)
+    }
+
+    pub fn cancelled(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Cancelled, message)
+    }
+}
+
+impl Error {
+    /// An I/O failure on `what` (a path the caller named).
+    pub fn from_io(e: std::io::Error, what: &str) -> Error {
+        Error::new(io_kind(&e), format!("{what}: {e}"))
+    }
+}
+
+/// The kind an I/O failure means to a caller.
+fn io_kind(e: &std::io::Error) -> ErrorKind {
+    match e.kind() {
+        Io::NotFound => ErrorKind::NotFound,
+        Io::PermissionDenied => ErrorKind::PermissionDenied,
+        Io::StorageFull | Io::QuotaExceeded => ErrorKind::Exhausted,
+        _ => ErrorKind::Internal,
+    }
+}
+
+impl From<ctcache::Error> for Error {
+    fn from(e: ctcache::Error) -> Self {
+        let kind = match &e {
+            ctcache::Error::Io { source, .. } => io_kind(source),
+            // Everything else is about the bytes of the model the caller named.
+            _ => ErrorKind::InvalidInput,
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        let kind = match &e {
+            StoreError::Io { source, .. } | StoreError::PayloadRead { source, .. } => {
+                io_kind(source)
+            }
+            StoreError::NoSpace { .. } => ErrorKind::Exhausted,
+            StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
+            StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
+            StoreError::Leased { .. } => ErrorKind::Precondition,
+            StoreError::PayloadDamaged { .. } => ErrorKind::DataLoss,
+            _ => ErrorKind::Internal,
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+/// Why the daemon could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The cache dir could not be opened.
+    #[error("opening the cache {}: {source}", .dir.display())]
+    Store {
+        /// The cache dir.
+        dir: std::path::PathBuf,
+        /// What the store said (boxed: keeps every `RunError` small).
+        source: Box<StoreError>,
+    },
+    /// A file or socket operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The metrics endpoint could not start.
+    #[error("metrics endpoint: {0}")]
+    Metrics(String),
+    /// The watcher or the gRPC server failed.
+    #[error("{0}")]
+    Serve(String),
+}
+
+impl RunError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> RunError {
+        RunError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

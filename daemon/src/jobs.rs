@@ -1,0 +1,55 @@
+//! The vocabulary of pack jobs shared by the scheduler's instance, the use
+//! cases and the event feed: a job's identity, its result and its progress
+//! as callers see it.
+
+use std::time::Duration;
+
+use ctcache::store::Entry;
+use ctcache_kernels::Backend;
+
+/// Identity of a pack job: same source content, format and parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct JobKey {
+    pub source: [u8; 32],
+    pub format: String,
+    pub params: String,
+}
+
+/// A finished pack job.
+#[derive(Debug, Clone)]
+pub(crate) struct Packed {
+    pub entry: Entry,
+    /// True when the entry already existed and nothing was packed.
+    pub cached: bool,
+    /// The backend that packed it (`None` when nothing was packed).
+    pub backend: Option<Backend>,
+}
+
+/// Where a job stands, as followers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JobPhase {
+    Queued,
+    Running,
+    /// Packed and stored now.
+    Done,
+    /// Found in the store; nothing was packed.
+    Cached,
+    Failed,
+    Cancelled,
+}
+
+/// One job's progress within a request.
+#[derive(Debug, Clone)]
+pub(crate) struct JobProgress {
+    pub job_id: u64,
+    pub initializer: String,
+    pub format: String,
+    pub phase: JobPhase,
+    /// Jobs of the request finished so far, and in all.
+    pub done: u32,
+    pub total: u32,
+    pub entry: Option<Entry>,
+    pub error: String,
+    pub backend: Option<Backend>,
+    pub pack_duration: Duration,
+}

@@ -1,0 +1,128 @@
+//! The Gc and Verify use cases: collect entries over the size budget or
+//! unused for too long (the request's limits, else the configured budget),
+//! and rehash every payload.
+
+use std::time::Duration;
+
+use ctcache::store::{GcPolicy, GcReport, GcTarget, ReconcileReport, VerifyReport};
+
+use super::Result;
+use crate::caller::Caller;
+use crate::state::Daemon;
+
+/// A Gc request; no limit given means the configured budget.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GcRequest {
+    pub max_bytes: Option<u64>,
+    pub max_age_secs: Option<u64>,
+    pub dry_run: bool,
+}
+
+/// The configured budget (`gc_max_bytes`, `gc_max_age_secs`; 0: none),
+/// which a Gc that names no limit applies.
+pub(crate) fn configured_budget(d: &Daemon) -> (Option<u64>, Option<Duration>) {
+    let cfg = &d.config;
+    (
+        (cfg.gc_max_bytes > 0).then_some(cfg.gc_max_bytes),
+        (cfg.gc_max_age_secs > 0).then(|| Duration::from_secs(cfg.gc_max_age_secs)),
+    )
+}
+
+/// The Gc use case (a dry run is open to every caller).
+pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport> {
+    if !r.dry_run {
+        caller.require_trusted("collect garbage")?;
+    }
+    let (max_bytes, max_age) = if r.max_bytes.is_some() || r.max_age_secs.is_some() {
+        (r.max_bytes, r.max_age_secs.map(Duration::from_secs))
+    } else {
+        configured_budget(d)
+    };
+    let policy = GcPolicy {
+        max_bytes,
+        max_age,
+        orphans: true,
+        temp_files: true,
+        dry_run: r.dry_run,
+    };
+    let report = d.store.gc(&policy)?;
+    metrics::counter!("ctcache_gc_evictions_total").increment(report.items.len() as u64);
+    let entries = report
+        .items
+        .iter()
+        .filter(|i| matches!(i.target, GcTarget::Entry(_)))
+        .count();
+    tracing::info!(
+        caller = %caller.describe(),
+        "gc{}: {} {entries} entries and {} leftover files, {} bytes freed, store {} -> {} bytes{}{}",
+        if r.dry_run { " (dry run)" } else { "" },
+        if r.dry_run { "would remove" } else { "removed" },
+        report.items.len() - entries,
+        report.bytes_freed,
+        report.bytes_before,
+        report.bytes_after,
+        match report.leased_kept {
+            0 => String::new(),
+            n => format!(", {n} leased entries kept"),
+        },
+        if max_bytes.is_none() && max_age.is_none() {
+            "; no size or age limit given or configured"
+        } else {
+            ""
+        },
+    );
+    Ok(report)
+}
+
+/// The Verify use case: rehash every payload and list orphan files; with
+/// `repair`, damaged payloads are quarantined (their entries dropped),
+/// orphans removed and files and index reconciled. Without, nothing
+/// changes (a damaged payload is refused when served all the same).
+pub(crate) fn verify(
+    d: &Daemon,
+    caller: &Caller,
+    repair: bool,
+) -> Result<(VerifyReport, Option<ReconcileReport>)> {
+    caller.require_trusted("verify the store")?;
+    let report = d.store.verify(repair)?;
+    let damaged = report.problems.len();
+    tracing::info!(
+        caller = %caller.describe(),
+        "verify: {} payload files ({} bytes) rehashed, {}",
+        report.blobs_checked,
+        report.bytes_checked,
+        if damaged == 0 {
+            "all intact".to_string()
+        } else {
+            format!(
+                "{damaged} damaged ({})",
+                if repair {
+                    "quarantined, their entries dropped"
+                } else {
+                    "reported only"
+                }
+            )
+        }
+    );
+    let repaired = if repair {
+        let r = d.store.reconcile()?;
+        log_reconcile(&r);
+        Some(r)
+    } else {
+        None
+    };
+    Ok((report, repaired))
+}
+
+/// One line for what a reconcile found and fixed.
+pub(crate) fn log_reconcile(r: &ReconcileReport) {
+    tracing::info!(
+        "reconcile: {} entries checked, {} damaged, {} orphan and {} stray files and {} temp files removed, {} index records fixed",
+        r.entries_checked,
+        r.damaged.len(),
+        r.orphan_files_removed.len(),
+        r.stray_files_removed.len(),
+        r.temp_files_removed.len(),
+        r.refs_added + r.source_lists_fixed + r.records_removed + r.expired_leases_removed,
+    );
+}

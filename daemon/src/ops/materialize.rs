@@ -1,0 +1,175 @@
+//! The Materialize use case: plan the rewrite, pack the missing
+//! `ort.matmul_nbits` entries (single-flight with every other request), then
+//! write the model with its weights reflinked, copied or hard-linked from the
+//! store (`LinkMode`), under
+//! leases so that a gc running meanwhile cannot remove a payload first.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctcache::materialize::{
+    self as mat, LinkMode, PackedWeight, Plan, Report, Settings, WeightKey,
+};
+use ctcache_kernels::Params;
+
+use super::model;
+use super::output::{give_to_caller, output_path};
+use super::pack::{self, BackendRequest};
+use super::{blocking, Error, Result};
+use crate::caller::Caller;
+use crate::config::PolicyRule;
+use crate::policy::Wanted;
+use crate::scheduler::Priority;
+use crate::state::Daemon;
+
+/// How long the payloads stay leased while being linked.
+const LEASE_TTL: Duration = Duration::from_secs(120);
+
+/// A Materialize request; unset settings come from the policy's
+/// `ort.matmul_nbits` rule, else the packer's defaults.
+#[derive(Debug, Clone)]
+pub(crate) struct MaterializeRequest {
+    pub model_path: String,
+    pub output_path: String,
+    /// Empty: onnxruntime 4-bit.
+    pub target: String,
+    pub bits: Option<u32>,
+    pub block_size: Option<u32>,
+    pub symmetric: Option<bool>,
+    pub accuracy_level: i64,
+    /// How weight files are placed (reflink or copy by default).
+    pub link: LinkMode,
+}
+
+/// What Materialize wrote.
+#[derive(Debug, Clone)]
+pub(crate) struct Materialized {
+    pub output_path: PathBuf,
+    pub plan: Plan,
+    pub report: Report,
+    pub settings: Settings,
+    /// Entries packed for this request, and those already stored.
+    pub packed: u32,
+    pub cached: u32,
+}
+
+/// The settings of a request over the policy's and the packer's defaults.
+fn settings(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Settings> {
+    let mut s = Settings::default();
+    if let Some(rule) = policy.iter().find(|p| p.format == mat::PACKER) {
+        let get = |k: &str| rule.params.get(k).map(String::as_str);
+        if let Some(b) = get("bits").and_then(|v| v.parse().ok()) {
+            s.bits = b;
+        }
+        if let Some(b) = get("block_size").and_then(|v| v.parse().ok()) {
+            s.block_size = b;
+        }
+        if let Some(b) = get("symmetric").and_then(|v| v.parse().ok()) {
+            s.symmetric = b;
+        }
+    }
+    s.bits = r.bits.unwrap_or(s.bits);
+    s.block_size = r.block_size.unwrap_or(s.block_size);
+    s.symmetric = r.symmetric.unwrap_or(s.symmetric);
+    s.accuracy_level = r.accuracy_level;
+    s.validate().map_err(|e| Error::invalid(e.to_string()))?;
+    Ok(s)
+}
+
+/// The Materialize use case.
+pub(crate) async fn materialize(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    r: MaterializeRequest,
+) -> Result<Materialized> {
+    tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "materialize");
+    if !r.target.is_empty() && r.target != mat::TARGET_ORT_INT4 {
+        return Err(Error::invalid(format!(
+            "unknown target {:?} (known: {})",
+            r.target,
+            mat::TARGET_ORT_INT4
+        )));
+    }
+    let out = output_path(caller, &r.output_path)?;
+    let settings = settings(&d.config.policy, &r)?;
+    let (d2, c2, model_path) = (d.clone(), caller.clone(), r.model_path.clone());
+    let (m, plan) = blocking(move || {
+        let m = model::open(&d2, &model_path, &c2)?;
+        let plan = mat::plan(&m.model).map_err(|e| Error::invalid(e.to_string()))?;
+        Ok((m, plan))
+    })
+    .await?;
+    if let Some(why) = plan.why_nothing() {
+        return Err(Error::precondition(format!(
+            "nothing to materialize in {}: {why}",
+            r.model_path
+        )));
+    }
+    let mut wanted: Vec<(WeightKey, Wanted)> = Vec::new();
+    for (weight, transposed) in plan.weights() {
+        let params = Params::parse(settings.packer_params(transposed))
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let w = Wanted {
+            initializer: weight.clone(),
+            format: mat::PACKER.into(),
+            params,
+        };
+        wanted.push(((weight, transposed), w));
+    }
+    let jobs = {
+        let (d, m) = (d.clone(), m.clone());
+        let ws: Vec<Wanted> = wanted.iter().map(|(_, w)| w.clone()).collect();
+        blocking(move || pack::submit_all(&d, &m, &ws, Priority::Client, BackendRequest::Auto))
+            .await?
+    };
+    let (entries, packed) = pack::finish(jobs).await?;
+    let cached = entries.len() as u32 - packed;
+    let mode = r.link;
+    let (d, caller) = (d.clone(), caller.clone());
+    blocking(move || {
+        let store = &d.store;
+        let mut leases = Vec::new();
+        let result = (|| {
+            let mut weights: HashMap<WeightKey, PackedWeight> = HashMap::new();
+            for (w, e) in &entries {
+                let Some((key, _)) = wanted.iter().find(|(_, x)| x == w) else {
+                    continue;
+                };
+                leases.push(store.acquire_lease(&e.key, LEASE_TTL)?);
+                let payload = store.open_payload(&e.key)?;
+                weights.insert(
+                    key.clone(),
+                    PackedWeight {
+                        payload_path: payload.path.clone(),
+                        file_name: format!("{}.bin", hex::encode(payload.info.blake3)),
+                        struct_type: e.physical_type()?,
+                        dims: e.dims.clone(),
+                    },
+                );
+            }
+            mat::write(&m.model, &plan, &settings, &weights, &out, mode)
+                .map_err(|e| Error::invalid(e.to_string()))
+        })();
+        for id in leases {
+            let _ = store.release(id);
+        }
+        let report = result?;
+        // The model and its folder go to the caller; linked payloads keep
+        // the store's owner (they are the store's inodes).
+        give_to_caller(
+            &caller,
+            [out.as_path(), report.data_dir.as_path()].into_iter(),
+        );
+        Ok(Materialized {
+            output_path: out,
+            plan,
+            report,
+            settings,
+            packed,
+            cached,
+        })
+    })
+    .await
+}

@@ -1,0 +1,212 @@
+//! What every model use case starts with: open the model a caller named
+//! (after the access check), choose the wanted (initializer, format) pairs,
+//! and take the initializers' digests through the memo.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ctcache::access::{self, Identity, Opener, OwnRights};
+use ctcache::digest::SourceDigest;
+use ctcache::onnx::graph::weight_uses;
+use ctcache::onnx::{Model, TensorRef};
+use ctcache_kernels::{PackError, Params};
+
+use super::{Error, Result};
+use crate::caller::Caller;
+use crate::config::PolicyRule;
+use crate::policy::{self, Selection, Wanted};
+use crate::state::Daemon;
+
+/// A format a request names, with its packer parameters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FormatRequest {
+    pub id: String,
+    pub params: Vec<(String, String)>,
+}
+
+/// A model opened for a caller.
+#[derive(Clone)]
+pub(crate) struct OpenedModel {
+    /// The canonical path.
+    pub path: PathBuf,
+    pub model: Arc<Model>,
+}
+
+/// With whose rights a model is read.
+#[derive(Debug, Clone)]
+pub(crate) enum Reader {
+    /// The admin's: models under a watched folder of the config file.
+    Admin,
+    /// A user's: the model, its real path and its external data must be
+    /// readable by this identity.
+    As(Identity),
+}
+
+/// Opens the model at `path` for `caller`: an absolute path to a model the
+/// caller may read, or one under a watched folder of the config file (the
+/// admin's). Access is judged on the file opened, never on the path.
+pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedModel> {
+    if path.is_empty() {
+        return Err(Error::invalid("model_path is empty"));
+    }
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(Error::invalid(format!(
+            "model_path {path:?} must be absolute"
+        )));
+    }
+    let file = File::open(p).map_err(|e| Error::from_io(e, path))?;
+    let real = access::real_path(&file).map_err(|e| Error::from_io(e, path))?;
+    let reader = if d.watcher.admin_covers(&real) {
+        Reader::Admin
+    } else {
+        let who = caller.identity()?;
+        who.check_read(&file, p).map_err(|_| {
+            Error::denied(format!(
+                "{path}: outside the watched folders and not readable by {}",
+                caller.describe()
+            ))
+        })?;
+        Reader::As(who.clone())
+    };
+    from_file(file, &real, &reader)
+}
+
+/// Opens the model at `path` with the rights of `reader`.
+pub(crate) fn open_as(path: &Path, reader: &Reader) -> Result<OpenedModel> {
+    let file = match reader {
+        Reader::Admin => File::open(path),
+        Reader::As(who) => who.open_read(path),
+    }
+    .map_err(|e| Error::from_io(e, &path.display().to_string()))?;
+    let real =
+        access::real_path(&file).map_err(|e| Error::from_io(e, &path.display().to_string()))?;
+    from_file(file, &real, reader)
+}
+
+/// Maps an opened model; its external data is opened with the same rights.
+fn from_file(file: File, real: &Path, reader: &Reader) -> Result<OpenedModel> {
+    let opener: Arc<dyn Opener> = match reader {
+        Reader::Admin => Arc::new(OwnRights),
+        Reader::As(who) => Arc::new(who.clone()),
+    };
+    let model = Model::from_file(file, real, opener)?;
+    Ok(OpenedModel {
+        path: real.to_path_buf(),
+        model: Arc::new(model),
+    })
+}
+
+/// The wanted (initializer, format) pairs: explicit formats for every
+/// initializer they accept (and, unless `only` names initializers, the
+/// policy's size and use filters admit), or the policy; `only` keeps those
+/// initializers.
+pub(crate) fn wanted(
+    d: &Daemon,
+    model: &Model,
+    formats: &[FormatRequest],
+    only: &[String],
+) -> Result<Selection> {
+    let mut sel = if formats.is_empty() {
+        policy::select(model, &d.config.policy)?
+    } else {
+        let rules = only.is_empty().then_some(d.config.policy.as_slice());
+        explicit(model, formats, rules)?
+    };
+    if !only.is_empty() {
+        for name in only {
+            if !sel.wanted.iter().any(|w| &w.initializer == name) {
+                let why = sel
+                    .refused
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, r)| r.clone());
+                return Err(Error::invalid(match why {
+                    Some(r) => format!("{name}: {r}"),
+                    None => format!("{name}: not an initializer the selected formats accept"),
+                }));
+            }
+        }
+        sel.wanted.retain(|w| only.contains(&w.initializer));
+    }
+    Ok(sel)
+}
+
+/// Every initializer an explicitly named format accepts and, with `rules`,
+/// their size and use filters admit.
+fn explicit(
+    model: &Model,
+    formats: &[FormatRequest],
+    rules: Option<&[PolicyRule]>,
+) -> Result<Selection> {
+    let mut sel = Selection::default();
+    let uses = match rules {
+        Some(_) => Some(weight_uses(model)?),
+        None => None,
+    };
+    let mut parsed = Vec::with_capacity(formats.len());
+    for f in formats {
+        let packer = ctcache_kernels::find(&f.id)
+            .ok_or_else(|| Error::invalid(format!("unknown format {:?}", f.id)))?;
+        let params = Params::parse(f.params.iter().map(|(k, v)| format!("{k}={v}")))
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        parsed.push((f, packer, params));
+    }
+    for t in model.initializers()? {
+        for (f, packer, params) in &parsed {
+            if let (Some(rules), Some(uses)) = (rules, &uses) {
+                if !policy::admitted(rules, &f.id, &t, uses) {
+                    continue;
+                }
+            }
+            match packer.check_source(t.data_type, &t.dims, params) {
+                Ok(()) => sel.wanted.push(Wanted {
+                    initializer: t.name.clone(),
+                    format: f.id.clone(),
+                    params: params.clone(),
+                }),
+                // A bad parameter is the caller's mistake, not a refusal.
+                Err(
+                    e @ (PackError::UnknownParam { .. }
+                    | PackError::BadParamValue { .. }
+                    | PackError::MalformedParam(_)
+                    | PackError::DuplicateParam(_)),
+                ) => return Err(Error::invalid(format!("{}: {e}", f.id))),
+                Err(e) => sel.refused.push((t.name.clone(), e.to_string())),
+            }
+        }
+    }
+    Ok(sel)
+}
+
+/// The refusal of a request whose selection came out empty, worded as
+/// `ctcachectl` words it when it packs locally.
+pub(crate) fn nothing_to_pack(
+    d: &Daemon,
+    path: &Path,
+    sel: &Selection,
+    formats: &[FormatRequest],
+) -> Error {
+    let format = match formats {
+        [one] => Some(one.id.as_str()),
+        _ => None,
+    };
+    let filters = policy::describe_filters(&d.config.policy, format);
+    Error::precondition(ctcache::onnx::graph::nothing_to_pack(
+        path,
+        &sel.why_nothing(&filters),
+    ))
+}
+
+/// The model's initializers and their blake3 digests, through the memo.
+pub(crate) fn digests(
+    d: &Daemon,
+    path: &Path,
+    model: &Model,
+) -> Result<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
+    let tensors = model.initializers()?;
+    let (digests, _) = d.memo.digests(path, model, &tensors)?;
+    Ok((tensors, digests))
+}

@@ -1,0 +1,290 @@
+//! Pack jobs: submit (or join) the job of one wanted (initializer, format)
+//! pair on the scheduler, run it (reuse the stored entry, else pack and put),
+//! and wait for a set of jobs. The Prepack use case is the caller-facing
+//! front of it.
+
+use std::sync::Arc;
+
+use ctcache::digest::SourceDigest;
+use ctcache::onnx::{Model, TensorRef};
+use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
+use ctcache_kernels::compile::BackendChoice;
+use ctcache_kernels::{Packer, Params};
+
+use super::model::{self, FormatRequest, OpenedModel};
+use super::{Error, Result};
+use crate::caller::Caller;
+use crate::events::EventKind;
+use crate::jobs::{JobKey, Packed};
+use crate::policy::Wanted;
+use crate::scheduler::{CancelToken, JobHandle, JobState, Lane, Priority};
+use crate::state::Daemon;
+
+/// Which backend a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum BackendRequest {
+    /// The scheduler's choice: the GPU lane for what a hardware adapter can
+    /// pack, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Wgpu,
+}
+
+/// A Prepack request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PrepackRequest {
+    pub model_path: String,
+    pub initializers: Vec<String>,
+    pub formats: Vec<FormatRequest>,
+    pub backend: BackendRequest,
+}
+
+/// A set of submitted jobs.
+pub(crate) type Jobs = Vec<(Wanted, JobHandle<Packed>)>;
+
+/// The Prepack use case: starts (or joins) the jobs of the wanted pairs.
+pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> Result<Jobs> {
+    tracing::info!(caller = %caller.describe(), model = %r.model_path, "prepack");
+    let m = model::open(d, &r.model_path, caller)?;
+    let sel = model::wanted(d, &m.model, &r.formats, &r.initializers)?;
+    if sel.wanted.is_empty() {
+        return Err(model::nothing_to_pack(d, &m.path, &sel, &r.formats));
+    }
+    if r.backend == BackendRequest::Wgpu {
+        check_wgpu(d, &m.model, &sel.wanted)?;
+    }
+    submit_all(d, &m, &sel.wanted, Priority::Client, r.backend)
+}
+
+/// A wgpu request needs a hardware adapter's lane and formats it can pack.
+fn check_wgpu(d: &Daemon, model: &Model, wanted: &[Wanted]) -> Result<()> {
+    if !d.scheduler.has_gpu_lane() {
+        let why = if d.config.gpu {
+            "this host has no hardware wgpu adapter (software adapters are slower than the CPU packers and are not used)"
+        } else {
+            "the daemon's config turns the GPU off (gpu = false)"
+        };
+        return Err(Error::precondition(format!("backend wgpu: {why}")));
+    }
+    let tensors = model.initializers()?;
+    for w in wanted {
+        if let Some(t) = tensors.iter().find(|t| t.name == w.initializer) {
+            if !gpu_can_pack(w, t) {
+                return Err(Error::invalid(format!(
+                    "backend wgpu cannot pack {} as {} (wgpu packs FLOAT sources, not transposed ones); use backend cpu or auto",
+                    w.initializer, w.format
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gpu_can_pack(w: &Wanted, t: &TensorRef) -> bool {
+    ctcache_kernels::gpu::supports_source(&w.format, t.data_type)
+        && w.params.get("transposed") != Some("true")
+}
+
+/// Starts (or joins) the jobs of every wanted pair of an opened model.
+pub(crate) fn submit_all(
+    d: &Arc<Daemon>,
+    m: &OpenedModel,
+    wanted: &[Wanted],
+    priority: Priority,
+    backend: BackendRequest,
+) -> Result<Jobs> {
+    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    let mut jobs = Vec::new();
+    for w in wanted {
+        let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else {
+            continue;
+        };
+        let digest = digests[&t.name];
+        jobs.push((w.clone(), submit(d, m, t, digest, w, priority, backend)?));
+    }
+    Ok(jobs)
+}
+
+/// The resolved inputs of one pack: the model as it was opened for the
+/// request (never opened again by path), one of its initializers.
+struct PackSpec {
+    model: OpenedModel,
+    tensor: TensorRef,
+    digest: SourceDigest,
+    packer: &'static dyn Packer,
+    params: Params,
+}
+
+fn params_key(p: &Params) -> String {
+    p.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Submits (or joins) the pack job of one wanted pair.
+fn submit(
+    d: &Arc<Daemon>,
+    m: &OpenedModel,
+    t: &TensorRef,
+    digest: SourceDigest,
+    w: &Wanted,
+    priority: Priority,
+    backend: BackendRequest,
+) -> Result<JobHandle<Packed>> {
+    let packer = ctcache_kernels::find(&w.format)
+        .ok_or_else(|| Error::invalid(format!("unknown format {:?}", w.format)))?;
+    let spec = PackSpec {
+        model: m.clone(),
+        tensor: t.clone(),
+        digest,
+        packer,
+        params: w.params.clone(),
+    };
+    let key = JobKey {
+        source: digest.bytes,
+        format: w.format.clone(),
+        params: params_key(&w.params),
+    };
+    let bytes = t.raw_size().unwrap_or(0).saturating_mul(2);
+    let gpu = d.scheduler.has_gpu_lane() && gpu_can_pack(w, t);
+    let (lane, choice) = match backend {
+        BackendRequest::Cpu => (Lane::Cpu, BackendChoice::Cpu),
+        BackendRequest::Wgpu => (Lane::Gpu, BackendChoice::Wgpu),
+        // The GPU lane packs on the adapter, falling back to the CPU kernels
+        // when the GPU fails.
+        BackendRequest::Auto if gpu => (Lane::Gpu, BackendChoice::Auto),
+        BackendRequest::Auto => (Lane::Cpu, BackendChoice::Cpu),
+    };
+    let me = d.clone();
+    Ok(d.scheduler
+        .submit(key, lane, priority, bytes, move |cancel| {
+            run(&me, spec, choice, cancel)
+        }))
+}
+
+/// The key of the entry `packer` produces from `t` (digest `digest`) with
+/// `params`: what a request for that format and those parameters must hit.
+pub(crate) fn expected_key(
+    digest: &SourceDigest,
+    t: &TensorRef,
+    packer: &dyn Packer,
+    params: &Params,
+) -> Option<EntryKey> {
+    let layout = packer.output(t.data_type, &t.dims, params).ok()?;
+    let device = packer.device(params).ok()?;
+    EntryKey::derive(*digest, &device, &layout.struct_type).ok()
+}
+
+/// The stored entry `packer` would produce for `t` with `params`, if any.
+fn existing(
+    d: &Daemon,
+    digest: &SourceDigest,
+    t: &TensorRef,
+    packer: &dyn Packer,
+    params: &Params,
+) -> Option<Entry> {
+    let key = expected_key(digest, t, packer, params)?;
+    d.store.stat(&key).ok().flatten()
+}
+
+/// A pack job: reuse a stored entry, else pack and put.
+fn run(
+    d: &Daemon,
+    spec: PackSpec,
+    choice: BackendChoice,
+    cancel: &CancelToken,
+) -> Result<Packed, String> {
+    let (model, t) = (&spec.model.model, &spec.tensor);
+    let model_path = spec.model.path.display().to_string();
+    if let Some(entry) = existing(d, &spec.digest, t, spec.packer, &spec.params) {
+        return Ok(Packed {
+            entry,
+            cached: true,
+            backend: None,
+        });
+    }
+    if cancel.cancelled() {
+        return Err("every waiter went away".into());
+    }
+    let c = ctcache_kernels::compile::compile_on(
+        model,
+        t,
+        Some(spec.digest),
+        spec.packer,
+        &spec.params,
+        choice,
+    )
+    .map_err(|e| e.to_string())?;
+    // The model may have changed since its digest was taken.
+    if c.digest != spec.digest {
+        return Err("the model changed while packing; it will be picked up again".into());
+    }
+    if cancel.cancelled() {
+        return Err("every waiter went away".into());
+    }
+    let new = NewEntry {
+        source: spec.digest,
+        source_shape: c.source_shape.clone(),
+        device: c.device.clone(),
+        physical_type: c.layout.struct_type.clone(),
+        dims: c.layout.dims.clone(),
+        producer: Producer {
+            packer_id: c.packer_id.to_string(),
+            packer_version: c.packer_version.to_string(),
+            client_uid: None,
+        },
+        source_names: vec![t.name.clone()],
+        model_paths: vec![model_path.clone()],
+        pack_duration: c.duration,
+    };
+    let stored = d
+        .store
+        .put(&new, &c.payload[..])
+        .map_err(|e| e.to_string())?;
+    let (format, backend) = (spec.packer.id(), c.backend.name());
+    metrics::counter!("ctcache_pack_jobs_total", "format" => format, "backend" => backend)
+        .increment(1);
+    metrics::histogram!("ctcache_pack_seconds", "format" => format, "backend" => backend)
+        .record(c.duration.as_secs_f64());
+    d.events.emit(
+        EventKind::EntryAdded,
+        Some(stored.entry.key),
+        model_path,
+        format!("{} {}", t.name, stored.entry.type_name),
+    );
+    Ok(Packed {
+        entry: stored.entry,
+        cached: !stored.created,
+        backend: Some(c.backend),
+    })
+}
+
+/// Waits for jobs: their entries in order, and how many were packed now
+/// (not found in the store). The first failure fails the whole set.
+pub(crate) async fn finish(jobs: Jobs) -> Result<(Vec<(Wanted, Entry)>, u32)> {
+    let mut packed = 0u32;
+    let mut entries = Vec::with_capacity(jobs.len());
+    for (w, h) in jobs {
+        match h.finished().await {
+            JobState::Done(p) => {
+                packed += u32::from(!p.cached);
+                entries.push((w, p.entry));
+            }
+            JobState::Failed(e) => {
+                return Err(Error::internal(format!(
+                    "{} {}: {e}",
+                    w.initializer, w.format
+                )))
+            }
+            other => {
+                return Err(Error::cancelled(format!(
+                    "{} {}: {other:?}",
+                    w.initializer, w.format
+                )))
+            }
+        }
+    }
+    Ok((entries, packed))
+}

@@ -1,0 +1,101 @@
+//! Following pack jobs: each job's state in the form callers see, sent as
+//! the jobs finish and published on the event feed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::pack::Jobs;
+use crate::events::{now_ms, Event, EventKind};
+use crate::jobs::{JobPhase, JobProgress, Packed};
+use crate::policy::Wanted;
+use crate::scheduler::JobState;
+use crate::state::Daemon;
+
+/// A job's progress in the form followers see.
+fn progress(job: u64, w: &Wanted, state: &JobState<Packed>, done: u32, total: u32) -> JobProgress {
+    let mut p = JobProgress {
+        job_id: job,
+        initializer: w.initializer.clone(),
+        format: w.format.clone(),
+        phase: JobPhase::Queued,
+        done,
+        total,
+        entry: None,
+        error: String::new(),
+        backend: None,
+        pack_duration: Duration::ZERO,
+    };
+    match state {
+        JobState::Queued => {}
+        JobState::Running => p.phase = JobPhase::Running,
+        JobState::Done(packed) => {
+            p.phase = if packed.cached {
+                JobPhase::Cached
+            } else {
+                JobPhase::Done
+            };
+            p.pack_duration = packed.entry.pack_duration;
+            p.backend = packed.backend;
+            p.entry = Some(packed.entry.clone());
+        }
+        JobState::Failed(e) => {
+            p.phase = JobPhase::Failed;
+            p.error = e.clone();
+        }
+        JobState::Cancelled => {
+            p.phase = JobPhase::Cancelled;
+            p.error = "cancelled".into();
+        }
+    }
+    p
+}
+
+/// Follows jobs: each job's state now, then each final state as it comes
+/// (also published as a `job_progress` event). Dropping the receiver drops
+/// the handles, which cancels jobs nobody else waits for.
+pub(crate) fn follow(d: &Arc<Daemon>, jobs: Jobs) -> mpsc::Receiver<JobProgress> {
+    let (tx, rx) = mpsc::channel(64);
+    let d = d.clone();
+    tokio::spawn(async move {
+        let total = jobs.len() as u32;
+        for (w, h) in &jobs {
+            let now = h.state.borrow().clone();
+            if tx.send(progress(h.id, w, &now, 0, total)).await.is_err() {
+                return;
+            }
+        }
+        let mut done = 0u32;
+        for (w, h) in jobs {
+            let id = h.id;
+            let state = h.finished().await;
+            done += 1;
+            let p = progress(id, &w, &state, done, total);
+            d.events.publish(Event {
+                unix_ms: now_ms(),
+                kind: EventKind::JobProgress,
+                key: None,
+                model_path: String::new(),
+                detail: phase_name(p.phase).into(),
+                progress: Some(p.clone()),
+            });
+            if tx.send(p).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The word for a phase in events and logs.
+pub(crate) fn phase_name(p: JobPhase) -> &'static str {
+    match p {
+        JobPhase::Queued => "queued",
+        JobPhase::Running => "running",
+        JobPhase::Done => "done",
+        JobPhase::Cached => "cached",
+        JobPhase::Failed => "failed",
+        JobPhase::Cancelled => "cancelled",
+    }
+}

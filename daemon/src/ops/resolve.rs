@@ -1,0 +1,182 @@
+//! The ResolveModel use case: per initializer of a model, its digest, the
+//! stored entries the caller can use, and a miss for every wanted format
+//! without an exact hit; optionally packing what is missing (in the
+//! background, or waiting for it).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ctcache::digest::SourceDigest;
+use ctcache::dtype::DataType;
+use ctcache::hit::MissReason;
+use ctcache::onnx::graph::NotASource;
+use ctcache::store::Entry;
+
+use super::lookup::Target;
+use super::model::{self, FormatRequest};
+use super::pack::{self, BackendRequest, Jobs};
+use super::{Miss, Result};
+use crate::caller::Caller;
+use crate::scheduler::{JobState, Priority};
+use crate::state::Daemon;
+
+/// What to do about wanted formats without an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum OnMiss {
+    #[default]
+    Nothing,
+    /// Start packing; answer now.
+    Background,
+    /// Pack, and answer once done.
+    Wait,
+}
+
+/// A ResolveModel request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ResolveRequest {
+    pub model_path: String,
+    pub on_miss: OnMiss,
+    /// Empty: the daemon's policy.
+    pub formats: Vec<FormatRequest>,
+    pub target: Target,
+}
+
+/// A wanted format without a usable entry.
+#[derive(Debug, Clone)]
+pub(crate) struct FormatMiss {
+    pub format: String,
+    pub miss: Miss,
+}
+
+/// One initializer's resolution.
+#[derive(Debug, Clone)]
+pub(crate) struct TensorResolution {
+    pub name: String,
+    pub data_type: DataType,
+    pub dims: Vec<u64>,
+    pub digest: SourceDigest,
+    /// Every stored entry of the initializer the caller can use.
+    pub entries: Vec<Entry>,
+    pub wanted_formats: Vec<String>,
+    pub misses: Vec<FormatMiss>,
+    /// "format: reason" of policy rules that matched but whose packer
+    /// refuses the initializer.
+    pub refused: Vec<String>,
+}
+
+/// A model's resolution.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolution {
+    pub model_path: PathBuf,
+    pub tensors: Vec<TensorResolution>,
+    pub not_sources: Vec<NotASource>,
+    pub jobs_started: u64,
+}
+
+/// The ResolveModel use case.
+pub(crate) async fn resolve(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    r: ResolveRequest,
+) -> Result<Resolution> {
+    let (d2, caller) = (d.clone(), caller.clone());
+    let on_miss = r.on_miss;
+    let (mut res, jobs) = super::blocking(move || resolve_now(&d2, &caller, &r)).await?;
+    if on_miss == OnMiss::Wait {
+        for (w, h) in jobs {
+            let state = h.finished().await;
+            let Some(t) = res.tensors.iter_mut().find(|t| t.name == w.initializer) else {
+                continue;
+            };
+            match state {
+                JobState::Done(p) => {
+                    t.entries.push(p.entry);
+                    t.misses.retain(|m| m.format != w.format);
+                }
+                JobState::Failed(e) => {
+                    if let Some(m) = t.misses.iter_mut().find(|m| m.format == w.format) {
+                        m.miss.detail = format!("{} could not be packed: {e}", w.format);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(res)
+}
+
+/// Resolves from the store and starts the jobs `on_miss` asks for.
+fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(Resolution, Jobs)> {
+    let m = model::open(d, &r.model_path, caller)?;
+    let sel = model::wanted(d, &m.model, &r.formats, &[])?;
+    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    let filter = r.target.filter(d);
+    let only_daemon = d.config.daemon_produced_only;
+    let mut res = Resolution {
+        model_path: m.path.clone(),
+        tensors: Vec::with_capacity(tensors.len()),
+        not_sources: sel.not_sources.clone(),
+        jobs_started: 0,
+    };
+    let mut missing = Vec::new();
+    for t in &tensors {
+        let digest = digests[&t.name];
+        // Counted below per wanted format: tensors nothing wants are not
+        // lookups a runtime would make.
+        let hits: Vec<Entry> = d
+            .store
+            .lookup_uncounted(&digest, &filter)?
+            .into_iter()
+            .map(|h| h.entry)
+            .filter(|e| !only_daemon || e.producer.client_uid.is_none())
+            .collect();
+        let wanted: Vec<_> = sel
+            .wanted
+            .iter()
+            .filter(|w| w.initializer == t.name)
+            .collect();
+        let mut tr = TensorResolution {
+            name: t.name.clone(),
+            data_type: t.data_type,
+            dims: t.dims.clone(),
+            digest,
+            entries: hits,
+            wanted_formats: wanted.iter().map(|w| w.format.clone()).collect(),
+            misses: Vec::new(),
+            refused: sel
+                .refused
+                .iter()
+                .filter(|(n, _)| n == &t.name)
+                .map(|(_, why)| why.clone())
+                .collect(),
+        };
+        for w in wanted {
+            // A hit is the exact key this build's packer produces for the
+            // wanted format and parameters (never a name or a prefix).
+            let expected = ctcache_kernels::find(&w.format)
+                .and_then(|p| pack::expected_key(&digest, t, p, &w.params));
+            let hit = expected.is_some_and(|k| {
+                tr.entries
+                    .iter()
+                    .any(|e| e.key.physical_type == k.physical_type)
+            });
+            d.store.count_lookups(u64::from(hit), u64::from(!hit));
+            if !hit {
+                tr.misses.push(FormatMiss {
+                    format: w.format.clone(),
+                    miss: Miss::new(MissReason::NoEntry, format!("{} not packed yet", w.format)),
+                });
+                missing.push(w.clone());
+            }
+        }
+        res.tensors.push(tr);
+    }
+    let priority = match r.on_miss {
+        OnMiss::Nothing => return Ok((res, Vec::new())),
+        OnMiss::Background => Priority::Background,
+        OnMiss::Wait => Priority::Client,
+    };
+    let jobs = pack::submit_all(d, &m, &missing, priority, BackendRequest::Auto)?;
+    res.jobs_started = jobs.len() as u64;
+    Ok((res, jobs))
+}

@@ -1,0 +1,207 @@
+//! The watcher's use case: paths the watcher reports become models to
+//! (re)consider; once a model file is stable, the policy's prepacks are
+//! submitted at watcher priority, and one log line per model says how they
+//! ended. Deleting a model leaves its entries in place (they are keyed by
+//! content).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::model::{self, Reader};
+use super::pack::{self, BackendRequest, Jobs};
+use super::{Error, Result};
+use crate::events::EventKind;
+use crate::scheduler::{JobState, Priority};
+use crate::state::Daemon;
+use crate::watcher::Owner;
+
+fn is_model(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e == "onnx")
+}
+
+/// Starts the watcher over the configured folders and the thread that
+/// scans what it reports (it ends when the watcher stops).
+pub(crate) fn start(d: &Arc<Daemon>) -> Result<()> {
+    let (tx, rx) = mpsc::channel::<PathBuf>();
+    let daemon = d.clone();
+    // The jobs' ends are awaited on the daemon's runtime.
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| Error::internal(format!("the watcher needs the daemon's runtime: {e}")))?;
+    std::thread::Builder::new()
+        .name("ctcache-watch".into())
+        .spawn(move || scan_loop(daemon, rx, runtime))
+        .map_err(|e| Error::internal(e.to_string()))?;
+    d.watcher.start(tx)
+}
+
+/// Turns event paths into models to (re)consider, waits for stability, and
+/// submits the policy's prepacks.
+fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtime::Handle) {
+    let stable = Duration::from_secs_f64(d.config.stable_secs);
+    while let Ok(first) = rx.recv() {
+        // Gather a burst of paths, then handle each model once.
+        let mut paths = vec![first];
+        while let Ok(p) = rx.recv_timeout(Duration::from_millis(50)) {
+            paths.push(p);
+        }
+        let mut models = HashSet::new();
+        for p in paths {
+            if p.is_dir() {
+                models.extend(walk_models(&p));
+            } else if is_model(&p) {
+                if p.exists() {
+                    models.insert(p);
+                } else {
+                    d.memo.forget(&p);
+                    d.events.emit(
+                        EventKind::Watcher,
+                        None,
+                        p.display().to_string(),
+                        "model removed; its entries stay until gc".into(),
+                    );
+                }
+            } else if let Some(dir) = p.parent() {
+                // An external-data file changed: reconsider the models beside it.
+                models.extend(walk_shallow(dir));
+            }
+        }
+        for m in models {
+            if let Err(e) = consider(&d, &m, stable, &runtime) {
+                tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
+                d.events.emit(
+                    EventKind::Watcher,
+                    None,
+                    m.display().to_string(),
+                    format!("skipped: {e}"),
+                );
+            }
+        }
+    }
+}
+
+fn walk_shallow(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| is_model(p) && p.is_file())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn walk_models(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                Ok(t) if t.is_file() && is_model(&p) => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Waits until size and mtime stop changing (a writer may still be
+/// copying); false when the file went away, took too long, or the watcher
+/// stopped meanwhile.
+fn wait_stable(d: &Daemon, p: &Path, stable: Duration) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut last = ctcache::fsutil::FileStamp::of_path(p).ok();
+    loop {
+        std::thread::sleep(stable.max(Duration::from_millis(20)));
+        if !d.watcher.is_running() {
+            return false;
+        }
+        let now = ctcache::fsutil::FileStamp::of_path(p).ok();
+        if now.is_none() {
+            return false;
+        }
+        if now == last {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        last = now;
+    }
+}
+
+fn consider(
+    d: &Arc<Daemon>,
+    path: &Path,
+    stable: Duration,
+    runtime: &tokio::runtime::Handle,
+) -> Result<()> {
+    if !wait_stable(d, path, stable) {
+        return Ok(());
+    }
+    // Read with the rights of the watch's owner: a user's watch never
+    // packs what that user may not read (a link to another's file).
+    let Some(owner) = d.watcher.owner_of(path) else {
+        return Ok(());
+    };
+    let reader = match owner {
+        Owner::Admin => Reader::Admin,
+        Owner::User(who) => Reader::As(who),
+    };
+    let m = model::open_as(path, &reader)?;
+    let sel = crate::policy::select(&m.model, &d.config.policy)?;
+    let jobs = pack::submit_all(d, &m, &sel.wanted, Priority::Watcher, BackendRequest::Auto)?;
+    d.events.emit(
+        EventKind::Watcher,
+        None,
+        m.path.display().to_string(),
+        format!(
+            "{} pack job(s) for {} wanted pair(s)",
+            jobs.iter().filter(|(_, h)| !h.joined).count(),
+            sel.wanted.len()
+        ),
+    );
+    runtime.spawn(log_when_done(m.path.clone(), jobs, Instant::now()));
+    Ok(())
+}
+
+/// Waits for a watched model's jobs and logs one line: what was packed,
+/// what was stored already, what failed.
+async fn log_when_done(model: PathBuf, jobs: Jobs, started: Instant) {
+    let wanted = jobs.len();
+    let (mut packed, mut stored, mut failed) = (0, 0, Vec::new());
+    for (w, h) in jobs {
+        match h.finished().await {
+            JobState::Done(p) if p.cached => stored += 1,
+            JobState::Done(_) => packed += 1,
+            JobState::Failed(e) => failed.push(format!("{} as {}: {e}", w.initializer, w.format)),
+            _ => failed.push(format!("{} as {}: cancelled", w.initializer, w.format)),
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if wanted == 0 {
+        tracing::info!(
+            "watcher: {}: nothing to pack (no initializer matches the policy)",
+            model.display()
+        );
+    } else if failed.is_empty() {
+        tracing::info!(
+            "watcher: {}: {packed} packed, {stored} stored already, in {secs:.2} s",
+            model.display()
+        );
+    } else {
+        tracing::warn!(
+            "watcher: {}: {packed} packed, {stored} stored already, {} failed ({}), in {secs:.2} s",
+            model.display(),
+            failed.len(),
+            failed.join("; ")
+        );
+    }
+}

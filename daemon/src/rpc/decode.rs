@@ -1,0 +1,148 @@
+//! API requests -> the use cases' requests.
+
+use ctcache::device::RuntimeIdentity;
+use ctcache::store::EntryKey;
+use ctcache_api::v1 as api;
+
+use crate::ops::gc::GcRequest;
+use crate::ops::lookup::{AcceptedType, LookupRequest, Target};
+use crate::ops::materialize::MaterializeRequest;
+use crate::ops::model::FormatRequest;
+use crate::ops::pack::{BackendRequest, PrepackRequest};
+use crate::ops::put::PutHeader;
+use crate::ops::resolve::{OnMiss, ResolveRequest};
+use crate::ops::status::ListRequest;
+use crate::ops::{embed::EmbedRequest, Error};
+
+pub(crate) fn key(s: &str) -> Result<EntryKey, Error> {
+    ctcache_api::convert::key_from_str(s).map_err(|e| Error::invalid(e.to_string()))
+}
+
+fn formats(f: Vec<api::FormatSpec>) -> Vec<FormatRequest> {
+    f.into_iter()
+        .map(|f| FormatRequest {
+            id: f.id,
+            params: f.params.into_iter().collect(),
+        })
+        .collect()
+}
+
+fn runtime(r: Option<api::RuntimeIdentity>) -> Option<RuntimeIdentity> {
+    r.filter(|r| !r.name.is_empty()).map(|r| RuntimeIdentity {
+        name: r.name,
+        version: r.version,
+    })
+}
+
+pub(crate) fn backend(b: i32) -> Result<BackendRequest, Error> {
+    match api::Backend::try_from(b) {
+        Ok(api::Backend::Auto) => Ok(BackendRequest::Auto),
+        Ok(api::Backend::Cpu) => Ok(BackendRequest::Cpu),
+        Ok(api::Backend::Wgpu) => Ok(BackendRequest::Wgpu),
+        Err(_) => Err(Error::invalid(format!("unknown backend {b}"))),
+    }
+}
+
+pub(crate) fn lookup(r: api::LookupRequest) -> LookupRequest {
+    LookupRequest {
+        source_digest: r.source_digest.to_vec(),
+        digest_algorithm: r.digest_algorithm,
+        target: Target {
+            devices: r.devices,
+            runtime: runtime(r.runtime),
+            accepted: r
+                .accepted
+                .into_iter()
+                .map(|a| AcceptedType {
+                    name: a.name,
+                    versions: a.versions,
+                })
+                .collect(),
+        },
+        daemon_produced_only: r.daemon_produced_only,
+    }
+}
+
+pub(crate) fn resolve(r: api::ResolveModelRequest) -> ResolveRequest {
+    ResolveRequest {
+        model_path: r.model_path,
+        on_miss: match api::OnMiss::try_from(r.on_miss) {
+            Ok(api::OnMiss::Background) => OnMiss::Background,
+            Ok(api::OnMiss::Wait) => OnMiss::Wait,
+            _ => OnMiss::Nothing,
+        },
+        formats: formats(r.formats),
+        target: Target {
+            devices: r.devices,
+            runtime: runtime(r.runtime),
+            accepted: Vec::new(),
+        },
+    }
+}
+
+pub(crate) fn prepack(r: api::PrepackRequest) -> Result<PrepackRequest, Error> {
+    Ok(PrepackRequest {
+        model_path: r.model_path,
+        initializers: r.initializers,
+        formats: formats(r.formats),
+        backend: backend(r.backend)?,
+    })
+}
+
+pub(crate) fn put_header(h: api::PutHeader) -> PutHeader {
+    PutHeader {
+        source_digest: h.source_digest.to_vec(),
+        digest_algorithm: h.digest_algorithm,
+        struct_type: h.struct_type,
+        dims: h.dims,
+        device: h.device,
+        payload_len: h.payload_len,
+        source_name: h.source_name,
+        model_path: h.model_path,
+        source_data_type: h.source_data_type,
+        source_dims: h.source_dims,
+    }
+}
+
+pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
+    EmbedRequest {
+        model_path: r.model_path,
+        output_path: r.output_path,
+        formats: formats(r.formats),
+        sidecar: r.sidecar,
+        replace: r.replace,
+    }
+}
+
+pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeRequest, Error> {
+    let link = r.link_mode().map_err(Error::invalid)?;
+    Ok(MaterializeRequest {
+        model_path: r.model_path,
+        output_path: r.output_path,
+        target: r.target,
+        bits: r.bits,
+        block_size: r.block_size,
+        symmetric: r.symmetric,
+        accuracy_level: r.accuracy_level,
+        link,
+    })
+}
+
+pub(crate) fn list(r: api::ListRequest) -> ListRequest {
+    ListRequest {
+        format: r.format,
+        device: r.device,
+        source_digest: r.source_digest.to_vec(),
+        model_path: r.model_path,
+        limit: r.limit,
+    }
+}
+
+pub(crate) fn gc(r: api::GcRequest) -> GcRequest {
+    GcRequest {
+        // The `has_` flags tell a limit of 0 (everything) from no limit.
+        max_bytes: (r.has_max_bytes || r.max_bytes > 0).then_some(r.max_bytes),
+        max_age_secs: (r.has_max_age_s || r.max_age_s > 0).then_some(r.max_age_s),
+        dry_run: r.dry_run,
+    }
+}

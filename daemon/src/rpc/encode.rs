@@ -1,0 +1,220 @@
+//! The use cases' answers -> API messages (core types through
+//! `ctcache_api::convert`).
+
+use ctcache::store::Entry;
+use ctcache_api::convert;
+use ctcache_api::v1 as api;
+use ctcache_kernels::Backend;
+
+use crate::events::Event;
+use crate::jobs::{JobPhase, JobProgress};
+use crate::ops::embed::Embedded;
+use crate::ops::import::ImportReport;
+use crate::ops::lookup::LookupOutcome;
+use crate::ops::materialize::Materialized;
+use crate::ops::resolve::Resolution;
+use crate::ops::status::StatusReport;
+use crate::ops::Miss;
+use crate::state::Daemon;
+
+pub(crate) fn entry(d: &Daemon, e: &Entry) -> api::Entry {
+    convert::entry(e, &d.store.blob_path(&e.payload.blake3), false)
+}
+
+pub(crate) fn miss(m: &Miss) -> api::Miss {
+    convert::miss(m.code(), m.detail.clone())
+}
+
+pub(crate) fn lookup(d: &Daemon, o: LookupOutcome, brief: bool) -> api::LookupResponse {
+    match o {
+        LookupOutcome::Hits(hits) => api::LookupResponse {
+            entries: hits
+                .iter()
+                .map(|e| {
+                    if brief {
+                        convert::entry_brief(e, &d.store.blob_path(&e.payload.blake3), false)
+                    } else {
+                        entry(d, e)
+                    }
+                })
+                .collect(),
+            miss: None,
+        },
+        LookupOutcome::Miss(m) => api::LookupResponse {
+            entries: vec![],
+            miss: Some(miss(&m)),
+        },
+    }
+}
+
+pub(crate) fn resolution(d: &Daemon, r: Resolution) -> api::ResolveModelResponse {
+    api::ResolveModelResponse {
+        model_path: r.model_path.display().to_string(),
+        tensors: r
+            .tensors
+            .into_iter()
+            .map(|t| api::TensorResolution {
+                name: t.name,
+                data_type: t.data_type.code(),
+                dims: t.dims,
+                source_digest: bytes::Bytes::copy_from_slice(&t.digest.bytes),
+                digest_algorithm: t.digest.algorithm.name().into(),
+                entries: t.entries.iter().map(|e| entry(d, e)).collect(),
+                misses: t.misses.iter().map(|m| miss(&m.miss)).collect(),
+                wanted_formats: t.wanted_formats,
+                refused: t.refused,
+            })
+            .collect(),
+        not_sources: r
+            .not_sources
+            .into_iter()
+            .map(|n| api::NotASource {
+                name: n.name,
+                reason: n.reason,
+            })
+            .collect(),
+        jobs_started: r.jobs_started,
+    }
+}
+
+pub(crate) fn backend(b: Option<Backend>) -> api::Backend {
+    match b {
+        None => api::Backend::Auto,
+        Some(Backend::Cpu) => api::Backend::Cpu,
+        Some(Backend::Wgpu) => api::Backend::Wgpu,
+    }
+}
+
+pub(crate) fn progress(d: &Daemon, p: &JobProgress) -> api::PrepackProgress {
+    let state = match p.phase {
+        JobPhase::Queued => api::JobState::Queued,
+        JobPhase::Running => api::JobState::Running,
+        JobPhase::Done => api::JobState::Done,
+        JobPhase::Cached => api::JobState::Cached,
+        JobPhase::Failed => api::JobState::Failed,
+        JobPhase::Cancelled => api::JobState::Cancelled,
+    };
+    api::PrepackProgress {
+        job_id: p.job_id.to_string(),
+        initializer: p.initializer.clone(),
+        format: p.format.clone(),
+        done: p.done,
+        total: p.total,
+        entry: p.entry.as_ref().map(|e| entry(d, e)),
+        error: p.error.clone(),
+        pack_duration_us: p.pack_duration.as_micros() as u64,
+        state: state.into(),
+        backend: backend(p.backend).into(),
+    }
+}
+
+pub(crate) fn embedded(e: Embedded) -> api::EmbedResponse {
+    api::EmbedResponse {
+        output_path: e.output_path.display().to_string(),
+        entries: e.entries,
+        packed: e.packed,
+        sidecar_path: e
+            .report
+            .sidecar
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        inline_bytes: e.report.inline_bytes,
+        sidecar_bytes: e.report.sidecar_bytes,
+    }
+}
+
+pub(crate) fn materialized(m: Materialized) -> api::MaterializeResponse {
+    api::MaterializeResponse {
+        packed: m.packed,
+        cached: m.cached,
+        ..api::MaterializeResponse::from_report(&m.output_path, &m.plan, &m.report, &m.settings)
+    }
+}
+
+pub(crate) fn imported(r: ImportReport) -> api::ImportResponse {
+    api::ImportResponse {
+        imported: r.imported,
+        already_present: r.already_present,
+        skipped: r
+            .skipped
+            .iter()
+            .map(|s| api::ImportSkip {
+                index: s.index,
+                source_name: s.source_name.clone(),
+                reason: Some(miss(&s.miss)),
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
+    api::StatusResponse {
+        version: env!("CARGO_PKG_VERSION").into(),
+        uptime_s: s.uptime.as_secs(),
+        entries: s.stats.entries,
+        bytes: s.stats.stored_bytes,
+        hits: s.stats.hits,
+        misses: s.stats.misses,
+        jobs_running: s.jobs_running,
+        jobs_queued: s.jobs_queued,
+        watches: s.watches.iter().map(|p| p.display().to_string()).collect(),
+        cache_dir: s.cache_dir.display().to_string(),
+        socket: s
+            .socket
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        pid: std::process::id(),
+        gc_max_bytes: s.gc_max_bytes,
+        gc_max_age_s: s.gc_max_age.map(|a| a.as_secs()),
+    }
+}
+
+pub(crate) fn event(d: &Daemon, e: &Event) -> api::Event {
+    api::Event {
+        unix_ms: e.unix_ms,
+        kind: e.kind.name().into(),
+        key: e
+            .key
+            .as_ref()
+            .map(convert::key_to_string)
+            .unwrap_or_default(),
+        model_path: e.model_path.clone(),
+        detail: e.detail.clone(),
+        progress: e.progress.as_ref().map(|p| progress(d, p)),
+    }
+}
+
+pub(crate) fn formats(d: &Daemon) -> api::ListFormatsResponse {
+    let gpu = d.scheduler.has_gpu_lane();
+    api::ListFormatsResponse {
+        formats: ctcache_kernels::catalogue()
+            .iter()
+            .map(|p| {
+                let mut backends = vec![api::Backend::Cpu.into()];
+                if gpu && ctcache_kernels::gpu::supports(p.id()) {
+                    backends.push(api::Backend::Wgpu.into());
+                }
+                api::FormatInfo {
+                    id: p.id().into(),
+                    version: p.format_version(),
+                    description: p.describe().into(),
+                    params: p
+                        .param_spec()
+                        .iter()
+                        .map(|s| api::FormatParam {
+                            name: s.name.into(),
+                            default_value: s.default.into(),
+                            allowed: s.allowed.iter().map(|a| a.to_string()).collect(),
+                            description: s.doc.into(),
+                        })
+                        .collect(),
+                    backends,
+                }
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn watches(dirs: Vec<std::path::PathBuf>) -> Vec<String> {
+    dirs.iter().map(|p| p.display().to_string()).collect()
+}

@@ -1,0 +1,373 @@
+//! The gRPC service: each method decodes its request, calls one use case
+//! (`ops/`) and encodes the answer. Blocking use cases run off the async
+//! threads; streams are fed from the use cases' channels.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ctcache::store::LeaseId;
+use ctcache_api::convert;
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCache;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{caller, decode, encode};
+use crate::caller::Caller;
+use crate::ops::{self, blocking, Error};
+use crate::state::Daemon;
+
+type Answer<T> = Result<Response<T>, Status>;
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Bytes per ReadPayload message.
+const CHUNK: usize = 1 << 20;
+
+/// The service over a shared daemon.
+#[derive(Clone)]
+pub(crate) struct Service {
+    pub daemon: Arc<Daemon>,
+    /// Turns true at shutdown: open Events streams end then, so that the
+    /// server's graceful shutdown does not wait for followers.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Service {
+    fn caller<T>(&self, req: &Request<T>) -> Caller {
+        caller::of(req, &self.daemon.config.trusted_uids)
+    }
+
+    /// Runs a blocking use case with the daemon and encodes its answer.
+    async fn run<T, A>(
+        &self,
+        op: impl FnOnce(&Daemon) -> ops::Result<T> + Send + 'static,
+        encode: impl FnOnce(&Daemon, T) -> A,
+    ) -> Answer<A>
+    where
+        T: Send + 'static,
+    {
+        let d = self.daemon.clone();
+        let out = blocking(move || op(&d)).await?;
+        Ok(Response::new(encode(&self.daemon, out)))
+    }
+}
+
+fn ok<T>(v: T) -> Answer<T> {
+    Ok(Response::new(v))
+}
+
+#[tonic::async_trait]
+impl CompiledTensorCache for Service {
+    async fn get_host_devices(
+        &self,
+        _: Request<api::GetHostDevicesRequest>,
+    ) -> Answer<api::GetHostDevicesResponse> {
+        ok(api::GetHostDevicesResponse {
+            devices: self.daemon.host.devices().to_vec(),
+        })
+    }
+
+    async fn list_formats(
+        &self,
+        _: Request<api::ListFormatsRequest>,
+    ) -> Answer<api::ListFormatsResponse> {
+        ok(encode::formats(&self.daemon))
+    }
+
+    async fn lookup(&self, req: Request<api::LookupRequest>) -> Answer<api::LookupResponse> {
+        let r = req.into_inner();
+        let brief = r.brief;
+        let q = decode::lookup(r);
+        self.run(
+            move |d| ops::lookup::lookup(d, &q),
+            move |d, o| encode::lookup(d, o, brief),
+        )
+        .await
+    }
+
+    async fn batch_lookup(
+        &self,
+        req: Request<api::BatchLookupRequest>,
+    ) -> Answer<api::BatchLookupResponse> {
+        let r = req.into_inner();
+        let brief: Vec<bool> = r.requests.iter().map(|q| q.brief).collect();
+        let qs: Vec<_> = r.requests.into_iter().map(decode::lookup).collect();
+        self.run(
+            move |d| ops::lookup::batch(d, &qs),
+            move |d, outcomes| api::BatchLookupResponse {
+                responses: outcomes
+                    .into_iter()
+                    .zip(brief)
+                    .map(|(o, b)| encode::lookup(d, o, b))
+                    .collect(),
+            },
+        )
+        .await
+    }
+
+    async fn resolve_model(
+        &self,
+        req: Request<api::ResolveModelRequest>,
+    ) -> Answer<api::ResolveModelResponse> {
+        let caller = self.caller(&req);
+        let r = decode::resolve(req.into_inner());
+        let res = ops::resolve::resolve(&self.daemon, &caller, r).await?;
+        ok(encode::resolution(&self.daemon, res))
+    }
+
+    type PrepackStream = Streamed<api::PrepackProgress>;
+
+    async fn prepack(&self, req: Request<api::PrepackRequest>) -> Answer<Self::PrepackStream> {
+        let caller = self.caller(&req);
+        let r = decode::prepack(req.into_inner())?;
+        let d = self.daemon.clone();
+        let jobs = blocking(move || ops::pack::prepack(&d, &caller, &r)).await?;
+        let progress = ops::progress::follow(&self.daemon, jobs);
+        let d = self.daemon.clone();
+        let stream = ReceiverStream::new(progress).map(move |p| Ok(encode::progress(&d, &p)));
+        ok(Box::pin(stream))
+    }
+
+    async fn put(&self, req: Request<Streaming<api::PutRequest>>) -> Answer<api::PutResponse> {
+        let caller = self.caller(&req);
+        let mut stream = req.into_inner();
+        let header = match stream.next().await {
+            Some(Ok(api::PutRequest {
+                part: Some(api::put_request::Part::Header(h)),
+            })) => h,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(Error::invalid("the first Put message must be the header").into()),
+        };
+        let mut session = ops::put::begin(&self.daemon, &caller, decode::put_header(header))?;
+        while let Some(msg) = stream.next().await {
+            match msg?.part {
+                Some(api::put_request::Part::Data(chunk)) => session.push(&chunk)?,
+                _ => return Err(Error::invalid("only data chunks may follow the header").into()),
+            }
+        }
+        let stored = session.finish(&self.daemon).await?;
+        ok(api::PutResponse {
+            entry: Some(encode::entry(&self.daemon, &stored.entry)),
+            already_present: !stored.created,
+        })
+    }
+
+    type ReadPayloadStream = Streamed<api::PayloadChunk>;
+
+    async fn read_payload(
+        &self,
+        req: Request<api::ReadPayloadRequest>,
+    ) -> Answer<Self::ReadPayloadStream> {
+        let r = req.into_inner();
+        let key = decode::key(&r.key)?;
+        let d = self.daemon.clone();
+        let p = blocking(move || ops::payload::read(&d, &key, r.offset, r.length)).await?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut pos = p.range.start;
+            while pos < p.range.end {
+                let n = ((p.range.end - pos) as usize).min(CHUNK);
+                let at = pos as usize;
+                let data = bytes::Bytes::copy_from_slice(&p.payload[at..at + n]);
+                let chunk = api::PayloadChunk { offset: pos, data };
+                if tx.blocking_send(Ok(chunk)).is_err() {
+                    return;
+                }
+                pos += n as u64;
+            }
+        });
+        ok(Box::pin(ReceiverStream::new(rx)))
+    }
+
+    async fn acquire_lease(
+        &self,
+        req: Request<api::AcquireLeaseRequest>,
+    ) -> Answer<api::LeaseResponse> {
+        let caller = self.caller(&req);
+        let r = req.into_inner();
+        let key = decode::key(&r.key)?;
+        self.run(
+            move |d| ops::payload::acquire(d, &caller, &key, r.ttl_ms),
+            |d, g| api::LeaseResponse {
+                lease_id: g.id.0,
+                expires_unix_ms: g.expires_unix_ms,
+                entry: g.entry.as_ref().map(|e| encode::entry(d, e)),
+            },
+        )
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        req: Request<api::RenewLeaseRequest>,
+    ) -> Answer<api::LeaseResponse> {
+        let caller = self.caller(&req);
+        let r = req.into_inner();
+        self.run(
+            move |d| ops::payload::renew(d, &caller, LeaseId(r.lease_id), r.ttl_ms),
+            |_, lease| api::LeaseResponse {
+                lease_id: lease.id.0,
+                expires_unix_ms: lease.expires_ms as i64,
+                entry: None,
+            },
+        )
+        .await
+    }
+
+    async fn release_lease(
+        &self,
+        req: Request<api::ReleaseLeaseRequest>,
+    ) -> Answer<api::ReleaseLeaseResponse> {
+        let caller = self.caller(&req);
+        let id = LeaseId(req.into_inner().lease_id);
+        self.run(
+            move |d| ops::payload::release(d, &caller, id),
+            |_, ()| api::ReleaseLeaseResponse {},
+        )
+        .await
+    }
+
+    async fn embed(&self, req: Request<api::EmbedRequest>) -> Answer<api::EmbedResponse> {
+        let caller = self.caller(&req);
+        let r = decode::embed(req.into_inner());
+        let e = ops::embed::embed(&self.daemon, &caller, r).await?;
+        ok(encode::embedded(e))
+    }
+
+    async fn materialize(
+        &self,
+        req: Request<api::MaterializeRequest>,
+    ) -> Answer<api::MaterializeResponse> {
+        let caller = self.caller(&req);
+        let r = decode::materialize(req.into_inner())?;
+        let m = ops::materialize::materialize(&self.daemon, &caller, r).await?;
+        ok(encode::materialized(m))
+    }
+
+    async fn import(&self, req: Request<api::ImportRequest>) -> Answer<api::ImportResponse> {
+        let caller = self.caller(&req);
+        let path = req.into_inner().model_path;
+        self.run(
+            move |d| ops::import::import(d, &caller, &path),
+            |_, r| encode::imported(r),
+        )
+        .await
+    }
+
+    async fn stats(&self, _: Request<api::StatsRequest>) -> Answer<api::StatsResponse> {
+        self.run(ops::status::stats, |_, (s, leases)| {
+            convert::stats(&s, leases)
+        })
+        .await
+    }
+
+    async fn list(&self, req: Request<api::ListRequest>) -> Answer<api::ListResponse> {
+        let r = decode::list(req.into_inner());
+        self.run(
+            move |d| ops::status::list(d, &r),
+            |d, listed| api::ListResponse {
+                entries: listed
+                    .iter()
+                    .map(|l| {
+                        let path = d.store.blob_path(&l.entry.payload.blake3);
+                        convert::entry(&l.entry, &path, l.leased)
+                    })
+                    .collect(),
+            },
+        )
+        .await
+    }
+
+    async fn gc(&self, req: Request<api::GcRequest>) -> Answer<api::GcResponse> {
+        let caller = self.caller(&req);
+        let r = decode::gc(req.into_inner());
+        self.run(
+            move |d| ops::gc::gc(d, &caller, &r),
+            |_, report| convert::gc(&report),
+        )
+        .await
+    }
+
+    async fn verify(&self, req: Request<api::VerifyRequest>) -> Answer<api::VerifyResponse> {
+        let caller = self.caller(&req);
+        let repair = req.into_inner().repair;
+        self.run(
+            move |d| ops::gc::verify(d, &caller, repair),
+            |_, (v, r)| convert::verify(&v, r.as_ref()),
+        )
+        .await
+    }
+
+    async fn add_watch(&self, req: Request<api::WatchRequest>) -> Answer<api::WatchResponse> {
+        let caller = self.caller(&req);
+        let dir = req.into_inner().dir;
+        self.run(
+            move |d| ops::watch::add(d, &caller, Path::new(&dir)),
+            |_, dirs| api::WatchResponse {
+                dirs: encode::watches(dirs),
+            },
+        )
+        .await
+    }
+
+    async fn remove_watch(&self, req: Request<api::WatchRequest>) -> Answer<api::WatchResponse> {
+        let caller = self.caller(&req);
+        let dir = req.into_inner().dir;
+        self.run(
+            move |d| ops::watch::remove(d, &caller, Path::new(&dir)),
+            |_, dirs| api::WatchResponse {
+                dirs: encode::watches(dirs),
+            },
+        )
+        .await
+    }
+
+    async fn list_watches(
+        &self,
+        _: Request<api::ListWatchesRequest>,
+    ) -> Answer<api::ListWatchesResponse> {
+        ok(api::ListWatchesResponse {
+            dirs: encode::watches(self.daemon.watcher.dirs()),
+        })
+    }
+
+    type EventsStream = Streamed<api::Event>;
+
+    async fn events(&self, _: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
+        let mut rx = self.daemon.events.subscribe();
+        let mut stop = self.shutdown.clone();
+        let d = self.daemon.clone();
+        let (tx, out) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await.is_ok();
+            };
+            tokio::pin!(stopped);
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tx.closed() => break,
+                    e = rx.recv() => match e {
+                        Ok(e) => {
+                            if tx.send(Ok(encode::event(&d, &e))).await.is_err() {
+                                break;
+                            }
+                        }
+                        // A slow follower misses events rather than stalling others.
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    },
+                }
+            }
+        });
+        ok(Box::pin(ReceiverStream::new(out)))
+    }
+
+    async fn status(&self, _: Request<api::StatusRequest>) -> Answer<api::StatusResponse> {
+        self.run(ops::status::status, |_, s| encode::status(s))
+            .await
+    }
+}

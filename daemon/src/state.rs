@@ -1,0 +1,66 @@
+//! The daemon's shared state: config, store, host description, scheduler,
+//! digest memo, watcher and event feed. Use cases (`ops/`) take it by
+//! reference; nothing here knows gRPC.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ctcache::hit::{Accept, Host};
+use ctcache::store::{HostFilter, Store};
+
+use crate::config::Config;
+use crate::events::Events;
+use crate::jobs::{JobKey, Packed};
+use crate::memo::Memo;
+use crate::scheduler::Scheduler;
+use crate::watcher::Watcher;
+
+/// Everything the use cases share.
+pub(crate) struct Daemon {
+    pub config: Config,
+    pub store: Arc<Store>,
+    /// This host's devices, runtime and the layouts its packers produce.
+    pub host: Host,
+    /// The lookup filter of `host` (only daemon-packed entries when so
+    /// configured), prepared once.
+    pub host_filter: HostFilter,
+    pub scheduler: Scheduler<JobKey, Packed>,
+    pub events: Events,
+    pub watcher: Watcher,
+    pub memo: Memo,
+    pub started: Instant,
+    /// The Unix socket's path, for `status`.
+    pub socket: Option<PathBuf>,
+}
+
+impl Daemon {
+    pub fn new(config: Config, store: Arc<Store>, socket: Option<PathBuf>) -> Daemon {
+        let host = Host::new(
+            ctcache_kernels::compile::host_devices(),
+            None,
+            Accept::Known(ctcache_kernels::registry::known_types()),
+        );
+        let host_filter = host
+            .clone()
+            .daemon_produced_only(config.daemon_produced_only);
+        // A GPU lane only for a hardware adapter: a software one (lavapipe)
+        // is slower than the CPU kernels.
+        let gpu_workers = usize::from(config.gpu && ctcache_kernels::compile::hardware_gpu());
+        let scheduler = Scheduler::new(config.worker_count(), gpu_workers, config.memory_budget);
+        let memo = Memo::new(store.clone());
+        let watcher = Watcher::new(&config.watch);
+        Daemon {
+            config,
+            store,
+            host,
+            host_filter,
+            scheduler,
+            events: Events::new(),
+            watcher,
+            memo,
+            started: Instant::now(),
+            socket,
+        }
+    }
+}
