@@ -121,7 +121,9 @@ impl From<StoreError> for Error {
             StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
             StoreError::Leased { .. } => ErrorKind::Precondition,
-            StoreError::PayloadDamaged { .. } => ErrorKind::DataLoss,
+            StoreError::PayloadDamaged { .. } | StoreError::PayloadCorrupt { .. } => {
+                ErrorKind::DataLoss
+            }
             _ => ErrorKind::Internal,
         };
         Error::new(kind, e.to_string())

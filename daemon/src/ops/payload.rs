@@ -22,7 +22,9 @@ pub(crate) struct PayloadRange {
 }
 
 /// The bytes `[offset, offset + length)` of an entry's payload (`length`
-/// 0: to the end; a range past the end is cut at the end).
+/// 0: to the end; a range past the end is cut at the end). A payload file
+/// whose bytes do not hash to its name is quarantined and the answer is
+/// DATA_LOSS, never its bytes.
 pub(crate) fn read(d: &Daemon, key: &EntryKey, offset: u64, length: u64) -> Result<PayloadRange> {
     let payload = d.store.open_payload(key)?;
     let len = payload.len() as u64;
@@ -54,7 +56,11 @@ fn ttl(ms: u64) -> Duration {
     Duration::from_millis(ms).clamp(Duration::from_millis(1), MAX_TTL)
 }
 
-/// Leases an entry for `ttl_ms` (clamped to 1 ms .. 24 h).
+/// Leases an entry for `ttl_ms` (clamped to 1 ms .. 24 h). The caller maps
+/// the payload file itself, so it is served here: its bytes are hashed the
+/// first time (see [`Store::open_payload`](ctcache::store::Store::open_payload));
+/// a damaged file is quarantined, its entries dropped, and the answer is
+/// DATA_LOSS, never a lease on it.
 pub(crate) fn acquire(
     d: &Daemon,
     _caller: &Caller,
@@ -65,6 +71,7 @@ pub(crate) fn acquire(
         .store
         .stat(key)?
         .ok_or_else(|| Error::not_found("no such entry"))?;
+    d.store.open_payload(key)?;
     let ttl = ttl(ttl_ms);
     let id = d.store.acquire_lease(key, ttl)?;
     Ok(Granted {

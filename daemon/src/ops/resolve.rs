@@ -111,7 +111,6 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
     let sel = model::wanted(d, &m.model, &r.formats, &[])?;
     let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
     let filter = r.target.filter(d);
-    let only_daemon = d.config.daemon_produced_only;
     let mut res = Resolution {
         model_path: m.path.clone(),
         tensors: Vec::with_capacity(tensors.len()),
@@ -128,7 +127,6 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
             .lookup_uncounted(&digest, &filter)?
             .into_iter()
             .map(|h| h.entry)
-            .filter(|e| !only_daemon || e.producer.client_uid.is_none())
             .collect();
         let wanted: Vec<_> = sel
             .wanted
