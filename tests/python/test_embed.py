@@ -213,11 +213,13 @@ def test_a_second_format_keeps_the_first_entries_right(tmp_path, where):
     src = tmp_path / "m.onnx"
     make_model(src, with_unknown=False)
     e1 = tmp_path / "e1.onnx"
-    r = ctl.run("embed", str(src), "-o", str(e1), "--format", "ort.matmul_nbits", "--sidecar", "--local")
+    # Named initializers: past the policy's size filters (W2 and B are small).
+    names = ["--initializer", "W1", "--initializer", "W2"]
+    r = ctl.run("embed", str(src), "-o", str(e1), "--format", "ort.matmul_nbits", *names, "--sidecar", "--local")
     assert r.returncode == 0, r.describe()
     out = {"in_place": e1, "beside": tmp_path / "e2.onnx", "elsewhere": tmp_path / "other" / "e2.onnx"}[where]
     out.parent.mkdir(exist_ok=True)
-    r = ctl.run("embed", str(e1), "-o", str(out), "--format", "ggml.q8_0", "--sidecar", "--local")
+    r = ctl.run("embed", str(e1), "-o", str(out), "--format", "ggml.q8_0", *names, "--initializer", "B", "--sidecar", "--local")
     assert r.returncode == 0, r.describe()
     assert ctl.run("check", str(out)).returncode == 0
     entries = ctl.run_json("inspect", str(out))["compiled_tensors"]
