@@ -1,10 +1,11 @@
 //! Store benchmark (one run, prints figures against their targets):
 //! put throughput vs a plain write+fsync of the same bytes (>= 0.8x),
-//! lookups per second on one core with N entries (>= 200,000/s), open time
-//! of a store with N entries (< 1 s), GC over N entries (< 2 s), and stats,
-//! GC and a bounded lease acquire with L live leases (default 100,000, from
-//! `CTCACHE_BENCH_LEASES`) against the same store without leases (each
-//! <= 2x its anchor).
+//! lookups per second on one core with N entries (>= 200,000/s), lookups
+//! that judge types (D9) against unjudged ones in the same run (>= 0.5x),
+//! open time of a store with N entries (< 1 s), GC over N entries (< 2 s),
+//! and stats, GC and a bounded lease acquire with L live leases (default
+//! 100,000, from `CTCACHE_BENCH_LEASES`) against the same store without
+//! leases (each <= 2x its anchor).
 //!
 //! `cargo bench -p ctcache --bench store_bench`; N from
 //! `CTCACHE_BENCH_ENTRIES` (default 100,000), the folder from
@@ -16,6 +17,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use ctcache::digest::{Algorithm, SourceDigest};
+use ctcache::dtype::DataType;
+use ctcache::hit::{KnownLayout, KnownTypes, MissReason, SourceShape, TypeRegistry};
 use ctcache::pb;
 use ctcache::store::{Accept, GcPolicy, HostFilter, NewEntry, Producer, Store, StoreOptions};
 use ctcache::structs::FORMAT_VERSION_KEY;
@@ -43,18 +46,52 @@ fn device() -> pb::DeviceProto {
     }
 }
 
+fn bench_type() -> pb::StructTypeProto {
+    pb::StructTypeProto {
+        name: "ort.matmul_nbits.b4.bs32.sym".into(),
+        metadata_props: vec![pb::StringStringEntryProto {
+            key: FORMAT_VERSION_KEY.into(),
+            value: "1".into(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn shape() -> SourceShape {
+    SourceShape {
+        data_type: DataType::FLOAT,
+        dims: vec![4096, 4096],
+    }
+}
+
+/// Knows the bench type (one candidate layout per source shape, as a packer
+/// without parameters would give).
+struct BenchTypes;
+
+impl TypeRegistry for BenchTypes {
+    fn candidates(
+        &self,
+        claimed: &pb::StructTypeProto,
+        source: &SourceShape,
+    ) -> Result<Vec<KnownLayout>, MissReason> {
+        Ok(vec![KnownLayout {
+            key: ctcache::structs::physical_type_key(&bench_type(), &[], 32).unwrap(),
+            type_name: claimed.name.clone(),
+            dims: vec![4096, 4096],
+            source: source.clone(),
+            packer: "bench".into(),
+            params: String::new(),
+            format_version: 1,
+        }])
+    }
+}
+
 fn entry(n: u64) -> NewEntry {
     NewEntry {
         source: digest(n),
+        source_shape: shape(),
         device: device(),
-        physical_type: pb::StructTypeProto {
-            name: "ort.matmul_nbits.b4.bs32.sym".into(),
-            metadata_props: vec![pb::StringStringEntryProto {
-                key: FORMAT_VERSION_KEY.into(),
-                value: "1".into(),
-            }],
-            ..Default::default()
-        },
+        physical_type: bench_type(),
         dims: vec![4096, 4096],
         producer: Producer {
             packer_id: "bench".into(),
@@ -299,24 +336,32 @@ fn main() {
     .target(On::Value, "<", 1.0)
     .print();
 
-    let host = HostFilter::new(vec![device()], None, Accept::Any);
+    let any = HostFilter::new(vec![device()], None, Accept::Any);
+    let known = HostFilter::new(
+        vec![device()],
+        None,
+        Accept::Known(std::sync::Arc::new(KnownTypes::new(BenchTypes))),
+    );
     // Warm the index cache, as a running daemon's would be.
     for i in 0..n {
-        s.lookup(&digest(i), &host).unwrap();
+        s.lookup(&digest(i), &any).unwrap();
     }
-    let mut x = 0x1234_5678_u64;
-    let count = 400_000u64;
-    let t = Instant::now();
-    let mut hits = 0;
-    for _ in 0..count {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        hits += s.lookup(&digest(x % n), &host).unwrap().len();
-    }
-    let el = t.elapsed();
-    assert_eq!(hits as u64, count);
-    let per_s = count as f64 / el.as_secs_f64();
+    let lookups = |host: &HostFilter| {
+        let mut x = 0x1234_5678_u64;
+        let count = 400_000u64;
+        let t = Instant::now();
+        let mut hits = 0;
+        for _ in 0..count {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            hits += s.lookup(&digest(x % n), host).unwrap().len();
+        }
+        let el = t.elapsed();
+        assert_eq!(hits as u64, count);
+        count as f64 / el.as_secs_f64()
+    };
+    let per_s = lookups(&any);
     println!(
         "lookups, one thread, {n} entries: {per_s:.0}/s (target >= 200,000/s: {})",
         verdict(per_s >= 200_000.0)
@@ -329,6 +374,12 @@ fn main() {
     )
     .target(On::Value, ">=", 200_000.0)
     .print();
+    let judged = lookups(&known);
+    let ratio = judged / per_s;
+    println!(
+        "lookups judging types (D9): {judged:.0}/s, {ratio:.2}x the unjudged ones (target >= 0.5x: {})",
+        verdict(ratio >= 0.5)
+    );
 
     if std::env::var("CTCACHE_BENCH_SKIP_GC").is_ok() {
         return;

@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::error::Result;
-use crate::onnx::{fields, Extension, ExternalRef, Model};
+use bytes::Bytes;
+
+use crate::onnx::{fields, Extension, ExternalRef, Model, TensorRef};
 use crate::pb;
 use crate::structs::{self, Limits, PhysicalTypeKey, StructError};
 
@@ -43,15 +45,25 @@ pub struct CheckOptions {
 }
 
 /// A model with its extension decoded, ready for per-entry checks (shared by
-/// the checker and the loading rules).
+/// the checker and the loading rules). Building it never fails: what cannot
+/// be read becomes an error of the model, of an entry or of a source.
 pub struct Checked<'m> {
     pub model: &'m Model,
     pub ext: Extension,
     pub limits: Limits,
-    /// How many top-level initializers carry each name.
+    /// How many top-level initializers carry each name (readable names of
+    /// unparsable initializers included).
     pub initializer_names: HashMap<String, usize>,
+    /// The parsed top-level initializers, by name.
+    pub initializers: HashMap<String, TensorRef>,
+    /// Why each unparsable (named) initializer cannot be read.
+    pub bad_initializers: HashMap<String, String>,
+    /// Why the graph's initializers cannot be read at all, if so.
+    pub graph_error: Option<String>,
     /// Model-level errors (struct type table, devices).
     pub model_errors: Vec<CheckError>,
+    /// Compiled tensors that do not decode (their slot holds a default entry).
+    pub undecodable: HashMap<usize, CheckError>,
 }
 
 fn err(
@@ -86,10 +98,10 @@ fn duplicate_key(props: &[pb::StringStringEntryProto]) -> Option<&str> {
 }
 
 impl<'m> Checked<'m> {
-    /// Decodes the extension (after counting its fields against the limits)
-    /// and runs the model-level rules. Fails only when the model cannot be
-    /// parsed at all.
-    pub fn new(model: &'m Model, opts: &CheckOptions) -> Result<Checked<'m>> {
+    /// Decodes the extension field by field (after counting its fields
+    /// against the limits), reads the initializers one by one and runs the
+    /// model-level rules.
+    pub fn new(model: &'m Model, opts: &CheckOptions) -> Checked<'m> {
         let limits = opts.limits.clone();
         let mut counts = [0usize; 3];
         for f in model
@@ -100,6 +112,7 @@ impl<'m> Checked<'m> {
             counts[(f.number - fields::MODEL_STRUCT_TYPES) as usize] += 1;
         }
         let mut model_errors = Vec::new();
+        let mut undecodable = HashMap::new();
         let over =
             counts[0] > limits.max_struct_types || counts[1].max(counts[2]) > limits.max_entries;
         let ext = if over {
@@ -114,21 +127,76 @@ impl<'m> Checked<'m> {
             ));
             Extension::default()
         } else {
-            model.extension()?
+            let l = model.extension_lenient();
+            if let Some(e) = l.table_error {
+                model_errors.push(err(
+                    "model.decode",
+                    None,
+                    "ModelProto.struct_types/devices",
+                    e,
+                ));
+            }
+            for (i, e) in l.entry_errors {
+                let r = EntryRef {
+                    index: i,
+                    source_name: String::new(),
+                };
+                undecodable.insert(i, err("entry.decode", Some(&r), "CompiledTensorProto", e));
+            }
+            l.ext
         };
         let mut initializer_names = HashMap::new();
-        for t in model.initializers()? {
-            *initializer_names.entry(t.name).or_insert(0) += 1;
+        let mut initializers = HashMap::new();
+        let mut bad_initializers = HashMap::new();
+        let mut graph_error = None;
+        match model.initializer_results() {
+            Ok(all) => {
+                for t in all {
+                    match t {
+                        Ok(t) => {
+                            *initializer_names.entry(t.name.clone()).or_insert(0) += 1;
+                            initializers.insert(t.name.clone(), t);
+                        }
+                        Err(bad) => {
+                            if let Some(name) = bad.name {
+                                *initializer_names.entry(name.clone()).or_insert(0) += 1;
+                                bad_initializers.insert(name, bad.error.to_string());
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => graph_error = Some(e.to_string()),
         }
         let mut c = Checked {
             model,
             ext,
             limits,
             initializer_names,
+            initializers,
+            bad_initializers,
+            graph_error,
             model_errors,
+            undecodable,
         };
         c.model_errors.extend(c.model_rules());
-        Ok(c)
+        c
+    }
+
+    /// The parsed source initializer of entry `i` (after `source_rule`
+    /// passed), or why it cannot be read.
+    pub fn source(&self, i: usize) -> std::result::Result<&TensorRef, String> {
+        let name = &self.ext.compiled_tensors[i].source_name;
+        if let Some(t) = self.initializers.get(name) {
+            return Ok(t);
+        }
+        if let Some(e) = self.bad_initializers.get(name) {
+            return Err(format!("the source initializer cannot be read: {e}"));
+        }
+        Err(match &self.graph_error {
+            Some(e) => format!("the graph's initializers cannot be read: {e}"),
+            None => "no top-level initializer has this name".into(),
+        })
     }
 
     fn model_rules(&self) -> Vec<CheckError> {
@@ -208,10 +276,16 @@ impl<'m> Checked<'m> {
         }
     }
 
-    /// Non-empty digest and algorithm fields.
+    /// Non-empty digest and algorithm fields; a known algorithm's digest
+    /// has that algorithm's length.
     pub fn digest_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let r = self.entry_ref(i);
+        let known_len = e
+            .digest_algorithm
+            .parse::<crate::digest::Algorithm>()
+            .ok()
+            .map(|a| a.digest_len());
         if e.source_digest.is_empty() {
             Some(err(
                 "digest.present",
@@ -227,7 +301,18 @@ impl<'m> Checked<'m> {
                 "empty digest algorithm",
             ))
         } else {
-            None
+            known_len.filter(|&n| n != e.source_digest.len()).map(|n| {
+                err(
+                    "digest.length",
+                    Some(&r),
+                    "source_digest",
+                    format!(
+                        "{} bytes; a {} digest has {n}",
+                        e.source_digest.len(),
+                        e.digest_algorithm
+                    ),
+                )
+            })
         }
     }
 
@@ -295,16 +380,7 @@ impl<'m> Checked<'m> {
 
     /// Payload length: inline bytes, or the external range (checked in the file).
     fn payload_len(&self, value: &pb::StructProto) -> std::result::Result<u64, String> {
-        if value.external_data.is_empty() {
-            return Ok(value.raw_data.len() as u64);
-        }
-        if !value.raw_data.is_empty() {
-            return Err("both raw_data and external_data are set".into());
-        }
-        let ext = payload_ref(value)?;
-        let file = self.model.external_file(&ext)?;
-        let range = ext.range(file.len() as u64)?;
-        Ok(range.end - range.start)
+        payload_bytes(self.model, value).map(|b| b.len() as u64)
     }
 
     /// Physical type key of a valid entry's concrete type.
@@ -317,6 +393,9 @@ impl<'m> Checked<'m> {
 
     /// Every structural error of one entry, in rule order.
     pub fn entry_errors(&self, i: usize) -> Vec<CheckError> {
+        if let Some(e) = self.undecodable.get(&i) {
+            return vec![e.clone()];
+        }
         let r = self.entry_ref(i);
         let mut out: Vec<CheckError> = [
             self.source_rule(i),
@@ -355,9 +434,24 @@ pub fn payload_ref(value: &pb::StructProto) -> std::result::Result<ExternalRef, 
     Ok(ext)
 }
 
+/// The payload bytes of a structured value: inline, or its external range
+/// (mapped, not copied; location, length and range checked).
+pub fn payload_bytes(model: &Model, value: &pb::StructProto) -> std::result::Result<Bytes, String> {
+    if value.external_data.is_empty() {
+        return Ok(value.raw_data.clone());
+    }
+    if !value.raw_data.is_empty() {
+        return Err("both raw_data and external_data are set".into());
+    }
+    let ext = payload_ref(value)?;
+    let file = model.external_file(&ext)?;
+    let range = ext.range(file.len() as u64)?;
+    Ok(file.slice(range.start as usize..range.end as usize))
+}
+
 /// Checks a model: every structural rule, all errors collected.
 pub fn check_model(model: &Model, opts: &CheckOptions) -> Result<Vec<CheckError>> {
-    let c = Checked::new(model, opts)?;
+    let c = Checked::new(model, opts);
     let mut errors = c.model_errors.clone();
     let mut keys: HashMap<(String, i32, PhysicalTypeKey), usize> = HashMap::new();
     for i in 0..c.ext.compiled_tensors.len() {
@@ -376,6 +470,16 @@ pub fn check_model(model: &Model, opts: &CheckOptions) -> Result<Vec<CheckError>
                     }
                 }
                 Err(e) => errors.push(from_struct(e, Some(&c.entry_ref(i)), "value.")),
+            }
+        }
+        if entry_errors.is_empty() {
+            if let Err(m) = c.source(i) {
+                errors.push(err(
+                    "source.readable",
+                    Some(&c.entry_ref(i)),
+                    "source_name",
+                    m,
+                ));
             }
         }
         errors.extend(entry_errors);

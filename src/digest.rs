@@ -29,6 +29,13 @@ impl Algorithm {
             Algorithm::Sha256 => "sha256",
         }
     }
+
+    /// Bytes of a digest of this algorithm.
+    pub fn digest_len(self) -> usize {
+        match self {
+            Algorithm::Blake3 | Algorithm::Sha256 => 32,
+        }
+    }
 }
 
 impl FromStr for Algorithm {

@@ -11,6 +11,7 @@ pub mod digest;
 pub mod dtype;
 pub mod error;
 pub mod fsutil;
+pub mod hit;
 pub mod materialize;
 pub mod onnx;
 pub mod outdir;

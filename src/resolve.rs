@@ -1,146 +1,25 @@
-//! The loading rules: classify each compiled entry of a model as a hit on
-//! this host, or a miss with a named reason (D5/D6). Checks run in the
-//! proposal's order; the first failing one is the reason.
+//! The loading rules for a model's embedded entries: classify each as a hit
+//! on this host or a miss with a named reason (D5/D6/D9), and pick the ones
+//! worth importing into a store. The checks specific to an embedded entry
+//! (it decodes, its source resolves, its digest matches) run here, in the
+//! proposal's order; the rest is [`hit::judge`], the one hit rule.
+//!
+//! Nothing here fails a whole model: an undecodable entry, an unreadable
+//! initializer or an undecodable struct type table is a miss of the entries
+//! concerned, and the others are still judged.
 
-use std::collections::{BTreeSet, HashMap};
-use std::fmt;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::check::{CheckOptions, Checked};
-use crate::device::{self, Mismatch, RuntimeIdentity};
-use crate::digest::{self, Algorithm};
-use crate::error::Result;
-use crate::onnx::{Model, TensorRef};
+use bytes::Bytes;
+
+use crate::check::{self, CheckOptions, Checked};
+use crate::digest::{self, Algorithm, SourceDigest};
+use crate::hit::{self, EntryFacts, KnownLayout, SourceShape};
+pub use crate::hit::{Host, MissReason};
+use crate::onnx::Model;
 use crate::pb;
-use crate::structs::{self, FORMAT_VERSION_KEY};
-
-/// The physical types this runtime can consume: exact struct type names,
-/// and packer families (every type named `<packer>` or `<packer>.<params>`
-/// whose `ctcache.packer` metadata is that packer), each with the format
-/// versions understood.
-#[derive(Debug, Clone, Default)]
-pub struct Recognized {
-    names: HashMap<String, BTreeSet<u32>>,
-    packers: HashMap<String, BTreeSet<u32>>,
-}
-
-impl Recognized {
-    /// Recognizes one exact type name at one format version.
-    pub fn insert(&mut self, name: impl Into<String>, version: u32) {
-        self.names.entry(name.into()).or_default().insert(version);
-    }
-
-    /// Recognizes every type a packer produces at one format version.
-    pub fn insert_packer(&mut self, packer: impl Into<String>, version: u32) {
-        self.packers
-            .entry(packer.into())
-            .or_default()
-            .insert(version);
-    }
-
-    /// The versions understood for a type name (exact names first, then the
-    /// packer family the name belongs to), or `None` when it is unknown.
-    pub fn versions(&self, name: &str) -> Option<&BTreeSet<u32>> {
-        if let Some(v) = self.names.get(name) {
-            return Some(v);
-        }
-        self.packers
-            .iter()
-            .filter(|(p, _)| {
-                name == p.as_str()
-                    || name
-                        .strip_prefix(p.as_str())
-                        .is_some_and(|r| r.starts_with('.'))
-            })
-            .max_by_key(|(p, _)| p.len())
-            .map(|(_, v)| v)
-    }
-
-    /// The versions understood for a type: by name, and for packer families
-    /// only when the type's `ctcache.packer` metadata names that packer.
-    pub fn versions_of(&self, t: &pb::StructTypeProto) -> Option<&BTreeSet<u32>> {
-        if let Some(v) = self.names.get(&t.name) {
-            return Some(v);
-        }
-        let packer = structs::metadata(&t.metadata_props, structs::PACKER_KEY)?;
-        let family = t.name == packer
-            || t.name
-                .strip_prefix(packer)
-                .is_some_and(|rest| rest.starts_with('.'));
-        family.then(|| self.packers.get(packer)).flatten()
-    }
-}
-
-impl<S: Into<String>> FromIterator<(S, u32)> for Recognized {
-    fn from_iter<I: IntoIterator<Item = (S, u32)>>(iter: I) -> Self {
-        let mut r = Recognized::default();
-        for (n, v) in iter {
-            r.insert(n, v);
-        }
-        r
-    }
-}
-
-/// What the host offers: its devices, the consuming runtime, the types it knows.
-#[derive(Debug, Clone, Default)]
-pub struct Host {
-    pub devices: Vec<pb::DeviceProto>,
-    pub runtime: Option<RuntimeIdentity>,
-    pub recognized: Recognized,
-}
-
-/// Why an entry cannot be used here.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MissReason {
-    /// A structural (checker) error: the entry is ignored.
-    Invalid {
-        rule: &'static str,
-        message: String,
-    },
-    StaleDigest,
-    UnknownDigestAlgorithm(String),
-    IncompatibleDevice(Mismatch),
-    UnknownPhysicalType(String),
-    UnsupportedFormatVersion {
-        name: String,
-        version: String,
-    },
-}
-
-impl MissReason {
-    /// Machine-readable reason code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            MissReason::Invalid { .. } => "invalid",
-            MissReason::StaleDigest => "stale_digest",
-            MissReason::UnknownDigestAlgorithm(_) => "unknown_digest_algorithm",
-            MissReason::IncompatibleDevice(_) => "incompatible_device",
-            MissReason::UnknownPhysicalType(_) => "unknown_physical_type",
-            MissReason::UnsupportedFormatVersion { .. } => "unsupported_format_version",
-        }
-    }
-}
-
-impl fmt::Display for MissReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MissReason::Invalid { rule, message } => write!(f, "invalid [{rule}]: {message}"),
-            MissReason::StaleDigest => {
-                f.write_str("stale_digest: the initializer changed since the entry was compiled")
-            }
-            MissReason::UnknownDigestAlgorithm(a) => write!(f, "unknown_digest_algorithm: {a:?}"),
-            MissReason::IncompatibleDevice(m) => write!(f, "incompatible_device: {m}"),
-            MissReason::UnknownPhysicalType(n) => {
-                write!(f, "unknown_physical_type: {n:?} is not recognized")
-            }
-            MissReason::UnsupportedFormatVersion { name, version } => {
-                write!(
-                    f,
-                    "unsupported_format_version: {name:?} version {version:?}"
-                )
-            }
-        }
-    }
-}
+use crate::structs::{self, PhysicalTypeKey};
 
 /// Hit (with the host device index) or miss.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,31 +38,29 @@ pub struct EntryStatus {
     /// The physical type's name (empty when it does not resolve).
     pub physical_type: String,
     pub status: Status,
-}
-
-fn invalid(e: crate::check::CheckError) -> MissReason {
-    MissReason::Invalid {
-        rule: e.rule,
-        message: format!("{}: {}", e.field, e.message),
-    }
+    /// The layout a hit was recognized as (packer, parameters).
+    pub layout: Option<Arc<KnownLayout>>,
 }
 
 /// Classifies every compiled entry of `model` for `host`.
-pub fn classify(model: &Model, host: &Host, opts: &CheckOptions) -> Result<Vec<EntryStatus>> {
-    let c = Checked::new(model, opts)?;
-    let tensors: HashMap<String, TensorRef> = model
-        .initializers()?
-        .into_iter()
-        .map(|t| (t.name.clone(), t))
-        .collect();
-    let mut digests: HashMap<(String, Algorithm), Result<[u8; 32], String>> = HashMap::new();
-    let mut out = Vec::with_capacity(c.ext.compiled_tensors.len());
-    for i in 0..c.ext.compiled_tensors.len() {
+pub fn classify(model: &Model, host: &Host, opts: &CheckOptions) -> Vec<EntryStatus> {
+    classify_with(model, host, opts, &HashMap::new())
+}
+
+/// [`classify`] with digests already known (by initializer name, e.g. from
+/// a memo), which are not computed again.
+pub fn classify_with(
+    model: &Model,
+    host: &Host,
+    opts: &CheckOptions,
+    known: &HashMap<String, SourceDigest>,
+) -> Vec<EntryStatus> {
+    judge_each(model, host, opts, known, |c, i, judged| {
         let e = &c.ext.compiled_tensors[i];
         let device = usize::try_from(e.device)
             .ok()
             .and_then(|d| c.ext.devices.get(d))
-            .map(device::describe)
+            .map(crate::device::describe)
             .unwrap_or_default();
         let physical_type = e
             .value
@@ -191,80 +68,246 @@ pub fn classify(model: &Model, host: &Host, opts: &CheckOptions) -> Result<Vec<E
             .and_then(|v| structs::resolve_root(v, &c.ext.struct_types).ok())
             .map(|t| t.name.clone())
             .unwrap_or_default();
-        let status = match classify_entry(&c, i, host, &tensors, &mut digests) {
-            Ok(host_device) => Status::Hit { host_device },
-            Err(reason) => Status::Miss(reason),
+        let (status, layout) = match judged {
+            Ok((_, u)) => (
+                Status::Hit {
+                    host_device: u.host_device,
+                },
+                u.layout,
+            ),
+            Err(reason) => (Status::Miss(reason), None),
         };
-        out.push(EntryStatus {
+        EntryStatus {
             index: i,
             source_name: e.source_name.clone(),
             device,
             physical_type,
             status,
-        });
-    }
-    Ok(out)
+            layout,
+        }
+    })
 }
 
-fn classify_entry(
-    c: &Checked<'_>,
+/// An embedded entry fit to be stored: everything a store put needs.
+#[derive(Debug, Clone)]
+pub struct ImportEntry {
+    pub source: SourceDigest,
+    pub source_shape: SourceShape,
+    pub device: pb::DeviceProto,
+    /// The concrete type, canonical (references inlined, doc strings cleared).
+    pub physical_type: pb::StructTypeProto,
+    pub dims: Vec<u64>,
+    /// The payload bytes (borrowed from the model or sidecar mapping).
+    pub payload: Bytes,
+    pub layout: Option<Arc<KnownLayout>>,
+}
+
+/// One entry of a model as import sees it.
+#[derive(Debug, Clone)]
+pub struct Importable {
+    pub index: usize,
+    pub source_name: String,
+    pub entry: Result<ImportEntry, MissReason>,
+}
+
+/// The entries of `model` that may be imported: those the judge accepts on
+/// `host` (usually [`Host::any_device`] over the known types: import keeps
+/// entries for other machines, never unknown layouts or bad bytes).
+pub fn importable(
+    model: &Model,
+    host: &Host,
+    opts: &CheckOptions,
+    known: &HashMap<String, SourceDigest>,
+) -> Vec<Importable> {
+    judge_each(model, host, opts, known, |c, i, judged| Importable {
+        index: i,
+        source_name: c.ext.compiled_tensors[i].source_name.clone(),
+        entry: judged.and_then(|(facts, u)| {
+            Ok(ImportEntry {
+                source: facts.digest,
+                source_shape: facts.shape.clone(),
+                device: facts.device()?.clone(),
+                physical_type: facts.physical_type()?,
+                dims: facts.dims().to_vec(),
+                payload: facts.payload()?,
+                layout: u.layout,
+            })
+        }),
+    })
+}
+
+/// Judges every entry of `model` and maps each judgement with `f`.
+fn judge_each<T>(
+    model: &Model,
+    host: &Host,
+    opts: &CheckOptions,
+    known: &HashMap<String, SourceDigest>,
+    mut f: impl for<'c> FnMut(&'c Checked<'c>, usize, Judged<'c>) -> T,
+) -> Vec<T> {
+    let c = Checked::new(model, opts);
+    let mut digests = Digests::new(known);
+    (0..c.ext.compiled_tensors.len())
+        .map(|i| f(&c, i, judge_entry(&c, i, host, &mut digests)))
+        .collect()
+}
+
+/// The judgement of one embedded entry, with its facts when usable.
+type Judged<'c> = Result<(Embedded<'c>, hit::Usable), MissReason>;
+
+/// Source digests computed once per (source, algorithm).
+struct Digests<'k> {
+    known: &'k HashMap<String, SourceDigest>,
+    computed: HashMap<(String, Algorithm), Result<SourceDigest, String>>,
+}
+
+impl<'k> Digests<'k> {
+    fn new(known: &'k HashMap<String, SourceDigest>) -> Self {
+        Digests {
+            known,
+            computed: HashMap::new(),
+        }
+    }
+
+    fn of(
+        &mut self,
+        model: &Model,
+        t: &crate::onnx::TensorRef,
+        alg: Algorithm,
+    ) -> Result<SourceDigest, String> {
+        if let Some(d) = self.known.get(&t.name).filter(|d| d.algorithm == alg) {
+            return Ok(*d);
+        }
+        self.computed
+            .entry((t.name.clone(), alg))
+            .or_insert_with(|| digest::digest_tensor(model, t, alg).map_err(|e| e.to_string()))
+            .clone()
+    }
+}
+
+/// The checks proper to an embedded entry, in the proposal's order, then
+/// the judge.
+fn judge_entry<'c>(
+    c: &'c Checked<'c>,
     i: usize,
     host: &Host,
-    tensors: &HashMap<String, TensorRef>,
-    digests: &mut HashMap<(String, Algorithm), Result<[u8; 32], String>>,
-) -> std::result::Result<usize, MissReason> {
+    digests: &mut Digests<'_>,
+) -> Judged<'c> {
+    if let Some(e) = c.undecodable.get(&i) {
+        return Err(MissReason::invalid(e.clone()));
+    }
     if let Some(e) = c.model_errors.first() {
-        return Err(invalid(e.clone()));
+        return Err(MissReason::invalid(e.clone()));
     }
     let e = &c.ext.compiled_tensors[i];
-    // 1. The source resolves to exactly one initializer.
+    // 1. The source resolves to exactly one readable initializer.
+    let source = c.source(i);
     if let Some(err) = c.source_rule(i) {
-        return Err(invalid(err));
+        return Err(match (&c.graph_error, source) {
+            (Some(_), Err(why)) => MissReason::NotASource(why),
+            _ => MissReason::invalid(err),
+        });
     }
-    // 2. The digest matches.
+    let t = source.map_err(MissReason::NotASource)?;
+    // 2. The digest is well-formed, its algorithm known, its value current.
     if let Some(err) = c.digest_rule(i) {
-        return Err(invalid(err));
+        return Err(MissReason::invalid(err));
     }
     let alg: Algorithm = e
         .digest_algorithm
         .parse()
         .map_err(|_| MissReason::UnknownDigestAlgorithm(e.digest_algorithm.clone()))?;
     let actual = digests
-        .entry((e.source_name.clone(), alg))
-        .or_insert_with(|| match tensors.get(&e.source_name) {
-            Some(t) => digest::digest_tensor(c.model, t, alg)
-                .map(|d| d.bytes)
-                .map_err(|err| err.to_string()),
-            None => Err("source initializer not found".into()),
-        })
-        .clone()
-        .map_err(|message| MissReason::Invalid {
-            rule: "source.readable",
-            message,
-        })?;
-    if e.source_digest.as_ref() != actual {
+        .of(c.model, t, alg)
+        .map_err(MissReason::NotASource)?;
+    if e.source_digest.as_ref() != actual.bytes {
         return Err(MissReason::StaleDigest);
     }
-    // 3. The device index is valid; 4. the device is compatible.
-    if let Some(err) = c.device_rule(i) {
-        return Err(invalid(err));
+    // 3-6 and the payload checksum: the one hit rule.
+    let facts = Embedded {
+        c,
+        i,
+        digest: actual,
+        shape: SourceShape {
+            data_type: t.data_type,
+            dims: t.dims.clone(),
+        },
+    };
+    let usable = hit::judge(&facts, host)?;
+    Ok((facts, usable))
+}
+
+/// One embedded entry, as the judge reads it.
+struct Embedded<'c> {
+    c: &'c Checked<'c>,
+    i: usize,
+    digest: SourceDigest,
+    shape: SourceShape,
+}
+
+impl Embedded<'_> {
+    fn entry(&self) -> &pb::CompiledTensorProto {
+        &self.c.ext.compiled_tensors[self.i]
     }
-    let need = &c.ext.devices[e.device as usize];
-    let (host_device, _) = device::find_compatible(need, &host.devices, host.runtime.as_ref())
-        .map_err(MissReason::IncompatibleDevice)?;
-    // 5. The value and its type are structurally valid.
-    let root = c.value_rule(i).map_err(invalid)?;
-    // 6. The runtime recognizes the type and its format version.
-    let versions = host
-        .recognized
-        .versions_of(root)
-        .ok_or_else(|| MissReason::UnknownPhysicalType(root.name.clone()))?;
-    let version = structs::metadata(&root.metadata_props, FORMAT_VERSION_KEY).unwrap_or("");
-    match version.parse::<u32>() {
-        Ok(v) if versions.contains(&v) => Ok(host_device),
-        _ => Err(MissReason::UnsupportedFormatVersion {
-            name: root.name.clone(),
-            version: version.to_string(),
-        }),
+
+    fn root(&self) -> Result<&pb::StructTypeProto, MissReason> {
+        self.c.value_rule(self.i).map_err(MissReason::invalid)
+    }
+
+    fn struct_err(&self, e: structs::StructError) -> MissReason {
+        MissReason::Invalid {
+            rule: e.rule,
+            message: format!("value.{}: {}", e.path, e.message),
+        }
+    }
+}
+
+impl EntryFacts for Embedded<'_> {
+    fn device(&self) -> Result<&pb::DeviceProto, MissReason> {
+        if let Some(err) = self.c.device_rule(self.i) {
+            return Err(MissReason::invalid(err));
+        }
+        Ok(&self.c.ext.devices[self.entry().device as usize])
+    }
+
+    fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
+        let root = self.root()?;
+        self.c.type_key(root).map_err(|e| self.struct_err(e))
+    }
+
+    fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
+        let root = self.root()?;
+        structs::canonical_type(root, &self.c.ext.struct_types, self.c.limits.max_depth)
+            .map_err(|e| self.struct_err(e))
+    }
+
+    fn dims(&self) -> &[u64] {
+        self.entry()
+            .value
+            .as_ref()
+            .map(|v| v.dims.as_slice())
+            .unwrap_or(&[])
+    }
+
+    fn source_shape(&self) -> Option<&SourceShape> {
+        Some(&self.shape)
+    }
+
+    fn payload_checksum(&self) -> Option<&str> {
+        structs::metadata(&self.entry().metadata_props, hit::PAYLOAD_BLAKE3_KEY)
+    }
+
+    fn payload(&self) -> Result<Bytes, MissReason> {
+        let value = self
+            .entry()
+            .value
+            .as_ref()
+            .ok_or_else(|| MissReason::Invalid {
+                rule: "value.present",
+                message: "value: no StructProto value".into(),
+            })?;
+        check::payload_bytes(self.c.model, value).map_err(|m| MissReason::Invalid {
+            rule: "payload.external",
+            message: format!("value.external_data: {m}"),
+        })
     }
 }

@@ -8,7 +8,7 @@ use common::*;
 use ctcache::check::{check_model, CheckOptions};
 use ctcache::digest::{digest_all, Algorithm};
 use ctcache::onnx::{rewrite, Model};
-use ctcache::resolve::{classify, Host};
+use ctcache::resolve::classify;
 use proptest::prelude::*;
 use prost::Message;
 
@@ -102,12 +102,7 @@ fn exercise(bytes: Vec<u8>, dir: &std::path::Path) {
     }
     let _ = model.nodes();
     let _ = check_model(&model, &CheckOptions::default());
-    let host = Host {
-        devices: vec![cpu()],
-        runtime: None,
-        recognized: [("test.copy.f32", 1)].into_iter().collect(),
-    };
-    let _ = classify(&model, &host, &CheckOptions::default());
+    let _ = classify(&model, &test_host(), &CheckOptions::default());
     let _ = rewrite::strip_to_vec(&model);
 }
 

@@ -55,11 +55,7 @@ fn write_input(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
 }
 
 fn host() -> Host {
-    Host {
-        devices: vec![cpu()],
-        runtime: None,
-        recognized: [("test.copy.f32", 1)].into_iter().collect(),
-    }
+    test_host()
 }
 
 #[test]
@@ -87,7 +83,7 @@ fn add_then_strip_is_identity_and_keeps_unknown_fields() {
     assert!(check_model(&embedded_model, &CheckOptions::default())
         .unwrap()
         .is_empty());
-    let statuses = classify(&embedded_model, &host(), &CheckOptions::default()).unwrap();
+    let statuses = classify(&embedded_model, &host(), &CheckOptions::default());
     assert_eq!(statuses[0].status, Status::Hit { host_device: 0 });
 
     let stripped = dir.path().join("stripped.onnx");
@@ -171,6 +167,22 @@ fn replace_drops_previous_entries() {
     assert_eq!(rewrite::strip_to_vec(&twice_model), original);
 }
 
+/// A registry that knows no type.
+struct NoTypes;
+
+impl ctcache::hit::TypeRegistry for NoTypes {
+    fn candidates(
+        &self,
+        claimed: &pb::StructTypeProto,
+        _: &ctcache::hit::SourceShape,
+    ) -> Result<Vec<ctcache::hit::KnownLayout>, ctcache::hit::MissReason> {
+        Err(ctcache::hit::MissReason::UnknownPhysicalType {
+            name: claimed.name.clone(),
+            detail: "no types".into(),
+        })
+    }
+}
+
 #[test]
 fn stale_entry_is_a_miss_after_the_initializer_changes() {
     let dir = tempfile::tempdir().unwrap();
@@ -181,15 +193,16 @@ fn stale_entry_is_a_miss_after_the_initializer_changes() {
     let out = dir.path().join("stale.onnx");
     rewrite::embed(&model, &[e], &out, Mode::Add, &RewriteOptions::default()).unwrap();
     let m = Model::open(&out).unwrap();
-    let s = classify(&m, &host(), &CheckOptions::default()).unwrap();
+    let s = classify(&m, &host(), &CheckOptions::default());
     assert!(matches!(&s[0].status, Status::Miss(r) if r.code() == "stale_digest"));
     // An unknown type name is a miss, not an error.
-    let other_host = Host {
-        recognized: Default::default(),
-        ..host()
-    };
+    let other_host = Host::new(
+        vec![cpu()],
+        None,
+        ctcache::hit::Accept::Known(std::sync::Arc::new(ctcache::hit::KnownTypes::new(NoTypes))),
+    );
     let m2 = Model::from_bytes(Bytes::from(compiled_model().encode_to_vec()), ".").unwrap();
-    let s = classify(&m2, &other_host, &CheckOptions::default()).unwrap();
+    let s = classify(&m2, &other_host, &CheckOptions::default());
     assert!(matches!(&s[0].status, Status::Miss(r) if r.code() == "unknown_physical_type"));
     let _ = pb::ModelProto::default();
 }

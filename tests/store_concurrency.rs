@@ -175,7 +175,7 @@ fn sixteen_threads_mixed_load() {
         assert_eq!(&p[..], payload(*n, 20_000).as_slice());
     }
     assert_consistent(&store);
-    assert!(store.verify().unwrap().problems.is_empty());
+    assert!(store.verify(true).unwrap().problems.is_empty());
     let r = store.reconcile().unwrap();
     assert!(r.damaged.is_empty(), "{r:?}");
     assert!(r.orphan_files_removed.is_empty(), "{r:?}");

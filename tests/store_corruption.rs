@@ -42,7 +42,7 @@ fn flipped_byte_is_quarantined_and_no_longer_served() {
     let path = s.blob_path(&bad.payload.blake3);
     flip_byte(&path, 1234);
 
-    let r = s.verify().unwrap();
+    let r = s.verify(true).unwrap();
     assert_eq!(r.blobs_checked, 2);
     assert_eq!(r.problems.len(), 1);
     let p = &r.problems[0];
@@ -62,7 +62,7 @@ fn flipped_byte_is_quarantined_and_no_longer_served() {
         s.lookup(&digest(2), &host()).unwrap()[0].entry.key,
         good.key
     );
-    assert!(s.verify().unwrap().problems.is_empty());
+    assert!(s.verify(true).unwrap().problems.is_empty());
     assert_eq!(assert_consistent(&s).len(), 1);
     // The key can be stored again.
     assert!(
@@ -94,7 +94,7 @@ fn truncated_shared_payload_drops_every_entry_using_it() {
         s.open_payload(&a.key),
         Err(StoreError::PayloadDamaged { .. })
     ));
-    let r = s.verify().unwrap();
+    let r = s.verify(true).unwrap();
     assert_eq!(r.problems.len(), 1);
     assert_eq!(
         r.problems[0].damage,
@@ -161,4 +161,108 @@ fn reconcile_finds_wrong_lengths_missing_files_and_orphans() {
     // A second pass finds nothing.
     let again = s.reconcile().unwrap();
     assert!(again.damaged.is_empty() && again.orphan_files_removed.is_empty());
+}
+
+#[test]
+fn a_rotten_payload_is_never_served_and_a_later_put_replaces_it() {
+    let d = tempfile::tempdir().unwrap();
+    let data = payload(4, 6000);
+    let (a, b) = {
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        let a = s.put(&entry(1), data.as_slice()).unwrap().entry;
+        // Another key sharing the payload file.
+        let b = s.put(&entry(2), data.as_slice()).unwrap().entry;
+        (a, b)
+    };
+    let path = d
+        .path()
+        .join("blobs")
+        .join(&hex::encode(a.payload.blake3)[..2]);
+    let path = path.join(hex::encode(a.payload.blake3));
+    // Same length, one byte changed: only a hash notices.
+    flip_byte(&path, 4321);
+
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    match s.open_payload(&a.key) {
+        Err(StoreError::PayloadCorrupt {
+            dropped,
+            quarantined,
+            ..
+        }) => {
+            let mut dropped = dropped;
+            dropped.sort();
+            let mut want = vec![a.key, b.key];
+            want.sort();
+            assert_eq!(dropped, want, "every entry using the file is dropped");
+            assert!(quarantined
+                .unwrap()
+                .starts_with(d.path().join("quarantine")));
+        }
+        other => panic!("served a rotten payload: {other:?}"),
+    }
+    assert!(!path.exists());
+    assert!(s.lookup(&digest(1), &host()).unwrap().is_empty());
+    assert!(s.lookup(&digest(2), &host()).unwrap().is_empty());
+    // Packing the same source again stores the good bytes.
+    assert!(s.put(&entry(1), data.as_slice()).unwrap().created);
+    assert_eq!(&s.open_payload(&a.key).unwrap()[..], &data[..]);
+    let v = s.verify(false).unwrap();
+    assert!(v.problems.is_empty() && v.orphan_files.is_empty(), "{v:?}");
+}
+
+#[test]
+fn a_put_does_not_trust_a_shared_file_it_did_not_hash() {
+    let d = tempfile::tempdir().unwrap();
+    let data = payload(5, 9000);
+    let a = {
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        s.put(&entry(1), data.as_slice()).unwrap().entry
+    };
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let path = s.blob_path(&a.payload.blake3);
+    flip_byte(&path, 10);
+    // Same bytes under another key: the existing file of that blake3 does
+    // not hash to its name, so it is replaced (atomically) by the new bytes.
+    let b = s.put(&entry(2), data.as_slice()).unwrap().entry;
+    assert_eq!(b.payload, a.payload);
+    assert_eq!(fs::read(&path).unwrap(), data);
+    assert_eq!(
+        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o444
+    );
+    assert_eq!(&s.open_payload(&a.key).unwrap()[..], &data[..]);
+    assert!(s.verify(false).unwrap().problems.is_empty());
+    assert_eq!(assert_consistent(&s).len(), 2);
+}
+
+#[test]
+fn verify_without_repair_only_reports() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let bad = s.put(&entry(1), payload(1, 5000).as_slice()).unwrap().entry;
+    let path = s.blob_path(&bad.payload.blake3);
+    flip_byte(&path, 7);
+    let orphan = s.blob_path(blake3::hash(b"nobody").as_bytes());
+    fs::write(&orphan, b"nobody").unwrap();
+
+    let r = s.verify(false).unwrap();
+    assert!(!r.repaired);
+    assert_eq!(r.problems.len(), 1);
+    assert_eq!(r.problems[0].entries, vec![bad.key]);
+    assert!(r.problems[0].entries_dropped.is_empty());
+    assert_eq!(r.problems[0].quarantined, None);
+    assert_eq!(r.orphan_files, vec![orphan.clone()]);
+    assert!(
+        path.exists() && orphan.exists(),
+        "report-only changes nothing"
+    );
+    assert_eq!(s.list(&Default::default()).unwrap().len(), 1);
+
+    let r = s.verify(true).unwrap();
+    assert!(r.repaired);
+    assert_eq!(r.problems[0].entries_dropped, vec![bad.key]);
+    assert_eq!(r.orphan_files, vec![orphan.clone()]);
+    assert!(!path.exists() && !orphan.exists());
+    let clean = s.verify(false).unwrap();
+    assert!(clean.problems.is_empty() && clean.orphan_files.is_empty());
 }

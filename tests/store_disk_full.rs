@@ -20,7 +20,7 @@ fn assert_full_and_intact(s: &Store, dir: &Path, before_entries: usize, err: Sto
     assert!(tmp_is_empty(dir), "temp file left behind");
     assert_eq!(assert_consistent(s).len(), before_entries);
     assert_eq!(blob_files(dir), before_entries);
-    assert!(s.verify().unwrap().problems.is_empty());
+    assert!(s.verify(true).unwrap().problems.is_empty());
 }
 
 #[test]

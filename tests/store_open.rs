@@ -4,13 +4,12 @@
 
 mod store_util;
 
-use std::collections::HashSet;
 use std::fs;
 use std::time::Duration;
 
 use ctcache::device::RuntimeIdentity;
+use ctcache::hit::KnownTypes;
 use ctcache::pb;
-use ctcache::resolve::Recognized;
 use ctcache::store::{Accept, Filter, HostFilter, Store, StoreError, StoreOptions, LAYOUT_VERSION};
 use store_util::*;
 
@@ -105,7 +104,7 @@ fn version_0_layout_is_migrated() {
     for k in keys {
         s.open_payload(&k).unwrap();
     }
-    assert!(s.verify().unwrap().problems.is_empty());
+    assert!(s.verify(true).unwrap().problems.is_empty());
 }
 
 #[test]
@@ -189,31 +188,29 @@ fn lookup_applies_d5_and_d4_best_first() {
     let hits = s.lookup(&src, &any).unwrap();
     assert!(hits[0].exact && !hits[1].exact);
 
-    let recognized: Recognized = [("a.fmt", 1)].into_iter().collect();
+    let recognized = Accept::Known(std::sync::Arc::new(KnownTypes::new(NamedTypes(vec![(
+        "a.fmt", 1,
+    )]))));
     let ort13 = RuntimeIdentity {
         name: "ort".into(),
         version: "1.3.0".into(),
     };
-    let h = HostFilter::new(
-        vec![host_cpu.clone()],
-        Some(ort13),
-        Accept::Types(recognized.clone()),
-    );
+    let h = HostFilter::new(vec![host_cpu.clone()], Some(ort13), recognized.clone());
     assert_eq!(keys(&h), vec![exact, with_rt, subset_new, subset_old]);
     let ort2 = RuntimeIdentity {
         name: "ort".into(),
         version: "2.0.0".into(),
     };
-    let h = HostFilter::new(
-        vec![host_cpu.clone()],
-        Some(ort2),
-        Accept::Types(recognized),
-    );
+    let h = HostFilter::new(vec![host_cpu.clone()], Some(ort2), recognized);
     assert_eq!(keys(&h), vec![exact, subset_new, subset_old]);
 
-    let only: HashSet<_> = [v2.physical_type].into_iter().collect();
-    let h = HostFilter::new(vec![host_cpu.clone()], None, Accept::Keys(only));
+    let h = HostFilter::new(
+        vec![host_cpu.clone()],
+        None,
+        Accept::exact([layout("a.fmt", 2)]),
+    );
     assert_eq!(keys(&h), vec![v2]);
+    assert_eq!(v2.physical_type, layout("a.fmt", 2).key);
 
     // A second host device: entries fitting the first listed device come first.
     let gpu = pb::DeviceProto {
@@ -297,4 +294,60 @@ fn list_filters_and_stats() {
     assert_eq!(e.producer.packer_id, "test");
     assert_eq!(e.pack_duration, Duration::from_millis(1));
     assert_eq!(e.physical_type().unwrap().name, e.type_name);
+}
+
+#[test]
+fn lookups_explain_their_misses_and_check_a_known_shape() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let avx2 = cpu("x86_64-avx2", "");
+    let known = Accept::Known(std::sync::Arc::new(KnownTypes::new(NamedTypes(vec![(
+        "a.fmt", 1,
+    )]))));
+    let host = HostFilter::new(vec![avx2.clone()], None, known.clone());
+    let code = |source: u64, shape: Option<&ctcache::hit::SourceShape>, h: &HostFilter| match s
+        .lookup_explained(&digest(source), shape, h)
+        .unwrap()
+    {
+        Ok(hits) => format!("{} hit(s)", hits.len()),
+        Err(m) => m.code().to_string(),
+    };
+    assert_eq!(code(1, None, &host), "no_entry");
+    s.put(
+        &entry_for(digest(1), avx2.clone(), ty("a.fmt", 1)),
+        &b"x"[..],
+    )
+    .unwrap();
+    assert_eq!(code(1, None, &host), "1 hit(s)");
+    assert_eq!(code(1, Some(&shape()), &host), "1 hit(s)");
+    let other = ctcache::hit::SourceShape {
+        data_type: ctcache::dtype::DataType::FLOAT,
+        dims: vec![8, 32],
+    };
+    assert_eq!(code(1, Some(&other), &host), "invalid");
+    assert!(s
+        .lookup_shaped(&digest(1), &other, &host)
+        .unwrap()
+        .is_empty());
+    let arm = HostFilter::new(vec![cpu("aarch64-neon", "")], None, known);
+    assert_eq!(code(1, None, &arm), "incompatible_device");
+    s.put(
+        &entry_for(digest(2), avx2.clone(), ty("a.fmt", 2)),
+        &b"y"[..],
+    )
+    .unwrap();
+    assert_eq!(code(2, None, &host), "unsupported_format_version");
+    // A type miss says more than a device miss of another entry.
+    s.put(
+        &entry_for(digest(2), cpu("aarch64-neon", ""), ty("a.fmt", 1)),
+        &b"z"[..],
+    )
+    .unwrap();
+    assert_eq!(code(2, None, &host), "unsupported_format_version");
+    let mut client = entry_for(digest(3), avx2, ty("a.fmt", 1));
+    client.producer.client_uid = Some(4242);
+    s.put(&client, &b"w"[..]).unwrap();
+    assert_eq!(code(3, None, &host), "1 hit(s)");
+    let trusted = host.clone().daemon_produced_only(true);
+    assert_eq!(code(3, None, &trusted), "not_daemon_produced");
 }

@@ -136,7 +136,9 @@ impl From<StoreError> for Error {
             StoreError::NotLeaseOwner(_) => ErrorKind::PermissionDenied,
             StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,
             StoreError::Leased { .. } => ErrorKind::Precondition,
-            StoreError::PayloadDamaged { .. } => ErrorKind::DataLoss,
+            StoreError::PayloadDamaged { .. } | StoreError::PayloadCorrupt { .. } => {
+                ErrorKind::DataLoss
+            }
             _ => ErrorKind::Internal,
         };
         Error::new(kind, e.to_string())

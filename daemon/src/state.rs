@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ctcache::resolve::Host;
+use ctcache::hit::{Accept, Host};
 use ctcache::store::{HostFilter, Store};
 
 use crate::config::Config;
@@ -21,9 +21,10 @@ use crate::watcher::Watcher;
 pub(crate) struct Daemon {
     pub config: Config,
     pub store: Arc<Store>,
-    /// This host's devices, runtime and recognized physical types.
+    /// This host's devices, runtime and the layouts its packers produce.
     pub host: Host,
-    /// The lookup filter of `host`, prepared once.
+    /// The lookup filter of `host` (only daemon-packed entries when so
+    /// configured), prepared once.
     pub host_filter: HostFilter,
     pub scheduler: Scheduler<JobKey, Packed>,
     pub events: Events,
@@ -43,12 +44,14 @@ impl Daemon {
         socket: Option<PathBuf>,
         fleet: Option<Fleet>,
     ) -> Daemon {
-        let host = Host {
-            devices: ctcache_kernels::compile::host_devices(),
-            runtime: None,
-            recognized: ctcache_kernels::compile::recognized(),
-        };
-        let host_filter = HostFilter::from_host(&host);
+        let host = Host::new(
+            ctcache_kernels::compile::host_devices(),
+            None,
+            Accept::Known(ctcache_kernels::registry::known_types()),
+        );
+        let host_filter = host
+            .clone()
+            .daemon_produced_only(config.daemon_produced_only);
         // A GPU lane only for a hardware adapter: a software one (lavapipe)
         // is slower than the CPU kernels.
         let gpu_workers = usize::from(config.gpu && ctcache_kernels::compile::hardware_gpu());

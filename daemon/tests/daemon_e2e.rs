@@ -395,6 +395,8 @@ async fn every_rpc_success_and_errors() {
         payload_len: e.payload_len,
         source_name: "W".into(),
         model_path: String::new(),
+        source_data_type: 1,
+        source_dims: vec![K as u64, N as u64],
     };
     let put = |h: api::PutHeader, data: Vec<u8>| {
         let mut c = c.clone();
@@ -804,7 +806,7 @@ async fn prepack_backends_are_honoured_or_refused_with_the_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn verify_removes_orphans_only_with_repair() {
+async fn verify_reports_orphans_and_removes_them_only_with_repair() {
     let mut d = InProc::start();
     let mut c = d.client().await;
     // Let the start-up reconcile finish before planting the orphan.
@@ -824,7 +826,12 @@ async fn verify_removes_orphans_only_with_repair() {
         .await
         .unwrap()
         .into_inner();
-    assert!(report.orphans.is_empty(), "{report:?}");
+    assert_eq!(
+        report.orphans,
+        vec![orphan.display().to_string()],
+        "{report:?}"
+    );
+    assert!(!report.repaired, "{report:?}");
     assert!(orphan.exists(), "verify without repair changes nothing");
     let report = c
         .verify(api::VerifyRequest { repair: true })
@@ -836,6 +843,126 @@ async fn verify_removes_orphans_only_with_repair() {
         vec![orphan.display().to_string()],
         "{report:?}"
     );
+    assert!(report.repaired, "{report:?}");
     assert!(!orphan.exists());
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// Flips the first byte of a payload file, keeping its length.
+fn rot(path: &str) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[0] ^= 0xff;
+    let mut perm = std::fs::metadata(path).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(path, perm).unwrap();
+    std::fs::write(path, &bytes).unwrap();
+}
+
+/// Whether the file's bytes hash to the blake3 its entry names.
+fn intact(e: &api::Entry) -> bool {
+    std::fs::read(&e.payload_path)
+        .map(|b| blake3::hash(&b).to_hex().to_string() == e.payload_blake3)
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotted_payloads_are_never_served_and_a_prepack_replaces_them() {
+    let mut d = InProc::start();
+    let path = d.models.join("m.onnx");
+    write_model(&path, &matmul_model(K, N, 7));
+    let digest = digest_of(&path, "W");
+    let c = d.client().await;
+    let packed = wait_for_entries(&c, &digest, 2, "packed").await;
+    drop(c);
+    assert_eq!(d.stop(), Some(0));
+
+    // Rot, restart: a prepack does not reuse the rotted entries (their
+    // files are hashed before reuse) but packs them again.
+    for e in &packed {
+        rot(&e.payload_path);
+    }
+    d.restart();
+    let mut c = d.client().await;
+    // (The watcher's start-up scan may get there first: either way the
+    // files must be good again.)
+    prepack_all(&mut c, &path).await;
+    let fresh = entries_for(&mut c, &digest).await;
+    assert_eq!(fresh.len(), 2);
+    assert!(fresh.iter().all(intact), "{fresh:?}");
+    let v = c
+        .verify(api::VerifyRequest { repair: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        v.clean && v.corrupt.is_empty() && v.orphans.is_empty(),
+        "{v:?}"
+    );
+    drop(c);
+    assert_eq!(d.stop(), Some(0));
+
+    // Rot again, restart: neither ReadPayload nor AcquireLease serves the
+    // bytes (DATA_LOSS), and the entries are gone from lookups.
+    for e in &fresh {
+        rot(&e.payload_path);
+    }
+    d.restart();
+    let mut c = d.client().await;
+    assert_eq!(
+        entries_for(&mut c, &digest).await.len(),
+        2,
+        "lookups do not hash"
+    );
+    let lease = c
+        .acquire_lease(api::AcquireLeaseRequest {
+            key: fresh[0].key.clone(),
+            ttl_ms: 60_000,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(lease.code(), Code::DataLoss, "{lease:?}");
+    let read = match c
+        .read_payload(api::ReadPayloadRequest {
+            key: fresh[1].key.clone(),
+            ..Default::default()
+        })
+        .await
+    {
+        Err(e) => e,
+        Ok(s) => {
+            let mut s = s.into_inner();
+            let mut got = None;
+            while let Some(ch) = s.next().await {
+                if let Err(e) = ch {
+                    got = Some(e);
+                    break;
+                }
+            }
+            got.expect("an error, not the bytes")
+        }
+    };
+    assert_eq!(read.code(), Code::DataLoss, "{read:?}");
+    assert!(entries_for(&mut c, &digest).await.is_empty());
+    let miss = c
+        .lookup(lookup_req(&digest))
+        .await
+        .unwrap()
+        .into_inner()
+        .miss
+        .unwrap();
+    assert_eq!(miss.reason, "no_entry");
+    // Both files went to quarantine; a prepack makes good ones again and
+    // verify is clean after.
+    prepack_all(&mut c, &path).await;
+    let again = entries_for(&mut c, &digest).await;
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(intact), "{again:?}");
+    let v = c
+        .verify(api::VerifyRequest { repair: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(v.clean && v.orphans.is_empty(), "{v:?}");
     assert_eq!(d.stop(), Some(0));
 }

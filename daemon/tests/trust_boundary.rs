@@ -330,7 +330,8 @@ fn two_weights_model() -> Vec<u8> {
     prost::Message::encode_to_vec(&model)
 }
 
-/// A Put of `e`'s payload under the source digest `[n; 32]`.
+/// A Put of `e`'s payload (packed from a 512 x 256 FLOAT weight) under the
+/// source digest `[n; 32]`.
 fn put_of(e: &api::Entry, n: u8, data: Vec<u8>) -> Vec<api::PutRequest> {
     let header = api::PutHeader {
         source_digest: bytes::Bytes::from(vec![n; 32]),
@@ -341,6 +342,8 @@ fn put_of(e: &api::Entry, n: u8, data: Vec<u8>) -> Vec<api::PutRequest> {
         payload_len: e.payload_len,
         source_name: "W".into(),
         model_path: String::new(),
+        source_data_type: 1,
+        source_dims: vec![512, 256],
     };
     vec![
         api::PutRequest {

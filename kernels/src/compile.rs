@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ctcache::digest::{self, Algorithm, SourceDigest};
+use ctcache::hit::SourceShape;
 use ctcache::onnx::{rewrite, Model, TensorRef};
 use ctcache::pb;
-use ctcache::resolve::Recognized;
 
 use crate::{OutputBuffer, PackError, PackedLayout, Packer, Params, SourceTensor};
 
@@ -28,6 +28,8 @@ pub enum CompileError {
 pub struct Compiled {
     pub source_name: String,
     pub digest: SourceDigest,
+    /// The source's data type and dims (the store records them, D9).
+    pub source_shape: SourceShape,
     pub layout: PackedLayout,
     pub device: pb::DeviceProto,
     pub payload: Bytes,
@@ -141,6 +143,10 @@ pub fn compile_on(
     Ok(Compiled {
         source_name: t.name.clone(),
         digest,
+        source_shape: SourceShape {
+            data_type: t.data_type,
+            dims: t.dims.clone(),
+        },
         layout,
         device,
         payload: payload.into_bytes(),
@@ -165,16 +171,6 @@ impl Compiled {
             metadata_props: Vec::new(),
         }
     }
-}
-
-/// Every physical type this build can produce (and so consume): each
-/// packer's family at its format version.
-pub fn recognized() -> Recognized {
-    let mut r = Recognized::default();
-    for p in crate::catalogue() {
-        r.insert_packer(p.id(), p.format_version());
-    }
-    r
 }
 
 /// The devices of this host (D5): the CPU first, then one device per wgpu

@@ -16,6 +16,7 @@ pub mod isa;
 pub mod layout;
 pub mod packer;
 pub mod params;
+pub mod registry;
 mod util;
 
 pub use buffer::OutputBuffer;

@@ -143,24 +143,31 @@ pub fn gc(r: &GcReport) -> api::GcResponse {
     }
 }
 
-/// What a verify found, and the files a repair removed.
+/// What a verify found (and, with a repair, dropped and removed).
 pub fn verify(v: &VerifyReport, repair: Option<&ReconcileReport>) -> api::VerifyResponse {
     let keys = |missing: bool| -> Vec<String> {
         v.problems
             .iter()
             .filter(|p| (p.damage == Damage::Missing) == missing)
-            .flat_map(|p| p.entries_dropped.iter().map(key_to_string))
+            .flat_map(|p| {
+                let keys = if v.repaired {
+                    &p.entries_dropped
+                } else {
+                    &p.entries
+                };
+                keys.iter().map(key_to_string)
+            })
             .collect()
     };
-    let orphans = repair
-        .map(|r| {
-            r.orphan_files_removed
-                .iter()
-                .chain(&r.stray_files_removed)
-                .map(|p| p.display().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let removed = repair
+        .into_iter()
+        .flat_map(|r| r.orphan_files_removed.iter().chain(&r.stray_files_removed));
+    let orphans = v
+        .orphan_files
+        .iter()
+        .chain(removed)
+        .map(|p| p.display().to_string())
+        .collect();
     api::VerifyResponse {
         checked: v.blobs_checked,
         bytes_checked: v.bytes_checked,
@@ -168,6 +175,7 @@ pub fn verify(v: &VerifyReport, repair: Option<&ReconcileReport>) -> api::Verify
         missing: keys(true),
         orphans,
         clean: v.problems.is_empty(),
+        repaired: v.repaired,
     }
 }
 

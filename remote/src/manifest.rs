@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use ctcache::digest::{Algorithm, SourceDigest};
+use ctcache::hit::SourceShape;
 use ctcache::store::{Entry, EntryKey, NewEntry, PayloadInfo, Producer};
 use ctcache_api::v1::{ManifestSignature, RemoteEntry, RemoteManifest};
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -218,9 +219,15 @@ fn entry_key(e: &RemoteEntry) -> Result<EntryKey, Rejected> {
     EntryKey::derive(source, device, ty).map_err(|e| malformed(format!("physical type: {e}")))
 }
 
-/// What `put` needs to store an accepted entry fetched for `source_names`
-/// of the model at `model_paths`.
-pub fn new_entry(a: &Accepted, source_names: Vec<String>, model_paths: Vec<String>) -> NewEntry {
+/// What `put` needs to store an accepted entry fetched for the local
+/// tensor of `source_shape` named `source_names` in the models at
+/// `model_paths`.
+pub fn new_entry(
+    a: &Accepted,
+    source_shape: SourceShape,
+    source_names: Vec<String>,
+    model_paths: Vec<String>,
+) -> NewEntry {
     let e = &a.entry;
     let algorithm = e.digest_algorithm.parse().unwrap_or_default();
     let mut bytes = [0u8; 32];
@@ -228,6 +235,7 @@ pub fn new_entry(a: &Accepted, source_names: Vec<String>, model_paths: Vec<Strin
     bytes.copy_from_slice(&e.source_digest[..32.min(e.source_digest.len())]);
     NewEntry {
         source: SourceDigest { algorithm, bytes },
+        source_shape,
         device: e.device.clone().unwrap_or_default(),
         physical_type: e.physical_type.clone().unwrap_or_default(),
         dims: e.dims.clone(),
@@ -294,7 +302,11 @@ mod tests {
         assert_eq!(a.entry, e);
         assert_eq!(a.signer, "a");
         assert_eq!(a.payload.len, 10);
-        let n = new_entry(&a, vec!["w".into()], vec![]);
+        let shape = SourceShape {
+            data_type: ctcache::dtype::DataType::FLOAT,
+            dims: vec![4, 4],
+        };
+        let n = new_entry(&a, shape, vec!["w".into()], vec![]);
         assert_eq!(
             EntryKey::derive(n.source, &n.device, &n.physical_type).unwrap(),
             key

@@ -9,7 +9,7 @@ pub mod rewrite;
 mod tensor;
 
 pub use external::ExternalRef;
-pub use model::{Extension, Model, TopField};
+pub use model::{BadInitializer, Extension, LenientExtension, Model, TopField};
 pub use tensor::{Storage, TensorRef, Typed};
 
 /// `ModelProto` field numbers that ctcache reads or splices.

@@ -39,6 +39,26 @@ pub struct Extension {
     pub compiled_tensors: Vec<pb::CompiledTensorProto>,
 }
 
+/// A top-level initializer that does not parse: its name when readable.
+#[derive(Debug)]
+pub struct BadInitializer {
+    pub name: Option<String>,
+    pub error: Error,
+}
+
+/// The extension decoded field by field ([`Model::extension_lenient`]).
+#[derive(Debug, Clone, Default)]
+pub struct LenientExtension {
+    /// What decoded; an undecodable compiled tensor keeps its slot (a
+    /// default entry), so indices stay those of the file.
+    pub ext: Extension,
+    /// Why the struct type or device table is unusable (a field of it does
+    /// not decode: entries refer to them by index, so none can be trusted).
+    pub table_error: Option<String>,
+    /// Compiled tensors that do not decode: (index, error).
+    pub entry_errors: Vec<(usize, String)>,
+}
+
 /// A mapped model and its folder (for external data).
 pub struct Model {
     path: Option<PathBuf>,
@@ -242,6 +262,22 @@ impl Model {
             .collect()
     }
 
+    /// The top-level graph initializers one by one, in file order: one that
+    /// does not parse does not hide the others. Fails only when the graph
+    /// itself cannot be walked.
+    pub fn initializer_results(&self) -> Result<Vec<Result<TensorRef, BadInitializer>>> {
+        Ok(self
+            .graph_fields(GRAPH_INITIALIZER)?
+            .into_iter()
+            .map(|r| {
+                TensorRef::parse(&self.bytes, r.clone()).map_err(|error| BadInitializer {
+                    name: TensorRef::name_of(&self.bytes, r),
+                    error,
+                })
+            })
+            .collect())
+    }
+
     /// The graph's nodes, decoded (initializer payloads are not touched).
     pub fn nodes(&self) -> Result<Vec<pb::NodeProto>> {
         self.graph_fields(GRAPH_NODE)?
@@ -271,6 +307,39 @@ impl Model {
             }
         }
         Ok(ext)
+    }
+
+    /// The extension, decoded field by field (see [`LenientExtension`]):
+    /// never fails, so one bad field does not make the model unloadable.
+    pub fn extension_lenient(&self) -> LenientExtension {
+        let mut out = LenientExtension::default();
+        for f in &self.top {
+            let bytes = || self.bytes.slice(f.value.clone());
+            match f.number {
+                MODEL_STRUCT_TYPES => match decode(bytes(), "ModelProto.struct_types") {
+                    Ok(t) => out.ext.struct_types.push(t),
+                    Err(e) => {
+                        out.table_error.get_or_insert(e.to_string());
+                    }
+                },
+                MODEL_DEVICES => match decode(bytes(), "ModelProto.devices") {
+                    Ok(d) => out.ext.devices.push(d),
+                    Err(e) => {
+                        out.table_error.get_or_insert(e.to_string());
+                    }
+                },
+                MODEL_COMPILED_TENSORS => {
+                    let c = decode(bytes(), "ModelProto.compiled_tensors").unwrap_or_else(|e| {
+                        out.entry_errors
+                            .push((out.ext.compiled_tensors.len(), e.to_string()));
+                        pb::CompiledTensorProto::default()
+                    });
+                    out.ext.compiled_tensors.push(c);
+                }
+                _ => {}
+            }
+        }
+        out
     }
 
     /// True when the model has any compiled-tensor extension field.

@@ -2,17 +2,21 @@
 //! tensor fields (1000-1002) of a model by splicing top-level fields. Every
 //! other byte of the model is copied as is, unknown fields included.
 
-use std::io::Write;
+use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use prost::Message;
 
+use crate::check;
 use crate::error::{Error, Result};
 use crate::fsutil::atomic_write;
+use crate::hit::{payload_checksum, PAYLOAD_BLAKE3_KEY};
 use crate::onnx::fields::{self, MODEL_COMPILED_TENSORS, MODEL_DEVICES, MODEL_STRUCT_TYPES};
 use crate::onnx::{ExternalRef, Model, TopField};
 use crate::pb;
+use crate::structs::{self, PhysicalTypeKey};
 use crate::wire::put_len_prefix;
 
 /// One compiled tensor to embed.
@@ -27,6 +31,8 @@ pub struct NewEntry {
     pub payload: Bytes,
     pub source_digest: Vec<u8>,
     pub digest_algorithm: String,
+    /// The entry's metadata; the rewrite sets `ctcache.payload.blake3`
+    /// itself (a value given here is replaced).
     pub metadata_props: Vec<pb::StringStringEntryProto>,
 }
 
@@ -60,10 +66,17 @@ impl Default for RewriteOptions {
 /// Alignment of payloads in the sidecar file.
 pub const SIDECAR_ALIGN: u64 = 4096;
 
+/// Nesting bound when computing type keys for the duplicate check.
+const MAX_TYPE_DEPTH: u32 = 32;
+
 /// What a rewrite wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
+    /// New entries written.
     pub entries: usize,
+    /// Existing entries whose external payload was copied into the new
+    /// sidecar (their own file is not beside the output).
+    pub payloads_carried: usize,
     pub struct_types_added: usize,
     pub devices_added: usize,
     pub inline_bytes: u64,
@@ -84,25 +97,35 @@ pub(crate) fn encoded_field(out: &mut Vec<u8>, number: u32, msg: &impl Message) 
 }
 
 /// Copies the model's top-level fields that `keep` accepts, coalescing
-/// adjacent spans into single writes.
+/// adjacent spans into single writes; a field listed in `replaced` (by its
+/// index in `top_fields`) is written as those bytes instead.
 fn copy_fields(
     model: &Model,
     keep: impl Fn(&TopField) -> bool,
+    replaced: &HashMap<usize, Vec<u8>>,
     w: &mut impl Write,
 ) -> std::io::Result<()> {
     let bytes = model.bytes();
     let mut run: Option<std::ops::Range<usize>> = None;
-    for f in model.top_fields() {
-        if keep(f) {
-            run = Some(match run {
-                Some(r) if r.end == f.span.start => r.start..f.span.end,
-                Some(r) => {
-                    w.write_all(&bytes[r])?;
-                    f.span.clone()
-                }
-                None => f.span.clone(),
-            });
+    for (i, f) in model.top_fields().iter().enumerate() {
+        if !keep(f) {
+            continue;
         }
+        if let Some(new) = replaced.get(&i) {
+            if let Some(r) = run.take() {
+                w.write_all(&bytes[r])?;
+            }
+            w.write_all(new)?;
+            continue;
+        }
+        run = Some(match run {
+            Some(r) if r.end == f.span.start => r.start..f.span.end,
+            Some(r) => {
+                w.write_all(&bytes[r])?;
+                f.span.clone()
+            }
+            None => f.span.clone(),
+        });
     }
     if let Some(r) = run {
         w.write_all(&bytes[r])?;
@@ -110,23 +133,133 @@ fn copy_fields(
     Ok(())
 }
 
+fn not_compiled(f: &TopField) -> bool {
+    !fields::is_compiled_field(f.number)
+}
+
 /// Writes `model` without its compiled-tensor fields.
 pub fn strip(model: &Model, out: &Path) -> Result<()> {
     atomic_write(out, |w| {
-        copy_fields(model, |f| !fields::is_compiled_field(f.number), w)
+        copy_fields(model, not_compiled, &HashMap::new(), w)
     })
 }
 
 /// Strips into memory (for tests and small models).
 pub fn strip_to_vec(model: &Model) -> Vec<u8> {
     let mut v = Vec::with_capacity(model.bytes().len());
-    copy_fields(model, |f| !fields::is_compiled_field(f.number), &mut v)
+    copy_fields(model, not_compiled, &HashMap::new(), &mut v)
         .expect("writing to a Vec cannot fail");
     v
 }
 
+/// The sidecar being built: an optional prefix (the output's current
+/// sidecar, carried whole so that entries pointing into it stay right) and
+/// payloads at 4096-aligned offsets after it.
+struct Sidecar {
+    name: String,
+    path: PathBuf,
+    prefix: Option<Bytes>,
+    pieces: Vec<(u64, Bytes)>,
+    len: u64,
+}
+
+impl Sidecar {
+    /// Appends a payload; returns its `external_data`.
+    fn push(&mut self, payload: Bytes) -> Vec<pb::StringStringEntryProto> {
+        let offset = self.len.next_multiple_of(SIDECAR_ALIGN);
+        self.len = offset + payload.len() as u64;
+        let length = payload.len() as u64;
+        self.pieces.push((offset, payload));
+        ExternalRef {
+            location: self.name.clone(),
+            offset,
+            length: Some(length),
+        }
+        .to_entries()
+    }
+
+    fn write(&self) -> Result<()> {
+        atomic_write(&self.path, |w| {
+            let mut pos = 0u64;
+            if let Some(p) = &self.prefix {
+                w.write_all(p)?;
+                pos = p.len() as u64;
+            }
+            for (offset, payload) in &self.pieces {
+                std::io::copy(&mut std::io::repeat(0).take(offset - pos), w)?;
+                w.write_all(payload)?;
+                pos = offset + payload.len() as u64;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Whether `location`, read from the input model's folder and from the
+/// output's, names the output's sidecar file (an existing one).
+fn is_output_sidecar(model: &Model, location: &str, sidecar: &Path) -> bool {
+    let Ok(target) = sidecar.canonicalize() else {
+        return false;
+    };
+    let out_dir = match sidecar.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let r = ExternalRef {
+        location: location.to_string(),
+        offset: 0,
+        length: None,
+    };
+    [model.dir(), out_dir].iter().all(|dir| {
+        r.path_in(dir)
+            .ok()
+            .and_then(|p| p.canonicalize().ok())
+            .is_some_and(|p| p == target)
+    })
+}
+
+/// Sets `ctcache.payload.blake3` of an entry to the checksum of `payload`
+/// (replacing any value given) — the one place entries get their checksum.
+fn with_checksum(
+    mut props: Vec<pb::StringStringEntryProto>,
+    payload: &[u8],
+) -> Vec<pb::StringStringEntryProto> {
+    props.retain(|p| p.key != PAYLOAD_BLAKE3_KEY);
+    props.push(pb::StringStringEntryProto {
+        key: PAYLOAD_BLAKE3_KEY.into(),
+        value: payload_checksum(payload),
+    });
+    props
+}
+
+/// The key the checker's `key.unique` rule uses: (source, device, type key).
+type EntryKey = (String, i32, Option<PhysicalTypeKey>);
+
+fn key_of(c: &pb::CompiledTensorProto, types: &[pb::StructTypeProto]) -> EntryKey {
+    let ty = c
+        .value
+        .as_ref()
+        .and_then(|v| structs::resolve_root(v, types).ok())
+        .and_then(|t| structs::physical_type_key(t, types, MAX_TYPE_DEPTH).ok());
+    (c.source_name.clone(), c.device, ty)
+}
+
 /// Embeds `entries` into `model`, writing the result to `out` (and large
-/// payloads to a sidecar next to it).
+/// payloads to a sidecar `<out>.ctdata` beside it).
+///
+/// With [`Mode::Add`] the entries already in the model stay right wherever
+/// `out` is: entries whose payload is inline, or in the output's own current
+/// sidecar (embedding in place), are copied as they are, and that sidecar is
+/// carried whole into the new one; every other external payload is copied
+/// into the new sidecar and its entry pointed there. Every entry written or
+/// moved gets `ctcache.payload.blake3` (D9).
+///
+/// Both files are written to temp files and renamed. Which goes first is
+/// chosen so that a crash between the two renames leaves no entry pointing
+/// at the wrong bytes without a checksum to catch it: a sidecar that keeps
+/// the old one as its prefix goes first (the old model stays right with
+/// it); otherwise the model goes first (all its sidecar entries carry
+/// checksums).
 pub fn embed(
     model: &Model,
     entries: &[NewEntry],
@@ -135,30 +268,75 @@ pub fn embed(
     opts: &RewriteOptions,
 ) -> Result<Report> {
     let existing = match mode {
-        Mode::Add => model.extension()?,
+        Mode::Add => model.extension().map_err(|e| {
+            Error::Rewrite(format!(
+                "the model's compiled tensors cannot be read ({e}); embed with replace to drop them"
+            ))
+        })?,
         Mode::Replace => Default::default(),
     };
     let mut types = existing.struct_types.clone();
     let mut devices = existing.devices.clone();
     let mut report = Report::default();
     let mut tail = Vec::new();
-    let mut sidecar: Vec<(u64, Bytes)> = Vec::new();
-    let mut sidecar_len = 0u64;
     let sidecar_file = sidecar_name(out)?;
-    let mut keys: Vec<(String, i32, String)> = existing
-        .compiled_tensors
+    let mut sidecar = Sidecar {
+        path: out.with_file_name(&sidecar_file),
+        name: sidecar_file,
+        prefix: None,
+        pieces: Vec::new(),
+        len: 0,
+    };
+    let mut keys: Vec<EntryKey> = Vec::new();
+    // Existing entries: keep the inline ones and those in the output's own
+    // sidecar; copy every other external payload into the new sidecar.
+    let mut replaced = HashMap::new();
+    let compiled_fields = model
+        .top_fields()
         .iter()
-        .map(|c| {
-            let ty = c
-                .value
-                .as_ref()
-                .and_then(|v| usize::try_from(v.r#type).ok())
-                .and_then(|t| types.get(t))
-                .map(|t| t.name.clone())
-                .unwrap_or_default();
-            (c.source_name.clone(), c.device, ty)
-        })
-        .collect();
+        .enumerate()
+        .filter(|(_, f)| f.number == MODEL_COMPILED_TENSORS)
+        .map(|(i, _)| i);
+    for (j, (field, c)) in compiled_fields.zip(&existing.compiled_tensors).enumerate() {
+        keys.push(key_of(c, &types));
+        let Some(value) = c.value.as_ref().filter(|v| !v.external_data.is_empty()) else {
+            continue;
+        };
+        let cant = |why: String| {
+            Error::Rewrite(format!(
+                "compiled_tensors[{j}] ({:?}): its payload cannot be carried into {}: {why}; \
+                 embed with replace to drop the model's compiled tensors",
+                c.source_name,
+                out.display()
+            ))
+        };
+        let r = check::payload_ref(value).map_err(&cant)?;
+        if is_output_sidecar(model, &r.location, &sidecar.path) {
+            if sidecar.prefix.is_none() {
+                let whole = model.external_file(&r).map_err(&cant)?;
+                sidecar.len = whole.len() as u64;
+                sidecar.prefix = Some(whole);
+            }
+            continue;
+        }
+        let payload = check::payload_bytes(model, value).map_err(&cant)?;
+        let mut moved = c.clone();
+        let v = moved.value.as_mut().expect("checked above");
+        v.external_data
+            .retain(|p| !matches!(p.key.as_str(), "location" | "offset" | "length"));
+        let mut placed = sidecar.push(payload.clone());
+        placed.append(&mut v.external_data);
+        v.external_data = placed;
+        // A checksum already there stays: the bytes are copied exactly.
+        if structs::metadata(&moved.metadata_props, PAYLOAD_BLAKE3_KEY).is_none() {
+            moved.metadata_props = with_checksum(moved.metadata_props, &payload);
+        }
+        let mut bytes = Vec::new();
+        encoded_field(&mut bytes, MODEL_COMPILED_TENSORS, &moved);
+        replaced.insert(field, bytes);
+        report.payloads_carried += 1;
+        report.sidecar_bytes += payload.len() as u64;
+    }
     for e in entries {
         if e.struct_type.name.is_empty() {
             return Err(Error::Rewrite(format!(
@@ -191,7 +369,7 @@ pub fn embed(
         let key = (
             e.source_name.clone(),
             device_index as i32,
-            e.struct_type.name.clone(),
+            structs::physical_type_key(&e.struct_type, &[], MAX_TYPE_DEPTH).ok(),
         );
         if keys.contains(&key) {
             return Err(Error::Rewrite(format!(
@@ -213,15 +391,7 @@ pub fn embed(
             }
         }
         if to_sidecar {
-            let offset = sidecar_len.next_multiple_of(SIDECAR_ALIGN);
-            sidecar_len = offset + e.payload.len() as u64;
-            sidecar.push((offset, e.payload.clone()));
-            value.external_data = ExternalRef {
-                location: sidecar_file.clone(),
-                offset,
-                length: Some(e.payload.len() as u64),
-            }
-            .to_entries();
+            value.external_data = sidecar.push(e.payload.clone());
             report.sidecar_bytes += e.payload.len() as u64;
         } else {
             value.raw_data = e.payload.clone();
@@ -233,35 +403,37 @@ pub fn embed(
             device: device_index as i32,
             source_digest: Bytes::from(e.source_digest.clone()),
             digest_algorithm: e.digest_algorithm.clone(),
-            metadata_props: e.metadata_props.clone(),
+            metadata_props: with_checksum(e.metadata_props.clone(), &e.payload),
         };
         encoded_field(&mut tail, MODEL_COMPILED_TENSORS, &compiled);
         report.entries += 1;
     }
-    if !sidecar.is_empty() {
-        let path = out.with_file_name(&sidecar_file);
-        atomic_write(&path, |w| {
-            let mut pos = 0u64;
-            for (offset, payload) in &sidecar {
-                w.write_all(&vec![0u8; (offset - pos) as usize])?;
-                w.write_all(payload)?;
-                pos = offset + payload.len() as u64;
-            }
-            Ok(())
-        })?;
-        report.sidecar = Some(path);
-    }
     // Struct types and devices precede the entries that refer to them; all
     // new fields go after the model's own bytes, so existing repeated-field
     // order (and thus existing indices) is unchanged.
-    atomic_write(out, |w| {
-        copy_fields(
-            model,
-            |f| mode == Mode::Add || !fields::is_compiled_field(f.number),
-            w,
-        )?;
-        w.write_all(&tail)
-    })?;
+    let write_model = || {
+        atomic_write(out, |w| {
+            copy_fields(
+                model,
+                |f| mode == Mode::Add || !fields::is_compiled_field(f.number),
+                &replaced,
+                w,
+            )?;
+            w.write_all(&tail)
+        })
+    };
+    if sidecar.pieces.is_empty() {
+        write_model()?;
+    } else {
+        if sidecar.prefix.is_some() {
+            sidecar.write()?;
+            write_model()?;
+        } else {
+            write_model()?;
+            sidecar.write()?;
+        }
+        report.sidecar = Some(sidecar.path.clone());
+    }
     Ok(report)
 }
 

@@ -61,6 +61,24 @@ impl TensorRef {
     pub fn parse(model: &[u8], range: Range<usize>) -> Result<TensorRef> {
         Parser::default().run(model, range)
     }
+
+    /// The name of a `TensorProto` that may not parse: the last `name`
+    /// field readable before the first malformed field, if any.
+    pub fn name_of(model: &[u8], range: Range<usize>) -> Option<String> {
+        let mut name = None;
+        for field in Fields::with_base(&model[range.clone()], range.start) {
+            match field {
+                Ok(f) if f.number == 8 => {
+                    if let Value::Bytes(b) = f.value {
+                        name = std::str::from_utf8(b).ok().map(str::to_string);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        name
+    }
 }
 
 #[derive(Default)]

@@ -11,6 +11,8 @@ use prost::Message;
 use super::error::{StoreError, StoreResult};
 use super::key::EntryKey;
 use crate::digest::SourceDigest;
+use crate::dtype::DataType;
+use crate::hit::SourceShape;
 use crate::pb;
 use crate::structs::{self, PhysicalTypeKey, FORMAT_VERSION_KEY, PACKER_KEY};
 
@@ -34,6 +36,10 @@ pub struct Producer {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEntry {
     pub source: SourceDigest,
+    /// The source's data type and dims: what the packer's output type
+    /// depends on besides its parameters; lookups judge the entry's layout
+    /// against it (D9).
+    pub source_shape: SourceShape,
     pub device: pb::DeviceProto,
     /// The resolved concrete type (references inlined); doc strings are
     /// cleared by `put` (D4). Needs a `name` and `ctcache.format_version`.
@@ -57,6 +63,9 @@ pub struct PayloadInfo {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub key: EntryKey,
+    /// `None` for entries stored before the store kept source shapes: never
+    /// a hit for a lookup that judges types.
+    pub source_shape: Option<SourceShape>,
     pub type_name: String,
     pub format_version: u32,
     /// The canonical `StructTypeProto` encoding whose blake3 is the type key.
@@ -136,6 +145,12 @@ pub(crate) struct Record {
     pub model_paths: Vec<String>,
     #[prost(uint64, tag = "15")]
     pub pack_duration_us: u64,
+    /// ONNX data type code of the source (absent in records written before
+    /// shapes were kept).
+    #[prost(int32, optional, tag = "16")]
+    pub source_data_type: Option<i32>,
+    #[prost(uint64, repeated, tag = "17")]
+    pub source_dims: Vec<u64>,
 }
 
 /// The fields GC, stats and lookups read: tags 1-7 of [`Record`].
@@ -222,10 +237,20 @@ impl Record {
         self.payload_blake3.as_slice().try_into().unwrap_or([0; 32])
     }
 
+    /// The recorded source shape (`None`: not recorded, or an unknown type).
+    pub fn source_shape(&self) -> Option<SourceShape> {
+        let data_type = DataType::from_i32(self.source_data_type?).ok()?;
+        Some(SourceShape {
+            data_type,
+            dims: self.source_dims.clone(),
+        })
+    }
+
     pub fn into_entry(self, key: EntryKey, access: Option<Access>) -> Entry {
         let blake3 = self.blob();
         Entry {
             key,
+            source_shape: self.source_shape(),
             type_name: self.type_name,
             format_version: self.format_version,
             physical_type: self.physical_type,
@@ -257,6 +282,21 @@ impl Record {
         let a = merge(&mut self.source_names, names, max);
         let b = merge(&mut self.model_paths, paths, max);
         a || b
+    }
+
+    /// What a repeated put of the same key adds to the record: source names
+    /// and model paths, and the source shape of a record stored before
+    /// shapes were kept, when the daemon itself packed it again (a client's
+    /// claim does not complete a record it did not make). Returns whether
+    /// anything changed.
+    pub fn merge_put(&mut self, new: &NewEntry, max: usize) -> bool {
+        let seen = self.merge_seen(&new.source_names, &new.model_paths, max);
+        let heal = self.source_data_type.is_none() && new.producer.client_uid.is_none();
+        if heal {
+            self.source_data_type = Some(new.source_shape.data_type.code());
+            self.source_dims = new.source_shape.dims.clone();
+        }
+        seen || heal
     }
 }
 
@@ -338,6 +378,8 @@ pub(crate) fn prepare(new: &NewEntry, now_ms: u64, max_seen: usize) -> StoreResu
         source_names: Vec::new(),
         model_paths: Vec::new(),
         pack_duration_us: new.pack_duration.as_micros().min(u64::MAX as u128) as u64,
+        source_data_type: Some(new.source_shape.data_type.code()),
+        source_dims: new.source_shape.dims.clone(),
     };
     record.merge_seen(&new.source_names, &new.model_paths, max_seen);
     Ok(Prepared { key, record })
@@ -396,6 +438,10 @@ mod tests {
                 ..Default::default()
             },
             dims: vec![4, 5],
+            source_shape: SourceShape {
+                data_type: DataType::FLOAT,
+                dims: vec![4, 5],
+            },
             source_names: vec!["w".into(), "w".into(), "x".repeat(5000)],
             model_paths: vec![],
             producer: Producer::default(),
@@ -416,6 +462,14 @@ mod tests {
         );
         assert_eq!(p.record.source_names.len(), 2);
         assert_eq!(p.record.source_names[1].len(), MAX_SEEN_LEN);
+        assert_eq!(p.record.source_shape(), Some(new_entry().source_shape));
+        let mut old = p.record.clone();
+        old.source_data_type = None;
+        assert_eq!(
+            old.source_shape(),
+            None,
+            "records without a shape stay without"
+        );
     }
 
     #[test]
@@ -446,6 +500,21 @@ mod tests {
         let mut future = p.record.clone();
         future.version = RECORD_VERSION + 1;
         assert!(decode_record(&k, &future.encode_to_vec()).is_err());
+    }
+
+    #[test]
+    fn a_daemon_put_completes_a_record_without_a_shape() {
+        let mut old = prepare(&new_entry(), 1, 16).unwrap().record;
+        old.source_data_type = None;
+        old.source_dims.clear();
+        let mut by_client = new_entry();
+        by_client.producer.client_uid = Some(1000);
+        let mut rec = old.clone();
+        assert!(!rec.merge_put(&by_client, 16));
+        assert_eq!(rec.source_shape(), None);
+        assert!(rec.merge_put(&new_entry(), 16));
+        assert_eq!(rec.source_shape(), Some(new_entry().source_shape));
+        assert!(!rec.merge_put(&new_entry(), 16), "once");
     }
 
     #[test]

@@ -72,6 +72,21 @@ pub enum StoreError {
         path: PathBuf,
         detail: String,
     },
+    /// The payload's bytes do not hash to its name: it was quarantined and
+    /// the entries using it dropped (pack them again from their model paths).
+    #[error(
+        "payload of {key} ({}) does not hash to its name: quarantined{}, {} entr{} dropped",
+        .path.display(),
+        .quarantined.as_ref().map(|q| format!(" to {}", q.display())).unwrap_or_default(),
+        .dropped.len(),
+        if .dropped.len() == 1 { "y" } else { "ies" }
+    )]
+    PayloadCorrupt {
+        key: Box<EntryKey>,
+        path: PathBuf,
+        dropped: Vec<EntryKey>,
+        quarantined: Option<PathBuf>,
+    },
 }
 
 fn owner(pid: &Option<u32>) -> String {

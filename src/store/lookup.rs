@@ -1,17 +1,19 @@
 //! Reads: `lookup` (the entries of one source digest that this host can
-//! use, best first), `stat` and `list`.
+//! use, best first), `explain_miss`, `stat` and `list`.
 //!
 //! A lookup reads the key list of one source digest (usually one to a
-//! handful of entries; see `sources.rs`), filters on the type key in each
-//! key before reading anything else, then reads each record and applies D5
-//! (device compatibility, in its order) and D4 (type recognized) to it.
+//! handful of entries; see `sources.rs`), reads each record (kept decoded in
+//! memory by `cache.rs`) and asks the one hit rule, [`hit::judge`], about
+//! it: device compatibility (D5), then the physical type key and dims
+//! against the layouts this build produces for the recorded source shape
+//! (D9). Verdicts on types are cached in [`crate::hit::KnownTypes`].
 //!
 //! "Best first" means: an exact device match (the entry's descriptor equals
 //! the host device's) before a merely compatible one; then the host device
 //! listed first (callers list their preferred device first); then the
 //! newest entry; then key order, so the order is deterministic.
 
-use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::entry::{self, Access};
 use super::error::StoreResult;
@@ -19,83 +21,12 @@ use super::index::Tree;
 use super::key::{source_prefix, EntryKey, KeyBytes, KEY_LEN, SOURCE_PREFIX_LEN};
 use super::sources;
 use super::{Entry, Store};
-use crate::device::{self, RuntimeIdentity};
 use crate::digest::SourceDigest;
+use crate::hit::{self, EntryFacts, KnownLayout, MissReason, SourceShape};
 use crate::pb;
-use crate::resolve::{Host, Recognized};
 use crate::structs::PhysicalTypeKey;
 
-/// Which physical types the consumer accepts (D4).
-#[derive(Debug, Clone, Default)]
-pub enum Accept {
-    /// Any type (tools that list what is there).
-    #[default]
-    Any,
-    /// Exactly these type keys.
-    Keys(HashSet<PhysicalTypeKey>),
-    /// These type names at these format versions.
-    Types(Recognized),
-}
-
-impl Accept {
-    fn key_ok(&self, type_key: &[u8]) -> bool {
-        match self {
-            Accept::Keys(keys) => type_key
-                .try_into()
-                .map(|k| keys.contains(&PhysicalTypeKey(k)))
-                .unwrap_or(false),
-            _ => true,
-        }
-    }
-
-    fn type_ok(&self, name: &str, version: u32) -> bool {
-        match self {
-            Accept::Types(r) => r.versions(name).is_some_and(|v| v.contains(&version)),
-            _ => true,
-        }
-    }
-}
-
-/// The host side of a lookup, prepared once and reused (device keys are
-/// computed here, not per lookup).
-#[derive(Debug, Clone)]
-pub struct HostFilter {
-    devices: Vec<pb::DeviceProto>,
-    keys: Vec<[u8; 32]>,
-    runtime: Option<RuntimeIdentity>,
-    accept: Accept,
-}
-
-impl HostFilter {
-    /// `devices` in order of preference; `runtime: None` skips the runtime
-    /// checks (D5).
-    pub fn new(
-        devices: Vec<pb::DeviceProto>,
-        runtime: Option<RuntimeIdentity>,
-        accept: Accept,
-    ) -> HostFilter {
-        HostFilter {
-            keys: devices.iter().map(device::device_key).collect(),
-            devices,
-            runtime,
-            accept,
-        }
-    }
-
-    /// The filter of a loading-rules host: its devices, runtime and
-    /// recognized types.
-    pub fn from_host(host: &Host) -> HostFilter {
-        HostFilter::new(
-            host.devices.clone(),
-            host.runtime.clone(),
-            Accept::Types(host.recognized.clone()),
-        )
-    }
-
-    pub fn devices(&self) -> &[pb::DeviceProto] {
-        &self.devices
-    }
-}
+pub use crate::hit::{Accept, Host as HostFilter};
 
 /// A usable entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +36,73 @@ pub struct Hit {
     pub host_device: usize,
     /// The entry's device descriptor equals that host device's.
     pub exact: bool,
+    /// The layout it was recognized as (`None` with `Accept::Any`).
+    pub layout: Option<Arc<KnownLayout>>,
+}
+
+/// A stored record, as the judge reads it.
+struct StoredFacts<'a> {
+    kb: &'a KeyBytes,
+    rec: &'a entry::Record,
+    shape: Option<SourceShape>,
+}
+
+impl<'a> StoredFacts<'a> {
+    /// `want`: the source's shape as the caller knows it (it has the
+    /// tensor); a record of another shape is refused, not judged.
+    fn new(
+        kb: &'a KeyBytes,
+        rec: &'a entry::Record,
+        want: Option<&SourceShape>,
+    ) -> Result<Self, MissReason> {
+        let shape = rec.source_shape();
+        if let (Some(w), Some(s)) = (want, &shape) {
+            if w != s {
+                return Err(MissReason::Invalid {
+                    rule: "store.record",
+                    message: format!("the entry records a {s} source, the source is {w}"),
+                });
+            }
+        }
+        Ok(StoredFacts { kb, rec, shape })
+    }
+}
+
+impl EntryFacts for StoredFacts<'_> {
+    fn device(&self) -> Result<&pb::DeviceProto, MissReason> {
+        self.rec.device.as_ref().ok_or_else(|| MissReason::Invalid {
+            rule: "store.record",
+            message: "the record names no device".into(),
+        })
+    }
+
+    fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
+        Ok(PhysicalTypeKey(
+            self.kb[KEY_LEN - 32..].try_into().expect("32-byte suffix"),
+        ))
+    }
+
+    fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
+        use prost::Message;
+        pb::StructTypeProto::decode(self.rec.physical_type.as_slice()).map_err(|e| {
+            MissReason::Invalid {
+                rule: "store.record",
+                message: format!("physical type: {e}"),
+            }
+        })
+    }
+
+    fn dims(&self) -> &[u64] {
+        &self.rec.dims
+    }
+
+    fn source_shape(&self) -> Option<&SourceShape> {
+        self.shape.as_ref()
+    }
+
+    fn client_uid(&self) -> Option<u32> {
+        self.rec.client_uid
+    }
 }
 
 /// Filters of `list`; unset fields match everything.
@@ -144,47 +142,101 @@ impl Store {
         source: &SourceDigest,
         host: &HostFilter,
     ) -> StoreResult<Vec<Hit>> {
+        self.judged(source, None, host, |_| {})
+    }
+
+    /// [`Store::lookup_uncounted`] for a caller that knows the source's
+    /// shape (it has the tensor): an entry recorded with another shape is
+    /// never a hit.
+    pub fn lookup_shaped(
+        &self,
+        source: &SourceDigest,
+        shape: &SourceShape,
+        host: &HostFilter,
+    ) -> StoreResult<Vec<Hit>> {
+        self.judged(source, Some(shape), host, |_| {})
+    }
+
+    /// The usable entries of `source` on `host` (uncounted), or, when there
+    /// is none, why: `no_entry`, or the reason of the entry that got
+    /// furthest through the checks (a type or trust miss says more than a
+    /// device miss). `shape` as in [`Store::lookup_shaped`].
+    pub fn lookup_explained(
+        &self,
+        source: &SourceDigest,
+        shape: Option<&SourceShape>,
+        host: &HostFilter,
+    ) -> StoreResult<Result<Vec<Hit>, MissReason>> {
+        let mut best: Option<MissReason> = None;
+        let rank = |r: &MissReason| match r {
+            MissReason::IncompatibleDevice(_) => 0,
+            MissReason::Invalid { .. } => 1,
+            _ => 2,
+        };
+        let hits = self.judged(source, shape, host, |m| {
+            if best.as_ref().is_none_or(|b| rank(m) > rank(b)) {
+                best = Some(m.clone());
+            }
+        })?;
+        Ok(if hits.is_empty() {
+            Err(best.unwrap_or(MissReason::NoEntry))
+        } else {
+            Ok(hits)
+        })
+    }
+
+    /// Judges every entry of `source`; misses go to `missed`.
+    fn judged(
+        &self,
+        source: &SourceDigest,
+        shape: Option<&SourceShape>,
+        host: &HostFilter,
+        mut missed: impl FnMut(&MissReason),
+    ) -> StoreResult<Vec<Hit>> {
         let prefix = source_prefix(source);
         let entries = match self.cache.get(&prefix) {
             Ok(cached) => cached,
             Err(generation) => {
-                let read = std::sync::Arc::new(self.read_source(&prefix)?);
+                let read = Arc::new(self.read_source(&prefix)?);
                 self.cache.insert(prefix, generation, read.clone());
                 read
             }
         };
-        let mut found: Vec<(&KeyBytes, &entry::Record, usize, bool)> = Vec::new();
+        let mut found: Vec<(&KeyBytes, &entry::Record, hit::Usable, bool)> = Vec::new();
         for (kb, rec) in entries.iter() {
-            if !host.accept.key_ok(&kb[65..]) {
-                continue;
+            match StoredFacts::new(kb, rec, shape).and_then(|f| hit::judge(&f, host)) {
+                Ok(u) => {
+                    let exact = host
+                        .device_keys()
+                        .get(u.host_device)
+                        .is_some_and(|k| k[..] == kb[33..65]);
+                    found.push((kb, rec, u, exact));
+                }
+                Err(m) => missed(&m),
             }
-            let Some(dev) = rec.device.as_ref() else {
-                continue;
-            };
-            let Ok((i, _)) = device::find_compatible(dev, &host.devices, host.runtime.as_ref())
-            else {
-                continue;
-            };
-            if !host.accept.type_ok(&rec.type_name, rec.format_version) {
-                continue;
-            }
-            found.push((kb, rec, i, host.keys[i] == kb[33..65]));
         }
         found.sort_by(|a, b| {
-            (!a.3, a.2, std::cmp::Reverse(a.1.created_ms), a.0).cmp(&(
-                !b.3,
-                b.2,
-                std::cmp::Reverse(b.1.created_ms),
-                b.0,
-            ))
+            (
+                !a.3,
+                a.2.host_device,
+                std::cmp::Reverse(a.1.created_ms),
+                a.0,
+            )
+                .cmp(&(
+                    !b.3,
+                    b.2.host_device,
+                    std::cmp::Reverse(b.1.created_ms),
+                    b.0,
+                ))
         });
         found
             .into_iter()
-            .map(|(kb, rec, host_device, exact)| {
+            .map(|(kb, rec, u, exact)| {
                 Ok(Hit {
                     entry: rec.clone().into_entry(EntryKey::from_bytes(kb)?, None),
-                    host_device,
+                    host_device: u.host_device,
                     exact,
+                    layout: u.layout,
                 })
             })
             .collect()

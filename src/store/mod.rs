@@ -26,6 +26,11 @@
 //! keep the decoded entries of recent sources in memory (`cache.rs`,
 //! invalidated by every commit that changes them).
 //!
+//! Integrity (`integrity.rs`): a payload file is hashed the first time it is
+//! served after the store was opened ([`Store::open_payload`]) and when a put
+//! would share it, then remembered as verified; a file that does not hash to
+//! its name is quarantined and every entry using it dropped, never served.
+//!
 //! Locks, always taken in this order: the lease gate (lease creation vs
 //! removal), then blob stripes (file operations vs the commits referencing a
 //! blob; several only by GC, in stripe order), then the list of pending
@@ -39,6 +44,7 @@ mod entry;
 mod error;
 mod gc;
 mod index;
+mod integrity;
 mod key;
 mod layout;
 mod lease;
@@ -143,6 +149,8 @@ pub struct Store {
     session: String,
     tmp_seq: AtomicU64,
     opened: OpenReport,
+    /// Payload files hashed (by us, or at publish) since the store opened.
+    verified: integrity::Verified,
     // Declared last so it is dropped last: the index closes before another
     // process may take the dir.
     _lock: layout::DirLock,
@@ -190,6 +198,7 @@ impl Store {
                 layout_found,
                 temp_removed,
             },
+            verified: integrity::Verified::default(),
             opts,
             _lock: lock,
         })
@@ -215,9 +224,11 @@ impl Store {
     /// Stores a payload streamed from `payload` under the key `new` derives.
     ///
     /// The payload is hashed while written to tmp/, fsynced, renamed into
-    /// blobs/ (or dropped when an identical file is already referenced: equal
-    /// payloads under different keys share one file), then the entry is
-    /// committed. An existing key is not overwritten and its payload not read.
+    /// blobs/ (or dropped when a referenced file of that blake3 is already
+    /// there and its bytes hash to its name: equal payloads under different
+    /// keys share one file; a file that does not is replaced by the new
+    /// one), then the entry is committed. An existing key is not
+    /// overwritten and its payload not read.
     pub fn put(&self, new: &NewEntry, mut payload: impl Read) -> StoreResult<Stored> {
         let now = self.now();
         let prep = entry::prepare(new, now, self.opts.max_seen)?;
@@ -267,10 +278,11 @@ impl Store {
                 });
             }
             if let Some(w) = pending.take() {
-                if self.blob_referenced(&blob)? && blobs::present(&self.paths, &blob, w.len) {
+                if self.blob_referenced(&blob)? && self.blob_intact(&blob, w.len)? {
                     w.discard();
                 } else {
                     blobs::publish(&self.paths, w, self.opts.fsync)?;
+                    self.verified.insert(blob);
                 }
             }
             let (prefix, suffix) = (sources::prefix(&kb), sources::suffix(&kb));
@@ -310,14 +322,15 @@ impl Store {
     }
 
     /// The entry under `kb`, after remembering the new entry's source names
-    /// and model paths (a bounded, best-effort list).
+    /// and model paths (a bounded, best-effort list) and, for a record
+    /// stored without it, the source shape (`Record::merge_put`).
     fn existing(&self, kb: &KeyBytes, new: &NewEntry) -> StoreResult<Option<Entry>> {
         for _ in 0..4 {
             let Some(old) = self.index.get(Tree::Entries, kb)? else {
                 return Ok(None);
             };
             let mut rec = entry::decode_record(kb, &old)?;
-            let changed = rec.merge_seen(&new.source_names, &new.model_paths, self.opts.max_seen);
+            let changed = rec.merge_put(new, self.opts.max_seen);
             let done = !changed
                 || self.commit(
                     &[Precondition::new(Tree::Entries, kb, Expect::Equals(old))],
@@ -328,7 +341,8 @@ impl Store {
                 return Ok(Some(rec.into_entry(key, Some(self.access_of(kb)?))));
             }
         }
-        // Lost four races to concurrent updates: the names are informational.
+        // Lost four races to concurrent updates: the names are informational
+        // (a missing shape is completed by a later put).
         self.stat(&EntryKey::from_bytes(kb)?)
     }
 
@@ -537,7 +551,11 @@ impl Store {
             .unwrap_or_default())
     }
 
-    /// Maps an entry's payload read-only and records the access.
+    /// Maps an entry's payload read-only and records the access. The first
+    /// time a payload file is served after the store was opened its bytes
+    /// are hashed: a file that does not hash to its name is quarantined,
+    /// every entry using it is dropped, and the answer is
+    /// [`StoreError::PayloadCorrupt`] naming them, never the bytes.
     pub fn open_payload(&self, key: &EntryKey) -> StoreResult<Payload> {
         let kb = key.to_bytes();
         let v = self
@@ -585,8 +603,10 @@ impl Store {
             // bytes cannot change under the mapping.
             Some(unsafe { Mmap::map(&file) }.map_err(|e| StoreError::io("map", &path, e))?)
         };
+        let payload = Payload { map, path, info };
+        self.verify_served(key, &payload)?;
         self.note_access(kb);
-        Ok(Payload { map, path, info })
+        Ok(payload)
     }
 
     fn note_access(&self, kb: KeyBytes) {

@@ -28,6 +28,10 @@ fn new_entry(n: u8) -> NewEntry {
             ..Default::default()
         },
         dims: vec![],
+        source_shape: crate::hit::SourceShape {
+            data_type: crate::dtype::DataType::FLOAT,
+            dims: vec![],
+        },
         producer: Producer::default(),
         source_names: vec![format!("w{n}")],
         model_paths: vec![],
@@ -64,7 +68,7 @@ fn empty_payload() {
     let s = Store::open(d.path(), StoreOptions::default()).unwrap();
     let a = s.put(&new_entry(1), &b""[..]).unwrap();
     assert_eq!(s.open_payload(&a.entry.key).unwrap().len(), 0);
-    assert!(s.verify().unwrap().problems.is_empty());
+    assert!(s.verify(true).unwrap().problems.is_empty());
 }
 
 #[test]

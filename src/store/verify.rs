@@ -1,4 +1,5 @@
-//! Repair passes. `verify` rehashes every payload file; `reconcile` (cheap:
+//! Repair passes. `verify` rehashes every payload file and lists orphan
+//! files (repairing only when asked); `reconcile` (cheap:
 //! no hashing, run by the daemon in the background) makes files and index
 //! agree: entries without files or with files of the wrong length, files
 //! without entries, index records that point nowhere, expired leases and
@@ -43,16 +44,23 @@ impl std::fmt::Display for Damage {
 pub struct VerifyProblem {
     pub blob: [u8; 32],
     pub damage: Damage,
+    /// The entries using the file (when the problem was found).
+    pub entries: Vec<EntryKey>,
+    /// The entries dropped (empty when not repairing).
     pub entries_dropped: Vec<EntryKey>,
-    /// Where the damaged file went (None when it was missing).
+    /// Where the damaged file went (None when it was missing or not repaired).
     pub quarantined: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
+    /// Whether problems were repaired (else only reported).
+    pub repaired: bool,
     pub blobs_checked: u64,
     pub bytes_checked: u64,
     pub problems: Vec<VerifyProblem>,
+    /// Payload files no entry references (removed when repairing).
+    pub orphan_files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -120,6 +128,10 @@ impl Store {
     }
 }
 
+fn entry_keys(kbs: &[KeyBytes]) -> StoreResult<Vec<EntryKey>> {
+    kbs.iter().map(|kb| EntryKey::from_bytes(kb)).collect()
+}
+
 /// Referenced payloads: blob -> (length, entries using it).
 type Referenced = BTreeMap<[u8; 32], (u64, Vec<KeyBytes>)>;
 
@@ -180,7 +192,7 @@ impl Store {
 
     /// Drops every entry using `blob` and quarantines its file, after
     /// checking again under the blob's stripe that it is still damaged.
-    fn condemn(
+    pub(crate) fn condemn(
         &self,
         blob: &[u8; 32],
         len: u64,
@@ -190,11 +202,13 @@ impl Store {
         let Some(damage) = self.check_file(blob, len, rehash, true)? else {
             return Ok(None);
         };
+        self.verified.remove(blob);
+        let users = self.blob_users(blob)?;
         let mut dropped = Vec::new();
-        for kb in self.blob_users(blob)? {
-            if let Some(old) = self.index.get(Tree::Entries, &kb)? {
-                if self.drop_entry(&kb, blob, old)? {
-                    dropped.push(EntryKey::from_bytes(&kb)?);
+        for kb in &users {
+            if let Some(old) = self.index.get(Tree::Entries, kb)? {
+                if self.drop_entry(kb, blob, old)? {
+                    dropped.push(EntryKey::from_bytes(kb)?);
                 }
             }
         }
@@ -203,24 +217,57 @@ impl Store {
         Ok(Some(VerifyProblem {
             blob: *blob,
             damage,
+            entries: entry_keys(&users)?,
             entries_dropped: dropped,
             quarantined,
         }))
     }
 
-    /// Rehashes every referenced payload file; damaged ones are quarantined
-    /// and their entries dropped.
-    pub fn verify(&self) -> StoreResult<VerifyReport> {
-        let mut r = VerifyReport::default();
-        for (blob, (len, _)) in self.referenced()? {
+    /// Rehashes every referenced payload file and lists the payload files
+    /// no entry references. With `repair`, damaged files are quarantined
+    /// and their entries dropped, and orphan files removed; without, the
+    /// store is not changed.
+    pub fn verify(&self, repair: bool) -> StoreResult<VerifyReport> {
+        let mut r = VerifyReport {
+            repaired: repair,
+            ..Default::default()
+        };
+        let referenced = self.referenced()?;
+        for (blob, (len, users)) in &referenced {
             r.blobs_checked += 1;
-            if self.check_file(&blob, len, true, false)?.is_some() {
-                if let Some(p) = self.condemn(&blob, len, true)? {
-                    r.problems.push(p);
-                    continue;
+            match self.check_file(blob, *len, true, false)? {
+                None => {
+                    self.verified.insert(*blob);
+                    r.bytes_checked += len;
                 }
+                Some(_) if repair => match self.condemn(blob, *len, true)? {
+                    Some(p) => r.problems.push(p),
+                    None => r.bytes_checked += len,
+                },
+                Some(damage) => r.problems.push(VerifyProblem {
+                    blob: *blob,
+                    damage,
+                    entries: entry_keys(users)?,
+                    entries_dropped: Vec::new(),
+                    quarantined: None,
+                }),
             }
-            r.bytes_checked += len;
+        }
+        let (files, _) = blobs::list(&self.paths)?;
+        for (blob, path) in files {
+            if referenced.contains_key(&blob) {
+                continue;
+            }
+            if repair {
+                // Under the stripe: a put publishing this blob right now
+                // commits its entry before we could look.
+                let _s = self.stripes.lock(&blob);
+                if self.delete_unreferenced(&blob)?.is_some() {
+                    r.orphan_files.push(path);
+                }
+            } else if !self.blob_referenced(&blob)? {
+                r.orphan_files.push(path);
+            }
         }
         Ok(r)
     }

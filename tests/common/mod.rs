@@ -3,7 +3,11 @@
 
 #![allow(dead_code, unused_imports)]
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use ctcache::dtype::DataType;
+use ctcache::hit::{Accept, Host, KnownLayout, KnownTypes, MissReason, SourceShape, TypeRegistry};
 use ctcache::pb;
 use ctcache::pb::struct_type_proto::{self as st, Kind};
 use ctcache::pb::type_proto::{Tensor, Value as TypeValue};
@@ -50,6 +54,56 @@ pub fn copy_type() -> pb::StructTypeProto {
         ],
         ..Default::default()
     }
+}
+
+/// The test types' registry: packer `test.copy` (format version 1) makes
+/// [`copy_type`] with dims `[elements]` from a FLOAT source of any shape.
+pub struct CopyTypes;
+
+impl TypeRegistry for CopyTypes {
+    fn candidates(
+        &self,
+        claimed: &pb::StructTypeProto,
+        source: &SourceShape,
+    ) -> Result<Vec<KnownLayout>, MissReason> {
+        if ctcache::structs::metadata(&claimed.metadata_props, "ctcache.packer")
+            != Some("test.copy")
+        {
+            return Err(MissReason::UnknownPhysicalType {
+                name: claimed.name.clone(),
+                detail: "not a test type".into(),
+            });
+        }
+        let version = ctcache::structs::metadata(&claimed.metadata_props, "ctcache.format_version");
+        if version != Some("1") {
+            return Err(MissReason::UnsupportedFormatVersion {
+                name: claimed.name.clone(),
+                version: version.unwrap_or("").into(),
+            });
+        }
+        if source.data_type != DataType::FLOAT {
+            return Ok(vec![]);
+        }
+        let t = copy_type();
+        Ok(vec![KnownLayout {
+            key: ctcache::structs::physical_type_key(&t, &[], 32).unwrap(),
+            type_name: t.name,
+            dims: vec![source.dims.iter().product()],
+            source: source.clone(),
+            packer: "test.copy".into(),
+            params: String::new(),
+            format_version: 1,
+        }])
+    }
+}
+
+/// The host CPU, accepting the test types.
+pub fn test_host() -> Host {
+    Host::new(
+        vec![cpu()],
+        None,
+        Accept::Known(Arc::new(KnownTypes::new(CopyTypes))),
+    )
 }
 
 /// A MatMul model Y = X @ W with W[4, 8] FLOAT.

@@ -144,3 +144,96 @@ def test_stale_after_initializer_change(tmp_path):
     info = ctl.run_json("inspect", str(changed))
     assert info["compiled_tensors"][0]["status"] == "miss"
     assert info["compiled_tensors"][0]["reason"] == "stale_digest"
+
+
+def _fields(buf: bytes):
+    """(number, wire type, value) of each top-level protobuf field."""
+    pos = 0
+
+    def varint():
+        nonlocal pos
+        shift = out = 0
+        while True:
+            b = buf[pos]
+            pos += 1
+            out |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return out
+
+    while pos < len(buf):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            yield number, wire, varint()
+        elif wire == 2:
+            n = varint()
+            yield number, wire, buf[pos : pos + n]
+            pos += n
+        elif wire == 1:
+            yield number, wire, buf[pos : pos + 8]
+            pos += 8
+        elif wire == 5:
+            yield number, wire, buf[pos : pos + 4]
+            pos += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def _payloads(model_path):
+    """The payload bytes of each compiled tensor (ModelProto field 1002), in order."""
+    out = []
+    for number, _, entry in _fields(model_path.read_bytes()):
+        if number != 1002:
+            continue
+        value = next(v for n, _, v in _fields(entry) if n == 2)
+        raw, ext = b"", {}
+        for n, _, v in _fields(value):
+            if n == 3:
+                raw = v
+            elif n == 4:
+                kv = {k: x for k, _, x in _fields(v)}
+                ext[kv[1].decode()] = kv[2].decode()
+        if ext:
+            data = (model_path.parent / ext["location"]).read_bytes()
+            off, length = int(ext["offset"]), int(ext["length"])
+            raw = data[off : off + length]
+        out.append(raw)
+    return out
+
+
+@pytest.mark.parametrize("where", ["in_place", "beside", "elsewhere"])
+def test_a_second_format_keeps_the_first_entries_right(tmp_path, where):
+    """The issue's reproduction: nbits then q8_0 into the same file, another name or another folder.
+
+    Every entry is a hit and its bytes are what `ctcachectl pack` makes for that initializer and
+    format (before the fix, in place, the nbits entries pointed into a sidecar rewritten with q8_0
+    bytes and still were hits; elsewhere, they pointed at a sidecar that was not there).
+    """
+    src = tmp_path / "m.onnx"
+    make_model(src, with_unknown=False)
+    e1 = tmp_path / "e1.onnx"
+    # Named initializers: past the policy's size filters (W2 and B are small).
+    names = ["--initializer", "W1", "--initializer", "W2"]
+    r = ctl.run("embed", str(src), "-o", str(e1), "--format", "ort.matmul_nbits", *names, "--sidecar", "--local")
+    assert r.returncode == 0, r.describe()
+    out = {"in_place": e1, "beside": tmp_path / "e2.onnx", "elsewhere": tmp_path / "other" / "e2.onnx"}[where]
+    out.parent.mkdir(exist_ok=True)
+    r = ctl.run("embed", str(e1), "-o", str(out), "--format", "ggml.q8_0", *names, "--initializer", "B", "--sidecar", "--local")
+    assert r.returncode == 0, r.describe()
+    assert ctl.run("check", str(out)).returncode == 0
+    entries = ctl.run_json("inspect", str(out))["compiled_tensors"]
+    assert all(e["status"] == "hit" for e in entries), entries
+    # W1[256, 96] and W2[96, 64] take both formats; B[64] only q8_0.
+    assert sorted((e["source_name"], e["packer"]) for e in entries) == [
+        ("B", "ggml.q8_0"),
+        ("W1", "ggml.q8_0"),
+        ("W1", "ort.matmul_nbits"),
+        ("W2", "ggml.q8_0"),
+        ("W2", "ort.matmul_nbits"),
+    ]
+    for e, payload in zip(entries, _payloads(out)):
+        packed = tmp_path / f"{e['source_name']}.{e['packer']}.bin"
+        r = ctl.run("pack", str(src), "--initializer", e["source_name"], "--format", e["packer"], "-o", str(packed))
+        assert r.returncode == 0, r.describe()
+        assert payload == packed.read_bytes(), (e, where)

@@ -8,6 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use ctcache::digest::{Algorithm, SourceDigest};
+use ctcache::dtype::DataType;
+use ctcache::hit::{KnownLayout, MissReason, SourceShape, TypeRegistry};
 use ctcache::pb;
 use ctcache::store::{Accept, Entry, Filter, HostFilter, NewEntry, Producer, Store};
 use ctcache::structs::FORMAT_VERSION_KEY;
@@ -47,6 +49,58 @@ pub fn ty(name: &str, version: u32) -> pb::StructTypeProto {
     }
 }
 
+/// The source shape every test entry records.
+pub fn shape() -> SourceShape {
+    SourceShape {
+        data_type: DataType::FLOAT,
+        dims: vec![16, 16],
+    }
+}
+
+/// The layout of the test type `ty(name, version)` for [`shape`].
+pub fn layout(name: &str, version: u32) -> KnownLayout {
+    KnownLayout {
+        key: ctcache::structs::physical_type_key(&ty(name, version), &[], 32).unwrap(),
+        type_name: name.into(),
+        dims: vec![16, 16],
+        source: shape(),
+        packer: name.into(),
+        params: String::new(),
+        format_version: version,
+    }
+}
+
+/// A registry of test types: each `(name, version)` listed is known, with
+/// the layout [`layout`] gives for any source.
+pub struct NamedTypes(pub Vec<(&'static str, u32)>);
+
+impl TypeRegistry for NamedTypes {
+    fn candidates(
+        &self,
+        claimed: &pb::StructTypeProto,
+        source: &SourceShape,
+    ) -> Result<Vec<KnownLayout>, MissReason> {
+        let (name, version) = self
+            .0
+            .iter()
+            .find(|(n, _)| *n == claimed.name)
+            .ok_or_else(|| MissReason::UnknownPhysicalType {
+                name: claimed.name.clone(),
+                detail: "not a test type".into(),
+            })?;
+        let v = ctcache::structs::metadata(&claimed.metadata_props, FORMAT_VERSION_KEY);
+        if v != Some(version.to_string().as_str()) {
+            return Err(MissReason::UnsupportedFormatVersion {
+                name: claimed.name.clone(),
+                version: v.unwrap_or("").into(),
+            });
+        }
+        let mut l = layout(name, *version);
+        l.source = source.clone();
+        Ok(vec![l])
+    }
+}
+
 pub fn entry_for(
     source: SourceDigest,
     device: pb::DeviceProto,
@@ -54,6 +108,7 @@ pub fn entry_for(
 ) -> NewEntry {
     NewEntry {
         source,
+        source_shape: shape(),
         device,
         physical_type: t,
         dims: vec![16, 16],

@@ -181,8 +181,9 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// Also repair what differs between files and index (orphans, records
-    /// pointing nowhere); damaged payloads are quarantined in any case.
+    /// Also repair: damaged payloads are quarantined (their entries dropped),
+    /// orphan payload files removed, files and index reconciled. Without
+    /// it the store is not changed, only reported on.
     #[arg(long)]
     repair: bool,
     /// Verify this cache dir directly (no daemon may hold it).
@@ -195,7 +196,7 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
     let r = match &a.cache_dir {
         Some(dir) => {
             let store = open_offline(dir)?;
-            let v = store.verify()?;
+            let v = store.verify(a.repair)?;
             let repaired = if a.repair {
                 Some(store.reconcile()?)
             } else {
@@ -216,21 +217,29 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
             "clean": r.clean,
         }))?;
     } else {
+        let (dropped, removed) = if r.repaired {
+            ("payload quarantined, entry dropped", "removed")
+        } else {
+            (
+                "not changed: --repair drops it",
+                "not changed: --repair removes it",
+            )
+        };
         for k in &r.corrupt {
             say(&format!(
-                "{} {k} (payload quarantined, entry dropped)",
+                "{} {k} ({dropped})",
                 ctx.paint("corrupt", Style::Red)
             ))?;
         }
         for k in &r.missing {
             say(&format!(
-                "{} {k} (payload file gone, entry dropped)",
+                "{} {k} (payload file gone; {dropped})",
                 ctx.paint("missing", Style::Red)
             ))?;
         }
         for f in &r.orphans {
             say(&format!(
-                "{} {f} (removed)",
+                "{} {f} ({removed})",
                 ctx.paint("orphan", Style::Yellow)
             ))?;
         }
@@ -245,8 +254,13 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
     if r.clean {
         Ok(())
     } else {
+        let then = if r.repaired {
+            "the entries were dropped and will be packed again"
+        } else {
+            "nothing changed (they are never served); --repair drops them"
+        };
         Err(Failure::Failed(format!(
-            "store damaged: {} corrupt, {} missing payload(s); the entries were dropped and will be packed again",
+            "store damaged: {} corrupt, {} missing payload(s); {then}",
             r.corrupt.len(),
             r.missing.len()
         )))

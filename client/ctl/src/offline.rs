@@ -4,6 +4,7 @@ use std::path::Path;
 
 use ctcache::check::{check_model, CheckOptions};
 use ctcache::digest::{digest_all, Algorithm};
+use ctcache::hit::Accept;
 use ctcache::onnx::{rewrite, Model};
 use ctcache::resolve::{classify, Host, MissReason, Status};
 use serde_json::json;
@@ -15,13 +16,13 @@ fn open(model: &Path) -> Result<Model, Failure> {
 }
 
 /// The host as the loading rules see it: its devices, no runtime named, the
-/// physical types of this build's packers.
+/// layouts this build's packers produce.
 fn host() -> Host {
-    Host {
-        devices: ctcache_kernels::compile::host_devices(),
-        runtime: None,
-        recognized: ctcache_kernels::compile::recognized(),
-    }
+    Host::new(
+        ctcache_kernels::compile::host_devices(),
+        None,
+        Accept::Known(ctcache_kernels::registry::known_types()),
+    )
 }
 
 pub fn check(path: &Path, json: bool) -> Result<(), Failure> {
@@ -107,10 +108,10 @@ pub fn digest(path: &Path, algorithm: &str, json: bool) -> Result<(), Failure> {
 pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     let model = open(path)?;
     let host = host();
-    let statuses = classify(&model, &host, &CheckOptions::default())?;
+    let statuses = classify(&model, &host, &CheckOptions::default());
     if json {
         return print_json(&json!({
-            "host_devices": host.devices.iter().map(ctcache::device::describe).collect::<Vec<_>>(),
+            "host_devices": host.devices().iter().map(ctcache::device::describe).collect::<Vec<_>>(),
             "compiled_tensors": statuses.iter().map(|e| {
                 let (status, reason) = status_of(&e.status);
                 json!({
@@ -121,6 +122,8 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
                     "status": status,
                     "reason": reason.map(|r| r.code()),
                     "detail": reason.map(|r| r.to_string()),
+                    "packer": e.layout.as_ref().map(|l| l.packer.clone()),
+                    "params": e.layout.as_ref().map(|l| l.params.clone()),
                 })
             }).collect::<Vec<_>>(),
         }));

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use ctcache::hit::MissReason;
 use ctcache::pb::DeviceProto;
 use serde_json::{json, Value};
 
@@ -89,12 +90,15 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
         )
     } else if let (true, Some(m)) = (
         t.entries.is_empty(),
-        lookup.miss.as_ref().filter(|m| m.reason != "no_entry"),
+        lookup
+            .miss
+            .as_ref()
+            .filter(|m| m.reason != MissReason::NoEntry.code()),
     ) {
         (Some(m.reason.clone()), m.detail.clone())
     } else if t.entries.is_empty() && candidates.iter().any(|c| c.differs == Some("digest")) {
         (
-            Some("stale_digest".to_string()),
+            Some(MissReason::StaleDigest.code().to_string()),
             "entries exist for this initializer's former contents only".to_string(),
         )
     } else if let Some(m) = t.misses.first() {
@@ -107,7 +111,7 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
                 .join("; "),
         )
     } else {
-        (Some("no_entry".to_string()), "nothing is wanted or stored for this initializer (the policy selects none of its formats)".to_string())
+        (Some(MissReason::NoEntry.code().to_string()), "nothing is wanted or stored for this initializer (the policy selects none of its formats)".to_string())
     };
     let hint = if hit {
         None

@@ -579,7 +579,8 @@ fn gc_and_verify_through_the_daemon_and_offline() {
         .ok()
         .stdout
         .contains("checked"));
-    // Damage one payload file: verify reports it (exit 1) and drops the entry.
+    // Damage one payload file: verify reports it (exit 1) and changes
+    // nothing; verify --repair drops the entry.
     let entries = d.json(&["ls"]);
     let victim = &entries["entries"][0];
     let path = victim["payload_path"].as_str().unwrap();
@@ -596,6 +597,12 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     assert_eq!(v["clean"], false);
     assert_eq!(v["corrupt"], serde_json::json!([victim["key"]]), "{v}");
     assert!(o.stderr.contains("store damaged"), "{o:#?}");
+    assert!(o.stderr.contains("--repair drops them"), "{o:#?}");
+    assert_eq!(keys(&d.json(&["ls"])).len(), 2);
+    let o = d.ctl(&["--json", "verify", "--repair"]);
+    assert_eq!(o.code, 1, "{o:#?}");
+    assert_eq!(o.json()["corrupt"], serde_json::json!([victim["key"]]));
+    assert!(o.stderr.contains("were dropped"), "{o:#?}");
     assert_eq!(keys(&d.json(&["ls"])).len(), 1);
 
     let g = d.json(&["gc", "--max-size", "0"]);
@@ -619,6 +626,7 @@ fn gc_and_verify_through_the_daemon_and_offline() {
         "gc: removed 0 entries and 0 leftover files, 0 bytes freed, store ",
         "verify: 2 payload files (",
         "verify: 2 payload files",
+        "1 damaged (reported only)",
         "1 damaged (quarantined, their entries dropped)",
         "reconcile: 2 entries checked, 0 damaged, ",
     ] {

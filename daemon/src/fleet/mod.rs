@@ -37,6 +37,15 @@ struct Shared {
     last_error: Mutex<String>,
 }
 
+/// The local tensor an entry is fetched for: the store records its shape,
+/// its name and the model it came from.
+#[derive(Debug, Clone)]
+pub(crate) struct Source {
+    pub shape: ctcache::hit::SourceShape,
+    pub names: Vec<String>,
+    pub model_paths: Vec<String>,
+}
+
 /// The fleet tier of a running daemon.
 pub(crate) struct Fleet {
     shared: Arc<Shared>,
@@ -149,8 +158,7 @@ impl Fleet {
         key: &EntryKey,
         format: &str,
         ask: Ask,
-        source_names: Vec<String>,
-        model_paths: Vec<String>,
+        source: Source,
     ) -> Option<Entry> {
         let s = &self.shared;
         if !s.settings.config.read {
@@ -176,7 +184,7 @@ impl Fleet {
             }
         }
         let started = Instant::now();
-        let got = self.try_fetch(store, key, source_names, model_paths);
+        let got = self.try_fetch(store, key, source);
         let mut g = lock(&self.guard);
         match got {
             Ok(e) => {
@@ -223,13 +231,7 @@ impl Fleet {
         }
     }
 
-    fn try_fetch(
-        &self,
-        store: &Store,
-        key: &EntryKey,
-        source_names: Vec<String>,
-        model_paths: Vec<String>,
-    ) -> Result<Entry, Failed> {
+    fn try_fetch(&self, store: &Store, key: &EntryKey, source: Source) -> Result<Entry, Failed> {
         let s = &self.shared;
         let bytes = self
             .rt
@@ -246,7 +248,7 @@ impl Fleet {
                 RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
                 e => Failed::Remote("payload", e),
             })?;
-        let new = manifest::new_entry(&accepted, source_names, model_paths);
+        let new = manifest::new_entry(&accepted, source.shape, source.names, source.model_paths);
         let mut reader = Streamed {
             rt: &self.rt,
             stream,

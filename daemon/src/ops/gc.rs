@@ -74,16 +74,17 @@ pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport>
     Ok(report)
 }
 
-/// The Verify use case: rehash every payload (damaged ones are quarantined
-/// and their entries dropped); with `repair`, also reconcile files and
-/// index (orphan files removed, records pointing nowhere fixed).
+/// The Verify use case: rehash every payload and list orphan files; with
+/// `repair`, damaged payloads are quarantined (their entries dropped),
+/// orphans removed and files and index reconciled. Without, nothing
+/// changes (a damaged payload is refused when served all the same).
 pub(crate) fn verify(
     d: &Daemon,
     caller: &Caller,
     repair: bool,
 ) -> Result<(VerifyReport, Option<ReconcileReport>)> {
     caller.require_trusted("verify the store")?;
-    let report = d.store.verify()?;
+    let report = d.store.verify(repair)?;
     let damaged = report.problems.len();
     tracing::info!(
         caller = %caller.describe(),
@@ -93,7 +94,14 @@ pub(crate) fn verify(
         if damaged == 0 {
             "all intact".to_string()
         } else {
-            format!("{damaged} damaged (quarantined, their entries dropped)")
+            format!(
+                "{damaged} damaged ({})",
+                if repair {
+                    "quarantined, their entries dropped"
+                } else {
+                    "reported only"
+                }
+            )
         }
     );
     let repaired = if repair {

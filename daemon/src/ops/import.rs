@@ -1,14 +1,17 @@
 //! Import: a model that carries compiled tensors -> the store. An entry is
-//! taken only when the checker passes for it and its source digest matches
-//! the digest recomputed from the model's own initializer.
+//! taken only when the core's hit rule accepts it for some device: it
+//! passes the checker, its digest matches the model's own initializer, its
+//! layout is one this build produces (D9) and its payload checksum, when
+//! recorded, matches. Everything else is skipped with its miss reason.
 
 use std::time::Duration;
 
-use ctcache::check::{payload_ref, CheckOptions, Checked};
-use ctcache::onnx::Model;
+use ctcache::check::CheckOptions;
+use ctcache::hit::Host;
+use ctcache::resolve::importable;
 use ctcache::store::{NewEntry, Producer};
 
-use super::{model, Error, Miss, Result};
+use super::{model, Miss, Result};
 use crate::caller::Caller;
 use crate::events::EventKind;
 use crate::state::Daemon;
@@ -35,90 +38,50 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
     caller.require_trusted("import models")?;
     let m = model::open(d, path, caller)?;
     let (canonical, model) = (&m.path, &*m.model);
-    let checked = Checked::new(model, &CheckOptions::default())?;
-    let (tensors, digests) = model::digests(d, canonical, model)?;
+    // The memo's digests when it can give them; a model with an unreadable
+    // initializer still imports its other entries (digests computed here).
+    let digests = model::digests(d, canonical, model)
+        .map(|(_, d)| d)
+        .unwrap_or_default();
+    let host = Host::any_device(d.host.accept().clone());
     let mut resp = ImportReport::default();
-    if let Some(e) = checked.model_errors.first() {
-        return Err(Error::invalid(format!(
-            "the model's compiled tensors are invalid: {e}"
-        )));
-    }
-    for (i, c) in checked.ext.compiled_tensors.iter().enumerate() {
-        let skip = |reason: &'static str, detail: String| ImportSkip {
-            index: i as u32,
-            source_name: c.source_name.clone(),
-            miss: Miss::new(reason, detail),
-        };
-        if let Some(err) = checked.entry_errors(i).into_iter().next() {
-            resp.skipped.push(skip("invalid", err.to_string()));
-            continue;
-        }
-        let Some(t) = tensors.iter().find(|t| t.name == c.source_name) else {
-            resp.skipped
-                .push(skip("invalid", "source initializer missing".into()));
-            continue;
-        };
-        // The digest is recomputed from the model's own initializer, in the
-        // entry's algorithm.
-        let actual = match c.digest_algorithm.parse::<ctcache::digest::Algorithm>() {
-            Ok(ctcache::digest::Algorithm::Blake3) => digests[&t.name],
-            Ok(alg) => ctcache::digest::digest_tensor(model, t, alg)?,
-            Err(_) => {
-                resp.skipped
-                    .push(skip("unknown_digest_algorithm", c.digest_algorithm.clone()));
+    for item in importable(model, &host, &CheckOptions::default(), &digests) {
+        let e = match item.entry {
+            Ok(e) => e,
+            Err(m) => {
+                resp.skipped.push(ImportSkip {
+                    index: item.index as u32,
+                    source_name: item.source_name,
+                    miss: m.into(),
+                });
                 continue;
             }
         };
-        if c.source_digest.as_ref() != actual.bytes {
-            resp.skipped.push(skip(
-                "stale_digest",
-                "the initializer does not match the entry's digest".into(),
-            ));
-            continue;
-        }
-        let Some(value) = c.value.as_ref() else {
-            continue;
-        };
-        let root = match checked.value_rule(i) {
-            Ok(r) => r,
-            Err(e) => {
-                resp.skipped.push(skip("invalid", e.to_string()));
-                continue;
-            }
-        };
-        let physical_type = ctcache::structs::canonical_type(root, &checked.ext.struct_types, 32)
-            .map_err(|e| Error::invalid(e.to_string()))?;
-        let device = checked.ext.devices[c.device as usize].clone();
-        let payload = payload_bytes(model, value)?;
+        let (packer_id, packer_version) = e
+            .layout
+            .as_ref()
+            .map(|l| (l.packer.clone(), l.format_version.to_string()))
+            .unwrap_or_default();
         let new = NewEntry {
-            source: actual,
-            device,
-            physical_type,
-            dims: value.dims.clone(),
+            source: e.source,
+            source_shape: e.source_shape,
+            device: e.device,
+            physical_type: e.physical_type,
+            dims: e.dims,
             producer: Producer {
-                packer_id: ctcache::structs::metadata(
-                    &root.metadata_props,
-                    ctcache::structs::PACKER_KEY,
-                )
-                .unwrap_or("")
-                .to_string(),
-                packer_version: ctcache::structs::metadata(
-                    &root.metadata_props,
-                    ctcache::structs::FORMAT_VERSION_KEY,
-                )
-                .unwrap_or("")
-                .to_string(),
+                packer_id,
+                packer_version,
                 client_uid: if caller.is_self_or_root() {
                     None
                 } else {
                     caller.uid()
                 },
             },
-            source_names: vec![c.source_name.clone()],
+            source_names: vec![item.source_name],
             model_paths: vec![canonical.display().to_string()],
             pack_duration: Duration::ZERO,
         };
-        let stored = d.store.put(&new, &payload[..])?;
+        let stored = d.store.put(&new, &e.payload[..])?;
         if stored.created {
             resp.imported += 1;
             d.events.emit(
@@ -132,15 +95,4 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
         }
     }
     Ok(resp)
-}
-
-/// The payload bytes of a structured value: inline, or its external range.
-fn payload_bytes(model: &Model, value: &ctcache::pb::StructProto) -> Result<bytes::Bytes> {
-    if value.external_data.is_empty() {
-        return Ok(value.raw_data.clone());
-    }
-    let r = payload_ref(value).map_err(Error::invalid)?;
-    let file = model.external_file(&r).map_err(Error::invalid)?;
-    let range = r.range(file.len() as u64).map_err(Error::invalid)?;
-    Ok(file.slice(range.start as usize..range.end as usize))
 }

@@ -3,9 +3,9 @@
 
 use ctcache::device::RuntimeIdentity;
 use ctcache::digest::{Algorithm, SourceDigest};
+use ctcache::hit::MissReason;
 use ctcache::pb;
-use ctcache::resolve::Recognized;
-use ctcache::store::{Accept, Entry, HostFilter};
+use ctcache::store::{Entry, HostFilter};
 
 use super::{Error, Miss, Result};
 use crate::state::Daemon;
@@ -48,30 +48,26 @@ pub(crate) enum LookupOutcome {
 }
 
 impl Target {
-    /// The lookup filter for this target.
+    /// The lookup filter for this target: its devices and runtime, the
+    /// layouts this build produces, narrowed to the names it accepts; only
+    /// daemon-packed entries when the daemon is configured so.
     pub fn filter(&self, d: &Daemon) -> HostFilter {
         let devices = if self.devices.is_empty() {
-            d.host.devices.clone()
+            d.host.devices().to_vec()
         } else {
             self.devices.clone()
         };
-        let accept = if self.accepted.is_empty() {
-            Accept::Types(d.host.recognized.clone())
+        let host = HostFilter::new(devices, self.runtime.clone(), d.host.accept().clone())
+            .daemon_produced_only(d.config.daemon_produced_only);
+        if self.accepted.is_empty() {
+            host
         } else {
-            let mut r = Recognized::default();
-            for a in &self.accepted {
-                let versions: Vec<u32> = if a.versions.is_empty() {
-                    (1..=64).collect()
-                } else {
-                    a.versions.clone()
-                };
-                for v in versions {
-                    r.insert(a.name.clone(), v);
-                }
-            }
-            Accept::Types(r)
-        };
-        HostFilter::new(devices, self.runtime.clone(), accept)
+            host.accepting_names(
+                self.accepted
+                    .iter()
+                    .map(|a| (a.name.clone(), a.versions.clone())),
+            )
+        }
     }
 
     fn is_host(&self) -> bool {
@@ -89,10 +85,9 @@ pub(crate) fn lookup(d: &Daemon, r: &LookupRequest) -> Result<LookupOutcome> {
     let algorithm: Algorithm = match algorithm.parse() {
         Ok(a) => a,
         Err(_) => {
-            return Ok(LookupOutcome::Miss(Miss::new(
-                "unknown_digest_algorithm",
-                format!("{algorithm:?} is not blake3 or sha256"),
-            )))
+            return Ok(LookupOutcome::Miss(
+                MissReason::UnknownDigestAlgorithm(algorithm.to_string()).into(),
+            ))
         }
     };
     let bytes: [u8; 32] = r.source_digest.as_slice().try_into().map_err(|_| {
@@ -105,18 +100,19 @@ pub(crate) fn lookup(d: &Daemon, r: &LookupRequest) -> Result<LookupOutcome> {
     // The common case (the daemon's own host) reuses the prepared filter
     // instead of re-deriving device keys and accepted types per lookup.
     let custom;
-    let filter = if r.target.is_host() {
+    let filter = if r.target.is_host() && !r.daemon_produced_only {
         &d.host_filter
     } else {
-        custom = r.target.filter(d);
+        custom = r
+            .target
+            .filter(d)
+            .daemon_produced_only(r.daemon_produced_only || d.config.daemon_produced_only);
         &custom
     };
-    let only_daemon = r.daemon_produced_only || d.config.daemon_produced_only;
     let hits: Vec<Entry> = d
         .store
         .lookup(&source, filter)?
         .into_iter()
-        .filter(|h| !only_daemon || h.entry.producer.client_uid.is_none())
         .map(|h| h.entry)
         .collect();
     if !hits.is_empty() {
@@ -124,7 +120,7 @@ pub(crate) fn lookup(d: &Daemon, r: &LookupRequest) -> Result<LookupOutcome> {
         return Ok(LookupOutcome::Hits(hits));
     }
     let miss = explain_miss(d, &source, filter)?;
-    metrics::counter!("ctcache_lookup_misses_total", "reason" => miss.reason).increment(1);
+    metrics::counter!("ctcache_lookup_misses_total", "reason" => miss.code()).increment(1);
     Ok(LookupOutcome::Miss(miss))
 }
 
@@ -138,46 +134,12 @@ pub(crate) fn batch(d: &Daemon, requests: &[LookupRequest]) -> Result<Vec<Lookup
     requests.iter().map(|r| lookup(d, r)).collect()
 }
 
-/// Why no entry of `source` fits: the closest entry's first differing part.
+/// Why no entry of `source` fits: the core's judgement of the entry that
+/// got furthest.
 fn explain_miss(d: &Daemon, source: &SourceDigest, filter: &HostFilter) -> Result<Miss> {
-    let all = d.store.list(&ctcache::store::Filter {
-        source: Some(*source),
-        limit: Some(64),
-        ..Default::default()
-    })?;
-    let Some(first) = all.first() else {
-        return Ok(Miss::new(
-            "no_entry",
-            "nothing is stored for this source digest",
-        ));
+    let reason = match d.store.lookup_explained(source, None, filter)? {
+        Ok(_) => MissReason::NoEntry,
+        Err(m) => m,
     };
-    for e in &all {
-        if let Err(m) = ctcache::device::find_compatible(&e.device, filter.devices(), None) {
-            if all.len() == 1 {
-                return Ok(Miss::new("incompatible_device", m.to_string()));
-            }
-        } else {
-            let known = d.host.recognized.versions(&e.type_name);
-            return Ok(match known {
-                None => Miss::new(
-                    "unknown_physical_type",
-                    format!("{:?} is not recognized", e.type_name),
-                ),
-                Some(v) if !v.contains(&e.format_version) => Miss::new(
-                    "unsupported_format_version",
-                    format!("{:?} version {}", e.type_name, e.format_version),
-                ),
-                Some(_) => Miss::new(
-                    "incompatible_device",
-                    "the runtime or required metadata differ",
-                ),
-            });
-        }
-    }
-    let m = ctcache::device::find_compatible(&first.device, filter.devices(), None).err();
-    Ok(Miss::new(
-        "incompatible_device",
-        m.map(|m| m.to_string())
-            .unwrap_or_else(|| "no entry fits these devices".into()),
-    ))
+    Ok(reason.into())
 }

@@ -22,6 +22,7 @@ pub(crate) mod status;
 pub(crate) mod watch;
 
 pub(crate) use crate::error::{Error, Result};
+use ctcache::hit::MissReason;
 
 /// The daemon's use cases as the transport rule sees them (see
 /// [`Caller::admits`](crate::caller::Caller::admits)).
@@ -138,19 +139,34 @@ impl UseCase {
     }
 }
 
-/// Why nothing usable was found: a stable reason code and a sentence.
+/// Why nothing usable was found: one of the core's reasons (its code is
+/// the stable part) and the sentence for this case.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Miss {
-    pub reason: &'static str,
+    pub reason: MissReason,
     pub detail: String,
 }
 
 impl Miss {
-    pub fn new(reason: &'static str, detail: impl Into<String>) -> Miss {
+    /// A reason with a sentence of this use case's own (e.g. which format
+    /// is not packed yet).
+    pub fn new(reason: MissReason, detail: impl Into<String>) -> Miss {
         Miss {
             reason,
             detail: detail.into(),
         }
+    }
+
+    /// The stable reason code.
+    pub fn code(&self) -> &'static str {
+        self.reason.code()
+    }
+}
+
+impl From<MissReason> for Miss {
+    fn from(reason: MissReason) -> Miss {
+        let detail = reason.detail();
+        Miss { reason, detail }
     }
 }
 

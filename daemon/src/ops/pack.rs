@@ -212,7 +212,12 @@ pub(crate) fn expected_key(
     EntryKey::derive(*digest, &device, &layout.struct_type).ok()
 }
 
-/// The stored entry `packer` would produce for `t` with `params`, if any.
+/// The stored entry `packer` would produce for `t` with `params`, if it
+/// may be reused: its payload file hashes to its name (hashed once per
+/// daemon run; a damaged one is quarantined and its entries dropped, so the
+/// job packs it again) and, when the daemon takes only its own entries, it
+/// was not put by a client (such an entry is removed to make room for the
+/// daemon's own).
 fn existing(
     d: &Daemon,
     digest: &SourceDigest,
@@ -221,7 +226,20 @@ fn existing(
     params: &Params,
 ) -> Option<Entry> {
     let key = expected_key(digest, t, packer, params)?;
-    d.store.stat(&key).ok().flatten()
+    let entry = d.store.stat(&key).ok().flatten()?;
+    if d.config.daemon_produced_only && entry.producer.client_uid.is_some() {
+        if let Err(e) = d.store.remove(&key) {
+            tracing::warn!("cannot replace the client's entry {key}: {e}");
+        }
+        return None;
+    }
+    match d.store.open_payload(&key) {
+        Ok(_) => Some(entry),
+        Err(e) => {
+            tracing::warn!("not reusing {key}, packing it again: {e}");
+            None
+        }
+    }
 }
 
 /// A pack job: reuse a stored entry, else pack and put.
@@ -268,6 +286,7 @@ fn run(
     }
     let new = NewEntry {
         source: spec.digest,
+        source_shape: c.source_shape.clone(),
         device: c.device.clone(),
         physical_type: c.layout.struct_type.clone(),
         dims: c.layout.dims.clone(),
@@ -284,6 +303,13 @@ fn run(
         .store
         .put(&new, &c.payload[..])
         .map_err(|e| e.to_string())?;
+    if d.config.daemon_produced_only && stored.entry.producer.client_uid.is_some() {
+        // The client's entry of this key is leased, so it stayed.
+        return Err(format!(
+            "a client's entry {} holds this key under a lease; only the daemon's own are served",
+            stored.entry.key
+        ));
+    }
     let (format, backend) = (spec.packer.id(), c.backend.name());
     metrics::counter!("ctcache_pack_jobs_total", "format" => format, "backend" => backend)
         .increment(1);
@@ -318,8 +344,14 @@ fn fetch_remote(d: &Daemon, spec: &PackSpec, model_path: &str) -> Option<Entry> 
         &key,
         spec.packer.id(),
         crate::fleet::Ask::CostRule,
-        names,
-        vec![model_path.to_string()],
+        crate::fleet::Source {
+            shape: ctcache::hit::SourceShape {
+                data_type: spec.tensor.data_type,
+                dims: spec.tensor.dims.clone(),
+            },
+            names,
+            model_paths: vec![model_path.to_string()],
+        },
     )?;
     d.events.emit(
         EventKind::EntryAdded,

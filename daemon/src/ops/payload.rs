@@ -22,7 +22,9 @@ pub(crate) struct PayloadRange {
 }
 
 /// The bytes `[offset, offset + length)` of an entry's payload (`length`
-/// 0: to the end; a range past the end is cut at the end).
+/// 0: to the end; a range past the end is cut at the end). A payload file
+/// whose bytes do not hash to its name is quarantined and the answer is
+/// DATA_LOSS, never its bytes.
 pub(crate) fn read(d: &Daemon, key: &EntryKey, offset: u64, length: u64) -> Result<PayloadRange> {
     let payload = d.store.open_payload(key)?;
     let len = payload.len() as u64;
@@ -67,11 +69,17 @@ fn authority(caller: &Caller) -> LeaseAuthority {
 
 /// Leases an entry for the caller for `ttl_ms` (clamped to 1 ms ..
 /// `max_lease_ttl_secs`); RESOURCE_EXHAUSTED past `max_leases_per_uid`.
+/// The caller maps the payload file itself, so it is served here: its bytes
+/// are hashed the first time (see
+/// [`Store::open_payload`](ctcache::store::Store::open_payload)); a damaged
+/// file is quarantined, its entries dropped, and the answer is DATA_LOSS,
+/// never a lease on it.
 pub(crate) fn acquire(d: &Daemon, caller: &Caller, key: &EntryKey, ttl_ms: u64) -> Result<Granted> {
     let entry = d
         .store
         .stat(key)?
         .ok_or_else(|| Error::not_found("no such entry"))?;
+    d.store.open_payload(key)?;
     let ttl = ttl(d, ttl_ms);
     let id = d
         .store

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctcache::digest::SourceDigest;
+use ctcache::dtype::DataType;
+use ctcache::hit::SourceShape;
 use ctcache::pb;
 use ctcache::store::{NewEntry, Producer, Stored};
 
@@ -24,6 +26,10 @@ pub(crate) struct PutHeader {
     pub payload_len: u64,
     pub source_name: String,
     pub model_path: String,
+    /// The source tensor's ONNX data type and dims (required: lookups judge
+    /// the entry's layout against them).
+    pub source_data_type: i32,
+    pub source_dims: Vec<u64>,
 }
 
 /// A Put whose header was accepted, collecting its data.
@@ -52,6 +58,15 @@ pub(crate) fn begin(d: &Daemon, caller: &Caller, h: PutHeader) -> Result<PutSess
     let device = h
         .device
         .ok_or_else(|| Error::invalid("device is required"))?;
+    let source_shape = SourceShape {
+        data_type: DataType::from_i32(h.source_data_type).map_err(|_| {
+            Error::invalid(format!(
+                "source_data_type {} is not an ONNX data type (the source's shape is required)",
+                h.source_data_type
+            ))
+        })?,
+        dims: h.source_dims,
+    };
     let layout =
         ctcache::structs::check_value(&ty, &h.dims, &[], &ctcache::structs::Limits::default())
             .map_err(|e| Error::invalid(format!("struct_type: {e}")))?;
@@ -74,6 +89,7 @@ pub(crate) fn begin(d: &Daemon, caller: &Caller, h: PutHeader) -> Result<PutSess
         data: Vec::with_capacity(h.payload_len as usize),
         new: NewEntry {
             source: SourceDigest { algorithm, bytes },
+            source_shape,
             device,
             physical_type: ty,
             dims: h.dims,

@@ -61,8 +61,14 @@ pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
             &key,
             packer.id(),
             Ask::Always,
-            names,
-            vec![path.clone()],
+            crate::fleet::Source {
+                shape: ctcache::hit::SourceShape {
+                    data_type: tensor.data_type,
+                    dims: tensor.dims.clone(),
+                },
+                names,
+                model_paths: vec![path.clone()],
+            },
         ) {
             Some(e) => {
                 t.done += 1;

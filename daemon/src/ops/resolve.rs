@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ctcache::digest::SourceDigest;
 use ctcache::dtype::DataType;
+use ctcache::hit::MissReason;
 use ctcache::onnx::graph::NotASource;
 use ctcache::store::Entry;
 
@@ -110,7 +111,6 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
     let sel = model::wanted(d, &m.model, &r.formats, &[])?;
     let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
     let filter = r.target.filter(d);
-    let only_daemon = d.config.daemon_produced_only;
     let mut res = Resolution {
         model_path: m.path.clone(),
         tensors: Vec::with_capacity(tensors.len()),
@@ -127,7 +127,6 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
             .lookup_uncounted(&digest, &filter)?
             .into_iter()
             .map(|h| h.entry)
-            .filter(|e| !only_daemon || e.producer.client_uid.is_none())
             .collect();
         let wanted: Vec<_> = sel
             .wanted
@@ -163,7 +162,7 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
             if !hit {
                 tr.misses.push(FormatMiss {
                     format: w.format.clone(),
-                    miss: Miss::new("no_entry", format!("{} not packed yet", w.format)),
+                    miss: Miss::new(MissReason::NoEntry, format!("{} not packed yet", w.format)),
                 });
                 missing.push(w.clone());
             }

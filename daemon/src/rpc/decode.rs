@@ -99,6 +99,8 @@ pub(crate) fn put_header(h: api::PutHeader) -> PutHeader {
         payload_len: h.payload_len,
         source_name: h.source_name,
         model_path: h.model_path,
+        source_data_type: h.source_data_type,
+        source_dims: h.source_dims,
     }
 }
 

@@ -22,7 +22,7 @@ pub(crate) fn entry(d: &Daemon, e: &Entry) -> api::Entry {
 }
 
 pub(crate) fn miss(m: &Miss) -> api::Miss {
-    convert::miss(m.reason, m.detail.clone())
+    convert::miss(m.code(), m.detail.clone())
 }
 
 pub(crate) fn lookup(d: &Daemon, o: LookupOutcome, brief: bool) -> api::LookupResponse {

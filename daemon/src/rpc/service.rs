@@ -66,7 +66,7 @@ impl CompiledTensorCache for Service {
         _: Request<api::GetHostDevicesRequest>,
     ) -> Answer<api::GetHostDevicesResponse> {
         ok(api::GetHostDevicesResponse {
-            devices: self.daemon.host.devices.clone(),
+            devices: self.daemon.host.devices().to_vec(),
         })
     }
 
