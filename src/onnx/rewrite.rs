@@ -15,6 +15,7 @@ use crate::fsutil::atomic_write;
 use crate::hit::{payload_checksum, PAYLOAD_BLAKE3_KEY};
 use crate::onnx::fields::{self, MODEL_COMPILED_TENSORS, MODEL_DEVICES, MODEL_STRUCT_TYPES};
 use crate::onnx::{ExternalRef, Model, TopField};
+use crate::outdir::{OutDir, OutFile};
 use crate::pb;
 use crate::structs::{self, PhysicalTypeKey};
 use crate::wire::put_len_prefix;
@@ -178,8 +179,8 @@ impl Sidecar {
         .to_entries()
     }
 
-    fn write(&self) -> Result<()> {
-        atomic_write(&self.path, |w| {
+    fn write(&self, dir: &OutDir) -> Result<()> {
+        dir.write(self.name.as_ref(), |w| {
             let mut pos = 0u64;
             if let Some(p) = &self.prefix {
                 w.write_all(p)?;
@@ -192,6 +193,7 @@ impl Sidecar {
             }
             Ok(())
         })
+        .map_err(|e| Error::write(&self.path, e))
     }
 }
 
@@ -267,6 +269,20 @@ pub fn embed(
     mode: Mode,
     opts: &RewriteOptions,
 ) -> Result<Report> {
+    let output = OutFile::open(out).map_err(|e| Error::write(out, e))?;
+    embed_into(model, entries, &output, mode, opts)
+}
+
+/// [`embed`] into a folder already open (see [`crate::outdir`]): what the
+/// daemon uses to write for a caller.
+pub fn embed_into(
+    model: &Model,
+    entries: &[NewEntry],
+    output: &OutFile,
+    mode: Mode,
+    opts: &RewriteOptions,
+) -> Result<Report> {
+    let out = &output.path();
     let existing = match mode {
         Mode::Add => model.extension().map_err(|e| {
             Error::Rewrite(format!(
@@ -412,25 +428,28 @@ pub fn embed(
     // new fields go after the model's own bytes, so existing repeated-field
     // order (and thus existing indices) is unchanged.
     let write_model = || {
-        atomic_write(out, |w| {
-            copy_fields(
-                model,
-                |f| mode == Mode::Add || !fields::is_compiled_field(f.number),
-                &replaced,
-                w,
-            )?;
-            w.write_all(&tail)
-        })
+        output
+            .dir
+            .write(&output.name, |w| {
+                copy_fields(
+                    model,
+                    |f| mode == Mode::Add || !fields::is_compiled_field(f.number),
+                    &replaced,
+                    w,
+                )?;
+                w.write_all(&tail)
+            })
+            .map_err(|e| Error::write(out, e))
     };
     if sidecar.pieces.is_empty() {
         write_model()?;
     } else {
         if sidecar.prefix.is_some() {
-            sidecar.write()?;
+            sidecar.write(&output.dir)?;
             write_model()?;
         } else {
             write_model()?;
-            sidecar.write()?;
+            sidecar.write(&output.dir)?;
         }
         report.sidecar = Some(sidecar.path.clone());
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
 
 use super::model::{self, FormatRequest};
-use super::output::{give_to_caller, output_file};
+use super::output::output_file;
 use super::pack::{self, BackendRequest};
 use super::{blocking, Error, Result};
 use crate::caller::Caller;
@@ -41,9 +41,7 @@ pub(crate) struct Embedded {
 /// The Embed use case.
 pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> Result<Embedded> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "embed");
-    // Until the core's embed writes through the opened folder, it writes
-    // by path: atomically, replacing (never following) a link at the name.
-    let out = output_file(caller, &r.output_path)?.path();
+    let out = output_file(caller, &r.output_path)?;
     let (d2, c2, r2) = (d.clone(), caller.clone(), r.clone());
     let (m, jobs) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &c2)?;
@@ -62,7 +60,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
     })
     .await?;
     let (entries, packed) = pack::finish(jobs).await?;
-    let (d, caller) = (d.clone(), caller.clone());
+    let d = d.clone();
     blocking(move || {
         let mut news = Vec::with_capacity(entries.len());
         for (w, e) in &entries {
@@ -83,14 +81,11 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             ..Default::default()
         };
         let mode = if r.replace { Mode::Replace } else { Mode::Add };
-        let report = rewrite::embed(&m.model, &news, &out, mode, &opts)
+        let report = rewrite::embed_into(&m.model, &news, &out, mode, &opts)
             .map_err(|e| Error::invalid(e.to_string()))?;
-        give_to_caller(
-            &caller,
-            std::iter::once(out.as_path()).chain(report.sidecar.as_deref()),
-        );
+        // The model and its sidecar went to the caller as they were made.
         Ok(Embedded {
-            output_path: out,
+            output_path: out.path(),
             entries: report.entries as u32,
             packed,
             report,

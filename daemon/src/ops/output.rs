@@ -3,7 +3,7 @@
 //! that open folder; every file is then made through it (see
 //! `ctcache::outdir`), handed to the caller by descriptor.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ctcache::access;
 use ctcache::outdir::{OutDir, OutFile, Recipient};
@@ -40,15 +40,4 @@ pub(crate) fn output_file(caller: &Caller, path: &str) -> Result<OutFile> {
         dir: OutDir::from_open(opened, dir).for_recipient(recipient),
         name: name.to_os_string(),
     })
-}
-
-/// Hands files the daemon wrote by path to the caller when the daemon runs
-/// as root; a link in their place is not followed.
-pub(crate) fn give_to_caller<'a>(caller: &Caller, paths: impl Iterator<Item = &'a Path>) {
-    if crate::caller::own_uid() == 0 && !caller.is_self_or_root() {
-        for p in paths {
-            let id = caller.identity.as_ref();
-            let _ = std::os::unix::fs::lchown(p, id.map(|i| i.uid), id.map(|i| i.gid));
-        }
-    }
 }
