@@ -29,9 +29,13 @@ pub enum RemoteCmd {
     Status,
     /// Fetch every entry the daemon's policy wants for MODEL that its store
     /// lacks from the remote (packs nothing).
-    Pull { model: PathBuf },
+    Pull {
+        /// The model (its path as the daemon sees it).
+        model: PathBuf,
+    },
     /// Upload the daemon's entries (of --model, or all) the remote lacks.
     Push {
+        /// Only the entries packed from this model (default: every entry).
         #[arg(long)]
         model: Option<PathBuf>,
     },
