@@ -105,8 +105,12 @@ impl Caller {
             };
         match use_case {
             Some(u) if !read_only || u.reads_only() => Ok(()),
-            _ => {
-                let what = use_case.map_or("this method", UseCase::name);
+            None => Err(crate::error::Error::invalid(format!(
+                "{} called a method this daemon does not serve",
+                self.describe()
+            ))),
+            Some(u) => {
+                let what = u.name();
                 tracing::info!(caller = %self.describe(), "refused {what} over TCP");
                 Err(crate::error::Error::denied(format!(
                     "{} may not call {what}: TCP callers without a verified client certificate may only read (Lookup, BatchLookup, ResolveModel, ReadPayload, Status, Health, ListFormats, GetHostDevices, List, Stats, ListWatches)",

@@ -54,6 +54,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     config.validate()?;
+    // tonic's TLS brings rustls with ring and object_store with aws-lc-rs;
+    // with two providers compiled in, rustls will not pick one by itself.
+    // Another caller in this process may have installed one already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

@@ -51,6 +51,8 @@ pub(crate) enum UseCase {
     RemoveWatch,
     ListWatches,
     Events,
+    RemotePull,
+    RemotePush,
     /// grpc.health.v1.
     Health,
     /// grpc.reflection.
@@ -59,7 +61,7 @@ pub(crate) enum UseCase {
 
 impl UseCase {
     /// Every use case, for the edge's method table.
-    pub const ALL: [UseCase; 25] = [
+    pub const ALL: [UseCase; 27] = [
         UseCase::GetHostDevices,
         UseCase::ListFormats,
         UseCase::Lookup,
@@ -83,6 +85,8 @@ impl UseCase {
         UseCase::RemoveWatch,
         UseCase::ListWatches,
         UseCase::Events,
+        UseCase::RemotePull,
+        UseCase::RemotePush,
         UseCase::Health,
         UseCase::Reflection,
     ];
@@ -113,6 +117,8 @@ impl UseCase {
             UseCase::RemoveWatch => "RemoveWatch",
             UseCase::ListWatches => "ListWatches",
             UseCase::Events => "Events",
+            UseCase::RemotePull => "RemotePull",
+            UseCase::RemotePush => "RemotePush",
             UseCase::Health => "Health",
             UseCase::Reflection => "Reflection",
         }
