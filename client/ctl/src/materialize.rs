@@ -99,6 +99,7 @@ impl MaterializeArgs {
 /// Through the daemon; here with `--local`, or when no socket was named
 /// and none answers.
 pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
+    crate::output::make_parent(&a.output)?;
     if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
         return Ok(());
     }

@@ -122,3 +122,15 @@ pub fn say(s: &str) -> Result<(), Failure> {
     writeln!(std::io::stdout().lock(), "{s}")?;
     Ok(())
 }
+
+/// Makes the folder `path` goes in, with this user's own rights: the daemon
+/// writes only into a folder that exists (it opens it once and checks the
+/// caller may write there), and a local run writes the same way.
+pub fn make_parent(path: &std::path::Path) -> Result<(), Failure> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => {
+            std::fs::create_dir_all(dir).map_err(|e| ctcache::Error::write(dir, e).into())
+        }
+        _ => Ok(()),
+    }
+}
