@@ -372,7 +372,6 @@ pub struct EmbedArgs {
 /// Through the daemon (its store, its packers); packed here with --local or
 /// --initializer, or when no socket was named and none answers.
 pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
-    crate::output::make_parent(&a.output)?;
     if !a.local && a.initializers.is_empty() && ctx.block_on(embed_daemon(ctx, &a))? {
         return Ok(());
     }

@@ -99,7 +99,6 @@ impl MaterializeArgs {
 /// Through the daemon; here with `--local`, or when no socket was named
 /// and none answers.
 pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
-    crate::output::make_parent(&a.output)?;
     if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
         return Ok(());
     }
@@ -111,6 +110,9 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
     let Some(c) = ctx.connect_or_local("materializing").await? else {
         return Ok(false);
     };
+    // The daemon writes only into a folder that exists (as a local run
+    // makes OUT.weights and its parents); a refusal leaves none behind.
+    let made = crate::output::make_parent(&a.output)?;
     let started = Instant::now();
     let r = c
         .materialize(api::MaterializeRequest {
@@ -125,6 +127,7 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
             link: api::LinkMode::from(a.link_mode()) as i32,
         })
         .await?;
+    made.keep();
     report(ctx, a, "daemon", &r, started.elapsed())?;
     Ok(true)
 }

@@ -123,14 +123,33 @@ pub fn say(s: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Makes the folder `path` goes in, with this user's own rights: the daemon
-/// writes only into a folder that exists (it opens it once and checks the
-/// caller may write there), and a local run writes the same way.
-pub fn make_parent(path: &std::path::Path) -> Result<(), Failure> {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => {
-            std::fs::create_dir_all(dir).map_err(|e| ctcache::Error::write(dir, e).into())
+/// Makes the folder `path` goes in when it is missing, with this user's own
+/// rights (the daemon writes only into a folder that exists: it opens it
+/// once and checks the caller may write there). Returns a guard that removes
+/// the folder again, if it is still empty, unless [`MadeDir::keep`] is called.
+pub fn make_parent(path: &std::path::Path) -> Result<MadeDir, Failure> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() && !d.exists() => d.to_path_buf(),
+        _ => return Ok(MadeDir(None)),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| ctcache::Error::write(&dir, e))?;
+    Ok(MadeDir(Some(dir)))
+}
+
+/// A folder [`make_parent`] made.
+pub struct MadeDir(Option<std::path::PathBuf>);
+
+impl MadeDir {
+    /// The folder stays (something was written in it).
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for MadeDir {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir(d);
         }
-        _ => Ok(()),
     }
 }
