@@ -633,45 +633,15 @@ async fn untrusted_client_helper() {
 
 #[test]
 fn admin_rpcs_from_untrusted_uid_are_refused() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("setpriv")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
+    if !can_switch_uid() {
         eprintln!("skipped: needs root and setpriv to act as another uid");
         return;
     }
-    let mut d = Daemon::start_with(&[], |c| {
-        c.env("CTCACHE_SOCKET_GROUP", "65534");
-    });
-    // Let uid 65534 reach the socket: traverse the temp dirs, group on the socket.
-    use std::os::unix::fs::PermissionsExt;
-    for p in [
-        d.dir.path().to_path_buf(),
-        d.socket.parent().unwrap().to_path_buf(),
-    ] {
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&exe)
-        .args([
-            "--exact",
-            "untrusted_client_helper",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CTCACHE_TEST_PUT_SOCKET", &d.socket)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("UNTRUSTED-REFUSED-OK"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut d = daemon_for_nobody("");
+    run_as_nobody(
+        "untrusted_client_helper",
+        &[("CTCACHE_TEST_PUT_SOCKET", &d.socket)],
+        "UNTRUSTED-REFUSED-OK",
     );
     assert_eq!(d.stop(), Some(0));
 }

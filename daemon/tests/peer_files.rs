@@ -16,55 +16,10 @@ use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use support::*;
 use tonic::Code;
 
-const NOBODY: u32 = 65534;
-
-fn can_switch_uid() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_ok()
-}
-
-/// Runs the test `helper` of this binary as uid 65534 with `env`, and
-/// checks that it printed `marker`.
-fn run_as_nobody(helper: &str, env: &[(&str, &Path)], marker: &str) {
-    let mut cmd = std::process::Command::new("setpriv");
-    cmd.args([
-        format!("--reuid={NOBODY}"),
-        format!("--regid={NOBODY}"),
-        "--clear-groups".into(),
-    ])
-    .arg(std::env::current_exe().unwrap())
-    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains(marker),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A root daemon whose socket uid 65534 may use.
-fn daemon_for_nobody() -> Daemon {
-    let d = Daemon::start_with(&[], |c| {
-        c.env("CTCACHE_SOCKET_GROUP", NOBODY.to_string());
-    });
-    for p in [d.dir.path(), d.socket.parent().unwrap()] {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    d
-}
-
 /// A folder of uid 65534's own (0755) in a folder anyone may search.
 fn nobodys_folder() -> (tempfile::TempDir, PathBuf) {
     let top = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    open_to_all(top.path());
     let mine = top.path().join("nobody");
     std::fs::create_dir(&mine).unwrap();
     std::os::unix::fs::chown(&mine, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -162,25 +117,14 @@ fn writes_for_a_peer_never_follow_its_links() {
         eprintln!("skipped: needs root and setpriv to act as another uid");
         return;
     }
-    let mut d = daemon_for_nobody();
+    let mut d = daemon_for_nobody("");
     let (top, dir) = nobodys_folder();
     let model = dir.join("m.onnx");
     write_model(&model, &matmul_model(512, 256, 3));
     std::os::unix::fs::chown(&model, Some(NOBODY), Some(NOBODY)).unwrap();
     // Something in the cache for the planted link to point at.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let mut c = client_at(&d.socket).await;
-        let mut s = c
-            .prepack(api::PrepackRequest {
-                model_path: model.display().to_string(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        while tokio_stream::StreamExt::next(&mut s).await.is_some() {}
-    });
+    rt.block_on(async { prepack_all(&mut client_at(&d.socket).await, &model).await });
     let blobs = d.cache.join("blobs");
     let cache_before = snapshot(&blobs);
     let shard = cache_before
@@ -271,7 +215,7 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
         eprintln!("skipped: needs root and setpriv to act as another uid");
         return;
     }
-    let mut d = daemon_for_nobody();
+    let mut d = daemon_for_nobody("");
     let (top, watched) = nobodys_folder();
     let private = top.path().join("private.onnx");
     write_model(&private, &matmul_model(512, 256, 5));
@@ -287,35 +231,21 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_WATCHED", &watched)],
         "PRIVATE-REFUSED-OK",
     );
-    let lookup = |digest: Vec<u8>| api::LookupRequest {
-        source_digest: digest.into(),
-        digest_algorithm: "blake3".into(),
-        ..Default::default()
-    };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut c = client_at(&d.socket).await;
         let own_digest = digest_of(&own, "W");
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let r = c.lookup(lookup(own_digest.clone())).await.unwrap();
-            if !r.into_inner().entries.is_empty() {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the watch was never scanned"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let scanned = eventually(Duration::from_secs(60), || {
+            let (mut c, digest) = (c.clone(), own_digest.clone());
+            async move { (!entries_for(&mut c, &digest).await.is_empty()).then_some(()) }
+        })
+        .await;
+        assert!(scanned.is_some(), "the watch was never scanned");
         // Give the private model's turn time to pass, then check it left
         // nothing behind.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let r = c.lookup(lookup(digest_of(&private, "W"))).await.unwrap();
-        assert!(
-            r.into_inner().entries.is_empty(),
-            "the private model was packed"
-        );
+        let left = entries_for(&mut c, &digest_of(&private, "W")).await;
+        assert!(left.is_empty(), "the private model was packed");
     });
     assert_eq!(d.stop(), Some(0));
 }

@@ -17,63 +17,6 @@ use support::*;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
 
-const NOBODY: &str = "65534";
-
-fn can_switch_uid() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_ok()
-}
-
-fn open_to_all(p: &Path) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-/// Runs `helper` of this binary as uid 65534 with `env`; returns its stdout
-/// after checking it printed `marker`.
-fn run_as_nobody(helper: &str, env: &[(&str, String)], marker: &str) -> String {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = std::process::Command::new("setpriv");
-    cmd.args([
-        format!("--reuid={NOBODY}"),
-        format!("--regid={NOBODY}"),
-        "--clear-groups".into(),
-    ])
-    .arg(&exe)
-    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && stdout.contains(marker),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-/// A daemon binary whose socket uid 65534 may use, with `config` (TOML).
-fn daemon_for_nobody(config: &str) -> Daemon {
-    let dir = tempfile::tempdir().unwrap().keep();
-    let cfg = dir.join("ctcached.toml");
-    std::fs::write(&cfg, config).unwrap();
-    let d = Daemon::start_with(&["--config", cfg.to_str().unwrap()], |c| {
-        c.env("CTCACHE_SOCKET_GROUP", NOBODY);
-    });
-    for p in [
-        d.dir.path().to_path_buf(),
-        d.socket.parent().unwrap().to_path_buf(),
-    ] {
-        open_to_all(&p);
-    }
-    d
-}
-
 /// The client half of `leases_watches_and_jobs_are_owned_and_bounded`, as
 /// uid 65534.
 #[tokio::test]

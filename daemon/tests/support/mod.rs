@@ -226,3 +226,60 @@ pub async fn read_all(c: &mut CompiledTensorCacheClient<Channel>, key: &str) -> 
     }
     data
 }
+
+/// The uid (and gid) attacks run as.
+pub const NOBODY: u32 = 65534;
+
+/// Whether this test may act as another uid (root, with `setpriv`).
+pub fn can_switch_uid() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Command::new("setpriv").arg("--version").output().is_ok()
+}
+
+/// Lets anyone search (and read) the folder `p`.
+pub fn open_to_all(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Runs the test `helper` of this binary as uid 65534 with `env`; returns
+/// its stdout after checking it printed `marker`.
+pub fn run_as_nobody<V: AsRef<std::ffi::OsStr>>(
+    helper: &str,
+    env: &[(&str, V)],
+    marker: &str,
+) -> String {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".into(),
+    ])
+    .arg(std::env::current_exe().unwrap())
+    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A daemon binary whose socket uid 65534 may use, with `config` (TOML).
+pub fn daemon_for_nobody(config: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let cfg = dir.join("ctcached.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let d = Daemon::start_with(&["--config", cfg.to_str().unwrap()], |c| {
+        c.env("CTCACHE_SOCKET_GROUP", NOBODY.to_string());
+    });
+    open_to_all(d.dir.path());
+    open_to_all(d.socket.parent().unwrap());
+    d
+}
