@@ -52,8 +52,9 @@ fn progress(job: u64, w: &Wanted, state: &JobState<Packed>, done: u32, total: u3
     p
 }
 
-/// Follows jobs: each job's state now, then each final state as it comes
-/// (also published as a `job_progress` event). Dropping the receiver drops
+/// Follows jobs: the state now of each job still queued or running, then
+/// each job's final state as it comes, exactly once per job (also published
+/// as a `job_progress` event). Dropping the receiver drops
 /// the handles, which cancels jobs nobody else waits for.
 pub(crate) fn follow(d: &Arc<Daemon>, jobs: Jobs) -> mpsc::Receiver<JobProgress> {
     let (tx, rx) = mpsc::channel(64);
@@ -62,6 +63,10 @@ pub(crate) fn follow(d: &Arc<Daemon>, jobs: Jobs) -> mpsc::Receiver<JobProgress>
         let total = jobs.len() as u32;
         for (w, h) in &jobs {
             let now = h.state.borrow().clone();
+            // A finished job is reported once, by the loop below.
+            if now.is_final() {
+                continue;
+            }
             if tx.send(progress(h.id, w, &now, 0, total)).await.is_err() {
                 return;
             }
