@@ -123,6 +123,7 @@ fn crash_loop(kills: usize, fsync: bool, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let started = Instant::now();
     let mut max_entries = 0;
+    let mut resets = 0;
     for i in 0..kills {
         let mut child = Command::new(&exe)
             .args(["--exact", "crash_worker", "--nocapture", "--test-threads=1"])
@@ -175,6 +176,9 @@ fn crash_loop(kills: usize, fsync: bool, seed: u64) {
 
         let store = Store::open(dir.path(), StoreOptions::default())
             .unwrap_or_else(|e| panic!("reopen after kill {i}: {e}"));
+        // sled 0.34 now and then tears its log on a kill even with fsync;
+        // the store then starts an empty index (entries lost, none wrong).
+        resets += usize::from(store.opened().index_reset.is_some());
         assert!(tmp_is_empty(dir.path()), "temp leftovers after kill {i}");
         let entries = assert_consistent(&store);
         max_entries = max_entries.max(entries.len());
@@ -182,8 +186,13 @@ fn crash_loop(kills: usize, fsync: bool, seed: u64) {
     }
     // The loop must have done real work, not killed idle workers.
     assert!(max_entries > 5, "only {max_entries} entries ever seen");
+    // A reset is a rare event, not the usual outcome of a crash.
+    assert!(
+        resets * 10 <= kills,
+        "{resets} index resets in {kills} kills"
+    );
     eprintln!(
-        "{kills} kills (fsync {fsync}) in {:.1?}, up to {max_entries} entries",
+        "{kills} kills (fsync {fsync}) in {:.1?}, up to {max_entries} entries, {resets} index resets",
         started.elapsed()
     );
 }

@@ -351,3 +351,45 @@ fn lookups_explain_their_misses_and_check_a_known_shape() {
     let trusted = host.clone().daemon_produced_only(true);
     assert_eq!(code(3, None, &trusted), "not_daemon_produced");
 }
+
+#[test]
+fn a_corrupt_index_is_set_aside_and_the_store_starts_empty() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let e = entry(1);
+    s.put(&e, payload(1, 4096).as_slice()).unwrap();
+    drop(s);
+    // One flipped bit in sled's checksummed config file: sled reports
+    // corruption at open (as it does for a log torn by a crash).
+    let conf = d.path().join("index/conf");
+    let mut bytes = fs::read(&conf).unwrap();
+    bytes[0] ^= 0x20;
+    fs::write(&conf, bytes).unwrap();
+
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let reset = s
+        .opened()
+        .index_reset
+        .clone()
+        .expect("index reset reported");
+    assert!(
+        reset.moved_to.starts_with(d.path().join("quarantine")),
+        "{reset:?}"
+    );
+    assert!(
+        reset.moved_to.join("conf").is_file(),
+        "the corrupt index is kept"
+    );
+    assert!(!reset.detail.is_empty());
+    // Nothing is served from it: the entry is gone, its payload an orphan
+    // that reconcile removes.
+    assert!(assert_consistent(&s).is_empty());
+    assert!(!s.reconcile().unwrap().orphan_files_removed.is_empty());
+    drop(s);
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(
+        s.opened().index_reset,
+        None,
+        "the fresh index opens cleanly"
+    );
+}

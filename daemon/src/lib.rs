@@ -83,6 +83,13 @@ pub async fn run(
                 dir,
                 source: Box::new(e),
             })?;
+        if let Some(reset) = &store.opened().index_reset {
+            tracing::warn!(
+                moved_to = %reset.moved_to.display(),
+                detail = %reset.detail,
+                "the cache index was corrupt (an earlier crash?): set aside and started empty; entries are packed again on demand"
+            );
+        }
         Ok(Arc::new(Daemon::new(
             config,
             Arc::new(store),

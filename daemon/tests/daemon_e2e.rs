@@ -110,7 +110,11 @@ async fn identical_prepacks_share_one_job() {
     assert_eq!(answers, 16, "8 requests x 2 formats, each answered once");
     assert_eq!(packed.len(), 2, "{packed:?}");
     for (format, ids) in &packed {
-        assert_eq!(ids.len(), 1, "{format}: 8 identical prepacks packed as {ids:?}");
+        assert_eq!(
+            ids.len(),
+            1,
+            "{format}: 8 identical prepacks packed as {ids:?}"
+        );
     }
     let digest = digest_of(&path, "W");
     let mut c = c.clone();

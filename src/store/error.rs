@@ -37,6 +37,10 @@ pub enum StoreError {
     BadLayout { dir: PathBuf, detail: String },
     #[error("store index ({op}): {message}")]
     Index { op: &'static str, message: String },
+    /// The index's files do not decode (sled's log torn or damaged); the
+    /// store sets it aside and starts an empty one at open.
+    #[error("store index {} is corrupt: {detail}", .path.display())]
+    IndexCorrupt { path: PathBuf, detail: String },
     #[error("corrupt index record ({what}): {detail}")]
     Record { what: String, detail: String },
     #[error(

@@ -90,6 +90,19 @@ pub struct OpenReport {
     pub layout_found: Option<u32>,
     /// Leftovers of interrupted writes removed from tmp/.
     pub temp_removed: usize,
+    /// The index did not decode and was replaced by an empty one.
+    pub index_reset: Option<IndexReset>,
+}
+
+/// A corrupt index set aside at open. Its entries are gone (the daemon
+/// packs them again on demand); their payload files become orphans that
+/// reconcile and gc remove. Nothing wrong is ever served from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexReset {
+    /// Where the corrupt index now lies, for a bug report.
+    pub moved_to: PathBuf,
+    /// What the index library reported.
+    pub detail: String,
 }
 
 /// The result of a put.
@@ -164,6 +177,29 @@ fn blob_ref_key(blob: &[u8; 32], key: &KeyBytes) -> Vec<u8> {
     k
 }
 
+/// Opens the index; a corrupt one (a crash can tear sled 0.34's log even
+/// with fsync) is moved to `quarantine/index-<unix ms>` and replaced by an
+/// empty index: losing the entries costs packs, keeping a torn index could
+/// cost wrong answers.
+fn open_index(
+    paths: &Paths,
+    opts: &StoreOptions,
+) -> StoreResult<(sled_index::SledIndex, Option<IndexReset>)> {
+    let detail = match sled_index::SledIndex::open(&paths.index, opts) {
+        Err(StoreError::IndexCorrupt { detail, .. }) => detail,
+        r => return r.map(|i| (i, None)),
+    };
+    let moved_to = paths
+        .quarantine
+        .join(format!("index-{}", opts.clock.now_ms()));
+    fs::create_dir_all(&paths.quarantine)
+        .map_err(|e| StoreError::io("create", &paths.quarantine, e))?;
+    fs::rename(&paths.index, &moved_to)
+        .map_err(|e| StoreError::io("set aside", &paths.index, e))?;
+    let index = sled_index::SledIndex::open(&paths.index, opts)?;
+    Ok((index, Some(IndexReset { moved_to, detail })))
+}
+
 impl Store {
     /// Opens (creating if needed) the store in `dir`; fails with
     /// [`StoreError::Locked`] when another process owns it.
@@ -174,7 +210,7 @@ impl Store {
         let paths = Paths::new(root);
         let layout_found = layout::prepare(&paths)?;
         let temp_removed = layout::clean_tmp(&paths)?;
-        let index = sled_index::SledIndex::open(&paths.index, &opts)?;
+        let (index, index_reset) = open_index(&paths, &opts)?;
         let now = opts.clock.now_ms();
         let counters = stats::Counters::load(&index, now)?;
         let nanos = std::time::SystemTime::now()
@@ -197,6 +233,7 @@ impl Store {
             opened: OpenReport {
                 layout_found,
                 temp_removed,
+                index_reset,
             },
             verified: integrity::Verified::default(),
             opts,

@@ -10,7 +10,9 @@
 //! tears one. Because payload files are published before their entry is
 //! committed, and deleted only after the removal is flushed, a recovered
 //! entry always points at a complete file; the crash window leaves at most
-//! orphan files, which reconcile/GC remove.
+//! orphan files, which reconcile/GC remove. Rarely (seen in the crash-loop
+//! test) a kill leaves a log sled reports as corrupt at the next open; the
+//! store then sets the index aside and starts empty (`Store::open`).
 //!
 //! Observed cost (sled 0.34): every transaction or batch rolls sled's log
 //! buffer and writes it with `sync_file_range`, a few hundred microseconds
@@ -71,6 +73,12 @@ impl SledIndex {
                         && started.elapsed() < std::time::Duration::from_secs(10) =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                Err(e @ sled::Error::Corruption { .. }) => {
+                    return Err(StoreError::IndexCorrupt {
+                        path: path.to_path_buf(),
+                        detail: e.to_string(),
+                    })
                 }
                 r => break r.map_err(err("open"))?,
             }
