@@ -341,13 +341,7 @@ async fn every_rpc_success_and_errors() {
 
     let mut fresh = InProc::start();
     let mut fc = fresh.client().await;
-    let imp = fc
-        .import(api::ImportRequest {
-            model_path: out.display().to_string(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let imp = import(&mut fc, &out).await;
     assert_eq!(imp.imported, 2, "{imp:?}");
     assert_eq!(
         entries_for(&mut fc, &digest).await.len(),
@@ -825,26 +819,8 @@ async fn verify_reports_orphans_and_removes_them_only_with_repair() {
     assert_eq!(d.stop(), Some(0));
 }
 
-/// Flips the first byte of a payload file, keeping its length.
-fn rot(path: &str) {
-    let mut bytes = std::fs::read(path).unwrap();
-    bytes[0] ^= 0xff;
-    let mut perm = std::fs::metadata(path).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perm.set_readonly(false);
-    std::fs::set_permissions(path, perm).unwrap();
-    std::fs::write(path, &bytes).unwrap();
-}
-
-/// Whether the file's bytes hash to the blake3 its entry names.
-fn intact(e: &api::Entry) -> bool {
-    std::fs::read(&e.payload_path)
-        .map(|b| blake3::hash(&b).to_hex().to_string() == e.payload_blake3)
-        .unwrap_or(false)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rotted_payloads_are_never_served_and_a_prepack_replaces_them() {
+async fn rotted_payloads_are_never_served_and_are_packed_again() {
     let mut d = InProc::start();
     let path = d.models.join("m.onnx");
     write_model(&path, &matmul_model(K, N, 7));
@@ -857,7 +833,7 @@ async fn rotted_payloads_are_never_served_and_a_prepack_replaces_them() {
     // Rot, restart: a prepack does not reuse the rotted entries (their
     // files are hashed before reuse) but packs them again.
     for e in &packed {
-        rot(&e.payload_path);
+        rot_payload(&e.payload_path);
     }
     d.restart();
     let mut c = d.client().await;
@@ -882,7 +858,7 @@ async fn rotted_payloads_are_never_served_and_a_prepack_replaces_them() {
     // Rot again, restart: neither ReadPayload nor AcquireLease serves the
     // bytes (DATA_LOSS), and the entries are gone from lookups.
     for e in &fresh {
-        rot(&e.payload_path);
+        rot_payload(&e.payload_path);
     }
     d.restart();
     let mut c = d.client().await;
@@ -891,13 +867,7 @@ async fn rotted_payloads_are_never_served_and_a_prepack_replaces_them() {
         2,
         "lookups do not hash"
     );
-    let lease = c
-        .acquire_lease(api::AcquireLeaseRequest {
-            key: fresh[0].key.clone(),
-            ttl_ms: 60_000,
-        })
-        .await
-        .unwrap_err();
+    let lease = lease_refused(&mut c, &fresh[0].key).await;
     assert_eq!(lease.code(), Code::DataLoss, "{lease:?}");
     let read = match c
         .read_payload(api::ReadPayloadRequest {
@@ -920,20 +890,10 @@ async fn rotted_payloads_are_never_served_and_a_prepack_replaces_them() {
         }
     };
     assert_eq!(read.code(), Code::DataLoss, "{read:?}");
-    assert!(entries_for(&mut c, &digest).await.is_empty());
-    let miss = c
-        .lookup(lookup_req(&digest))
-        .await
-        .unwrap()
-        .into_inner()
-        .miss
-        .unwrap();
-    assert_eq!(miss.reason, "no_entry");
-    // Both files went to quarantine; a prepack makes good ones again and
-    // verify is clean after.
-    prepack_all(&mut c, &path).await;
-    let again = entries_for(&mut c, &digest).await;
-    assert_eq!(again.len(), 2);
+    // Both files went to quarantine, and the daemon packs both entries
+    // again from their model (under a watched folder: with its own rights)
+    // without anyone asking; verify is clean after.
+    let again = wait_for_entries(&c, &digest, 2, "packed again after the rot was served").await;
     assert!(again.iter().all(intact), "{again:?}");
     let v = c
         .verify(api::VerifyRequest { repair: false })

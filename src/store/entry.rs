@@ -12,7 +12,7 @@ use super::error::{StoreError, StoreResult};
 use super::key::EntryKey;
 use crate::digest::SourceDigest;
 use crate::dtype::DataType;
-use crate::hit::SourceShape;
+use crate::hit::{MissReason, SourceShape};
 use crate::pb;
 use crate::structs::{self, PhysicalTypeKey, FORMAT_VERSION_KEY, PACKER_KEY};
 
@@ -108,6 +108,38 @@ impl Entry {
         self.physical_type()
             .ok()
             .and_then(|t| structs::metadata(&t.metadata_props, PACKER_KEY).map(str::to_string))
+    }
+}
+
+/// An entry read back from the store, as the one hit rule reads it (for
+/// callers that judge a listed entry themselves, e.g. to say why it is not
+/// the hit a request wanted).
+impl crate::hit::EntryFacts for Entry {
+    fn device(&self) -> Result<&pb::DeviceProto, MissReason> {
+        Ok(&self.device)
+    }
+
+    fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
+        Ok(self.key.physical_type)
+    }
+
+    fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
+        Entry::physical_type(self).map_err(|e| MissReason::Invalid {
+            rule: "store.record",
+            message: e.to_string(),
+        })
+    }
+
+    fn dims(&self) -> &[u64] {
+        &self.dims
+    }
+
+    fn source_shape(&self) -> Option<&SourceShape> {
+        self.source_shape.as_ref()
+    }
+
+    fn client_uid(&self) -> Option<u32> {
+        self.producer.client_uid
     }
 }
 

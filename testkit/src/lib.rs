@@ -10,6 +10,8 @@
 //! - synthetic models built through the prost types ([`MatMul`],
 //!   [`f32_tensor`], [`tensor_info`], [`kv`]), written atomically
 //!   ([`write_model`]), and the D3 digests of their initializers;
+//! - [`rot_payload`] / [`payload_intact`]: disk rot in a store's payload
+//!   files, and the check that a file is whole;
 //! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`.
 
 mod bins;
@@ -18,6 +20,7 @@ mod figure;
 #[cfg(feature = "in-process")]
 mod in_process;
 mod model;
+mod payload;
 mod poll;
 
 pub use bins::locate_bin;
@@ -29,4 +32,5 @@ pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
+pub use payload::{payload_intact, rot_payload};
 pub use poll::{eventually, eventually_async};

@@ -583,14 +583,7 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     // nothing; verify --repair drops the entry.
     let entries = d.json(&["ls"]);
     let victim = &entries["entries"][0];
-    let path = victim["payload_path"].as_str().unwrap();
-    let mut bytes = std::fs::read(path).unwrap();
-    bytes[0] ^= 0xff;
-    let mut perm = std::fs::metadata(path).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perm.set_readonly(false);
-    std::fs::set_permissions(path, perm).unwrap();
-    std::fs::write(path, &bytes).unwrap();
+    ctcache_testkit::rot_payload(victim["payload_path"].as_str().unwrap());
     let o = d.ctl(&["--json", "verify"]);
     assert_eq!(o.code, 1, "{o:#?}");
     let v = o.json();

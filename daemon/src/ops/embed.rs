@@ -10,7 +10,7 @@ use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
 use super::model::{self, FormatRequest};
 use super::output::output_file;
 use super::pack::{self, BackendRequest};
-use super::{blocking, Error, Result};
+use super::{blocking, serve, Error, Result};
 use crate::caller::Caller;
 use crate::scheduler::Priority;
 use crate::state::Daemon;
@@ -60,11 +60,11 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
     })
     .await?;
     let (entries, packed) = pack::finish(jobs).await?;
-    let d = d.clone();
+    let (d, caller) = (d.clone(), caller.clone());
     blocking(move || {
         let mut news = Vec::with_capacity(entries.len());
         for (w, e) in &entries {
-            let payload = d.store.open_payload(&e.key)?;
+            let payload = serve::open(&d, &caller, e)?;
             news.push(rewrite::NewEntry {
                 source_name: w.initializer.clone(),
                 device: e.device.clone(),

@@ -17,7 +17,7 @@ use ctcache_kernels::Params;
 use super::model;
 use super::output::output_file;
 use super::pack::{self, BackendRequest};
-use super::{blocking, Error, Result};
+use super::{blocking, serve, Error, Result};
 use crate::caller::Caller;
 use crate::config::PolicyRule;
 use crate::policy::Wanted;
@@ -127,7 +127,7 @@ pub(crate) async fn materialize(
     let (entries, packed) = pack::finish(jobs).await?;
     let cached = entries.len() as u32 - packed;
     let mode = r.link;
-    let d = d.clone();
+    let (d, caller) = (d.clone(), caller.clone());
     blocking(move || {
         let store = &d.store;
         let mut leases = Vec::new();
@@ -138,7 +138,7 @@ pub(crate) async fn materialize(
                     continue;
                 };
                 leases.push(store.acquire_lease(&e.key, LEASE_TTL)?);
-                let payload = store.open_payload(&e.key)?;
+                let payload = serve::open(&d, &caller, e)?;
                 weights.insert(
                     key.clone(),
                     PackedWeight {

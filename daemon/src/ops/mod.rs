@@ -18,6 +18,7 @@ pub(crate) mod put;
 pub(crate) mod remote;
 pub(crate) mod resolve;
 pub(crate) mod scan;
+pub(crate) mod serve;
 pub(crate) mod status;
 pub(crate) mod watch;
 

@@ -6,11 +6,12 @@
 //! `max_leases_per_uid` live leases of at most `max_lease_ttl_secs`.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ctcache::store::{Entry, EntryKey, Lease, LeaseAuthority, LeaseId, Payload};
 
-use super::{Error, Result};
+use super::{serve, Error, Result};
 use crate::caller::Caller;
 use crate::events::now_ms;
 use crate::state::Daemon;
@@ -24,9 +25,16 @@ pub(crate) struct PayloadRange {
 /// The bytes `[offset, offset + length)` of an entry's payload (`length`
 /// 0: to the end; a range past the end is cut at the end). A payload file
 /// whose bytes do not hash to its name is quarantined and the answer is
-/// DATA_LOSS, never its bytes.
-pub(crate) fn read(d: &Daemon, key: &EntryKey, offset: u64, length: u64) -> Result<PayloadRange> {
-    let payload = d.store.open_payload(key)?;
+/// DATA_LOSS, never its bytes (and the entry is packed again, see
+/// [`serve`](super::serve)).
+pub(crate) fn read(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    key: &EntryKey,
+    offset: u64,
+    length: u64,
+) -> Result<PayloadRange> {
+    let payload = serve::open_key(d, caller, key)?;
     let len = payload.len() as u64;
     if offset > len {
         return Err(Error::out_of_range(format!(
@@ -72,14 +80,20 @@ fn authority(caller: &Caller) -> LeaseAuthority {
 /// The caller maps the payload file itself, so it is served here: its bytes
 /// are hashed the first time (see
 /// [`Store::open_payload`](ctcache::store::Store::open_payload)); a damaged
-/// file is quarantined, its entries dropped, and the answer is DATA_LOSS,
-/// never a lease on it.
-pub(crate) fn acquire(d: &Daemon, caller: &Caller, key: &EntryKey, ttl_ms: u64) -> Result<Granted> {
+/// file is quarantined, its entries dropped (and packed again, see
+/// [`serve`](super::serve)), and the answer is DATA_LOSS, never a lease on
+/// it.
+pub(crate) fn acquire(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    key: &EntryKey,
+    ttl_ms: u64,
+) -> Result<Granted> {
     let entry = d
         .store
         .stat(key)?
         .ok_or_else(|| Error::not_found("no such entry"))?;
-    d.store.open_payload(key)?;
+    serve::open(d, caller, &entry)?;
     let ttl = ttl(d, ttl_ms);
     let id = d
         .store

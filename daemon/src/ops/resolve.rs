@@ -8,15 +8,17 @@ use std::sync::Arc;
 
 use ctcache::digest::SourceDigest;
 use ctcache::dtype::DataType;
-use ctcache::hit::MissReason;
+use ctcache::hit::{self, MissReason};
 use ctcache::onnx::graph::NotASource;
-use ctcache::store::Entry;
+use ctcache::onnx::TensorRef;
+use ctcache::store::{Entry, Filter, HostFilter};
 
 use super::lookup::Target;
 use super::model::{self, FormatRequest};
 use super::pack::{self, BackendRequest, Jobs};
 use super::{Miss, Result};
 use crate::caller::Caller;
+use crate::policy::Wanted;
 use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;
 
@@ -162,7 +164,7 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
             if !hit {
                 tr.misses.push(FormatMiss {
                     format: w.format.clone(),
-                    miss: Miss::new(MissReason::NoEntry, format!("{} not packed yet", w.format)),
+                    miss: explain_miss(d, &filter, t, &digest, w)?,
                 });
                 missing.push(w.clone());
             }
@@ -183,4 +185,44 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
     )?;
     res.jobs_started = jobs.len() as u64;
     Ok((res, jobs))
+}
+
+/// Why a wanted format has no hit: the judgement of a stored entry that
+/// claims the type name this build's packer writes for it (a known name
+/// over another layout, a client's entry the daemon does not serve, ...),
+/// else `no_entry`. An entry of another name (another format, or other
+/// parameters such as 8 bits for a 4-bit request) says nothing about this
+/// one.
+fn explain_miss(
+    d: &Daemon,
+    filter: &HostFilter,
+    t: &TensorRef,
+    digest: &SourceDigest,
+    w: &Wanted,
+) -> Result<Miss> {
+    let not_yet = || Miss::new(MissReason::NoEntry, format!("{} not packed yet", w.format));
+    let name = ctcache_kernels::find(&w.format)
+        .and_then(|p| p.output(t.data_type, &t.dims, &w.params).ok())
+        .map(|l| l.struct_type.name);
+    let Some(name) = name else {
+        return Ok(not_yet());
+    };
+    let same_name = d.store.list(&Filter {
+        source: Some(*digest),
+        format: Some(name.clone()),
+        ..Default::default()
+    })?;
+    Ok(match same_name.first() {
+        None => not_yet(),
+        Some(e) => match hit::judge(e, filter) {
+            Err(reason) => reason.into(),
+            // Usable, yet not the key wanted: the same name over the layout
+            // of other parameters.
+            Ok(_) => MissReason::UnknownPhysicalType {
+                name,
+                detail: "another layout than the one requested (other parameters)".into(),
+            }
+            .into(),
+        },
+    })
 }

@@ -161,10 +161,11 @@ impl CompiledTensorCache for Service {
         &self,
         req: Request<api::ReadPayloadRequest>,
     ) -> Answer<Self::ReadPayloadStream> {
+        let caller = self.caller(&req);
         let r = req.into_inner();
         let key = decode::key(&r.key)?;
         let d = self.daemon.clone();
-        let p = blocking(move || ops::payload::read(&d, &key, r.offset, r.length)).await?;
+        let p = blocking(move || ops::payload::read(&d, &caller, &key, r.offset, r.length)).await?;
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             let mut pos = p.range.start;
@@ -189,15 +190,14 @@ impl CompiledTensorCache for Service {
         let caller = self.caller(&req);
         let r = req.into_inner();
         let key = decode::key(&r.key)?;
-        self.run(
-            move |d| ops::payload::acquire(d, &caller, &key, r.ttl_ms),
-            |d, g| api::LeaseResponse {
-                lease_id: g.id.0,
-                expires_unix_ms: g.expires_unix_ms,
-                entry: g.entry.as_ref().map(|e| encode::entry(d, e)),
-            },
-        )
-        .await
+        // The Arc: a rotted payload is packed again in the background.
+        let d = self.daemon.clone();
+        let g = blocking(move || ops::payload::acquire(&d, &caller, &key, r.ttl_ms)).await?;
+        ok(api::LeaseResponse {
+            lease_id: g.id.0,
+            expires_unix_ms: g.expires_unix_ms,
+            entry: g.entry.as_ref().map(|e| encode::entry(&self.daemon, e)),
+        })
     }
 
     async fn renew_lease(

@@ -18,7 +18,7 @@ use ctcache_testkit::MatMul;
 use tonic::transport::{Channel, Endpoint};
 
 pub use ctcache_testkit::{
-    digest_of_file as digest_of, eventually_async as eventually, write_model,
+    digest_of_file as digest_of, eventually_async as eventually, rot_payload, write_model,
 };
 
 pub fn bin() -> PathBuf {
@@ -208,6 +208,34 @@ pub async fn prepack_all(
         out.push(p.unwrap());
     }
     out
+}
+
+/// Whether the entry's payload file hashes to the blake3 it names.
+pub fn intact(e: &api::Entry) -> bool {
+    ctcache_testkit::payload_intact(&e.payload_path, &e.payload_blake3)
+}
+
+/// The error of an AcquireLease of `key` that must fail.
+pub async fn lease_refused(c: &mut CompiledTensorCacheClient<Channel>, key: &str) -> tonic::Status {
+    c.acquire_lease(api::AcquireLeaseRequest {
+        key: key.to_string(),
+        ttl_ms: 60_000,
+    })
+    .await
+    .expect_err("the lease is refused")
+}
+
+/// Imports the model at `path`.
+pub async fn import(
+    c: &mut CompiledTensorCacheClient<Channel>,
+    path: &Path,
+) -> api::ImportResponse {
+    c.import(api::ImportRequest {
+        model_path: path.display().to_string(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
 }
 
 /// The whole payload of `key`, through ReadPayload.

@@ -1,0 +1,493 @@
+//! "Never the wrong bytes" through the daemon's RPCs: an entry of other
+//! parameters (8 bits) never answers a 4-bit request; a known type name
+//! over another layout is `unknown_physical_type` for ResolveModel and
+//! Import; a payload that rots on disk is never materialized and is packed
+//! again as soon as serving finds it (never from a model the caller being
+//! served may not read); with `daemon_produced_only`, a client's entry is
+//! neither reused by a pack job nor handed out.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ctcache::pb;
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use ctcache_kernels::Params;
+use prost::Message;
+use support::*;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const K: usize = 512;
+const N: usize = 256;
+const NBITS: &str = "ort.matmul_nbits";
+const GEMM: &str = "gemm.pack_b.f32";
+
+type Client = CompiledTensorCacheClient<Channel>;
+
+fn format(id: &str, params: &[(&str, &str)]) -> api::FormatSpec {
+    api::FormatSpec {
+        id: id.into(),
+        params: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// The ResolveModel of `model` for `formats` (empty: the policy), packing
+/// nothing.
+async fn resolve(
+    c: &mut Client,
+    model: &Path,
+    formats: Vec<api::FormatSpec>,
+) -> api::TensorResolution {
+    let mut r = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: model.display().to_string(),
+            formats,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.tensors.len(), 1, "{r:?}");
+    r.tensors.remove(0)
+}
+
+/// A MatMul model written to `work/NAME` (outside the watched folders: the
+/// watcher does not pack it) and the digest of its weight `W`.
+fn work_model(d: &InProc, name: &str, seed: u32) -> (PathBuf, Vec<u8>) {
+    let model = d.path(&format!("work/{name}"));
+    write_model(&model, &matmul_model(K, N, seed));
+    let digest = digest_of(&model, "W");
+    (model, digest)
+}
+
+/// Materializes `model` (4 bits) into `out`, whose folder is made first.
+async fn materialize(c: &mut Client, model: &Path, out: &Path) -> api::MaterializeResponse {
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    c.materialize(api::MaterializeRequest {
+        model_path: model.display().to_string(),
+        output_path: out.display().to_string(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// The payload files a materialized model references: (name, bytes).
+fn weight_files(m: &api::MaterializeResponse) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(&m.data_dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every weight file holds the bytes its name (blake3 hex) says and is
+/// the payload of one of `entries`.
+fn weights_are(m: &api::MaterializeResponse, entries: &[api::Entry]) {
+    let files = weight_files(m);
+    assert!(!files.is_empty(), "{m:?}");
+    for (name, bytes) in files {
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        assert_eq!(name, format!("{hash}.bin"), "the bytes of {name}");
+        assert!(
+            entries.iter().any(|e| e.payload_blake3 == hash),
+            "{name} is none of {entries:?}"
+        );
+    }
+}
+
+/// The Put header of `W`'s entry as `packer` writes it with `params`, with
+/// `tamper` applied to its type.
+fn header_for(
+    digest: &[u8],
+    packer: &str,
+    params: &[&str],
+    tamper: impl FnOnce(&mut pb::StructTypeProto),
+) -> api::PutHeader {
+    let p = ctcache_kernels::find(packer).unwrap();
+    let params = Params::parse(params).unwrap();
+    let float = ctcache::dtype::DataType::from_i32(1).unwrap();
+    let dims = [K as u64, N as u64];
+    let layout = p.output(float, &dims, &params).unwrap();
+    let mut ty = layout.struct_type;
+    tamper(&mut ty);
+    api::PutHeader {
+        source_digest: bytes::Bytes::copy_from_slice(digest),
+        digest_algorithm: "blake3".into(),
+        struct_type: Some(ty),
+        dims: layout.dims,
+        device: Some(p.device(&params).unwrap()),
+        payload_len: layout.payload_len,
+        source_name: "W".into(),
+        model_path: String::new(),
+        source_data_type: 1,
+        source_dims: dims.to_vec(),
+    }
+}
+
+/// Puts a payload of `fill` bytes under `h` (as a client: the test runs as
+/// root, a trusted caller); returns the stored entry.
+async fn put(c: &mut Client, h: api::PutHeader, fill: u8) -> api::Entry {
+    let data = vec![fill; h.payload_len as usize];
+    let msgs = vec![
+        api::PutRequest {
+            part: Some(api::put_request::Part::Header(h)),
+        },
+        api::PutRequest {
+            part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
+        },
+    ];
+    let r = c.put(tokio_stream::iter(msgs)).await.unwrap().into_inner();
+    r.entry.unwrap()
+}
+
+/// The fields of a structure type.
+fn fields(t: &mut pb::StructTypeProto) -> &mut Vec<pb::struct_type_proto::Field> {
+    match t.kind.as_mut() {
+        Some(pb::struct_type_proto::Kind::Structure(s)) => &mut s.field,
+        other => panic!("a structure, not {other:?}"),
+    }
+}
+
+/// Puts zero-filled entries of `W` in both default formats, as a client.
+async fn put_both(c: &mut Client, digest: &[u8]) -> HashMap<&'static str, api::Entry> {
+    let mut keys = HashMap::new();
+    for f in [NBITS, GEMM] {
+        let e = put(c, header_for(digest, f, &[], |_| {}), 0).await;
+        assert!(e.producer.starts_with("uid:"), "{e:?}");
+        keys.insert(f, e);
+    }
+    keys
+}
+
+fn reasons(t: &api::TensorResolution) -> Vec<&str> {
+    t.misses.iter().map(|m| m.reason.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_8_bit_entry_never_answers_a_4_bit_request() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let (model, digest) = work_model(&d, "m.onnx", 21);
+    let mut s = c
+        .prepack(api::PrepackRequest {
+            model_path: model.display().to_string(),
+            formats: vec![format(NBITS, &[("bits", "8")])],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while let Some(p) = s.next().await {
+        let p = p.unwrap();
+        assert_ne!(p.state(), api::JobState::Failed, "{p:?}");
+    }
+    let b8 = entries_for(&mut c, &digest).await;
+    assert_eq!(b8.len(), 1);
+    assert_eq!(b8[0].physical_type, "ort.matmul_nbits.b8.bs32.sym");
+
+    // ResolveModel: the 4-bit format is missing, nothing else stands in.
+    let t = resolve(&mut c, &model, vec![format(NBITS, &[("bits", "4")])]).await;
+    assert_eq!(reasons(&t), ["no_entry"], "{t:?}");
+    let t = resolve(&mut c, &model, vec![format(NBITS, &[("bits", "8")])]).await;
+    assert!(t.misses.is_empty(), "{t:?}");
+
+    // Lookup of the 4-bit type: a miss.
+    let mut want_b4 = lookup_req(&digest);
+    want_b4.accepted = vec![api::AcceptedType {
+        name: "ort.matmul_nbits.b4.bs32.sym".into(),
+        versions: vec![],
+    }];
+    let r = c.lookup(want_b4.clone()).await.unwrap().into_inner();
+    assert!(r.entries.is_empty(), "{r:?}");
+    assert!(r.miss.is_some(), "{r:?}");
+
+    // Materialize (4 bits): packs its own entry, links only its bytes.
+    let m = materialize(&mut c, &model, &d.path("work/out/m.q.onnx")).await;
+    assert_eq!((m.bits, m.packed, m.cached), (4, 1, 0), "{m:?}");
+    let b4 = c.lookup(want_b4).await.unwrap().into_inner().entries;
+    assert_eq!(b4.len(), 1);
+    weights_are(&m, &b4);
+    assert!(weight_files(&m)
+        .iter()
+        .all(|(name, _)| !name.starts_with(&b8[0].payload_blake3)));
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_name_over_another_layout_is_unknown_to_resolve_and_import() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let (model, digest) = work_model(&d, "m.onnx", 22);
+
+    // Same name, same size, fields in another order: stored (the type is
+    // valid), never a hit.
+    let reordered = header_for(&digest, NBITS, &[], |t| fields(t).swap(0, 1));
+    let name = reordered.struct_type.as_ref().unwrap().name.clone();
+    assert_eq!(name, "ort.matmul_nbits.b4.bs32.sym");
+    let stored = put(&mut c, reordered, 0x11).await;
+    assert_eq!(stored.physical_type, name);
+    let t = resolve(&mut c, &model, vec![format(NBITS, &[])]).await;
+    assert!(t.entries.is_empty(), "{t:?}");
+    assert_eq!(reasons(&t), ["unknown_physical_type"], "{t:?}");
+    // Renamed field: the same.
+    let renamed = header_for(&digest, NBITS, &[], |t| fields(t)[0].name = "codes".into());
+    put(&mut c, renamed, 0x22).await;
+    let t = resolve(&mut c, &model, vec![format(NBITS, &[])]).await;
+    assert!(t.entries.is_empty(), "{t:?}");
+    assert_eq!(reasons(&t), ["unknown_physical_type"], "{t:?}");
+    // Another format's miss is not explained by these entries.
+    let t = resolve(&mut c, &model, vec![format(GEMM, &[])]).await;
+    assert_eq!(reasons(&t), ["no_entry"], "{t:?}");
+
+    // Import: a model whose embedded types were reordered the same way.
+    let embedded = d.path("work/e.onnx");
+    let e = c
+        .embed(api::EmbedRequest {
+            model_path: model.display().to_string(),
+            output_path: embedded.display().to_string(),
+            formats: vec![format(NBITS, &[])],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(e.entries, 1, "{e:?}");
+    let mut proto = pb::ModelProto::decode(std::fs::read(&embedded).unwrap().as_slice()).unwrap();
+    let inline = proto
+        .compiled_tensors
+        .iter_mut()
+        .filter_map(|c| c.value.as_mut().and_then(|v| v.struct_type.as_mut()));
+    let types: Vec<_> = proto.struct_types.iter_mut().chain(inline).collect();
+    assert!(!types.is_empty());
+    for t in types {
+        fields(t).swap(0, 1);
+    }
+    let tampered = d.path("work/tampered.onnx");
+    std::fs::write(&tampered, proto.encode_to_vec()).unwrap();
+    let mut fresh = InProc::start();
+    let mut fc = fresh.client().await;
+    let imp = import(&mut fc, &tampered).await;
+    assert_eq!(imp.imported + imp.already_present, 0, "{imp:?}");
+    let skipped: Vec<_> = imp
+        .skipped
+        .iter()
+        .map(|s| s.reason.as_ref().unwrap().reason.as_str())
+        .collect();
+    assert_eq!(skipped, ["unknown_physical_type"], "{imp:?}");
+    // The untampered model imports.
+    let imp = import(&mut fc, &embedded).await;
+    assert_eq!(imp.imported, 1, "{imp:?}");
+    assert_eq!(fresh.stop(), Some(0));
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
+    // Outside the watched folders: the watcher does not pack it, and the
+    // model is read with the caller's rights.
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let (model, digest) = work_model(&d, "m.onnx", 23);
+    let first = materialize(&mut c, &model, &d.path("work/a/m.q.onnx")).await;
+    assert_eq!(first.packed, 1, "{first:?}");
+    let packed = entries_for(&mut c, &digest).await;
+    assert_eq!(packed.len(), 1);
+    weights_are(&first, &packed);
+    drop(c);
+    assert_eq!(d.stop(), Some(0));
+
+    // One byte flipped, same length; a restart forgets what was hashed.
+    rot_payload(&packed[0].payload_path);
+    assert!(!intact(&packed[0]));
+    d.restart();
+    let mut c = d.client().await;
+    let again = materialize(&mut c, &model, &d.path("work/b/m.q.onnx")).await;
+    assert_eq!((again.packed, again.cached), (1, 0), "{again:?}");
+    let fresh = entries_for(&mut c, &digest).await;
+    assert_eq!(fresh.len(), 1);
+    assert!(intact(&fresh[0]), "{fresh:?}");
+    weights_are(&again, &fresh);
+    let v = c
+        .verify(api::VerifyRequest { repair: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(v.clean && v.orphans.is_empty(), "{v:?}");
+    drop(c);
+    assert_eq!(d.stop(), Some(0));
+
+    // Rot found by a read: DATA_LOSS, and the entry comes back, packed
+    // again from its model, without a prepack from anyone.
+    rot_payload(&fresh[0].payload_path);
+    d.restart();
+    let mut c = d.client().await;
+    let read = lease_refused(&mut c, &fresh[0].key).await;
+    assert_eq!(read.code(), Code::DataLoss, "{read:?}");
+    let back = wait_for_entries(&c, &digest, 1, "packed again after the rot was served").await;
+    assert!(intact(&back[0]), "{back:?}");
+    assert_eq!(back[0].key, fresh[0].key);
+    assert_eq!(
+        read_all(&mut c, &back[0].key).await.len() as u64,
+        back[0].payload_len
+    );
+    let v = c
+        .verify(api::VerifyRequest { repair: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(v.clean && v.orphans.is_empty(), "{v:?}");
+    assert_eq!(d.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_daemon_produced_only_a_clients_entry_is_never_used() {
+    let mut d = InProc::start_with(|c| c.daemon_produced_only = true);
+    let mut c = d.client().await;
+    let zeros = |len: u64| blake3::hash(&vec![0u8; len as usize]).to_hex().to_string();
+
+    // A prepack packs the daemon's own entries over the client's.
+    let (m1, d1) = work_model(&d, "m1.onnx", 24);
+    let theirs = put_both(&mut c, &d1).await;
+    for p in prepack_all(&mut c, &m1).await {
+        if p.state().is_final() {
+            assert_eq!(p.state(), api::JobState::Done, "{p:?}");
+        }
+    }
+    let ours = entries_for(&mut c, &d1).await;
+    assert_eq!(ours.len(), 2);
+    for e in &ours {
+        assert!(!e.producer.starts_with("uid:"), "{e:?}");
+        assert!(theirs.values().any(|t| t.key == e.key), "{e:?}");
+        assert_ne!(e.payload_blake3, zeros(e.payload_len));
+    }
+
+    // ResolveModel names the client's entries as misses; Materialize and
+    // Embed pack their own.
+    let (m2, d2) = work_model(&d, "m2.onnx", 25);
+    put_both(&mut c, &d2).await;
+    let t = resolve(&mut c, &m2, vec![]).await;
+    assert!(t.entries.is_empty(), "{t:?}");
+    assert_eq!(
+        reasons(&t),
+        ["not_daemon_produced", "not_daemon_produced"],
+        "{t:?}"
+    );
+    let miss = c.lookup(lookup_req(&d2)).await.unwrap().into_inner();
+    assert_eq!(miss.miss.unwrap().reason, "not_daemon_produced");
+    let m = materialize(&mut c, &m2, &d.path("work/out/m2.q.onnx")).await;
+    assert_eq!((m.packed, m.cached), (1, 0), "{m:?}");
+    let e = c
+        .embed(api::EmbedRequest {
+            model_path: m2.display().to_string(),
+            output_path: d.path("work/out/m2.e.onnx").display().to_string(),
+            formats: vec![format(GEMM, &[])],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((e.entries, e.packed), (1, 1), "{e:?}");
+    let ours = entries_for(&mut c, &d2).await;
+    assert_eq!(ours.len(), 2);
+    for e in &ours {
+        assert!(!e.producer.starts_with("uid:"), "{e:?}");
+        assert_ne!(e.payload_blake3, zeros(e.payload_len));
+    }
+    weights_are(&m, &ours);
+    let embedded = ctcache::onnx::Model::open(&d.path("work/out/m2.e.onnx")).unwrap();
+    let ext = embedded.extension().unwrap();
+    assert_eq!(ext.compiled_tensors.len(), 1);
+    let value = ext.compiled_tensors[0].value.as_ref().unwrap();
+    let bytes = ctcache::check::payload_bytes(&embedded, value).unwrap();
+    let gemm = ours
+        .iter()
+        .find(|e| e.physical_type.starts_with(GEMM))
+        .unwrap();
+    assert_eq!(
+        blake3::hash(&bytes).to_hex().to_string(),
+        gemm.payload_blake3
+    );
+    drop(c);
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// The uid-65534 half of `a_repack_never_reads_what_the_served_caller_cannot`
+/// (a no-op otherwise): leases the rotted entry, gets DATA_LOSS.
+#[tokio::test]
+async fn rotted_lease_helper() {
+    let Ok(socket) = std::env::var("CTCACHE_TEST_ROT_SOCKET") else {
+        return;
+    };
+    let key = std::env::var("CTCACHE_TEST_ROT_KEY").unwrap();
+    let mut c = Client::new(channel(Path::new(&socket)).await);
+    let err = lease_refused(&mut c, &key).await;
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    println!("ROT-SEEN-OK");
+}
+
+#[test]
+fn a_repack_never_reads_what_the_served_caller_cannot() {
+    if !can_switch_uid() {
+        eprintln!("skipped: needs root and setpriv to act as another uid");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut d = daemon_for_nobody("");
+    // Packed for root from a folder only root may read (not a watched one).
+    let private = d.path("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let model = private.join("m.onnx");
+    write_model(&model, &matmul_model(K, N, 26));
+    let digest = digest_of(&model, "W");
+    let packed = rt.block_on(async {
+        let mut c = d.client().await;
+        prepack_all(&mut c, &model).await;
+        entries_for(&mut c, &digest).await
+    });
+    assert_eq!(packed.len(), 2);
+    assert_eq!(d.stop(), Some(0));
+    rot_payload(&packed[0].payload_path);
+    d.spawn(&[], |c| {
+        c.env("CTCACHE_SOCKET_GROUP", NOBODY.to_string());
+    });
+
+    // Served to uid 65534, which may not read the model: DATA_LOSS, and
+    // the daemon does not read it on that uid's behalf.
+    run_as_nobody(
+        "rotted_lease_helper",
+        &[
+            ("CTCACHE_TEST_ROT_SOCKET", d.socket.display().to_string()),
+            ("CTCACHE_TEST_ROT_KEY", packed[0].key.clone()),
+        ],
+        "ROT-SEEN-OK",
+    );
+    ctcache_testkit::eventually("the daemon's word on the repack", || {
+        d.log().contains("rotted: not packed again")
+    });
+    let left = rt.block_on(async {
+        let mut c = d.client().await;
+        entries_for(&mut c, &digest).await
+    });
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].key, packed[1].key);
+    assert_eq!(d.stop(), Some(0));
+}
