@@ -408,7 +408,7 @@ async fn with_daemon_produced_only_a_clients_entry_is_never_used() {
         assert_ne!(e.payload_blake3, zeros(e.payload_len));
     }
     weights_are(&m, &ours);
-    let embedded = ctcache::onnx::Model::open(&d.path("work/out/m2.e.onnx")).unwrap();
+    let embedded = ctcache::onnx::Model::open(d.path("work/out/m2.e.onnx")).unwrap();
     let ext = embedded.extension().unwrap();
     assert_eq!(ext.compiled_tensors.len(), 1);
     let value = ext.compiled_tensors[0].value.as_ref().unwrap();
