@@ -38,6 +38,7 @@ bench store        "cargo bench -q -p ctcache --bench store_bench"    store.{put
 bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lookup_p50,lookup_p99,batch_full,batch_brief,resolve_p50,watched_overhead}
 bench open_payload "bench/open_payload_bench.sh"                      open_payload.{ttfb,throughput,consume,pss,first_serve}
 bench materialize  "bench/materialize_bench.sh"                       materialize.cold materialize.{warm,warm_bytes}.{auto,hard}
+bench load         "bench/load_bench.sh"                              load.{resolve,lookup,open,release,read,gc}_{p50,p99} load.rss_growth
 # ---------------------------------------------------------------------
 
 declared() { for n in "${NAMES[@]}"; do printf '%s\n' ${FIGURES[$n]}; done; }

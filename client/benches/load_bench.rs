@@ -17,7 +17,8 @@
 //! - daemon RSS flat: its largest RSS in the second half of the run is at
 //!   most 1.25x its largest in the first half (after a warm-up).
 //!
-//! It prints p50/p99 per RPC. The daemon binary as for open_payload_bench
+//! It prints p50/p99 per RPC, also as `RESULT` lines
+//! (`ctcache_testkit::Figure`, `load.*`) for bench/all.sh. The daemon binary as for open_payload_bench
 //! (`ctcache_testkit::locate_bin`, release). Run with bench/load_bench.sh or
 //! `cargo bench -p ctcache-client --bench load_bench`; environment:
 //! LOAD_BENCH_SECS (default 20), LOAD_BENCH_CLIENTS (default 32).
@@ -31,9 +32,19 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ctcache_client::{api, Client, Error, OpenOptions, ResolveOptions};
 use ctcache_testkit::{
-    digest_of_file, locate_bin, unit_f32, write_model, xorshift, Daemon, MatMul,
+    digest_of_file, locate_bin, unit_f32, write_model, xorshift, Daemon, Figure, MatMul, On,
 };
 use tonic::Code;
+
+/// The timed calls and the figure names their percentiles go under.
+const FIGURES: [(&str, &str); 6] = [
+    ("ResolveModel", "resolve"),
+    ("Lookup", "lookup"),
+    ("AcquireLease+map", "open"),
+    ("ReleaseLease", "release"),
+    ("ReadPayload", "read"),
+    ("Gc", "gc"),
+];
 
 /// Size budget of the concurrent gc: a few models' entries.
 const GC_BUDGET: u64 = 4 << 20;
@@ -333,7 +344,8 @@ fn report(shared: &Shared, clients: usize, secs: u64, rss: Vec<u64>) -> Result<(
         GC_BUDGET >> 20
     );
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    for (rpc, times) in shared.latency.lock().unwrap().iter_mut() {
+    let mut latency = shared.latency.lock().unwrap();
+    for (rpc, times) in latency.iter_mut() {
         times.sort();
         println!(
             "{rpc:>18}: {:>7} calls, p50 {:>8.0} µs, p99 {:>8.0} µs",
@@ -342,6 +354,21 @@ fn report(shared: &Shared, clients: usize, secs: u64, rss: Vec<u64>) -> Result<(
             us(percentile(times, 0.99))
         );
     }
+    for (rpc, figure) in FIGURES {
+        let Some(times) = latency.get(rpc).filter(|t| !t.is_empty()) else {
+            bail!("no {rpc} call completed");
+        };
+        for (p, q) in [("p50", 0.5), ("p99", 0.99)] {
+            Figure::new(
+                &format!("load.{figure}_{p}"),
+                &format!("{rpc} under load ({clients} clients, watcher and gc busy), {p}"),
+                us(percentile(times, q)),
+                "µs",
+            )
+            .print();
+        }
+    }
+    drop(latency);
     let mut bad = 0;
     for ((rpc, outcome), n) in shared.outcomes.lock().unwrap().iter() {
         let allowed = outcome == "OK"
@@ -378,6 +405,14 @@ fn report(shared: &Shared, clients: usize, secs: u64, rss: Vec<u64>) -> Result<(
         peak(second) >> 10,
         verdict(ratio <= 1.25)
     );
+    Figure::new(
+        "load.rss_growth",
+        "daemon peak RSS, second half of the run over the first",
+        ratio,
+        "x",
+    )
+    .target(On::Value, "<=", 1.25)
+    .print();
     if bad > 0 || wrong > 0 || after > 0 || ratio > 1.25 {
         bail!("the load bench failed (see above)");
     }

@@ -3,12 +3,15 @@
 //! inode, size, mtime, ctime), so unchanged models are not rehashed on ResolveModel or restart.
 //! Persisted in the store's index (its memo tree, one JSON record per model
 //! path) and cached in memory, at most `max_memo_entries` models (past
-//! that, an arbitrary one is dropped from memory; the index keeps it).
+//! that, the least recently used one is dropped from memory; the index
+//! keeps it).
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use hashlink::LruCache;
 
 use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::fsutil::FileStamp;
@@ -25,8 +28,7 @@ struct Record {
 /// Digests of initializers per model path.
 pub struct Memo {
     store: Arc<Store>,
-    map: Mutex<HashMap<PathBuf, Record>>,
-    max_in_memory: usize,
+    map: Mutex<LruCache<PathBuf, Record>>,
 }
 
 fn key(path: &Path) -> &[u8] {
@@ -55,20 +57,14 @@ impl Memo {
         let _ = std::fs::remove_file(store.dir().join("digest-memo.json"));
         Memo {
             store,
-            map: Mutex::new(HashMap::new()),
-            max_in_memory: max_in_memory.max(1),
+            map: Mutex::new(LruCache::new(max_in_memory.max(1))),
         }
     }
 
-    /// Keeps `r` in memory, making room within the bound.
+    /// Keeps `r` in memory, dropping the least recently used model when
+    /// the bound is reached.
     fn remember(&self, model_path: &Path, r: Record) {
-        let mut map = self.lock();
-        if !map.contains_key(model_path) && map.len() >= self.max_in_memory {
-            if let Some(k) = map.keys().next().cloned() {
-                map.remove(&k);
-            }
-        }
-        map.insert(model_path.to_path_buf(), r);
+        self.lock().insert(model_path.to_path_buf(), r);
     }
 
     /// Models kept in memory.
@@ -77,7 +73,14 @@ impl Memo {
         self.lock().len()
     }
 
-    /// The record of a model: from memory, else from the index.
+    /// Whether the model's record is in memory (without marking it used).
+    #[cfg(test)]
+    fn holds(&self, model_path: &Path) -> bool {
+        self.lock().contains_key(model_path)
+    }
+
+    /// The record of a model: from memory (now the most recently used),
+    /// else from the index.
     fn record(&self, model_path: &Path) -> Option<Record> {
         if let Some(r) = self.lock().get(model_path) {
             return Some(r.clone());
@@ -88,7 +91,7 @@ impl Memo {
         Some(r)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Record>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<PathBuf, Record>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -163,31 +166,68 @@ impl Memo {
 mod tests {
     use super::*;
 
+    /// A memo of at most `bound` models over a fresh store in `dir`.
+    fn memo_in(dir: &Path, bound: usize) -> Memo {
+        let store = Arc::new(Store::open(dir.join("cache"), Default::default()).unwrap());
+        Memo::new(store, bound)
+    }
+
+    /// Writes model `i` under `dir` and takes its digests through `memo`;
+    /// returns its path, the digests and whether they were computed.
+    fn digest_model(
+        memo: &Memo,
+        dir: &Path,
+        i: u32,
+    ) -> (PathBuf, HashMap<String, SourceDigest>, bool) {
+        let path = dir.join(format!("m{i}.onnx"));
+        if !path.exists() {
+            let w = ctcache_testkit::xorshift(i + 1).map(ctcache_testkit::unit_f32);
+            std::fs::write(&path, ctcache_testkit::MatMul::new(4, 4, w).encode()).unwrap();
+        }
+        let model = Model::open(&path).unwrap();
+        let tensors = model.initializers().unwrap();
+        let (d, computed) = memo.digests(&path, &model, &tensors).unwrap();
+        (path, d, computed)
+    }
+
     #[test]
     fn memory_holds_at_most_the_bound_and_the_index_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(Store::open(dir.path().join("cache"), Default::default()).unwrap());
-        let memo = Memo::new(store, 3);
+        let memo = memo_in(dir.path(), 3);
         let mut digests = Vec::new();
         for i in 0..10u32 {
-            let path = dir.path().join(format!("m{i}.onnx"));
-            let w = ctcache_testkit::xorshift(i + 1).map(ctcache_testkit::unit_f32);
-            std::fs::write(&path, ctcache_testkit::MatMul::new(4, 4, w).encode()).unwrap();
-            let model = Model::open(&path).unwrap();
-            let tensors = model.initializers().unwrap();
-            let (d, computed) = memo.digests(&path, &model, &tensors).unwrap();
+            let (path, d, computed) = digest_model(&memo, dir.path(), i);
             assert!(computed);
             digests.push((path, d));
             assert!(memo.in_memory() <= 3);
         }
         // A model dropped from memory is served from the index, not rehashed.
-        for (path, d) in digests {
-            let model = Model::open(&path).unwrap();
-            let tensors = model.initializers().unwrap();
-            let (again, computed) = memo.digests(&path, &model, &tensors).unwrap();
+        for (i, (path, d)) in (0..10u32).zip(digests) {
+            let (_, again, computed) = digest_model(&memo, dir.path(), i);
             assert!(!computed, "{}", path.display());
             assert_eq!(again, d);
         }
         assert!(memo.in_memory() <= 3);
+    }
+
+    #[test]
+    fn the_model_used_last_survives_eviction_and_the_least_recent_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let memo = memo_in(dir.path(), 3);
+        let (hot, _, _) = digest_model(&memo, dir.path(), 0);
+        for i in 1..30u32 {
+            // The hot model is asked for between every new one.
+            let (_, _, computed) = digest_model(&memo, dir.path(), 0);
+            assert!(!computed);
+            let (path, _, _) = digest_model(&memo, dir.path(), i);
+            assert!(memo.holds(&hot), "the hot model was dropped at model {i}");
+            assert!(memo.holds(&path));
+            assert_eq!(memo.in_memory(), (i as usize + 1).min(3));
+            // With m0 and m(i-1) and m(i) the last three used, m(i-2) went.
+            if i >= 3 {
+                let gone = dir.path().join(format!("m{}.onnx", i - 2));
+                assert!(!memo.holds(&gone), "m{} outlived newer models", i - 2);
+            }
+        }
     }
 }

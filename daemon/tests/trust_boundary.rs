@@ -273,31 +273,6 @@ fn two_weights_model() -> Vec<u8> {
     prost::Message::encode_to_vec(&model)
 }
 
-/// A Put of `e`'s payload (packed from a 512 x 256 FLOAT weight) under the
-/// source digest `[n; 32]`.
-fn put_of(e: &api::Entry, n: u8, data: Vec<u8>) -> Vec<api::PutRequest> {
-    let header = api::PutHeader {
-        source_digest: bytes::Bytes::from(vec![n; 32]),
-        digest_algorithm: "blake3".into(),
-        struct_type: e.struct_type.clone(),
-        dims: e.dims.clone(),
-        device: e.device.clone(),
-        payload_len: e.payload_len,
-        source_name: "W".into(),
-        model_path: String::new(),
-        source_data_type: 1,
-        source_dims: vec![512, 256],
-    };
-    vec![
-        api::PutRequest {
-            part: Some(api::put_request::Part::Header(header)),
-        },
-        api::PutRequest {
-            part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
-        },
-    ]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packs_and_puts_over_the_payload_limit_are_refused_before_they_start() {
     // A 512 KiB entry, packed under the default limit.
@@ -331,7 +306,7 @@ async fn packs_and_puts_over_the_payload_limit_are_refused_before_they_start() {
     assert_eq!(e_pack.code(), Code::ResourceExhausted, "{e_pack:?}");
     assert!(e_pack.message().contains("max_payload_bytes"), "{e_pack:?}");
     let e_put = c
-        .put(tokio_stream::iter(put_of(&e, 9, data)))
+        .put(tokio_stream::iter(put_requests(&e, 9, &[512, 256], data)))
         .await
         .expect_err("a 512 KiB Put over a 64 KiB limit is refused");
     assert_eq!(e_put.code(), Code::ResourceExhausted, "{e_put:?}");
@@ -598,7 +573,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate_and_trusts_signed_ones
         .await
         .unwrap();
     let put = c
-        .put(tokio_stream::iter(put_of(&e, 9, data)))
+        .put(tokio_stream::iter(put_requests(&e, 9, &[512, 256], data)))
         .await
         .expect("put")
         .into_inner();

@@ -1,12 +1,17 @@
-//! The transport rule at the edge: before any handler runs, the request's
+//! The transport rules at the edge: before any handler runs, the request's
 //! caller must be admitted for the method's use case
 //! ([`Caller::admits`](crate::caller::Caller::admits)); a refused request is
-//! answered PERMISSION_DENIED without reaching the service.
+//! answered PERMISSION_DENIED without reaching the service. An admitted one
+//! must answer within `request_timeout_secs`, else it is ended with
+//! DEADLINE_EXCEEDED (tonic's own server timeout would say CANCELLED, which
+//! clients read as their own doing); a stream that has started answering
+//! is not cut.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -30,6 +35,8 @@ fn use_case(path: &str) -> Option<UseCase> {
 #[derive(Clone)]
 pub(crate) struct GuardLayer {
     pub trusted_uids: Arc<[u32]>,
+    /// Longest a handler may take to answer (None: no limit).
+    pub deadline: Option<Duration>,
 }
 
 impl<S> Layer<S> for GuardLayer {
@@ -39,15 +46,18 @@ impl<S> Layer<S> for GuardLayer {
         Guard {
             inner,
             trusted_uids: self.trusted_uids.clone(),
+            deadline: self.deadline,
         }
     }
 }
 
-/// Admits or refuses each request before the routes see it.
+/// Admits or refuses each request before the routes see it, and bounds
+/// how long an admitted one may take to answer.
 #[derive(Clone)]
 pub(crate) struct Guard<S> {
     inner: S,
     trusted_uids: Arc<[u32]>,
+    deadline: Option<Duration>,
 }
 
 type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send>>;
@@ -68,7 +78,22 @@ where
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let who = caller::from_extensions(req.extensions(), &self.trusted_uids);
         match who.admits(use_case(req.uri().path())) {
-            Ok(()) => Box::pin(self.inner.call(req)),
+            Ok(()) => {
+                let answer = self.inner.call(req);
+                let Some(limit) = self.deadline else {
+                    return Box::pin(answer);
+                };
+                Box::pin(async move {
+                    match tokio::time::timeout(limit, answer).await {
+                        Ok(answered) => answered,
+                        Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
+                            "no answer within request_timeout_secs ({} s)",
+                            limit.as_secs()
+                        ))
+                        .into_http::<Body>()),
+                    }
+                })
+            }
             Err(e) => {
                 let refused = tonic::Status::from(e).into_http::<Body>();
                 Box::pin(async move { Ok(refused) })

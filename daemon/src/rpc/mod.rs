@@ -67,6 +67,8 @@ pub(crate) async fn serve(
     let cfg = &daemon.config;
     let guard = GuardLayer {
         trusted_uids: cfg.trusted_uids.clone().into(),
+        deadline: (cfg.request_timeout_secs > 0)
+            .then(|| Duration::from_secs(cfg.request_timeout_secs)),
     };
     let open = Arc::new(Semaphore::new(cfg.max_connections));
     let server = |tls: Option<ServerTlsConfig>| -> Result<_, RunError> {
@@ -76,20 +78,16 @@ pub(crate) async fn serve(
                 .tls_config(tls)
                 .map_err(|e| RunError::Serve(format!("TLS for listen_tcp: {e}")))?;
         }
-        let timeout =
-            (cfg.request_timeout_secs > 0).then(|| Duration::from_secs(cfg.request_timeout_secs));
-        let mut b = b
+        let routes = b
             .concurrency_limit_per_connection(cfg.max_requests_per_connection)
             .max_concurrent_streams(cfg.max_streams_per_connection)
             .http2_keepalive_interval(Some(KEEPALIVE))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
-        if let Some(t) = timeout {
-            b = b.timeout(t);
-        }
-        Ok(b.layer(guard.clone())
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .layer(guard.clone())
             .add_service(health.clone())
             .add_service(reflection.clone())
-            .add_service(svc.clone()))
+            .add_service(svc.clone());
+        Ok(routes)
     };
     unix.set_nonblocking(true)
         .map_err(|e| RunError::io("the unix listener", e))?;

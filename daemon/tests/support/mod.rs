@@ -255,6 +255,36 @@ pub async fn read_all(c: &mut CompiledTensorCacheClient<Channel>, key: &str) -> 
     data
 }
 
+/// A Put of `e`'s payload, packed from a FLOAT weight of `source_dims`,
+/// under the source digest `[n; 32]`: the header, then `data` in one chunk.
+pub fn put_requests(
+    e: &api::Entry,
+    n: u8,
+    source_dims: &[u64],
+    data: Vec<u8>,
+) -> Vec<api::PutRequest> {
+    let header = api::PutHeader {
+        source_digest: bytes::Bytes::from(vec![n; 32]),
+        digest_algorithm: "blake3".into(),
+        struct_type: e.struct_type.clone(),
+        dims: e.dims.clone(),
+        device: e.device.clone(),
+        payload_len: e.payload_len,
+        source_name: "W".into(),
+        model_path: String::new(),
+        source_data_type: 1,
+        source_dims: source_dims.to_vec(),
+    };
+    vec![
+        api::PutRequest {
+            part: Some(api::put_request::Part::Header(header)),
+        },
+        api::PutRequest {
+            part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
+        },
+    ]
+}
+
 /// The uid (and gid) attacks run as.
 pub const NOBODY: u32 = 65534;
 
