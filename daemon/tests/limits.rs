@@ -1,5 +1,6 @@
 //! The daemon's connection and call bounds driven as the attacks they stop
-//! (issue 13): a peer holding every connection (`max_connections`), one
+//! (issue 13): a peer holding every connection (`max_connections`), a peer
+//! taking more than its uid's share (`max_connections_per_uid`), one
 //! connection opening more streams than allowed
 //! (`max_streams_per_connection`) and a call that never finishes
 //! (`request_timeout_secs`). Each time the daemon stays bounded and keeps
@@ -59,6 +60,56 @@ async fn a_peer_holding_every_connection_delays_others_until_it_lets_go() {
         .expect("served once the hog's connections closed")
         .unwrap();
     answer.expect("Status once the hog left");
+    status_on_new_connection(&d).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_a_uids_share_are_closed_and_the_share_comes_back() {
+    use tokio::io::AsyncReadExt;
+    let d = InProc::start_with(|c| {
+        c.max_connections = 16;
+        c.max_connections_per_uid = 3;
+    });
+    // The hog (this test's uid) opens 8 silent connections: 3 are kept, the
+    // other 5 are closed by the daemon at once (read sees end of file).
+    let mut hog = Vec::new();
+    for _ in 0..8 {
+        hog.push(tokio::net::UnixStream::connect(&d.socket).await.unwrap());
+    }
+    let (mut kept, mut closed) = (Vec::new(), 0);
+    for mut s in hog {
+        let mut b = [0u8; 64];
+        match timeout(HELD, s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            // Kept: the daemon's HTTP/2 preface, or silence.
+            Ok(Ok(_)) | Err(_) => kept.push(s),
+        }
+    }
+    assert_eq!((kept.len(), closed), (3, 5), "3 kept, 5 closed");
+
+    // The uid's fourth connection, a real client, is refused too ...
+    let socket = d.socket.clone();
+    let lazy = tonic::transport::Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector_lazy(tower::service_fn(move |_| {
+            let path = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }));
+    let refused = timeout(
+        SERVED,
+        CompiledTensorCacheClient::new(lazy).status(api::StatusRequest {}),
+    )
+    .await
+    .expect("refused at once, not held");
+    assert!(refused.is_err(), "served beyond the uid's share");
+
+    // ... and served once the hog gives a place back.
+    drop(kept.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
     status_on_new_connection(&d).await;
 }
 

@@ -147,6 +147,9 @@ pub struct Config {
     /// Open connections, Unix socket and TCP together (more wait to be
     /// accepted).
     pub max_connections: usize,
+    /// Open Unix-socket connections of one uid (trusted uids are not
+    /// counted); more are closed at once.
+    pub max_connections_per_uid: usize,
     /// Requests one connection may have running (more wait).
     pub max_requests_per_connection: usize,
     /// HTTP/2 streams one connection may have open.
@@ -201,6 +204,7 @@ impl Default for Config {
             max_event_subscribers: 64,
             max_memo_entries: 4096,
             max_connections: 512,
+            max_connections_per_uid: 64,
             max_requests_per_connection: 32,
             max_streams_per_connection: 64,
             request_timeout_secs: 1800,
@@ -389,6 +393,10 @@ impl Config {
             ("max_event_subscribers", self.max_event_subscribers as u64),
             ("max_memo_entries", self.max_memo_entries as u64),
             ("max_connections", self.max_connections as u64),
+            (
+                "max_connections_per_uid",
+                self.max_connections_per_uid as u64,
+            ),
             (
                 "max_requests_per_connection",
                 self.max_requests_per_connection as u64,

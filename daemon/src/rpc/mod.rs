@@ -95,15 +95,29 @@ pub(crate) async fn serve(
         tokio::net::UnixListener::from_std(unix)
             .map_err(|e| RunError::io("the unix listener", e))?,
     );
-    // A connection whose peer cannot be read is dropped, not served.
+    // A connection whose peer cannot be read is dropped, not served; so is
+    // one over its uid's share (closed at once, so the hog sees it).
+    let shares = accept::Shares::new(cfg.max_connections_per_uid, &cfg.trusted_uids);
     let unix_incoming = accept::incoming(
         move || {
-            let l = unix.clone();
+            let (l, shares) = (unix.clone(), shares.clone());
             async move {
-                let (s, _) = l.accept().await?;
-                peer::PeerStream::new(s).inspect_err(|e| {
-                    tracing::warn!(error = %e, "cannot read a connection's peer credentials");
-                })
+                loop {
+                    let (s, _) = l.accept().await?;
+                    let s = peer::PeerStream::new(s).inspect_err(|e| {
+                        tracing::warn!(error = %e, "cannot read a connection's peer credentials");
+                    })?;
+                    match shares.take(s.uid()) {
+                        Some(share) => return Ok(s.holding(share)),
+                        None => {
+                            metrics::counter!("ctcache_connections_refused_total").increment(1);
+                            tracing::debug!(
+                                uid = s.uid(),
+                                "connection over the uid's share closed"
+                            );
+                        }
+                    }
+                }
             }
         },
         open.clone(),

@@ -27,6 +27,7 @@ pub(crate) struct PeerInfo {
 pub(crate) struct PeerStream {
     inner: UnixStream,
     info: PeerInfo,
+    _share: Option<super::accept::Share>,
 }
 
 impl PeerStream {
@@ -44,7 +45,19 @@ impl PeerStream {
                 pid: cred.pid(),
             },
             inner,
+            _share: None,
         })
+    }
+
+    /// The peer's uid.
+    pub fn uid(&self) -> u32 {
+        self.info.identity.uid
+    }
+
+    /// The connection, counted in its uid's share until it closes.
+    pub fn holding(mut self, share: Option<super::accept::Share>) -> PeerStream {
+        self._share = share;
+        self
     }
 }
 
