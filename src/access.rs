@@ -29,8 +29,11 @@ const ACL_MAX_BYTES: usize = 64 << 10;
 /// only from the primary gid, which errs towards refusing).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity {
+    /// The user id the checks are for.
     pub uid: u32,
+    /// Its primary group id.
     pub gid: u32,
+    /// Its supplementary group ids (empty where unknown).
     pub groups: Vec<u32>,
 }
 

@@ -15,16 +15,22 @@ use crate::structs::{self, Limits, PhysicalTypeKey, StructError};
 /// Which compiled entry an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryRef {
+    /// Position in `ModelProto.compiled_tensors`.
     pub index: usize,
+    /// The entry's `source_name` (the initializer it compiles).
     pub source_name: String,
 }
 
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckError {
+    /// The rule's short name, e.g. `value.present`.
     pub rule: &'static str,
+    /// The compiled entry at fault; `None` for model-level errors.
     pub entry: Option<EntryRef>,
+    /// The field at fault, e.g. `value.external_data`.
     pub field: String,
+    /// What is wrong, for humans.
     pub message: String,
 }
 
@@ -41,6 +47,7 @@ impl fmt::Display for CheckError {
 /// Checker settings.
 #[derive(Debug, Clone, Default)]
 pub struct CheckOptions {
+    /// Size and depth limits for the structured types and payloads.
     pub limits: Limits,
 }
 
@@ -48,8 +55,11 @@ pub struct CheckOptions {
 /// the checker and the loading rules). Building it never fails: what cannot
 /// be read becomes an error of the model, of an entry or of a source.
 pub struct Checked<'m> {
+    /// The model being checked.
     pub model: &'m Model,
+    /// The compiled-tensor extension of the model, decoded.
     pub ext: Extension,
+    /// The limits the checks apply.
     pub limits: Limits,
     /// How many top-level initializers carry each name (readable names of
     /// unparsable initializers included).
@@ -243,7 +253,8 @@ impl<'m> Checked<'m> {
         out
     }
 
-    pub fn entry_ref(&self, i: usize) -> EntryRef {
+    /// Names compiled entry `i` for an error.
+    pub(crate) fn entry_ref(&self, i: usize) -> EntryRef {
         EntryRef {
             index: i,
             source_name: self.ext.compiled_tensors[i].source_name.clone(),

@@ -17,12 +17,15 @@ use crate::wire::read_varint;
 /// A digest algorithm named by `CompiledTensorProto.digest_algorithm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
+    /// BLAKE3-256, the default.
     #[default]
     Blake3,
+    /// SHA-256.
     Sha256,
 }
 
 impl Algorithm {
+    /// The name written in `digest_algorithm`: `blake3` or `sha256`.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Blake3 => "blake3",
@@ -58,11 +61,14 @@ impl fmt::Display for Algorithm {
 /// A computed source digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SourceDigest {
+    /// The algorithm that produced `bytes`.
     pub algorithm: Algorithm,
+    /// The digest of the canonical raw form (D3).
     pub bytes: [u8; 32],
 }
 
 impl SourceDigest {
+    /// The digest as lowercase hex (store keys and object names).
     pub fn hex(&self) -> String {
         hex::encode(self.bytes)
     }

@@ -17,7 +17,9 @@ use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 /// Whom the files go to, when the process writes for another user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recipient {
+    /// The user who will own the files.
     pub uid: u32,
+    /// The group that will own the files.
     pub gid: u32,
 }
 
@@ -32,7 +34,9 @@ pub struct OutDir {
 /// A file to be written in an open folder.
 #[derive(Debug)]
 pub struct OutFile {
+    /// The open folder the file goes into.
     pub dir: OutDir,
+    /// The file's name in it (one component).
     pub name: OsString,
 }
 

@@ -118,10 +118,12 @@ impl Host {
         &self.keys
     }
 
+    /// The consuming runtime, when the caller named one (`None`: runtime checks are skipped).
     pub fn runtime(&self) -> Option<&RuntimeIdentity> {
         self.runtime.as_ref()
     }
 
+    /// Which physical types the host accepts.
     pub fn accept(&self) -> &Accept {
         &self.accept
     }

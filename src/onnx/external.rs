@@ -7,8 +7,11 @@ use std::path::{Component, Path, PathBuf};
 /// rest of the file) and mandatory for structured payloads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExternalRef {
+    /// The file, relative to the model's folder.
     pub location: String,
+    /// Byte offset in the file.
     pub offset: u64,
+    /// Byte count; `None`: to the end of the file.
     pub length: Option<u64>,
 }
 

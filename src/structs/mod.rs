@@ -53,8 +53,11 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("[{rule}] {path}: {message}")]
 pub struct StructError {
+    /// The rule's short name.
     pub rule: &'static str,
+    /// The field path where it broke.
     pub path: String,
+    /// What was found.
     pub message: String,
 }
 
