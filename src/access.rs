@@ -75,7 +75,7 @@ fn parse_acl(bytes: &[u8]) -> Option<Vec<(Tag, u32)>> {
 
 impl Identity {
     /// Root: the kernel grants reads and writes whatever the mode says.
-    pub fn is_root(&self) -> bool {
+    pub(crate) fn is_root(&self) -> bool {
         self.uid == 0
     }
 

@@ -262,7 +262,7 @@ impl<'m> Checked<'m> {
     }
 
     /// `source_name` resolves to exactly one top-level initializer.
-    pub fn source_rule(&self, i: usize) -> Option<CheckError> {
+    pub(crate) fn source_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let r = self.entry_ref(i);
         match self
@@ -289,7 +289,7 @@ impl<'m> Checked<'m> {
 
     /// Non-empty digest and algorithm fields; a known algorithm's digest
     /// has that algorithm's length.
-    pub fn digest_rule(&self, i: usize) -> Option<CheckError> {
+    pub(crate) fn digest_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let r = self.entry_ref(i);
         let known_len = e
@@ -328,7 +328,7 @@ impl<'m> Checked<'m> {
     }
 
     /// `device` is an in-range model-level index.
-    pub fn device_rule(&self, i: usize) -> Option<CheckError> {
+    pub(crate) fn device_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let n = self.ext.devices.len();
         (usize::try_from(e.device).map_or(true, |d| d >= n)).then(|| {
@@ -403,7 +403,7 @@ impl<'m> Checked<'m> {
     }
 
     /// Every structural error of one entry, in rule order.
-    pub fn entry_errors(&self, i: usize) -> Vec<CheckError> {
+    pub(crate) fn entry_errors(&self, i: usize) -> Vec<CheckError> {
         if let Some(e) = self.undecodable.get(&i) {
             return vec![e.clone()];
         }

@@ -34,7 +34,7 @@ impl Algorithm {
     }
 
     /// Bytes of a digest of this algorithm.
-    pub fn digest_len(self) -> usize {
+    pub(crate) fn digest_len(self) -> usize {
         match self {
             Algorithm::Blake3 | Algorithm::Sha256 => 32,
         }
@@ -143,7 +143,7 @@ fn last_byte_mask(data_type: DataType, n: u64) -> u8 {
 }
 
 /// Feeds the canonical content of `t` to `sink` in order.
-pub fn for_each_content_chunk(
+pub(crate) fn for_each_content_chunk(
     model: &Model,
     t: &TensorRef,
     sink: &mut dyn FnMut(&[u8]),

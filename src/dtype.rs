@@ -38,7 +38,7 @@ impl TypedField {
     }
 
     /// The typed field with `TensorProto` field number `n`, if any.
-    pub fn from_number(n: u32) -> Option<TypedField> {
+    pub(crate) fn from_number(n: u32) -> Option<TypedField> {
         Some(match n {
             4 => TypedField::Float,
             5 => TypedField::Int32,
@@ -186,7 +186,7 @@ impl DataType {
     }
 
     /// The typed field that stores this type's values.
-    pub fn typed_field(self) -> TypedField {
+    pub(crate) fn typed_field(self) -> TypedField {
         match self.0 {
             1 | 14 => TypedField::Float,
             7 => TypedField::Int64,
@@ -200,7 +200,7 @@ impl DataType {
     /// Elements (for sub-byte types: raw bytes, for complex: halves) per
     /// typed-field entry relation: returns the number of typed entries for
     /// `n` elements.
-    pub fn typed_entries(self, n: u64) -> Option<u64> {
+    pub(crate) fn typed_entries(self, n: u64) -> Option<u64> {
         match self.0 {
             14 | 15 => n.checked_mul(2),
             21..=23 => Some(n.div_ceil(2)),
@@ -210,7 +210,7 @@ impl DataType {
     }
 
     /// Bytes of one typed entry in raw form (sub-byte types: one packed byte).
-    pub fn typed_entry_bytes(self) -> usize {
+    pub(crate) fn typed_entry_bytes(self) -> usize {
         match self.0 {
             14 => 4,
             15 => 8,

@@ -57,7 +57,7 @@ pub fn classify(model: &Model, host: &Host, opts: &CheckOptions) -> Vec<EntrySta
 
 /// [`classify`] with digests already known (by initializer name, e.g. from
 /// a memo), which are not computed again.
-pub fn classify_with(
+pub(crate) fn classify_with(
     model: &Model,
     host: &Host,
     opts: &CheckOptions,

@@ -151,7 +151,7 @@ fn architecture(need: &pb::DeviceProto, host: &pb::DeviceProto) -> Result<(), Mi
 
 /// D5 version rule: semver-compatible (same major, host not older) unless
 /// `exact`; versions that are not semver compare as exact strings.
-pub fn version_ok(need: &str, have: &str, exact: bool) -> bool {
+pub(crate) fn version_ok(need: &str, have: &str, exact: bool) -> bool {
     if exact || need.is_empty() {
         return need.is_empty() || need == have;
     }

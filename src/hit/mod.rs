@@ -114,7 +114,7 @@ impl Host {
     }
 
     /// Device keys, parallel to [`Host::devices`].
-    pub fn device_keys(&self) -> &[[u8; 32]] {
+    pub(crate) fn device_keys(&self) -> &[[u8; 32]] {
         &self.keys
     }
 

@@ -30,7 +30,7 @@ pub mod fields {
     pub const GRAPH_INITIALIZER: u32 = 5;
 
     /// True for the extension fields owned by ctcache (D1).
-    pub fn is_compiled_field(number: u32) -> bool {
+    pub(crate) fn is_compiled_field(number: u32) -> bool {
         (MODEL_STRUCT_TYPES..=MODEL_COMPILED_TENSORS).contains(&number)
     }
 }

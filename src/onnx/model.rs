@@ -274,7 +274,7 @@ impl Model {
     /// The top-level graph initializers one by one, in file order: one that
     /// does not parse does not hide the others. Fails only when the graph
     /// itself cannot be walked.
-    pub fn initializer_results(&self) -> Result<Vec<Result<TensorRef, BadInitializer>>> {
+    pub(crate) fn initializer_results(&self) -> Result<Vec<Result<TensorRef, BadInitializer>>> {
         Ok(self
             .graph_fields(GRAPH_INITIALIZER)?
             .into_iter()

@@ -71,7 +71,7 @@ impl TensorRef {
 
     /// The name of a `TensorProto` that may not parse: the last `name`
     /// field readable before the first malformed field, if any.
-    pub fn name_of(model: &[u8], range: Range<usize>) -> Option<String> {
+    pub(crate) fn name_of(model: &[u8], range: Range<usize>) -> Option<String> {
         let mut name = None;
         for field in Fields::with_base(&model[range.clone()], range.start) {
             match field {

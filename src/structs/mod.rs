@@ -76,7 +76,7 @@ impl StructError {
 }
 
 /// The concrete type of a `StructProto` value (after following `type`).
-pub fn resolve_root<'a>(
+pub(crate) fn resolve_root<'a>(
     value: &'a pb::StructProto,
     table: &'a [pb::StructTypeProto],
 ) -> Result<&'a pb::StructTypeProto, StructError> {
