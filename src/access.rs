@@ -29,8 +29,11 @@ const ACL_MAX_BYTES: usize = 64 << 10;
 /// only from the primary gid, which errs towards refusing).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity {
+    /// The user id the checks are for.
     pub uid: u32,
+    /// Its primary group id.
     pub gid: u32,
+    /// Its supplementary group ids (empty where unknown).
     pub groups: Vec<u32>,
 }
 
@@ -72,7 +75,7 @@ fn parse_acl(bytes: &[u8]) -> Option<Vec<(Tag, u32)>> {
 
 impl Identity {
     /// Root: the kernel grants reads and writes whatever the mode says.
-    pub fn is_root(&self) -> bool {
+    pub(crate) fn is_root(&self) -> bool {
         self.uid == 0
     }
 

@@ -15,16 +15,22 @@ use crate::structs::{self, Limits, PhysicalTypeKey, StructError};
 /// Which compiled entry an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryRef {
+    /// Position in `ModelProto.compiled_tensors`.
     pub index: usize,
+    /// The entry's `source_name` (the initializer it compiles).
     pub source_name: String,
 }
 
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckError {
+    /// The rule's short name, e.g. `value.present`.
     pub rule: &'static str,
+    /// The compiled entry at fault; `None` for model-level errors.
     pub entry: Option<EntryRef>,
+    /// The field at fault, e.g. `value.external_data`.
     pub field: String,
+    /// What is wrong, for humans.
     pub message: String,
 }
 
@@ -41,6 +47,7 @@ impl fmt::Display for CheckError {
 /// Checker settings.
 #[derive(Debug, Clone, Default)]
 pub struct CheckOptions {
+    /// Size and depth limits for the structured types and payloads.
     pub limits: Limits,
 }
 
@@ -48,8 +55,11 @@ pub struct CheckOptions {
 /// the checker and the loading rules). Building it never fails: what cannot
 /// be read becomes an error of the model, of an entry or of a source.
 pub struct Checked<'m> {
+    /// The model being checked.
     pub model: &'m Model,
+    /// The compiled-tensor extension of the model, decoded.
     pub ext: Extension,
+    /// The limits the checks apply.
     pub limits: Limits,
     /// How many top-level initializers carry each name (readable names of
     /// unparsable initializers included).
@@ -243,7 +253,8 @@ impl<'m> Checked<'m> {
         out
     }
 
-    pub fn entry_ref(&self, i: usize) -> EntryRef {
+    /// Names compiled entry `i` for an error.
+    pub(crate) fn entry_ref(&self, i: usize) -> EntryRef {
         EntryRef {
             index: i,
             source_name: self.ext.compiled_tensors[i].source_name.clone(),
@@ -251,7 +262,7 @@ impl<'m> Checked<'m> {
     }
 
     /// `source_name` resolves to exactly one top-level initializer.
-    pub fn source_rule(&self, i: usize) -> Option<CheckError> {
+    pub(crate) fn source_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let r = self.entry_ref(i);
         match self
@@ -278,7 +289,7 @@ impl<'m> Checked<'m> {
 
     /// Non-empty digest and algorithm fields; a known algorithm's digest
     /// has that algorithm's length.
-    pub fn digest_rule(&self, i: usize) -> Option<CheckError> {
+    pub(crate) fn digest_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let r = self.entry_ref(i);
         let known_len = e
@@ -317,7 +328,7 @@ impl<'m> Checked<'m> {
     }
 
     /// `device` is an in-range model-level index.
-    pub fn device_rule(&self, i: usize) -> Option<CheckError> {
+    pub(crate) fn device_rule(&self, i: usize) -> Option<CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let n = self.ext.devices.len();
         (usize::try_from(e.device).map_or(true, |d| d >= n)).then(|| {
@@ -392,7 +403,7 @@ impl<'m> Checked<'m> {
     }
 
     /// Every structural error of one entry, in rule order.
-    pub fn entry_errors(&self, i: usize) -> Vec<CheckError> {
+    pub(crate) fn entry_errors(&self, i: usize) -> Vec<CheckError> {
         if let Some(e) = self.undecodable.get(&i) {
             return vec![e.clone()];
         }

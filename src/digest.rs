@@ -17,12 +17,15 @@ use crate::wire::read_varint;
 /// A digest algorithm named by `CompiledTensorProto.digest_algorithm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
+    /// BLAKE3-256, the default.
     #[default]
     Blake3,
+    /// SHA-256.
     Sha256,
 }
 
 impl Algorithm {
+    /// The name written in `digest_algorithm`: `blake3` or `sha256`.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Blake3 => "blake3",
@@ -31,7 +34,7 @@ impl Algorithm {
     }
 
     /// Bytes of a digest of this algorithm.
-    pub fn digest_len(self) -> usize {
+    pub(crate) fn digest_len(self) -> usize {
         match self {
             Algorithm::Blake3 | Algorithm::Sha256 => 32,
         }
@@ -58,11 +61,14 @@ impl fmt::Display for Algorithm {
 /// A computed source digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SourceDigest {
+    /// The algorithm that produced `bytes`.
     pub algorithm: Algorithm,
+    /// The digest of the canonical raw form (D3).
     pub bytes: [u8; 32],
 }
 
 impl SourceDigest {
+    /// The digest as lowercase hex (store keys and object names).
     pub fn hex(&self) -> String {
         hex::encode(self.bytes)
     }
@@ -137,7 +143,7 @@ fn last_byte_mask(data_type: DataType, n: u64) -> u8 {
 }
 
 /// Feeds the canonical content of `t` to `sink` in order.
-pub fn for_each_content_chunk(
+pub(crate) fn for_each_content_chunk(
     model: &Model,
     t: &TensorRef,
     sink: &mut dyn FnMut(&[u8]),

@@ -9,11 +9,18 @@ pub struct DataType(i32);
 /// Which `TensorProto` typed field holds a data type's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TypedField {
+    /// `float_data` (FLOAT, COMPLEX64).
     Float,
+    /// `int32_data` (INT32, the smaller integers, BOOL, FLOAT16 and
+    /// BFLOAT16 as bits, packed sub-byte types).
     Int32,
+    /// `string_data` (STRING).
     String,
+    /// `int64_data` (INT64).
     Int64,
+    /// `double_data` (DOUBLE, COMPLEX128).
     Double,
+    /// `uint64_data` (UINT32, UINT64).
     Uint64,
 }
 
@@ -30,7 +37,8 @@ impl TypedField {
         }
     }
 
-    pub fn from_number(n: u32) -> Option<TypedField> {
+    /// The typed field with `TensorProto` field number `n`, if any.
+    pub(crate) fn from_number(n: u32) -> Option<TypedField> {
         Some(match n {
             4 => TypedField::Float,
             5 => TypedField::Int32,
@@ -42,6 +50,7 @@ impl TypedField {
         })
     }
 
+    /// The field's name in `TensorProto`, e.g. `float_data`.
     pub fn name(self) -> &'static str {
         match self {
             TypedField::Float => "float_data",
@@ -85,26 +94,47 @@ const NAMES: [&str; 27] = [
 ];
 
 impl DataType {
+    /// 32-bit IEEE float (code 1).
     pub const FLOAT: DataType = DataType(1);
+    /// Unsigned 8-bit integer (code 2).
     pub const UINT8: DataType = DataType(2);
+    /// Signed 8-bit integer (code 3).
     pub const INT8: DataType = DataType(3);
+    /// Unsigned 16-bit integer (code 4).
     pub const UINT16: DataType = DataType(4);
+    /// Signed 16-bit integer (code 5).
     pub const INT16: DataType = DataType(5);
+    /// Signed 32-bit integer (code 6).
     pub const INT32: DataType = DataType(6);
+    /// Signed 64-bit integer (code 7).
     pub const INT64: DataType = DataType(7);
+    /// Variable-length byte strings (code 8); has no raw form.
     pub const STRING: DataType = DataType(8);
+    /// Boolean, one byte per element (code 9).
     pub const BOOL: DataType = DataType(9);
+    /// 16-bit IEEE half float (code 10).
     pub const FLOAT16: DataType = DataType(10);
+    /// 64-bit IEEE float (code 11).
     pub const DOUBLE: DataType = DataType(11);
+    /// Unsigned 32-bit integer (code 12).
     pub const UINT32: DataType = DataType(12);
+    /// Unsigned 64-bit integer (code 13).
     pub const UINT64: DataType = DataType(13);
+    /// Complex of two 32-bit floats (code 14).
     pub const COMPLEX64: DataType = DataType(14);
+    /// Complex of two 64-bit floats (code 15).
     pub const COMPLEX128: DataType = DataType(15);
+    /// bfloat16: the upper half of a 32-bit float (code 16).
     pub const BFLOAT16: DataType = DataType(16);
+    /// Unsigned 4-bit integer, two per byte (code 21).
     pub const UINT4: DataType = DataType(21);
+    /// Signed 4-bit integer, two per byte (code 22).
     pub const INT4: DataType = DataType(22);
+    /// 4-bit float E2M1, two per byte (code 23).
     pub const FLOAT4E2M1: DataType = DataType(23);
+    /// Unsigned 2-bit integer, four per byte (code 25).
     pub const UINT2: DataType = DataType(25);
+    /// Signed 2-bit integer, four per byte (code 26).
     pub const INT2: DataType = DataType(26);
 
     /// Every defined, non-UNDEFINED data type.
@@ -121,6 +151,7 @@ impl DataType {
         }
     }
 
+    /// Parses an ONNX name such as `FLOAT16`, case-insensitively; `None` for UNDEFINED or unknown.
     pub fn from_name(name: &str) -> Option<DataType> {
         NAMES
             .iter()
@@ -129,10 +160,12 @@ impl DataType {
             .map(|i| DataType(i as i32))
     }
 
+    /// The `TensorProto.DataType` code.
     pub fn code(self) -> i32 {
         self.0
     }
 
+    /// The ONNX name, e.g. `FLOAT16`.
     pub fn name(self) -> &'static str {
         NAMES[self.0 as usize]
     }
@@ -153,7 +186,7 @@ impl DataType {
     }
 
     /// The typed field that stores this type's values.
-    pub fn typed_field(self) -> TypedField {
+    pub(crate) fn typed_field(self) -> TypedField {
         match self.0 {
             1 | 14 => TypedField::Float,
             7 => TypedField::Int64,
@@ -167,7 +200,7 @@ impl DataType {
     /// Elements (for sub-byte types: raw bytes, for complex: halves) per
     /// typed-field entry relation: returns the number of typed entries for
     /// `n` elements.
-    pub fn typed_entries(self, n: u64) -> Option<u64> {
+    pub(crate) fn typed_entries(self, n: u64) -> Option<u64> {
         match self.0 {
             14 | 15 => n.checked_mul(2),
             21..=23 => Some(n.div_ceil(2)),
@@ -177,7 +210,7 @@ impl DataType {
     }
 
     /// Bytes of one typed entry in raw form (sub-byte types: one packed byte).
-    pub fn typed_entry_bytes(self) -> usize {
+    pub(crate) fn typed_entry_bytes(self) -> usize {
         match self.0 {
             14 => 4,
             15 => 8,

@@ -2,41 +2,73 @@
 
 use std::path::PathBuf;
 
+/// The core crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Why a core operation failed; the message names the file, tensor or field.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An I/O failure; `action` is what was being done ("read", "write").
     #[error("cannot {action} {path}: {source}")]
     Io {
+        /// What was being done: `read` or `write`.
         action: &'static str,
+        /// The file or folder.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// Bytes that do not parse as protobuf.
     #[error("malformed protobuf in {context} at byte {offset}: {problem}")]
     Wire {
+        /// Which message was being read, e.g. `ModelProto`.
         context: String,
+        /// Byte offset of the bad field.
         offset: usize,
+        /// What was wrong with the bytes.
         problem: crate::wire::WireProblem,
     },
+    /// A model that parses but breaks an ONNX rule ctcache relies on.
     #[error("invalid model: {0}")]
     Model(String),
     /// Bytes that are not (or not wholly) an ONNX model; says which.
     #[error("{0}")]
     NotAModel(String),
+    /// An initializer that cannot be read as a tensor.
     #[error("tensor {name:?}: {problem}")]
-    Tensor { name: String, problem: String },
+    Tensor {
+        /// The initializer's name.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// An initializer's external data cannot be resolved or read.
     #[error("tensor {name:?}: external data: {problem}")]
-    External { name: String, problem: String },
+    External {
+        /// The initializer's name.
+        name: String,
+        /// What is wrong with the reference or the file.
+        problem: String,
+    },
+    /// A `TensorProto.DataType` code this build does not know.
     #[error("unknown tensor data type {0}")]
     UnknownDataType(i32),
+    /// A digest algorithm name other than `blake3` or `sha256`.
     #[error("unknown digest algorithm {0:?} (known: blake3, sha256)")]
     UnknownAlgorithm(String),
+    /// A structured type or value breaks a struct rule.
     #[error("struct type: {0}")]
     Struct(#[from] crate::structs::StructError),
+    /// A protobuf message of the extension does not decode.
     #[error("cannot decode {what}: {message}")]
-    Decode { what: String, message: String },
+    Decode {
+        /// Which message, e.g. `CompiledTensorProto`.
+        what: String,
+        /// The decoder's error.
+        message: String,
+    },
+    /// The byte-preserving rewrite cannot produce the model asked for.
     #[error("rewrite: {0}")]
     Rewrite(String),
     /// The filesystem or platform cannot do what was asked.
@@ -44,7 +76,12 @@ pub enum Error {
     Unsupported(String),
     /// A file that is not (or not wholly) what it should be, by name.
     #[error("{}: {problem}", path.display())]
-    InFile { path: PathBuf, problem: Box<Error> },
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: Box<Error>,
+    },
 }
 
 impl Error {

@@ -23,10 +23,15 @@ pub fn atomic_write(
 /// ctime to the nanosecond).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FileStamp {
+    /// Device id of the file system.
     pub dev: u64,
+    /// Inode number.
     pub ino: u64,
+    /// Length in bytes.
     pub size: u64,
+    /// Modification time, ns since the epoch.
     pub mtime_ns: i128,
+    /// Inode change time, ns since the epoch.
     pub ctime_ns: i128,
 }
 

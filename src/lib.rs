@@ -4,6 +4,8 @@
 //! No async runtime and no networking live here; the daemon and the clients
 //! build on these types.
 
+#![deny(missing_docs)]
+
 pub mod access;
 pub mod check;
 pub mod device;

@@ -17,7 +17,9 @@ use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 /// Whom the files go to, when the process writes for another user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recipient {
+    /// The user who will own the files.
     pub uid: u32,
+    /// The group that will own the files.
     pub gid: u32,
 }
 
@@ -32,7 +34,9 @@ pub struct OutDir {
 /// A file to be written in an open folder.
 #[derive(Debug)]
 pub struct OutFile {
+    /// The open folder the file goes into.
     pub dir: OutDir,
+    /// The file's name in it (one component).
     pub name: OsString,
 }
 
@@ -114,7 +118,7 @@ impl OutDir {
     /// The subfolder `name`, made here when missing. An existing one must
     /// be a real folder (not a link) and, when writing for someone, theirs.
     /// Returns the folder and whether it was made now.
-    pub fn subdir(&self, name: &OsStr) -> io::Result<(OutDir, bool)> {
+    pub(crate) fn subdir(&self, name: &OsStr) -> io::Result<(OutDir, bool)> {
         let made = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o755)) {
             Ok(()) => true,
             Err(rustix::io::Errno::EXIST) => false,
@@ -150,7 +154,7 @@ impl OutDir {
 
     /// A new file for `name`: read-only when `read_only` (immutable payload
     /// files), else 0644.
-    pub fn create_temp(&self, name: &OsStr, read_only: bool) -> io::Result<(File, Temp)> {
+    pub(crate) fn create_temp(&self, name: &OsStr, read_only: bool) -> io::Result<(File, Temp)> {
         let mode = Mode::from_raw_mode(if read_only { 0o444 } else { 0o644 });
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
         loop {
@@ -173,7 +177,7 @@ impl OutDir {
 
     /// A hard link to `src` under a temp name for `name` (it keeps `src`'s
     /// owner: the file is shared, not given away).
-    pub fn link_temp(&self, src: &Path, name: &OsStr) -> io::Result<Temp> {
+    pub(crate) fn link_temp(&self, src: &Path, name: &OsStr) -> io::Result<Temp> {
         loop {
             let temp = Temp::for_name(name)?;
             match rustix::fs::linkat(CWD, src, &self.fd, &temp.name, AtFlags::empty()) {
@@ -276,7 +280,7 @@ impl OutDir {
     /// Removes the regular files here not named in `keep`, when writing
     /// for oneself; writing for someone else removes nothing (the daemon
     /// deletes only what it made for the request at hand).
-    pub fn prune(&self, keep: &[&OsStr]) -> io::Result<()> {
+    pub(crate) fn prune(&self, keep: &[&OsStr]) -> io::Result<()> {
         if self.recipient.is_some() {
             return Ok(());
         }

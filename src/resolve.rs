@@ -24,19 +24,27 @@ use crate::structs::{self, PhysicalTypeKey};
 /// Hit (with the host device index) or miss.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {
-    Hit { host_device: usize },
+    /// The entry can be used.
+    Hit {
+        /// Index of the first host device it fits, in [`Host::devices`](crate::hit::Host::devices).
+        host_device: usize,
+    },
+    /// The entry cannot be used, and why.
     Miss(MissReason),
 }
 
 /// The classification of one compiled entry.
 #[derive(Debug, Clone)]
 pub struct EntryStatus {
+    /// Position in `ModelProto.compiled_tensors`.
     pub index: usize,
+    /// The initializer the entry compiles.
     pub source_name: String,
     /// Human form of the entry's device (empty when the index is invalid).
     pub device: String,
     /// The physical type's name (empty when it does not resolve).
     pub physical_type: String,
+    /// Hit or miss, with the reason.
     pub status: Status,
     /// The layout a hit was recognized as (packer, parameters).
     pub layout: Option<Arc<KnownLayout>>,
@@ -49,7 +57,7 @@ pub fn classify(model: &Model, host: &Host, opts: &CheckOptions) -> Vec<EntrySta
 
 /// [`classify`] with digests already known (by initializer name, e.g. from
 /// a memo), which are not computed again.
-pub fn classify_with(
+pub(crate) fn classify_with(
     model: &Model,
     host: &Host,
     opts: &CheckOptions,
@@ -91,22 +99,30 @@ pub fn classify_with(
 /// An embedded entry fit to be stored: everything a store put needs.
 #[derive(Debug, Clone)]
 pub struct ImportEntry {
+    /// The source digest, checked against the model.
     pub source: SourceDigest,
+    /// The source's data type and dims.
     pub source_shape: SourceShape,
+    /// The entry's device.
     pub device: pb::DeviceProto,
     /// The concrete type, canonical (references inlined, doc strings cleared).
     pub physical_type: pb::StructTypeProto,
+    /// `StructProto.dims` of the payload.
     pub dims: Vec<u64>,
     /// The payload bytes (borrowed from the model or sidecar mapping).
     pub payload: Bytes,
+    /// The layout the entry was recognized as; `None` when this build does not know it.
     pub layout: Option<Arc<KnownLayout>>,
 }
 
 /// One entry of a model as import sees it.
 #[derive(Debug, Clone)]
 pub struct Importable {
+    /// Position in `ModelProto.compiled_tensors`.
     pub index: usize,
+    /// The initializer the entry compiles.
     pub source_name: String,
+    /// The entry to store, or why it is not imported.
     pub entry: Result<ImportEntry, MissReason>,
 }
 

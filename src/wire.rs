@@ -7,22 +7,32 @@ use std::ops::Range;
 /// What was wrong with the bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireProblem {
+    /// The input ends inside a field.
     #[error("truncated input")]
     Truncated,
+    /// A varint runs past 10 bytes or 64 bits.
     #[error("varint longer than 10 bytes")]
     VarintTooLong,
+    /// A tag with field number 0.
     #[error("field number 0")]
     FieldZero,
+    /// A field number above the protobuf maximum.
     #[error("field number beyond 2^29")]
     FieldNumberTooLarge,
+    /// Wire type 3, 4 (groups) or above 5.
     #[error("unsupported wire type {0} (groups are not used by ONNX)")]
     BadWireType(u8),
+    /// A length prefix larger than the rest of the input.
     #[error("declared length {0} exceeds the remaining input")]
     LengthTooLarge(u64),
+    /// A field has another wire type than its schema gives.
     #[error("field {field} has wire type {got}, expected {expected}")]
     UnexpectedWireType {
+        /// The field number.
         field: u32,
+        /// The wire type found.
         got: &'static str,
+        /// The wire type the schema gives.
         expected: &'static str,
     },
 }
@@ -30,13 +40,18 @@ pub enum WireProblem {
 /// The value of one field occurrence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value<'a> {
+    /// Wire type 0.
     Varint(u64),
+    /// Wire type 1.
     Fixed64(u64),
+    /// Wire type 2: the value bytes.
     Bytes(&'a [u8]),
+    /// Wire type 5.
     Fixed32(u32),
 }
 
 impl Value<'_> {
+    /// The wire type's name, for messages.
     pub fn kind(&self) -> &'static str {
         match self {
             Value::Varint(_) => "varint",
@@ -51,8 +66,11 @@ impl Value<'_> {
 /// (tag included) in the buffer being walked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Field<'a> {
+    /// The field number.
     pub number: u32,
+    /// The decoded value.
     pub value: Value<'a>,
+    /// Tag to end of value, relative to the walker's base.
     pub span: Range<usize>,
     /// Offset of the value bytes (for `Bytes`: the payload start).
     pub value_start: usize,
@@ -67,6 +85,7 @@ impl<'a> Field<'a> {
         }
     }
 
+    /// The value of a varint field, or an error naming the field.
     pub fn varint(&self) -> Result<u64, WireError> {
         match self.value {
             Value::Varint(v) => Ok(v),
@@ -86,9 +105,12 @@ impl<'a> Field<'a> {
     }
 }
 
+/// A malformed buffer: what was wrong and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireError {
+    /// Byte offset of the bad field or varint.
     pub offset: usize,
+    /// What was wrong.
     pub problem: WireProblem,
 }
 
@@ -131,11 +153,13 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// Walks `buf` with offsets from 0.
     pub fn new(buf: &'a [u8]) -> Self {
         Self::with_base(buf, 0)
     }
 
-    pub fn with_base(buf: &'a [u8], base: usize) -> Self {
+    /// Walks `buf` with offsets from `base` (the position of `buf` in the file).
+    pub(crate) fn with_base(buf: &'a [u8], base: usize) -> Self {
         Fields {
             buf,
             pos: 0,

@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 
+/// The client's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Why a client call failed; the message tells the user what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Nothing listens on the socket (no file, or a stale one).
@@ -14,7 +16,9 @@ pub enum Error {
         .socket.display()
     )]
     NotRunning {
+        /// The socket that was tried.
         socket: PathBuf,
+        /// The connect error (not found, connection refused).
         #[source]
         source: std::io::Error,
     },
@@ -25,7 +29,9 @@ pub enum Error {
         sock = .socket.display()
     )]
     PermissionDenied {
+        /// The socket that was tried.
         socket: PathBuf,
+        /// The permission error.
         #[source]
         source: std::io::Error,
     },
@@ -34,10 +40,20 @@ pub enum Error {
         "{} is not a socket (it is {kind}); pass the daemon's socket with --socket or CTCACHE_SOCKET",
         .socket.display()
     )]
-    NotASocket { socket: PathBuf, kind: &'static str },
+    NotASocket {
+        /// The path given as the socket.
+        socket: PathBuf,
+        /// What the path is instead: `a folder` or `a regular file`.
+        kind: &'static str,
+    },
     /// Any other failure to set up the connection.
     #[error("cannot connect to ctcached at {}: {detail}", .socket.display())]
-    Connect { socket: PathBuf, detail: String },
+    Connect {
+        /// The socket that was tried.
+        socket: PathBuf,
+        /// The transport's error, as text.
+        detail: String,
+    },
     /// The daemon went away during a call.
     #[error(
         "ctcached at {} stopped answering during {rpc}: {message}; check that it still runs \
@@ -45,26 +61,41 @@ pub enum Error {
         .socket.display()
     )]
     Unavailable {
+        /// The daemon's socket.
         socket: PathBuf,
+        /// The RPC that was running, e.g. `ResolveModel`.
         rpc: &'static str,
+        /// The transport's error, as text.
         message: String,
     },
     /// The daemon refused or failed a call; `message` is its explanation.
     #[error("{message}")]
     Rpc {
+        /// The RPC that was refused, e.g. `Put`.
         rpc: &'static str,
+        /// The gRPC status code the daemon answered with.
         code: tonic::Code,
+        /// The daemon's explanation, shown to the user as is.
         message: String,
     },
     /// The payload read does not match its entry.
     #[error("payload of entry {key} is damaged: {detail}; run `ctcachectl verify`")]
-    PayloadMismatch { key: String, detail: String },
+    PayloadMismatch {
+        /// The entry's key.
+        key: String,
+        /// What differs (length or hash).
+        detail: String,
+    },
+    /// A local file (model, output, payload) could not be read or mapped.
     #[error("{}: {source}", .path.display())]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// The caller's input or a local step failed before anything reached the daemon.
     #[error("{0}")]
     InvalidArgument(String),
 }

@@ -15,6 +15,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 mod error;
 mod payload;
 mod socket;
@@ -42,11 +44,14 @@ const PUT_CHUNK: usize = 1 << 20;
 /// Options of [`Client::resolve_model`].
 #[derive(Debug, Clone, Default)]
 pub struct ResolveOptions {
+    /// Whether misses start pack jobs, and whether the call waits for them.
     pub on_miss: api::OnMiss,
     /// Formats to resolve; empty = the daemon's policy.
     pub formats: Vec<api::FormatSpec>,
     /// The caller's devices; empty = the daemon's host devices.
     pub devices: Vec<ctcache::pb::DeviceProto>,
+    /// The caller's runtime (name, version) for the runtime checks of
+    /// entries (D5); `None` skips them.
     pub runtime: Option<api::RuntimeIdentity>,
 }
 
@@ -126,6 +131,7 @@ impl Client {
         &self.socket
     }
 
+    /// The daemon host's devices as `DeviceProto`s (D5).
     pub async fn get_host_devices(&self) -> Result<Vec<ctcache::pb::DeviceProto>> {
         Ok(unary!(
             self,
@@ -136,6 +142,7 @@ impl Client {
         .devices)
     }
 
+    /// The packers (formats) the daemon can produce, with their parameters.
     pub async fn list_formats(&self) -> Result<Vec<api::FormatInfo>> {
         Ok(unary!(
             self,
@@ -146,10 +153,12 @@ impl Client {
         .formats)
     }
 
+    /// Entries usable by the caller for one source digest.
     pub async fn lookup(&self, req: api::LookupRequest) -> Result<api::LookupResponse> {
         unary!(self, "Lookup", lookup, req)
     }
 
+    /// [`Client::lookup`] for several digests in one call; answers in request order.
     pub async fn batch_lookup(
         &self,
         requests: Vec<api::LookupRequest>,
@@ -240,6 +249,8 @@ impl Client {
         Ok(out)
     }
 
+    /// Pins entry `key` against gc for `ttl` (the daemon clamps it to its
+    /// limit); returns the lease.
     pub async fn acquire_lease(&self, key: &str, ttl: Duration) -> Result<api::LeaseResponse> {
         let req = api::AcquireLeaseRequest {
             key: key.into(),
@@ -248,6 +259,7 @@ impl Client {
         unary!(self, "AcquireLease", acquire_lease, req)
     }
 
+    /// Extends a lease to `ttl` from now.
     pub async fn renew_lease(&self, lease_id: u64, ttl: Duration) -> Result<api::LeaseResponse> {
         let req = api::RenewLeaseRequest {
             lease_id,
@@ -256,6 +268,7 @@ impl Client {
         unary!(self, "RenewLease", renew_lease, req)
     }
 
+    /// Ends a lease; the entry may be collected again.
     pub async fn release_lease(&self, lease_id: u64) -> Result<()> {
         unary!(
             self,
@@ -272,6 +285,7 @@ impl Client {
         self.open_payload_with(entry, &OpenOptions::default()).await
     }
 
+    /// [`Client::open_payload`] with explicit options (mapping, lease ttl).
     pub async fn open_payload_with(
         &self,
         entry: &api::Entry,
@@ -299,37 +313,45 @@ impl Client {
         unary!(self, "Materialize", materialize, req)
     }
 
+    /// Copies the compiled tensors a model carries into the store.
     pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
         let model_path = absolute(model.as_ref())?.display().to_string();
         unary!(self, "Import", import, api::ImportRequest { model_path })
     }
 
+    /// Entry counts, bytes per format and device, hits, misses and leases.
     pub async fn stats(&self) -> Result<api::StatsResponse> {
         unary!(self, "Stats", stats, api::StatsRequest {})
     }
 
+    /// Entries matching the filters of `req` (format, device, digest, model).
     pub async fn list(&self, req: api::ListRequest) -> Result<Vec<api::Entry>> {
         Ok(unary!(self, "List", list, req)?.entries)
     }
 
+    /// Collects unleased entries over the size or age budget (or reports them, with `dry_run`).
     pub async fn gc(&self, req: api::GcRequest) -> Result<api::GcResponse> {
         unary!(self, "Gc", gc, req)
     }
 
+    /// Checks every payload against its hash; `repair` also removes orphans and dangling records.
     pub async fn verify(&self, repair: bool) -> Result<api::VerifyResponse> {
         unary!(self, "Verify", verify, api::VerifyRequest { repair })
     }
 
+    /// Adds a folder the daemon watches for new models; returns every watched folder.
     pub async fn add_watch(&self, dir: impl AsRef<Path>) -> Result<Vec<String>> {
         let dir = absolute(dir.as_ref())?.display().to_string();
         Ok(unary!(self, "AddWatch", add_watch, api::WatchRequest { dir })?.dirs)
     }
 
+    /// Stops watching a folder; returns the folders still watched.
     pub async fn remove_watch(&self, dir: impl AsRef<Path>) -> Result<Vec<String>> {
         let dir = absolute(dir.as_ref())?.display().to_string();
         Ok(unary!(self, "RemoveWatch", remove_watch, api::WatchRequest { dir })?.dirs)
     }
 
+    /// The folders the daemon watches.
     pub async fn list_watches(&self) -> Result<Vec<String>> {
         Ok(unary!(
             self,
@@ -346,6 +368,7 @@ impl Client {
         Ok(MessageStream::new(s, "Events", self.socket.clone()))
     }
 
+    /// The daemon's identity, uptime and counters (`ctcachectl status`).
     pub async fn status(&self) -> Result<api::StatusResponse> {
         unary!(self, "Status", status, api::StatusRequest {})
     }

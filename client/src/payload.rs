@@ -70,6 +70,7 @@ impl MappedPayload {
         self.lease.as_ref().map(|l| l.id.load(Ordering::Relaxed))
     }
 
+    /// The payload's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
             Data::Mapped(m) => m,

@@ -7,6 +7,8 @@
 //! `rpc/` the gRPC edge; the scheduler, watcher, policy and digest memo
 //! serve the use cases.
 
+#![deny(missing_docs)]
+
 pub mod config;
 pub mod logging;
 

@@ -24,6 +24,7 @@ fn stderr_is_journal() -> bool {
     dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
 }
 
+/// Installs the global tracing subscriber on stderr (once; later calls do nothing).
 pub fn init(format: LogFormat, level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let format = match format {

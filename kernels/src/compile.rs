@@ -15,26 +15,47 @@ use crate::{OutputBuffer, PackError, PackedLayout, Packer, Params, SourceTensor}
 /// Why an initializer could not be compiled.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
+    /// The model could not be read, digested or rewritten.
     #[error("{0}")]
     Model(#[from] ctcache::Error),
+    /// The packer refused or failed on one initializer.
     #[error("{name}: {source}")]
-    Pack { name: String, source: PackError },
+    Pack {
+        /// The initializer's name.
+        name: String,
+        /// Why the packer refused it.
+        source: PackError,
+    },
+    /// The wgpu backend was asked for explicitly and could not pack this initializer.
     #[error("{name}: wgpu backend: {message}")]
-    Gpu { name: String, message: String },
+    Gpu {
+        /// The initializer's name.
+        name: String,
+        /// The GPU error, as text.
+        message: String,
+    },
 }
 
 /// One packed initializer.
 #[derive(Debug, Clone)]
 pub struct Compiled {
+    /// The initializer's name in the source model.
     pub source_name: String,
+    /// Canonical digest of the source tensor (D3), part of the store key.
     pub digest: SourceDigest,
     /// The source's data type and dims (the store records them, D9).
     pub source_shape: SourceShape,
+    /// The output type, its dims and the payload length.
     pub layout: PackedLayout,
+    /// What a device must offer to consume the payload (D5).
     pub device: pb::DeviceProto,
+    /// The packed bytes, exactly `layout.payload_len` long.
     pub payload: Bytes,
+    /// Id of the packer that produced it, e.g. `ort.matmul_nbits`.
     pub packer_id: &'static str,
+    /// The packer's `ctcache.format_version`.
     pub packer_version: u32,
+    /// Wall time of the pack alone (not the digest or the raw-form read).
     pub duration: Duration,
     /// The backend that packed it.
     pub backend: crate::Backend,

@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+/// An instruction set a kernel can be written for; every one gives the same bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// Portable Rust, written so the compiler can vectorize it.
@@ -21,6 +22,7 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// Every instruction set, available on this CPU or not (tests iterate it).
     pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
 
     /// The best instruction set of this CPU.
@@ -51,6 +53,7 @@ impl Isa {
         Isa::ALL.into_iter().filter(|i| i.available()).collect()
     }
 
+    /// The name used in flags, benchmarks and logs, e.g. `avx2`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -60,6 +63,7 @@ impl Isa {
         }
     }
 
+    /// Parses an [`Isa::name`]; `None` for any other string.
     pub fn from_name(name: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.name() == name)
     }

@@ -16,7 +16,9 @@ pub const PACKER_KEY: &str = "ctcache.packer";
 /// An array count: fixed, or `StructProto.dims[i]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
+    /// A count fixed by the format (e.g. the block size).
     Fixed(u64),
+    /// The count is `StructProto.dims[i]`, set per payload.
     Dim(u32),
 }
 

@@ -5,6 +5,8 @@
 //! Every packer implements [`Packer`]; [`catalogue`] lists them and [`find`]
 //! looks one up by id.
 
+#![deny(missing_docs)]
+
 pub mod buffer;
 pub mod compile;
 pub mod decoder;

@@ -9,10 +9,13 @@ use crate::packer::PackError;
 /// One accepted parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParamSpec {
+    /// The key, as written in `key=value`.
     pub name: &'static str,
     /// Every accepted value, spelled as it must be written.
     pub allowed: &'static [&'static str],
+    /// The value used when the key is not given.
     pub default: &'static str,
+    /// One line for humans (listed by the CLI with the packers).
     pub doc: &'static str,
 }
 
@@ -21,6 +24,7 @@ pub struct ParamSpec {
 pub struct Params(BTreeMap<String, String>);
 
 impl Params {
+    /// No parameters: every packer then uses its defaults.
     pub fn new() -> Params {
         Params::default()
     }
@@ -55,10 +59,12 @@ impl Params {
         self
     }
 
+    /// The value given for `key`, if any (defaults are applied by the packer).
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
     }
 
+    /// The given parameters in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }

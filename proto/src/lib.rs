@@ -2,6 +2,8 @@
 //! generated from `proto/ctcache/v1/ctcache.proto`, and the conversions
 //! between the core's types and these messages ([`convert`]).
 
+#![deny(missing_docs)]
+
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("ctcache.v1");

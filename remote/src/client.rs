@@ -23,18 +23,26 @@ use crate::manifest::MAX_MANIFEST_BYTES;
 const MULTIPART_ABOVE: usize = 32 << 20;
 const PART_BYTES: usize = 16 << 20;
 
+/// Why a remote request failed; the caller counts it against the breaker and misses.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
+    /// No answer, or a stalled stream, within the configured timeout.
     #[error("the remote did not answer within {0:?}")]
     Timeout(Duration),
+    /// The object store client failed (network, auth, not found, ...).
     #[error("{0}")]
     Store(#[from] object_store::Error),
+    /// An object's size differs from what its manifest or the limit allows.
     #[error("object {path} has {len} bytes, expected {want}")]
     Size {
+        /// The object's name in the bucket.
         path: String,
+        /// Its size as the server reports it, bytes.
         len: u64,
+        /// The size expected: an exact length or `at most N`.
         want: String,
     },
+    /// The `[remote]` config cannot build a client (bad URL, endpoint, ...).
     #[error("remote config: {0}")]
     Config(String),
 }

@@ -16,7 +16,9 @@ pub enum FetchMode {
     /// are measured).
     #[default]
     Auto,
+    /// Fetch on every local miss.
     Always,
+    /// Never fetch (uploads still follow `write`).
     Never,
 }
 
@@ -50,6 +52,7 @@ pub struct RemoteConfig {
     /// Public keys (`name:base64`) whose manifests this host accepts; its
     /// own signing key is always trusted.
     pub trusted_keys: Vec<String>,
+    /// When a local miss asks the remote.
     pub fetch: FetchMode,
 }
 
@@ -75,6 +78,7 @@ impl Default for RemoteConfig {
 /// A bucket and the prefix inside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
+    /// The bucket name, checked against the S3 naming rules.
     pub bucket: String,
     /// No leading or trailing `/`.
     pub prefix: String,
@@ -109,13 +113,18 @@ pub fn parse_url(url: &str) -> Result<Location, String> {
 
 /// The config, checked: location parsed, keys loaded.
 pub struct Settings {
+    /// The config as given.
     pub config: RemoteConfig,
+    /// `url`, parsed.
     pub location: Location,
+    /// The key loaded from `signing_key_file`; `None`: this host does not upload.
     pub signing_key: Option<SecretKey>,
+    /// `trusted_keys` plus this host's own public key.
     pub trust: Trust,
 }
 
 impl Settings {
+    /// Checks `config` and loads its keys; the error names the bad setting.
     pub fn new(config: RemoteConfig) -> Result<Settings, String> {
         let location = parse_url(&config.url)?;
         if config.timeout_ms == 0 {
@@ -139,6 +148,7 @@ impl Settings {
         })
     }
 
+    /// `timeout_ms` as a duration.
     pub fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.config.timeout_ms)
     }

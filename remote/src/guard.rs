@@ -10,13 +10,16 @@ use ctcache::store::EntryKey;
 
 /// Failures in a row that open the breaker.
 pub const BREAKER_FAILURES: u32 = 3;
+/// How long an open breaker skips the remote before it probes again.
 pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// How long a remote miss is remembered.
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(60);
 const NEGATIVE_MAX: usize = 65_536;
 
+/// Where a [`Breaker`] stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
+    /// The remote is used.
     Closed,
     /// Skipping the remote until the cool-down ends.
     Open,
@@ -25,6 +28,7 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
+    /// The name shown in status and metrics: `closed`, `open` or `half-open`.
     pub fn name(self) -> &'static str {
         match self {
             BreakerState::Closed => "closed",
@@ -34,6 +38,7 @@ impl BreakerState {
     }
 }
 
+/// A circuit breaker for one remote: opens after `threshold` failures in a row.
 #[derive(Debug)]
 pub struct Breaker {
     failures: u32,
@@ -49,6 +54,7 @@ impl Default for Breaker {
 }
 
 impl Breaker {
+    /// A breaker that opens after `threshold` (at least 1) failures and stays open for `cooldown`.
     pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
         Breaker {
             failures: 0,
@@ -58,6 +64,7 @@ impl Breaker {
         }
     }
 
+    /// The state at `now`.
     pub fn state(&self, now: Instant) -> BreakerState {
         match self.open_until {
             None => BreakerState::Closed,
@@ -80,6 +87,7 @@ impl Breaker {
         }
     }
 
+    /// Counts a success: closes the breaker and resets the failure count.
     pub fn success(&mut self) {
         self.failures = 0;
         self.open_until = None;
@@ -112,6 +120,7 @@ impl Default for NegativeCache {
 }
 
 impl NegativeCache {
+    /// A cache that remembers misses for `ttl` and holds at most `max` (at least 1) keys.
     pub fn new(ttl: Duration, max: usize) -> NegativeCache {
         NegativeCache {
             until: HashMap::new(),
@@ -120,10 +129,12 @@ impl NegativeCache {
         }
     }
 
+    /// Whether the remote missed `key` within the last `ttl` before `now`.
     pub fn known_miss(&self, key: &EntryKey, now: Instant) -> bool {
         self.until.get(key).is_some_and(|t| now < *t)
     }
 
+    /// Remembers that the remote missed `key` at `now`; when full, drops expired keys (or all).
     pub fn remember(&mut self, key: EntryKey, now: Instant) {
         if self.until.len() >= self.max {
             self.until.retain(|_, t| now < *t);
@@ -135,6 +146,7 @@ impl NegativeCache {
         self.until.insert(key, now + self.ttl);
     }
 
+    /// Forgets a miss (the key is known to exist now).
     pub fn forget(&mut self, key: &EntryKey) {
         self.until.remove(key);
     }

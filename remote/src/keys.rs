@@ -12,23 +12,39 @@ use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 /// Longest key name accepted (it is a label, not data).
 const MAX_NAME_LEN: usize = 128;
 
+/// Why a key could not be read, parsed or written.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
+    /// Reading or writing a key file failed.
     #[error("{path}: {source}")]
     Io {
+        /// The key file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The text is not `<name>:<base64 of 32 bytes>` or not a valid key.
     #[error("key {text:?}: {detail}")]
-    Malformed { text: String, detail: String },
+    Malformed {
+        /// The key's name part only (secret material is never echoed).
+        text: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A new key would overwrite an existing file.
     #[error("{path} exists; refusing to overwrite a key")]
-    Exists { path: PathBuf },
+    Exists {
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// The system random source failed while generating a key.
     #[error("no system randomness: {0}")]
     Random(String),
 }
 
 /// A key this host signs manifests with.
 pub struct SecretKey {
+    /// The key's label; manifests carry it so readers can name the signer.
     pub name: String,
     key: SigningKey,
 }
@@ -36,7 +52,9 @@ pub struct SecretKey {
 /// A public key whose manifests a host accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublicKey {
+    /// The key's label, as in `trusted_keys`.
     pub name: String,
+    /// The Ed25519 public key.
     pub key: VerifyingKey,
 }
 
@@ -74,6 +92,7 @@ fn check_name(name: &str) -> Result<(), &'static str> {
 }
 
 impl PublicKey {
+    /// Parses `<name>:<base64 public key>`, as written in `trusted_keys`.
     pub fn parse(text: &str) -> Result<PublicKey, KeyError> {
         let (name, bytes) = split(text, "public key")?;
         let key = VerifyingKey::from_bytes(&bytes).map_err(|e| KeyError::Malformed {
@@ -86,6 +105,7 @@ impl PublicKey {
         })
     }
 
+    /// The `<name>:<base64>` form that [`PublicKey::parse`] reads.
     pub fn to_text(&self) -> String {
         format!("{}:{}", self.name, STANDARD.encode(self.key.as_bytes()))
     }
@@ -106,6 +126,7 @@ impl SecretKey {
         })
     }
 
+    /// Parses `<name>:<base64 seed>`, the content of a secret key file.
     pub fn parse(text: &str) -> Result<SecretKey, KeyError> {
         let (name, seed) = split(text, "secret key")?;
         Ok(SecretKey {
@@ -114,6 +135,7 @@ impl SecretKey {
         })
     }
 
+    /// Reads a secret key file (one line, as [`SecretKey::parse`] takes it).
     pub fn load(path: &Path) -> Result<SecretKey, KeyError> {
         let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io {
             path: path.to_path_buf(),
@@ -122,6 +144,7 @@ impl SecretKey {
         SecretKey::parse(&text)
     }
 
+    /// The public half, to hand to other hosts' `trusted_keys`.
     pub fn public(&self) -> PublicKey {
         PublicKey {
             name: self.name.clone(),

@@ -11,6 +11,7 @@ pub const LAYOUT: &str = "v1";
 /// The two objects of one entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryObjects {
+    /// The payload object, uploaded first.
     pub payload: String,
     /// Written last: an entry exists once its manifest does.
     pub manifest: String,
@@ -34,6 +35,7 @@ pub fn entry_dir(prefix: &str, key: &EntryKey) -> String {
     }
 }
 
+/// The payload and manifest object names of `key` under `prefix`.
 pub fn objects(prefix: &str, key: &EntryKey) -> EntryObjects {
     let dir = entry_dir(prefix, key);
     EntryObjects {

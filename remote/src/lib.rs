@@ -6,6 +6,8 @@
 //! with the `client` feature, the async object store client ([`client`]).
 //! The core crate stays free of async and network code.
 
+#![deny(missing_docs)]
+
 pub mod config;
 pub mod guard;
 pub mod keys;

@@ -25,18 +25,35 @@ pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Why a manifest was not accepted. Each is a miss with this name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
+    /// The manifest or its entry does not decode, or a field is out of range.
     #[error("the manifest is malformed: {0}")]
     Malformed(String),
+    /// The manifest carries no signature.
     #[error("the manifest is unsigned")]
     Unsigned,
+    /// The signing key is not among the trusted keys.
     #[error("the manifest is signed by {name:?}, which is not a trusted key")]
-    UntrustedKey { name: String },
+    UntrustedKey {
+        /// The key name the manifest gives.
+        name: String,
+    },
+    /// The signature does not verify over the manifest's bytes.
     #[error("the signature of {name:?} does not match the manifest")]
-    BadSignature { name: String },
+    BadSignature {
+        /// The name of the trusted key that was checked.
+        name: String,
+    },
+    /// The manifest describes another entry than the one requested (the text is its key).
     #[error("the manifest describes another entry ({0})")]
     OtherEntry(String),
+    /// The payload is larger than the limit the reader gave (`max_object_bytes`).
     #[error("the payload has {len} bytes, over the limit of {max}")]
-    TooLarge { len: u64, max: u64 },
+    TooLarge {
+        /// The payload length the manifest names, bytes.
+        len: u64,
+        /// The configured limit, bytes.
+        max: u64,
+    },
 }
 
 impl Rejected {
@@ -60,6 +77,7 @@ pub struct Trust {
 }
 
 impl Trust {
+    /// Trusts exactly `keys`.
     pub fn new(keys: Vec<PublicKey>) -> Trust {
         Trust { keys }
     }
@@ -68,6 +86,7 @@ impl Trust {
         self.keys.iter().find(|k| k.key.as_bytes() == key)
     }
 
+    /// Whether no key is trusted (then no manifest can be accepted).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -123,7 +142,9 @@ pub fn seal(entry: &RemoteEntry, key: Option<&SecretKey>) -> Vec<u8> {
 /// A manifest that passed every check.
 #[derive(Debug, Clone)]
 pub struct Accepted {
+    /// The decoded record of the entry.
     pub entry: RemoteEntry,
+    /// The payload's length and blake3, which the fetched bytes must match.
     pub payload: PayloadInfo,
     /// The name of the key that signed it.
     pub signer: String,

@@ -7,6 +7,7 @@ use std::io::{self, Read};
 
 use ctcache::store::PayloadInfo;
 
+/// A reader over a fetched payload that fails with `InvalidData` on a length or blake3 mismatch.
 pub struct Checked<R> {
     inner: R,
     want: PayloadInfo,
@@ -16,6 +17,7 @@ pub struct Checked<R> {
 }
 
 impl<R: Read> Checked<R> {
+    /// Checks `inner` against `want` as it is read.
     pub fn new(inner: R, want: PayloadInfo) -> Checked<R> {
         Checked {
             inner,

@@ -17,7 +17,9 @@ pub const REQUIRE_PREFIX: &str = "require.";
 /// The consuming runtime's identity, when a lookup names one.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RuntimeIdentity {
+    /// The runtime's name, e.g. `onnxruntime`.
     pub name: String,
+    /// The runtime's version, compared with the entry's requirement.
     pub version: String,
 }
 
@@ -25,7 +27,9 @@ pub struct RuntimeIdentity {
 /// that differs, and a sentence for humans.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
+    /// The first D5 field that differs.
     pub field: String,
+    /// How it differs, for humans.
     pub detail: String,
 }
 
@@ -147,7 +151,7 @@ fn architecture(need: &pb::DeviceProto, host: &pb::DeviceProto) -> Result<(), Mi
 
 /// D5 version rule: semver-compatible (same major, host not older) unless
 /// `exact`; versions that are not semver compare as exact strings.
-pub fn version_ok(need: &str, have: &str, exact: bool) -> bool {
+pub(crate) fn version_ok(need: &str, have: &str, exact: bool) -> bool {
     if exact || need.is_empty() {
         return need.is_empty() || need == have;
     }

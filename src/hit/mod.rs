@@ -114,14 +114,16 @@ impl Host {
     }
 
     /// Device keys, parallel to [`Host::devices`].
-    pub fn device_keys(&self) -> &[[u8; 32]] {
+    pub(crate) fn device_keys(&self) -> &[[u8; 32]] {
         &self.keys
     }
 
+    /// The consuming runtime, when the caller named one (`None`: runtime checks are skipped).
     pub fn runtime(&self) -> Option<&RuntimeIdentity> {
         self.runtime.as_ref()
     }
 
+    /// Which physical types the host accepts.
     pub fn accept(&self) -> &Accept {
         &self.accept
     }

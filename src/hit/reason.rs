@@ -15,20 +15,30 @@ pub enum MissReason {
     NotASource(String),
     /// A structural (checker) error: the entry is ignored.
     Invalid {
+        /// The checker rule's short name.
         rule: &'static str,
+        /// What the checker found.
         message: String,
     },
+    /// The recorded source digest differs from the initializer's current one.
     StaleDigest,
+    /// The entry names a digest algorithm this build does not know.
     UnknownDigestAlgorithm(String),
+    /// No host device satisfies the entry's device (D5); the first mismatch.
     IncompatibleDevice(Mismatch),
     /// The layout is not one this build's packers produce for this source
     /// (an unknown name, or a known name over another layout).
     UnknownPhysicalType {
+        /// The physical type's name.
         name: String,
+        /// How it differs from the layouts this build knows.
         detail: String,
     },
+    /// The type is known but its `ctcache.format_version` is not one this build reads.
     UnsupportedFormatVersion {
+        /// The physical type's name.
         name: String,
+        /// The version it declares.
         version: String,
     },
     /// A stored entry recorded before the store kept source shapes: its
@@ -38,6 +48,7 @@ pub enum MissReason {
     PayloadChecksum(String),
     /// The caller accepts only entries the daemon packed itself.
     NotDaemonProduced {
+        /// The user who put the entry.
         uid: u32,
     },
 }

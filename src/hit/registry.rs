@@ -17,7 +17,9 @@ use crate::structs::PhysicalTypeKey;
 /// besides its parameters (a constant K field, the rank, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SourceShape {
+    /// The source's element type.
     pub data_type: DataType,
+    /// The source's dims, outermost first.
     pub dims: Vec<u64>,
 }
 
@@ -37,10 +39,13 @@ pub struct KnownLayout {
     pub type_name: String,
     /// `StructProto.dims` the packer writes for this source.
     pub dims: Vec<u64>,
+    /// The source shape this layout is for.
     pub source: SourceShape,
+    /// Id of the packer that produces it.
     pub packer: String,
     /// The parameters, `key=value` joined by `,`, defaults filled in.
     pub params: String,
+    /// The packer's `ctcache.format_version`.
     pub format_version: u32,
 }
 
@@ -93,6 +98,7 @@ fn verdict_key(key: &PhysicalTypeKey, source: &SourceShape) -> [u8; 32] {
 }
 
 impl KnownTypes {
+    /// Wraps `registry` with an empty verdict cache.
     pub fn new(registry: impl TypeRegistry + 'static) -> KnownTypes {
         KnownTypes {
             registry: Box::new(registry),

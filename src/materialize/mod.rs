@@ -30,8 +30,11 @@ pub const TARGET_ORT_INT4: &str = "onnxruntime-int4";
 /// attributes and the packer parameters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
+    /// Bits per quantized weight: 4 or 8 (MatMulNBits `bits`).
     pub bits: u32,
+    /// Weights per quantization block along K (MatMulNBits `block_size`).
     pub block_size: u32,
+    /// Symmetric quantization: no zero points are written.
     pub symmetric: bool,
     /// MatMulNBits `accuracy_level`; 0 leaves the attribute out (as
     /// onnxruntime's quantizer does).

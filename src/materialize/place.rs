@@ -51,6 +51,7 @@ impl LinkMode {
         }
     }
 
+    /// Parses a [`LinkMode::name`]; `None` for any other string.
     pub fn from_name(name: &str) -> Option<LinkMode> {
         LinkMode::ALL.into_iter().find(|m| m.name() == name)
     }
@@ -71,6 +72,7 @@ pub enum Method {
 }
 
 impl Method {
+    /// The name used in reports: `reflink`, `copy`, `hard_link` or `in_place`.
     pub fn name(self) -> &'static str {
         match self {
             Method::Reflink => "reflink",
@@ -89,7 +91,9 @@ impl Method {
 /// What placing one file did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
+    /// Where the file now is.
     pub path: PathBuf,
+    /// How it got there.
     pub method: Method,
     /// Bytes written (a copy's size; 0 otherwise).
     pub bytes_copied: u64,

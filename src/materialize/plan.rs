@@ -26,9 +26,11 @@ use crate::pb;
 /// What kind of node a target replaces.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
+    /// MatMul with the weight as input B.
     MatMul,
     /// Gemm; `bias` is its input C, when present.
     Gemm {
+        /// The initializer name of input C.
         bias: Option<String>,
     },
 }
@@ -38,8 +40,11 @@ pub enum Op {
 /// `graphs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Step {
+    /// The node's index in its graph.
     pub node: usize,
+    /// The attribute's index in the node.
     pub attribute: usize,
+    /// 0 for the attribute's `g`, else the index in its `graphs`.
     pub graph: usize,
 }
 
@@ -51,14 +56,19 @@ pub struct Target {
     pub scope: Vec<Step>,
     /// Position among its graph's nodes (file order).
     pub node_index: usize,
+    /// The node as found, to be replaced.
     pub node: pb::NodeProto,
+    /// Which operator it is.
     pub op: Op,
     /// The initializer holding the weight.
     pub weight: String,
     /// The weight is stored W[N, K] (Gemm transB = 1).
     pub transposed: bool,
+    /// The weight's element type (FLOAT or FLOAT16).
     pub data_type: DataType,
+    /// Rows of the logical B (the MatMul's inner dimension).
     pub k: u64,
+    /// Columns of the logical B (the output features).
     pub n: u64,
 }
 
@@ -67,6 +77,7 @@ pub struct Target {
 pub struct Skipped {
     /// The node's name, or `#index` when unnamed.
     pub node: String,
+    /// `MatMul` or `Gemm`.
     pub op_type: String,
     /// The rule, worded the same for every node it stops ("B is not a
     /// constant"), so reports can count nodes per reason.
@@ -78,8 +89,11 @@ pub struct Skipped {
 /// Nodes skipped for one reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkipGroup<'a> {
+    /// `MatMul` or `Gemm`.
     pub op_type: &'a str,
+    /// The shared reason, as in [`Skipped::reason`].
     pub reason: &'a str,
+    /// How many nodes it stopped.
     pub nodes: usize,
 }
 
@@ -116,7 +130,9 @@ pub fn group_skips<'a>(skips: impl IntoIterator<Item = (&'a str, &'a str)>) -> V
 /// The rewrite decided for a model.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
+    /// The nodes to rewrite, in file order.
     pub targets: Vec<Target>,
+    /// The MatMul / Gemm nodes left as they are.
     pub skipped: Vec<Skipped>,
 }
 

@@ -42,14 +42,18 @@ pub struct PackedWeight {
     pub file_name: String,
     /// The entry's physical type and dims (where B, scales and zero points lie).
     pub struct_type: pb::StructTypeProto,
+    /// `StructProto.dims` of the entry.
     pub dims: Vec<u64>,
 }
 
 /// What a materialize wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
+    /// MatMul / Gemm nodes replaced by MatMulNBits.
     pub nodes_rewritten: usize,
+    /// Float weights no node uses any more, dropped from the model.
     pub initializers_removed: usize,
+    /// The folder beside the model that holds the payload files.
     pub data_dir: PathBuf,
     /// How files were asked to be placed.
     pub link: LinkMode,

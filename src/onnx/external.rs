@@ -7,8 +7,11 @@ use std::path::{Component, Path, PathBuf};
 /// rest of the file) and mandatory for structured payloads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExternalRef {
+    /// The file, relative to the model's folder.
     pub location: String,
+    /// Byte offset in the file.
     pub offset: u64,
+    /// Byte count; `None`: to the end of the file.
     pub length: Option<u64>,
 }
 
@@ -48,7 +51,7 @@ impl ExternalRef {
 
     /// Checks the location is a plain relative path inside the model folder
     /// (no absolute path, no `..`) and returns it joined to `dir`.
-    pub fn path_in(&self, dir: &Path) -> Result<PathBuf, String> {
+    pub(crate) fn path_in(&self, dir: &Path) -> Result<PathBuf, String> {
         let loc = Path::new(&self.location);
         if self.location.is_empty() {
             return Err("empty location".into());
@@ -75,7 +78,7 @@ impl ExternalRef {
 
     /// The `external_data` entries that say this (the inverse of
     /// [`ExternalRef::from_entries`]; `length` only when known).
-    pub fn to_entries(&self) -> Vec<crate::pb::StringStringEntryProto> {
+    pub(crate) fn to_entries(&self) -> Vec<crate::pb::StringStringEntryProto> {
         let entry = |key: &str, value: String| crate::pb::StringStringEntryProto {
             key: key.into(),
             value,

@@ -12,11 +12,14 @@ use crate::pb;
 /// The operator input an initializer feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UseSite {
+    /// Input B of a `MatMul`.
     MatMulB,
+    /// Input B of a `Gemm`.
     GemmB,
 }
 
 impl UseSite {
+    /// The name used in policies and reports: `MatMul.B` or `Gemm.B`.
     pub fn name(self) -> &'static str {
         match self {
             UseSite::MatMulB => "MatMul.B",
@@ -28,7 +31,9 @@ impl UseSite {
 /// One use of an initializer as a weight.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WeightUse {
+    /// The initializer's name.
     pub initializer: String,
+    /// The operator input it feeds.
     pub site: UseSite,
     /// Name of the consuming node (or its index when unnamed).
     pub node: String,
@@ -42,14 +47,18 @@ pub struct WeightUse {
 /// A weight-like input that ctcache cannot compile in v1, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotASource {
+    /// The input's name.
     pub name: String,
+    /// Why it cannot be compiled (not an initializer, segmented, ...).
     pub reason: String,
 }
 
 /// The analysis result.
 #[derive(Debug, Clone, Default)]
 pub struct WeightUses {
+    /// Every weight use found, in graph order.
     pub uses: Vec<WeightUse>,
+    /// Weight-like inputs that cannot be compiled.
     pub not_sources: Vec<NotASource>,
 }
 
@@ -74,6 +83,7 @@ impl WeightUses {
 /// The size and use filters of the default packing rules (the daemon's
 /// default policy, and `ctcachectl embed` packing without a daemon).
 pub const DEFAULT_MIN_ELEMENTS: u64 = 65_536;
+/// The uses the default packing rules admit.
 pub const DEFAULT_USED_AS: [&str; 2] = ["MatMul.B", "Gemm.B"];
 
 /// A rule's size and use filters in words: `at least 65536 elements, used

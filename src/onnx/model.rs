@@ -23,6 +23,7 @@ use crate::wire::{Fields, Value, WireError};
 /// One top-level `ModelProto` field occurrence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopField {
+    /// The field number.
     pub number: u32,
     /// Tag to end of value, in model bytes.
     pub span: Range<usize>,
@@ -34,15 +35,20 @@ pub struct TopField {
 /// Inline payloads borrow from the model mapping.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Extension {
+    /// `ModelProto.struct_types`: the declared structured types.
     pub struct_types: Vec<pb::StructTypeProto>,
+    /// `ModelProto.devices`: the devices entries refer to by index.
     pub devices: Vec<pb::DeviceProto>,
+    /// `ModelProto.compiled_tensors`: the compiled entries.
     pub compiled_tensors: Vec<pb::CompiledTensorProto>,
 }
 
 /// A top-level initializer that does not parse: its name when readable.
 #[derive(Debug)]
 pub struct BadInitializer {
+    /// The initializer's name, when that much could be read.
     pub name: Option<String>,
+    /// Why it does not parse.
     pub error: Error,
 }
 
@@ -206,6 +212,7 @@ impl Model {
         })
     }
 
+    /// The model file (`None` for bytes in memory).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
@@ -228,11 +235,13 @@ impl Model {
         &self.dir
     }
 
+    /// The whole model, as mapped or given.
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
     }
 
-    pub fn top_fields(&self) -> &[TopField] {
+    /// Every top-level field occurrence, in file order.
+    pub(crate) fn top_fields(&self) -> &[TopField] {
         &self.top
     }
 
@@ -265,7 +274,7 @@ impl Model {
     /// The top-level graph initializers one by one, in file order: one that
     /// does not parse does not hide the others. Fails only when the graph
     /// itself cannot be walked.
-    pub fn initializer_results(&self) -> Result<Vec<Result<TensorRef, BadInitializer>>> {
+    pub(crate) fn initializer_results(&self) -> Result<Vec<Result<TensorRef, BadInitializer>>> {
         Ok(self
             .graph_fields(GRAPH_INITIALIZER)?
             .into_iter()

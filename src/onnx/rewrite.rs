@@ -23,14 +23,19 @@ use crate::wire::put_len_prefix;
 /// One compiled tensor to embed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEntry {
+    /// The initializer the entry compiles.
     pub source_name: String,
+    /// The device the payload is for; equal devices are written once.
     pub device: pb::DeviceProto,
     /// A concrete, named declaration; it goes to `ModelProto.struct_types`.
     pub struct_type: pb::StructTypeProto,
     /// `StructProto.dims`, one per `dims_param`.
     pub dims: Vec<u64>,
+    /// The payload bytes, written inline or to the sidecar.
     pub payload: Bytes,
+    /// The source digest (D3) of the initializer.
     pub source_digest: Vec<u8>,
+    /// The digest's algorithm name, e.g. `blake3`.
     pub digest_algorithm: String,
     /// The entry's metadata; the rewrite sets `ctcache.payload.blake3`
     /// itself (a value given here is replaced).
@@ -78,10 +83,15 @@ pub struct Report {
     /// Existing entries whose external payload was copied into the new
     /// sidecar (their own file is not beside the output).
     pub payloads_carried: usize,
+    /// Struct types appended to `ModelProto.struct_types` (equal ones are shared).
     pub struct_types_added: usize,
+    /// Devices appended to `ModelProto.devices`.
     pub devices_added: usize,
+    /// Payload bytes written inline in the model.
     pub inline_bytes: u64,
+    /// The sidecar file written, if any.
     pub sidecar: Option<PathBuf>,
+    /// Payload bytes written to the sidecar.
     pub sidecar_bytes: u64,
 }
 

@@ -20,6 +20,7 @@ pub enum Storage {
 }
 
 impl Storage {
+    /// `raw`, `typed` or `external`, for messages.
     pub fn kind(&self) -> &'static str {
         match self {
             Storage::Raw(_) => "raw",
@@ -34,7 +35,9 @@ impl Storage {
 /// `string_data`, one string).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Typed {
+    /// Which typed field holds the values.
     pub field: TypedField,
+    /// Ranges of the model bytes holding the encoded values.
     pub segments: Vec<Range<usize>>,
     /// Number of encoded entries across all segments.
     pub entries: u64,
@@ -43,9 +46,13 @@ pub struct Typed {
 /// One top-level graph initializer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorRef {
+    /// The initializer's name.
     pub name: String,
+    /// Its element type.
     pub data_type: DataType,
+    /// Its dims, outermost first.
     pub dims: Vec<u64>,
+    /// Where its elements are.
     pub storage: Storage,
     /// Number of elements (checked product of `dims`; 1 for a scalar).
     pub elements: u64,
@@ -64,7 +71,7 @@ impl TensorRef {
 
     /// The name of a `TensorProto` that may not parse: the last `name`
     /// field readable before the first malformed field, if any.
-    pub fn name_of(model: &[u8], range: Range<usize>) -> Option<String> {
+    pub(crate) fn name_of(model: &[u8], range: Range<usize>) -> Option<String> {
         let mut name = None;
         for field in Fields::with_base(&model[range.clone()], range.start) {
             match field {

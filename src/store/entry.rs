@@ -26,7 +26,9 @@ const MAX_SEEN_LEN: usize = 1024;
 /// Who produced a payload.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Producer {
+    /// Id of the packer that made the payload, e.g. `ort.matmul_nbits`.
     pub packer_id: String,
+    /// The packer's version as text (its format version for this build's packers).
     pub packer_version: String,
     /// The uid of the client that put the payload, when a client did.
     pub client_uid: Option<u32>,
@@ -35,51 +37,70 @@ pub struct Producer {
 /// Everything `put` needs besides the payload bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEntry {
+    /// Digest of the source tensor (D3): the first part of the key.
     pub source: SourceDigest,
     /// The source's data type and dims: what the packer's output type
     /// depends on besides its parameters; lookups judge the entry's layout
     /// against it (D9).
     pub source_shape: SourceShape,
+    /// The device the payload needs; its device key is part of the key.
     pub device: pb::DeviceProto,
     /// The resolved concrete type (references inlined); doc strings are
     /// cleared by `put` (D4). Needs a `name` and `ctcache.format_version`.
     pub physical_type: pb::StructTypeProto,
     /// `StructProto.dims` of the compiled value.
     pub dims: Vec<u64>,
+    /// Who made the payload.
     pub producer: Producer,
+    /// Initializer names the source was seen under (for reports).
     pub source_names: Vec<String>,
+    /// Model files the source was seen in (for reports and re-packing).
     pub model_paths: Vec<String>,
+    /// How long the pack took (zero for imported or put payloads).
     pub pack_duration: Duration,
 }
 
 /// The payload file an entry points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PayloadInfo {
+    /// blake3 of the payload bytes; also the payload file's name.
     pub blake3: [u8; 32],
+    /// Payload length in bytes.
     pub len: u64,
 }
 
 /// A stored entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
+    /// The entry's identity: source digest, device key, physical type key.
     pub key: EntryKey,
     /// `None` for entries stored before the store kept source shapes: never
     /// a hit for a lookup that judges types.
     pub source_shape: Option<SourceShape>,
+    /// The physical type's `name` (a label; the key is the type's hash).
     pub type_name: String,
+    /// The type's `ctcache.format_version`.
     pub format_version: u32,
     /// The canonical `StructTypeProto` encoding whose blake3 is the type key.
     pub physical_type: Vec<u8>,
+    /// `StructProto.dims` of the compiled value.
     pub dims: Vec<u64>,
+    /// The device the payload needs.
     pub device: pb::DeviceProto,
+    /// The payload file's hash and length.
     pub payload: PayloadInfo,
+    /// Who made the payload.
     pub producer: Producer,
+    /// Initializer names the source was seen under (bounded, for reports).
     pub source_names: Vec<String>,
+    /// Model files the source was seen in (bounded, for reports and re-packing).
     pub model_paths: Vec<String>,
+    /// When the entry was stored, unix ms.
     pub created_ms: u64,
     /// Access statistics: present from `stat`, `list` and `put`; lookups
     /// leave them out (they would cost an index read per hit).
     pub access: Option<AccessStats>,
+    /// How long the pack took (zero for imported or put payloads).
     pub pack_duration: Duration,
 }
 
@@ -93,6 +114,7 @@ pub struct AccessStats {
 }
 
 impl Entry {
+    /// The source digest part of the key.
     pub fn source(&self) -> &SourceDigest {
         &self.key.source
     }

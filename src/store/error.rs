@@ -6,74 +6,148 @@ use std::path::PathBuf;
 use super::key::EntryKey;
 use super::lease::LeaseId;
 
+/// The store's result type.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Why a store operation failed; every variant names what it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A file system call failed.
     #[error("cannot {op} {}: {source}", .path.display())]
     Io {
+        /// What was being done, e.g. `open`, `write`, `publish`.
         op: &'static str,
+        /// The file or folder.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// Another process holds the cache dir's lock.
     #[error(
         "cache dir {} is in use by another process{}; only one process may own a cache dir",
         .dir.display(),
         owner(.pid)
     )]
-    Locked { dir: PathBuf, pid: Option<u32> },
+    Locked {
+        /// The cache dir.
+        dir: PathBuf,
+        /// The holder's pid, when its lock file names one.
+        pid: Option<u32>,
+    },
+    /// The cache dir was written by a newer build with another layout.
     #[error(
         "cache dir {} has store layout version {found}, newer than this build supports \
          ({supported}); upgrade ctcache or point it at another cache dir",
         .dir.display()
     )]
     NewerLayout {
+        /// The cache dir.
         dir: PathBuf,
+        /// The layout version found in its `LAYOUT` file.
         found: u32,
+        /// The newest layout version this build reads.
         supported: u32,
     },
+    /// The cache dir's `LAYOUT` file does not read or parse.
     #[error("cache dir {}: unreadable LAYOUT file: {detail}", .dir.display())]
-    BadLayout { dir: PathBuf, detail: String },
+    BadLayout {
+        /// The cache dir.
+        dir: PathBuf,
+        /// What is wrong with the file.
+        detail: String,
+    },
+    /// The index (sled) failed an operation.
     #[error("store index ({op}): {message}")]
-    Index { op: &'static str, message: String },
+    Index {
+        /// The operation, e.g. `open`, `get`, `commit`.
+        op: &'static str,
+        /// sled's error, as text.
+        message: String,
+    },
     /// The index's files do not decode (sled's log torn or damaged); the
     /// store sets it aside and starts an empty one at open.
     #[error("store index {} is corrupt: {detail}", .path.display())]
-    IndexCorrupt { path: PathBuf, detail: String },
+    IndexCorrupt {
+        /// The index folder.
+        path: PathBuf,
+        /// sled's error, as text.
+        detail: String,
+    },
+    /// An index record does not decode or contradicts its key.
     #[error("corrupt index record ({what}): {detail}")]
-    Record { what: String, detail: String },
+    Record {
+        /// Which record, e.g. its key.
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The file system filled up while a payload was written; nothing was stored.
     #[error(
         "no space left on device in {} after writing {written} payload bytes; \
          nothing was stored and the store is unchanged",
         .dir.display()
     )]
-    NoSpace { dir: PathBuf, written: u64 },
+    NoSpace {
+        /// The folder written to.
+        dir: PathBuf,
+        /// Payload bytes written before the failure.
+        written: u64,
+    },
+    /// The caller's payload reader failed; nothing was stored.
     #[error("reading the payload to store failed after {read} bytes: {source}")]
     PayloadRead {
+        /// Bytes read before the failure.
         read: u64,
+        /// The reader's error.
         #[source]
         source: std::io::Error,
     },
+    /// A new entry breaks a rule (payload length, type, dims, ...); the text says which.
     #[error("invalid entry: {0}")]
     InvalidEntry(String),
+    /// An entry key in text form does not parse.
     #[error("invalid entry key {text:?}: {detail}")]
-    InvalidKey { text: String, detail: String },
+    InvalidKey {
+        /// The text given.
+        text: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No entry has this key.
     #[error("no entry {0}")]
     NotFound(EntryKey),
+    /// The entry cannot be removed while a lease holds it.
     #[error("entry {key} is leased until {until_ms} (unix ms); release the lease first")]
-    Leased { key: EntryKey, until_ms: u64 },
+    Leased {
+        /// The leased entry.
+        key: EntryKey,
+        /// When the last lease on it ends, unix ms.
+        until_ms: u64,
+    },
+    /// No live lease has this id (never issued, released or expired).
     #[error("unknown or expired lease {0}")]
     UnknownLease(LeaseId),
+    /// The lease exists but belongs to another holder.
     #[error("{0} belongs to another holder")]
     NotLeaseOwner(LeaseId),
+    /// The holder already has the most live leases allowed.
     #[error("{} holds {max} live leases, the most allowed; release some first", match .owner { Some(u) => format!("uid {u}"), None => "this holder".to_string() })]
-    TooManyLeases { owner: Option<u32>, max: usize },
+    TooManyLeases {
+        /// The holder's uid; `None` for an unnamed holder.
+        owner: Option<u32>,
+        /// The limit per holder.
+        max: usize,
+    },
+    /// A payload's bytes differ from what its entry records (length or hash).
     #[error("payload of {key} ({}) is damaged: {detail}; run verify", .path.display())]
     PayloadDamaged {
         // Boxed: keeps every `StoreResult` small.
+        /// The entry read.
         key: Box<EntryKey>,
+        /// The payload file.
         path: PathBuf,
+        /// What differs.
         detail: String,
     },
     /// The payload's bytes do not hash to its name: it was quarantined and
@@ -86,9 +160,13 @@ pub enum StoreError {
         if .dropped.len() == 1 { "y" } else { "ies" }
     )]
     PayloadCorrupt {
+        /// The entry read.
         key: Box<EntryKey>,
+        /// The payload file, at its old place.
         path: PathBuf,
+        /// Every entry that used the payload, now removed from the index.
         dropped: Vec<EntryKey>,
+        /// Where the file was moved; `None` when moving it failed.
         quarantined: Option<PathBuf>,
     },
 }

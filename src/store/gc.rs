@@ -44,10 +44,14 @@ pub struct GcPolicy {
     pub dry_run: bool,
 }
 
+/// Why gc removed (or, in a dry run, would remove) an item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GcReason {
     /// Not accessed for `idle`.
-    MaxAge { idle: Duration },
+    MaxAge {
+        /// Time since the entry's last access.
+        idle: Duration,
+    },
     /// Least recently used while the store was over `max_bytes`.
     OverBudget,
     /// The entry's payload file is missing.
@@ -60,15 +64,21 @@ pub enum GcReason {
     StaleTemp,
 }
 
+/// What a gc item removes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GcTarget {
+    /// An index entry (its payload file goes with its last entry).
     Entry(EntryKey),
+    /// A file under the cache dir with no entry.
     File(PathBuf),
 }
 
+/// One thing gc removed, or would remove in a dry run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GcItem {
+    /// The entry or file.
     pub target: GcTarget,
+    /// Why it goes.
     pub reason: GcReason,
     /// Bytes of files deleted with it (0 when an entry's payload file is
     /// still referenced by other entries).
@@ -81,22 +91,30 @@ pub struct GcItem {
 /// An entry's physical type and the names it was packed under.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EntryAbout {
+    /// The physical type's name.
     pub type_name: String,
+    /// Initializer names the entry was packed under.
     pub source_names: Vec<String>,
+    /// Model files the entry was packed from.
     pub model_paths: Vec<String>,
 }
 
+/// What a gc run did (or, in a dry run, would do).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {
+    /// True when nothing was removed, only planned.
     pub dry_run: bool,
     /// In execution order: entries, then files, then temp files.
     pub items: Vec<GcItem>,
+    /// Total bytes of the files removed.
     pub bytes_freed: u64,
     /// Bytes of referenced payload files before and after (as planned).
     pub bytes_before: u64,
+    /// Bytes of referenced payload files after the run (as planned in a dry run).
     pub bytes_after: u64,
     /// The limits applied (the policy's).
     pub max_bytes: Option<u64>,
+    /// The idle-age limit applied, if any.
     pub max_age: Option<Duration>,
     /// Entries a policy selected but a lease kept.
     pub leased_kept: u64,

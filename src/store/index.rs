@@ -36,6 +36,7 @@ pub enum Tree {
 }
 
 impl Tree {
+    /// Every tree, in the order `open` creates them.
     pub const ALL: [Tree; 7] = [
         Tree::Entries,
         Tree::BlobRefs,
@@ -46,6 +47,7 @@ impl Tree {
         Tree::Counters,
     ];
 
+    /// The sled tree's name on disk.
     pub fn name(self) -> &'static str {
         match self {
             Tree::Entries => "entries",
@@ -62,27 +64,36 @@ impl Tree {
 /// One write of a commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
+    /// Set `key` to `value` in a tree.
     Put(Tree, Vec<u8>, Vec<u8>),
+    /// Remove `key` from a tree (absent is fine).
     Delete(Tree, Vec<u8>),
 }
 
 /// What a key must look like for a commit to apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expect {
+    /// The key must not exist.
     Absent,
+    /// The key must exist, with any value.
     Present,
+    /// The key must hold exactly these bytes.
     Equals(Vec<u8>),
 }
 
 /// A condition on one key, checked atomically with the commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Precondition {
+    /// The tree the key is in.
     pub tree: Tree,
+    /// The key checked.
     pub key: Vec<u8>,
+    /// What it must look like.
     pub expect: Expect,
 }
 
 impl Precondition {
+    /// A condition that `tree[key]` meets `expect`.
     pub fn new(tree: Tree, key: &[u8], expect: Expect) -> Self {
         Precondition {
             tree,

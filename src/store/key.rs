@@ -20,9 +20,11 @@ pub(crate) type KeyBytes = [u8; KEY_LEN];
 /// The identity of one cache entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EntryKey {
+    /// Digest of the source tensor (D3).
     pub source: SourceDigest,
     /// [`crate::device::device_key`] of the device the payload needs.
     pub device: [u8; 32],
+    /// Hash of the canonical physical type (D4).
     pub physical_type: PhysicalTypeKey,
 }
 
@@ -69,6 +71,7 @@ impl EntryKey {
         })
     }
 
+    /// The fixed-length index key: source prefix, device key, type key.
     pub fn to_bytes(&self) -> KeyBytes {
         let mut k = [0u8; KEY_LEN];
         k[..SOURCE_PREFIX_LEN].copy_from_slice(&source_prefix(&self.source));
@@ -77,6 +80,8 @@ impl EntryKey {
         k
     }
 
+    /// Parses an index key written by [`EntryKey::to_bytes`]; malformed
+    /// bytes are an error, not a panic.
     pub fn from_bytes(b: &[u8]) -> Result<EntryKey, StoreError> {
         let bad = |detail: &str| StoreError::InvalidKey {
             text: hex::encode(b),

@@ -42,8 +42,11 @@ impl fmt::Display for LeaseId {
 /// An active lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
+    /// The lease's id, for renew and release.
     pub id: LeaseId,
+    /// The entry it keeps from gc.
     pub key: EntryKey,
+    /// When it ends unless renewed, unix ms.
     pub expires_ms: u64,
     /// The uid that took it (`None`: the store's own user, or no uid).
     pub owner: Option<u32>,

@@ -31,6 +31,7 @@ pub use crate::hit::{Accept, Host as HostFilter};
 /// A usable entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hit {
+    /// The stored entry.
     pub entry: Entry,
     /// Index into the host's devices of the device it runs on.
     pub host_device: usize,
@@ -112,8 +113,11 @@ pub struct Filter {
     pub format: Option<String>,
     /// `DeviceProto.type` (`cpu`, `wgpu`, `cuda`).
     pub device_type: Option<String>,
+    /// `DeviceProto.architecture`, e.g. `x86_64`.
     pub architecture: Option<String>,
+    /// Only entries of this source digest.
     pub source: Option<SourceDigest>,
+    /// At most this many entries.
     pub limit: Option<usize>,
 }
 

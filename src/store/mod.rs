@@ -108,6 +108,7 @@ pub struct IndexReset {
 /// The result of a put.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stored {
+    /// The entry as stored (the existing one when the key was already there).
     pub entry: Entry,
     /// False when the key already existed: the first payload stays and the
     /// new one was not read (put is idempotent per key).
@@ -118,7 +119,9 @@ pub struct Stored {
 /// removed (the file is unlinked, never truncated or rewritten).
 pub struct Payload {
     map: Option<Mmap>,
+    /// The payload file.
     pub path: PathBuf,
+    /// Its hash and length, as the entry records them.
     pub info: PayloadInfo,
 }
 
@@ -241,10 +244,12 @@ impl Store {
         })
     }
 
+    /// The cache dir this store owns.
     pub fn dir(&self) -> &Path {
         &self.paths.root
     }
 
+    /// What `open` found and repaired.
     pub fn opened(&self) -> &OpenReport {
         &self.opened
     }

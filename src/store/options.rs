@@ -18,6 +18,7 @@ pub type WriteFault = Arc<dyn Fn(u64) -> io::Result<()> + Send + Sync>;
 pub struct Clock(Arc<dyn Fn() -> u64 + Send + Sync>);
 
 impl Clock {
+    /// The system's wall clock.
     pub fn system() -> Clock {
         Clock(Arc::new(|| {
             SystemTime::now()
@@ -32,6 +33,7 @@ impl Clock {
         Clock(Arc::new(move || now.load(Ordering::SeqCst)))
     }
 
+    /// The current time, unix ms.
     pub fn now_ms(&self) -> u64 {
         (self.0)()
     }
@@ -78,7 +80,9 @@ pub struct StoreOptions {
     /// Sources whose decoded entries lookups keep in memory (about 1 KiB
     /// per cached entry); 0 turns the cache off.
     pub lookup_cache_sources: usize,
+    /// Where gc ages and lease expiry read the time.
     pub clock: Clock,
+    /// A test hook that fails payload writes; `None` in production.
     pub write_fault: Option<WriteFault>,
 }
 

@@ -88,31 +88,41 @@ impl Counters {
 /// Entries and the bytes of their payloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// Number of entries.
     pub entries: u64,
+    /// Sum of their payload lengths.
     pub bytes: u64,
 }
 
+/// A store's size, usage counters and index size, for `ctcachectl stats`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Stats {
+    /// Number of entries.
     pub entries: u64,
     /// Sum of the payload lengths of all entries.
     pub entry_bytes: u64,
     /// Distinct payload files and their bytes (shared payloads count once).
     pub blobs: u64,
+    /// Bytes of those payload files.
     pub stored_bytes: u64,
     /// By physical type name.
     pub by_format: BTreeMap<String, Usage>,
     /// By device, in `device::describe` form.
     pub by_device: BTreeMap<String, Usage>,
+    /// Lookups that found a usable entry, since the store was created.
     pub hits: u64,
+    /// Lookups that found none, since the store was created.
     pub misses: u64,
+    /// Entries stored, since the store was created.
     pub puts: u64,
     /// Entries with at least one live lease.
     pub leased_entries: u64,
+    /// Bytes the index takes on disk.
     pub index_bytes: u64,
 }
 
 impl Store {
+    /// Counts entries, payload files and usage by format and device (a full index scan).
     pub fn stats(&self) -> StoreResult<Stats> {
         let mut s = Stats::default();
         let mut blobs: HashMap<[u8; 32], u64> = HashMap::new();

@@ -21,9 +21,20 @@ use super::{blob_ref_key, Store};
 /// What was wrong with a payload file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Damage {
+    /// The payload file does not exist.
     Missing,
-    WrongLength { expected: u64, actual: u64 },
-    WrongHash { actual: [u8; 32] },
+    /// The payload file's length differs from the entry's.
+    WrongLength {
+        /// The length the entries record.
+        expected: u64,
+        /// The file's length.
+        actual: u64,
+    },
+    /// The payload file's content does not hash to its name.
+    WrongHash {
+        /// The blake3 of the content found.
+        actual: [u8; 32],
+    },
 }
 
 impl std::fmt::Display for Damage {
@@ -40,9 +51,12 @@ impl std::fmt::Display for Damage {
     }
 }
 
+/// One damaged payload file found by verify or reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyProblem {
+    /// The file's name: the blake3 its content should have.
     pub blob: [u8; 32],
+    /// What is wrong with it.
     pub damage: Damage,
     /// The entries using the file (when the problem was found).
     pub entries: Vec<EntryKey>,
@@ -52,24 +66,33 @@ pub struct VerifyProblem {
     pub quarantined: Option<PathBuf>,
 }
 
+/// What [`Store::verify`](super::Store::verify) checked and found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Whether problems were repaired (else only reported).
     pub repaired: bool,
+    /// Payload files rehashed.
     pub blobs_checked: u64,
+    /// Bytes rehashed.
     pub bytes_checked: u64,
+    /// Every damaged file found.
     pub problems: Vec<VerifyProblem>,
     /// Payload files no entry references (removed when repairing).
     pub orphan_files: Vec<PathBuf>,
 }
 
+/// What [`Store::reconcile`](super::Store::reconcile) checked and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReconcileReport {
+    /// Index entries looked at.
     pub entries_checked: u64,
     /// Entries whose payload file is missing or of the wrong length.
     pub damaged: Vec<VerifyProblem>,
+    /// Payload files no entry references, removed.
     pub orphan_files_removed: Vec<PathBuf>,
+    /// Files in blobs/ that are not payload files, removed.
     pub stray_files_removed: Vec<PathBuf>,
+    /// Temp files of writers that are gone, removed.
     pub temp_files_removed: Vec<PathBuf>,
     /// Missing blob-reference records re-created.
     pub refs_added: u64,
@@ -77,6 +100,7 @@ pub struct ReconcileReport {
     pub source_lists_fixed: u64,
     /// Index records pointing at no entry removed (blob refs, access, leases).
     pub records_removed: u64,
+    /// Leases past their end, removed.
     pub expired_leases_removed: u64,
 }
 

@@ -15,6 +15,7 @@ use crate::pb::type_proto::Value as TypeValue;
 pub struct PhysicalTypeKey(pub [u8; 32]);
 
 impl PhysicalTypeKey {
+    /// The key as lowercase hex (store keys and object names).
     pub fn hex(&self) -> String {
         hex::encode(self.0)
     }

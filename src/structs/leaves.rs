@@ -21,16 +21,22 @@ pub enum LeafType {
 /// `offset_bits + sum(i_k * strides_bits[k])`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Leaf {
+    /// The dotted field path, e.g. `block.scale`.
     pub path: String,
+    /// The element type.
     pub elem: LeafType,
+    /// Elements per dimension, outermost first.
     pub shape: Vec<u64>,
+    /// Bits between consecutive elements along each dimension.
     pub strides_bits: Vec<u64>,
+    /// Bit offset of the first element in the payload.
     pub offset_bits: u64,
     /// Set for `constant` fields, which take no payload bits.
     pub constant: Option<pb::TensorProto>,
 }
 
 impl Leaf {
+    /// Bits per element (0 for STRING).
     pub fn bit_width(&self) -> u64 {
         match &self.elem {
             LeafType::Tensor(dt) => dt.bit_width().unwrap_or(0),
@@ -43,6 +49,7 @@ impl Leaf {
         self.shape.iter().product()
     }
 
+    /// Whether the leaf has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -264,7 +271,9 @@ fn join(a: &str, b: &str) -> String {
 /// A leaf over a payload. Every read is bounds-checked against the payload.
 #[derive(Debug, Clone, Copy)]
 pub struct LeafView<'a> {
+    /// The leaf being read.
     pub leaf: &'a Leaf,
+    /// The whole payload the leaf lies in.
     pub payload: &'a [u8],
 }
 

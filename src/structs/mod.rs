@@ -53,8 +53,11 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("[{rule}] {path}: {message}")]
 pub struct StructError {
+    /// The rule's short name.
     pub rule: &'static str,
+    /// The field path where it broke.
     pub path: String,
+    /// What was found.
     pub message: String,
 }
 
@@ -73,7 +76,7 @@ impl StructError {
 }
 
 /// The concrete type of a `StructProto` value (after following `type`).
-pub fn resolve_root<'a>(
+pub(crate) fn resolve_root<'a>(
     value: &'a pb::StructProto,
     table: &'a [pb::StructTypeProto],
 ) -> Result<&'a pb::StructTypeProto, StructError> {

@@ -16,7 +16,9 @@ use crate::pb::type_proto::Value as TypeValue;
 /// The size of a valid structured value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ValueLayout {
+    /// Size in bits.
     pub size_bits: u64,
+    /// Size in whole bytes (`size_bits / 8`; a valid value is byte-aligned).
     pub byte_len: u64,
 }
 

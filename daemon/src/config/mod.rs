@@ -10,12 +10,30 @@ use serde::{Deserialize, Serialize};
 /// Where the settings came from when a value is invalid.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file could not be read or parsed.
     #[error("config file {path}: {message}")]
-    File { path: PathBuf, message: String },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The read or TOML error, naming the key.
+        message: String,
+    },
+    /// A `CTCACHE_*` environment variable does not parse.
     #[error("environment variable {var}: {message}")]
-    Env { var: String, message: String },
+    Env {
+        /// The variable's name.
+        var: String,
+        /// What is wrong with its value.
+        message: String,
+    },
+    /// A setting parsed but its value is out of range or inconsistent.
     #[error("invalid setting {key}: {message}")]
-    Invalid { key: String, message: String },
+    Invalid {
+        /// The setting's key, as in the config file.
+        key: String,
+        /// What is wrong with its value.
+        message: String,
+    },
 }
 
 /// A policy rule: which initializers get which format.
@@ -33,6 +51,7 @@ pub struct PolicyRule {
     /// Required rank (0 = any).
     #[serde(default = "default_rank")]
     pub rank: usize,
+    /// Smallest element count that qualifies (fewer: not worth packing).
     #[serde(default = "default_min_elements")]
     pub min_elements: u64,
     /// Uses that qualify: `MatMul.B`, `Gemm.B`; empty = any initializer.
@@ -84,15 +103,21 @@ pub fn default_policy() -> Vec<PolicyRule> {
 pub enum LogFormat {
     /// Journald when `JOURNAL_STREAM` says stderr is the journal, else human.
     Auto,
+    /// Plain text lines (colored on a terminal).
     Human,
+    /// One JSON object per line.
     Json,
+    /// Native journald records with structured fields.
     Journald,
 }
 
+/// Every setting of the daemon, after defaults, file, environment and flags (D8).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The store's root folder (index, payloads, quarantine).
     pub cache_dir: PathBuf,
+    /// The Unix socket clients connect to.
     pub socket: PathBuf,
     /// Group that may connect to the socket (name or gid); empty = the daemon's.
     pub socket_group: String,
@@ -157,6 +182,7 @@ pub struct Config {
     /// Longest a call may take to answer, seconds (0 = no limit); streams
     /// already answering are not cut.
     pub request_timeout_secs: u64,
+    /// How log lines are written to stderr.
     pub log_format: LogFormat,
     /// Tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
     pub log_level: String,
@@ -164,6 +190,7 @@ pub struct Config {
     pub gc_max_bytes: u64,
     /// Age limit since last access for gc, seconds (0 = none).
     pub gc_max_age_secs: u64,
+    /// Which initializers get which formats; the first rule that admits a tensor wins.
     pub policy: Vec<PolicyRule>,
     /// The fleet tier on S3-compatible object storage (off when absent;
     /// boxed: most configs have none).
@@ -221,12 +248,19 @@ impl Default for Config {
 /// Flags that override the file and the environment.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
+    /// `--cache-dir`.
     pub cache_dir: Option<PathBuf>,
+    /// `--socket`.
     pub socket: Option<PathBuf>,
+    /// `--watch` (repeatable); non-empty replaces the configured folders.
     pub watch: Vec<PathBuf>,
+    /// `--listen-tcp`.
     pub listen_tcp: Option<String>,
+    /// `--metrics-addr`.
     pub metrics_addr: Option<String>,
+    /// `--workers`.
     pub workers: Option<usize>,
+    /// `--log-format`.
     pub log_format: Option<LogFormat>,
 }
 

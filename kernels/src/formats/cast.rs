@@ -11,16 +11,19 @@ use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 
+/// The float-to-half cast packer; [`F16`] and [`BF16`] are its two instances.
 pub struct Cast {
     target: Target,
     id: &'static str,
 }
 
+/// `cast.f16`: FLOAT to IEEE half precision.
 pub const F16: Cast = Cast {
     target: Target::F16,
     id: "cast.f16",
 };
 
+/// `cast.bf16`: FLOAT to bfloat16.
 pub const BF16: Cast = Cast {
     target: Target::Bf16,
     id: "cast.bf16",

@@ -16,8 +16,10 @@ use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, S
 use crate::params::{ParamSpec, Params};
 use crate::util::us;
 
+/// The `gemm.pack_b.f32` packer.
 pub struct GemmPackB;
 
+/// This packer's id.
 pub const ID: &str = "gemm.pack_b.f32";
 
 const SPEC: &[ParamSpec] = &[ParamSpec {

@@ -11,16 +11,19 @@ use crate::layout::{array, field, leaf, nested, root, size_bits, structure, Coun
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 
+/// The ggml block quantization packer; [`Q8_0`] and [`Q4_0`] are its two instances.
 pub struct Ggml {
     t: GgmlType,
     id: &'static str,
 }
 
+/// `ggml.q8_0`: blocks of 32 int8 values with one half-precision scale.
 pub const Q8_0: Ggml = Ggml {
     t: GgmlType::Q8_0,
     id: "ggml.q8_0",
 };
 
+/// `ggml.q4_0`: blocks of 32 4-bit values with one half-precision scale.
 pub const Q4_0: Ggml = Ggml {
     t: GgmlType::Q4_0,
     id: "ggml.q4_0",

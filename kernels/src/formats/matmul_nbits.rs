@@ -19,8 +19,10 @@ use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, S
 use crate::params::{ParamSpec, Params};
 use crate::util::us;
 
+/// The `ort.matmul_nbits` packer.
 pub struct MatMulNbits;
 
+/// This packer's id.
 pub const ID: &str = "ort.matmul_nbits";
 
 const SPEC: &[ParamSpec] = &[

@@ -109,6 +109,7 @@ impl GpuBackend {
             .map_err(Clone::clone)
     }
 
+    /// The adapter this backend runs on.
     pub fn adapter_info(&self) -> &AdapterSummary {
         &self.info
     }

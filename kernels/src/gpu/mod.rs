@@ -52,7 +52,12 @@ pub enum GpuError {
     Unavailable(String),
     /// The GPU path has no kernel for this packer, source type or setting.
     #[error("the GPU path does not support {packer} for this source: {reason}")]
-    Unsupported { packer: String, reason: String },
+    Unsupported {
+        /// Id of the packer that was asked for.
+        packer: String,
+        /// What the GPU path lacks for it.
+        reason: String,
+    },
     /// The packer refused the source or the parameters (as on the CPU).
     #[error(transparent)]
     Pack(#[from] PackError),
@@ -64,15 +69,19 @@ pub enum GpuError {
 /// What identifies the adapter a [`GpuBackend`] runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterSummary {
+    /// The adapter's name as the driver reports it.
     pub name: String,
     /// PCI vendor id (or a driver-specific id for software adapters).
     pub vendor: u32,
+    /// PCI device id (or a driver-specific id for software adapters).
     pub device: u32,
     /// `vulkan`, `gl`, ...
     pub backend: String,
     /// `discrete_gpu`, `integrated_gpu`, `virtual_gpu`, `cpu`, `other`.
     pub device_type: String,
+    /// Driver name, e.g. `NVIDIA` or `llvmpipe`.
     pub driver: String,
+    /// Driver version details, free-form.
     pub driver_info: String,
 }
 
@@ -86,6 +95,7 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The name used in config, flags and logs: `cpu` or `wgpu`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
@@ -93,6 +103,7 @@ impl Backend {
         }
     }
 
+    /// Parses a [`Backend::name`]; `None` for any other string.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name {
             "cpu" => Some(Backend::Cpu),
@@ -159,8 +170,11 @@ pub fn pack_auto(
 /// diagnostics, benchmarks and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuAssist {
+    /// Elements packed on the CPU because they lie near a rounding boundary.
     pub elements: u64,
+    /// Blocks packed on the CPU because they hold NaN, infinities or denormals.
     pub blocks: u64,
+    /// Chunks handed whole to the CPU because too many of their elements needed it.
     pub chunks: u64,
 }
 
