@@ -53,6 +53,7 @@ pub(crate) enum UseCase {
     Events,
     RemotePull,
     RemotePush,
+    RemoteStatus,
     /// grpc.health.v1.
     Health,
     /// grpc.reflection.
@@ -61,7 +62,7 @@ pub(crate) enum UseCase {
 
 impl UseCase {
     /// Every use case, for the edge's method table.
-    pub const ALL: [UseCase; 27] = [
+    pub const ALL: [UseCase; 28] = [
         UseCase::GetHostDevices,
         UseCase::ListFormats,
         UseCase::Lookup,
@@ -87,6 +88,7 @@ impl UseCase {
         UseCase::Events,
         UseCase::RemotePull,
         UseCase::RemotePush,
+        UseCase::RemoteStatus,
         UseCase::Health,
         UseCase::Reflection,
     ];
@@ -119,6 +121,7 @@ impl UseCase {
             UseCase::Events => "Events",
             UseCase::RemotePull => "RemotePull",
             UseCase::RemotePush => "RemotePush",
+            UseCase::RemoteStatus => "RemoteStatus",
             UseCase::Health => "Health",
             UseCase::Reflection => "Reflection",
         }
@@ -127,6 +130,7 @@ impl UseCase {
     /// Reads the cache or the daemon's state and changes nothing a caller
     /// could notice (ResolveModel packs only what its caller may already
     /// have packed through a watched folder; see docs/OPERATIONS.md).
+    /// RemoteStatus is not: it makes the daemon send a request.
     pub fn reads_only(self) -> bool {
         matches!(
             self,
