@@ -16,7 +16,7 @@ GARAGE_VERSION=2.5.0
 GARAGE_ROOT=${GARAGE_ROOT:-/var/tmp/garage-$GARAGE_VERSION}
 GARAGE=$GARAGE_ROOT/bin/garage
 PYTHON=${PYTHON:-/var/tmp/ctcache-venv/bin/python}
-TARGET=${CARGO_TARGET_DIR:-target}
+TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 CARGO=${CARGO:-cargo}  # xcargo where builds are serialized
 
 if [[ ! -x $GARAGE ]]; then
