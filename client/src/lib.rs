@@ -373,6 +373,18 @@ impl Client {
         unary!(self, "Status", status, api::StatusRequest {})
     }
 
+    /// The daemon's fleet tier, its remote probed now (`None`: no remote
+    /// configured).
+    pub async fn remote_status(&self) -> Result<Option<api::RemoteStatus>> {
+        let r = unary!(
+            self,
+            "RemoteStatus",
+            remote_status,
+            api::RemoteStatusRequest {}
+        )?;
+        Ok(r.remote)
+    }
+
     /// Fetches every wanted entry of `model` the daemon's store lacks from
     /// its remote (packs nothing).
     pub async fn remote_pull(&self, model: &Path) -> Result<api::RemoteTransferResponse> {

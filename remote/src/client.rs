@@ -179,6 +179,11 @@ impl Client {
         Ok(())
     }
 
+    /// The payload object of `key`, for people (logs).
+    pub fn payload_path(&self, key: &EntryKey) -> String {
+        layout::objects(&self.prefix, key).payload
+    }
+
     /// Uploads a manifest: the commit point of its entry.
     pub async fn put_manifest(&self, key: &EntryKey, manifest: Vec<u8>) -> Result<(), RemoteError> {
         let path = Path::from(layout::objects(&self.prefix, key).manifest);

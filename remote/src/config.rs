@@ -22,6 +22,19 @@ pub enum FetchMode {
     Never,
 }
 
+impl std::str::FromStr for FetchMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FetchMode, String> {
+        match s {
+            "auto" => Ok(FetchMode::Auto),
+            "always" => Ok(FetchMode::Always),
+            "never" => Ok(FetchMode::Never),
+            _ => Err(format!("{s:?}: expected auto, always or never")),
+        }
+    }
+}
+
 /// `[remote]`: the fleet tier on S3-compatible object storage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -54,6 +67,9 @@ pub struct RemoteConfig {
     pub trusted_keys: Vec<String>,
     /// When a local miss asks the remote.
     pub fetch: FetchMode,
+    /// Fraction (0 to 1) of fetched entries packed again here and compared
+    /// byte for byte; a mismatch quarantines the entry and names its signer.
+    pub audit_rate: f64,
 }
 
 impl Default for RemoteConfig {
@@ -71,7 +87,24 @@ impl Default for RemoteConfig {
             signing_key_file: None,
             trusted_keys: Vec::new(),
             fetch: FetchMode::Auto,
+            audit_rate: 0.0,
         }
+    }
+}
+
+impl RemoteConfig {
+    /// The checks that need no file: the url, and numbers in range. The
+    /// error names the key.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        parse_url(&self.url).map_err(|m| ("url", m))?;
+        if self.timeout_ms == 0 {
+            return Err(("timeout_ms", "must be above 0".into()));
+        }
+        if !(0.0..=1.0).contains(&self.audit_rate) {
+            let m = format!("{} is not between 0 and 1", self.audit_rate);
+            return Err(("audit_rate", m));
+        }
+        Ok(())
     }
 }
 
@@ -127,9 +160,7 @@ impl Settings {
     /// Checks `config` and loads its keys; the error names the bad setting.
     pub fn new(config: RemoteConfig) -> Result<Settings, String> {
         let location = parse_url(&config.url)?;
-        if config.timeout_ms == 0 {
-            return Err("timeout_ms must be above 0".into());
-        }
+        config.check().map_err(|(key, m)| format!("{key}: {m}"))?;
         let signing_key = match &config.signing_key_file {
             Some(p) => Some(SecretKey::load(p).map_err(|e| format!("signing_key_file: {e}"))?),
             None => None,

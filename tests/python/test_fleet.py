@@ -92,13 +92,18 @@ def root():
     shutil.rmtree(r, ignore_errors=True)
 
 
-@pytest.fixture
-def s3(root, monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_REGION": "us-east-1"}.items():
+def aws_env(monkeypatch, key_id: str = "test", secret: str = "test", region: str = "us-east-1") -> None:
+    """The daemons' credentials (the standard AWS environment), nothing else of AWS."""
+    for k, v in {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
+                 "AWS_REGION": region}.items():
         monkeypatch.setenv(k, v)
     for k in ("AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture
+def s3(root, monkeypatch):
+    aws_env(monkeypatch)
     server = S3Server(root).start()
     server.client().create_bucket(Bucket=BUCKET)
     yield server
@@ -113,7 +118,8 @@ def keygen(name: str, dir_: Path) -> str:
 
 
 def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", sign: str | None = None,
-                 trust: list[str] = (), write: bool = True, metrics: bool = True) -> Daemon:
+                 trust: list[str] = (), write: bool = True, metrics: bool = True,
+                 extra: list[str] = ()) -> Daemon:
     d = Daemon(root / name)
     lines = ["[remote]", f'url = "s3://{BUCKET}/{prefix}"', f'endpoint = "{s3.endpoint}"',
              "allow_http = true", f"timeout_ms = {TIMEOUT_MS}", f"write = {str(write).lower()}",
@@ -121,6 +127,7 @@ def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", 
     if sign:
         lines.append(f'signing_key_file = "{root / (sign + ".secret")}"')
     lines.append("trusted_keys = [" + ", ".join(f'"{t}"' for t in trust) + "]")
+    lines.extend(extra)
     top = []
     if metrics:
         d.metrics = f"127.0.0.1:{free_port()}"
@@ -187,25 +194,37 @@ def shared(root, s3):
         packed = payloads(a)
         assert len(packed) == FORMATS
         assert metric_sum(scrape(a), "ctcache_pack_jobs_total") == FORMATS
+        # The cost rule measured each format on the backend that packed it.
+        rates = remote_status(a)["pack_bytes_per_s"]
+        assert sorted(rates) == ["gemm.pack_b.f32/cpu", "ort.matmul_nbits/cpu"], rates
     finally:
         a.stop()
     return packed, model, pub_a
 
 
-def test_a_second_host_fetches_what_the_first_packed(root, s3, shared):
-    packed, model, pub_a = shared
-    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False)
+def fetches_everything(root: Path, server, model: Path, pub_a: str, packed: dict[str, bytes]):
+    """Host B (empty cache, trusting A) resolves ``model``: every entry from
+    ``server``, A's exact bytes, no local pack. Returns B's remote status and
+    metrics."""
+    b = fleet_daemon(root, "b", server, trust=[pub_a], write=False)
     try:
         resolve_wait(b, model)
         assert payloads(b) == packed
         st = remote_status(b)
-        assert (st["hits"], st["rejected"], st["errors"]) == (FORMATS, 0, 0), st
-        assert st["bytes_in"] == sum(len(v) for v in packed.values())
+        assert (st["hits"], st["rejected"], st["errors"]) == (len(packed), 0, 0), st
+        assert (st["reachable"], st["probe_error"]) == (True, ""), st
         m = scrape(b)
-        assert metric_sum(m, "ctcache_remote_hits_total") == FORMATS
         assert metric_sum(m, "ctcache_pack_jobs_total") == 0, "B packed locally"
+        return st, m
     finally:
         b.stop()
+
+
+def test_a_second_host_fetches_what_the_first_packed(root, s3, shared):
+    packed, model, pub_a = shared
+    st, m = fetches_everything(root, s3, model, pub_a, packed)
+    assert st["bytes_in"] == sum(len(v) for v in packed.values())
+    assert metric_sum(m, "ctcache_remote_hits_total") == FORMATS
 
 
 def objects(s3: S3Server, prefix: str, leaf: str) -> list[str]:
@@ -216,16 +235,7 @@ def objects(s3: S3Server, prefix: str, leaf: str) -> list[str]:
 
 def unsigned(manifest: bytes) -> bytes:
     """The manifest with its signature field (2) removed: field 1 re-encoded alone."""
-    assert manifest[0] == 0x0A  # field 1, length-delimited
-    n, shift, i = 0, 0, 1
-    while True:
-        b = manifest[i]
-        n |= (b & 0x7F) << shift
-        i += 1
-        shift += 7
-        if b < 0x80:
-            break
-    return manifest[:i + n]
+    return pb_encode([f for f in pb_fields(manifest) if f[0] == 1])
 
 
 def corrupt_payloads(s3: S3Server):
@@ -298,6 +308,7 @@ def test_a_stopped_server_costs_at_most_the_deadline(root, s3):
         assert payloads(b) == packed
         st = remote_status(b)
         assert st["hits"] == 0 and st["errors"] + st["skipped"] >= 1, st
+        assert st["reachable"] is False and st["probe_error"], st
         # One retry at most within the deadline, per entry; slack for a busy CI host.
         bound = pack_s + FORMATS * 2 * TIMEOUT_MS / 1000 + 5
         assert took <= bound, f"resolve took {took:.1f} s with the remote down (bound {bound:.1f} s)"
@@ -318,17 +329,17 @@ class Blackhole:
         self.sock.close()
 
 
-def chain_model(path: Path, n: int) -> Path:
-    """``n`` MatMuls in a row, each with its own 256 x 256 FLOAT weight."""
+def chain_model(path: Path, n: int, size: int = 256) -> Path:
+    """``n`` MatMuls in a row, each with its own ``size`` x ``size`` FLOAT weight."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper, save
     rng = np.random.default_rng(11)
-    inits = [numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32), f"W{i}")
+    inits = [numpy_helper.from_array(rng.standard_normal((size, size)).astype(np.float32), f"W{i}")
              for i in range(n)]
     nodes = [helper.make_node("MatMul", ["X" if i == 0 else f"H{i}", f"W{i}"], [f"H{i + 1}"], name=f"mm{i}")
              for i in range(n)]
-    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 256])],
-                          [helper.make_tensor_value_info(f"H{n}", TensorProto.FLOAT, [1, 256])], inits)
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, size])],
+                          [helper.make_tensor_value_info(f"H{n}", TensorProto.FLOAT, [1, size])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 9
     save(m, str(path))
@@ -336,9 +347,7 @@ def chain_model(path: Path, n: int) -> Path:
 
 
 def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
+    aws_env(monkeypatch)
     hole = Blackhole()
     weights = 8
     model = chain_model(root / "chain.onnx", weights)
@@ -400,3 +409,140 @@ def test_push_then_pull(root, s3):
         assert metric_sum(scrape(b), "ctcache_pack_jobs_total") == 0
     finally:
         b.stop()
+
+
+# ---- audit_rate: a trusted signer's entry whose bytes the packer does not produce ----
+
+def pb_fields(buf: bytes) -> list[tuple[int, int, bytes | int]]:
+    """A protobuf message as (field, wire type, value): enough for the manifest."""
+    def varint(i: int) -> tuple[int, int]:
+        n, shift = 0, 0
+        while True:
+            b = buf[i]
+            n |= (b & 0x7F) << shift
+            i += 1
+            shift += 7
+            if b < 0x80:
+                return n, i
+    out, i = [], 0
+    while i < len(buf):
+        tag, i = varint(i)
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            v, i = varint(i)
+        elif wire == 2:
+            n, i = varint(i)
+            v, i = buf[i:i + n], i + n
+        else:
+            raise AssertionError(f"wire type {wire} in a manifest")
+        out.append((field, wire, v))
+    return out
+
+
+def pb_encode(fields: list[tuple[int, int, bytes | int]]) -> bytes:
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            b = n & 0x7F
+            n >>= 7
+            out.append(b | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+    out = bytearray()
+    for field, wire, v in fields:
+        out += varint(field << 3 | wire)
+        out += varint(v) if wire == 0 else varint(len(v)) + v
+    return bytes(out)
+
+
+def forge_with_trusted_key(s3: S3Server, secret_file: Path) -> int:
+    """Changes one byte of every payload and re-signs its manifest with the
+    trusted key, blake3 and length consistent: only an audit can tell."""
+    import blake3
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    import base64
+    name, seed = secret_file.read_text().strip().split(":", 1)
+    key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(seed))
+    c = s3.client()
+    forged = 0
+    for k in objects(s3, "fleet", "manifest"):
+        payload_key = k[:-len("manifest")] + "payload"
+        body = bytearray(c.get_object(Bucket=BUCKET, Key=payload_key)["Body"].read())
+        body[len(body) // 2] ^= 0x01
+        manifest = pb_fields(c.get_object(Bucket=BUCKET, Key=k)["Body"].read())
+        entry = dict((f, v) for f, _, v in manifest)[1]
+        fields = [(f, w, blake3.blake3(bytes(body)).digest() if f == 8 else v)
+                  for f, w, v in pb_fields(entry)]
+        entry = pb_encode(fields)
+        sig = key.sign(b"ctcache-manifest-v1\0" + entry)
+        old_sig = dict((f, v) for f, _, v in pb_fields(dict((f, v) for f, _, v in manifest)[2]))
+        signature = pb_encode([(1, 2, name.encode()), (2, 2, old_sig[2]), (3, 2, sig)])
+        c.put_object(Bucket=BUCKET, Key=payload_key, Body=bytes(body))
+        c.put_object(Bucket=BUCKET, Key=k, Body=pb_encode([(1, 2, entry), (2, 2, signature)]))
+        forged += 1
+    return forged
+
+
+@pytest.mark.parametrize("audit_rate", [0, 1])
+def test_an_audit_catches_bytes_a_trusted_key_signed_that_the_packer_does_not_produce(
+        root, s3, shared, audit_rate):
+    packed, model, pub_a = shared
+    assert forge_with_trusted_key(s3, root / "a.secret") == FORMATS
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False, extra=[f"audit_rate = {audit_rate}"])
+    try:
+        resolve_wait(b, model)
+        st = remote_status(b)
+        m = scrape(b)
+        if audit_rate == 0:
+            # The forgery passes every other check: without an audit it is served.
+            assert st["hits"] == FORMATS and st["audits"] == 0, st
+            assert payloads(b) != packed
+            return
+        assert payloads(b) == packed, "B packed the right bytes itself"
+        assert (st["hits"], st["audits"], st["audit_mismatches"]) == (0, FORMATS, FORMATS), st
+        assert st["rejected"] == FORMATS, st
+        assert metric_sum(m, "ctcache_pack_jobs_total") == FORMATS
+        assert re.search(rf'ctcache_remote_rejected_total\{{reason="audit_mismatch"\}} {FORMATS}', m), m
+        assert re.search(rf'ctcache_remote_audit_mismatches_total\{{signer="a"\}} {FORMATS}', m), m
+        log = b.log_text()
+        assert "failed its audit" in log and 'trusted key "a"' in log, log
+        # Nothing of the forged bytes stayed behind in B's store.
+        blobs = [p for p in (b.cache / "blobs").rglob("*") if p.is_file()]
+        assert len(blobs) == FORMATS
+    finally:
+        b.stop()
+
+
+def test_an_honest_entry_passes_its_audit(root, s3, shared):
+    packed, model, pub_a = shared
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False, extra=["audit_rate = 1.0"])
+    try:
+        resolve_wait(b, model)
+        assert payloads(b) == packed
+        st = remote_status(b)
+        assert (st["hits"], st["audits"], st["audit_mismatches"]) == (FORMATS, FORMATS, 0), st
+        # The audit packs beside the fetch, not as a pack job.
+        assert metric_sum(scrape(b), "ctcache_pack_jobs_total") == 0
+    finally:
+        b.stop()
+
+
+# ---- multipart: a payload above the 32 MiB multipart threshold ----
+
+def test_a_large_payload_goes_up_in_parts_and_comes_back_equal(root, s3):
+    model = chain_model(root / "big.onnx", 1, size=3072)  # 36 MiB of FLOAT
+    pub_a = keygen("a", root)
+    a = fleet_daemon(root, "a", s3, sign="a")
+    try:
+        resolve_wait(a, model)
+        wait_uploads(a, FORMATS, timeout=180)
+        packed = payloads(a)
+    finally:
+        a.stop()
+    big = [k for k, v in packed.items() if len(v) > 32 << 20]
+    assert big, {k: len(v) for k, v in packed.items()}
+    # S3 gives a multipart object an ETag "<md5 of the parts' md5s>-<parts>".
+    c = s3.client()
+    etags = {k: c.head_object(Bucket=BUCKET, Key=k)["ETag"].strip('"') for k in objects(s3, "fleet", "payload")}
+    assert sum(1 for e in etags.values() if re.search(r"-\d+$", e)) == len(big), etags
+    fetches_everything(root, s3, model, pub_a, packed)

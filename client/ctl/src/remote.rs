@@ -1,5 +1,6 @@
 //! The fleet tier: `remote keygen` (an Ed25519 key pair for signing
-//! manifests, offline) and `remote status` (the daemon's view of its remote).
+//! manifests, offline) and `remote status` (the daemon's view of its remote,
+//! probed).
 
 use std::path::PathBuf;
 
@@ -24,7 +25,8 @@ pub enum RemoteCmd {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
     },
-    /// The daemon's remote: where it is, breaker, upload queue, counters,
+    /// The daemon's remote: where it is, whether it answers now (one HEAD
+    /// within its timeout), breaker, upload queue, counters, audits,
     /// measured throughputs and cost-rule decisions.
     Status,
     /// Fetch every entry the daemon's policy wants for MODEL that its store
@@ -128,6 +130,10 @@ pub fn status_json(r: &api::RemoteStatus) -> serde_json::Value {
         "chose_pack": r.chose_pack,
         "pack_bytes_per_s": r.pack_bytes_per_s,
         "remote_bytes_per_s": r.remote_bytes_per_s,
+        "audits": r.audits,
+        "audit_mismatches": r.audit_mismatches,
+        "reachable": r.probed.then_some(r.reachable),
+        "probe_error": r.probe_error,
     })
 }
 
@@ -141,8 +147,7 @@ pub fn summary(r: &api::RemoteStatus) -> String {
 
 async fn status(ctx: &Ctx) -> Result<(), Failure> {
     let c = ctx.connect().await?;
-    let s = c.status().await?;
-    let Some(r) = s.remote else {
+    let Some(r) = c.remote_status().await? else {
         if ctx.json {
             return print_json(&json!({ "remote": null }));
         }
@@ -154,6 +159,12 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
     let mut t = Table::new(&["", ""]);
     let mut kv = |k: &str, v: String| t.plain(vec![k.to_string(), v]);
     kv("remote", r.remote.clone());
+    let reachable = match (r.probed, r.reachable) {
+        (false, _) => "not probed".to_string(),
+        (true, true) => "yes".to_string(),
+        (true, false) => format!("no: {}", r.probe_error),
+    };
+    kv("reachable", reachable);
     kv(
         "mode",
         format!("read {}, write {}, fetch {}", r.read, r.write, r.fetch),
@@ -190,6 +201,10 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
     kv(
         "cost rule",
         format!("{} fetched, {} packed", r.chose_fetch, r.chose_pack),
+    );
+    kv(
+        "audits",
+        format!("{} ({} mismatched)", r.audits, r.audit_mismatches),
     );
     let rate = |b: f64| format!("{}/s", format::size(b as u64));
     if r.remote_bytes_per_s > 0.0 {

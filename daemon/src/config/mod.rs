@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use ctcache_remote::config::{FetchMode, RemoteConfig};
 use serde::{Deserialize, Serialize};
 
 /// Where the settings came from when a value is invalid.
@@ -194,7 +195,7 @@ pub struct Config {
     pub policy: Vec<PolicyRule>,
     /// The fleet tier on S3-compatible object storage (off when absent;
     /// boxed: most configs have none).
-    pub remote: Option<Box<ctcache_remote::config::RemoteConfig>>,
+    pub remote: Option<Box<RemoteConfig>>,
 }
 
 /// D8 defaults for an unprivileged user (see `ctcache::paths`).
@@ -262,6 +263,58 @@ pub struct Overrides {
     pub workers: Option<usize>,
     /// `--log-format`.
     pub log_format: Option<LogFormat>,
+    pub remote: RemoteOverrides,
+}
+
+/// `--remote-*` flags: each replaces its `[remote]` key (and turns the
+/// section on when the file has none).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RemoteOverrides {
+    pub url: Option<String>,
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub allow_http: Option<bool>,
+    pub read: Option<bool>,
+    pub write: Option<bool>,
+    pub timeout_ms: Option<u64>,
+    pub upload_queue: Option<usize>,
+    pub max_object_bytes: Option<u64>,
+    pub signing_key_file: Option<PathBuf>,
+    /// Replaces the list when not empty.
+    pub trusted_keys: Vec<String>,
+    pub fetch: Option<FetchMode>,
+    pub audit_rate: Option<f64>,
+}
+
+impl RemoteOverrides {
+    fn apply(&self, remote: &mut Option<Box<RemoteConfig>>) {
+        if *self == RemoteOverrides::default() {
+            return;
+        }
+        let r = remote.get_or_insert_with(Default::default);
+        fn set<T: Clone>(field: &mut T, flag: &Option<T>) {
+            if let Some(v) = flag {
+                *field = v.clone();
+            }
+        }
+        set(&mut r.url, &self.url);
+        set(&mut r.endpoint, &self.endpoint);
+        set(&mut r.region, &self.region);
+        set(&mut r.allow_http, &self.allow_http);
+        set(&mut r.read, &self.read);
+        set(&mut r.write, &self.write);
+        set(&mut r.timeout_ms, &self.timeout_ms);
+        set(&mut r.upload_queue, &self.upload_queue);
+        set(&mut r.max_object_bytes, &self.max_object_bytes);
+        if let Some(k) = &self.signing_key_file {
+            r.signing_key_file = Some(k.clone());
+        }
+        if !self.trusted_keys.is_empty() {
+            r.trusted_keys = self.trusted_keys.clone();
+        }
+        set(&mut r.fetch, &self.fetch);
+        set(&mut r.audit_rate, &self.audit_rate);
+    }
 }
 
 /// The config file to read: `--config`, else `CTCACHE_CONFIG`, else the
@@ -387,6 +440,7 @@ impl Config {
         if let Some(v) = f.log_format {
             self.log_format = v;
         }
+        f.remote.apply(&mut self.remote);
     }
 
     /// Checks the settings together; [`Config::load`] and `ctcached::run`
@@ -451,10 +505,8 @@ impl Config {
             ));
         }
         if let Some(r) = &self.remote {
-            ctcache_remote::config::parse_url(&r.url).map_err(|m| invalid("remote.url", m))?;
-            if r.timeout_ms == 0 {
-                return Err(invalid("remote.timeout_ms", "must be above 0".into()));
-            }
+            r.check()
+                .map_err(|(key, m)| invalid(&format!("remote.{key}"), m))?;
         }
         for (i, rule) in self.policy.iter().enumerate() {
             if ctcache_kernels::find(&rule.format).is_none() {

@@ -122,3 +122,58 @@ fn bounds_have_safe_defaults_and_refuse_zero() {
         .unwrap_err();
     assert!(e.to_string().contains("max_leases_per_uid"), "{e}");
 }
+
+#[test]
+fn remote_flags_override_the_file() {
+    use ctcache_remote::config::FetchMode;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(
+        &f,
+        "[remote]\nurl = \"s3://file-bucket/a\"\ntimeout_ms = 2000\nfetch = \"always\"\ntrusted_keys = [\"a:x\"]\nregion = \"eu-west-1\"\n",
+    )
+    .unwrap();
+    let flags = Overrides {
+        remote: RemoteOverrides {
+            url: Some("s3://flag-bucket/b".into()),
+            timeout_ms: Some(500),
+            fetch: Some(FetchMode::Never),
+            read: Some(false),
+            trusted_keys: vec!["b:y".into()],
+            audit_rate: Some(0.25),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let env = env_of(&[("CTCACHE_REMOTE_URL", "s3://env-bucket/c")]);
+    let r = Config::load(Some(&f), &env, &flags)
+        .unwrap()
+        .remote
+        .unwrap();
+    assert_eq!(r.url, "s3://flag-bucket/b");
+    assert_eq!(
+        (r.timeout_ms, r.fetch, r.read),
+        (500, FetchMode::Never, false)
+    );
+    assert_eq!(r.trusted_keys, ["b:y"]);
+    assert_eq!(r.audit_rate, 0.25);
+    assert_eq!(
+        r.region, "eu-west-1",
+        "keys without a flag keep the file's value"
+    );
+    // Flags alone turn the section on; no flags leave it off.
+    let only = Config::load(None, &env_of(&[]), &flags).unwrap();
+    assert_eq!(only.remote.unwrap().url, "s3://flag-bucket/b");
+    let none = Config::load(None, &env_of(&[]), &Overrides::default()).unwrap();
+    assert!(none.remote.is_none());
+    // A flag is checked like the file's key.
+    let bad = Overrides {
+        remote: RemoteOverrides {
+            audit_rate: Some(1.5),
+            ..flags.remote.clone()
+        },
+        ..Default::default()
+    };
+    let e = Config::load(Some(&f), &env, &bad).unwrap_err().to_string();
+    assert!(e.contains("remote.audit_rate"), "{e}");
+}

@@ -1,6 +1,6 @@
 //! The cost rule of `fetch = "auto"`: fetch only when it pays. Throughputs
-//! are moving averages of what this host measured: packing per format,
-//! fetching from the remote (manifest and payload, so latency counts).
+//! are moving averages of what this host measured: packing per format and
+//! backend (a GPU packs a format at another rate than the CPU), fetching from the remote (manifest and payload, so latency counts).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,15 +30,17 @@ impl Rate {
 
 #[derive(Debug, Default)]
 pub(crate) struct Costs {
-    pack: HashMap<String, Rate>,
+    /// By (format, backend).
+    pack: HashMap<(String, String), Rate>,
     remote: Option<Rate>,
 }
 
 impl Costs {
-    pub fn packed(&mut self, format: &str, bytes: u64, took: Duration) {
+    pub fn packed(&mut self, format: &str, backend: &str, bytes: u64, took: Duration) {
         if let Some(s) = Rate::sample(bytes, took) {
-            let r = Rate::update(self.pack.get(format).copied(), s);
-            self.pack.insert(format.to_string(), r);
+            let key = (format.to_string(), backend.to_string());
+            let r = Rate::update(self.pack.get(&key).copied(), s);
+            self.pack.insert(key, r);
         }
     }
 
@@ -48,23 +50,30 @@ impl Costs {
         }
     }
 
-    /// Whether a local miss of `format` asks the remote. Until both rates
-    /// are measured, `auto` asks (that is how the remote rate is learnt).
-    pub fn should_fetch(&self, mode: FetchMode, format: &str) -> bool {
+    /// Whether a local miss of `format`, which `backend` would pack, asks
+    /// the remote. Until both rates are measured, `auto` asks (that is how
+    /// the remote rate is learnt).
+    pub fn should_fetch(&self, mode: FetchMode, format: &str, backend: &str) -> bool {
         match mode {
             FetchMode::Always => true,
             FetchMode::Never => false,
-            FetchMode::Auto => match (self.pack.get(format), self.remote) {
+            FetchMode::Auto => match (self.pack_rate(format, backend), self.remote) {
                 (Some(Rate(pack)), Some(Rate(remote))) => remote >= *pack,
                 _ => true,
             },
         }
     }
 
-    /// (format, pack bytes/s) sorted, and the remote's bytes/s.
-    pub fn rates(&self) -> (Vec<(String, f64)>, Option<f64>) {
-        let mut p: Vec<_> = self.pack.iter().map(|(f, r)| (f.clone(), r.0)).collect();
-        p.sort_by(|a, b| a.0.cmp(&b.0));
+    fn pack_rate(&self, format: &str, backend: &str) -> Option<&Rate> {
+        self.pack.get(&(format.to_string(), backend.to_string()))
+    }
+
+    /// (format, backend, pack bytes/s) sorted, and the remote's bytes/s.
+    pub fn rates(&self) -> (Vec<(String, String, f64)>, Option<f64>) {
+        let mut p: Vec<_> = (self.pack.iter())
+            .map(|((f, b), r)| (f.clone(), b.clone(), r.0))
+            .collect();
+        p.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         (p, self.remote.map(|r| r.0))
     }
 }
@@ -78,19 +87,38 @@ mod tests {
     #[test]
     fn auto_fetches_until_packing_is_measured_faster() {
         let mut c = Costs::default();
-        assert!(c.should_fetch(FetchMode::Auto, "f"));
+        assert!(c.should_fetch(FetchMode::Auto, "f", "cpu"));
         c.fetched(100_000, 100 * MS); // 1 MB/s
         assert!(
-            c.should_fetch(FetchMode::Auto, "f"),
+            c.should_fetch(FetchMode::Auto, "f", "cpu"),
             "packing not measured yet"
         );
-        c.packed("f", 10_000_000, 10 * MS); // 1 GB/s
-        assert!(!c.should_fetch(FetchMode::Auto, "f"));
-        assert!(c.should_fetch(FetchMode::Auto, "slow"), "another format");
-        c.packed("slow", 1_000, 100 * MS); // 10 kB/s
-        assert!(c.should_fetch(FetchMode::Auto, "slow"));
-        assert!(c.should_fetch(FetchMode::Always, "f"));
-        assert!(!c.should_fetch(FetchMode::Never, "slow"));
+        c.packed("f", "cpu", 10_000_000, 10 * MS); // 1 GB/s
+        assert!(!c.should_fetch(FetchMode::Auto, "f", "cpu"));
+        assert!(
+            c.should_fetch(FetchMode::Auto, "slow", "cpu"),
+            "another format"
+        );
+        c.packed("slow", "cpu", 1_000, 100 * MS); // 10 kB/s
+        assert!(c.should_fetch(FetchMode::Auto, "slow", "cpu"));
+        assert!(c.should_fetch(FetchMode::Always, "f", "cpu"));
+        assert!(!c.should_fetch(FetchMode::Never, "slow", "cpu"));
+    }
+
+    #[test]
+    fn each_backend_of_a_format_has_its_own_rate() {
+        let mut c = Costs::default();
+        c.fetched(1_000_000, 10 * MS); // 100 MB/s
+        c.packed("f", "cpu", 1_000_000, 100 * MS); // 10 MB/s: fetching pays
+        c.packed("f", "wgpu", 1_000_000_000, 100 * MS); // 10 GB/s: packing pays
+        assert!(c.should_fetch(FetchMode::Auto, "f", "cpu"));
+        assert!(!c.should_fetch(FetchMode::Auto, "f", "wgpu"));
+        let (rates, _) = c.rates();
+        let named: Vec<_> = rates
+            .iter()
+            .map(|(f, b, _)| (f.as_str(), b.as_str()))
+            .collect();
+        assert_eq!(named, [("f", "cpu"), ("f", "wgpu")]);
     }
 
     #[test]

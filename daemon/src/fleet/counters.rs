@@ -18,6 +18,9 @@ pub(crate) struct Counters {
     /// Cost-rule decisions.
     pub chose_fetch: AtomicU64,
     pub chose_pack: AtomicU64,
+    /// Fetches packed again and compared.
+    pub audits: AtomicU64,
+    pub audit_mismatches: AtomicU64,
 }
 
 /// A copy of the counters at one instant.
@@ -34,6 +37,8 @@ pub(crate) struct Snapshot {
     pub skipped: u64,
     pub chose_fetch: u64,
     pub chose_pack: u64,
+    pub audits: u64,
+    pub audit_mismatches: u64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -90,6 +95,20 @@ impl Counters {
         metrics::counter!("ctcache_remote_decisions_total", "path" => path).increment(1);
     }
 
+    /// An audit's local pack ran (`packed`) or failed.
+    pub fn audited(&self, packed: bool) {
+        add(&self.audits, 1);
+        let result = if packed { "packed" } else { "pack_failed" };
+        metrics::counter!("ctcache_remote_audits_total", "result" => result).increment(1);
+    }
+
+    /// A trusted key signed bytes this host's packer does not produce.
+    pub fn audit_mismatch(&self, signer: &str) {
+        add(&self.audit_mismatches, 1);
+        metrics::counter!("ctcache_remote_audit_mismatches_total", "signer" => signer.to_string())
+            .increment(1);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Snapshot {
@@ -104,6 +123,8 @@ impl Counters {
             skipped: g(&self.skipped),
             chose_fetch: g(&self.chose_fetch),
             chose_pack: g(&self.chose_pack),
+            audits: g(&self.audits),
+            audit_mismatches: g(&self.audit_mismatches),
         }
     }
 }
@@ -141,6 +162,14 @@ pub(crate) fn describe() {
     c(
         "ctcache_remote_decisions_total",
         "cost-rule choices, by path",
+    );
+    c(
+        "ctcache_remote_audits_total",
+        "fetched entries packed again to compare (audit_rate), by whether the pack ran",
+    );
+    c(
+        "ctcache_remote_audit_mismatches_total",
+        "fetched entries whose bytes differ from the local pack, by signing key",
     );
     metrics::describe_gauge!("ctcache_remote_upload_queue", "uploads waiting");
 }

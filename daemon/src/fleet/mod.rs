@@ -7,12 +7,15 @@ mod costs;
 mod counters;
 mod upload;
 
+use std::collections::HashSet;
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ctcache::store::{Entry, EntryKey, Payload, Store};
+use ctcache_remote::audit::{self, Matching};
 use ctcache_remote::client::{Client, PayloadStream, RemoteError};
 use ctcache_remote::config::{RemoteConfig, Settings};
 use ctcache_remote::guard::{Breaker, NegativeCache};
@@ -25,6 +28,9 @@ pub(crate) use counters::Snapshot;
 
 use costs::Costs;
 use counters::Counters;
+
+/// Quarantined keys remembered at most (then forgotten all at once).
+const QUARANTINE_MAX: usize = 65_536;
 
 /// What the fleet tier shares between the pack jobs and the upload task.
 struct Shared {
@@ -52,6 +58,8 @@ pub(crate) struct Fleet {
     rt: Handle,
     guard: Mutex<(Breaker, NegativeCache)>,
     costs: Mutex<Costs>,
+    /// Keys whose remote entry failed an audit.
+    quarantined: Mutex<HashSet<EntryKey>>,
     uploads: Option<mpsc::Sender<upload::Job>>,
     last_drop_log: Mutex<Option<Instant>>,
 }
@@ -68,9 +76,22 @@ pub(crate) struct Report {
     pub queue_depth: u64,
     pub queue_capacity: u64,
     pub counters: Snapshot,
-    /// (format, pack bytes/s) and the remote's bytes/s, as measured.
-    pub pack_rates: Vec<(String, f64)>,
+    /// (format, backend, pack bytes/s) and the remote's bytes/s, as measured.
+    pub pack_rates: Vec<(String, String, f64)>,
     pub remote_rate: Option<f64>,
+    /// Whether the remote answered a probe (`None`: not probed).
+    pub reachable: Option<Result<(), String>>,
+}
+
+/// How this host would pack an entry: the cost rule weighs the measured
+/// throughput of `format` on `backend` against the remote's, and an audit
+/// packs it again.
+pub(crate) struct Packing<'a> {
+    pub format: &'a str,
+    /// The backend the job would pack on (`cpu`, `wgpu`).
+    pub backend: &'a str,
+    /// Packs the entry here; its payload bytes.
+    pub repack: &'a dyn Fn() -> Result<Bytes, String>,
 }
 
 /// Who decides whether a local miss asks the remote.
@@ -97,6 +118,12 @@ enum Failed {
     /// The remote does not have it.
     Absent,
     Rejected(&'static str, String),
+    /// Signed by a trusted key, intact, and not what this host's packer
+    /// produces.
+    AuditMismatch {
+        signer: String,
+        detail: String,
+    },
     Remote(&'static str, RemoteError),
     Store(String),
 }
@@ -143,29 +170,39 @@ impl Fleet {
             rt,
             guard: Mutex::new(Default::default()),
             costs: Mutex::new(Costs::default()),
+            quarantined: Mutex::default(),
             uploads,
             last_drop_log: Mutex::new(None),
         })
     }
 
-    /// Read-through for a local miss of `key` (format `format`), from a
-    /// blocking thread (a pack job's, or a `remote pull`'s): the entry,
-    /// stored exactly as a local pack would store it, or `None` (then the
-    /// job packs). `ask` says whether the cost rule decides.
+    /// Read-through for a local miss of `key`, from a blocking thread (a
+    /// pack job's, or a `remote pull`'s): the entry, stored exactly as a
+    /// local pack would store it, or `None` (then the job packs). `ask` says
+    /// whether the cost rule decides; `audit_rate` of the fetches are packed
+    /// again with `packing.repack` and must be equal.
     pub fn fetch(
         &self,
         store: &Store,
         key: &EntryKey,
-        format: &str,
         ask: Ask,
         source: Source,
+        packing: Packing<'_>,
     ) -> Option<Entry> {
         let s = &self.shared;
         if !s.settings.config.read {
             return None;
         }
+        if lock(&self.quarantined).contains(key) {
+            s.counters.miss();
+            return None;
+        }
         if ask == Ask::CostRule {
-            let fetch = lock(&self.costs).should_fetch(s.settings.config.fetch, format);
+            let fetch = lock(&self.costs).should_fetch(
+                s.settings.config.fetch,
+                packing.format,
+                packing.backend,
+            );
             s.counters.chose(fetch);
             if !fetch {
                 return None;
@@ -184,14 +221,16 @@ impl Fleet {
             }
         }
         let started = Instant::now();
-        let got = self.try_fetch(store, key, source);
+        let mut repacking = Duration::ZERO;
+        let got = self.try_fetch(store, key, source, packing.repack, &mut repacking);
         let mut g = lock(&self.guard);
         match got {
             Ok(e) => {
                 g.0.success();
                 s.answered();
                 s.counters.hit(e.payload.len);
-                lock(&self.costs).fetched(e.payload.len, started.elapsed());
+                let took = started.elapsed().saturating_sub(repacking);
+                lock(&self.costs).fetched(e.payload.len, took);
                 tracing::debug!(%key, bytes = e.payload.len, "remote hit");
                 Some(e)
             }
@@ -209,6 +248,21 @@ impl Fleet {
                 g.1.remember(*key, Instant::now());
                 s.counters.rejected(reason);
                 tracing::warn!(%key, reason, "remote entry rejected: {detail}");
+                None
+            }
+            Err(Failed::AuditMismatch { signer, detail }) => {
+                g.0.success();
+                s.answered();
+                self.quarantine(*key);
+                s.counters.rejected("audit_mismatch");
+                s.counters.audit_mismatch(&signer);
+                tracing::warn!(
+                    %key,
+                    signer = %signer,
+                    object = %s.client.payload_path(key),
+                    "remote entry failed its audit, quarantined (not fetched again until restart): \
+                     signed by trusted key {signer:?}, {detail}"
+                );
                 None
             }
             Err(Failed::Remote(during, e)) => {
@@ -231,7 +285,24 @@ impl Fleet {
         }
     }
 
-    fn try_fetch(&self, store: &Store, key: &EntryKey, source: Source) -> Result<Entry, Failed> {
+    /// Keeps `key` from being fetched again (bounded: when full, the list
+    /// starts over).
+    fn quarantine(&self, key: EntryKey) {
+        let mut q = lock(&self.quarantined);
+        if q.len() >= QUARANTINE_MAX {
+            q.clear();
+        }
+        q.insert(key);
+    }
+
+    fn try_fetch(
+        &self,
+        store: &Store,
+        key: &EntryKey,
+        source: Source,
+        repack: &dyn Fn() -> Result<Bytes, String>,
+        repacking: &mut Duration,
+    ) -> Result<Entry, Failed> {
         let s = &self.shared;
         let bytes = self
             .rt
@@ -241,6 +312,17 @@ impl Fleet {
         let max = s.settings.config.max_object_bytes;
         let accepted = manifest::open(&bytes, &s.settings.trust, key, max)
             .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))?;
+        // Packed before the download: the payload is compared as it streams
+        // and never published when it differs.
+        let audit = if audit::due(s.settings.config.audit_rate) {
+            let t = Instant::now();
+            let packed = repack();
+            *repacking = t.elapsed();
+            s.counters.audited(packed.is_ok());
+            Some(packed.map_err(|e| Failed::Store(format!("cannot audit: {e}")))?)
+        } else {
+            None
+        };
         let stream = self
             .rt
             .block_on(s.client.payload(key, accepted.payload.len))
@@ -252,16 +334,29 @@ impl Fleet {
         let mut reader = Streamed {
             rt: &self.rt,
             stream,
-            chunk: bytes::Bytes::new(),
+            chunk: Bytes::new(),
             failed: None,
         };
         let mut checked = Checked::new(&mut reader, accepted.payload);
-        let put = store.put(&new, &mut checked);
+        let (put, audit_mismatch) = match audit {
+            None => (store.put(&new, &mut checked), None),
+            Some(packed) => {
+                let mut matching = Matching::new(&mut checked, packed);
+                let put = store.put(&new, &mut matching);
+                (put, matching.mismatch().map(str::to_string))
+            }
+        };
         if let Some(m) = checked.mismatch() {
             return Err(Failed::Rejected("bad_checksum", m.to_string()));
         }
         if let Some(e) = reader.failed.take() {
             return Err(Failed::Remote("payload", e));
+        }
+        if let Some(detail) = audit_mismatch {
+            return Err(Failed::AuditMismatch {
+                signer: accepted.signer,
+                detail,
+            });
         }
         let stored = put.map_err(|e| Failed::Store(e.to_string()))?;
         if stored.entry.key != *key {
@@ -281,10 +376,11 @@ impl Fleet {
         &self,
         store: &Store,
         entry: &Entry,
-        format: &str,
+        (format, backend): (&str, &str),
         params: Vec<(String, String)>,
     ) {
-        lock(&self.costs).packed(format, entry.payload.len, entry.pack_duration);
+        let took = entry.pack_duration;
+        lock(&self.costs).packed(format, backend, entry.payload.len, took);
         let Some(tx) = &self.uploads else { return };
         let payload: Payload = match store.open_payload(&entry.key) {
             Ok(p) => p,
@@ -355,8 +451,14 @@ impl Fleet {
             .map_or(0, |tx| (tx.max_capacity() - tx.capacity()) as u64)
     }
 
-    pub fn report(&self) -> Report {
+    /// What `status` shows; `probe`: ask the remote now whether it answers
+    /// (within the timeout; from a blocking thread).
+    pub fn report(&self, probe: bool) -> Report {
         let c = &self.shared.settings.config;
+        let reachable = probe.then(|| {
+            let answer = self.rt.block_on(self.shared.client.reachable());
+            answer.map_err(|e| e.to_string())
+        });
         let breaker = lock(&self.guard).0.state(Instant::now());
         let (pack_rates, remote_rate) = lock(&self.costs).rates();
         Report {
@@ -374,6 +476,7 @@ impl Fleet {
             counters: self.shared.counters.snapshot(),
             pack_rates,
             remote_rate,
+            reachable,
         }
     }
 }
@@ -402,7 +505,7 @@ impl Shared {
 struct Streamed<'a> {
     rt: &'a Handle,
     stream: PayloadStream,
-    chunk: bytes::Bytes,
+    chunk: Bytes,
     failed: Option<RemoteError>,
 }
 

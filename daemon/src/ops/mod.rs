@@ -54,6 +54,7 @@ pub(crate) enum UseCase {
     Events,
     RemotePull,
     RemotePush,
+    RemoteStatus,
     /// grpc.health.v1.
     Health,
     /// grpc.reflection.
@@ -62,7 +63,7 @@ pub(crate) enum UseCase {
 
 impl UseCase {
     /// Every use case, for the edge's method table.
-    pub const ALL: [UseCase; 27] = [
+    pub const ALL: [UseCase; 28] = [
         UseCase::GetHostDevices,
         UseCase::ListFormats,
         UseCase::Lookup,
@@ -88,6 +89,7 @@ impl UseCase {
         UseCase::Events,
         UseCase::RemotePull,
         UseCase::RemotePush,
+        UseCase::RemoteStatus,
         UseCase::Health,
         UseCase::Reflection,
     ];
@@ -120,6 +122,7 @@ impl UseCase {
             UseCase::Events => "Events",
             UseCase::RemotePull => "RemotePull",
             UseCase::RemotePush => "RemotePush",
+            UseCase::RemoteStatus => "RemoteStatus",
             UseCase::Health => "Health",
             UseCase::Reflection => "Reflection",
         }
@@ -128,6 +131,7 @@ impl UseCase {
     /// Reads the cache or the daemon's state and changes nothing a caller
     /// could notice (ResolveModel packs only what its caller may already
     /// have packed through a watched folder; see docs/OPERATIONS.md).
+    /// RemoteStatus is not: it makes the daemon send a request.
     pub fn reads_only(self) -> bool {
         matches!(
             self,

@@ -142,12 +142,12 @@ fn check_payload(d: &Daemon, t: &TensorRef, w: &Wanted, packer: &dyn Packer) -> 
 
 /// The resolved inputs of one pack: the model as it was opened for the
 /// request (never opened again by path), one of its initializers.
-struct PackSpec {
-    model: OpenedModel,
-    tensor: TensorRef,
-    digest: SourceDigest,
-    packer: &'static dyn Packer,
-    params: Params,
+pub(crate) struct PackSpec {
+    pub model: OpenedModel,
+    pub tensor: TensorRef,
+    pub digest: SourceDigest,
+    pub packer: &'static dyn Packer,
+    pub params: Params,
 }
 
 fn params_key(p: &Params) -> String {
@@ -261,7 +261,9 @@ fn run(
     if cancel.cancelled() {
         return Err("every waiter went away".into());
     }
-    if let Some(entry) = fetch_remote(d, &spec, &model_path) {
+    let remote = expected_key(&spec.digest, t, spec.packer, &spec.params)
+        .and_then(|key| fetch_remote(d, &spec, &key, crate::fleet::Ask::CostRule, choice));
+    if let Some(entry) = remote {
         return Ok(Packed {
             entry,
             cached: true,
@@ -324,7 +326,7 @@ fn run(
     if let (Some(fleet), true) = (&d.fleet, stored.created) {
         let params = spec.params.iter();
         let params = params.map(|(k, v)| (k.to_string(), v.to_string()));
-        fleet.packed(&d.store, &stored.entry, format, params.collect());
+        fleet.packed(&d.store, &stored.entry, (format, backend), params.collect());
     }
     Ok(Packed {
         entry: stored.entry,
@@ -333,30 +335,60 @@ fn run(
     })
 }
 
-/// Read-through on a local miss: the entry from the fleet tier, stored
-/// here, when the remote has it (and the cost rule says fetching pays).
-fn fetch_remote(d: &Daemon, spec: &PackSpec, model_path: &str) -> Option<Entry> {
+/// Read-through on a local miss of `key` (what `spec` packs to): the entry
+/// from the fleet tier, stored here, when the remote has it (and, under
+/// `ask`, the cost rule says fetching pays for a pack on `choice`).
+pub(crate) fn fetch_remote(
+    d: &Daemon,
+    spec: &PackSpec,
+    key: &EntryKey,
+    ask: crate::fleet::Ask,
+    choice: BackendChoice,
+) -> Option<Entry> {
     let fleet = d.fleet.as_ref()?;
-    let key = expected_key(&spec.digest, &spec.tensor, spec.packer, &spec.params)?;
-    let names = vec![spec.tensor.name.clone()];
+    let model_path = spec.model.path.display().to_string();
+    // The CPU packers are the reference an audit compares with.
+    let repack = || {
+        let c = ctcache_kernels::compile::compile_on(
+            &spec.model.model,
+            &spec.tensor,
+            Some(spec.digest),
+            spec.packer,
+            &spec.params,
+            BackendChoice::Cpu,
+        )
+        .map_err(|e| e.to_string())?;
+        if c.digest != spec.digest {
+            return Err("the model changed since its digest was taken".to_string());
+        }
+        Ok(c.payload)
+    };
     let entry = fleet.fetch(
         &d.store,
-        &key,
-        spec.packer.id(),
-        crate::fleet::Ask::CostRule,
+        key,
+        ask,
         crate::fleet::Source {
             shape: ctcache::hit::SourceShape {
                 data_type: spec.tensor.data_type,
                 dims: spec.tensor.dims.clone(),
             },
-            names,
-            model_paths: vec![model_path.to_string()],
+            names: vec![spec.tensor.name.clone()],
+            model_paths: vec![model_path.clone()],
+        },
+        crate::fleet::Packing {
+            format: spec.packer.id(),
+            // Auto reaches a job only on the GPU lane.
+            backend: match choice {
+                BackendChoice::Cpu => "cpu",
+                BackendChoice::Wgpu | BackendChoice::Auto => "wgpu",
+            },
+            repack: &repack,
         },
     )?;
     d.events.emit(
         EventKind::EntryAdded,
         Some(entry.key),
-        model_path.to_string(),
+        model_path,
         format!("{} {} (from the remote)", spec.tensor.name, entry.type_name),
     );
     Some(entry)

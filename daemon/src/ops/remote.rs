@@ -4,6 +4,8 @@
 
 use super::{model, pack, Error, Result};
 use crate::caller::Caller;
+use ctcache_kernels::compile::BackendChoice;
+
 use crate::fleet::{Ask, Fleet, Pushed};
 use crate::state::Daemon;
 
@@ -32,12 +34,11 @@ fn fleet(d: &Daemon) -> Result<&Fleet> {
 
 /// The RemotePull use case.
 pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Transfer> {
-    let f = fleet(d)?;
+    fleet(d)?;
     tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
     let m = model::open(d, model_path, caller)?;
     let sel = model::wanted(d, &m.model, &[], &[])?;
     let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
-    let path = m.path.display().to_string();
     let mut t = Transfer::default();
     for w in &sel.wanted {
         let (Some(tensor), Some(packer)) = (
@@ -55,21 +56,14 @@ pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
             t.present += 1;
             continue;
         }
-        let names = vec![tensor.name.clone()];
-        match f.fetch(
-            &d.store,
-            &key,
-            packer.id(),
-            Ask::Always,
-            crate::fleet::Source {
-                shape: ctcache::hit::SourceShape {
-                    data_type: tensor.data_type,
-                    dims: tensor.dims.clone(),
-                },
-                names,
-                model_paths: vec![path.clone()],
-            },
-        ) {
+        let spec = pack::PackSpec {
+            model: m.clone(),
+            tensor: tensor.clone(),
+            digest: digests[&tensor.name],
+            packer,
+            params: w.params.clone(),
+        };
+        match pack::fetch_remote(d, &spec, &key, Ask::Always, BackendChoice::Cpu) {
             Some(e) => {
                 t.done += 1;
                 t.bytes += e.payload.len;

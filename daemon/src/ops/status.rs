@@ -41,8 +41,14 @@ pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
         socket: d.socket.clone(),
         gc_max_bytes,
         gc_max_age,
-        remote: d.fleet.as_ref().map(|f| f.report()),
+        remote: d.fleet.as_ref().map(|f| f.report(false)),
     })
+}
+
+/// The RemoteStatus use case: the fleet tier's report, the remote probed
+/// (`None`: no remote configured).
+pub(crate) fn remote_status(d: &Daemon) -> Result<Option<crate::fleet::Report>> {
+    Ok(d.fleet.as_ref().map(|f| f.report(true)))
 }
 
 /// Store statistics and the number of active leases.

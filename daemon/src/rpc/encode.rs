@@ -181,7 +181,7 @@ pub(crate) fn transfer(t: crate::ops::remote::Transfer) -> api::RemoteTransferRe
     }
 }
 
-fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
+pub(crate) fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
     let c = r.counters;
     api::RemoteStatus {
         remote: r.remote,
@@ -203,8 +203,15 @@ fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
         skipped: c.skipped,
         chose_fetch: c.chose_fetch,
         chose_pack: c.chose_pack,
-        pack_bytes_per_s: r.pack_rates.into_iter().collect(),
+        pack_bytes_per_s: (r.pack_rates.into_iter())
+            .map(|(format, backend, rate)| (format!("{format}/{backend}"), rate))
+            .collect(),
         remote_bytes_per_s: r.remote_rate.unwrap_or(0.0),
+        audits: c.audits,
+        audit_mismatches: c.audit_mismatches,
+        probed: r.reachable.is_some(),
+        reachable: matches!(r.reachable, Some(Ok(()))),
+        probe_error: r.reachable.and_then(Result::err).unwrap_or_default(),
     }
 }
 

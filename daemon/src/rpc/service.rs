@@ -373,6 +373,18 @@ impl CompiledTensorCache for Service {
             .await
     }
 
+    async fn remote_status(
+        &self,
+        _: Request<api::RemoteStatusRequest>,
+    ) -> Answer<api::RemoteStatusResponse> {
+        self.run(ops::status::remote_status, |_, r| {
+            api::RemoteStatusResponse {
+                remote: r.map(encode::remote_status),
+            }
+        })
+        .await
+    }
+
     async fn remote_pull(
         &self,
         req: Request<api::RemotePullRequest>,
