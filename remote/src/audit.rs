@@ -34,6 +34,7 @@ pub struct Matching<R> {
 }
 
 impl<R: Read> Matching<R> {
+    /// Reads `inner` and compares it with `packed`, this host's own pack.
     pub fn new(inner: R, packed: Bytes) -> Matching<R> {
         Matching {
             inner,

@@ -263,6 +263,7 @@ pub struct Overrides {
     pub workers: Option<usize>,
     /// `--log-format`.
     pub log_format: Option<LogFormat>,
+    /// The `--remote-*` flags.
     pub remote: RemoteOverrides,
 }
 
@@ -270,19 +271,31 @@ pub struct Overrides {
 /// section on when the file has none).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct RemoteOverrides {
+    /// `--remote-url` (`s3://bucket/prefix`).
     pub url: Option<String>,
+    /// `--remote-endpoint`.
     pub endpoint: Option<String>,
+    /// `--remote-region`.
     pub region: Option<String>,
+    /// `--remote-allow-http`.
     pub allow_http: Option<bool>,
+    /// `--remote-read`.
     pub read: Option<bool>,
+    /// `--remote-write`.
     pub write: Option<bool>,
+    /// `--remote-timeout-ms`.
     pub timeout_ms: Option<u64>,
+    /// `--remote-upload-queue`.
     pub upload_queue: Option<usize>,
+    /// `--remote-max-object-bytes`.
     pub max_object_bytes: Option<u64>,
+    /// `--remote-signing-key-file`.
     pub signing_key_file: Option<PathBuf>,
-    /// Replaces the list when not empty.
+    /// `--remote-trusted-key` (repeatable); replaces the list when not empty.
     pub trusted_keys: Vec<String>,
+    /// `--remote-fetch`.
     pub fetch: Option<FetchMode>,
+    /// `--remote-audit-rate`.
     pub audit_rate: Option<f64>,
 }
 
