@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .bytes(".")
         .extern_path(".onnx", "::ctcache::pb")
+        // Struct types travel as their encoding (see src/struct_type.rs).
+        .extern_path(".onnx.StructTypeProto", "crate::StructType")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -8,7 +8,6 @@ use ctcache::store::{
     Damage, Entry, EntryKey, GcReason, GcReport, GcTarget, ReconcileReport, Stats, StoreError,
     VerifyReport,
 };
-use prost::Message;
 
 use crate::v1 as api;
 
@@ -30,7 +29,9 @@ pub fn key_from_str(s: &str) -> Result<EntryKey, StoreError> {
 /// An entry with every field; `payload_path` is where its file lives.
 pub fn entry(e: &Entry, payload_path: &Path, leased: bool) -> api::Entry {
     api::Entry {
-        struct_type: ctcache::pb::StructTypeProto::decode(e.physical_type.as_slice()).ok(),
+        // As stored (the canonical encoding its type key hashes), not
+        // decoded and encoded again.
+        struct_type: Some(crate::StructType::from_encoded(bytes_of(&e.physical_type))),
         device: Some(e.device.clone()),
         source_names: e.source_names.clone(),
         model_paths: e.model_paths.clone(),

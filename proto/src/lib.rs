@@ -1,6 +1,7 @@
 //! The ctcached gRPC API, version 1: messages, client and server stubs
 //! generated from `proto/ctcache/v1/ctcache.proto`, and the conversions
-//! between the core's types and these messages ([`convert`]).
+//! between the core's types and these messages ([`convert`]). Struct types
+//! travel encoded ([`StructType`]).
 
 #![deny(missing_docs)]
 
@@ -10,6 +11,9 @@ pub mod v1 {
 }
 
 pub mod convert;
+mod struct_type;
+
+pub use struct_type::StructType;
 
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -104,7 +104,7 @@ pub fn describe(
         digest_algorithm: e.key.source.algorithm.name().to_string(),
         source_digest: Bytes::copy_from_slice(&e.key.source.bytes),
         device: Some(e.device.clone()),
-        physical_type: Some(physical_type),
+        physical_type: Some(physical_type.into()),
         dims: e.dims.clone(),
         payload_len: e.payload.len,
         payload_blake3: Bytes::copy_from_slice(&e.payload.blake3),
@@ -236,8 +236,10 @@ fn entry_key(e: &RemoteEntry) -> Result<EntryKey, Rejected> {
     let ty = e
         .physical_type
         .as_ref()
-        .ok_or_else(|| malformed("no physical type".into()))?;
-    EntryKey::derive(source, device, ty).map_err(|e| malformed(format!("physical type: {e}")))
+        .ok_or_else(|| malformed("no physical type".into()))?
+        .decode()
+        .map_err(|e| malformed(format!("physical type: {e}")))?;
+    EntryKey::derive(source, device, &ty).map_err(|e| malformed(format!("physical type: {e}")))
 }
 
 /// What `put` needs to store an accepted entry fetched for the local
@@ -258,7 +260,11 @@ pub fn new_entry(
         source: SourceDigest { algorithm, bytes },
         source_shape,
         device: e.device.clone().unwrap_or_default(),
-        physical_type: e.physical_type.clone().unwrap_or_default(),
+        physical_type: e
+            .physical_type
+            .as_ref()
+            .and_then(|t| t.decode().ok())
+            .unwrap_or_default(),
         dims: e.dims.clone(),
         producer: Producer {
             packer_id: e.packer_id.clone(),
@@ -295,7 +301,7 @@ mod tests {
             digest_algorithm: "blake3".into(),
             source_digest: Bytes::from(vec![5u8; 32]),
             device: Some(device),
-            physical_type: Some(ty),
+            physical_type: Some(ty.into()),
             dims: vec![2, 3],
             payload_len: 10,
             payload_blake3: Bytes::copy_from_slice(blake3::hash(b"0123456789").as_bytes()),

@@ -89,11 +89,16 @@ pub(crate) fn prepack(r: api::PrepackRequest) -> Result<PrepackRequest, Error> {
     })
 }
 
-pub(crate) fn put_header(h: api::PutHeader) -> PutHeader {
-    PutHeader {
+pub(crate) fn put_header(h: api::PutHeader) -> Result<PutHeader, Error> {
+    let struct_type = h
+        .struct_type
+        .map(|t| t.decode())
+        .transpose()
+        .map_err(|e| Error::invalid(format!("struct_type: {e}")))?;
+    Ok(PutHeader {
         source_digest: h.source_digest.to_vec(),
         digest_algorithm: h.digest_algorithm,
-        struct_type: h.struct_type,
+        struct_type,
         dims: h.dims,
         device: h.device,
         payload_len: h.payload_len,
@@ -101,7 +106,7 @@ pub(crate) fn put_header(h: api::PutHeader) -> PutHeader {
         model_path: h.model_path,
         source_data_type: h.source_data_type,
         source_dims: h.source_dims,
-    }
+    })
 }
 
 pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
@@ -144,5 +149,28 @@ pub(crate) fn gc(r: api::GcRequest) -> GcRequest {
         max_bytes: (r.has_max_bytes || r.max_bytes > 0).then_some(r.max_bytes),
         max_age_secs: (r.has_max_age_s || r.max_age_s > 0).then_some(r.max_age_s),
         dry_run: r.dry_run,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_put_header_whose_struct_type_does_not_decode_is_invalid() {
+        let header = |t: ctcache_api::StructType| api::PutHeader {
+            struct_type: Some(t),
+            ..Default::default()
+        };
+        let ty = ctcache::pb::StructTypeProto {
+            name: "t.fmt".into(),
+            ..Default::default()
+        };
+        let ok = put_header(header(ty.clone().into())).unwrap();
+        assert_eq!(ok.struct_type, Some(ty));
+        // Field 1 (a message) framed as a varint.
+        let junk = ctcache_api::StructType::from_encoded(vec![0x08, 0x01].into());
+        let err = put_header(header(junk)).unwrap_err();
+        assert!(err.to_string().contains("struct_type"), "{err}");
     }
 }

@@ -141,7 +141,7 @@ impl CompiledTensorCache for Service {
             Some(Err(e)) => return Err(e),
             _ => return Err(Error::invalid("the first Put message must be the header").into()),
         };
-        let mut session = ops::put::begin(&self.daemon, &caller, decode::put_header(header))?;
+        let mut session = ops::put::begin(&self.daemon, &caller, decode::put_header(header)?)?;
         while let Some(msg) = stream.next().await {
             match msg?.part {
                 Some(api::put_request::Part::Data(chunk)) => session.push(&chunk)?,
