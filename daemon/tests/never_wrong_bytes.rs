@@ -127,7 +127,7 @@ fn header_for(
     api::PutHeader {
         source_digest: bytes::Bytes::copy_from_slice(digest),
         digest_algorithm: "blake3".into(),
-        struct_type: Some(ty),
+        struct_type: Some(ty.into()),
         dims: layout.dims,
         device: Some(p.device(&params).unwrap()),
         payload_len: layout.payload_len,
@@ -236,7 +236,7 @@ async fn a_known_name_over_another_layout_is_unknown_to_resolve_and_import() {
     // Same name, same size, fields in another order: stored (the type is
     // valid), never a hit.
     let reordered = header_for(&digest, NBITS, &[], |t| fields(t).swap(0, 1));
-    let name = reordered.struct_type.as_ref().unwrap().name.clone();
+    let name = reordered.struct_type.as_ref().unwrap().decode().unwrap().name;
     assert_eq!(name, "ort.matmul_nbits.b4.bs32.sym");
     let stored = put(&mut c, reordered, 0x11).await;
     assert_eq!(stored.physical_type, name);
