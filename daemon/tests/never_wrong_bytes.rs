@@ -236,7 +236,13 @@ async fn a_known_name_over_another_layout_is_unknown_to_resolve_and_import() {
     // Same name, same size, fields in another order: stored (the type is
     // valid), never a hit.
     let reordered = header_for(&digest, NBITS, &[], |t| fields(t).swap(0, 1));
-    let name = reordered.struct_type.as_ref().unwrap().decode().unwrap().name;
+    let name = reordered
+        .struct_type
+        .as_ref()
+        .unwrap()
+        .decode()
+        .unwrap()
+        .name;
     assert_eq!(name, "ort.matmul_nbits.b4.bs32.sym");
     let stored = put(&mut c, reordered, 0x11).await;
     assert_eq!(stored.physical_type, name);
