@@ -14,23 +14,28 @@ fn unavailable() -> GpuError {
 }
 
 impl GpuBackend {
+    /// Always fails: no backend in this build.
     pub fn new() -> Result<GpuBackend, GpuError> {
         Err(unavailable())
     }
 
+    /// Always fails: no backend in this build.
     pub fn shared() -> Result<&'static GpuBackend, GpuError> {
         Err(unavailable())
     }
 
+    /// Unreachable: no value of this type exists.
     pub fn adapter_info(&self) -> &AdapterSummary {
         match self._never {}
     }
 
+    /// No packer runs on the GPU in this build.
     pub fn supports(packer_id: &str) -> bool {
         let _ = packer_id;
         false
     }
 
+    /// Unreachable: no value of this type exists.
     pub fn pack(
         &self,
         packer_id: &str,
