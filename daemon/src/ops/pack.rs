@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ctcache::digest::SourceDigest;
 use ctcache::onnx::{Model, TensorRef};
 use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
-use ctcache_kernels::compile::BackendChoice;
+use ctcache_kernels::compile::{BackendChoice, Compiled};
 use ctcache_kernels::{Packer, Params};
 
 use super::model::{self, FormatRequest, OpenedModel};
@@ -242,6 +242,24 @@ fn existing(
     }
 }
 
+/// Packs `spec` on `choice`, refusing the result when the model changed
+/// since its digest was taken (it will be picked up again).
+fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<Compiled, String> {
+    let c = ctcache_kernels::compile::compile_on(
+        &spec.model.model,
+        &spec.tensor,
+        Some(spec.digest),
+        spec.packer,
+        &spec.params,
+        choice,
+    )
+    .map_err(|e| e.to_string())?;
+    if c.digest != spec.digest {
+        return Err("the model changed while packing; it will be picked up again".into());
+    }
+    Ok(c)
+}
+
 /// A pack job: reuse a stored entry, else pack and put.
 fn run(
     d: &Daemon,
@@ -249,7 +267,7 @@ fn run(
     choice: BackendChoice,
     cancel: &CancelToken,
 ) -> Result<Packed, String> {
-    let (model, t) = (&spec.model.model, &spec.tensor);
+    let t = &spec.tensor;
     let model_path = spec.model.path.display().to_string();
     if let Some(entry) = existing(d, &spec.digest, t, spec.packer, &spec.params) {
         return Ok(Packed {
@@ -270,19 +288,7 @@ fn run(
             backend: None,
         });
     }
-    let c = ctcache_kernels::compile::compile_on(
-        model,
-        t,
-        Some(spec.digest),
-        spec.packer,
-        &spec.params,
-        choice,
-    )
-    .map_err(|e| e.to_string())?;
-    // The model may have changed since its digest was taken.
-    if c.digest != spec.digest {
-        return Err("the model changed while packing; it will be picked up again".into());
-    }
+    let c = compile(&spec, choice)?;
     if cancel.cancelled() {
         return Err("every waiter went away".into());
     }
@@ -348,21 +354,7 @@ pub(crate) fn fetch_remote(
     let fleet = d.fleet.as_ref()?;
     let model_path = spec.model.path.display().to_string();
     // The CPU packers are the reference an audit compares with.
-    let repack = || {
-        let c = ctcache_kernels::compile::compile_on(
-            &spec.model.model,
-            &spec.tensor,
-            Some(spec.digest),
-            spec.packer,
-            &spec.params,
-            BackendChoice::Cpu,
-        )
-        .map_err(|e| e.to_string())?;
-        if c.digest != spec.digest {
-            return Err("the model changed since its digest was taken".to_string());
-        }
-        Ok(c.payload)
-    };
+    let repack = || compile(spec, BackendChoice::Cpu).map(|c| c.payload);
     let entry = fleet.fetch(
         &d.store,
         key,
