@@ -634,8 +634,7 @@ async fn untrusted_client_helper() {
 
 #[test]
 fn admin_rpcs_from_untrusted_uid_are_refused() {
-    if !can_switch_uid() {
-        eprintln!("skipped: needs root and setpriv to act as another uid");
+    if !uid_switch_or_skip() {
         return;
     }
     let mut d = daemon_for_nobody("");

@@ -447,8 +447,7 @@ async fn rotted_lease_helper() {
 
 #[test]
 fn a_repack_never_reads_what_the_served_caller_cannot() {
-    if !can_switch_uid() {
-        eprintln!("skipped: needs root and setpriv to act as another uid");
+    if !uid_switch_or_skip() {
         return;
     }
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -113,8 +113,7 @@ async fn link_planting_helper() {
 
 #[test]
 fn writes_for_a_peer_never_follow_its_links() {
-    if !can_switch_uid() {
-        eprintln!("skipped: needs root and setpriv to act as another uid");
+    if !uid_switch_or_skip() {
         return;
     }
     let mut d = daemon_for_nobody("");
@@ -211,8 +210,7 @@ async fn private_model_helper() {
 
 #[test]
 fn a_peer_never_reads_a_private_model_through_its_links() {
-    if !can_switch_uid() {
-        eprintln!("skipped: needs root and setpriv to act as another uid");
+    if !uid_switch_or_skip() {
         return;
     }
     let mut d = daemon_for_nobody("");

@@ -190,8 +190,7 @@ async fn nobody_remote_helper() {
 
 #[test]
 fn another_user_may_neither_pull_a_model_it_cannot_read_nor_push() {
-    if !can_switch_uid() {
-        eprintln!("skipped: needs root and setpriv to act as another uid");
+    if !uid_switch_or_skip() {
         return;
     }
     let endpoint = format!("http://127.0.0.1:{}", closed_port());

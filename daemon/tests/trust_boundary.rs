@@ -157,8 +157,7 @@ async fn nobody_attacks_helper() {
 
 #[test]
 fn leases_watches_and_jobs_are_owned_and_bounded() {
-    if !can_switch_uid() {
-        eprintln!("skipped: needs root and setpriv to act as another uid");
+    if !uid_switch_or_skip() {
         return;
     }
     let mut d = daemon_for_nobody(

@@ -295,6 +295,16 @@ pub fn can_switch_uid() -> bool {
     root && Command::new("setpriv").arg("--version").output().is_ok()
 }
 
+/// Whether this test can act as uid 65534; says the test is skipped when
+/// not.
+pub fn uid_switch_or_skip() -> bool {
+    let can = can_switch_uid();
+    if !can {
+        eprintln!("skipped: needs root and setpriv to act as another uid");
+    }
+    can
+}
+
 /// Lets anyone search (and read) the folder `p`.
 pub fn open_to_all(p: &Path) {
     use std::os::unix::fs::PermissionsExt;
