@@ -32,7 +32,7 @@ bench() {
 }
 
 # ---- the benches: one line each (brace expansion lists figures) ----
-bench digest       "bench/digest_bench.sh"                            digest.{b3sum,rss_anon}
+bench digest       "bench/digest_bench.sh"                            digest.{b3sum,rss_anon,memory}
 bench pack         "bench/pack_bench.sh"                              pack.{ort.matmul_nbits,ggml.q8_0,ggml.q4_0,cast.f16}.{cpu,wgpu,scalar,avx2,avx512,neon} pack.rss
 bench store        "cargo bench -q -p ctcache --bench store_bench"    store.{put,open,lookups,gc_plan,gc}
 bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lookup_p50,lookup_p99,batch_full,batch_brief,resolve_p50,watched_overhead}

@@ -4,7 +4,10 @@
 # throughputs (best of DIGEST_BENCH_REPS, default 5, alternating runs), the
 # ratio (target >= 1.0) and ctcachectl's peak RSS (target:
 # under 64 MiB plus mapped pages; RssAnon is the unmapped part), then the
-# same as RESULT lines for bench/all.sh (bench/results.py).
+# same as RESULT lines for bench/all.sh (bench/results.py). Then
+# benches/digest_paths.rs on the same files: the digest against blake3 of the
+# bytes already in memory (digest.memory: what the mapping costs) and the
+# other ways to bring the pages in, each timed the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/ctcache-target}"
@@ -16,6 +19,7 @@ trap 'rm -rf "$WORK"' EXIT
 command -v b3sum >/dev/null || cargo install b3sum --locked -q
 [ -x "$VENV/bin/python" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install -q -r tests/python/requirements.txt; }
 cargo build --release -q -p ctcachectl
+cargo bench -q -p ctcache --bench digest_paths --no-run
 CTL="$CARGO_TARGET_DIR/release/ctcachectl"
 
 "$VENV/bin/python" - "$WORK" "$SIZE_MIB" <<'PY'
@@ -82,3 +86,4 @@ echo "ratio ctcache/b3sum: $RATIO (target >= 1.0)"
 echo "ctcachectl peak RSS: anonymous $ANON KiB (target < 64 MiB), file-backed mapped pages $((FILE / 1024)) MiB"
 echo "RESULT name=digest.b3sum value=$(GBS "$T_CT") unit=GB/s anchor=$(GBS "$T_B3") ratio=$RATIO target=ratio>=1.0 label=\"ctcachectl digest of $((BYTES >> 20)) MiB external data vs b3sum of the file\""
 echo "RESULT name=digest.rss_anon value=$(echo "scale=1; $ANON / 1024" | bc -l) unit=MiB target=value<64 label=\"ctcachectl digest peak anonymous RSS\""
+cargo bench -q -p ctcache --bench digest_paths -- "$WORK/model.onnx" "$DATA"
