@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import Daemon, ctl
+from garage_cluster import free_port
 from test_first_run import make_model  # a 512 x 256 FLOAT MatMul weight
 
 boto3 = pytest.importorskip("boto3")
@@ -39,12 +40,6 @@ pytest.importorskip("moto")
 BUCKET = "ctc-fleet"
 TIMEOUT_MS = 1500
 FORMATS = 2  # the default policy: gemm.pack_b.f32 and ort.matmul_nbits
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
