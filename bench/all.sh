@@ -39,6 +39,7 @@ bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lo
 bench open_payload "bench/open_payload_bench.sh"                      open_payload.{ttfb,throughput,consume,pss,first_serve}
 bench materialize  "bench/materialize_bench.sh"                       materialize.cold materialize.{warm,warm_bytes}.{auto,hard}
 bench load         "bench/load_bench.sh"                              load.{resolve,lookup,open,release,read,gc}_{p50,p99} load.rss_growth
+bench fleet        "bench/fleet_bench.sh"                             fleet.{ort.matmul_nbits,gemm.pack_b.f32}.{remote,auto,bytes}
 # ---------------------------------------------------------------------
 
 declared() { for n in "${NAMES[@]}"; do printf '%s\n' ${FIGURES[$n]}; done; }

@@ -89,10 +89,21 @@ def make_model(folder: Path, layers: int, dim: int, seed: int = 0) -> Path:
     return model_path
 
 
+def write_model(folder: Path, layers: int, dim: int) -> Path:
+    """``make_model``, saying what it wrote and how long that took."""
+    t = time.perf_counter()
+    model = make_model(folder, layers, dim)
+    log(f"model: {layers} x MatMul [{dim} x {dim}] FLOAT = {mib(layers * dim * dim * 4)} external data "
+        f"({model}, written in {time.perf_counter() - t:.1f} s)")
+    return model
+
+
 def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path, Path]:
     cache, sock = root / "cache", root / "s.sock"
     config = root / "ctcached.toml"
-    config.touch()  # built-in defaults (the default policy), whatever ~/.config says
+    # Empty unless the caller wrote one: built-in defaults (the default
+    # policy), whatever ~/.config says.
+    config.touch()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
     if not env.get("XDG_RUNTIME_DIR"):
         xdg = root / "xdg"
@@ -103,6 +114,32 @@ def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path, Pat
                              "--socket", str(sock), "--log-format", "human"],
                             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     return proc, cache, sock
+
+
+def connect(proc: subprocess.Popen, sock: Path, root: Path, timeout: float = 60):
+    """A client of the daemon ``start_daemon`` started in ``root`` once it
+    answers; None (its log printed) when it exits or does not answer in time."""
+    import ctcache
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client = ctcache.connect(sock, timeout=1)
+            client.status()
+            return client
+        except ctcache.DaemonNotRunning:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log((root / "ctcached.log").read_text(errors="replace")[-3000:])
+                return None
+            time.sleep(0.05)
+
+
+def drop_scratch(work: Path, keep: bool) -> None:
+    """Removes the scratch folder, or says where it stays."""
+    if keep:
+        log(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def stop_daemon(proc: subprocess.Popen) -> None:
@@ -142,6 +179,7 @@ def anchor(model: Path, dim: int):
 def through_daemon(client, model: Path, out: Path, dim: int, link: str = "auto"):
     import onnxruntime as ort
 
+    out.parent.mkdir(parents=True, exist_ok=True)  # the daemon writes into an existing folder only
     t0 = time.perf_counter()
     r = client.materialize(model, out, bits=BITS, block_size=BLOCK, symmetric=SYMMETRIC, link=link)
     t1 = time.perf_counter()
@@ -197,8 +235,6 @@ def main() -> int:
 
     import onnxruntime as ort
 
-    import ctcache
-
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
 
     work = a.work or Path(tempfile.mkdtemp(prefix="ctcmb-", dir="/var/tmp"))
@@ -207,11 +243,7 @@ def main() -> int:
     models.mkdir(exist_ok=True)
     proc = None
     try:
-        t = time.perf_counter()
-        model = make_model(models, a.layers, a.dim)
-        fp32 = a.layers * a.dim * a.dim * 4
-        log(f"model: {a.layers} x MatMul [{a.dim} x {a.dim}] FLOAT = {mib(fp32)} external data "
-            f"({model}, written in {time.perf_counter() - t:.1f} s)")
+        model = write_model(models, a.layers, a.dim)
         log(f"settings: {BITS} bits, block {BLOCK}, {'symmetric' if SYMMETRIC else 'asymmetric'}; "
             f"onnxruntime {ort.__version__}; {os.cpu_count()} CPUs; daemon {a.bin_dir / 'ctcached'}")
 
@@ -223,17 +255,9 @@ def main() -> int:
 
         # ---- daemon
         proc, cache, sock = start_daemon(a.bin_dir, work)
-        deadline = time.monotonic() + 60
-        client = None
-        while client is None:
-            try:
-                client = ctcache.connect(sock, timeout=1)
-            except ctcache.DaemonNotRunning:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log((work / "ctcached.log").read_text(errors="replace")[-3000:])
-                    return 1
-                time.sleep(0.05)
-        client.status()
+        client = connect(proc, sock, work)
+        if client is None:
+            return 1
 
         cold, y_cold = through_daemon(client, model, work / "out-cold" / "model.int4.onnx", a.dim)
         r = cold["resp"]
@@ -289,10 +313,7 @@ def main() -> int:
     finally:
         if proc is not None:
             stop_daemon(proc)
-        if not a.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"kept {work}")
+        drop_scratch(work, a.keep)
 
 
 if __name__ == "__main__":

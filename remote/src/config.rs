@@ -11,9 +11,9 @@ use crate::manifest::Trust;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FetchMode {
-    /// The cost rule: fetch when the measured remote throughput beats the
-    /// measured packer throughput for the entry's format (fetch until both
-    /// are measured).
+    /// The cost rule: per entry, the path measured faster for its format
+    /// and backend (fetching first to measure the remote, then packing once
+    /// to measure the packer; one entry in 16 takes the other path).
     #[default]
     Auto,
     /// Fetch on every local miss.

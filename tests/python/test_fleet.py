@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import Daemon, ctl
+from garage_cluster import free_port
 from test_first_run import make_model  # a 512 x 256 FLOAT MatMul weight
 
 boto3 = pytest.importorskip("boto3")
@@ -39,12 +40,6 @@ pytest.importorskip("moto")
 BUCKET = "ctc-fleet"
 TIMEOUT_MS = 1500
 FORMATS = 2  # the default policy: gemm.pack_b.f32 and ort.matmul_nbits
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
@@ -118,17 +113,17 @@ def keygen(name: str, dir_: Path) -> str:
 
 
 def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", sign: str | None = None,
-                 trust: list[str] = (), write: bool = True, metrics: bool = True,
-                 extra: list[str] = ()) -> Daemon:
+                 trust: list[str] = (), write: bool = True, metrics: bool = True, fetch: str = "always",
+                 workers: int = 0, extra: list[str] = ()) -> Daemon:
     d = Daemon(root / name)
     lines = ["[remote]", f'url = "s3://{BUCKET}/{prefix}"', f'endpoint = "{s3.endpoint}"',
              "allow_http = true", f"timeout_ms = {TIMEOUT_MS}", f"write = {str(write).lower()}",
-             'fetch = "always"']
+             f'fetch = "{fetch}"']
     if sign:
         lines.append(f'signing_key_file = "{root / (sign + ".secret")}"')
     lines.append("trusted_keys = [" + ", ".join(f'"{t}"' for t in trust) + "]")
     lines.extend(extra)
-    top = []
+    top = [f"workers = {workers}"]
     if metrics:
         d.metrics = f"127.0.0.1:{free_port()}"
         top.append(f'metrics_addr = "{d.metrics}"')
@@ -344,6 +339,35 @@ def chain_model(path: Path, n: int, size: int = 256) -> Path:
     m.ir_version = 9
     save(m, str(path))
     return path
+
+
+def test_auto_fetches_first_then_packs_each_format_once_to_learn_its_rate(root, s3):
+    """fetch = auto on a fresh host: the first miss asks the remote (which
+    measures it), then each format's first miss packs (which measures
+    packing); the rest take the path measured faster. Every entry has A's
+    bytes either way."""
+    weights = 4
+    model = chain_model(root / "chain.onnx", weights)
+    pub_a = keygen("a", root)
+    a = fleet_daemon(root, "a", s3, sign="a")
+    try:
+        resolve_wait(a, model)
+        wait_uploads(a, weights * FORMATS)
+        packed = payloads(a)
+    finally:
+        a.stop()
+    # One worker: each miss is decided with the rates of the ones before it.
+    b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False, fetch="auto", workers=1)
+    try:
+        resolve_wait(b, model)
+        assert payloads(b) == packed
+        st = remote_status(b)
+        assert st["chose_fetch"] + st["chose_pack"] == weights * FORMATS, st
+        assert st["hits"] == st["chose_fetch"] >= 1 and st["remote_bytes_per_s"] > 0, st
+        assert sorted(st["pack_bytes_per_s"]) == ["gemm.pack_b.f32/cpu", "ort.matmul_nbits/cpu"], st
+        assert metric_sum(scrape(b), "ctcache_pack_jobs_total") == st["chose_pack"]
+    finally:
+        b.stop()
 
 
 def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, monkeypatch):
