@@ -130,12 +130,19 @@ fn architecture(need: &pb::DeviceProto, host: &pb::DeviceProto) -> Result<(), Mi
             ),
         ));
     }
-    let host_features: std::collections::HashSet<&str> = meta(host, CPU_FEATURES_KEY)
+    let (need_features, host_features) =
+        (meta(need, CPU_FEATURES_KEY), meta(host, CPU_FEATURES_KEY));
+    // The common case, an entry packed on this host: the same list, so no
+    // set of the host's (often a hundred) features to build per lookup.
+    if need_features == host_features {
+        return Ok(());
+    }
+    let host_features: std::collections::HashSet<&str> = host_features
         .unwrap_or("")
         .split(',')
         .filter(|s| !s.is_empty())
         .collect();
-    let missing: Vec<&str> = meta(need, CPU_FEATURES_KEY)
+    let missing: Vec<&str> = need_features
         .unwrap_or("")
         .split(',')
         .filter(|f| !f.is_empty() && !host_features.contains(f))
