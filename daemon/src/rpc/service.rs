@@ -150,7 +150,7 @@ impl CompiledTensorCache for Service {
         }
         let stored = session.finish(&self.daemon).await?;
         ok(api::PutResponse {
-            entry: Some(encode::entry(&self.daemon, &stored.entry)),
+            entry: Some(encode::entry(&self.daemon, stored.entry)),
             already_present: !stored.created,
         })
     }
@@ -196,7 +196,7 @@ impl CompiledTensorCache for Service {
         ok(api::LeaseResponse {
             lease_id: g.id.0,
             expires_unix_ms: g.expires_unix_ms,
-            entry: g.entry.as_ref().map(|e| encode::entry(&self.daemon, e)),
+            entry: g.entry.map(|e| encode::entry(&self.daemon, e)),
         })
     }
 
@@ -270,10 +270,10 @@ impl CompiledTensorCache for Service {
             move |d| ops::status::list(d, &r),
             |d, listed| api::ListResponse {
                 entries: listed
-                    .iter()
+                    .into_iter()
                     .map(|l| {
                         let path = d.store.blob_path(&l.entry.payload.blake3);
-                        convert::entry(&l.entry, &path, l.leased)
+                        convert::entry(l.entry, path, l.leased)
                     })
                     .collect(),
             },
