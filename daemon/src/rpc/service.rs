@@ -81,11 +81,13 @@ impl CompiledTensorCache for Service {
         let r = req.into_inner();
         let brief = r.brief;
         let q = decode::lookup(r);
-        self.run(
-            move |d| ops::lookup::lookup(d, &q),
-            move |d, o| encode::lookup(d, o, brief),
-        )
-        .await
+        // Answered on the async worker, not a blocking thread: a lookup
+        // reads the store's decoded records (or a few sled pages, in memory
+        // once read), about 3 us; the hop to the blocking pool and back
+        // (two thread wakeups) cost more than the lookup itself. Batches
+        // still go to the pool: a large one takes milliseconds.
+        let outcome = ops::lookup::lookup(&self.daemon, &q)?;
+        ok(encode::lookup(&self.daemon, outcome, brief))
     }
 
     async fn batch_lookup(
