@@ -6,13 +6,21 @@
 //! ResolveModel of a 300-initializer model with a warm digest memo (target
 //! p50 < 5 ms), and the time from a model landing in a watched folder to
 //! all its entries ready, minus the pure packing time (target < 1 s).
-//! Run: `cargo bench -p ctcached --bench daemon_bench`. Each figure is also
+//! Beside them, tonic's own floor: the same no-op RPC answered by a bare
+//! tonic health server (a copy of this bench, on its own Unix socket, with
+//! the daemon's runtime flavour and none of its layers), so the report can
+//! say how much of the anchor is the daemon's edge and how much gRPC.
+//! Run: `cargo bench -p ctcached --bench daemon_bench`
+//! (`CTCACHED_BENCH_CLIENT_RUNTIME=current_thread`: the client on a
+//! current-thread runtime). Each figure is also
 //! printed as a `RESULT` line (`ctcache_testkit::Figure`) for bench/all.sh;
 //! the Lookup and BatchLookup targets are issue #17's.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -52,8 +60,75 @@ fn many_initializers(n: usize) -> Vec<u8> {
     .encode_to_vec()
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+/// Set in the copy of this bench that serves as the bare tonic server: its
+/// socket path.
+const BARE_SOCKET_ENV: &str = "CTCACHED_BENCH_BARE_HEALTH_SOCKET";
+/// `current_thread`: the bench's client calls from a current-thread
+/// runtime instead of the default multi-thread one (two workers), to see
+/// what the client's own thread hops cost.
+const CLIENT_RUNTIME_ENV: &str = "CTCACHED_BENCH_CLIENT_RUNTIME";
+
+fn main() {
+    if let Some(socket) = std::env::var_os(BARE_SOCKET_ENV) {
+        return serve_bare_health(Path::new(&socket));
+    }
+    let rt = match std::env::var(CLIENT_RUNTIME_ENV).as_deref() {
+        Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Ok(other) if other != "multi_thread" => panic!("{CLIENT_RUNTIME_ENV}={other}?"),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+    };
+    rt.unwrap().block_on(bench());
+}
+
+/// grpc.health.v1 alone, served by tonic on a Unix socket from a
+/// multi-thread runtime as the daemon's; runs until killed.
+fn serve_bare_health(socket: &Path) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+}
+
+/// The bare server's process, killed when dropped.
+struct BareServer(Child);
+
+impl BareServer {
+    fn start(socket: &Path) -> BareServer {
+        let child = Command::new(std::env::current_exe().unwrap())
+            .env(BARE_SOCKET_ENV, socket)
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !socket.exists() {
+            assert!(t.elapsed() < Duration::from_secs(10), "bare server not up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        BareServer(child)
+    }
+}
+
+impl Drop for BareServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn bench() {
     let mut d = Daemon::start();
     // One connection for the calls and the anchor's no-op calls.
     let ch = channel(&d.socket).await;
@@ -76,11 +151,20 @@ async fn main() {
     // lookups (interleaved, so load on the machine hits both alike).
     let mut health = HealthClient::new(ch);
     let noop = HealthCheckRequest::default();
+    // tonic's floor, timed in the same loop.
+    let bare_socket = work.path().join("bare.sock");
+    let _bare = BareServer::start(&bare_socket);
+    let mut bare = HealthClient::new(channel(&bare_socket).await);
     for _ in 0..200 {
         c.lookup(req.clone()).await.unwrap();
         health.check(noop.clone()).await.unwrap();
+        bare.check(noop.clone()).await.unwrap();
     }
-    let (mut lat, mut floor) = (Vec::with_capacity(3000), Vec::with_capacity(3000));
+    let (mut lat, mut floor, mut bare_floor) = (
+        Vec::with_capacity(3000),
+        Vec::with_capacity(3000),
+        Vec::with_capacity(3000),
+    );
     for _ in 0..3000 {
         let t = Instant::now();
         let r = c.lookup(req.clone()).await.unwrap().into_inner();
@@ -89,9 +173,13 @@ async fn main() {
         let t = Instant::now();
         health.check(noop.clone()).await.unwrap();
         floor.push(t.elapsed());
+        let t = Instant::now();
+        bare.check(noop.clone()).await.unwrap();
+        bare_floor.push(t.elapsed());
     }
     lat.sort();
     floor.sort();
+    bare_floor.sort();
     let sample = c.lookup(req.clone()).await.unwrap().into_inner();
     println!(
         "A full entry is {} bytes on the wire, its struct type {} of them",
@@ -108,6 +196,15 @@ async fn main() {
         "Lookup over the Unix socket: p50 {p50:.1} us, p99 {p99:.1} us ({} requests); \
          no-op RPC on the same socket: p50 {f50:.1} us, p99 {f99:.1} us",
         lat.len()
+    );
+    let (b50, b99) = (
+        us(percentile(&bare_floor, 0.5)),
+        us(percentile(&bare_floor, 0.99)),
+    );
+    println!(
+        "The same no-op RPC from a bare tonic health server (no daemon layers): \
+         p50 {b50:.1} us, p99 {b99:.1} us; the daemon's edge adds {:.1} us at p50",
+        f50 - b50
     );
     Figure::new(
         "daemon.lookup_p50",

@@ -2,7 +2,7 @@
 //! the daemon encodes its answers with these and `ctcachectl` builds the
 //! same answers from the core when it works on a cache dir directly.
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use ctcache::store::{
     Damage, Entry, EntryKey, GcReason, GcReport, GcTarget, ReconcileReport, Stats, StoreError,
@@ -13,7 +13,20 @@ use crate::v1 as api;
 
 /// The API form of an entry key: hex of its index bytes.
 pub fn key_to_string(k: &EntryKey) -> String {
-    hex::encode(k.to_bytes())
+    hex_string(&k.to_bytes())
+}
+
+/// Lower-case hex, written straight into a string of its final size (the
+/// `hex` crate's `encode` collects it a char at a time, a visible cost when
+/// a batch answers thousands of entries with three hex fields each).
+pub fn hex_string(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    s
 }
 
 /// Parses the API form of an entry key.
@@ -26,34 +39,43 @@ pub fn key_from_str(s: &str) -> Result<EntryKey, StoreError> {
     EntryKey::from_bytes(&bytes)
 }
 
-/// An entry with every field; `payload_path` is where its file lives.
-pub fn entry(e: &Entry, payload_path: &Path, leased: bool) -> api::Entry {
+/// An entry with every field; `payload_path` is where its file lives. The
+/// entry's fields move into the message (no copies of its struct type,
+/// device or names).
+pub fn entry(mut e: Entry, payload_path: PathBuf, leased: bool) -> api::Entry {
+    let struct_type = std::mem::take(&mut e.physical_type);
+    let device = std::mem::take(&mut e.device);
+    let source_names = std::mem::take(&mut e.source_names);
+    let model_paths = std::mem::take(&mut e.model_paths);
     api::Entry {
         // As stored (the canonical encoding its type key hashes), not
         // decoded and encoded again.
-        struct_type: Some(crate::StructType::from_encoded(bytes_of(&e.physical_type))),
-        device: Some(e.device.clone()),
-        source_names: e.source_names.clone(),
-        model_paths: e.model_paths.clone(),
+        struct_type: Some(crate::StructType::from_encoded(struct_type.into())),
+        device: Some(device),
+        source_names,
+        model_paths,
         ..entry_brief(e, payload_path, leased)
     }
 }
 
 /// An entry without its bulky fields (struct type, device, names, paths).
-pub fn entry_brief(e: &Entry, payload_path: &Path, leased: bool) -> api::Entry {
+pub fn entry_brief(e: Entry, payload_path: PathBuf, leased: bool) -> api::Entry {
     api::Entry {
         key: key_to_string(&e.key),
         source_digest: bytes_of(&e.key.source.bytes),
         digest_algorithm: e.key.source.algorithm.name().into(),
-        physical_type: e.type_name.clone(),
+        physical_type: e.type_name,
         format_version: e.format_version,
-        type_key: e.key.physical_type.hex(),
+        type_key: hex_string(&e.key.physical_type.0),
         struct_type: None,
-        dims: e.dims.clone(),
+        dims: e.dims,
         device: None,
-        payload_blake3: hex::encode(e.payload.blake3),
+        payload_blake3: hex_string(&e.payload.blake3),
         payload_len: e.payload.len,
-        payload_path: payload_path.display().to_string(),
+        payload_path: payload_path
+            .into_os_string()
+            .into_string()
+            .unwrap_or_else(|p| p.to_string_lossy().into_owned()),
         producer: match e.producer.client_uid {
             Some(uid) => format!("uid:{uid}"),
             None => format!("{}@{}", e.producer.packer_id, e.producer.packer_version),
@@ -190,5 +212,13 @@ mod tests {
         assert_eq!(key_from_str(&key_to_string(&key)).unwrap(), key);
         assert!(key_from_str("not a key").is_err());
         assert!(key_from_str("00").is_err());
+    }
+
+    #[test]
+    fn hex_string_is_lower_case_hex_of_every_byte() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(hex_string(&all), hex::encode(&all));
+        assert_eq!(hex_string(&[0x0f, 0xa0]), "0fa0");
+        assert_eq!(hex_string(&[]), "");
     }
 }

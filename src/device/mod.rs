@@ -108,6 +108,15 @@ pub fn compatible(
     Ok(())
 }
 
+/// Needed CPU features up to which each is looked up in the host's list
+/// directly (beyond: in a set of the host's).
+const FEW_FEATURES: usize = 16;
+
+/// The features a `cpu.features` value lists.
+fn listed(features: Option<&str>) -> impl Iterator<Item = &str> {
+    features.unwrap_or("").split(',').filter(|s| !s.is_empty())
+}
+
 fn architecture(need: &pb::DeviceProto, host: &pb::DeviceProto) -> Result<(), Mismatch> {
     if need.r#type != "cpu" {
         if need.architecture != host.architecture {
@@ -130,16 +139,25 @@ fn architecture(need: &pb::DeviceProto, host: &pb::DeviceProto) -> Result<(), Mi
             ),
         ));
     }
-    let host_features: std::collections::HashSet<&str> = meta(host, CPU_FEATURES_KEY)
-        .unwrap_or("")
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .collect();
-    let missing: Vec<&str> = meta(need, CPU_FEATURES_KEY)
-        .unwrap_or("")
-        .split(',')
-        .filter(|f| !f.is_empty() && !host_features.contains(f))
-        .collect();
+    let (need_features, host_features) =
+        (meta(need, CPU_FEATURES_KEY), meta(host, CPU_FEATURES_KEY));
+    // The common case, an entry packed on this host: the same list.
+    if need_features == host_features {
+        return Ok(());
+    }
+    // A packer needs a few features and the host lists ~100: scanning the
+    // host's list per needed feature is cheaper than a set of the host's
+    // built per judged entry; a long need list (a client's put) gets the set.
+    let missing: Vec<&str> = if listed(need_features).nth(FEW_FEATURES).is_none() {
+        listed(need_features)
+            .filter(|f| !listed(host_features).any(|h| h == *f))
+            .collect()
+    } else {
+        let host: std::collections::HashSet<&str> = listed(host_features).collect();
+        listed(need_features)
+            .filter(|f| !host.contains(f))
+            .collect()
+    };
     if !missing.is_empty() {
         return Err(mismatch(
             CPU_FEATURES_KEY,

@@ -194,3 +194,29 @@ fn device_key_ignores_metadata_order() {
     assert_eq!(device_key(&a), device_key(&b));
     assert_ne!(device_key(&a), device_key(&dev("cpu", "y", &[])));
 }
+
+#[test]
+fn cpu_features_judged_alike_for_short_and_long_need_lists() {
+    let all: Vec<String> = (0..40).map(|i| format!("f{i:02}")).collect();
+    let host = dev(
+        "cpu",
+        "x86_64-avx2",
+        &[("cpu.features", all.join(",").as_str())],
+    );
+    for n in [1, 3, FEW_FEATURES, FEW_FEATURES + 1, 40] {
+        let need = dev(
+            "cpu",
+            "x86_64-avx2",
+            &[("cpu.features", all[..n].join(",").as_str())],
+        );
+        assert!(
+            compatible(&need, &host, None).is_ok(),
+            "{n} present features"
+        );
+        let lacking = format!("{},zz9,,{}", all[..n - 1].join(","), "zz8");
+        let need = dev("cpu", "x86_64-avx2", &[("cpu.features", lacking.as_str())]);
+        let m = compatible(&need, &host, None).unwrap_err();
+        assert_eq!(m.field, "cpu.features", "{n}");
+        assert_eq!(m.detail, "host lacks zz9,zz8", "{n}");
+    }
+}

@@ -17,8 +17,9 @@ use crate::ops::status::StatusReport;
 use crate::ops::Miss;
 use crate::state::Daemon;
 
-pub(crate) fn entry(d: &Daemon, e: &Entry) -> api::Entry {
-    convert::entry(e, &d.store.blob_path(&e.payload.blake3), false)
+pub(crate) fn entry(d: &Daemon, e: Entry) -> api::Entry {
+    let path = d.store.blob_path(&e.payload.blake3);
+    convert::entry(e, path, false)
 }
 
 pub(crate) fn miss(m: &Miss) -> api::Miss {
@@ -29,10 +30,11 @@ pub(crate) fn lookup(d: &Daemon, o: LookupOutcome, brief: bool) -> api::LookupRe
     match o {
         LookupOutcome::Hits(hits) => api::LookupResponse {
             entries: hits
-                .iter()
+                .into_iter()
                 .map(|e| {
                     if brief {
-                        convert::entry_brief(e, &d.store.blob_path(&e.payload.blake3), false)
+                        let path = d.store.blob_path(&e.payload.blake3);
+                        convert::entry_brief(e, path, false)
                     } else {
                         entry(d, e)
                     }
@@ -59,7 +61,7 @@ pub(crate) fn resolution(d: &Daemon, r: Resolution) -> api::ResolveModelResponse
                 dims: t.dims,
                 source_digest: bytes::Bytes::copy_from_slice(&t.digest.bytes),
                 digest_algorithm: t.digest.algorithm.name().into(),
-                entries: t.entries.iter().map(|e| entry(d, e)).collect(),
+                entries: t.entries.into_iter().map(|e| entry(d, e)).collect(),
                 misses: t.misses.iter().map(|m| miss(&m.miss)).collect(),
                 wanted_formats: t.wanted_formats,
                 refused: t.refused,
@@ -100,7 +102,7 @@ pub(crate) fn progress(d: &Daemon, p: &JobProgress) -> api::PrepackProgress {
         format: p.format.clone(),
         done: p.done,
         total: p.total,
-        entry: p.entry.as_ref().map(|e| entry(d, e)),
+        entry: p.entry.clone().map(|e| entry(d, e)),
         error: p.error.clone(),
         pack_duration_us: p.pack_duration.as_micros() as u64,
         state: state.into(),

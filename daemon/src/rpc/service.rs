@@ -81,11 +81,13 @@ impl CompiledTensorCache for Service {
         let r = req.into_inner();
         let brief = r.brief;
         let q = decode::lookup(r);
-        self.run(
-            move |d| ops::lookup::lookup(d, &q),
-            move |d, o| encode::lookup(d, o, brief),
-        )
-        .await
+        // Answered on the async worker, not a blocking thread: a lookup
+        // reads the store's decoded records (or a few sled pages, in memory
+        // once read), about 3 us; the hop to the blocking pool and back
+        // (two thread wakeups) cost more than the lookup itself. Batches
+        // still go to the pool: a large one takes milliseconds.
+        let outcome = ops::lookup::lookup(&self.daemon, &q)?;
+        ok(encode::lookup(&self.daemon, outcome, brief))
     }
 
     async fn batch_lookup(
@@ -150,7 +152,7 @@ impl CompiledTensorCache for Service {
         }
         let stored = session.finish(&self.daemon).await?;
         ok(api::PutResponse {
-            entry: Some(encode::entry(&self.daemon, &stored.entry)),
+            entry: Some(encode::entry(&self.daemon, stored.entry)),
             already_present: !stored.created,
         })
     }
@@ -196,7 +198,7 @@ impl CompiledTensorCache for Service {
         ok(api::LeaseResponse {
             lease_id: g.id.0,
             expires_unix_ms: g.expires_unix_ms,
-            entry: g.entry.as_ref().map(|e| encode::entry(&self.daemon, e)),
+            entry: g.entry.map(|e| encode::entry(&self.daemon, e)),
         })
     }
 
@@ -270,10 +272,10 @@ impl CompiledTensorCache for Service {
             move |d| ops::status::list(d, &r),
             |d, listed| api::ListResponse {
                 entries: listed
-                    .iter()
+                    .into_iter()
                     .map(|l| {
                         let path = d.store.blob_path(&l.entry.payload.blake3);
-                        convert::entry(&l.entry, &path, l.leased)
+                        convert::entry(l.entry, path, l.leased)
                     })
                     .collect(),
             },
