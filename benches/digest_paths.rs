@@ -27,7 +27,7 @@ const READ_BUFFER: usize = 1 << 20;
 
 /// How a variant brings the bytes in before (or while) hashing them.
 #[derive(Clone, Copy)]
-enum Path {
+enum Reading {
     Memory,
     Map,
     MapPopulate,
@@ -37,16 +37,16 @@ enum Path {
     Pread,
 }
 
-impl Path {
+impl Reading {
     fn name(self) -> &'static str {
         match self {
-            Path::Memory => "memory (resident buffer)",
-            Path::Map => "mmap",
-            Path::MapPopulate => "mmap MAP_POPULATE",
-            Path::Sequential => "mmap + MADV_SEQUENTIAL",
-            Path::WillNeed => "mmap + MADV_WILLNEED",
-            Path::PopulateChunks => "mmap + MADV_POPULATE_READ per 16 MiB",
-            Path::Pread => "pread into reused 1 MiB buffers",
+            Reading::Memory => "memory (resident buffer)",
+            Reading::Map => "mmap",
+            Reading::MapPopulate => "mmap MAP_POPULATE",
+            Reading::Sequential => "mmap + MADV_SEQUENTIAL",
+            Reading::WillNeed => "mmap + MADV_WILLNEED",
+            Reading::PopulateChunks => "mmap + MADV_POPULATE_READ per 16 MiB",
+            Reading::Pread => "pread into reused 1 MiB buffers",
         }
     }
 }
@@ -102,34 +102,34 @@ fn pread_parts(file: &File, len: usize, n: usize) -> Vec<blake3::Hash> {
         .collect()
 }
 
-/// One timed run of `path` over the data file (hashing only, for Memory).
-fn run(path: Path, file: &File, resident: &[u8], n: usize) -> (Duration, Vec<blake3::Hash>) {
+/// One timed run of `reading` over the data file (hashing only, for Memory).
+fn run(reading: Reading, file: &File, resident: &[u8], n: usize) -> (Duration, Vec<blake3::Hash>) {
     let len = resident.len();
     // SAFETY (all maps here): the bench's own data file, read-only, not
     // modified while mapped.
     let map = || unsafe { Mmap::map(file) }.expect("map the data file");
     let t = Instant::now();
-    let hashes = match path {
-        Path::Memory => hash_parts(resident, n, None),
-        Path::Map => hash_parts(&map(), n, None),
-        Path::MapPopulate => {
+    let hashes = match reading {
+        Reading::Memory => hash_parts(resident, n, None),
+        Reading::Map => hash_parts(&map(), n, None),
+        Reading::MapPopulate => {
             let m = unsafe { MmapOptions::new().populate().map(file) }.expect("map");
             hash_parts(&m, n, None)
         }
-        Path::Sequential | Path::WillNeed => {
+        Reading::Sequential | Reading::WillNeed => {
             let m = map();
-            let advice = match path {
-                Path::Sequential => Advice::Sequential,
+            let advice = match reading {
+                Reading::Sequential => Advice::Sequential,
                 _ => Advice::WillNeed,
             };
             m.advise(advice).expect("madvise");
             hash_parts(&m, n, None)
         }
-        Path::PopulateChunks => {
+        Reading::PopulateChunks => {
             let m = map();
             hash_parts(&m, n, Some(&m))
         }
-        Path::Pread => pread_parts(file, len, n),
+        Reading::Pread => pread_parts(file, len, n),
     };
     (t.elapsed(), hashes)
 }
@@ -158,16 +158,16 @@ fn main() {
     let tensors = model.initializers().expect("list initializers");
     let n = tensors.len().max(1);
 
-    let paths = [
-        Path::Memory,
-        Path::Map,
-        Path::MapPopulate,
-        Path::Sequential,
-        Path::WillNeed,
-        Path::PopulateChunks,
-        Path::Pread,
+    let readings = [
+        Reading::Memory,
+        Reading::Map,
+        Reading::MapPopulate,
+        Reading::Sequential,
+        Reading::WillNeed,
+        Reading::PopulateChunks,
+        Reading::Pread,
     ];
-    let mut times = vec![Vec::new(); paths.len()];
+    let mut times = vec![Vec::new(); readings.len()];
     let mut digest_times = Vec::new();
     let want = hash_parts(&resident, n, None);
     for _ in 0..reps {
@@ -176,7 +176,7 @@ fn main() {
             d.expect("digest");
         }
         digest_times.push(t.elapsed());
-        for (i, &p) in paths.iter().enumerate() {
+        for (i, &p) in readings.iter().enumerate() {
             let (t, hashes) = run(p, &file, &resident, n);
             assert_eq!(hashes, want, "{} hashed other bytes", p.name());
             times[i].push(t);
@@ -195,7 +195,7 @@ fn main() {
         gbs(digest),
         digest.as_secs_f64() / memory.as_secs_f64()
     );
-    for (p, t) in paths.iter().zip(&times) {
+    for (p, t) in readings.iter().zip(&times) {
         let b = best(t);
         println!(
             "  {:<40} {:>6.2} GB/s  {:.2}x",
