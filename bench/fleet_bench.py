@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "client" / "python"), str(REPO / "tests" / "python")]
 
 import ctcache  # noqa: E402
-from garage_cluster import REGION, Cluster, GarageError  # noqa: E402
+from garage_cluster import REGION, Cluster, GarageError, remote_section  # noqa: E402
 from materialize_bench import (connect, drop_scratch, log, mib, result, start_daemon, stop_daemon,  # noqa: E402
                                write_model)
 
@@ -85,14 +85,10 @@ def policy_toml(formats: list[str]) -> str:
     return "\n".join(out)
 
 
-def remote_toml(garage: Cluster, *, fetch: str, write: bool, signing_key: Path | None = None,
-                trusted: list[str] = ()) -> str:
-    lines = ["[remote]", f'url = "s3://{BUCKET}/{PREFIX}"', f'endpoint = "{garage.endpoint}"',
-             f'region = "{REGION}"', "allow_http = true", f"write = {str(write).lower()}", f'fetch = "{fetch}"',
-             "trusted_keys = [" + ", ".join(f'"{t}"' for t in trusted) + "]"]
-    if signing_key is not None:
-        lines.append(f'signing_key_file = "{signing_key}"')
-    return "\n".join(lines)
+def remote_toml(garage: Cluster, **options) -> str:
+    """The ``[remote]`` table for ``garage``'s bucket (``options``: see
+    :func:`garage_cluster.remote_section`)."""
+    return remote_section(f"s3://{BUCKET}/{PREFIX}", garage.endpoint, extra=[f'region = "{REGION}"'], **options)
 
 
 class Host:

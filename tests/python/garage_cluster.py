@@ -1,6 +1,7 @@
 """A Garage 2.5 cluster on loopback for the fleet tier's test and bench:
 three nodes, replication factor 3, one layout, a key and a bucket, node 1
-the S3 endpoint.
+the S3 endpoint; and the daemon's ``[remote]`` section for such a local
+endpoint, which the fleet tests and the bench both write.
 
 Used by tests/python/test_garage.py and bench/fleet_bench.py; standard
 library only (boto3 for :meth:`Cluster.client`), no pytest, so a bench can
@@ -15,6 +16,7 @@ import secrets
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 REGION = "garage"
@@ -22,6 +24,18 @@ REGION = "garage"
 
 class GarageError(RuntimeError):
     pass
+
+
+def remote_section(url: str, endpoint: str, *, fetch: str, write: bool = True, signing_key: Path | None = None,
+                   trusted: Iterable[str] = (), extra: Iterable[str] = ()) -> str:
+    """ctcached.toml's ``[remote]`` table for a local S3 endpoint over plain
+    http; ``extra`` lines go into the same table."""
+    lines = ["[remote]", f'url = "{url}"', f'endpoint = "{endpoint}"', "allow_http = true",
+             f"write = {str(write).lower()}", f'fetch = "{fetch}"',
+             "trusted_keys = [" + ", ".join(f'"{t}"' for t in trusted) + "]"]
+    if signing_key is not None:
+        lines.append(f'signing_key_file = "{signing_key}"')
+    return "\n".join([*lines, *extra])
 
 
 def free_port() -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import Daemon, ctl
-from garage_cluster import free_port
+from garage_cluster import free_port, remote_section
 from test_first_run import make_model  # a 512 x 256 FLOAT MatMul weight
 
 boto3 = pytest.importorskip("boto3")
@@ -116,18 +116,14 @@ def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", 
                  trust: list[str] = (), write: bool = True, metrics: bool = True, fetch: str = "always",
                  workers: int = 0, extra: list[str] = ()) -> Daemon:
     d = Daemon(root / name)
-    lines = ["[remote]", f'url = "s3://{BUCKET}/{prefix}"', f'endpoint = "{s3.endpoint}"',
-             "allow_http = true", f"timeout_ms = {TIMEOUT_MS}", f"write = {str(write).lower()}",
-             f'fetch = "{fetch}"']
-    if sign:
-        lines.append(f'signing_key_file = "{root / (sign + ".secret")}"')
-    lines.append("trusted_keys = [" + ", ".join(f'"{t}"' for t in trust) + "]")
-    lines.extend(extra)
+    remote = remote_section(f"s3://{BUCKET}/{prefix}", s3.endpoint, fetch=fetch, write=write,
+                            signing_key=root / (sign + ".secret") if sign else None, trusted=trust,
+                            extra=[f"timeout_ms = {TIMEOUT_MS}", *extra])
     top = [f"workers = {workers}"]
     if metrics:
         d.metrics = f"127.0.0.1:{free_port()}"
         top.append(f'metrics_addr = "{d.metrics}"')
-    (d.root / "ctcached.toml").write_text("\n".join(top + lines) + "\n")
+    (d.root / "ctcached.toml").write_text("\n".join([*top, remote]) + "\n")
     return d.start()
 
 
@@ -377,10 +373,9 @@ def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, mon
     model = chain_model(root / "chain.onnx", weights)
     keygen("a", root)
     d = Daemon(root / "a")
-    (d.root / "ctcached.toml").write_text("\n".join([
-        "[remote]", f'url = "s3://{BUCKET}/fleet"', f'endpoint = "{hole.endpoint}"', "allow_http = true",
-        f"timeout_ms = {TIMEOUT_MS}", "upload_queue = 1", 'fetch = "never"',
-        f'signing_key_file = "{root / "a.secret"}"']) + "\n")
+    (d.root / "ctcached.toml").write_text(remote_section(
+        f"s3://{BUCKET}/fleet", hole.endpoint, fetch="never", signing_key=root / "a.secret",
+        extra=[f"timeout_ms = {TIMEOUT_MS}", "upload_queue = 1"]) + "\n")
     d.start()
     try:
         resolve_wait(d, model)
