@@ -85,6 +85,9 @@ cargo bench -q --workspace --no-run --bench '*' 2>&1 | grep -v '^ *Executable' |
 failed=()
 for n in "${run[@]}"; do
   echo "==> $n: ${COMMAND[$n]}"
+  # The previous bench's files (written, then deleted) go back to disk
+  # before this one starts, not under its timings.
+  sync
   start=$(date +%s)
   # Each bench's own build step finds everything fresh.
   if bash -c "${COMMAND[$n]}" 2>&1 | tee "$work/$n.log" | sed 's/^/    /'; then
