@@ -98,6 +98,30 @@ macro_rules! unary {
     };
 }
 
+/// An HTTP/2 channel to the daemon's socket at `path`, for a generated
+/// gRPC client of one's own (tonic's health client, say); [`Client`] is
+/// built on it. Unlike [`Client::connect_to`] it does not first probe the
+/// socket to name why it cannot be reached.
+pub async fn channel_to(path: impl AsRef<Path>) -> Result<Channel> {
+    let socket = path.as_ref().to_path_buf();
+    let target = socket.clone();
+    // The URI is a placeholder: every connection goes to the socket.
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let target = target.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(target).await?,
+                ))
+            }
+        }))
+        .await
+        .map_err(|e| Error::Connect {
+            detail: chain(&e),
+            socket,
+        })
+}
+
 impl Client {
     /// Connects to `CTCACHE_SOCKET`, else the D8 default socket.
     pub async fn connect() -> Result<Client> {
@@ -108,22 +132,7 @@ impl Client {
     pub async fn connect_to(path: impl AsRef<Path>) -> Result<Client> {
         let socket = path.as_ref().to_path_buf();
         socket::probe(&socket).await?;
-        let target = socket.clone();
-        // The URI is a placeholder: every connection goes to the socket.
-        let channel = Endpoint::from_static("http://[::]:50051")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let target = target.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(target).await?,
-                    ))
-                }
-            }))
-            .await
-            .map_err(|e| Error::Connect {
-                socket: socket.clone(),
-                detail: chain(&e),
-            })?;
+        let channel = channel_to(&socket).await?;
         let inner = CompiledTensorCacheClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);

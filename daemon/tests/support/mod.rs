@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 use ctcache_api::v1 as api;
 use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use ctcache_testkit::MatMul;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub use ctcache_testkit::{
     digest_of_file as digest_of, eventually_async as eventually, rot_payload, write_model,
@@ -128,17 +128,7 @@ impl InProc {
 }
 
 pub async fn channel(socket: &Path) -> Channel {
-    let path = socket.to_path_buf();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
+    ctcache_client::channel_to(socket)
         .await
         .expect("connecting to ctcached")
 }
