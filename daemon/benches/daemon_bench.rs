@@ -12,7 +12,10 @@
 //! say how much of the anchor is the daemon's edge and how much gRPC.
 //! The client runs on a current-thread runtime (as ctcachectl's); Lookup
 //! latency is timed again from a multi-thread client runtime, whose thread
-//! hops the round trip pays too.
+//! hops the round trip pays too. Lookups and both no-ops are timed in
+//! alternating blocks of back-to-back calls (and, printed beside, one by one
+//! in turn); then the CPU time each side spends per Lookup and per no-op,
+//! which says where a round trip goes.
 //! Run: `cargo bench -p ctcached --bench daemon_bench`. Each figure is also
 //! printed as a `RESULT` line (`ctcache_testkit::Figure`) for bench/all.sh;
 //! the Lookup and BatchLookup targets are issue #17's.
@@ -31,6 +34,7 @@ use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use ctcache_testkit::{Figure, On};
 use prost::Message;
 use support::*;
+use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
@@ -121,11 +125,50 @@ impl Drop for BareServer {
     }
 }
 
-/// Lookup latency p50/p99 from a client on the calling runtime, each call
-/// timed beside the anchor (the no-op RPC on the same socket, interleaved so
-/// load on the machine hits both alike) and tonic's floor (the bare health
-/// server); prints the figures `{figure}_p50` (with `p50_target`, in µs,
-/// where given) and `{figure}_p99` and returns the anchor's p50 in µs.
+/// Calls of one kind timed back to back before the next kind's block.
+/// Blocks of the three kinds alternate, so load on the machine hits all
+/// alike, while each call follows one of its own kind on the same server:
+/// timed one by one in turn, every Lookup followed the bare server's call,
+/// the daemon's threads idle since, and paid waking them (printed too).
+const BLOCK: usize = 100;
+
+/// Latencies (sorted) of `calls` Lookups, no-op calls on the same connection
+/// and no-op calls to the bare server, in alternating blocks of `block`.
+async fn timed_calls(
+    c: &mut CompiledTensorCacheClient<Channel>,
+    health: &mut HealthClient<Channel>,
+    bare: &mut HealthClient<Channel>,
+    req: &api::LookupRequest,
+    calls: usize,
+    block: usize,
+) -> [Vec<Duration>; 3] {
+    let [mut lat, mut floor, mut bare_floor] = [(); 3].map(|_| Vec::with_capacity(calls));
+    for _ in 0..calls / block {
+        for _ in 0..block {
+            let t = Instant::now();
+            let r = c.lookup(req.clone()).await.unwrap().into_inner();
+            lat.push(t.elapsed());
+            assert_eq!(r.entries.len(), 2);
+        }
+        for (client, times) in [(&mut *health, &mut floor), (&mut *bare, &mut bare_floor)] {
+            for _ in 0..block {
+                let t = Instant::now();
+                client.check(HealthCheckRequest::default()).await.unwrap();
+                times.push(t.elapsed());
+            }
+        }
+    }
+    [lat, floor, bare_floor].map(|mut t| {
+        t.sort();
+        t
+    })
+}
+
+/// Lookup latency p50/p99 from a client on the calling runtime, timed
+/// beside the anchor (the no-op RPC on the same connection) and tonic's
+/// floor (the bare health server), in blocks (see [`BLOCK`]); prints the
+/// figures `{figure}_p50` (with `p50_target`, in µs, where given) and
+/// `{figure}_p99` and returns the anchor's p50 in µs.
 async fn lookup_latency(
     socket: &Path,
     bare_socket: &Path,
@@ -138,34 +181,12 @@ async fn lookup_latency(
     let ch = channel(socket).await;
     let mut c = CompiledTensorCacheClient::new(ch.clone());
     let mut health = HealthClient::new(ch);
-    let noop = HealthCheckRequest::default();
     let mut bare = HealthClient::new(channel(bare_socket).await);
-    for _ in 0..200 {
-        c.lookup(req.clone()).await.unwrap();
-        health.check(noop.clone()).await.unwrap();
-        bare.check(noop.clone()).await.unwrap();
-    }
-    let (mut lat, mut floor, mut bare_floor) = (
-        Vec::with_capacity(3000),
-        Vec::with_capacity(3000),
-        Vec::with_capacity(3000),
-    );
-    for _ in 0..3000 {
-        let t = Instant::now();
-        let r = c.lookup(req.clone()).await.unwrap().into_inner();
-        lat.push(t.elapsed());
-        assert_eq!(r.entries.len(), 2);
-        let t = Instant::now();
-        health.check(noop.clone()).await.unwrap();
-        floor.push(t.elapsed());
-        let t = Instant::now();
-        bare.check(noop.clone()).await.unwrap();
-        bare_floor.push(t.elapsed());
-    }
-    lat.sort();
-    floor.sort();
-    bare_floor.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
+    timed_calls(&mut c, &mut health, &mut bare, req, 600, BLOCK).await; // warm-up
+    let [one_lat, one_floor, _] = timed_calls(&mut c, &mut health, &mut bare, req, 3000, 1).await;
+    let [lat, floor, bare_floor] =
+        timed_calls(&mut c, &mut health, &mut bare, req, 3000, BLOCK).await;
     let (p50, p99) = (us(percentile(&lat, 0.5)), us(percentile(&lat, 0.99)));
     let (f50, f99) = (us(percentile(&floor, 0.5)), us(percentile(&floor, 0.99)));
     println!(
@@ -181,6 +202,12 @@ async fn lookup_latency(
         "The same no-op RPC from a bare tonic health server (no daemon layers){client}: \
          p50 {b50:.1} us, p99 {b99:.1} us; the daemon's edge adds {:.1} us at p50",
         f50 - b50
+    );
+    println!(
+        "Timed one by one in turn{client} (each Lookup after the bare server's call): \
+         Lookup p50 {:.1} us, no-op p50 {:.1} us",
+        us(percentile(&one_lat, 0.5)),
+        us(percentile(&one_floor, 0.5))
     );
     let mut p50_figure = Figure::new(
         &format!("{figure}_p50"),
@@ -202,6 +229,76 @@ async fn lookup_latency(
     .anchor(f99, f99 / p99)
     .print();
     f50
+}
+
+/// CPU time of every live thread of process `pid` ("self": this one), from
+/// the scheduler's per-thread accounting (ns resolution).
+fn cpu_time(pid: &str) -> Duration {
+    let mut ns = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        // A thread that ended between the listing and the read counts 0.
+        if let Ok(s) = std::fs::read_to_string(t.unwrap().path().join("schedstat")) {
+            ns += s
+                .split_whitespace()
+                .next()
+                .map_or(0, |v| v.parse().unwrap());
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+/// Wall time, daemon CPU and client CPU per call (µs) over `n` calls made
+/// one after another.
+async fn per_call<F: std::future::Future>(
+    daemon_pid: &str,
+    n: u32,
+    call: impl Fn() -> F,
+) -> [f64; 3] {
+    let (d0, c0, t) = (cpu_time(daemon_pid), cpu_time("self"), Instant::now());
+    for _ in 0..n {
+        call().await;
+    }
+    let wall = t.elapsed();
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(n);
+    [
+        us(wall),
+        us(cpu_time(daemon_pid) - d0),
+        us(cpu_time("self") - c0),
+    ]
+}
+
+/// Where a Lookup's round trip goes: wall time and the CPU time each side
+/// spends per call, for Lookups and for no-op calls, each over a block of
+/// back-to-back calls on one connection. One call at a time, a round trip
+/// takes about the sum of both sides' CPU: each waits for the other.
+async fn cpu_per_call(socket: &Path, daemon_pid: u32, req: &api::LookupRequest) {
+    let ch = channel(socket).await;
+    let (c, health) = (
+        CompiledTensorCacheClient::new(ch.clone()),
+        HealthClient::new(ch),
+    );
+    let pid = daemon_pid.to_string();
+    let n = 2000;
+    let lookup = per_call(&pid, n, || {
+        let (mut c, req) = (c.clone(), req.clone());
+        async move { c.lookup(req).await.unwrap() }
+    })
+    .await;
+    let noop = per_call(&pid, n, || {
+        let mut h = health.clone();
+        async move { h.check(HealthCheckRequest::default()).await.unwrap() }
+    })
+    .await;
+    let show = |[wall, daemon, client]: [f64; 3]| {
+        format!(
+            "{wall:.1} us wall, CPU {daemon:.1} us in the daemon + {client:.1} us in the client"
+        )
+    };
+    println!(
+        "Per call, {n} back-to-back calls each: Lookup {}; no-op {}",
+        show(lookup),
+        show(noop)
+    );
 }
 
 async fn bench() {
@@ -242,6 +339,7 @@ async fn bench() {
         Some(100.0),
     )
     .await;
+    cpu_per_call(&d.socket, d.child.as_ref().unwrap().id(), &req).await;
     // The same calls from a multi-thread client runtime (its own thread and
     // connections): what a caller's runtime adds to each round trip.
     std::thread::scope(|s| {
