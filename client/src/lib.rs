@@ -18,7 +18,7 @@
 //! Each call is one round trip over the socket. Calls made one at a time
 //! get the shortest round trip from a current-thread tokio runtime (as
 //! `ctcachectl` uses): a multi-thread runtime adds its thread hops to every
-//! call (`daemon_bench`: Lookup p50 ~70-160 µs vs ~150-205 µs on 2 cores).
+//! call (`daemon_bench`: Lookup p50 ~100-120 µs vs ~180-230 µs on 2 cores).
 //! Many lookups go faster as one [`Client::batch_lookup`] or
 //! [`Client::resolve_model`].
 
