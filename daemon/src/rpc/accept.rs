@@ -17,21 +17,25 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
-/// A connection and its place among the open ones.
-pub(crate) struct Counted<IO> {
+/// An accepted connection: what the server knows of its peer (the
+/// request's connect info), and what it holds until it closes (its place
+/// among the open ones, its uid's share).
+pub(crate) struct Accepted<IO, Info> {
     io: IO,
+    info: Info,
+    _share: Option<Share>,
     _permit: OwnedSemaphorePermit,
 }
 
-impl<IO: Connected> Connected for Counted<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+impl<IO, Info: Clone + Send + Sync + 'static> Connected for Accepted<IO, Info> {
+    type ConnectInfo = Info;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+    fn connect_info(&self) -> Info {
+        self.info.clone()
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+impl<IO: AsyncRead + Unpin, Info: Unpin> AsyncRead for Accepted<IO, Info> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -41,7 +45,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+impl<IO: AsyncWrite + Unpin, Info: Unpin> AsyncWrite for Accepted<IO, Info> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -71,16 +75,18 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
     }
 }
 
-/// The connections `accept` yields, each once a permit of `open` is free;
-/// ends when the server drops the stream.
-pub(crate) fn incoming<IO, F, Fut>(
+/// The connections `accept` yields (each with its peer's info and, where
+/// counted, its uid's share), each once a permit of `open` is free; ends
+/// when the server drops the stream.
+pub(crate) fn incoming<IO, Info, F, Fut>(
     mut accept: F,
     open: Arc<Semaphore>,
-) -> ReceiverStream<io::Result<Counted<IO>>>
+) -> ReceiverStream<io::Result<Accepted<IO, Info>>>
 where
     IO: Send + 'static,
+    Info: Send + 'static,
     F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = io::Result<IO>> + Send,
+    Fut: Future<Output = io::Result<(IO, Info, Option<Share>)>> + Send,
 {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
@@ -97,8 +103,10 @@ where
                 _ = tx.closed() => return,
             };
             let failed = accepted.is_err();
-            let item = accepted.map(|io| Counted {
+            let item = accepted.map(|(io, info, share)| Accepted {
                 io,
+                info,
+                _share: share,
                 _permit: permit,
             });
             if tx.send(item).await.is_err() {

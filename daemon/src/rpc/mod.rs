@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCacheServer;
 use tokio::sync::{watch, Semaphore};
+use tonic::transport::server::Connected;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::Config;
@@ -104,17 +105,15 @@ pub(crate) async fn serve(
             async move {
                 loop {
                     let (s, _) = l.accept().await?;
-                    let s = peer::PeerStream::new(s).inspect_err(|e| {
+                    let peer = peer::peer_of(&s).inspect_err(|e| {
                         tracing::warn!(error = %e, "cannot read a connection's peer credentials");
                     })?;
-                    match shares.take(s.uid()) {
-                        Some(share) => return Ok(s.holding(share)),
+                    let uid = peer.identity.uid;
+                    match shares.take(uid) {
+                        Some(share) => return Ok((s, peer, share)),
                         None => {
                             metrics::counter!("ctcache_connections_refused_total").increment(1);
-                            tracing::debug!(
-                                uid = s.uid(),
-                                "connection over the uid's share closed"
-                            );
+                            tracing::debug!(uid, "connection over the uid's share closed");
                         }
                     }
                 }
@@ -135,7 +134,11 @@ pub(crate) async fn serve(
             let incoming = accept::incoming(
                 move || {
                     let l = l.clone();
-                    async move { l.accept().await.map(|(s, _)| s) }
+                    async move {
+                        let (s, _) = l.accept().await?;
+                        let info = s.connect_info();
+                        Ok((s, info, None))
+                    }
                 },
                 open,
             );

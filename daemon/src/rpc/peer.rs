@@ -1,17 +1,13 @@
-//! Unix-socket connections that carry their peer's credentials and
-//! supplementary groups, read once when the connection is accepted
-//! (SO_PEERCRED, SO_PEERGROUPS): the identity a caller's file access is
-//! judged for.
+//! The peer of a Unix-socket connection: its credentials and supplementary
+//! groups, read once when the connection is accepted (SO_PEERCRED,
+//! SO_PEERGROUPS) and carried as the connection's info: the identity a
+//! caller's file access is judged for.
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use ctcache::access::Identity;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
-use tonic::transport::server::Connected;
 
 /// Groups read at most (the kernel's NGROUPS_MAX is 65536).
 const MAX_GROUPS: usize = 65536;
@@ -23,42 +19,17 @@ pub(crate) struct PeerInfo {
     pub pid: Option<i32>,
 }
 
-/// An accepted connection and its peer.
-pub(crate) struct PeerStream {
-    inner: UnixStream,
-    info: PeerInfo,
-    _share: Option<super::accept::Share>,
-}
-
-impl PeerStream {
-    /// Reads the peer of an accepted connection.
-    pub fn new(inner: UnixStream) -> io::Result<PeerStream> {
-        let cred = inner.peer_cred()?;
-        let groups = peer_groups(&inner)?;
-        Ok(PeerStream {
-            info: PeerInfo {
-                identity: Identity {
-                    uid: cred.uid(),
-                    gid: cred.gid(),
-                    groups,
-                },
-                pid: cred.pid(),
-            },
-            inner,
-            _share: None,
-        })
-    }
-
-    /// The peer's uid.
-    pub fn uid(&self) -> u32 {
-        self.info.identity.uid
-    }
-
-    /// The connection, counted in its uid's share until it closes.
-    pub fn holding(mut self, share: Option<super::accept::Share>) -> PeerStream {
-        self._share = share;
-        self
-    }
+/// Reads the peer of an accepted connection.
+pub(crate) fn peer_of(s: &UnixStream) -> io::Result<PeerInfo> {
+    let cred = s.peer_cred()?;
+    Ok(PeerInfo {
+        identity: Identity {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            groups: peer_groups(s)?,
+        },
+        pid: cred.pid(),
+    })
 }
 
 /// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
@@ -88,53 +59,5 @@ fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
             return Err(e);
         }
         groups.resize(need, 0);
-    }
-}
-
-impl Connected for PeerStream {
-    type ConnectInfo = PeerInfo;
-
-    fn connect_info(&self) -> PeerInfo {
-        self.info.clone()
-    }
-}
-
-impl AsyncRead for PeerStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for PeerStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
     }
 }
