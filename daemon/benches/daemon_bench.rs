@@ -339,7 +339,9 @@ async fn bench() {
         Some(100.0),
     )
     .await;
-    cpu_per_call(&d.socket, d.child.as_ref().unwrap().id(), &req).await;
+    let pid = d.child.as_ref().unwrap().id();
+    cpu_per_call(&d.socket, pid, &req).await;
+    let pid = pid.to_string();
     // The same calls from a multi-thread client runtime (its own thread and
     // connections): what a caller's runtime adds to each round trip.
     std::thread::scope(|s| {
@@ -373,7 +375,7 @@ async fn bench() {
         let batch = api::BatchLookupRequest {
             requests: vec![one; 1000],
         };
-        let t = Instant::now();
+        let (t, daemon_cpu, client_cpu) = (Instant::now(), cpu_time(&pid), cpu_time("self"));
         let rounds = 20;
         let mut entries = 0;
         for _ in 0..rounds {
@@ -382,13 +384,17 @@ async fn bench() {
             entries += r.responses.iter().map(|x| x.entries.len()).sum::<usize>();
         }
         let secs = t.elapsed().as_secs_f64();
+        let ms_per_batch = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(rounds);
         println!(
-            "BatchLookup{}: {:.0} lookups/s, {:.0} entries/s (batches of 1000)",
+            "BatchLookup{}: {:.0} lookups/s, {:.0} entries/s (batches of 1000); CPU per batch \
+             {:.1} ms in the daemon + {:.1} ms in the client",
             if brief { " brief" } else { "" },
-            (rounds * 1000) as f64 / secs,
+            f64::from(rounds * 1000) / secs,
             entries as f64 / secs,
+            ms_per_batch(cpu_time(&pid) - daemon_cpu),
+            ms_per_batch(cpu_time("self") - client_cpu),
         );
-        let per_s = (rounds * 1000) as f64 / secs;
+        let per_s = f64::from(rounds * 1000) / secs;
         let (name, label) = if brief {
             (
                 "daemon.batch_brief",
