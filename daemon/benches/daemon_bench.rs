@@ -248,7 +248,7 @@ fn cpu_time(pid: &str) -> Duration {
 }
 
 /// Wall time, daemon CPU and client CPU per call (µs) over `n` calls made
-/// one after another.
+/// one after another (`call` makes one).
 async fn per_call<F: std::future::Future>(
     daemon_pid: &str,
     n: u32,
@@ -271,20 +271,19 @@ async fn per_call<F: std::future::Future>(
 /// spends per call, for Lookups and for no-op calls, each over a block of
 /// back-to-back calls on one connection. One call at a time, a round trip
 /// takes about the sum of both sides' CPU: each waits for the other.
-async fn cpu_per_call(socket: &Path, daemon_pid: u32, req: &api::LookupRequest) {
+async fn cpu_per_call(socket: &Path, daemon_pid: &str, req: &api::LookupRequest) {
     let ch = channel(socket).await;
     let (c, health) = (
         CompiledTensorCacheClient::new(ch.clone()),
         HealthClient::new(ch),
     );
-    let pid = daemon_pid.to_string();
     let n = 2000;
-    let lookup = per_call(&pid, n, || {
+    let lookup = per_call(daemon_pid, n, || {
         let (mut c, req) = (c.clone(), req.clone());
         async move { c.lookup(req).await.unwrap() }
     })
     .await;
-    let noop = per_call(&pid, n, || {
+    let noop = per_call(daemon_pid, n, || {
         let mut h = health.clone();
         async move { h.check(HealthCheckRequest::default()).await.unwrap() }
     })
@@ -339,9 +338,8 @@ async fn bench() {
         Some(100.0),
     )
     .await;
-    let pid = d.child.as_ref().unwrap().id();
-    cpu_per_call(&d.socket, pid, &req).await;
-    let pid = pid.to_string();
+    let pid = d.child.as_ref().unwrap().id().to_string();
+    cpu_per_call(&d.socket, &pid, &req).await;
     // The same calls from a multi-thread client runtime (its own thread and
     // connections): what a caller's runtime adds to each round trip.
     std::thread::scope(|s| {
@@ -375,26 +373,28 @@ async fn bench() {
         let batch = api::BatchLookupRequest {
             requests: vec![one; 1000],
         };
-        let (t, daemon_cpu, client_cpu) = (Instant::now(), cpu_time(&pid), cpu_time("self"));
         let rounds = 20;
-        let mut entries = 0;
-        for _ in 0..rounds {
-            let r = c.batch_lookup(batch.clone()).await.unwrap().into_inner();
-            assert_eq!(r.responses.len(), 1000);
-            entries += r.responses.iter().map(|x| x.entries.len()).sum::<usize>();
-        }
-        let secs = t.elapsed().as_secs_f64();
-        let ms_per_batch = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(rounds);
+        let entries = std::cell::Cell::new(0);
+        let [wall_us, daemon_us, client_us] = per_call(&pid, rounds, || {
+            let (mut c, batch, entries) = (c.clone(), batch.clone(), &entries);
+            async move {
+                let r = c.batch_lookup(batch).await.unwrap().into_inner();
+                assert_eq!(r.responses.len(), 1000);
+                entries.set(
+                    entries.get() + r.responses.iter().map(|x| x.entries.len()).sum::<usize>(),
+                );
+            }
+        })
+        .await;
+        let per_s = 1000.0 * 1e6 / wall_us;
         println!(
-            "BatchLookup{}: {:.0} lookups/s, {:.0} entries/s (batches of 1000); CPU per batch \
-             {:.1} ms in the daemon + {:.1} ms in the client",
+            "BatchLookup{}: {per_s:.0} lookups/s, {:.0} entries/s (batches of 1000); CPU per \
+             batch {:.1} ms in the daemon + {:.1} ms in the client",
             if brief { " brief" } else { "" },
-            f64::from(rounds * 1000) / secs,
-            entries as f64 / secs,
-            ms_per_batch(cpu_time(&pid) - daemon_cpu),
-            ms_per_batch(cpu_time("self") - client_cpu),
+            entries.get() as f64 * 1e6 / (wall_us * f64::from(rounds)),
+            daemon_us / 1e3,
+            client_us / 1e3,
         );
-        let per_s = f64::from(rounds * 1000) / secs;
         let (name, label) = if brief {
             (
                 "daemon.batch_brief",
