@@ -4,7 +4,8 @@
 //! Import; a payload that rots on disk is never materialized and is packed
 //! again as soon as serving finds it (never from a model the caller being
 //! served may not read); with `daemon_produced_only`, a client's entry is
-//! neither reused by a pack job nor handed out.
+//! neither reused by a pack job nor handed out; a Lookup answer (made
+//! from encodings the daemon keeps) is never older than the stored entry.
 
 mod support;
 
@@ -494,5 +495,82 @@ fn a_repack_never_reads_what_the_served_caller_cannot() {
     });
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].key, packed[1].key);
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// Lookup and BatchLookup answers, full and brief, as a client decodes
+/// them.
+async fn answers(c: &mut Client, digest: &[u8]) -> Vec<Vec<api::Entry>> {
+    let mut out = Vec::new();
+    for brief in [false, true] {
+        let req = api::LookupRequest {
+            brief,
+            ..lookup_req(digest)
+        };
+        out.push(c.lookup(req.clone()).await.unwrap().into_inner().entries);
+        let batch = c
+            .batch_lookup(api::BatchLookupRequest {
+                requests: vec![req.clone(), req],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        out.extend(batch.responses.into_iter().map(|r| r.entries));
+    }
+    out
+}
+
+/// The daemon answers hits with encodings it keeps beside the cached entry:
+/// an answer is never older than the entry. A put that adds a source name
+/// shows in the next answers; after gc removed the entry there is none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_answers_follow_the_stored_entry() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let digest = blake3::hash(b"answers follow the entry")
+        .as_bytes()
+        .to_vec();
+    let stored = put(&mut c, header_for(&digest, NBITS, &[], |_| {}), 3).await;
+    let first = answers(&mut c, &digest).await;
+    for (i, a) in first.iter().enumerate() {
+        assert_eq!(a.len(), 1, "answer {i}: {a:?}");
+        let e = &a[0];
+        assert_eq!(
+            (&e.key, &e.payload_blake3, &e.payload_path, &e.dims),
+            (
+                &stored.key,
+                &stored.payload_blake3,
+                &stored.payload_path,
+                &stored.dims
+            )
+        );
+        let full = i < 3;
+        assert_eq!(e.struct_type.is_some(), full, "answer {i}");
+        assert_eq!(e.device, if full { stored.device.clone() } else { None });
+        assert_eq!(
+            e.source_names,
+            if full { vec!["W".to_string()] } else { vec![] }
+        );
+    }
+
+    let mut h = header_for(&digest, NBITS, &[], |_| {});
+    h.source_name = "W2".into();
+    put(&mut c, h, 3).await;
+    for (i, a) in answers(&mut c, &digest).await.iter().enumerate() {
+        let want: &[&str] = if i < 3 { &["W", "W2"] } else { &[] };
+        assert_eq!(a[0].source_names, want, "answer {i}");
+        assert_eq!(a[0].key, stored.key);
+    }
+
+    c.gc(api::GcRequest {
+        max_bytes: 0,
+        has_max_bytes: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for (i, a) in answers(&mut c, &digest).await.iter().enumerate() {
+        assert!(a.is_empty(), "answer {i}: {a:?}");
+    }
     assert_eq!(d.stop(), Some(0));
 }

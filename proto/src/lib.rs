@@ -11,6 +11,7 @@ pub mod v1 {
 }
 
 pub mod convert;
+pub mod served;
 mod struct_type;
 
 pub use struct_type::StructType;

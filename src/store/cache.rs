@@ -12,15 +12,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::entry::Record;
-use super::key::{KeyBytes, SOURCE_PREFIX_LEN};
+use super::key::SOURCE_PREFIX_LEN;
+use super::shared::SharedEntry;
 
 const SHARDS: usize = 64;
 
 pub(crate) type Prefix = [u8; SOURCE_PREFIX_LEN];
 
 /// The entries of one source, decoded.
-pub(crate) type Cached = Arc<Vec<(KeyBytes, Record)>>;
+pub(crate) type Cached = Arc<Vec<Arc<SharedEntry>>>;
 
 #[derive(Default)]
 struct Shard {

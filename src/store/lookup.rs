@@ -19,6 +19,7 @@ use super::entry::{self, Access};
 use super::error::StoreResult;
 use super::index::Tree;
 use super::key::{source_prefix, EntryKey, KeyBytes, KEY_LEN, SOURCE_PREFIX_LEN};
+use super::shared::SharedEntry;
 use super::sources;
 use super::{Entry, Store};
 use crate::digest::SourceDigest;
@@ -31,8 +32,8 @@ pub use crate::hit::{Accept, Host as HostFilter};
 /// A usable entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hit {
-    /// The stored entry.
-    pub entry: Entry,
+    /// The stored entry, shared with the lookup cache (see `shared.rs`).
+    pub entry: Arc<SharedEntry>,
     /// Index into the host's devices of the device it runs on.
     pub host_device: usize,
     /// The entry's device descriptor equals that host device's.
@@ -41,23 +42,14 @@ pub struct Hit {
     pub layout: Option<Arc<KnownLayout>>,
 }
 
-/// A stored record, as the judge reads it.
-struct StoredFacts<'a> {
-    kb: &'a KeyBytes,
-    rec: &'a entry::Record,
-    shape: Option<SourceShape>,
-}
+/// A stored entry, as the judge reads it.
+struct StoredFacts<'a>(&'a SharedEntry);
 
 impl<'a> StoredFacts<'a> {
     /// `want`: the source's shape as the caller knows it (it has the
     /// tensor); a record of another shape is refused, not judged.
-    fn new(
-        kb: &'a KeyBytes,
-        rec: &'a entry::Record,
-        want: Option<&SourceShape>,
-    ) -> Result<Self, MissReason> {
-        let shape = rec.source_shape();
-        if let (Some(w), Some(s)) = (want, &shape) {
+    fn new(e: &'a SharedEntry, want: Option<&SourceShape>) -> Result<Self, MissReason> {
+        if let (Some(w), Some(s)) = (want, &e.source_shape) {
             if w != s {
                 return Err(MissReason::Invalid {
                     rule: "store.record",
@@ -65,27 +57,28 @@ impl<'a> StoredFacts<'a> {
                 });
             }
         }
-        Ok(StoredFacts { kb, rec, shape })
+        Ok(StoredFacts(e))
     }
 }
 
 impl EntryFacts for StoredFacts<'_> {
     fn device(&self) -> Result<&pb::DeviceProto, MissReason> {
-        self.rec.device.as_ref().ok_or_else(|| MissReason::Invalid {
-            rule: "store.record",
-            message: "the record names no device".into(),
-        })
+        if !self.0.device_recorded {
+            return Err(MissReason::Invalid {
+                rule: "store.record",
+                message: "the record names no device".into(),
+            });
+        }
+        Ok(&self.0.device)
     }
 
     fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
-        Ok(PhysicalTypeKey(
-            self.kb[KEY_LEN - 32..].try_into().expect("32-byte suffix"),
-        ))
+        Ok(self.0.key.physical_type)
     }
 
     fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
         use prost::Message;
-        pb::StructTypeProto::decode(self.rec.physical_type.as_slice()).map_err(|e| {
+        pb::StructTypeProto::decode(self.0.physical_type.as_slice()).map_err(|e| {
             MissReason::Invalid {
                 rule: "store.record",
                 message: format!("physical type: {e}"),
@@ -94,15 +87,15 @@ impl EntryFacts for StoredFacts<'_> {
     }
 
     fn dims(&self) -> &[u64] {
-        &self.rec.dims
+        &self.0.dims
     }
 
     fn source_shape(&self) -> Option<&SourceShape> {
-        self.shape.as_ref()
+        self.0.source_shape.as_ref()
     }
 
     fn client_uid(&self) -> Option<u32> {
-        self.rec.client_uid
+        self.0.producer.client_uid
     }
 }
 
@@ -206,52 +199,42 @@ impl Store {
                 read
             }
         };
-        let mut found: Vec<(&KeyBytes, &entry::Record, hit::Usable, bool)> = Vec::new();
-        for (kb, rec) in entries.iter() {
-            match StoredFacts::new(kb, rec, shape).and_then(|f| hit::judge(&f, host)) {
+        let mut found: Vec<(&Arc<SharedEntry>, hit::Usable, bool)> = Vec::new();
+        for e in entries.iter() {
+            match StoredFacts::new(e, shape).and_then(|f| hit::judge(&f, host)) {
                 Ok(u) => {
                     let exact = host
                         .device_keys()
                         .get(u.host_device)
-                        .is_some_and(|k| k[..] == kb[33..65]);
-                    found.push((kb, rec, u, exact));
+                        .is_some_and(|k| k[..] == e.key_bytes[33..65]);
+                    found.push((e, u, exact));
                 }
                 Err(m) => missed(&m),
             }
         }
-        found.sort_by(|a, b| {
+        let order = |(e, u, exact): &(&Arc<SharedEntry>, hit::Usable, bool)| {
             (
-                !a.3,
-                a.2.host_device,
-                std::cmp::Reverse(a.1.created_ms),
-                a.0,
+                !*exact,
+                u.host_device,
+                std::cmp::Reverse(e.created_ms),
+                e.key_bytes,
             )
-                .cmp(&(
-                    !b.3,
-                    b.2.host_device,
-                    std::cmp::Reverse(b.1.created_ms),
-                    b.0,
-                ))
-        });
-        found
+        };
+        found.sort_by_key(order);
+        Ok(found
             .into_iter()
-            .map(|(kb, rec, u, exact)| {
-                Ok(Hit {
-                    entry: rec.clone().into_entry(EntryKey::from_bytes(kb)?, None),
-                    host_device: u.host_device,
-                    exact,
-                    layout: u.layout,
-                })
+            .map(|(e, u, exact)| Hit {
+                entry: e.clone(),
+                host_device: u.host_device,
+                exact,
+                layout: u.layout,
             })
-            .collect()
+            .collect())
     }
 
     /// The decoded entries of one source, read from the index: its key list,
     /// then each record (unreadable ones are left out).
-    fn read_source(
-        &self,
-        prefix: &[u8; SOURCE_PREFIX_LEN],
-    ) -> StoreResult<Vec<(KeyBytes, entry::Record)>> {
+    fn read_source(&self, prefix: &[u8; SOURCE_PREFIX_LEN]) -> StoreResult<Vec<Arc<SharedEntry>>> {
         let list = self.index.get(Tree::Sources, prefix)?.unwrap_or_default();
         let mut out = Vec::with_capacity(list.len() / sources::SUFFIX_LEN);
         let mut kb = [0u8; KEY_LEN];
@@ -259,8 +242,10 @@ impl Store {
         for suffix in sources::suffixes(&list) {
             kb[SOURCE_PREFIX_LEN..].copy_from_slice(suffix);
             if let Some(v) = self.index.get(Tree::Entries, &kb)? {
-                if let Ok(rec) = entry::decode_record(&kb, &v) {
-                    out.push((kb, rec));
+                let shared =
+                    entry::decode_record(&kb, &v).and_then(|rec| SharedEntry::from_record(kb, rec));
+                if let Ok(e) = shared {
+                    out.push(Arc::new(e));
                 }
             }
         }

@@ -51,6 +51,7 @@ mod lease;
 mod lookup;
 mod memo;
 mod options;
+mod shared;
 mod sled_index;
 mod sources;
 mod stats;
@@ -76,6 +77,7 @@ pub use layout::LAYOUT_VERSION;
 pub use lease::{Lease, LeaseAuthority, LeaseId};
 pub use lookup::{Accept, Filter, Hit, HostFilter};
 pub use options::{Clock, StoreOptions, WriteFault};
+pub use shared::SharedEntry;
 pub use stats::{Stats, Usage};
 pub use verify::{Damage, ReconcileReport, VerifyProblem, VerifyReport};
 

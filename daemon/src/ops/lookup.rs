@@ -1,11 +1,13 @@
 //! The Lookup use case: the stored entries of one source digest that the
 //! caller's devices, runtime and types can use, best first; or why none can.
 
+use std::sync::Arc;
+
 use ctcache::device::RuntimeIdentity;
 use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::hit::MissReason;
 use ctcache::pb;
-use ctcache::store::{Entry, HostFilter};
+use ctcache::store::{HostFilter, SharedEntry};
 
 use super::{Error, Miss, Result};
 use crate::state::Daemon;
@@ -43,7 +45,8 @@ pub(crate) struct LookupRequest {
 /// Hits best first, or the miss.
 #[derive(Debug, Clone)]
 pub(crate) enum LookupOutcome {
-    Hits(Vec<Entry>),
+    /// Shared with the store's lookup cache (see [`SharedEntry`]).
+    Hits(Vec<Arc<SharedEntry>>),
     Miss(Miss),
 }
 
@@ -109,7 +112,7 @@ pub(crate) fn lookup(d: &Daemon, r: &LookupRequest) -> Result<LookupOutcome> {
             .daemon_produced_only(r.daemon_produced_only || d.config.daemon_produced_only);
         &custom
     };
-    let hits: Vec<Entry> = d
+    let hits: Vec<Arc<SharedEntry>> = d
         .store
         .lookup(&source, filter)?
         .into_iter()

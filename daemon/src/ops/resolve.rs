@@ -127,8 +127,8 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
         let hits: Vec<Entry> = d
             .store
             .lookup_uncounted(&digest, &filter)?
-            .into_iter()
-            .map(|h| h.entry)
+            .iter()
+            .map(|h| h.entry.to_entry())
             .collect();
         let wanted: Vec<_> = sel
             .wanted

@@ -1,9 +1,12 @@
 //! The use cases' answers -> API messages (core types through
 //! `ctcache_api::convert`).
 
-use ctcache::store::Entry;
-use ctcache_api::convert;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use ctcache::store::{Entry, SharedEntry};
 use ctcache_api::v1 as api;
+use ctcache_api::{convert, served};
 use ctcache_kernels::Backend;
 
 use crate::events::Event;
@@ -26,23 +29,41 @@ pub(crate) fn miss(m: &Miss) -> api::Miss {
     convert::miss(m.code(), m.detail.clone())
 }
 
-pub(crate) fn lookup(d: &Daemon, o: LookupOutcome, brief: bool) -> api::LookupResponse {
+/// The wire forms of one stored entry, kept beside it in the store's
+/// lookup cache (see `SharedEntry::derived`): a hit is answered with a
+/// copy of these bytes, made the first time the entry is answered.
+#[derive(Default)]
+struct Encoded {
+    full: OnceLock<Bytes>,
+    brief: OnceLock<Bytes>,
+}
+
+/// An entry as Lookup answers it, full or brief.
+fn lookup_entry(d: &Daemon, e: &SharedEntry, brief: bool) -> Bytes {
+    let make = |e: &Entry| {
+        let path = d.store.blob_path(&e.payload.blake3);
+        if brief {
+            convert::entry_brief(e.clone(), path, false)
+        } else {
+            convert::entry(e.clone(), path, false)
+        }
+    };
+    match e.derived(|_| Encoded::default()) {
+        Some(enc) => {
+            let slot = if brief { &enc.brief } else { &enc.full };
+            slot.get_or_init(|| served::encode_entry(&make(e))).clone()
+        }
+        None => served::encode_entry(&make(e)),
+    }
+}
+
+pub(crate) fn lookup(d: &Daemon, o: LookupOutcome, brief: bool) -> served::LookupResponse {
     match o {
-        LookupOutcome::Hits(hits) => api::LookupResponse {
-            entries: hits
-                .into_iter()
-                .map(|e| {
-                    if brief {
-                        let path = d.store.blob_path(&e.payload.blake3);
-                        convert::entry_brief(e, path, false)
-                    } else {
-                        entry(d, e)
-                    }
-                })
-                .collect(),
+        LookupOutcome::Hits(hits) => served::LookupResponse {
+            entries: hits.iter().map(|e| lookup_entry(d, e, brief)).collect(),
             miss: None,
         },
-        LookupOutcome::Miss(m) => api::LookupResponse {
+        LookupOutcome::Miss(m) => served::LookupResponse {
             entries: vec![],
             miss: Some(miss(&m)),
         },

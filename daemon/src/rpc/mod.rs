@@ -17,7 +17,7 @@ mod status;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCacheServer;
+use ctcache_api::served::compiled_tensor_cache_server::CompiledTensorCacheServer;
 use tokio::sync::{watch, Semaphore};
 use tonic::transport::server::Connected;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};

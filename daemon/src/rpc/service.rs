@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use ctcache::store::LeaseId;
 use ctcache_api::convert;
+use ctcache_api::served::{self, compiled_tensor_cache_server::CompiledTensorCache};
 use ctcache_api::v1 as api;
-use ctcache_api::v1::compiled_tensor_cache_server::CompiledTensorCache;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
@@ -77,7 +77,7 @@ impl CompiledTensorCache for Service {
         ok(encode::formats(&self.daemon))
     }
 
-    async fn lookup(&self, req: Request<api::LookupRequest>) -> Answer<api::LookupResponse> {
+    async fn lookup(&self, req: Request<api::LookupRequest>) -> Answer<served::LookupResponse> {
         let r = req.into_inner();
         let brief = r.brief;
         let q = decode::lookup(r);
@@ -93,13 +93,13 @@ impl CompiledTensorCache for Service {
     async fn batch_lookup(
         &self,
         req: Request<api::BatchLookupRequest>,
-    ) -> Answer<api::BatchLookupResponse> {
+    ) -> Answer<served::BatchLookupResponse> {
         let r = req.into_inner();
         let brief: Vec<bool> = r.requests.iter().map(|q| q.brief).collect();
         let qs: Vec<_> = r.requests.into_iter().map(decode::lookup).collect();
         self.run(
             move |d| ops::lookup::batch(d, &qs),
-            move |d, outcomes| api::BatchLookupResponse {
+            move |d, outcomes| served::BatchLookupResponse {
                 responses: outcomes
                     .into_iter()
                     .zip(brief)
