@@ -7,7 +7,9 @@
 //! of what it saw, so a dry run reports exactly what a real run on the same
 //! state does), then *executes* the plan in batches of `gc_batch` entries.
 //! Each batch takes the lease gate, checks the live leases (an entry leased
-//! since the plan is kept), commits the removals, flushes the index, and
+//! since the plan is kept), reads each record once (it describes the entry
+//! in the report and is what the removal's precondition compares against),
+//! commits the removals, flushes the index, and
 //! only then unlinks the payload files that lost their last reference: on
 //! threads of their own, while the next batch commits (a commit is index
 //! work on one core, an unlink mostly waits for the file system). Lookups
@@ -97,6 +99,16 @@ pub struct EntryAbout {
     pub source_names: Vec<String>,
     /// Model files the entry was packed from.
     pub model_paths: Vec<String>,
+}
+
+impl From<entry::Record> for EntryAbout {
+    fn from(r: entry::Record) -> EntryAbout {
+        EntryAbout {
+            type_name: r.type_name,
+            source_names: r.source_names,
+            model_paths: r.model_paths,
+        }
+    }
 }
 
 /// What a gc run did (or, in a dry run, would do).
@@ -287,7 +299,6 @@ impl Store {
         self.access.write(&*self.index, now)?;
         let (snap, expired) = self.snapshot(policy)?;
         let (mut items, before, after, leased_kept) = plan(&snap, policy, now);
-        self.describe(&mut items)?;
         let mut report = GcReport {
             dry_run: policy.dry_run,
             bytes_before: before,
@@ -299,6 +310,8 @@ impl Store {
             ..Default::default()
         };
         if policy.dry_run {
+            // A real run describes each entry from the record it removes.
+            self.describe(&mut items)?;
             report.bytes_freed = items.iter().map(|i| i.bytes_freed).sum();
             report.items = items;
             return Ok(report);
@@ -362,12 +375,7 @@ impl Store {
             };
             let kb = key.to_bytes();
             if let Some(v) = self.index.get(Tree::Entries, &kb)? {
-                let r = entry::decode_record(&kb, &v)?;
-                item.about = Some(EntryAbout {
-                    type_name: r.type_name,
-                    source_names: r.source_names,
-                    model_paths: r.model_paths,
-                });
+                item.about = Some(entry::decode_record(&kb, &v)?.into());
             }
         }
         Ok(())
@@ -453,7 +461,7 @@ impl Store {
 
     /// Commits the removal of one batch under the lease gate and the stripes
     /// of its blobs: the entries not leased meanwhile and still there.
-    /// Returns them with their blobs.
+    /// Returns them, described from the records removed, with their blobs.
     fn commit_batch(
         &self,
         batch: &[GcItem],
@@ -475,8 +483,13 @@ impl Store {
                 let Some(old) = self.index.get(Tree::Entries, &kb)? else {
                     continue;
                 };
-                let b = entry::decode_brief(&kb, &old)?;
-                todo.push((item, kb, b.blob(), old, b.payload_len));
+                let r = entry::decode_record(&kb, &old)?;
+                let (blob, len) = (r.blob(), r.payload_len);
+                let item = GcItem {
+                    about: Some(r.into()),
+                    ..item.clone()
+                };
+                todo.push((item, kb, blob, old, len));
             }
             let blobs: Vec<[u8; 32]> = todo.iter().map(|t| t.2).collect();
             // One commit for the whole batch, under the stripes of all its
@@ -490,7 +503,7 @@ impl Store {
             let done = self.drop_entries(&drops)?;
             for (t, ok) in todo.into_iter().zip(done) {
                 if ok {
-                    removed.push((t.0.clone(), t.2));
+                    removed.push((t.0, t.2));
                 }
             }
         }
