@@ -18,7 +18,7 @@
 //! Each call is one round trip over the socket. Calls made one at a time
 //! get the shortest round trip from a current-thread tokio runtime (as
 //! `ctcachectl` uses): a multi-thread runtime adds its thread hops to every
-//! call (`daemon_bench`: Lookup p50 ~100-120 µs vs ~180-230 µs on 2 cores).
+//! call (`daemon_bench`: Lookup p50 ~70-80 µs vs ~115-130 µs on 2 cores).
 //! Many lookups go faster as one [`Client::batch_lookup`] or
 //! [`Client::resolve_model`].
 
@@ -104,22 +104,44 @@ macro_rules! unary {
 /// socket to name why it cannot be reached.
 pub async fn channel_to(path: impl AsRef<Path>) -> Result<Channel> {
     let socket = path.as_ref().to_path_buf();
-    let target = socket.clone();
-    // The URI is a placeholder: every connection goes to the socket.
-    Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let target = target.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(target).await?,
-                ))
-            }
-        }))
+    endpoint()
+        .connect_with_connector(socket_connector(socket.clone()))
         .await
         .map_err(|e| Error::Connect {
             detail: chain(&e),
             socket,
         })
+}
+
+/// Like [`channel_to`], but connects at the first call rather than now
+/// (a call fails if the socket cannot be reached then).
+pub fn lazy_channel_to(path: impl AsRef<Path>) -> Channel {
+    endpoint().connect_with_connector_lazy(socket_connector(path.as_ref().to_path_buf()))
+}
+
+/// The URI is a placeholder: every connection goes to the socket.
+fn endpoint() -> Endpoint {
+    Endpoint::from_static("http://[::]:50051")
+}
+
+/// A connection to the daemon's socket, as tonic's channel drives it.
+type SocketIo = TokioIo<tokio::net::UnixStream>;
+
+/// Opens each of a channel's connections to the socket at `socket`.
+fn socket_connector(
+    socket: PathBuf,
+) -> impl tower::Service<
+    Uri,
+    Response = SocketIo,
+    Error = std::io::Error,
+    Future = impl std::future::Future<Output = std::io::Result<SocketIo>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_: Uri| {
+        let socket = socket.clone();
+        async move { Ok(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+    })
 }
 
 impl Client {

@@ -88,17 +88,7 @@ async fn connections_over_a_uids_share_are_closed_and_the_share_comes_back() {
     assert_eq!((kept.len(), closed), (3, 5), "3 kept, 5 closed");
 
     // The uid's fourth connection, a real client, is refused too ...
-    let socket = d.socket.clone();
-    let lazy = tonic::transport::Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector_lazy(tower::service_fn(move |_| {
-            let path = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }));
+    let lazy = ctcache_client::lazy_channel_to(&d.socket);
     let refused = timeout(
         SERVED,
         CompiledTensorCacheClient::new(lazy).status(api::StatusRequest {}),

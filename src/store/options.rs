@@ -77,8 +77,9 @@ pub struct StoreOptions {
     pub access_interval: Duration,
     /// Entries removed per GC step (one index commit each).
     pub gc_batch: usize,
-    /// Sources whose decoded entries lookups keep in memory (about 1 KiB
-    /// per cached entry); 0 turns the cache off.
+    /// Sources whose decoded entries lookups keep in memory (1-2 KiB per
+    /// entry, most of it the struct type, and about as much again for the
+    /// encoded answers a server keeps beside it); 0 turns the cache off.
     pub lookup_cache_sources: usize,
     /// Where gc ages and lease expiry read the time.
     pub clock: Clock,
