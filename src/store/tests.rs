@@ -240,3 +240,30 @@ fn lookup_and_put_counters_survive_reopening() {
         (0, 2, 1)
     );
 }
+
+/// Hits share the cached entry, and what a server derives from it is made
+/// once and lives only as long as that entry: a commit that changes the
+/// record hands later lookups a new entry with an empty slot.
+#[test]
+fn derived_values_never_outlive_the_entry() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);
+    let source = s.put(&new_entry(1), &b"a"[..]).unwrap().entry.key.source;
+    let names = |e: &Entry| e.source_names.join(",");
+    let first = s.lookup(&source, &host).unwrap().remove(0).entry;
+    let again = s.lookup(&source, &host).unwrap().remove(0).entry;
+    assert!(std::sync::Arc::ptr_eq(&first, &again), "one decoded entry");
+    assert_eq!(first.derived(names).map(String::as_str), Some("w1"));
+    let made_again = again.derived(|_: &Entry| -> String { panic!("made twice") });
+    assert_eq!(made_again.map(String::as_str), Some("w1"));
+    // One type per slot: another type is refused, not confused.
+    assert_eq!(first.derived(|_| 7u32), None);
+
+    let mut renamed = new_entry(1);
+    renamed.source_names = vec!["w2".into()];
+    s.put(&renamed, &b"a"[..]).unwrap();
+    let changed = s.lookup(&source, &host).unwrap().remove(0).entry;
+    assert!(!std::sync::Arc::ptr_eq(&first, &changed));
+    assert_eq!(changed.derived(names).map(String::as_str), Some("w1,w2"));
+}
