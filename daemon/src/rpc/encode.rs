@@ -41,11 +41,11 @@ struct Encoded {
 /// An entry as Lookup answers it, full or brief.
 fn lookup_entry(d: &Daemon, e: &SharedEntry, brief: bool) -> Bytes {
     let make = |e: &Entry| {
-        let path = d.store.blob_path(&e.payload.blake3);
         if brief {
+            let path = d.store.blob_path(&e.payload.blake3);
             convert::entry_brief(e.clone(), path, false)
         } else {
-            convert::entry(e.clone(), path, false)
+            entry(d, e.clone())
         }
     };
     match e.derived(|_| Encoded::default()) {
