@@ -59,8 +59,15 @@ impl<'a> StoredFacts<'a> {
         }
         Ok(StoredFacts(e))
     }
+
+    fn entry(&self) -> &Entry {
+        self.0
+    }
 }
 
+/// The entry's own facts (`impl EntryFacts for Entry`), except that a
+/// record that named no device is refused rather than read as the empty
+/// device the entry holds for it.
 impl EntryFacts for StoredFacts<'_> {
     fn device(&self) -> Result<&pb::DeviceProto, MissReason> {
         if !self.0.device_recorded {
@@ -69,33 +76,27 @@ impl EntryFacts for StoredFacts<'_> {
                 message: "the record names no device".into(),
             });
         }
-        Ok(&self.0.device)
+        EntryFacts::device(self.entry())
     }
 
     fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
-        Ok(self.0.key.physical_type)
+        EntryFacts::type_key(self.entry())
     }
 
     fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
-        use prost::Message;
-        pb::StructTypeProto::decode(self.0.physical_type.as_slice()).map_err(|e| {
-            MissReason::Invalid {
-                rule: "store.record",
-                message: format!("physical type: {e}"),
-            }
-        })
+        EntryFacts::physical_type(self.entry())
     }
 
     fn dims(&self) -> &[u64] {
-        &self.0.dims
+        EntryFacts::dims(self.entry())
     }
 
     fn source_shape(&self) -> Option<&SourceShape> {
-        self.0.source_shape.as_ref()
+        EntryFacts::source_shape(self.entry())
     }
 
     fn client_uid(&self) -> Option<u32> {
-        self.0.producer.client_uid
+        EntryFacts::client_uid(self.entry())
     }
 }
 
@@ -212,15 +213,14 @@ impl Store {
                 Err(m) => missed(&m),
             }
         }
-        let order = |(e, u, exact): &(&Arc<SharedEntry>, hit::Usable, bool)| {
+        found.sort_by_key(|&(e, ref u, exact)| {
             (
-                !*exact,
+                !exact,
                 u.host_device,
                 std::cmp::Reverse(e.created_ms),
-                e.key_bytes,
+                &e.key_bytes,
             )
-        };
-        found.sort_by_key(order);
+        });
         Ok(found
             .into_iter()
             .map(|(e, u, exact)| Hit {

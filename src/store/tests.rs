@@ -267,3 +267,32 @@ fn derived_values_never_outlive_the_entry() {
     assert!(!std::sync::Arc::ptr_eq(&first, &changed));
     assert_eq!(changed.derived(names).map(String::as_str), Some("w1,w2"));
 }
+
+/// A record that names no device is never a hit, and the miss says why
+/// (the shared entry holds an empty device for it, which must not be read
+/// as a device).
+#[test]
+fn a_record_without_a_device_is_an_invalid_miss() {
+    use prost::Message;
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let key = s.put(&new_entry(1), &b"a"[..]).unwrap().entry.key;
+    let kb = key.to_bytes();
+    let mut rec =
+        entry::decode_record(&kb, &s.index.get(Tree::Entries, &kb).unwrap().unwrap()).unwrap();
+    rec.device = None;
+    assert!(s
+        .commit(
+            &[],
+            &[Op::Put(Tree::Entries, kb.to_vec(), rec.encode_to_vec())]
+        )
+        .unwrap());
+    let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);
+    match s.lookup_explained(&key.source, None, &host).unwrap() {
+        Err(crate::hit::MissReason::Invalid { rule, message }) => {
+            assert_eq!(rule, "store.record");
+            assert!(message.contains("names no device"), "{message}");
+        }
+        other => panic!("a hit or another miss: {other:?}"),
+    }
+}
