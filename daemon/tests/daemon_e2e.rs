@@ -388,30 +388,12 @@ async fn every_rpc_success_and_errors() {
         .clone()
         .unwrap();
     let header = api::PutHeader {
-        source_digest: bytes::Bytes::from(vec![7u8; 32]),
-        digest_algorithm: "blake3".into(),
-        struct_type: Some(ty.clone()),
-        dims: e.dims.clone(),
-        device: e.device.clone(),
-        payload_len: e.payload_len,
-        source_name: "W".into(),
-        model_path: String::new(),
-        source_data_type: 1,
-        source_dims: vec![K as u64, N as u64],
+        struct_type: Some(ty),
+        ..put_header(&e, 7, &[K as u64, N as u64])
     };
     let put = |h: api::PutHeader, data: Vec<u8>| {
         let mut c = c.clone();
-        async move {
-            let msgs = vec![
-                api::PutRequest {
-                    part: Some(api::put_request::Part::Header(h)),
-                },
-                api::PutRequest {
-                    part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
-                },
-            ];
-            c.put(tokio_stream::iter(msgs)).await
-        }
+        async move { c.put(tokio_stream::iter(put_messages(h, data))).await }
     };
     let ok = put(header.clone(), all.clone()).await.unwrap().into_inner();
     assert!(ok.entry.unwrap().producer.starts_with("uid:"));

@@ -143,14 +143,7 @@ fn header_for(
 /// root, a trusted caller); returns the stored entry.
 async fn put(c: &mut Client, h: api::PutHeader, fill: u8) -> api::Entry {
     let data = vec![fill; h.payload_len as usize];
-    let msgs = vec![
-        api::PutRequest {
-            part: Some(api::put_request::Part::Header(h)),
-        },
-        api::PutRequest {
-            part: Some(api::put_request::Part::Data(bytes::Bytes::from(data))),
-        },
-    ];
+    let msgs = put_messages(h, data);
     let r = c.put(tokio_stream::iter(msgs)).await.unwrap().into_inner();
     r.entry.unwrap()
 }

@@ -253,7 +253,13 @@ pub fn put_requests(
     source_dims: &[u64],
     data: Vec<u8>,
 ) -> Vec<api::PutRequest> {
-    let header = api::PutHeader {
+    put_messages(put_header(e, n, source_dims), data)
+}
+
+/// The Put header of `e`'s payload, packed from a FLOAT weight `W` of
+/// `source_dims`, under the source digest `[n; 32]`.
+pub fn put_header(e: &api::Entry, n: u8, source_dims: &[u64]) -> api::PutHeader {
+    api::PutHeader {
         source_digest: bytes::Bytes::from(vec![n; 32]),
         digest_algorithm: "blake3".into(),
         struct_type: e.struct_type.clone(),
@@ -264,7 +270,11 @@ pub fn put_requests(
         model_path: String::new(),
         source_data_type: 1,
         source_dims: source_dims.to_vec(),
-    };
+    }
+}
+
+/// A Put stream: `header`, then `data` in one chunk.
+pub fn put_messages(header: api::PutHeader, data: Vec<u8>) -> Vec<api::PutRequest> {
     vec![
         api::PutRequest {
             part: Some(api::put_request::Part::Header(header)),
