@@ -75,7 +75,8 @@ impl TypeRegistry for BenchTypes {
         source: &SourceShape,
     ) -> Result<Vec<KnownLayout>, MissReason> {
         Ok(vec![KnownLayout {
-            key: ctcache::structs::physical_type_key(&bench_type(), &[], 32).unwrap(),
+            key: ctcache::structs::physical_type_key(&bench_type(), &[], &Default::default())
+                .unwrap(),
             type_name: claimed.name.clone(),
             dims: vec![4096, 4096],
             source: source.clone(),

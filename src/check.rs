@@ -2,11 +2,13 @@
 //! section and of struct-types.md. Errors name the rule, the compiled entry
 //! and the field; none depends on the host's hardware.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::error::Result;
 use bytes::Bytes;
+use prost::Message;
 
 use crate::onnx::{fields, Extension, ExternalRef, Model, TensorRef};
 use crate::pb;
@@ -224,14 +226,20 @@ impl<'m> Checked<'m> {
                 ));
             }
         }
+        // Equal devices encode equally (prost writes fields in order), so
+        // the first index of each encoding finds duplicates in linear time.
+        let mut first_of: HashMap<Vec<u8>, usize> = HashMap::new();
         for (i, d) in self.ext.devices.iter().enumerate() {
-            if let Some(j) = self.ext.devices[..i].iter().position(|o| o == d) {
-                out.push(err(
+            match first_of.entry(d.encode_to_vec()) {
+                Entry::Occupied(j) => out.push(err(
                     "device.unique",
                     None,
                     format!("devices[{i}]"),
-                    format!("duplicates devices[{j}]"),
-                ));
+                    format!("duplicates devices[{}]", j.get()),
+                )),
+                Entry::Vacant(v) => {
+                    v.insert(i);
+                }
             }
             if let Some(k) = duplicate_key(&d.metadata_props) {
                 out.push(err(
@@ -399,7 +407,7 @@ impl<'m> Checked<'m> {
         &self,
         root: &pb::StructTypeProto,
     ) -> std::result::Result<PhysicalTypeKey, StructError> {
-        structs::physical_type_key(root, &self.ext.struct_types, self.limits.max_depth)
+        structs::physical_type_key(root, &self.ext.struct_types, &self.limits)
     }
 
     /// Every structural error of one entry, in rule order.

@@ -292,7 +292,7 @@ impl EntryFacts for Embedded<'_> {
 
     fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
         let root = self.root()?;
-        structs::canonical_type(root, &self.c.ext.struct_types, self.c.limits.max_depth)
+        structs::canonical_type(root, &self.c.ext.struct_types, &self.c.limits)
             .map_err(|e| self.struct_err(e))
     }
 

@@ -150,14 +150,14 @@ fn physical_type_key_ignores_doc_strings_and_reference_form() {
     let mut b = copy_type();
     b.doc_string = "documentation only".into();
     assert_eq!(
-        physical_type_key(&a, &[], l.max_depth).unwrap(),
-        physical_type_key(&b, &[], l.max_depth).unwrap()
+        physical_type_key(&a, &[], &l).unwrap(),
+        physical_type_key(&b, &[], &l).unwrap()
     );
     let mut c = copy_type();
     c.name = "test.copy.f32.v2".into();
     assert_ne!(
-        physical_type_key(&a, &[], l.max_depth).unwrap(),
-        physical_type_key(&c, &[], l.max_depth).unwrap()
+        physical_type_key(&a, &[], &l).unwrap(),
+        physical_type_key(&c, &[], &l).unwrap()
     );
     // A nested reference hashes like the inlined kind.
     let leaf = array(scalar(1), st::array::Count::Dimension(4));
@@ -173,7 +173,40 @@ fn physical_type_key_ignores_doc_strings_and_reference_form() {
         field: vec![field("w", static_type(leaf))],
     }));
     assert_eq!(
-        physical_type_key(&by_ref, &table, l.max_depth).unwrap(),
-        physical_type_key(&inline, &table, l.max_depth).unwrap()
+        physical_type_key(&by_ref, &table, &l).unwrap(),
+        physical_type_key(&inline, &table, &l).unwrap()
     );
+}
+
+/// A few table types of many fields, each field referring to the next type,
+/// expand into fields^levels nodes when inlined: the key refuses past
+/// `max_nodes` instead of building the tree (here 1000^3 fields from a table
+/// of 3,000 fields), and a type within the budget still gets its key.
+#[test]
+fn physical_type_key_bounds_the_expansion_of_shared_references() {
+    let level = |next: i32| pb::StructTypeProto {
+        name: format!("t{next}"),
+        kind: Some(Kind::Structure(st::Structure {
+            field: (0..1000)
+                .map(|i| field(&format!("f{i}"), static_type(Kind::TypeIndex(next))))
+                .collect(),
+        })),
+        ..Default::default()
+    };
+    let leaf = pb::StructTypeProto {
+        name: "leaf".into(),
+        kind: Some(Kind::Structure(st::Structure { field: vec![] })),
+        ..Default::default()
+    };
+    let table = vec![level(1), level(2), level(3), leaf];
+    let top = root(Kind::TypeIndex(0));
+    let l = Limits::default();
+    let started = std::time::Instant::now();
+    let err = physical_type_key(&top, &table, &l).unwrap_err();
+    assert_eq!(err.rule, "struct.limits", "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // One level below: a million nodes, still refused; the last level's
+    // 1,000 fields are keyed.
+    assert!(physical_type_key(&root(Kind::TypeIndex(1)), &table, &l).is_err());
+    assert!(physical_type_key(&root(Kind::TypeIndex(2)), &table, &l).is_ok());
 }

@@ -17,9 +17,6 @@ use crate::{PackError, Packer, Params};
 /// this build has far fewer: `ort.matmul_nbits` has 40).
 const MAX_COMBINATIONS: usize = 4096;
 
-/// Nesting bound when computing type keys (as the store uses).
-const MAX_TYPE_DEPTH: u32 = 32;
-
 /// The catalogue as a [`TypeRegistry`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Catalogue;
@@ -40,7 +37,7 @@ pub fn expected(
 ) -> Result<KnownLayout, PackError> {
     let layout = packer.output(shape.data_type, &shape.dims, params)?;
     let key =
-        structs::physical_type_key(&layout.struct_type, &[], MAX_TYPE_DEPTH).map_err(|e| {
+        structs::physical_type_key(&layout.struct_type, &[], &Default::default()).map_err(|e| {
             PackError::BadShape {
                 packer: packer.id(),
                 dims: shape.dims.clone(),
@@ -191,12 +188,12 @@ mod tests {
                 m.value = "2".into();
             }
         }
-        let key = structs::physical_type_key(&t, &[], 32).unwrap();
+        let key = structs::physical_type_key(&t, &[], &Default::default()).unwrap();
         let r = types.layout(&key, &w(64, 8), || Ok(t.clone()));
         assert_eq!(r.unwrap_err().code(), "unsupported_format_version");
         t.name = "vendor.secret".into();
         t.metadata_props.clear();
-        let key = structs::physical_type_key(&t, &[], 32).unwrap();
+        let key = structs::physical_type_key(&t, &[], &Default::default()).unwrap();
         let r = types.layout(&key, &w(64, 8), || Ok(t.clone()));
         assert_eq!(r.unwrap_err().code(), "unknown_physical_type");
     }

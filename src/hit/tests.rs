@@ -56,7 +56,7 @@ fn shape() -> SourceShape {
 
 fn layout() -> KnownLayout {
     KnownLayout {
-        key: physical_type_key(&good_type(), &[], 32).unwrap(),
+        key: physical_type_key(&good_type(), &[], &Default::default()).unwrap(),
         type_name: "t.pair".into(),
         dims: vec![6],
         source: shape(),
@@ -130,7 +130,7 @@ impl EntryFacts for Fake {
         Ok(&self.device)
     }
     fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
-        Ok(physical_type_key(&self.ty, &[], 32).unwrap())
+        Ok(physical_type_key(&self.ty, &[], &Default::default()).unwrap())
     }
     fn physical_type(&self) -> Result<pb::StructTypeProto, MissReason> {
         Ok(self.ty.clone())

@@ -72,9 +72,6 @@ impl Default for RewriteOptions {
 /// Alignment of payloads in the sidecar file.
 pub const SIDECAR_ALIGN: u64 = 4096;
 
-/// Nesting bound when computing type keys for the duplicate check.
-const MAX_TYPE_DEPTH: u32 = 32;
-
 /// What a rewrite wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
@@ -252,7 +249,7 @@ fn key_of(c: &pb::CompiledTensorProto, types: &[pb::StructTypeProto]) -> EntryKe
         .value
         .as_ref()
         .and_then(|v| structs::resolve_root(v, types).ok())
-        .and_then(|t| structs::physical_type_key(t, types, MAX_TYPE_DEPTH).ok());
+        .and_then(|t| structs::physical_type_key(t, types, &Default::default()).ok());
     (c.source_name.clone(), c.device, ty)
 }
 
@@ -395,7 +392,7 @@ pub fn embed_into(
         let key = (
             e.source_name.clone(),
             device_index as i32,
-            structs::physical_type_key(&e.struct_type, &[], MAX_TYPE_DEPTH).ok(),
+            structs::physical_type_key(&e.struct_type, &[], &Default::default()).ok(),
         );
         if keys.contains(&key) {
             return Err(Error::Rewrite(format!(

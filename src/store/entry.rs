@@ -18,8 +18,6 @@ use crate::structs::{self, PhysicalTypeKey, FORMAT_VERSION_KEY, PACKER_KEY};
 
 /// Version of [`Record`]; a record with a higher one is refused, not guessed at.
 pub(crate) const RECORD_VERSION: u32 = 1;
-/// Nesting bound when canonicalizing a physical type at put.
-pub(crate) const MAX_TYPE_DEPTH: u32 = 32;
 /// Longest source name or model path remembered (longer ones are cut).
 const MAX_SEEN_LEN: usize = 1024;
 
@@ -386,7 +384,7 @@ pub(crate) struct Prepared {
 
 /// Canonicalizes the physical type, checks the D4 metadata, derives the key.
 pub(crate) fn prepare(new: &NewEntry, now_ms: u64, max_seen: usize) -> StoreResult<Prepared> {
-    let canonical = structs::canonical_type(&new.physical_type, &[], MAX_TYPE_DEPTH)
+    let canonical = structs::canonical_type(&new.physical_type, &[], &Default::default())
         .map_err(|e| StoreError::InvalidEntry(format!("physical type: {e}")))?;
     if canonical.name.is_empty() {
         return Err(StoreError::InvalidEntry(
@@ -512,7 +510,8 @@ mod tests {
         assert!(t.doc_string.is_empty());
         assert_eq!(
             p.key.physical_type,
-            crate::structs::physical_type_key(&new_entry().physical_type, &[], 32).unwrap()
+            crate::structs::physical_type_key(&new_entry().physical_type, &[], &Default::default())
+                .unwrap()
         );
         assert_eq!(p.record.source_names.len(), 2);
         assert_eq!(p.record.source_names[1].len(), MAX_SEEN_LEN);

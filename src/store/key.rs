@@ -66,7 +66,7 @@ impl EntryKey {
             physical_type: crate::structs::physical_type_key(
                 physical_type,
                 &[],
-                super::entry::MAX_TYPE_DEPTH,
+                &Default::default(),
             )?,
         })
     }

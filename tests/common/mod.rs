@@ -86,7 +86,7 @@ impl TypeRegistry for CopyTypes {
         }
         let t = copy_type();
         Ok(vec![KnownLayout {
-            key: ctcache::structs::physical_type_key(&t, &[], 32).unwrap(),
+            key: ctcache::structs::physical_type_key(&t, &[], &Default::default()).unwrap(),
             type_name: t.name,
             dims: vec![source.dims.iter().product()],
             source: source.clone(),

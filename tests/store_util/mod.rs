@@ -60,7 +60,8 @@ pub fn shape() -> SourceShape {
 /// The layout of the test type `ty(name, version)` for [`shape`].
 pub fn layout(name: &str, version: u32) -> KnownLayout {
     KnownLayout {
-        key: ctcache::structs::physical_type_key(&ty(name, version), &[], 32).unwrap(),
+        key: ctcache::structs::physical_type_key(&ty(name, version), &[], &Default::default())
+            .unwrap(),
         type_name: name.into(),
         dims: vec![16, 16],
         source: shape(),
