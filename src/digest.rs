@@ -3,11 +3,9 @@
 //! are hashed straight from the mapping (multi-threaded when large); typed
 //! fields are decoded through a small reusable buffer.
 
+use sha2::Digest as _;
 use std::fmt;
 use std::str::FromStr;
-
-use bytes::Bytes;
-use sha2::Digest as _;
 
 use crate::dtype::{DataType, TypedField};
 use crate::error::{Error, Result};
@@ -170,15 +168,15 @@ fn feed_mapped(data: &[u8], mask: u8, sink: &mut dyn FnMut(&[u8])) {
     }
 }
 
-/// The canonical raw-form bytes of a tensor: borrowed from the mapping for
-/// raw and external storage, decoded for typed fields (STRING is refused:
-/// it has no fixed-width raw form).
-pub fn raw_form(model: &Model, t: &TensorRef) -> Result<Bytes> {
+/// The canonical raw form of a tensor copied into private memory (STRING is
+/// refused: it has no fixed-width raw form), with the padding bits of a
+/// sub-byte last byte cleared as the digest sees them.
+///
+/// Hash and pack one such copy: a mapping of the model shows writes made to
+/// the file later, so bytes read from it twice need not be the same bytes.
+pub fn raw_copy(model: &Model, t: &TensorRef) -> Result<Vec<u8>> {
     if t.data_type == DataType::STRING {
         return Err(Error::tensor(&t.name, "STRING tensors have no raw form"));
-    }
-    if let Some(data) = model.mapped_data(t)? {
-        return Ok(data);
     }
     let cap = t
         .raw_size()
@@ -186,7 +184,19 @@ pub fn raw_form(model: &Model, t: &TensorRef) -> Result<Bytes> {
     let mut out =
         Vec::with_capacity(usize::try_from(cap).map_err(|_| Error::tensor(&t.name, "too large"))?);
     for_each_content_chunk(model, t, &mut |c| out.extend_from_slice(c))?;
-    Ok(Bytes::from(out))
+    Ok(out)
+}
+
+/// The D3 digest of a tensor's raw form held in memory (as [`raw_copy`]
+/// returns it).
+pub fn digest_raw(data_type: DataType, dims: &[u64], raw: &[u8], alg: Algorithm) -> SourceDigest {
+    let mut h = Hasher::new(alg);
+    h.update(&header(data_type, dims));
+    h.update(raw);
+    SourceDigest {
+        algorithm: alg,
+        bytes: h.finish(),
+    }
 }
 
 /// Computes the D3 digest of one tensor.

@@ -32,7 +32,7 @@ fn model_with_unknown_fields() -> Vec<u8> {
 
 fn entry(model: &Model) -> NewEntry {
     let t = model.initializers().unwrap().remove(0);
-    let payload = ctcache::digest::raw_form(model, &t).unwrap();
+    let payload = ctcache::digest::raw_copy(model, &t).unwrap().into();
     let digest =
         ctcache::digest::digest_tensor(model, &t, ctcache::digest::Algorithm::Blake3).unwrap();
     NewEntry {

@@ -1,6 +1,6 @@
-//! Compiling one initializer of a model: read its canonical raw form from
-//! the mapping, digest it (D3), pack it, and describe the result for the
-//! store and for the model rewrite.
+//! Compiling one initializer of a model: copy its canonical raw form out of
+//! the mapping, digest that copy (D3), pack it, and describe the result for
+//! the store and for the model rewrite.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,13 @@ pub enum CompileError {
         name: String,
         /// Why the packer refused it.
         source: PackError,
+    },
+    /// The initializer's bytes no longer hash to the digest the caller took
+    /// (the file was written since): nothing is packed.
+    #[error("{name}: the source changed since its digest was taken")]
+    SourceChanged {
+        /// The initializer's name.
+        name: String,
     },
     /// The wgpu backend was asked for explicitly and could not pack this initializer.
     #[error("{name}: wgpu backend: {message}")]
@@ -78,15 +85,15 @@ pub enum BackendChoice {
     Auto,
 }
 
-/// Packs `t` of `model` on the CPU. `digest` may be passed when known (memo).
+/// Packs `t` of `model` on the CPU (see [`compile_on`] for `expected`).
 pub fn compile(
     model: &Model,
     t: &TensorRef,
-    digest: Option<SourceDigest>,
+    expected: Option<SourceDigest>,
     packer: &dyn Packer,
     params: &Params,
 ) -> Result<Compiled, CompileError> {
-    compile_on(model, t, digest, packer, params, BackendChoice::Cpu)
+    compile_on(model, t, expected, packer, params, BackendChoice::Cpu)
 }
 
 /// True when a hardware GPU adapter is available to the wgpu backend.
@@ -96,11 +103,13 @@ pub fn hardware_gpu() -> bool {
         .unwrap_or(false)
 }
 
-/// Packs `t` of `model` with the chosen backend.
+/// Packs `t` of `model` with the chosen backend. `expected` is a digest of
+/// `t` the caller took earlier (its store key): the pack is refused with
+/// [`CompileError::SourceChanged`] unless the bytes packed hash to it.
 pub fn compile_on(
     model: &Model,
     t: &TensorRef,
-    digest: Option<SourceDigest>,
+    expected: Option<SourceDigest>,
     packer: &dyn Packer,
     params: &Params,
     choice: BackendChoice,
@@ -116,11 +125,17 @@ pub fn compile_on(
         .output(t.data_type, &t.dims, params)
         .map_err(pack_err)?;
     let device = packer.device(params).map_err(pack_err)?;
-    let digest = match digest {
-        Some(d) => d,
-        None => digest::digest_tensor(model, t, Algorithm::Blake3)?,
-    };
-    let raw = digest::raw_form(model, t)?;
+    // The bytes hashed are the bytes packed: one private copy. The model's
+    // mapping shows writes made after `expected` was taken, and a pack read
+    // from it could store other bytes under that digest.
+    let raw = digest::raw_copy(model, t)?;
+    let alg = expected.map_or(Algorithm::Blake3, |d| d.algorithm);
+    let digest = digest::digest_raw(t.data_type, &t.dims, &raw, alg);
+    if expected.is_some_and(|e| e != digest) {
+        return Err(CompileError::SourceChanged {
+            name: t.name.clone(),
+        });
+    }
     let started = Instant::now();
     let src = SourceTensor {
         data_type: t.data_type,

@@ -90,7 +90,7 @@ fn hits_packed_right(out: &Path) -> Vec<(String, String)> {
         );
         let layout = s.layout.unwrap();
         let t = &sources[&s.source_name];
-        let raw = ctcache::digest::raw_form(&m, t).unwrap();
+        let raw = ctcache::digest::raw_copy(&m, t).unwrap();
         let src = SourceTensor {
             data_type: t.data_type,
             dims: &t.dims,
