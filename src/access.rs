@@ -158,7 +158,7 @@ impl Identity {
     /// may) and keeps it only when this identity may read the file that was
     /// opened: see [`Identity::check_read`].
     pub fn open_read(&self, path: &Path) -> io::Result<File> {
-        let file = File::open(path)?;
+        let file = open_regular(path)?;
         self.check_read(&file, path)?;
         Ok(file)
     }
@@ -214,7 +214,7 @@ pub struct OwnRights;
 
 impl Opener for OwnRights {
     fn open(&self, path: &Path) -> io::Result<File> {
-        File::open(path)
+        open_regular(path)
     }
 }
 
@@ -248,6 +248,28 @@ fn read_acl(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Opens `path` (following symbolic links) for reading only when it is a
+/// regular file, without opening anything else: opening a FIFO blocks until
+/// a writer comes, a device's open can act on the device, a terminal can
+/// become the controlling one. A handle that opens nothing (`O_PATH`) is
+/// judged first and that same inode is then opened through `/proc/self/fd`.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let handle = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let st = rustix::fs::fstat(&handle)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let fd = rustix::fs::open(
+        format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle)),
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    Ok(File::from(fd))
 }
 
 /// Where an open file really is (its path with no symbolic links).
@@ -356,6 +378,29 @@ mod tests {
             if me != 0 {
                 assert!(owner.open_read(p).is_ok(), "{p:?}");
             }
+        }
+    }
+
+    #[test]
+    fn only_regular_files_are_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.onnx");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(open_regular(&file).is_ok());
+        let fifo = dir.path().join("fifo.onnx");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        // A plain open of these would block (the FIFO) or act on a device.
+        for p in [&fifo, Path::new("/dev/null"), dir.path()] {
+            let e = open_regular(p).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p:?}");
+            assert!(e.to_string().contains("not a regular file"), "{e}");
         }
     }
 }

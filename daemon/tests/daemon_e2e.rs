@@ -884,3 +884,38 @@ async fn rotted_payloads_are_never_served_and_are_packed_again() {
     assert!(v.clean && v.orphans.is_empty(), "{v:?}");
     assert_eq!(d.stop(), Some(0));
 }
+
+/// A FIFO named like a model, in a watched folder and asked for by path:
+/// opening it would block until a writer came (the watcher's one thread, a
+/// blocking-pool thread per request). It is refused as not a regular file,
+/// at once, and the watcher goes on to the next model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_named_like_a_model_blocks_nothing() {
+    let mut d = InProc::start();
+    let fifo = d.models.join("stall.onnx");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    let mut c = d.client().await;
+    let asked = tokio::time::timeout(
+        Duration::from_secs(20),
+        c.resolve_model(api::ResolveModelRequest {
+            model_path: fifo.display().to_string(),
+            ..Default::default()
+        }),
+    )
+    .await;
+    let Ok(asked) = asked else {
+        // A writer releases every open blocked on the FIFO, so that this
+        // fails instead of hanging at the daemon's stop.
+        let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        panic!("ResolveModel of a FIFO blocked");
+    };
+    let e = asked.unwrap_err();
+    assert!(e.message().contains("not a regular file"), "{e:?}");
+
+    let path = d.models.join("m.onnx");
+    write_model(&path, &matmul_model(K, N, 12));
+    wait_for_entries(&c, &digest_of(&path, "W"), 2, "the model after the FIFO").await;
+    assert_eq!(d.stop(), Some(0));
+}

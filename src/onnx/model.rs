@@ -135,7 +135,7 @@ impl Model {
     /// Opens and maps a model file with the process's own rights.
     pub fn open(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = crate::access::open_regular(path).map_err(|e| Error::io(path, e))?;
         Model::from_file(file, path, Arc::new(OwnRights))
     }
 

@@ -65,7 +65,7 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
             caller.describe()
         ))
     };
-    let opened = File::open(p).and_then(|f| Ok((access::real_path(&f)?, f)));
+    let opened = access::open_regular(p).and_then(|f| Ok((access::real_path(&f)?, f)));
     let (real, file) = match opened {
         Ok(x) => x,
         Err(e) if caller.is_self_or_root() => return Err(Error::from_io(e, path)),
@@ -84,7 +84,7 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
 /// Opens the model at `path` with the rights of `reader`.
 pub(crate) fn open_as(path: &Path, reader: &Reader) -> Result<OpenedModel> {
     let file = match reader {
-        Reader::Admin => File::open(path),
+        Reader::Admin => access::open_regular(path),
         Reader::As(who) => who.open_read(path),
     }
     .map_err(|e| Error::from_io(e, &path.display().to_string()))?;
