@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::hit::SourceShape;
+use ctcache::pb;
 use ctcache::store::{Entry, EntryKey, NewEntry, PayloadInfo, Producer};
+use ctcache::structs::{check_value, Limits};
 use ctcache_api::v1::{ManifestSignature, RemoteEntry, RemoteManifest};
 use ed25519_dalek::{Signature, VerifyingKey};
 use prost::Message;
@@ -212,6 +214,16 @@ fn check_entry(e: &RemoteEntry, expected: &EntryKey, max: u64) -> Result<Payload
             max,
         });
     }
+    // The key names the type, not the length: a record whose length is not
+    // the type's size for its dims would be a hit of the wrong size.
+    let layout = check_value(&physical_type(e)?, &e.dims, &[], &Limits::default())
+        .map_err(|err| malformed(format!("physical type with dims {:?}: {err}", e.dims)))?;
+    if layout.byte_len != e.payload_len {
+        return Err(malformed(format!(
+            "payload_len {} is not the type's size {} for dims {:?}",
+            e.payload_len, layout.byte_len, e.dims
+        )));
+    }
     Ok(PayloadInfo {
         blake3: bytes32(&e.payload_blake3, "payload_blake3")?,
         len: e.payload_len,
@@ -233,13 +245,16 @@ fn entry_key(e: &RemoteEntry) -> Result<EntryKey, Rejected> {
         .device
         .as_ref()
         .ok_or_else(|| malformed("no device".into()))?;
-    let ty = e
-        .physical_type
+    EntryKey::derive(source, device, &physical_type(e)?)
+        .map_err(|e| malformed(format!("physical type: {e}")))
+}
+
+fn physical_type(e: &RemoteEntry) -> Result<pb::StructTypeProto, Rejected> {
+    e.physical_type
         .as_ref()
-        .ok_or_else(|| malformed("no physical type".into()))?
+        .ok_or_else(|| Rejected::Malformed("no physical type".into()))?
         .decode()
-        .map_err(|e| malformed(format!("physical type: {e}")))?;
-    EntryKey::derive(source, device, &ty).map_err(|e| malformed(format!("physical type: {e}")))
+        .map_err(|e| Rejected::Malformed(format!("physical type: {e}")))
 }
 
 /// What `put` needs to store an accepted entry fetched for the local
@@ -280,7 +295,7 @@ pub fn new_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ctcache::pb;
+    use ctcache::pb::struct_type_proto::{self as st, Kind};
 
     fn record() -> RemoteEntry {
         let device = pb::DeviceProto {
@@ -288,12 +303,35 @@ mod tests {
             architecture: "x86_64-avx2".into(),
             ..Default::default()
         };
+        // UINT8[a][b]: 10 bytes for dims [2, 5].
+        let byte = pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: 2,
+                shape: None,
+            })),
+            denotation: String::new(),
+        };
+        let array = |elem: pb::TypeProto, dim: u32| st::Array {
+            element_type: Some(Box::new(elem)),
+            count: Some(st::array::Count::DimsIndex(dim)),
+        };
+        let row = pb::TypeProto {
+            value: Some(pb::type_proto::Value::StructType(Box::new(
+                pb::StructTypeProto {
+                    kind: Some(Kind::Array(Box::new(array(byte, 1)))),
+                    ..Default::default()
+                },
+            ))),
+            denotation: String::new(),
+        };
         let ty = pb::StructTypeProto {
             name: "t.fmt".into(),
             metadata_props: vec![pb::StringStringEntryProto {
                 key: "ctcache.format_version".into(),
                 value: "1".into(),
             }],
+            dims_param: vec!["a".into(), "b".into()],
+            kind: Some(Kind::Array(Box::new(array(row, 0)))),
             ..Default::default()
         };
         RemoteEntry {
@@ -302,7 +340,7 @@ mod tests {
             source_digest: Bytes::from(vec![5u8; 32]),
             device: Some(device),
             physical_type: Some(ty.into()),
-            dims: vec![2, 3],
+            dims: vec![2, 5],
             payload_len: 10,
             payload_blake3: Bytes::copy_from_slice(blake3::hash(b"0123456789").as_bytes()),
             packer_id: "t.fmt".into(),
@@ -417,6 +455,31 @@ mod tests {
         short.payload_blake3 = Bytes::from(vec![1u8; 31]);
         assert!(matches!(
             open(&seal(&short, Some(&k)), &trust, &key, 100),
+            Err(Rejected::Malformed(_))
+        ));
+    }
+
+    /// A trusted signer's record of the right key whose length is not the
+    /// type's size for its dims (the key names the type, not the dims or
+    /// the length): a hit of the wrong size if it were stored.
+    #[test]
+    fn a_length_other_than_the_types_size_is_rejected() {
+        let (k, trust, e, key) = setup();
+        for (dims, len) in [(vec![2, 5], 9), (vec![2, 5], 11), (vec![3, 5], 10)] {
+            let mut wrong = e.clone();
+            wrong.dims = dims.clone();
+            wrong.payload_len = len;
+            assert_eq!(key_of(&wrong), key, "dims are not in the key");
+            let err = open(&seal(&wrong, Some(&k)), &trust, &key, 100).unwrap_err();
+            assert!(
+                matches!(&err, Rejected::Malformed(m) if m.contains("not the type's size")),
+                "{dims:?} {len}: {err}"
+            );
+        }
+        let mut no_dims = e.clone();
+        no_dims.dims = vec![10];
+        assert!(matches!(
+            open(&seal(&no_dims, Some(&k)), &trust, &key, 100),
             Err(Rejected::Malformed(_))
         ));
     }
