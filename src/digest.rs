@@ -149,6 +149,9 @@ pub(crate) fn for_each_content_chunk(
     match model.mapped_data(t)? {
         Some(data) => {
             feed_mapped(&data, last_byte_mask(t.data_type, t.elements), sink);
+            if !crate::onnx::intact(&data) {
+                return Err(Error::tensor(&t.name, crate::onnx::CUT_SHORT));
+            }
             Ok(())
         }
         None => match &t.storage {

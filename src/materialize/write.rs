@@ -730,7 +730,7 @@ fn relocate_external(
                 w.write_all(data)?;
                 pos = offset + data.len() as u64;
             }
-            Ok(())
+            crate::onnx::ensure_intact(parts.iter().map(|(_, d)| &d[..]))
         })
         .map_err(|e| Error::write(&kept, e))?;
     report.files.push(Placed {

@@ -4,11 +4,13 @@
 
 mod external;
 pub mod graph;
+mod guarded;
 mod model;
 pub mod rewrite;
 mod tensor;
 
 pub use external::ExternalRef;
+pub use guarded::{ensure_intact, intact, CUT_SHORT};
 pub use model::{BadInitializer, Extension, LenientExtension, Model, TopField};
 pub use tensor::{Storage, TensorRef, Typed};
 

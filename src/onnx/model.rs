@@ -95,11 +95,12 @@ fn map_file(file: &File, path: &Path) -> Result<Bytes> {
     if len == 0 {
         return Ok(Bytes::new());
     }
-    // SAFETY: the mapping is read-only. ctcache's own payload files are
-    // immutable after publish; for user files, concurrent truncation is the
-    // usual mmap hazard, accepted by every mmap-based model loader.
+    // SAFETY: the mapping is read-only. Bytes written to the file later
+    // show through it (readers copy what they hash and use); a truncation
+    // under it reads as zeros instead of ending the process (guarded), and
+    // readers check `intact` after reading.
     let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Bytes::from_owner(map))
+    Ok(Bytes::from_owner(super::guarded::Guarded::new(map)))
 }
 
 fn wire_err(context: &str, e: WireError) -> Error {
@@ -158,6 +159,13 @@ impl Model {
             dir
         };
         let mut model = Model::from_bytes(bytes, dir).map_err(|e| e.in_file(path))?;
+        if !super::intact(model.bytes()) {
+            return Err(Error::Model(format!(
+                "{}: {}",
+                path.display(),
+                super::CUT_SHORT
+            )));
+        }
         model.path = Some(path.to_path_buf());
         model.stamp = Some(stamp);
         model.opener = opener;

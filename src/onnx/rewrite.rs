@@ -198,7 +198,8 @@ impl Sidecar {
                 w.write_all(payload)?;
                 pos = offset + payload.len() as u64;
             }
-            Ok(())
+            let copied = self.prefix.iter().chain(self.pieces.iter().map(|(_, p)| p));
+            super::ensure_intact(copied.map(|b| &b[..]))
         })
         .map_err(|e| Error::write(&self.path, e))
     }

@@ -1,0 +1,68 @@
+//! A model's external data file cut short while the model is open: reading
+//! the mapped pages past the new end would raise SIGBUS and end the process
+//! (the daemon, when a socket peer truncates its own model during a digest
+//! or a pack). The reads go on with zeros, and every reader refuses them.
+
+use std::path::Path;
+
+use ctcache::digest::{digest_tensor, raw_copy, Algorithm};
+use ctcache::onnx::{intact, Model};
+use ctcache::pb;
+use ctcache_testkit::{kv, MatMul};
+use prost::Message;
+
+const ROWS: i64 = 256;
+const COLS: i64 = 256;
+
+/// A model whose weight `W` (FLOAT[256, 256], 256 KiB) is external data.
+fn write_model(dir: &Path) {
+    let bytes: Vec<u8> = (0..ROWS * COLS)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    std::fs::write(dir.join("weights.bin"), &bytes).unwrap();
+    let mut m = MatMul::new(ROWS as usize, COLS as usize, std::iter::repeat(0.0)).proto();
+    let w = &mut m.graph.as_mut().unwrap().initializer[0];
+    w.raw_data = Default::default();
+    w.data_location = pb::tensor_proto::DataLocation::External as i32;
+    w.external_data = vec![
+        kv("location", "weights.bin"),
+        kv("offset", "0"),
+        kv("length", &bytes.len().to_string()),
+    ];
+    std::fs::write(dir.join("m.onnx"), m.encode_to_vec()).unwrap();
+}
+
+#[test]
+fn a_data_file_truncated_under_an_open_model_is_refused_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path());
+    let m = Model::open(dir.path().join("m.onnx")).unwrap();
+    let t = m.initializers().unwrap().remove(0);
+    let before = digest_tensor(&m, &t, Algorithm::Blake3).unwrap();
+    assert!(intact(&m.mapped_data(&t).unwrap().unwrap()));
+
+    // Another open model, untouched, stays readable and intact.
+    let other_dir = tempfile::tempdir().unwrap();
+    write_model(other_dir.path());
+    let other = Model::open(other_dir.path().join("m.onnx")).unwrap();
+    let other_t = other.initializers().unwrap().remove(0);
+
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("weights.bin"))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let e = digest_tensor(&m, &t, Algorithm::Blake3).unwrap_err();
+    assert!(e.to_string().contains("cut short"), "{e}");
+    let e = raw_copy(&m, &t).unwrap_err();
+    assert!(e.to_string().contains("cut short"), "{e}");
+    assert!(!intact(&m.mapped_data(&t).unwrap().unwrap()));
+
+    assert_eq!(
+        digest_tensor(&other, &other_t, Algorithm::Blake3).unwrap(),
+        before,
+        "same content, same digest"
+    );
+    assert!(intact(&other.mapped_data(&other_t).unwrap().unwrap()));
+}
