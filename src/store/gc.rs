@@ -184,7 +184,8 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
         let r = refs.entry(c.blob).or_insert((0, c.len));
         r.0 += 1;
     }
-    let before: u64 = refs.values().map(|r| r.1).sum();
+    // Lengths come from records: a corrupt one must not wrap the totals.
+    let before = refs.values().fold(0u64, |sum, r| sum.saturating_add(r.1));
     let mut total = before;
     let pinned: HashSet<[u8; 32]> = s
         .cands
@@ -270,7 +271,7 @@ fn release(refs: &mut HashMap<[u8; 32], (u32, u64)>, total: &mut u64, blob: &[u8
     let r = refs.get_mut(blob).expect("counted");
     r.0 -= 1;
     if r.0 == 0 {
-        *total -= r.1;
+        *total = total.saturating_sub(r.1);
         r.1
     } else {
         0
@@ -600,7 +601,12 @@ impl Store {
                     return false;
                 }
             };
-            let Ok(kb) = KeyBytes::try_from(k) else {
+            // A key this build cannot read (lookups ignore it too) is not
+            // planned for: plans name entries by their EntryKey.
+            let Some(kb) = KeyBytes::try_from(k)
+                .ok()
+                .filter(|kb| EntryKey::from_bytes(kb).is_ok())
+            else {
                 return true;
             };
             cands.push(Cand {
