@@ -169,14 +169,22 @@ impl CompiledTensorCache for Service {
         let d = self.daemon.clone();
         let p = blocking(move || ops::payload::read(&d, &caller, &key, r.offset, r.length)).await?;
         let (tx, rx) = mpsc::channel(4);
-        tokio::task::spawn_blocking(move || {
-            let mut pos = p.range.start;
-            while pos < p.range.end {
-                let n = ((p.range.end - pos) as usize).min(CHUNK);
+        // Each chunk is copied out of the mapping on a blocking thread (its
+        // pages may come from disk); the wait for the client to take it is
+        // async, so a client that stops reading holds no thread.
+        let (payload, range) = (std::sync::Arc::new(p.payload), p.range);
+        tokio::spawn(async move {
+            let mut pos = range.start;
+            while pos < range.end {
+                let n = ((range.end - pos) as usize).min(CHUNK);
                 let at = pos as usize;
-                let data = bytes::Bytes::copy_from_slice(&p.payload[at..at + n]);
+                let payload = payload.clone();
+                let copy = move || bytes::Bytes::copy_from_slice(&payload[at..at + n]);
+                let Ok(data) = tokio::task::spawn_blocking(copy).await else {
+                    return;
+                };
                 let chunk = api::PayloadChunk { offset: pos, data };
-                if tx.blocking_send(Ok(chunk)).is_err() {
+                if tx.send(Ok(chunk)).await.is_err() {
                     return;
                 }
                 pos += n as u64;
