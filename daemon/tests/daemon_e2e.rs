@@ -919,3 +919,34 @@ async fn a_fifo_named_like_a_model_blocks_nothing() {
     wait_for_entries(&c, &digest_of(&path, "W"), 2, "the model after the FIFO").await;
     assert_eq!(d.stop(), Some(0));
 }
+
+/// A symbolic link in the admin's watched folder to a model elsewhere (made
+/// by anyone who may write in that folder, to a file they may not read):
+/// the daemon does not read it with the admin's rights. The watcher says
+/// why and packs nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_out_of_the_admins_folder_is_not_read_with_the_admins_rights() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("private.onnx");
+    write_model(&target, &matmul_model(K, N, 31));
+    std::os::unix::fs::symlink(&target, d.models.join("link.onnx")).unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(e) = events.next().await {
+            let e = e.unwrap();
+            if e.model_path.ends_with("link.onnx") {
+                return e;
+            }
+        }
+        panic!("the event stream ended");
+    })
+    .await
+    .expect("a watcher event for the link");
+    assert!(ev.detail.contains("outside the watched folders"), "{ev:?}");
+    assert!(entries_for(&mut c, &digest_of(&target, "W"))
+        .await
+        .is_empty());
+    assert_eq!(d.stop(), Some(0));
+}

@@ -398,6 +398,16 @@ impl Model {
             .opener
             .open(&real)
             .map_err(|e| format!("{}: {e}", real.display()))?;
+        // Checked again on the file opened: the path may have been swapped
+        // for a link to elsewhere since it was resolved.
+        let opened =
+            crate::access::real_path(&file).map_err(|e| format!("{}: {e}", real.display()))?;
+        if !opened.starts_with(&dir) {
+            return Err(format!(
+                "location {:?} resolves outside the model folder (symbolic link?)",
+                location.location
+            ));
+        }
         let meta = file
             .metadata()
             .map_err(|e| format!("{}: {e}", real.display()))?;

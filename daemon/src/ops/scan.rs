@@ -156,6 +156,17 @@ fn consider(
         Owner::User(who) => Reader::As(who),
     };
     let m = model::open_as(path, &reader)?;
+    // The admin's rights reach only as far as the admin's folders: a link
+    // (made by anyone who may write there) to a file elsewhere is not read
+    // with them. Judged on the file opened, as for a caller's request.
+    if matches!(reader, Reader::Admin) && !d.watcher.admin_covers(&m.path) {
+        return Err(Error::denied(format!(
+            "{} resolves to {}, outside the watched folders (a symbolic link?); watch the folder \
+             it is in",
+            path.display(),
+            m.path.display()
+        )));
+    }
     let sel = crate::policy::select(&m.model, &d.config.policy)?;
     let jobs = pack::submit_all(
         d,
