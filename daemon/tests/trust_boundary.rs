@@ -580,3 +580,25 @@ async fn mutual_tls_refuses_clients_without_a_certificate_and_trusts_signed_ones
     assert_eq!(entries_for(&mut local, &[9u8; 32]).await.len(), 1);
     assert_eq!(d.stop(), Some(0));
 }
+
+/// Initializers each within `max_tensor_bytes` that declare more than
+/// `max_model_bytes` together (many of them can name one sparse range): the
+/// model is refused before any of its data is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_over_max_model_bytes_in_all_is_refused() {
+    let mut d = InProc::start_with(|c| c.max_model_bytes = 1 << 20);
+    let mut c = d.client().await;
+    let path = d.path("work/two.onnx");
+    // Two weights of 1 MiB each: each within every limit, 2 MiB together.
+    write_model(&path, &two_weights_model());
+    let e = c
+        .resolve_model(api::ResolveModelRequest {
+            model_path: path.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("max_model_bytes"), "{e:?}");
+    assert_eq!(d.stop(), Some(0));
+}

@@ -158,6 +158,9 @@ pub struct Config {
     /// Largest initializer the daemon reads for a request (digest, pack),
     /// bytes of its declared data.
     pub max_tensor_bytes: u64,
+    /// Most data the daemon reads from one model for a request (all its
+    /// initializers' declared data together), bytes.
+    pub max_model_bytes: u64,
     /// Live leases one uid may hold.
     pub max_leases_per_uid: usize,
     /// Longest lease, seconds (longer requests are cut to it).
@@ -225,6 +228,7 @@ impl Default for Config {
             max_message_bytes: 16 << 20,
             max_payload_bytes: 2 << 30,
             max_tensor_bytes: 16 << 30,
+            max_model_bytes: 1 << 40,
             max_leases_per_uid: 1024,
             max_lease_ttl_secs: 3600,
             max_queued_jobs_per_uid: 1024,
@@ -485,6 +489,7 @@ impl Config {
         for (key, v) in [
             ("max_payload_bytes", self.max_payload_bytes),
             ("max_tensor_bytes", self.max_tensor_bytes),
+            ("max_model_bytes", self.max_model_bytes),
             ("max_leases_per_uid", self.max_leases_per_uid as u64),
             ("max_lease_ttl_secs", self.max_lease_ttl_secs),
             (

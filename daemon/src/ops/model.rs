@@ -208,29 +208,36 @@ pub(crate) fn nothing_to_pack(
 }
 
 /// The model's initializers and their blake3 digests, through the memo.
-/// A model with an initializer over `max_tensor_bytes` is refused before
-/// any of its data is read.
+/// A model with an initializer over `max_tensor_bytes`, or more data in all
+/// than `max_model_bytes`, is refused before any of its data is read.
 pub(crate) fn digests(
     d: &Daemon,
     path: &Path,
     model: &Model,
 ) -> Result<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
     let tensors = model.initializers()?;
-    check_sizes(&tensors, d.config.max_tensor_bytes)?;
+    check_sizes(
+        &tensors,
+        d.config.max_tensor_bytes,
+        d.config.max_model_bytes,
+    )?;
     let (digests, _) = d.memo.digests(path, model, &tensors)?;
     Ok((tensors, digests))
 }
 
-/// Refuses initializers whose declared data exceeds `max` bytes (a sparse
-/// external-data file can declare terabytes it never stored).
-fn check_sizes(tensors: &[TensorRef], max: u64) -> Result<()> {
+/// Refuses initializers whose declared data exceeds `max` bytes, and
+/// models whose initializers declare more than `max_model` together (a
+/// sparse external-data file can declare terabytes it never stored, and
+/// many initializers can name the same range).
+fn check_sizes(tensors: &[TensorRef], max: u64, max_model: u64) -> Result<()> {
+    let mut total = 0u64;
     for t in tensors {
         // Variable-width (string) data is bounded by the model file itself.
         if t.data_type.bit_width().is_none() {
             continue;
         }
         match t.raw_size() {
-            Some(n) if n <= max => {}
+            Some(n) if n <= max => total = total.saturating_add(n),
             n => {
                 let size = n.map_or("more than 2^64".into(), |n| n.to_string());
                 return Err(Error::exhausted(format!(
@@ -238,6 +245,12 @@ fn check_sizes(tensors: &[TensorRef], max: u64) -> Result<()> {
                     t.name
                 )));
             }
+        }
+        if total > max_model {
+            return Err(Error::exhausted(format!(
+                "the initializers declare more than {max_model} bytes of data together, over \
+                 max_model_bytes: the daemon does not read them"
+            )));
         }
     }
     Ok(())
