@@ -219,17 +219,28 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
     write_model(&private, &matmul_model(512, 256, 5));
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::os::unix::fs::symlink(&private, watched.join("private.onnx")).unwrap();
+    // A folder in the watched tree the peer may not list, with a model: the
+    // watcher walks it with the daemon's rights, and must neither read it
+    // nor name it in an event (events go to every subscriber).
+    let closed = watched.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    write_model(&closed.join("hidden.onnx"), &matmul_model(512, 256, 7));
     // A model of the peer's own beside it shows when the watch was scanned.
     let own = watched.join("own.onnx");
     write_model(&own, &matmul_model(512, 256, 6));
     std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
 
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut events = rt.block_on(async {
+        let mut c = client_at(&d.socket).await;
+        c.events(api::EventsRequest {}).await.unwrap().into_inner()
+    });
     run_as_nobody(
         "private_model_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_WATCHED", &watched)],
         "PRIVATE-REFUSED-OK",
     );
-    let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut c = client_at(&d.socket).await;
         let own_digest = digest_of(&own, "W");
@@ -244,6 +255,19 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let left = entries_for(&mut c, &digest_of(&private, "W")).await;
         assert!(left.is_empty(), "the private model was packed");
+        let hidden = entries_for(&mut c, &digest_of(&closed.join("hidden.onnx"), "W")).await;
+        assert!(
+            hidden.is_empty(),
+            "the model in the closed folder was packed"
+        );
+        while let Ok(Ok(Some(e))) =
+            tokio::time::timeout(Duration::from_millis(200), events.message()).await
+        {
+            assert!(
+                !e.model_path.contains("hidden") && !e.detail.contains("hidden"),
+                "an event names what the peer may not list: {e:?}"
+            );
+        }
     });
     assert_eq!(d.stop(), Some(0));
 }

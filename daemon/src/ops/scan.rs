@@ -49,6 +49,9 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
         }
         let mut models = HashSet::new();
         for p in paths {
+            if !owner_may_list(&d, &p) {
+                continue;
+            }
             if p.is_dir() {
                 models.extend(walk_models(&p));
             } else if is_model(&p) {
@@ -68,7 +71,7 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
                 models.extend(walk_shallow(dir));
             }
         }
-        for m in models {
+        for m in models.into_iter().filter(|m| owner_may_list(&d, m)) {
             if let Err(e) = consider(&d, &m, stable, &runtime) {
                 tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
                 d.events.emit(
@@ -79,6 +82,21 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
                 );
             }
         }
+    }
+}
+
+/// Whether the owner of the watch that reports `p` may list the folder `p`
+/// is in (`p` itself for a folder). The watcher walks and is told about a
+/// user's watched tree with the daemon's rights; what lies in folders that
+/// user may not list (under a watch of `/`, say) is neither read nor named
+/// in an event.
+fn owner_may_list(d: &Daemon, p: &Path) -> bool {
+    match d.watcher.owner_of(p) {
+        Some(Owner::User(who)) => {
+            let folder = if p.is_dir() { Some(p) } else { p.parent() };
+            folder.is_some_and(|f| who.open_dir(f, ctcache::access::READ).is_ok())
+        }
+        Some(Owner::Admin) | None => true,
     }
 }
 
