@@ -2,6 +2,7 @@
 //! section and of struct-types.md. Errors name the rule, the compiled entry
 //! and the field; none depends on the host's hardware.
 
+use std::cell::{Cell, RefCell};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -12,7 +13,7 @@ use prost::Message;
 
 use crate::onnx::{fields, Extension, ExternalRef, Model, TensorRef};
 use crate::pb;
-use crate::structs::{self, Limits, PhysicalTypeKey, StructError};
+use crate::structs::{self, Limits, PhysicalTypeKey, StructError, ValueLayout};
 
 /// Which compiled entry an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +54,9 @@ pub struct CheckOptions {
     pub limits: Limits,
 }
 
+/// A value's layout, or why its type does not walk.
+type Walked = std::result::Result<ValueLayout, StructError>;
+
 /// A model with its extension decoded, ready for per-entry checks (shared by
 /// the checker and the loading rules). Building it never fails: what cannot
 /// be read becomes an error of the model, of an entry or of a source.
@@ -76,6 +80,11 @@ pub struct Checked<'m> {
     pub model_errors: Vec<CheckError>,
     /// Compiled tensors that do not decode (their slot holds a default entry).
     pub undecodable: HashMap<usize, CheckError>,
+    /// Type-walk nodes left to this model's values (`max_model_nodes`).
+    walk_budget: Cell<u64>,
+    /// Values' layouts already walked, by (root type's address, dims): the
+    /// rules ask for them more than once, and entries share types.
+    layouts: RefCell<HashMap<(usize, Vec<u64>), Walked>>,
 }
 
 fn err(
@@ -190,6 +199,8 @@ impl<'m> Checked<'m> {
             graph_error,
             model_errors,
             undecodable,
+            walk_budget: Cell::new(opts.limits.max_model_nodes),
+            layouts: RefCell::default(),
         };
         c.model_errors.extend(c.model_rules());
         c
@@ -378,7 +389,8 @@ impl<'m> Checked<'m> {
                 ));
             }
         }
-        let layout = structs::check_value(root, &value.dims, &self.ext.struct_types, &self.limits)
+        let layout = self
+            .layout(root, &value.dims)
             .map_err(|e| from_struct(e, Some(&r), "value."))?;
         let len = self
             .payload_len(value)
@@ -395,6 +407,23 @@ impl<'m> Checked<'m> {
             ));
         }
         Ok(root)
+    }
+
+    /// The layout of a value of type `root` with `dims`, walked once.
+    fn layout(
+        &self,
+        root: &pb::StructTypeProto,
+        dims: &[u64],
+    ) -> std::result::Result<ValueLayout, StructError> {
+        let key = (root as *const pb::StructTypeProto as usize, dims.to_vec());
+        if let Some(known) = self.layouts.borrow().get(&key) {
+            return known.clone();
+        }
+        let table = &self.ext.struct_types;
+        let walked =
+            structs::check_value_within(root, dims, table, &self.limits, &self.walk_budget);
+        self.layouts.borrow_mut().insert(key, walked.clone());
+        walked
     }
 
     /// Payload length: inline bytes, or the external range (checked in the file).

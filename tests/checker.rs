@@ -333,3 +333,44 @@ fn model_limits_apply_before_decoding() {
         "{errors:?}"
     );
 }
+
+/// Each value's walk is bounded by `max_nodes`; `max_model_nodes` bounds
+/// them together (a small model of many entries over one large type would
+/// otherwise cost entries x nodes). Entries of the same type and dims walk
+/// it once.
+#[test]
+fn the_walks_of_all_values_share_one_budget() {
+    let in_all = |errors: &[ctcache::check::CheckError]| {
+        errors
+            .iter()
+            .filter(|e| e.rule == "struct.limits" && e.message.contains("in all"))
+            .count()
+    };
+    let opts = CheckOptions {
+        limits: ctcache::structs::Limits {
+            max_model_nodes: 10,
+            ..Default::default()
+        },
+    };
+    let mut m = compiled_model();
+    let first = m.compiled_tensors[0].clone();
+    // Same type and dims: one walk, whatever the number of entries.
+    m.compiled_tensors = vec![first.clone(); 20];
+    assert_eq!(in_all(&check_model(&open(&m), &opts).unwrap()), 0);
+    // Other dims each: walks until the budget is spent, then refusals.
+    m.compiled_tensors = (1..=20u64)
+        .map(|k| {
+            let mut e = first.clone();
+            let v = e.value.as_mut().unwrap();
+            v.dims = vec![k];
+            v.raw_data = vec![0u8; 4 * k as usize].into();
+            e
+        })
+        .collect();
+    let refused = in_all(&check_model(&open(&m), &opts).unwrap());
+    assert!((10..20).contains(&refused), "{refused} of 20 refused");
+    assert_eq!(
+        in_all(&check_model(&open(&m), &CheckOptions::default()).unwrap()),
+        0
+    );
+}

@@ -8,7 +8,7 @@ mod walk;
 
 pub use key::{canonical_type, physical_type_key, PhysicalTypeKey};
 pub use leaves::{leaves, Leaf, LeafType, LeafView};
-pub use walk::{check_value, validate_table, ValueLayout};
+pub use walk::{check_value, check_value_within, validate_table, ValueLayout};
 
 use crate::pb;
 
@@ -24,6 +24,10 @@ pub struct Limits {
     pub max_fields: usize,
     /// Nodes visited while walking one value's type (guards reference fan-out).
     pub max_nodes: u64,
+    /// Nodes visited walking the types of one model's values and table
+    /// together (many small entries over one large type would otherwise
+    /// cost entries x nodes).
+    pub max_model_nodes: u64,
     /// Bytes of all `constant` fields of one model.
     pub max_constant_bytes: u64,
     /// `dims_param` entries of one declaration.
@@ -41,6 +45,7 @@ impl Default for Limits {
             max_struct_types: 4096,
             max_fields: 4096,
             max_nodes: 100_000,
+            max_model_nodes: 10_000_000,
             max_constant_bytes: 16 << 20,
             max_dims: 16,
             max_leaves: 4096,

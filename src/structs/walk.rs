@@ -2,6 +2,7 @@
 //! Sizes are in bits, with checked u64 arithmetic; a walk without concrete
 //! `dims` (model-level declarations) validates structure only.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use prost::Message;
@@ -25,6 +26,8 @@ pub struct ValueLayout {
 struct Walker<'a> {
     table: &'a [pb::StructTypeProto],
     limits: &'a Limits,
+    /// Nodes left to the model's walks together (`max_model_nodes`).
+    budget: &'a Cell<u64>,
     dims: Option<&'a [u64]>,
     params: usize,
     used: Vec<bool>,
@@ -55,10 +58,16 @@ fn add(a: Option<u64>, b: Option<u64>, path: &str) -> Size {
 }
 
 impl<'a> Walker<'a> {
-    fn new(table: &'a [pb::StructTypeProto], limits: &'a Limits, dims: Option<&'a [u64]>) -> Self {
+    fn new(
+        table: &'a [pb::StructTypeProto],
+        limits: &'a Limits,
+        budget: &'a Cell<u64>,
+        dims: Option<&'a [u64]>,
+    ) -> Self {
         Walker {
             table,
             limits,
+            budget,
             dims,
             params: 0,
             used: Vec::new(),
@@ -70,6 +79,18 @@ impl<'a> Walker<'a> {
     }
 
     fn enter(&mut self, path: &str, depth: u32) -> Result<(), StructError> {
+        let left = self.budget.get();
+        if left == 0 {
+            return Err(StructError::new(
+                "struct.limits",
+                path,
+                format!(
+                    "the model's types walk more than {} nodes in all",
+                    self.limits.max_model_nodes
+                ),
+            ));
+        }
+        self.budget.set(left - 1);
         self.nodes += 1;
         if self.nodes > self.limits.max_nodes {
             return Err(StructError::new(
@@ -420,6 +441,7 @@ pub fn validate_table(table: &[pb::StructTypeProto], limits: &Limits) -> Result<
         ));
     }
     let mut names = std::collections::HashSet::new();
+    let budget = Cell::new(limits.max_model_nodes);
     for (i, t) in table.iter().enumerate() {
         let path = format!("struct_types[{i}]");
         if t.name.is_empty() {
@@ -436,7 +458,7 @@ pub fn validate_table(table: &[pb::StructTypeProto], limits: &Limits) -> Result<
                 format!("duplicated name {:?}", t.name),
             ));
         }
-        let mut w = Walker::new(table, limits, None);
+        let mut w = Walker::new(table, limits, &budget, None);
         w.stack.push(i as i32);
         w.root(t, &path)?;
     }
@@ -451,6 +473,25 @@ pub fn check_value(
     table: &[pb::StructTypeProto],
     limits: &Limits,
 ) -> Result<ValueLayout, StructError> {
+    check_value_within(
+        root,
+        dims,
+        table,
+        limits,
+        &Cell::new(limits.max_model_nodes),
+    )
+}
+
+/// [`check_value`] for one of a model's values: the walk also spends the
+/// nodes left to the model's values together (`budget`, started at
+/// `max_model_nodes`).
+pub fn check_value_within(
+    root: &pb::StructTypeProto,
+    dims: &[u64],
+    table: &[pb::StructTypeProto],
+    limits: &Limits,
+    budget: &Cell<u64>,
+) -> Result<ValueLayout, StructError> {
     if dims.len() != root.dims_param.len() {
         return Err(StructError::new(
             "struct.dims",
@@ -462,7 +503,7 @@ pub fn check_value(
             ),
         ));
     }
-    let mut w = Walker::new(table, limits, Some(dims));
+    let mut w = Walker::new(table, limits, budget, Some(dims));
     let size_bits = w.root(root, "value")?.ok_or_else(|| {
         StructError::new("struct.dims", "value", "size depends on unresolved dims")
     })?;
