@@ -109,10 +109,33 @@ pub struct ImportEntry {
     pub physical_type: pb::StructTypeProto,
     /// `StructProto.dims` of the payload.
     pub dims: Vec<u64>,
-    /// The payload bytes (borrowed from the model or sidecar mapping).
+    /// The payload bytes (borrowed from the model or sidecar mapping: copy
+    /// them and check the copy with [`ImportEntry::copy_payload`] before
+    /// storing; the mapping shows writes made after the checks).
     pub payload: Bytes,
+    /// The payload's recorded checksum (`ctcache.payload.blake3`), if any.
+    pub checksum: Option<String>,
     /// The layout the entry was recognized as; `None` when this build does not know it.
     pub layout: Option<Arc<KnownLayout>>,
+}
+
+impl ImportEntry {
+    /// The payload copied out of the mapping and judged again on the copy
+    /// (its checksum, and a file cut short under it): the bytes checked
+    /// are the bytes stored.
+    pub fn copy_payload(&self) -> Result<Vec<u8>, MissReason> {
+        let copy = self.payload.to_vec();
+        if !crate::onnx::intact(&self.payload) {
+            return Err(MissReason::Invalid {
+                rule: "payload.external",
+                message: crate::onnx::CUT_SHORT.into(),
+            });
+        }
+        if let Some(want) = &self.checksum {
+            hit::check_payload(want, &copy)?;
+        }
+        Ok(copy)
+    }
 }
 
 /// One entry of a model as import sees it.
@@ -146,6 +169,7 @@ pub fn importable(
                 physical_type: facts.physical_type()?,
                 dims: facts.dims().to_vec(),
                 payload: facts.payload()?,
+                checksum: facts.payload_checksum().map(str::to_string),
                 layout: u.layout,
             })
         }),

@@ -1,7 +1,8 @@
 //! The daemon's event feed, followed through the Events RPC: entries added,
 //! pack progress and watcher activity. Followers that fall behind miss
 //! events rather than slow the daemon down; at most `max_event_subscribers`
-//! follow at once.
+//! follow at once, and one uid (other than root and the daemon's own) at
+//! most a quarter of them, so one user cannot take every place.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
 use crate::error::{Error, Result};
 
 use crate::jobs::JobProgress;
+use crate::shares::{Share, Shares};
 
 /// Events kept for followers that fall behind.
 const BACKLOG: usize = 1024;
@@ -50,12 +52,15 @@ pub(crate) struct Events {
     tx: broadcast::Sender<Event>,
     followers: Arc<Semaphore>,
     max_followers: usize,
+    /// Each uid's share of the places.
+    shares: Shares,
 }
 
-/// A follower's subscription; its place is freed when dropped.
+/// A follower's subscription; its places are freed when dropped.
 pub(crate) struct Subscription {
     pub rx: broadcast::Receiver<Event>,
     _place: OwnedSemaphorePermit,
+    _share: Option<Share>,
 }
 
 impl Events {
@@ -65,6 +70,7 @@ impl Events {
             tx: broadcast::channel(BACKLOG).0,
             followers: Arc::new(Semaphore::new(max_followers)),
             max_followers,
+            shares: Shares::new((max_followers / 4).max(1), &[]),
         }
     }
 
@@ -84,8 +90,19 @@ impl Events {
         let _ = self.tx.send(event);
     }
 
-    /// Follows the feed; RESOURCE_EXHAUSTED when every place is taken.
-    pub fn subscribe(&self) -> Result<Subscription> {
+    /// Follows the feed for `uid` (`None`: root, the daemon's own user or a
+    /// trusted TCP peer, without a share); RESOURCE_EXHAUSTED when every
+    /// place is taken, or the uid holds its share.
+    pub fn subscribe(&self, uid: Option<u32>) -> Result<Subscription> {
+        let share = match uid {
+            None => None,
+            Some(uid) => Some(self.shares.take(uid).flatten().ok_or_else(|| {
+                Error::exhausted(format!(
+                    "uid {uid} follows events as often as one uid may (a quarter of \
+                     max_event_subscribers)"
+                ))
+            })?),
+        };
         let place = self.followers.clone().try_acquire_owned().map_err(|_| {
             Error::exhausted(format!(
                 "{} event followers already, the most allowed (max_event_subscribers)",
@@ -95,6 +112,7 @@ impl Events {
         Ok(Subscription {
             rx: self.tx.subscribe(),
             _place: place,
+            _share: share,
         })
     }
 }

@@ -23,6 +23,7 @@ mod ops;
 mod policy;
 mod rpc;
 mod scheduler;
+mod shares;
 mod state;
 mod systemd;
 mod watcher;

@@ -111,6 +111,20 @@ async fn nobody_attacks_helper() {
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("pack jobs waiting"), "{e:?}");
 
+    // Event followers: at most a quarter of the 8 places for one uid, so
+    // others can still follow.
+    let _followers = [
+        c.events(api::EventsRequest {})
+            .await
+            .expect("a first follower"),
+        c.events(api::EventsRequest {})
+            .await
+            .expect("a second follower"),
+    ];
+    let e = c.events(api::EventsRequest {}).await.err().unwrap();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("max_event_subscribers"), "{e:?}");
+
     // A model this uid may not read: the same answer whether it exists.
     let resolve = |p: String| {
         let mut c = c.clone();
@@ -161,7 +175,7 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
         return;
     }
     let mut d = daemon_for_nobody(
-        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\n",
+        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\nmax_event_subscribers = 8\n",
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut c = rt.block_on(d.client());

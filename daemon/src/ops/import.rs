@@ -46,8 +46,11 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
     let host = Host::any_device(d.host.accept().clone());
     let mut resp = ImportReport::default();
     for item in importable(model, &host, &CheckOptions::default(), &digests) {
-        let e = match item.entry {
-            Ok(e) => e,
+        let checked = item
+            .entry
+            .and_then(|e| e.copy_payload().map(|payload| (e, payload)));
+        let (e, payload) = match checked {
+            Ok(x) => x,
             Err(m) => {
                 resp.skipped.push(ImportSkip {
                     index: item.index as u32,
@@ -81,7 +84,7 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
             model_paths: vec![canonical.display().to_string()],
             pack_duration: Duration::ZERO,
         };
-        let stored = d.store.put(&new, &e.payload[..])?;
+        let stored = d.store.put(&new, &payload[..])?;
         if stored.created {
             resp.imported += 1;
             d.events.emit(

@@ -98,7 +98,7 @@ pub(crate) async fn serve(
     );
     // A connection whose peer cannot be read is dropped, not served; so is
     // one over its uid's share (closed at once, so the hog sees it).
-    let shares = accept::Shares::new(cfg.max_connections_per_uid, &cfg.trusted_uids);
+    let shares = crate::shares::Shares::new(cfg.max_connections_per_uid, &cfg.trusted_uids);
     let unix_incoming = accept::incoming(
         move || {
             let (l, shares) = (unix.clone(), shares.clone());

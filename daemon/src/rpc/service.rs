@@ -346,8 +346,11 @@ impl CompiledTensorCache for Service {
 
     type EventsStream = Streamed<api::Event>;
 
-    async fn events(&self, _: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
-        let sub = self.daemon.events.subscribe()?;
+    async fn events(&self, req: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
+        let sub = self
+            .daemon
+            .events
+            .subscribe(self.caller(&req).queue_owner())?;
         let mut stop = self.shutdown.clone();
         let d = self.daemon.clone();
         let (tx, out) = mpsc::channel(256);
