@@ -270,17 +270,26 @@ impl Client {
             "ReadPayload",
             self.socket.clone(),
         );
-        let mut out = Vec::with_capacity(length as usize);
+        // The length is the caller's wish, not a size anyone checked: the
+        // buffer grows with what arrives beyond a first 64 MiB.
+        let mut out = Vec::with_capacity(usize::try_from(length).unwrap_or(0).min(64 << 20));
         while let Some(chunk) = s.next().await? {
-            if chunk.offset != offset + out.len() as u64 {
-                return Err(Error::PayloadMismatch {
-                    key: key.into(),
-                    detail: format!(
-                        "chunk at offset {} where {} was expected",
-                        chunk.offset,
-                        offset + out.len() as u64
-                    ),
-                });
+            let expected = offset.saturating_add(out.len() as u64);
+            let mismatch = |detail: String| Error::PayloadMismatch {
+                key: key.into(),
+                detail,
+            };
+            if chunk.offset != expected {
+                return Err(mismatch(format!(
+                    "chunk at offset {} where {expected} was expected",
+                    chunk.offset
+                )));
+            }
+            let total = out.len() as u64 + chunk.data.len() as u64;
+            if length != 0 && total > length {
+                return Err(mismatch(format!(
+                    "{total} bytes sent where {length} were asked for"
+                )));
             }
             out.extend_from_slice(&chunk.data);
         }

@@ -755,6 +755,12 @@ async fn open_payload_lease_survives_gc_until_dropped() {
         .unwrap();
     assert!(!streamed.is_mapped() && streamed.lease_id().is_none());
     assert_eq!(&streamed[..], &pa[..]);
+    // A length far past the end (u64::MAX aborted the process allocating
+    // for it) reads to the end; a part reads just that part.
+    let all = c.read_payload(&a.key, 0, u64::MAX).await.unwrap();
+    assert_eq!(&all[..], &pa[..]);
+    let part = c.read_payload(&a.key, 3, 5).await.unwrap();
+    assert_eq!(&part[..], &pa[3..8]);
     let status = c.stats().await.unwrap();
     assert_eq!(status.active_leases, 2);
 
