@@ -178,16 +178,44 @@ fn feed_mapped(data: &[u8], mask: u8, sink: &mut dyn FnMut(&[u8])) {
 /// Hash and pack one such copy: a mapping of the model shows writes made to
 /// the file later, so bytes read from it twice need not be the same bytes.
 pub fn raw_copy(model: &Model, t: &TensorRef) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; raw_len(t)?];
+    raw_copy_into(model, t, &mut out)?;
+    Ok(out)
+}
+
+/// The length of `t`'s raw form in memory.
+pub fn raw_len(t: &TensorRef) -> Result<usize> {
+    let n = t
+        .raw_size()
+        .ok_or_else(|| Error::tensor(&t.name, "size overflows"))?;
+    usize::try_from(n).map_err(|_| Error::tensor(&t.name, "too large"))
+}
+
+/// [`raw_copy`] into `out`, which holds exactly [`raw_len`] bytes (a
+/// reused buffer: every byte is written).
+pub fn raw_copy_into(model: &Model, t: &TensorRef, out: &mut [u8]) -> Result<()> {
     if t.data_type == DataType::STRING {
         return Err(Error::tensor(&t.name, "STRING tensors have no raw form"));
     }
-    let cap = t
-        .raw_size()
-        .ok_or_else(|| Error::tensor(&t.name, "size overflows"))?;
-    let mut out =
-        Vec::with_capacity(usize::try_from(cap).map_err(|_| Error::tensor(&t.name, "too large"))?);
-    for_each_content_chunk(model, t, &mut |c| out.extend_from_slice(c))?;
-    Ok(out)
+    let mut at = 0usize;
+    let mut fits = true;
+    for_each_content_chunk(model, t, &mut |c| {
+        match out.get_mut(at..at.saturating_add(c.len())) {
+            Some(dst) => dst.copy_from_slice(c),
+            None => fits = false,
+        }
+        at = at.saturating_add(c.len());
+    })?;
+    if !fits || at != out.len() {
+        return Err(Error::tensor(
+            &t.name,
+            format!(
+                "its raw form has {at} bytes, not the {} expected",
+                out.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The D3 digest of a tensor's raw form held in memory (as [`raw_copy`]

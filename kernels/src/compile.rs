@@ -128,7 +128,8 @@ pub fn compile_on(
     // The bytes hashed are the bytes packed: one private copy. The model's
     // mapping shows writes made after `expected` was taken, and a pack read
     // from it could store other bytes under that digest.
-    let raw = digest::raw_copy(model, t)?;
+    let mut raw = OutputBuffer::reusable(digest::raw_len(t)?);
+    digest::raw_copy_into(model, t, &mut raw)?;
     let alg = expected.map_or(Algorithm::Blake3, |d| d.algorithm);
     let digest = digest::digest_raw(t.data_type, &t.dims, &raw, alg);
     if expected.is_some_and(|e| e != digest) {
