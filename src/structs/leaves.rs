@@ -44,9 +44,16 @@ impl Leaf {
         }
     }
 
-    /// Number of elements (product of the shape).
+    /// Number of elements (product of the shape; a zero anywhere makes it
+    /// 0 before the other dims can overflow the product).
     pub fn len(&self) -> u64 {
-        self.shape.iter().product()
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// Whether the leaf has no elements.
@@ -372,5 +379,25 @@ impl<'a> LeafView<'a> {
             expect = expect.saturating_mul(n);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_leaf_of_huge_dims_has_no_elements() {
+        let leaf = |shape: Vec<u64>| Leaf {
+            path: "w".into(),
+            elem: LeafType::Bits(4),
+            strides_bits: vec![0; shape.len()],
+            shape,
+            offset_bits: 0,
+            constant: None,
+        };
+        assert_eq!(leaf(vec![1 << 40, 1 << 40, 0]).len(), 0);
+        assert!(leaf(vec![1 << 40, 1 << 40, 0]).is_empty());
+        assert_eq!(leaf(vec![3, 5]).len(), 15);
     }
 }
