@@ -136,6 +136,17 @@ impl OutDir {
         })?;
         if let Some(r) = self.recipient {
             if made {
+                // The name was opened again: chown only a folder this
+                // process owns (the one made here), not another user's
+                // swapped in by a rename meanwhile.
+                let st = rustix::fs::fstat(&fd)?;
+                // SAFETY: geteuid has no preconditions.
+                if st.st_uid != unsafe { libc::geteuid() } {
+                    return Err(refused(format!(
+                        "{} changed while it was being made",
+                        self.shown(name).display()
+                    )));
+                }
                 chown_fd(&fd, r)?;
             } else if rustix::fs::fstat(&fd)?.st_uid != r.uid {
                 return Err(refused(format!(
