@@ -1,7 +1,10 @@
 //! The watched model folders and the notify watcher over them (notify +
-//! notify-debouncer-full, recursive): changed paths are sent to a queue
-//! that the watch use case (`ops/watch.rs`) turns into prepacks. A uid adds
-//! at most `max_watches_per_uid` folders.
+//! notify-debouncer-full, symbolic links not followed): changed paths are
+//! sent to a queue that the watch use case (`ops/scan.rs`) turns into
+//! prepacks. The admin's folders are watched with their subfolders; a
+//! user's folder alone (one inotify watch, held as the daemon's user: a
+//! user's tree of many folders must not use up those), and a uid adds at
+//! most `max_watches_per_uid` folders.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use notify::{EventKind as FsEvent, RecursiveMode};
-use notify_debouncer_full::{new_debouncer, DebounceEventResult, Debouncer, RecommendedCache};
+use notify_debouncer_full::{new_debouncer_opt, DebounceEventResult, Debouncer, RecommendedCache};
 
 use ctcache::access::Identity;
 
@@ -70,7 +73,8 @@ impl Watcher {
     /// folder itself, to scan what is already there) go to `queue`.
     pub fn start(&self, queue: mpsc::Sender<PathBuf>) -> Result<()> {
         let events = queue.clone();
-        let debouncer = new_debouncer(DEBOUNCE, None, move |res: DebounceEventResult| match res {
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let handler = move |res: DebounceEventResult| match res {
             Ok(batch) => {
                 for e in batch {
                     if matches!(e.kind, FsEvent::Access(_)) {
@@ -87,8 +91,9 @@ impl Watcher {
                     tracing::warn!(error = %e, "watcher error");
                 }
             }
-        })
-        .map_err(|e| Error::internal(format!("cannot start the watcher: {e}")))?;
+        };
+        let debouncer = new_debouncer_opt(DEBOUNCE, None, handler, RecommendedCache::new(), config)
+            .map_err(|e| Error::internal(format!("cannot start the watcher: {e}")))?;
         {
             let mut live = lock(&self.live);
             if live.is_some() {
@@ -96,8 +101,12 @@ impl Watcher {
             }
             *live = Some(Live { debouncer, queue });
         }
-        for dir in self.dirs() {
-            if let Err(e) = self.watch(&dir) {
+        let known: Vec<(PathBuf, Owner)> = lock(&self.dirs)
+            .iter()
+            .map(|(d, o)| (d.clone(), o.clone()))
+            .collect();
+        for (dir, owner) in known {
+            if let Err(e) = self.watch(&dir, &owner) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot watch");
             }
         }
@@ -114,13 +123,17 @@ impl Watcher {
         lock(&self.live).is_some()
     }
 
-    fn watch(&self, dir: &Path) -> Result<()> {
+    fn watch(&self, dir: &Path, owner: &Owner) -> Result<()> {
         let mut live = lock(&self.live);
         let w = live
             .as_mut()
             .ok_or_else(|| Error::precondition("the watcher is not running"))?;
+        let mode = match owner {
+            Owner::Admin => RecursiveMode::Recursive,
+            Owner::User(_) => RecursiveMode::NonRecursive,
+        };
         w.debouncer
-            .watch(dir, RecursiveMode::Recursive)
+            .watch(dir, mode)
             .map_err(|e| Error::invalid(format!("cannot watch {}: {e}", dir.display())))?;
         // Existing models are scanned too (start-up and new watches).
         let _ = w.queue.send(dir.to_path_buf());
@@ -180,9 +193,9 @@ impl Watcher {
             }
             // Counted from now on, so concurrent adds of one uid cannot pass
             // the bound together; taken back if watching fails.
-            dirs.insert(dir.clone(), owner);
+            dirs.insert(dir.clone(), owner.clone());
         }
-        if let Err(e) = self.watch(&dir) {
+        if let Err(e) = self.watch(&dir, &owner) {
             lock(&self.dirs).remove(&dir);
             return Err(e);
         }

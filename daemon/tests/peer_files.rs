@@ -226,6 +226,16 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
     std::fs::create_dir(&closed).unwrap();
     std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
     write_model(&closed.join("hidden.onnx"), &matmul_model(512, 256, 7));
+    // A subfolder of its own with a model it may read: a user's watch covers
+    // its folder alone (each folder of a user's tree would cost the daemon's
+    // user an inotify watch), so this one is not packed either.
+    let sub = watched.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let deep = sub.join("deep.onnx");
+    write_model(&deep, &matmul_model(512, 256, 8));
+    for p in [&sub, &deep] {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
     // A model of the peer's own beside it shows when the watch was scanned.
     let own = watched.join("own.onnx");
     write_model(&own, &matmul_model(512, 256, 6));
@@ -259,6 +269,11 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
         assert!(
             hidden.is_empty(),
             "the model in the closed folder was packed"
+        );
+        let deep_entries = entries_for(&mut c, &digest_of(&deep, "W")).await;
+        assert!(
+            deep_entries.is_empty(),
+            "a user's watch reached into a subfolder"
         );
         while let Ok(Ok(Some(e))) =
             tokio::time::timeout(Duration::from_millis(200), events.message()).await

@@ -53,7 +53,11 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
                 continue;
             }
             if p.is_dir() {
-                models.extend(walk_models(&p));
+                // A user's watch covers its folder alone (see watcher.rs).
+                match d.watcher.owner_of(&p) {
+                    Some(Owner::User(_)) => models.extend(walk_shallow(&p)),
+                    _ => models.extend(walk_models(&p)),
+                }
             } else if is_model(&p) {
                 if p.exists() {
                     models.insert(p);
