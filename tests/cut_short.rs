@@ -66,3 +66,24 @@ fn a_data_file_truncated_under_an_open_model_is_refused_not_fatal() {
     );
     assert!(intact(&other.mapped_data(&other_t).unwrap().unwrap()));
 }
+
+/// The model file itself cut short while a rewrite copies it: the output is
+/// refused (not written with zeros where the model was).
+#[test]
+fn a_model_truncated_while_rewritten_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inline.onnx");
+    let m = MatMul::new(ROWS as usize, COLS as usize, std::iter::repeat(0.5)).proto();
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let model = Model::open(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let out = dir.path().join("out.onnx");
+    let e = ctcache::onnx::rewrite::strip(&model, &out).unwrap_err();
+    assert!(e.to_string().contains("cut short"), "{e}");
+    assert!(!out.exists());
+}

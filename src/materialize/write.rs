@@ -470,7 +470,7 @@ pub fn write(
                     Piece::New(v) => w.write_all(v)?,
                 }
             }
-            Ok(())
+            crate::onnx::ensure_intact([&bytes[..]])
         })
         .map_err(|e| Error::write(out, e))?;
     report.model_bytes = top.iter().map(|p| p.len() as u64).sum();

@@ -138,7 +138,7 @@ fn copy_fields(
     if let Some(r) = run {
         w.write_all(&bytes[r])?;
     }
-    Ok(())
+    super::ensure_intact([&bytes[..]])
 }
 
 fn not_compiled(f: &TopField) -> bool {
