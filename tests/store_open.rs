@@ -118,6 +118,23 @@ fn temp_leftovers_are_removed_at_start_up() {
     assert!(tmp_is_empty(d.path()));
 }
 
+/// A first start killed between writing LAYOUT's temp file and renaming it
+/// left a new dir holding only that temp; the next start must not read it
+/// as a folder in use (it refused, and the cache dir could never open).
+#[test]
+fn an_interrupted_first_start_is_finished_by_the_next() {
+    let d = tempfile::tempdir().unwrap();
+    let temp = d.path().join(".LAYOUT.tmp-0123456789abcdef");
+    fs::write(&temp, b"ctcache-store-layout 1\n").unwrap();
+    fs::write(d.path().join("LOCK"), b"").unwrap();
+    drop(Store::open(d.path(), StoreOptions::default()).expect("opens"));
+    assert!(!temp.exists());
+    // Another hidden file is still somebody else's.
+    let e = tempfile::tempdir().unwrap();
+    fs::write(e.path().join(".LAYOUT.tmp-notours"), b"").unwrap();
+    assert!(Store::open(e.path(), StoreOptions::default()).is_err());
+}
+
 #[test]
 fn a_folder_in_use_is_not_taken_over() {
     let d = tempfile::tempdir().unwrap();

@@ -134,6 +134,7 @@ fn mkdir(p: &Path) -> StoreResult<()> {
 /// (`None` for a new dir). Runs under the dir lock.
 pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
     let root = &paths.root;
+    remove_layout_temps(root)?;
     let layout = root.join("LAYOUT");
     let found = match fs::read_to_string(&layout) {
         Ok(t) => Some(parse_layout(root, &t)?),
@@ -168,6 +169,27 @@ pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
         write_layout(root, LAYOUT_VERSION)?;
     }
     Ok(found)
+}
+
+/// Removes the temp files of LAYOUT writes a crash interrupted (a first
+/// start killed before its rename left the new dir holding only that, which
+/// then read as a folder in use).
+fn remove_layout_temps(root: &Path) -> StoreResult<()> {
+    let rd = fs::read_dir(root).map_err(|e| StoreError::io("list", root, e))?;
+    for e in rd {
+        let e = e.map_err(|e| StoreError::io("list", root, e))?;
+        if is_layout_temp(&e.file_name().to_string_lossy()) {
+            let p = e.path();
+            fs::remove_file(&p).map_err(|e| StoreError::io("remove", &p, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `.LAYOUT.tmp-` and 16 hex digits: the temp name of `atomic_write`.
+fn is_layout_temp(name: &str) -> bool {
+    name.strip_prefix(".LAYOUT.tmp-")
+        .is_some_and(|r| r.len() == 16 && r.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn refuse_foreign(root: &Path) -> StoreResult<()> {
