@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{caller, decode, encode};
 use crate::caller::Caller;
+use crate::events::Visibility;
 use crate::ops::{self, blocking, Error};
 use crate::state::Daemon;
 
@@ -347,10 +348,13 @@ impl CompiledTensorCache for Service {
     type EventsStream = Streamed<api::Event>;
 
     async fn events(&self, req: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
-        let sub = self
-            .daemon
-            .events
-            .subscribe(self.caller(&req).queue_owner())?;
+        let caller = self.caller(&req);
+        let sub = self.daemon.events.subscribe(caller.queue_owner())?;
+        // Root and the daemon's user see everything; others what they may list.
+        let view = match caller.queue_owner() {
+            None => None,
+            Some(_) => Some(Visibility::new(caller.identity()?.clone())),
+        };
         let mut stop = self.shutdown.clone();
         let d = self.daemon.clone();
         let (tx, out) = mpsc::channel(256);
@@ -367,7 +371,11 @@ impl CompiledTensorCache for Service {
                     _ = tx.closed() => break,
                     e = sub.rx.recv() => match e {
                         Ok(e) => {
-                            if tx.send(Ok(encode::event(&d, &e))).await.is_err() {
+                            let seen = match &view {
+                                Some(v) => v.sees(&e).await,
+                                None => true,
+                            };
+                            if seen && tx.send(Ok(encode::event(&d, &e))).await.is_err() {
                                 break;
                             }
                         }
