@@ -118,3 +118,17 @@ proptest! {
         exercise(bytes, &dir);
     }
 }
+
+/// Millions of 3-byte top-level fields (an unknown varint field, repeated):
+/// the index of top-level fields would cost ~40 bytes for each, so such a
+/// file is refused past the count any model can need, not indexed.
+#[test]
+fn a_model_of_millions_of_tiny_fields_is_refused_before_indexing_them() {
+    let mut bytes = ctcache_testkit::MatMul::new(4, 4, [0.5f32; 16]).encode();
+    // Field 99, varint 0.
+    for _ in 0..(2 << 20) + 10_000 {
+        bytes.extend_from_slice(&[0x98, 0x06, 0x00]);
+    }
+    let e = ctcache::onnx::Model::from_bytes(bytes.into(), ".").unwrap_err();
+    assert!(e.to_string().contains("top-level fields"), "{e}");
+}

@@ -65,6 +65,10 @@ pub struct LenientExtension {
     pub entry_errors: Vec<(usize, String)>,
 }
 
+/// Top-level fields indexed at most: the extension's limits (1M devices, 1M
+/// compiled tensors, 4096 struct types) and the few fields of ONNX's own.
+const MAX_TOP_FIELDS: usize = (2 << 20) + 8192;
+
 /// A mapped model and its folder (for external data).
 pub struct Model {
     path: Option<PathBuf>,
@@ -181,6 +185,12 @@ impl Model {
         let mut has_graph = false;
         for field in Fields::new(&bytes) {
             let field = field.map_err(|e| not_a_model(bytes.len(), e))?;
+            if top.len() == MAX_TOP_FIELDS {
+                return Err(Error::Model(format!(
+                    "more than {MAX_TOP_FIELDS} top-level fields: more than any model this tool \
+                     reads (each costs an index entry ~20 times its 2 bytes)"
+                )));
+            }
             let expects_bytes = field.number == MODEL_GRAPH || is_compiled_field(field.number);
             let value = match field.value {
                 Value::Bytes(b) => field.value_start..field.value_start + b.len(),
