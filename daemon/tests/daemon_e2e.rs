@@ -950,3 +950,46 @@ async fn a_link_out_of_the_admins_folder_is_not_read_with_the_admins_rights() {
         .is_empty());
     assert_eq!(d.stop(), Some(0));
 }
+
+/// A file in a watched folder that never stops changing (a slow copy, or
+/// a user touching it on purpose) holds up no other model: the one beside
+/// it is packed while the first still changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_keeps_changing_holds_up_no_other() {
+    let mut d = InProc::start();
+    let c = d.client().await;
+    let churn = d.models.join("churn.onnx");
+    std::fs::write(&churn, b"growing").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (churn, stop) = (churn.clone(), stop.clone());
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&churn)
+                .unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.write_all(b"x").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    // Let the watcher take up the changing file first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let path = d.models.join("m.onnx");
+    write_model(&path, &matmul_model(K, N, 21));
+    let digest = digest_of(&path, "W");
+    let packed = eventually(Duration::from_secs(30), || {
+        let (mut c, digest) = (c.clone(), digest.clone());
+        async move { (entries_for(&mut c, &digest).await.len() == 2).then_some(()) }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(
+        packed.is_some(),
+        "the model beside a changing file was not packed in 30 s"
+    );
+    assert_eq!(d.stop(), Some(0));
+}

@@ -4,11 +4,13 @@
 //! ended. Deleting a model leaves its entries in place (they are keyed by
 //! content).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use ctcache::fsutil::FileStamp;
 
 use super::model::{self, Reader};
 use super::pack::{self, BackendRequest, Jobs};
@@ -37,46 +39,61 @@ pub(crate) fn start(d: &Arc<Daemon>) -> Result<()> {
     d.watcher.start(tx)
 }
 
-/// Turns event paths into models to (re)consider, waits for stability, and
-/// submits the policy's prepacks.
+/// A model seen changing: considered once its stamp has held for the
+/// stability period, or dropped when it never holds.
+struct Settling {
+    stamp: FileStamp,
+    changed: Instant,
+    first: Instant,
+}
+
+/// The longest a model may keep changing before it is passed over (until
+/// its next change).
+const MAX_SETTLING: Duration = Duration::from_secs(600);
+
+/// Turns event paths into models to (re)consider and submits the policy's
+/// prepacks for each once it is stable. Models settle side by side: one
+/// that keeps changing (a slow copy, or a user touching a file on purpose)
+/// holds up no other.
 fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtime::Handle) {
-    let stable = Duration::from_secs_f64(d.config.stable_secs);
-    while let Ok(first) = rx.recv() {
-        // Gather a burst of paths, then handle each model once.
-        let mut paths = vec![first];
-        while let Ok(p) = rx.recv_timeout(Duration::from_millis(50)) {
+    let stable = Duration::from_secs_f64(d.config.stable_secs).max(Duration::from_millis(20));
+    let mut settling: HashMap<PathBuf, Settling> = HashMap::new();
+    loop {
+        // Without end while nothing settles, else one stability period.
+        let first = if settling.is_empty() {
+            rx.recv().ok()
+        } else {
+            match rx.recv_timeout(stable) {
+                Ok(p) => Some(p),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        let mut paths = Vec::new();
+        if let Some(p) = first {
+            // Gather the rest of a burst.
             paths.push(p);
-        }
-        let mut models = HashSet::new();
-        for p in paths {
-            if !owner_may_list(&d, &p) {
-                continue;
+            while let Ok(p) = rx.recv_timeout(Duration::from_millis(50)) {
+                paths.push(p);
             }
-            if p.is_dir() {
-                // A user's watch covers its folder alone (see watcher.rs).
-                match d.watcher.owner_of(&p) {
-                    Some(Owner::User(_)) => models.extend(walk_shallow(&p)),
-                    _ => models.extend(walk_models(&p)),
-                }
-            } else if is_model(&p) {
-                if p.exists() {
-                    models.insert(p);
-                } else {
-                    d.memo.forget(&p);
-                    d.events.emit(
-                        EventKind::Watcher,
-                        None,
-                        p.display().to_string(),
-                        "model removed; its entries stay until gc".into(),
-                    );
-                }
-            } else if let Some(dir) = p.parent() {
-                // An external-data file changed: reconsider the models beside it.
-                models.extend(walk_shallow(dir));
+        } else if settling.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for m in models_of(&d, paths) {
+            if let Ok(stamp) = FileStamp::of_path(&m) {
+                settling.entry(m).or_insert(Settling {
+                    stamp,
+                    changed: now,
+                    first: now,
+                });
             }
         }
-        for m in models.into_iter().filter(|m| owner_may_list(&d, m)) {
-            if let Err(e) = consider(&d, &m, stable, &runtime) {
+        if !d.watcher.is_running() {
+            return;
+        }
+        for m in settled(&mut settling, now, stable) {
+            if let Err(e) = consider(&d, &m, &runtime) {
                 tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
                 d.events.emit(
                     EventKind::Watcher,
@@ -87,6 +104,73 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
             }
         }
     }
+}
+
+/// The models event `paths` concern (a folder's models, a model, the
+/// models beside a changed data file) that the watch's owner may list;
+/// removed models are reported and forgotten.
+fn models_of(d: &Daemon, paths: Vec<PathBuf>) -> HashSet<PathBuf> {
+    let mut models = HashSet::new();
+    for p in paths {
+        if !owner_may_list(d, &p) {
+            continue;
+        }
+        if p.is_dir() {
+            // A user's watch covers its folder alone (see watcher.rs).
+            match d.watcher.owner_of(&p) {
+                Some(Owner::User(_)) => models.extend(walk_shallow(&p)),
+                _ => models.extend(walk_models(&p)),
+            }
+        } else if is_model(&p) {
+            if p.exists() {
+                models.insert(p);
+            } else {
+                d.memo.forget(&p);
+                d.events.emit(
+                    EventKind::Watcher,
+                    None,
+                    p.display().to_string(),
+                    "model removed; its entries stay until gc".into(),
+                );
+            }
+        } else if let Some(dir) = p.parent() {
+            // An external-data file changed: reconsider the models beside it.
+            models.extend(walk_shallow(dir));
+        }
+    }
+    models.retain(|m| owner_may_list(d, m));
+    models
+}
+
+/// Takes out of `settling` the models whose stamp has held for `stable`
+/// (a writer may still be copying until then); drops those gone, and those
+/// still changing after [`MAX_SETTLING`].
+fn settled(
+    settling: &mut HashMap<PathBuf, Settling>,
+    now: Instant,
+    stable: Duration,
+) -> Vec<PathBuf> {
+    let mut ready = Vec::new();
+    settling.retain(|p, s| {
+        let Ok(stamp) = FileStamp::of_path(p) else {
+            return false;
+        };
+        if stamp != s.stamp {
+            s.stamp = stamp;
+            s.changed = now;
+            let keeps = now.duration_since(s.first) <= MAX_SETTLING;
+            if !keeps {
+                tracing::warn!(model = %p.display(), "still changing after 600 s; passed over");
+            }
+            return keeps;
+        }
+        if now.duration_since(s.changed) >= stable {
+            ready.push(p.clone());
+            return false;
+        }
+        true
+    });
+    ready
 }
 
 /// Whether the owner of the watch that reports `p` may list the folder `p`
@@ -134,40 +218,7 @@ fn walk_models(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Waits until size and mtime stop changing (a writer may still be
-/// copying); false when the file went away, took too long, or the watcher
-/// stopped meanwhile.
-fn wait_stable(d: &Daemon, p: &Path, stable: Duration) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last = ctcache::fsutil::FileStamp::of_path(p).ok();
-    loop {
-        std::thread::sleep(stable.max(Duration::from_millis(20)));
-        if !d.watcher.is_running() {
-            return false;
-        }
-        let now = ctcache::fsutil::FileStamp::of_path(p).ok();
-        if now.is_none() {
-            return false;
-        }
-        if now == last {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        last = now;
-    }
-}
-
-fn consider(
-    d: &Arc<Daemon>,
-    path: &Path,
-    stable: Duration,
-    runtime: &tokio::runtime::Handle,
-) -> Result<()> {
-    if !wait_stable(d, path, stable) {
-        return Ok(());
-    }
+fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> Result<()> {
     // Read with the rights of the watch's owner: a user's watch never
     // packs what that user may not read (a link to another's file).
     let Some(owner) = d.watcher.owner_of(path) else {
