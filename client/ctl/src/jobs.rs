@@ -14,7 +14,9 @@ use crate::json;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::{absolute, api, ResolveOptions};
 
-/// `--format F --param k=v ...`: one packer and its parameters.
+// `--format F --param k=v ...`: one packer and its parameters. (A plain
+// comment: a doc comment would become the about of every command that
+// flattens this, since those commands are built deferred.)
 #[derive(Debug, Args)]
 pub struct FormatArgs {
     /// Packer id, e.g. ort.matmul_nbits (default: the daemon's policy).

@@ -71,10 +71,16 @@ impl From<std::io::Error> for Failure {
 
 /// Prints a JSON value on stdout.
 pub fn print_json(v: &serde_json::Value) -> Result<(), Failure> {
-    let mut out = std::io::stdout().lock();
+    let mut out = buffered_stdout();
     serde_json::to_writer_pretty(&mut out, v).map_err(std::io::Error::from)?;
     writeln!(out)?;
+    out.flush()?;
     Ok(())
+}
+
+/// Stdout in blocks: its own line buffering would make a syscall per line.
+fn buffered_stdout() -> std::io::BufWriter<std::io::StdoutLock<'static>> {
+    std::io::BufWriter::with_capacity(64 << 10, std::io::stdout().lock())
 }
 
 /// Prints one JSON value on one line (streams: one object per line).
@@ -94,7 +100,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) -> Result<(), Failure>
             *w = (*w).max(c.chars().count());
         }
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = buffered_stdout();
     let line = |cells: Vec<&str>| -> String {
         let n = cells.len();
         cells
@@ -114,6 +120,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) -> Result<(), Failure>
     for r in rows {
         writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
     }
+    out.flush()?;
     Ok(())
 }
 

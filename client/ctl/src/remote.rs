@@ -15,6 +15,7 @@ use crate::format::{self, Table};
 use crate::output::{print_json, say, Failure};
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum RemoteCmd {
     /// Write a new Ed25519 key pair: NAME.secret (mode 0600; the daemon's
     /// signing_key_file) and NAME.pub (a line for other hosts' trusted_keys).

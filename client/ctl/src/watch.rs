@@ -12,6 +12,7 @@ use crate::json;
 use crate::output::{print_json, print_json_line, say, Failure};
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum WatchCmd {
     /// Watch a model folder (recursively); new and changed models are packed.
     Add {
