@@ -8,7 +8,8 @@
 #   bench/all.sh [--only NAME,...] [--markdown] [--keep-logs]
 #       --only      run only these benches (names below)
 #       --markdown  also write the table into README.md between its markers
-#                   (whole runs only: a row per figure)
+#                   (with --only: just the rows of those benches, the note
+#                   says which run measured them)
 #   bench/all.sh --check-readme   README.md's table has exactly the figures
 #                                 declared below (runs no bench: cheap enough for CI)
 #   bench/all.sh --list           the benches and their figures
@@ -67,7 +68,6 @@ done
 
 run=("${NAMES[@]}")
 if [ -n "$only" ]; then
-  [ "$markdown" = 0 ] || { echo "--markdown needs a whole run (no --only)" >&2; exit 2; }
   IFS=, read -r -a run <<<"$only"
   for n in "${run[@]}"; do
     [ -n "${COMMAND[$n]:-}" ] || { echo "no bench named $n (see --list)" >&2; exit 2; }
@@ -105,8 +105,13 @@ for n in "${run[@]}"; do logs+=("$work/$n.log"); done
 python3 bench/results.py table "$work/figures" "${logs[@]}"
 if [ "$markdown" = 1 ]; then
   cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-  python3 bench/results.py markdown "$work/figures" "${logs[@]}" --readme README.md \
-    --note "Measured by \`bench/all.sh --markdown\` on $(date -u +%Y-%m-%d): $(nproc) CPUs ($cpu), Linux $(uname -r)."
+  if [ -n "$only" ]; then
+    python3 bench/results.py markdown "$work/figures" "${logs[@]}" --readme README.md --update \
+      --note "The rows of $only: \`bench/all.sh --only $only --markdown\` on $(date -u +%Y-%m-%d) ($(nproc) CPUs, Linux $(uname -r))."
+  else
+    python3 bench/results.py markdown "$work/figures" "${logs[@]}" --readme README.md \
+      --note "Measured by \`bench/all.sh --markdown\` on $(date -u +%Y-%m-%d): $(nproc) CPUs ($cpu), Linux $(uname -r)."
+  fi
 fi
 [ "$keep" = 0 ] || echo "logs kept in $work"
 [ ${#failed[@]} -eq 0 ] || { echo "benches that failed: ${failed[*]}" >&2; exit 1; }

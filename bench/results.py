@@ -13,9 +13,11 @@ Subcommands (standard library only: runs without the venv):
                                        (a file, one id a line) from the RESULT
                                        lines in the LOGs; exit 1 on a figure
                                        nobody declared
-    results.py markdown FIGURES LOG... [--readme README.md] [--note TEXT]
+    results.py markdown FIGURES LOG... [--readme README.md] [--note TEXT] [--update]
                                        the same as a Markdown table, written
-                                       between the README's markers
+                                       between the README's markers; with
+                                       --update only the rows the LOGs measure
+                                       are replaced, --note joins the old note
     results.py check FIGURES README    exit 1 unless the README's table has one
                                        row per declared figure, no other (runs
                                        no bench: a cheap CI check)
@@ -152,12 +154,29 @@ def text_table(rs: list[list[str]]) -> str:
     return "\n".join([line(HEAD), line(["-" * w for w in widths])] + [line(r) for r in rs])
 
 
-def markdown_table(rs: list[list[str]]) -> str:
+def markdown_row(r: list[str]) -> str:
     esc = lambda c: c.replace("|", "\\|")
+    return "| " + " | ".join([f"`{r[0]}`"] + [esc(c) for c in r[1:]]) + " |"
+
+
+def markdown_table(rs: list[list[str]]) -> str:
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    for r in rs:
-        lines.append("| " + " | ".join([f"`{r[0]}`"] + [esc(c) for c in r[1:]]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + [markdown_row(r) for r in rs])
+
+
+def updated_block(block: str, rs: list[list[str]], measured: set[str], note: str) -> str:
+    """The README's block with the rows of `measured` replaced by `rs`'s and
+    every other row kept as it was (a run of some benches only); `note`
+    joins the block's note."""
+    kept = {m.group(1): l for l in block.splitlines() if (m := ROW_ID.match(l.strip()))}
+    head = block.split("\n| figure |", 1)[0].strip()
+    table = [markdown_row(r) if r[0] in measured or r[0] not in kept else kept[r[0]]
+             for r in rs]
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)] + table
+    if head and note and not head.endswith("."):
+        head += "."
+    note = " ".join(t for t in (head, note) if t)
+    return (f"\n{note}\n\n" if note else "\n") + "\n".join(lines) + "\n"
 
 
 def readme_block(readme: Path) -> tuple[str, int, int]:
@@ -197,6 +216,8 @@ def main(argv: list[str]) -> int:
             print("regenerate it with bench/all.sh --markdown", file=sys.stderr)
         return 1 if problems else 0
     args, readme, note = argv[3:], None, ""
+    update = "--update" in args
+    args = [a for a in args if a != "--update"]
     if "--readme" in args:
         i = args.index("--readme")
         readme, args = Path(args[i + 1]), args[:i] + args[i + 2:]
@@ -210,6 +231,14 @@ def main(argv: list[str]) -> int:
         unmeasured = sum(r[1] == "not measured" for r in rs)
         print(f"\n{len(rs)} figures: {sum(r[6] == 'met' for r in rs)} targets met, "
               f"{missed} missed, {unmeasured} not measured")
+        return 0
+    if update:
+        if readme is None:
+            raise Bad("--update needs --readme")
+        text, b, e = readme_block(readme)
+        got = collect(declared, args)
+        readme.write_text(text[:b] + updated_block(text[b:e], rs, set(got), note) + text[e:])
+        print(f"updated the rows of {len(got)} figures in {readme}")
         return 0
     block = (f"\n{note}\n\n" if note else "\n") + markdown_table(rs) + "\n"
     if readme is None:

@@ -7,12 +7,15 @@
 //! pread into reused buffers. Each is hashed the way digest_all hashes (one
 //! task per tensor, blake3's rayon mode inside), best of REPS, alternating.
 //!
-//! `cargo bench -p ctcache --bench digest_paths -- MODEL.onnx DATA.bin`
+//! `cargo bench -p ctcache --bench digest_paths -- MODEL.onnx DATA.bin`;
+//! `digest_paths --once MODEL.onnx` only prints the model's digests (the
+//! process floor bench/digest_bench.sh times beside `ctcachectl digest`).
 //! (bench/digest_bench.sh passes its model; DATA is the one external-data
 //! file, whose tensors split it into equal parts). Prints `digest.memory`
 //! as a RESULT line (`ctcache_testkit::Figure`) for bench/all.sh.
 
 use std::fs::File;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
@@ -138,7 +141,33 @@ fn best(times: &[Duration]) -> Duration {
     times.iter().copied().min().unwrap_or_default()
 }
 
+/// `--once MODEL`: the digest of MODEL as `ctcachectl digest` computes it,
+/// printed, and nothing else: bench/digest_bench.sh times this process as
+/// the floor of the command (no command line, a small binary to start).
+fn once(model_path: &str) {
+    let model = Model::open(model_path).expect("open the model");
+    let tensors = model.initializers().expect("list initializers");
+    let mut out = String::new();
+    for (t, d) in tensors
+        .iter()
+        .zip(digest_all(&model, &tensors, Algorithm::Blake3))
+    {
+        out.push_str(&format!("{} {}\n", t.name, d.expect("digest").hex()));
+    }
+    std::io::stdout()
+        .write_all(out.as_bytes())
+        .expect("write the digests");
+}
+
 fn main() {
+    let all: Vec<String> = std::env::args().collect();
+    if let Some(i) = all.iter().position(|a| a == "--once") {
+        let Some(model) = all.get(i + 1) else {
+            eprintln!("usage: digest_paths --once MODEL.onnx");
+            std::process::exit(2);
+        };
+        return once(model);
+    }
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
