@@ -7,6 +7,8 @@
 //! most `max_watches_per_uid` folders.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard};
@@ -166,13 +168,13 @@ impl Watcher {
             .map(|(_, owner)| owner.clone())
     }
 
-    /// Adds a folder; returns its canonical path, or `None` when it was
-    /// watched already. RESOURCE_EXHAUSTED when a uid owner has
-    /// `max_watches_per_uid` folders already.
-    pub fn add(&self, dir: &Path, owner: Owner) -> Result<Option<PathBuf>> {
-        let dir = dir
-            .canonicalize()
-            .map_err(|e| Error::invalid(format!("{}: {e}", dir.display())))?;
+    /// Adds the folder `opened`, found at its real path `dir`; returns
+    /// `dir`, or `None` when it was watched already. RESOURCE_EXHAUSTED when
+    /// a uid owner has `max_watches_per_uid` folders already; refused when
+    /// `dir` no longer leads to `opened` once watched (a folder on the way
+    /// replaced meanwhile).
+    pub fn add(&self, dir: &Path, opened: &File, owner: Owner) -> Result<Option<PathBuf>> {
+        let dir = dir.to_path_buf();
         {
             let mut dirs = lock(&self.dirs);
             if dirs.contains_key(&dir) {
@@ -195,34 +197,57 @@ impl Watcher {
             // the bound together; taken back if watching fails.
             dirs.insert(dir.clone(), owner.clone());
         }
-        if let Err(e) = self.watch(&dir, &owner) {
-            lock(&self.dirs).remove(&dir);
+        let watched = self.watch(&dir, &owner).and_then(|()| {
+            if same_folder(&dir, opened) {
+                Ok(())
+            } else {
+                Err(Error::precondition(format!(
+                    "{} changed while it was being added; try again",
+                    dir.display()
+                )))
+            }
+        });
+        if let Err(e) = watched {
+            self.forget(&dir);
             return Err(e);
         }
         Ok(Some(dir))
     }
 
-    /// Removes a folder; returns the path it was watched under.
+    /// Removes a folder; returns the path it was watched under. A folder
+    /// not watched is NOT_FOUND.
     pub fn remove(&self, dir: &Path) -> Result<PathBuf> {
         let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-        let key = {
-            let mut dirs = lock(&self.dirs);
-            let key = if dirs.contains_key(&canonical) {
-                canonical
-            } else {
-                dir.to_path_buf()
-            };
-            if dirs.remove(&key).is_none() {
-                return Err(Error::not_found(format!(
-                    "{} is not watched",
-                    dir.display()
-                )));
-            }
-            key
+        let key = if lock(&self.dirs).contains_key(&canonical) {
+            canonical
+        } else {
+            dir.to_path_buf()
         };
-        if let Some(w) = lock(&self.live).as_mut() {
-            let _ = w.debouncer.unwatch(&key);
+        if !self.forget(&key) {
+            return Err(Error::not_found(format!(
+                "{} is not watched",
+                dir.display()
+            )));
         }
         Ok(key)
+    }
+
+    /// Stops watching exactly the folder `key`; whether it was watched.
+    fn forget(&self, key: &Path) -> bool {
+        if lock(&self.dirs).remove(key).is_none() {
+            return false;
+        }
+        if let Some(w) = lock(&self.live).as_mut() {
+            let _ = w.debouncer.unwatch(key);
+        }
+        true
+    }
+}
+
+/// Whether `path` leads to the open folder `opened` (same device and inode).
+fn same_folder(path: &Path, opened: &File) -> bool {
+    match (std::fs::metadata(path), opened.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }

@@ -286,3 +286,137 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
     });
     assert_eq!(d.stop(), Some(0));
 }
+
+/// The attacker half of `a_watch_lands_on_the_folder_that_was_checked`.
+#[tokio::test]
+async fn watch_swap_helper() {
+    let (Some(socket), Some(mine), Some(secret), Some(hidden)) = (
+        env_path("CT_TEST_SOCKET"),
+        env_path("CT_TEST_MINE"),
+        env_path("CT_TEST_SECRET_DIR"),
+        env_path("CT_TEST_HIDDEN_WATCH"),
+    ) else {
+        return;
+    };
+    let open = mine.join("open");
+    std::fs::create_dir(&open).unwrap();
+    let flip = mine.join("flip");
+    // Swaps `flip` between a folder of its own and one it may not read, as
+    // fast as it can, while it asks for `flip` to be watched.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (stop, mine, open, flip) = (stop.clone(), mine.clone(), open.clone(), flip.clone());
+        std::thread::spawn(move || {
+            let tmp = mine.join("flip.tmp");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for target in [&open, &secret] {
+                    let _ = std::fs::remove_file(&tmp);
+                    std::os::unix::fs::symlink(target, &tmp).unwrap();
+                    std::fs::rename(&tmp, &flip).unwrap();
+                }
+            }
+        })
+    };
+    let mut c = client_at(&socket).await;
+    let (mut added, mut refused) = (0, 0);
+    for _ in 0..400 {
+        match c
+            .add_watch(api::WatchRequest {
+                dir: flip.display().to_string(),
+            })
+            .await
+        {
+            Ok(_) => added += 1,
+            Err(e) => {
+                assert!(
+                    matches!(e.code(), Code::PermissionDenied | Code::FailedPrecondition),
+                    "{e:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flipper.join().unwrap();
+    assert!(added > 0 && refused > 0, "added {added}, refused {refused}");
+    // Its list names its own folder, not one of root's it cannot list.
+    let listed = c
+        .list_watches(api::ListWatchesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .dirs;
+    let open = open.canonicalize().unwrap().display().to_string();
+    assert!(listed.contains(&open), "{listed:?}");
+    assert!(
+        !listed.contains(&hidden.display().to_string()),
+        "{listed:?}"
+    );
+    println!("WATCH-SWAP-DONE");
+}
+
+/// A peer that swaps a link of its own between its folder and one it may
+/// not read while asking for the link to be watched never gets the other
+/// folder watched: what is watched is the folder that was opened and
+/// judged, not the path resolved again. Nor does it see, in the list of
+/// watched folders, one it could not list itself.
+#[test]
+fn a_watch_lands_on_the_folder_that_was_checked() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let mut d = daemon_for_nobody("");
+    let (top, mine) = nobodys_folder();
+    let closed = top.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = closed.join("secret");
+    std::fs::create_dir(&secret).unwrap();
+    // Root's watch on a folder only root may list.
+    let hidden = closed.join("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = client_at(&d.socket).await;
+        c.add_watch(api::WatchRequest {
+            dir: hidden.display().to_string(),
+        })
+        .await
+        .expect("root watches a folder of its own");
+    });
+    run_as_nobody(
+        "watch_swap_helper",
+        &[
+            ("CT_TEST_SOCKET", d.socket.as_path()),
+            ("CT_TEST_MINE", mine.as_path()),
+            ("CT_TEST_SECRET_DIR", secret.as_path()),
+            (
+                "CT_TEST_HIDDEN_WATCH",
+                hidden.canonicalize().unwrap().as_path(),
+            ),
+        ],
+        "WATCH-SWAP-DONE",
+    );
+    let watched = rt.block_on(async {
+        let mut c = client_at(&d.socket).await;
+        c.list_watches(api::ListWatchesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .dirs
+    });
+    let secret = secret.canonicalize().unwrap().display().to_string();
+    assert!(!watched.contains(&secret), "{watched:?}");
+    assert!(
+        watched.contains(
+            &mine
+                .join("open")
+                .canonicalize()
+                .unwrap()
+                .display()
+                .to_string()
+        ),
+        "{watched:?}"
+    );
+    d.stop();
+}

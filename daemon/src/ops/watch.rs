@@ -1,5 +1,5 @@
 //! The watch use cases: add a model folder to watch (a caller who may read
-//! it), remove one (trusted callers), list them.
+//! it), remove one (trusted callers), list them (what the caller may know).
 
 use std::path::{Path, PathBuf};
 
@@ -27,7 +27,7 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
     // Judged on the opened folder. To anyone but root and the daemon's uid a
     // missing folder, a file and a folder they may not read get the same
     // answer.
-    if who.open_dir(dir, access::READ).is_err() {
+    let Ok(opened) = who.open_dir(dir, access::READ) else {
         if caller.is_self_or_root() {
             return Err(not_a_folder());
         }
@@ -36,7 +36,12 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
             dir.display(),
             caller.describe()
         )));
-    }
+    };
+    // What is watched is the folder that was judged, found from the open
+    // handle: the caller's path resolved again could lead elsewhere by now
+    // (a link of theirs swapped after the check).
+    let real = access::real_path(&opened)
+        .map_err(|e| Error::internal(format!("{}: {e}", dir.display())))?;
     // A watch is its adder's: what it finds is read with their rights
     // (root's and the daemon's own watches are the admin's).
     let owner = if caller.is_self_or_root() {
@@ -44,7 +49,7 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
     } else {
         Owner::User(who.clone())
     };
-    if let Some(dir) = d.watcher.add(dir, owner)? {
+    if let Some(dir) = d.watcher.add(&real, &opened, owner)? {
         d.events.emit(
             EventKind::Watcher,
             None,
@@ -52,7 +57,25 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
             "watch added".into(),
         );
     }
-    Ok(d.watcher.dirs())
+    visible(d, caller)
+}
+
+/// The watched folders the caller may know of: all to root and the
+/// daemon's user, to others those whose name they could list anyway (in a
+/// folder they may read), as events show them only models of such folders.
+pub(crate) fn visible(d: &Daemon, caller: &Caller) -> Result<Vec<PathBuf>> {
+    let dirs = d.watcher.dirs();
+    if caller.queue_owner().is_none() {
+        return Ok(dirs);
+    }
+    let who = caller.identity()?;
+    Ok(dirs
+        .into_iter()
+        .filter(|w| {
+            w.parent()
+                .is_some_and(|parent| who.open_dir(parent, access::READ).is_ok())
+        })
+        .collect())
 }
 
 /// Stops watching `dir`; returns the watched folders.
@@ -65,5 +88,5 @@ pub(crate) fn remove(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<Path
         dir.display().to_string(),
         "watch removed".into(),
     );
-    Ok(d.watcher.dirs())
+    visible(d, caller)
 }

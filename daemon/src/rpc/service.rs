@@ -338,11 +338,16 @@ impl CompiledTensorCache for Service {
 
     async fn list_watches(
         &self,
-        _: Request<api::ListWatchesRequest>,
+        req: Request<api::ListWatchesRequest>,
     ) -> Answer<api::ListWatchesResponse> {
-        ok(api::ListWatchesResponse {
-            dirs: encode::watches(self.daemon.watcher.dirs()),
-        })
+        let caller = self.caller(&req);
+        self.run(
+            move |d| ops::watch::visible(d, &caller),
+            |_, dirs| api::ListWatchesResponse {
+                dirs: encode::watches(dirs),
+            },
+        )
+        .await
     }
 
     type EventsStream = Streamed<api::Event>;
