@@ -229,6 +229,29 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
     run_as_nobody("nobody_attacks_helper", &env, "NOBODY-ATTACKS-REFUSED");
     std::fs::remove_dir_all(&secret).unwrap();
 
+    // The watch uid 65534 added finds a model of 4 wanted pairs: its jobs
+    // wait as that uid's, so they meet the same bound of 1 as its Prepack.
+    let watched = dirs[0].join("many.onnx");
+    let skipped = rt.block_on(async {
+        let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
+        write_model(&watched, &two_weights_model());
+        let real = watched.canonicalize().unwrap().display().to_string();
+        loop {
+            let e = tokio::time::timeout(Duration::from_secs(60), events.message())
+                .await
+                .expect("an event about the watched model within 60 s")
+                .unwrap()
+                .expect("the stream stays open");
+            if e.model_path == real {
+                break e.detail;
+            }
+        }
+    });
+    assert!(
+        skipped.starts_with("skipped:") && skipped.contains("pack jobs waiting"),
+        "{skipped}"
+    );
+
     // Root's lease still protects its entry from gc --max-size 0.
     let report = rt
         .block_on(c.gc(api::GcRequest {

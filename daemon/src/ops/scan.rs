@@ -224,9 +224,15 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
     let Some(owner) = d.watcher.owner_of(path) else {
         return Ok(());
     };
-    let reader = match owner {
-        Owner::Admin => Reader::Admin,
-        Owner::User(who) => Reader::As(who),
+    // And its jobs wait as that user's: within max_queued_jobs_per_uid, as
+    // the user's own Prepack calls (a folder of many models cannot fill the
+    // queue).
+    let (reader, queue_owner) = match owner {
+        Owner::Admin => (Reader::Admin, None),
+        Owner::User(who) => {
+            let uid = who.uid;
+            (Reader::As(who), Some(uid))
+        }
     };
     let m = model::open_as(path, &reader)?;
     // The admin's rights reach only as far as the admin's folders: a link
@@ -245,7 +251,7 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         d,
         &m,
         &sel.wanted,
-        (None, Priority::Watcher),
+        (queue_owner, Priority::Watcher),
         BackendRequest::Auto,
     )?;
     d.events.emit(
