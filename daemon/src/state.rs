@@ -61,7 +61,13 @@ impl Daemon {
             config.memory_budget,
             config.max_queued_jobs_per_uid,
         );
-        let memo = Memo::new(store.clone(), config.max_memo_entries);
+        let memo = Memo::new(
+            store.clone(),
+            crate::memo::Bounds {
+                entries: config.max_memo_entries,
+                bytes: usize::try_from(config.max_memo_bytes).unwrap_or(usize::MAX),
+            },
+        );
         let watcher = Watcher::new(&config.watch, config.max_watches_per_uid);
         let events = Events::new(config.max_event_subscribers);
         Daemon {

@@ -275,6 +275,68 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
     assert_eq!(d.stop(), Some(0));
 }
 
+/// The half of `a_peer_cannot_grow_the_digest_memo` that runs as uid 65534:
+/// asks about one model under many names (hard links of its own).
+#[tokio::test]
+async fn memo_flood_helper() {
+    let (Ok(socket), Ok(dir)) = (
+        std::env::var("CTCACHE_TEST_SOCKET"),
+        std::env::var("CTCACHE_TEST_FLOOD_DIR"),
+    ) else {
+        return;
+    };
+    let mut c = CompiledTensorCacheClient::new(channel(Path::new(&socket)).await);
+    let first = Path::new(&dir).join("m0.onnx");
+    write_model(&first, &two_weights_model());
+    for i in 0..40 {
+        let name = Path::new(&dir).join(format!("m{i}.onnx"));
+        if i > 0 {
+            std::fs::hard_link(&first, &name).unwrap();
+        }
+        c.resolve_model(api::ResolveModelRequest {
+            model_path: name.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("resolving a model of its own");
+    }
+    println!("MEMO-FLOOD-DONE");
+}
+
+/// Each model path a peer asks about leaves a digest record; the memo keeps
+/// at most `max_memo_entries` of them, in the index as in memory, however
+/// many names the peer makes.
+#[test]
+fn a_peer_cannot_grow_the_digest_memo() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let mut d = daemon_for_nobody("max_memo_entries = 8\n");
+    let world = tempfile::tempdir().unwrap();
+    open_to_all(world.path());
+    let flood = world.path().join("flood");
+    std::fs::create_dir(&flood).unwrap();
+    std::os::unix::fs::chown(&flood, Some(NOBODY), Some(NOBODY)).unwrap();
+    run_as_nobody(
+        "memo_flood_helper",
+        &[
+            ("CTCACHE_TEST_SOCKET", d.socket.display().to_string()),
+            ("CTCACHE_TEST_FLOOD_DIR", flood.display().to_string()),
+        ],
+        "MEMO-FLOOD-DONE",
+    );
+    assert_eq!(d.stop(), Some(0));
+    let store = ctcache::store::Store::open(&d.cache, Default::default()).unwrap();
+    let mut records = 0;
+    store
+        .memo_scan(&mut |_, _| {
+            records += 1;
+            true
+        })
+        .unwrap();
+    assert!(records <= 8, "{records} memo records");
+}
+
 /// A model with two MatMul weights (4 wanted pairs under the default policy).
 fn two_weights_model() -> Vec<u8> {
     use ctcache_testkit::{f32_tensor_from, node, tensor_info, unit_f32, xorshift};

@@ -19,6 +19,11 @@ impl Store {
             .map(|_| ())
     }
 
+    /// Visits every memo record in key order until `visit` returns false.
+    pub fn memo_scan(&self, visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> StoreResult<()> {
+        self.index.scan(Tree::Memo, &[], None, visit)
+    }
+
     /// Drops the memo record of `key`.
     pub fn memo_remove(&self, key: &[u8]) -> StoreResult<()> {
         self.index

@@ -171,8 +171,10 @@ pub struct Config {
     pub max_watches_per_uid: usize,
     /// Events followers at once.
     pub max_event_subscribers: usize,
-    /// Models whose digests the memo keeps in memory (the index keeps all).
+    /// Models whose digests the memo keeps (in memory and in the index).
     pub max_memo_entries: usize,
+    /// Bytes of digest records the memo keeps (in memory and in the index).
+    pub max_memo_bytes: u64,
     /// Open connections, Unix socket and TCP together (more wait to be
     /// accepted).
     pub max_connections: usize,
@@ -235,6 +237,7 @@ impl Default for Config {
             max_watches_per_uid: 16,
             max_event_subscribers: 64,
             max_memo_entries: 4096,
+            max_memo_bytes: 64 << 20,
             max_connections: 512,
             max_connections_per_uid: 64,
             max_requests_per_connection: 32,
@@ -498,6 +501,7 @@ impl Config {
             ),
             ("max_event_subscribers", self.max_event_subscribers as u64),
             ("max_memo_entries", self.max_memo_entries as u64),
+            ("max_memo_bytes", self.max_memo_bytes),
             ("max_connections", self.max_connections as u64),
             (
                 "max_connections_per_uid",
