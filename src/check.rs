@@ -11,7 +11,7 @@ use crate::error::Result;
 use bytes::Bytes;
 use prost::Message;
 
-use crate::onnx::{fields, Extension, ExternalRef, Model, TensorRef};
+use crate::onnx::{Extension, ExternalRef, Model, TensorRef};
 use crate::pb;
 use crate::structs::{self, Limits, PhysicalTypeKey, StructError, ValueLayout};
 
@@ -124,28 +124,10 @@ impl<'m> Checked<'m> {
     /// model-level rules.
     pub fn new(model: &'m Model, opts: &CheckOptions) -> Checked<'m> {
         let limits = opts.limits.clone();
-        let mut counts = [0usize; 3];
-        for f in model
-            .top_fields()
-            .iter()
-            .filter(|f| fields::is_compiled_field(f.number))
-        {
-            counts[(f.number - fields::MODEL_STRUCT_TYPES) as usize] += 1;
-        }
         let mut model_errors = Vec::new();
         let mut undecodable = HashMap::new();
-        let over =
-            counts[0] > limits.max_struct_types || counts[1].max(counts[2]) > limits.max_entries;
-        let ext = if over {
-            model_errors.push(err(
-                "model.limits",
-                None,
-                "ModelProto",
-                format!(
-                    "{} struct types, {} devices, {} compiled tensors exceed the limits ({}, {}, {})",
-                    counts[0], counts[1], counts[2], limits.max_struct_types, limits.max_entries, limits.max_entries
-                ),
-            ));
+        let ext = if let Err(over) = model.extension_counts().within(&limits) {
+            model_errors.push(err("model.limits", None, "ModelProto", over));
             Extension::default()
         } else {
             let l = model.extension_lenient();

@@ -206,3 +206,43 @@ fn stale_entry_is_a_miss_after_the_initializer_changes() {
     assert!(matches!(&s[0].status, Status::Miss(r) if r.code() == "unknown_physical_type"));
     let _ = pb::ModelProto::default();
 }
+
+/// A model whose extension has more fields of a kind than the limits allow
+/// (here 4097 empty struct types, 2 bytes each) is refused by
+/// `Model::extension` and by an embed that adds to it, from the field counts
+/// alone: each such field decodes to a message many times its size.
+#[test]
+fn an_extension_over_the_limits_is_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = base_model().encode_to_vec();
+    let limit = ctcache::structs::Limits::default().max_struct_types;
+    for _ in 0..=limit {
+        put_len_prefix(&mut bytes, ctcache::onnx::fields::MODEL_STRUCT_TYPES, 0);
+    }
+    let path = dir.path().join("many.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    let model = Model::open(&path).unwrap();
+    let counts = model.extension_counts();
+    assert_eq!(counts.struct_types, limit + 1);
+    let e = model.extension().unwrap_err().to_string();
+    assert!(e.contains("exceed the limits") && e.contains("many.onnx"), "{e}");
+    let e = rewrite::embed(
+        &model,
+        &[entry(&model)],
+        &dir.path().join("out.onnx"),
+        Mode::Add,
+        &RewriteOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("exceed the limits"), "{e}");
+    assert!(!dir.path().join("out.onnx").exists());
+    // At the limit it decodes.
+    let mut bytes = base_model().encode_to_vec();
+    for _ in 0..limit {
+        put_len_prefix(&mut bytes, ctcache::onnx::fields::MODEL_STRUCT_TYPES, 0);
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let ext = Model::open(&path).unwrap().extension().unwrap();
+    assert_eq!(ext.struct_types.len(), limit);
+}

@@ -11,7 +11,7 @@ mod tensor;
 
 pub use external::ExternalRef;
 pub use guarded::{ensure_intact, intact, CUT_SHORT};
-pub use model::{BadInitializer, Extension, LenientExtension, Model, TopField};
+pub use model::{BadInitializer, Extension, ExtensionCounts, LenientExtension, Model, TopField};
 pub use tensor::{Storage, TensorRef, Typed};
 
 /// `ModelProto` field numbers that ctcache reads or splices.

@@ -43,6 +43,40 @@ pub struct Extension {
     pub compiled_tensors: Vec<pb::CompiledTensorProto>,
 }
 
+/// How many fields of each extension kind a model has (counted from the
+/// index of its top-level fields, nothing decoded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExtensionCounts {
+    /// `ModelProto.struct_types` fields.
+    pub struct_types: usize,
+    /// `ModelProto.devices` fields.
+    pub devices: usize,
+    /// `ModelProto.compiled_tensors` fields.
+    pub compiled_tensors: usize,
+}
+
+impl ExtensionCounts {
+    /// Refuses counts over `limits` (4096 struct types, 1M devices and 1M
+    /// compiled tensors by default): checked before anything is decoded,
+    /// since a field of a few bytes decodes to a message many times larger.
+    pub fn within(&self, limits: &crate::structs::Limits) -> std::result::Result<(), String> {
+        if self.struct_types > limits.max_struct_types
+            || self.devices.max(self.compiled_tensors) > limits.max_entries
+        {
+            return Err(format!(
+                "{} struct types, {} devices, {} compiled tensors exceed the limits ({}, {}, {})",
+                self.struct_types,
+                self.devices,
+                self.compiled_tensors,
+                limits.max_struct_types,
+                limits.max_entries,
+                limits.max_entries
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A top-level initializer that does not parse: its name when readable.
 #[derive(Debug)]
 pub struct BadInitializer {
@@ -313,27 +347,76 @@ impl Model {
             .collect()
     }
 
-    /// The compiled-tensor extension, decoded (payloads borrowed).
-    pub fn extension(&self) -> Result<Extension> {
-        self.decode_extension().map_err(|e| self.named(e))
-    }
-
-    fn decode_extension(&self) -> Result<Extension> {
-        let mut ext = Extension::default();
+    /// How many extension fields of each kind the model has.
+    pub fn extension_counts(&self) -> ExtensionCounts {
+        let mut n = ExtensionCounts::default();
         for f in &self.top {
-            let bytes = || self.bytes.slice(f.value.clone());
             match f.number {
-                MODEL_STRUCT_TYPES => ext
-                    .struct_types
-                    .push(decode(bytes(), "ModelProto.struct_types")?),
-                MODEL_DEVICES => ext.devices.push(decode(bytes(), "ModelProto.devices")?),
-                MODEL_COMPILED_TENSORS => ext
-                    .compiled_tensors
-                    .push(decode(bytes(), "ModelProto.compiled_tensors")?),
+                MODEL_STRUCT_TYPES => n.struct_types += 1,
+                MODEL_DEVICES => n.devices += 1,
+                MODEL_COMPILED_TENSORS => n.compiled_tensors += 1,
                 _ => {}
             }
         }
-        Ok(ext)
+        n
+    }
+
+    /// The compiled-tensor extension, decoded (payloads borrowed); refused
+    /// when it has more fields of a kind than the default limits allow.
+    pub fn extension(&self) -> Result<Extension> {
+        let (struct_types, devices) = self.extension_tables()?;
+        let compiled_tensors = self
+            .compiled_tensors()
+            .map(|(_, c)| c)
+            .collect::<Result<_>>()?;
+        Ok(Extension {
+            struct_types,
+            devices,
+            compiled_tensors,
+        })
+    }
+
+    /// The struct type and device tables that compiled tensors refer to by
+    /// index, decoded; refused when the extension has more fields of a kind
+    /// than the default limits allow.
+    pub fn extension_tables(&self) -> Result<(Vec<pb::StructTypeProto>, Vec<pb::DeviceProto>)> {
+        self.extension_counts()
+            .within(&crate::structs::Limits::default())
+            .map_err(|e| self.named(Error::Model(e)))?;
+        let (mut types, mut devices) = (Vec::new(), Vec::new());
+        for f in &self.top {
+            let bytes = || self.bytes.slice(f.value.clone());
+            match f.number {
+                MODEL_STRUCT_TYPES => types.push(decode(bytes(), "ModelProto.struct_types")),
+                MODEL_DEVICES => devices.push(decode(bytes(), "ModelProto.devices")),
+                _ => {}
+            }
+        }
+        let named = |e| self.named(e);
+        Ok((
+            types.into_iter().collect::<Result<_>>().map_err(named)?,
+            devices.into_iter().collect::<Result<_>>().map_err(named)?,
+        ))
+    }
+
+    /// The compiled tensors, each decoded only when the iterator reaches it
+    /// (a caller that handles one at a time never holds them all): the
+    /// index of its top-level field and the entry. Call
+    /// [`Model::extension_tables`] first, which checks the counts.
+    pub fn compiled_tensors(
+        &self,
+    ) -> impl Iterator<Item = (usize, Result<pb::CompiledTensorProto>)> + '_ {
+        self.top
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.number == MODEL_COMPILED_TENSORS)
+            .map(|(i, f)| {
+                let c = decode(
+                    self.bytes.slice(f.value.clone()),
+                    "ModelProto.compiled_tensors",
+                );
+                (i, c.map_err(|e| self.named(e)))
+            })
     }
 
     /// The extension, decoded field by field (see [`LenientExtension`]):

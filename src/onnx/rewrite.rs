@@ -2,7 +2,7 @@
 //! tensor fields (1000-1002) of a model by splicing top-level fields. Every
 //! other byte of the model is copied as is, unknown fields included.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -291,16 +291,17 @@ pub fn embed_into(
     opts: &RewriteOptions,
 ) -> Result<Report> {
     let out = &output.path();
-    let existing = match mode {
-        Mode::Add => model.extension().map_err(|e| {
-            Error::Rewrite(format!(
-                "the model's compiled tensors cannot be read ({e}); embed with replace to drop them"
-            ))
-        })?,
+    let unreadable = |e: Error| {
+        Error::Rewrite(format!(
+            "the model's compiled tensors cannot be read ({e}); embed with replace to drop them"
+        ))
+    };
+    // The model's own entries are decoded one at a time below, never all
+    // at once (a field of a few bytes decodes to a much larger message).
+    let (mut types, mut devices) = match mode {
+        Mode::Add => model.extension_tables().map_err(unreadable)?,
         Mode::Replace => Default::default(),
     };
-    let mut types = existing.struct_types.clone();
-    let mut devices = existing.devices.clone();
     let mut report = Report::default();
     let mut tail = Vec::new();
     let sidecar_file = sidecar_name(out)?;
@@ -311,18 +312,17 @@ pub fn embed_into(
         pieces: Vec::new(),
         len: 0,
     };
-    let mut keys: Vec<EntryKey> = Vec::new();
+    let mut keys: HashSet<EntryKey> = HashSet::new();
     // Existing entries: keep the inline ones and those in the output's own
     // sidecar; copy every other external payload into the new sidecar.
     let mut replaced = HashMap::new();
-    let compiled_fields = model
-        .top_fields()
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| f.number == MODEL_COMPILED_TENSORS)
-        .map(|(i, _)| i);
-    for (j, (field, c)) in compiled_fields.zip(&existing.compiled_tensors).enumerate() {
-        keys.push(key_of(c, &types));
+    let existing = match mode {
+        Mode::Add => Some(model.compiled_tensors()),
+        Mode::Replace => None,
+    };
+    for (j, (field, c)) in existing.into_iter().flatten().enumerate() {
+        let c = &c.map_err(unreadable)?;
+        keys.insert(key_of(c, &types));
         let Some(value) = c.value.as_ref().filter(|v| !v.external_data.is_empty()) else {
             continue;
         };
@@ -395,13 +395,12 @@ pub fn embed_into(
             device_index as i32,
             structs::physical_type_key(&e.struct_type, &[], &Default::default()).ok(),
         );
-        if keys.contains(&key) {
+        if !keys.insert(key) {
             return Err(Error::Rewrite(format!(
                 "{:?} already has a compiled tensor of type {:?} for that device (use replace)",
                 e.source_name, e.struct_type.name
             )));
         }
-        keys.push(key);
         let to_sidecar = opts.all_to_sidecar || e.payload.len() as u64 >= opts.sidecar_threshold;
         let mut value = pb::StructProto {
             dims: e.dims.clone(),
