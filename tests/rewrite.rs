@@ -225,7 +225,10 @@ fn an_extension_over_the_limits_is_refused_before_decoding() {
     let counts = model.extension_counts();
     assert_eq!(counts.struct_types, limit + 1);
     let e = model.extension().unwrap_err().to_string();
-    assert!(e.contains("exceed the limits") && e.contains("many.onnx"), "{e}");
+    assert!(
+        e.contains("exceed the limits") && e.contains("many.onnx"),
+        "{e}"
+    );
     let e = rewrite::embed(
         &model,
         &[entry(&model)],
@@ -245,4 +248,33 @@ fn an_extension_over_the_limits_is_refused_before_decoding() {
     std::fs::write(&path, &bytes).unwrap();
     let ext = Model::open(&path).unwrap().extension().unwrap();
     assert_eq!(ext.struct_types.len(), limit);
+}
+
+/// A graph of more than 2^20 nodes (empty ones, 2 bytes each) is refused
+/// before any is decoded; so is one of more than 2^20 initializers.
+#[test]
+fn a_graph_of_too_many_nodes_is_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    for (field, what) in [(1u32, "nodes"), (5, "initializers")] {
+        let mut graph = Vec::new();
+        for _ in 0..=(1usize << 20) {
+            put_len_prefix(&mut graph, field, 0);
+        }
+        let mut bytes = Vec::new();
+        put_len_prefix(
+            &mut bytes,
+            ctcache::onnx::fields::MODEL_GRAPH,
+            graph.len() as u64,
+        );
+        bytes.extend_from_slice(&graph);
+        let path = dir.path().join(format!("{what}.onnx"));
+        std::fs::write(&path, &bytes).unwrap();
+        let model = Model::open(&path).unwrap();
+        let e = match what {
+            "nodes" => model.nodes().map(|_| ()).unwrap_err(),
+            _ => model.initializers().map(|_| ()).unwrap_err(),
+        }
+        .to_string();
+        assert!(e.contains(&format!("more than 1048576 {what}")), "{e}");
+    }
 }

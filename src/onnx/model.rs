@@ -99,6 +99,12 @@ pub struct LenientExtension {
     pub entry_errors: Vec<(usize, String)>,
 }
 
+/// Graph fields of one kind (nodes, initializers) read at most: each is
+/// decoded into a message many times the 2 bytes an empty field takes, so a
+/// small file could otherwise ask for gigabytes. Large real graphs have some
+/// hundred thousand nodes.
+const MAX_GRAPH_FIELDS: usize = 1 << 20;
+
 /// Top-level fields indexed at most: the extension's limits (1M devices, 1M
 /// compiled tensors, 4096 struct types) and the few fields of ONNX's own.
 const MAX_TOP_FIELDS: usize = (2 << 20) + 8192;
@@ -305,6 +311,17 @@ impl Model {
             for field in Fields::with_base(&self.bytes[g.value.clone()], g.value.start) {
                 let field = field.map_err(|e| self.named(wire_err("GraphProto", e)))?;
                 if field.number == number {
+                    if out.len() == MAX_GRAPH_FIELDS {
+                        let what = match number {
+                            GRAPH_NODE => "nodes",
+                            GRAPH_INITIALIZER => "initializers",
+                            _ => "fields of one kind",
+                        };
+                        return Err(self.named(Error::Model(format!(
+                            "the graph has more than {MAX_GRAPH_FIELDS} {what}: more than any \
+                             model this tool reads"
+                        ))));
+                    }
                     let b = field
                         .bytes()
                         .map_err(|e| self.named(wire_err("GraphProto", e)))?;
