@@ -420,3 +420,83 @@ fn a_watch_lands_on_the_folder_that_was_checked() {
     );
     d.stop();
 }
+
+/// The follower half of `events_show_a_user_only_models_it_may_list`.
+#[tokio::test]
+async fn events_view_helper() {
+    let (Some(socket), Some(open)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_OPEN")) else {
+        return;
+    };
+    let mut c = client_at(&socket).await;
+    let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
+    // Subscribed: root may now write its models.
+    std::fs::write(open.join("subscribed"), b"").unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(120), events.message())
+            .await
+            .expect("the last model's event within 120 s")
+            .unwrap()
+            .expect("the stream stays open");
+        assert!(
+            !e.model_path.contains("closed") && !e.detail.contains("closed"),
+            "an event of a folder uid 65534 may not list: {e:?}"
+        );
+        seen.push(e.model_path.clone());
+        if e.model_path.ends_with("last.onnx") {
+            break;
+        }
+    }
+    println!("EVENTS-VIEW-OK {seen:?}");
+}
+
+/// A user following the daemon's events is shown the models of folders it
+/// may list, not those of others' private folders in the same watched tree.
+#[test]
+fn events_show_a_user_only_models_it_may_list() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let mut d = daemon_for_nobody("");
+    open_to_all(&d.models);
+    let open = d.models.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::os::unix::fs::chown(&open, Some(NOBODY), Some(NOBODY)).unwrap();
+    let closed = d.models.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let socket = d.socket.clone();
+    let (secret, last) = (closed.join("secret.onnx"), open.join("last.onnx"));
+    let root = std::thread::spawn(move || {
+        let flag = secret
+            .parent()
+            .unwrap()
+            .with_file_name("open")
+            .join("subscribed");
+        let t0 = std::time::Instant::now();
+        while !flag.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "the follower never subscribed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Root's private model is packed while the user follows, then a
+        // model the user may see closes its watch of the stream.
+        write_model(&secret, &matmul_model(256, 256, 21));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let c = client_at(&socket).await;
+            wait_for_entries(&c, &digest_of(&secret, "W"), 2, "the private model packed").await;
+        });
+        write_model(&last, &matmul_model(256, 256, 22));
+    });
+    let out = run_as_nobody(
+        "events_view_helper",
+        &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_OPEN", &open)],
+        "EVENTS-VIEW-OK",
+    );
+    root.join().unwrap();
+    assert!(out.contains("last.onnx"), "{out}");
+    assert_eq!(d.stop(), Some(0));
+}
