@@ -3,7 +3,7 @@
 //! that use sees them transposed, and which weight-like inputs are not
 //! compiled-tensor sources in v1 (Constant nodes, Cast / Mul chains).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::Result;
 use crate::onnx::{Model, TensorRef};
@@ -118,95 +118,100 @@ pub(crate) fn is_default_domain(n: &pb::NodeProto) -> bool {
     n.domain.is_empty() || n.domain == "ai.onnx"
 }
 
-/// Analyses the model's top-level graph.
+/// What the walk back from a weight input needs of the node producing a
+/// value: kept per output instead of the whole node.
+enum Producer {
+    /// Identity or Transpose (default domain; `swaps` unless a perm other
+    /// than `[1, 0]`): passed through to its first input.
+    PassThrough {
+        op: &'static str,
+        first_input: Option<String>,
+        swaps: bool,
+    },
+    /// A Constant node: a weight that is not an initializer.
+    Constant,
+    /// Cast, Mul, DequantizeLinear, Reshape: a weight computed in the graph.
+    Computed(&'static str),
+}
+
+impl Producer {
+    fn of(n: &pb::NodeProto) -> Option<Producer> {
+        let default = is_default_domain(n);
+        Some(match n.op_type.as_str() {
+            op @ ("Identity" | "Transpose") if default => {
+                let perm = attr(n, "perm").map(|a| a.ints.as_slice());
+                Producer::PassThrough {
+                    op: if op == "Identity" {
+                        "Identity"
+                    } else {
+                        "Transpose"
+                    },
+                    first_input: n.input.first().cloned(),
+                    swaps: op == "Transpose" && perm.is_none_or(|p| p == [1, 0]),
+                }
+            }
+            "Constant" => Producer::Constant,
+            "Cast" => Producer::Computed("Cast"),
+            "Mul" => Producer::Computed("Mul"),
+            "DequantizeLinear" => Producer::Computed("DequantizeLinear"),
+            "Reshape" => Producer::Computed("Reshape"),
+            _ => return None,
+        })
+    }
+}
+
+/// A MatMul or Gemm node's weight input, as the walk starts from it.
+struct Consumer {
+    node: String,
+    site: UseSite,
+    input: String,
+    transposed: bool,
+}
+
+/// Analyses the model's top-level graph. Nodes are decoded one at a time;
+/// only the MatMul / Gemm inputs and the producers a walk can pass are kept.
 pub fn weight_uses(model: &Model) -> Result<WeightUses> {
-    let nodes = model.nodes()?;
-    let initializers: HashMap<String, TensorRef> = model
-        .initializers()?
-        .into_iter()
-        .map(|t| (t.name.clone(), t))
-        .collect();
-    let producer: HashMap<&str, &pb::NodeProto> = nodes
-        .iter()
-        .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
-        .collect();
-    let mut out = WeightUses::default();
-    for (idx, n) in nodes.iter().enumerate() {
-        if !is_default_domain(n) {
-            continue;
-        }
-        let (site, input) = match n.op_type.as_str() {
-            "MatMul" => (UseSite::MatMulB, 1),
-            "Gemm" => (UseSite::GemmB, 1),
-            _ => continue,
-        };
-        let Some(b) = n.input.get(input) else {
-            continue;
-        };
-        let node_name = if n.name.is_empty() {
-            format!("#{idx}")
-        } else {
-            n.name.clone()
-        };
-        let mut transposed = site == UseSite::GemmB && attr_int(n, "transB") == Some(1);
-        let mut via = Vec::new();
-        let mut name = b.as_str();
-        // Walk back through value-preserving ops to an initializer.
-        let mut found = None;
-        for _ in 0..8 {
-            if initializers.contains_key(name) {
-                found = Some(name);
-                break;
-            }
-            let Some(p) = producer.get(name) else { break };
-            match p.op_type.as_str() {
-                "Identity" if is_default_domain(p) => via.push("Identity".to_string()),
-                "Transpose" if is_default_domain(p) => {
-                    let perm = attr(p, "perm").map(|a| a.ints.clone());
-                    // Only a 2-D swap (perm absent or [1, 0]) keeps the weight 2-D transposed.
-                    if perm.as_deref().is_some_and(|p| p != [1, 0]) {
-                        break;
-                    }
-                    transposed = !transposed;
-                    via.push("Transpose".to_string());
+    let initializers: HashSet<String> = model.initializers()?.into_iter().map(|t| t.name).collect();
+    let mut producers: HashMap<String, Producer> = HashMap::new();
+    let mut consumers = Vec::new();
+    let mut in_subgraphs = Vec::new();
+    for (idx, n) in model.nodes_one_by_one()?.enumerate() {
+        let n = n?;
+        // The last node naming an output is its producer; one the walk
+        // cannot pass stops it, as no producer does.
+        for o in &n.output {
+            match Producer::of(&n) {
+                Some(p) => {
+                    producers.insert(o.clone(), p);
                 }
-                "Constant" => {
-                    out.not_sources.push(NotASource {
-                        name: name.to_string(),
-                        reason: format!("{} input is a Constant node, not an initializer (v1 compiles initializers only)", site.name()),
-                    });
-                    break;
+                None => {
+                    producers.remove(o);
                 }
-                op @ ("Cast" | "Mul" | "DequantizeLinear" | "Reshape") => {
-                    out.not_sources.push(NotASource {
-                        name: name.to_string(),
-                        reason: format!("{} input is computed by {op} (dequantize-in-graph); v1 compiles initializers used directly", site.name()),
-                    });
-                    break;
-                }
-                _ => break,
-            }
-            match p.input.first() {
-                Some(i) => name = i.as_str(),
-                None => break,
             }
         }
-        if let Some(init) = found {
-            out.uses.push(WeightUse {
-                initializer: init.to_string(),
+        let site = match n.op_type.as_str() {
+            "MatMul" if is_default_domain(&n) => Some(UseSite::MatMulB),
+            "Gemm" if is_default_domain(&n) => Some(UseSite::GemmB),
+            _ => None,
+        };
+        if let Some(input) = site.and_then(|_| n.input.get(1)) {
+            let site = site.expect("matched above");
+            consumers.push(Consumer {
+                node: if n.name.is_empty() {
+                    format!("#{idx}")
+                } else {
+                    n.name.clone()
+                },
                 site,
-                node: node_name,
-                transposed,
-                via,
+                input: input.clone(),
+                transposed: site == UseSite::GemmB && attr_int(&n, "transB") == Some(1),
             });
         }
-    }
-    // Weights inside subgraphs (If / Loop / Scan bodies) are not sources in v1.
-    for n in &nodes {
+        // Weights inside subgraphs (If / Loop / Scan bodies) are not sources in v1.
         for a in &n.attribute {
             for g in a.g.iter().chain(a.graphs.iter()) {
                 for t in &g.initializer {
-                    out.not_sources.push(NotASource {
+                    in_subgraphs.push(NotASource {
                         name: t.name.clone(),
                         reason: format!("initializer of a subgraph of node {:?} (v1 compiles top-level initializers only)", n.name),
                     });
@@ -214,5 +219,64 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
             }
         }
     }
+    let mut out = WeightUses::default();
+    for c in consumers {
+        let mut transposed = c.transposed;
+        let mut via = Vec::new();
+        let mut name = c.input.as_str();
+        // Walk back through value-preserving ops to an initializer.
+        let mut found = None;
+        for _ in 0..8 {
+            if initializers.contains(name) {
+                found = Some(name);
+                break;
+            }
+            let Some(p) = producers.get(name) else { break };
+            match p {
+                Producer::PassThrough {
+                    op,
+                    first_input,
+                    swaps,
+                } => {
+                    if *op == "Transpose" {
+                        // Only a 2-D swap (perm absent or [1, 0]) keeps the weight 2-D transposed.
+                        if !swaps {
+                            break;
+                        }
+                        transposed = !transposed;
+                    }
+                    via.push(op.to_string());
+                    match first_input {
+                        Some(i) => name = i.as_str(),
+                        None => break,
+                    }
+                }
+                Producer::Constant => {
+                    out.not_sources.push(NotASource {
+                        name: name.to_string(),
+                        reason: format!("{} input is a Constant node, not an initializer (v1 compiles initializers only)", c.site.name()),
+                    });
+                    break;
+                }
+                Producer::Computed(op) => {
+                    out.not_sources.push(NotASource {
+                        name: name.to_string(),
+                        reason: format!("{} input is computed by {op} (dequantize-in-graph); v1 compiles initializers used directly", c.site.name()),
+                    });
+                    break;
+                }
+            }
+        }
+        if let Some(init) = found {
+            out.uses.push(WeightUse {
+                initializer: init.to_string(),
+                site: c.site,
+                node: c.node,
+                transposed,
+                via,
+            });
+        }
+    }
+    out.not_sources.extend(in_subgraphs);
     Ok(out)
 }

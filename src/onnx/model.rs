@@ -358,10 +358,16 @@ impl Model {
 
     /// The graph's nodes, decoded (initializer payloads are not touched).
     pub fn nodes(&self) -> Result<Vec<pb::NodeProto>> {
-        self.graph_fields(GRAPH_NODE)?
+        self.nodes_one_by_one()?.collect()
+    }
+
+    /// The graph's nodes, each decoded only when the iterator reaches it:
+    /// a caller that keeps what it needs of each never holds them all.
+    pub fn nodes_one_by_one(&self) -> Result<impl Iterator<Item = Result<pb::NodeProto>> + '_> {
+        Ok(self
+            .graph_fields(GRAPH_NODE)?
             .into_iter()
-            .map(|r| decode(self.bytes.slice(r), "NodeProto").map_err(|e| self.named(e)))
-            .collect()
+            .map(|r| decode(self.bytes.slice(r), "NodeProto").map_err(|e| self.named(e))))
     }
 
     /// How many extension fields of each kind the model has.
