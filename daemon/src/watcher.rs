@@ -6,12 +6,12 @@
 //! user's tree of many folders must not use up those), and a uid adds at
 //! most `max_watches_per_uid` folders.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use notify::{EventKind as FsEvent, RecursiveMode};
@@ -43,12 +43,51 @@ struct Live {
     queue: mpsc::Sender<PathBuf>,
 }
 
+/// A watched folder: who added it and, for a user's, the folder as it was
+/// opened and judged, kept open: the inotify watch is placed on that handle
+/// (`/proc/self/fd/N`), never on the path resolved again, and the folder is
+/// listed through it.
+struct Watched {
+    owner: Owner,
+    handle: Option<File>,
+}
+
+impl Watched {
+    /// The path the watch is placed on and the folder listed through.
+    fn reach(&self, dir: &Path) -> PathBuf {
+        match &self.handle {
+            Some(f) => handle_path(f),
+            None => dir.to_path_buf(),
+        }
+    }
+}
+
+/// `/proc/self/fd/N` of an open folder: resolving it leads to that folder,
+/// whatever its path leads to now.
+fn handle_path(f: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
+}
+
 /// The watched folders and, once started, the watcher over them.
 pub(crate) struct Watcher {
-    dirs: Mutex<BTreeMap<PathBuf, Owner>>,
+    dirs: Mutex<BTreeMap<PathBuf, Watched>>,
+    /// Handle path of a user's folder -> its real path, to name what its
+    /// events report.
+    labels: Arc<Mutex<HashMap<PathBuf, PathBuf>>>,
     live: Mutex<Option<Live>>,
     /// Folders one uid may add.
     max_per_uid: usize,
+}
+
+/// `path` as reported under a handle path, named under its folder's real
+/// path.
+fn relabel(labels: &HashMap<PathBuf, PathBuf>, path: &Path) -> PathBuf {
+    let mut parts = path.components();
+    let handle: PathBuf = parts.by_ref().take(5).collect();
+    match labels.get(&handle) {
+        Some(real) => real.join(parts.as_path()),
+        None => path.to_path_buf(),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -63,9 +102,16 @@ impl Watcher {
             dirs: Mutex::new(
                 config_dirs
                     .iter()
-                    .map(|d| (d.clone(), Owner::Admin))
+                    .map(|d| {
+                        let admin = Watched {
+                            owner: Owner::Admin,
+                            handle: None,
+                        };
+                        (d.clone(), admin)
+                    })
                     .collect(),
             ),
+            labels: Arc::default(),
             live: Mutex::new(None),
             max_per_uid,
         }
@@ -75,6 +121,7 @@ impl Watcher {
     /// folder itself, to scan what is already there) go to `queue`.
     pub fn start(&self, queue: mpsc::Sender<PathBuf>) -> Result<()> {
         let events = queue.clone();
+        let labels = self.labels.clone();
         let config = notify::Config::default().with_follow_symlinks(false);
         let handler = move |res: DebounceEventResult| match res {
             Ok(batch) => {
@@ -84,7 +131,7 @@ impl Watcher {
                     }
                     metrics::counter!("ctcache_watcher_events_total").increment(1);
                     for p in &e.paths {
-                        let _ = events.send(p.clone());
+                        let _ = events.send(relabel(&lock(&labels), p));
                     }
                 }
             }
@@ -103,12 +150,12 @@ impl Watcher {
             }
             *live = Some(Live { debouncer, queue });
         }
-        let known: Vec<(PathBuf, Owner)> = lock(&self.dirs)
+        let known: Vec<(PathBuf, Owner, PathBuf)> = lock(&self.dirs)
             .iter()
-            .map(|(d, o)| (d.clone(), o.clone()))
+            .map(|(d, w)| (d.clone(), w.owner.clone(), w.reach(d)))
             .collect();
-        for (dir, owner) in known {
-            if let Err(e) = self.watch(&dir, &owner) {
+        for (dir, owner, reach) in known {
+            if let Err(e) = self.watch(&dir, &owner, &reach) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot watch");
             }
         }
@@ -125,7 +172,8 @@ impl Watcher {
         lock(&self.live).is_some()
     }
 
-    fn watch(&self, dir: &Path, owner: &Owner) -> Result<()> {
+    /// Watches `dir` at `reach` (its handle path for a user's folder).
+    fn watch(&self, dir: &Path, owner: &Owner, reach: &Path) -> Result<()> {
         let mut live = lock(&self.live);
         let w = live
             .as_mut()
@@ -134,8 +182,11 @@ impl Watcher {
             Owner::Admin => RecursiveMode::Recursive,
             Owner::User(_) => RecursiveMode::NonRecursive,
         };
+        if reach != dir {
+            lock(&self.labels).insert(reach.to_path_buf(), dir.to_path_buf());
+        }
         w.debouncer
-            .watch(dir, mode)
+            .watch(reach, mode)
             .map_err(|e| Error::invalid(format!("cannot watch {}: {e}", dir.display())))?;
         // Existing models are scanned too (start-up and new watches).
         let _ = w.queue.send(dir.to_path_buf());
@@ -147,35 +198,61 @@ impl Watcher {
         lock(&self.dirs).keys().cloned().collect()
     }
 
+    /// The watched folders with the uid of a user who added each (`None`:
+    /// the admin's).
+    pub fn dirs_with_uids(&self) -> Vec<(PathBuf, Option<u32>)> {
+        lock(&self.dirs)
+            .iter()
+            .map(|(d, w)| {
+                let uid = match &w.owner {
+                    Owner::User(who) => Some(who.uid),
+                    Owner::Admin => None,
+                };
+                (d.clone(), uid)
+            })
+            .collect()
+    }
+
     /// Whether the real path `path` lies under a folder the admin watches.
     pub fn admin_covers(&self, path: &Path) -> bool {
-        lock(&self.dirs).iter().any(|(w, owner)| {
-            *owner == Owner::Admin
+        lock(&self.dirs).iter().any(|(w, watched)| {
+            watched.owner == Owner::Admin
                 && w.canonicalize()
                     .map(|w| path.starts_with(w))
                     .unwrap_or(false)
         })
     }
 
-    /// The owner of the watched folder a reported path was found under
-    /// (the most specific one; the admin's where the admin's and a user's
-    /// folder are the same), `None` when no watched folder holds it.
+    /// The owner of the watched folder a reported path was found under:
+    /// the admin whenever one of the admin's folders holds it (a user's
+    /// watch inside the admin's tree does not take the admin's models over),
+    /// else the user of the most specific folder; `None` when no watched
+    /// folder holds it.
     pub fn owner_of(&self, path: &Path) -> Option<Owner> {
         lock(&self.dirs)
             .iter()
             .filter(|(w, _)| path.starts_with(w))
-            .max_by_key(|(w, owner)| (w.as_os_str().len(), **owner == Owner::Admin))
-            .map(|(_, owner)| owner.clone())
+            .max_by_key(|(w, watched)| (watched.owner == Owner::Admin, w.as_os_str().len()))
+            .map(|(_, watched)| watched.owner.clone())
+    }
+
+    /// Where to list the watched folder `dir`: through its handle for a
+    /// user's folder (the folder that was judged, whatever `dir` leads to
+    /// now), else `dir`.
+    pub fn listing_path(&self, dir: &Path) -> PathBuf {
+        match lock(&self.dirs).get(dir) {
+            Some(w) => w.reach(dir),
+            None => dir.to_path_buf(),
+        }
     }
 
     /// Adds the folder `opened`, found at its real path `dir`; returns
     /// `dir`, or `None` when it was watched already. RESOURCE_EXHAUSTED when
-    /// a uid owner has `max_watches_per_uid` folders already; refused when
-    /// `dir` no longer leads to `opened` once watched (a folder on the way
-    /// replaced meanwhile).
-    pub fn add(&self, dir: &Path, opened: &File, owner: Owner) -> Result<Option<PathBuf>> {
+    /// a uid owner has `max_watches_per_uid` folders already. A user's
+    /// folder is watched through `opened`, kept open while it is watched.
+    pub fn add(&self, dir: &Path, opened: File, owner: Owner) -> Result<Option<PathBuf>> {
         let dir = dir.to_path_buf();
-        {
+        let reach = {
             let mut dirs = lock(&self.dirs);
             if dirs.contains_key(&dir) {
                 return Ok(None);
@@ -184,7 +261,7 @@ impl Watcher {
                 let uid = who.uid;
                 let held = dirs
                     .values()
-                    .filter(|o| matches!(o, Owner::User(w) if w.uid == uid))
+                    .filter(|w| matches!(&w.owner, Owner::User(o) if o.uid == uid))
                     .count();
                 if held >= self.max_per_uid {
                     return Err(Error::exhausted(format!(
@@ -193,21 +270,18 @@ impl Watcher {
                     )));
                 }
             }
+            let handle = matches!(owner, Owner::User(_)).then_some(opened);
+            let watched = Watched {
+                owner: owner.clone(),
+                handle,
+            };
+            let reach = watched.reach(&dir);
             // Counted from now on, so concurrent adds of one uid cannot pass
             // the bound together; taken back if watching fails.
-            dirs.insert(dir.clone(), owner.clone());
-        }
-        let watched = self.watch(&dir, &owner).and_then(|()| {
-            if same_folder(&dir, opened) {
-                Ok(())
-            } else {
-                Err(Error::precondition(format!(
-                    "{} changed while it was being added; try again",
-                    dir.display()
-                )))
-            }
-        });
-        if let Err(e) = watched {
+            dirs.insert(dir.clone(), watched);
+            reach
+        };
+        if let Err(e) = self.watch(&dir, &owner, &reach) {
             self.forget(&dir);
             return Err(e);
         }
@@ -234,20 +308,16 @@ impl Watcher {
 
     /// Stops watching exactly the folder `key`; whether it was watched.
     fn forget(&self, key: &Path) -> bool {
-        if lock(&self.dirs).remove(key).is_none() {
+        let Some(watched) = lock(&self.dirs).remove(key) else {
             return false;
-        }
+        };
+        let reach = watched.reach(key);
         if let Some(w) = lock(&self.live).as_mut() {
-            let _ = w.debouncer.unwatch(key);
+            let _ = w.debouncer.unwatch(&reach);
         }
+        lock(&self.labels).remove(&reach);
+        // The handle closes only now, after its watch is gone.
+        drop(watched);
         true
-    }
-}
-
-/// Whether `path` leads to the open folder `opened` (same device and inode).
-fn same_folder(path: &Path, opened: &File) -> bool {
-    match (std::fs::metadata(path), opened.metadata()) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
     }
 }

@@ -118,7 +118,7 @@ fn models_of(d: &Daemon, paths: Vec<PathBuf>) -> HashSet<PathBuf> {
         if p.is_dir() {
             // A user's watch covers its folder alone (see watcher.rs).
             match d.watcher.owner_of(&p) {
-                Some(Owner::User(_)) => models.extend(walk_shallow(&p)),
+                Some(Owner::User(_)) => models.extend(walk_shallow(d, &p)),
                 _ => models.extend(walk_models(&p)),
             }
         } else if is_model(&p) {
@@ -135,7 +135,7 @@ fn models_of(d: &Daemon, paths: Vec<PathBuf>) -> HashSet<PathBuf> {
             }
         } else if let Some(dir) = p.parent() {
             // An external-data file changed: reconsider the models beside it.
-            models.extend(walk_shallow(dir));
+            models.extend(walk_shallow(d, dir));
         }
     }
     models.retain(|m| owner_may_list(d, m));
@@ -188,12 +188,16 @@ fn owner_may_list(d: &Daemon, p: &Path) -> bool {
     }
 }
 
-fn walk_shallow(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
+/// The models in the folder `dir`, listed through the handle a user's
+/// watched folder is held by (the folder that was judged, whatever `dir`
+/// leads to now), named under `dir`.
+fn walk_shallow(d: &Daemon, dir: &Path) -> Vec<PathBuf> {
+    let listed = d.watcher.listing_path(dir);
+    std::fs::read_dir(&listed)
         .map(|rd| {
             rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| is_model(p) && p.is_file())
+                .filter(|e| is_model(&e.path()) && e.path().is_file())
+                .map(|e| dir.join(e.file_name()))
                 .collect()
         })
         .unwrap_or_default()

@@ -49,7 +49,7 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
     } else {
         Owner::User(who.clone())
     };
-    if let Some(dir) = d.watcher.add(&real, &opened, owner)? {
+    if let Some(dir) = d.watcher.add(&real, opened, owner)? {
         d.events.emit(
             EventKind::Watcher,
             None,
@@ -60,21 +60,29 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
     visible(d, caller)
 }
 
-/// The watched folders the caller may know of: all to root and the
-/// daemon's user, to others those whose name they could list anyway (in a
-/// folder they may read), as events show them only models of such folders.
+/// The watched folders the caller may know of: all to root, the daemon's
+/// user and trusted callers; to another uid its own and those whose name it
+/// could list anyway (in a folder it may read), as events show it only
+/// models of such folders; none to a caller with no uid that is not
+/// trusted (plain TCP).
 pub(crate) fn visible(d: &Daemon, caller: &Caller) -> Result<Vec<PathBuf>> {
-    let dirs = d.watcher.dirs();
-    if caller.queue_owner().is_none() {
-        return Ok(dirs);
+    let dirs = d.watcher.dirs_with_uids();
+    if caller.is_self_or_root() || caller.trusted {
+        return Ok(dirs.into_iter().map(|(dir, _)| dir).collect());
     }
+    let Some(uid) = caller.uid() else {
+        return Ok(Vec::new());
+    };
     let who = caller.identity()?;
     Ok(dirs
         .into_iter()
-        .filter(|w| {
-            w.parent()
-                .is_some_and(|parent| who.open_dir(parent, access::READ).is_ok())
+        .filter(|(dir, owner)| {
+            *owner == Some(uid)
+                || dir
+                    .parent()
+                    .is_some_and(|parent| who.open_dir(parent, access::READ).is_ok())
         })
+        .map(|(dir, _)| dir)
         .collect())
 }
 
