@@ -34,15 +34,20 @@ struct Record {
 }
 
 impl Record {
-    /// About the memory the record takes, counted against `max_memo_bytes`
-    /// (its JSON on disk is of the same order).
-    fn weight(&self, path: &Path) -> usize {
+    /// What the record costs against `max_memo_bytes`: the larger of its
+    /// JSON in the index (`json` bytes: names full of escaped characters
+    /// grow there) and about what it takes in memory.
+    fn weight(&self, path: &Path, json: usize) -> usize {
         let digests: usize = self
             .digests
             .keys()
             .map(|name| name.len() + 64 + 3 * std::mem::size_of::<String>())
             .sum();
-        path.as_os_str().len() + self.files.len() * std::mem::size_of::<FileStamp>() + digests + 128
+        let memory = path.as_os_str().len()
+            + self.files.len() * std::mem::size_of::<FileStamp>()
+            + digests
+            + 128;
+        memory.max(json + path.as_os_str().len())
     }
 }
 
@@ -56,7 +61,7 @@ pub struct Bounds {
 /// The records kept (in memory and in the index alike), least recently
 /// used first out.
 struct Kept {
-    map: LruCache<PathBuf, (Record, usize)>,
+    map: LruCache<PathBuf, (Arc<Record>, usize)>,
     bytes: usize,
     bounds: Bounds,
 }
@@ -65,8 +70,7 @@ impl Kept {
     /// Keeps `r` for `path` unless it alone is over the byte bound; returns
     /// whether it was kept and the paths dropped to make room (or `path`
     /// itself, when its old record goes and the new one is not kept).
-    fn keep(&mut self, path: &Path, r: Record) -> (bool, Vec<PathBuf>) {
-        let weight = r.weight(path);
+    fn keep(&mut self, path: &Path, r: Arc<Record>, weight: usize) -> (bool, Vec<PathBuf>) {
         let mut dropped = Vec::new();
         if weight > self.bounds.bytes {
             if let Some((_, old)) = self.map.remove(path) {
@@ -163,9 +167,13 @@ impl Memo {
                 .memo_get(key(&path))
                 .ok()
                 .flatten()
-                .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+                .and_then(|b| {
+                    let r = serde_json::from_slice::<Record>(&b).ok()?;
+                    let weight = r.weight(&path, b.len());
+                    Some((r, weight))
+                });
             let dropped = match record {
-                Some(r) => match kept.keep(&path, r) {
+                Some((r, weight)) => match kept.keep(&path, Arc::new(r), weight) {
                     (true, dropped) => dropped,
                     (false, mut dropped) => {
                         dropped.push(path);
@@ -184,7 +192,7 @@ impl Memo {
     }
 
     /// The record of a model, now the most recently used.
-    fn record(&self, model_path: &Path) -> Option<Record> {
+    fn record(&self, model_path: &Path) -> Option<Arc<Record>> {
         self.lock().map.get(model_path).map(|(r, _)| r.clone())
     }
 
@@ -196,9 +204,16 @@ impl Memo {
     /// recently used models over the bounds from both. Under the lock, so
     /// that the index holds exactly what memory does.
     fn remember(&self, model_path: &Path, record: Record) {
-        let bytes = serde_json::to_vec(&record);
+        let bytes = match serde_json::to_vec(&record) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode a memo record");
+                return;
+            }
+        };
+        let weight = record.weight(model_path, bytes.len());
         let mut kept = self.lock();
-        let (is_kept, dropped) = kept.keep(model_path, record);
+        let (is_kept, dropped) = kept.keep(model_path, Arc::new(record), weight);
         for p in dropped {
             let _ = self.store.memo_remove(key(&p));
         }
@@ -206,12 +221,7 @@ impl Memo {
             return;
         }
         // A memo that cannot be written only costs a rehash after a restart.
-        let written = bytes.map_err(|e| e.to_string()).and_then(|b| {
-            self.store
-                .memo_put(key(model_path), &b)
-                .map_err(|e| e.to_string())
-        });
-        if let Err(e) = written {
+        if let Err(e) = self.store.memo_put(key(model_path), &bytes) {
             tracing::warn!(error = %e, "cannot record digests in the memo");
         }
     }
@@ -373,6 +383,39 @@ mod tests {
         assert!(digest_model(&tiny, dir.path(), 0).2);
         assert_eq!(in_memory(&tiny), 0);
         assert!(on_disk(&tiny.store).is_empty());
+    }
+
+    /// Initializer names of control characters take six bytes each in the
+    /// index's JSON: the byte bound counts what is written.
+    #[test]
+    fn the_byte_bound_counts_the_json_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path());
+        let memo = Memo::new(store.clone(), bounds(10, usize::MAX));
+        let name = "\u{1}".repeat(4000);
+        let graph = ctcache::pb::GraphProto {
+            initializer: vec![ctcache::pb::TensorProto {
+                name,
+                data_type: 1,
+                dims: vec![1],
+                raw_data: vec![0u8; 4].into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let m = ctcache::pb::ModelProto {
+            ir_version: 8,
+            graph: Some(graph),
+            ..Default::default()
+        };
+        let path = dir.path().join("escaped.onnx");
+        std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+        let model = Model::open(&path).unwrap();
+        let tensors = model.initializers().unwrap();
+        memo.digests(&path, &model, &tensors).unwrap();
+        let json = store.memo_get(key(&path)).unwrap().unwrap().len();
+        assert!(json > 6 * 4000, "{json}");
+        assert!(memo.lock().bytes >= json, "{} < {json}", memo.lock().bytes);
     }
 
     #[test]
