@@ -278,3 +278,38 @@ fn a_graph_of_too_many_nodes_is_refused_before_decoding() {
         assert!(e.contains(&format!("more than 1048576 {what}")), "{e}");
     }
 }
+
+/// An embed that adds to a model refuses one whose own compiled tensors do
+/// not all decode before it reads any of their payloads: here the first
+/// entry's payload file is missing, and the error is about the second,
+/// undecodable entry.
+#[test]
+fn an_undecodable_entry_is_refused_before_any_payload_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = compiled_model();
+    let value = m.compiled_tensors[0].value.as_mut().unwrap();
+    value.raw_data = Bytes::new();
+    value.external_data = vec![
+        kv("location", "missing.bin"),
+        kv("offset", "0"),
+        kv("length", "128"),
+    ];
+    let mut bytes = m.encode_to_vec();
+    // A compiled_tensors field whose value is not a message.
+    put_len_prefix(&mut bytes, ctcache::onnx::fields::MODEL_COMPILED_TENSORS, 2);
+    bytes.extend_from_slice(&[0xff, 0xff]);
+    let path = dir.path().join("in.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    let model = Model::open(&path).unwrap();
+    let e = rewrite::embed(
+        &model,
+        &[entry(&model)],
+        &dir.path().join("out.onnx"),
+        Mode::Add,
+        &RewriteOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("compiled tensors cannot be read"), "{e}");
+    assert!(!e.contains("missing.bin"), "{e}");
+}

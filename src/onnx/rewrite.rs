@@ -302,6 +302,18 @@ pub fn embed_into(
         Mode::Add => model.extension_tables().map_err(unreadable)?,
         Mode::Replace => Default::default(),
     };
+    if mode == Mode::Add {
+        // Every entry decodes, before any payload is read for one of them.
+        for (_, c) in model.compiled_tensors() {
+            c.map_err(unreadable)?;
+        }
+    }
+    // Devices by their encoding: a new entry finds its device at once
+    // instead of comparing against each of up to 1M.
+    let mut device_index: HashMap<Vec<u8>, usize> = HashMap::with_capacity(devices.len());
+    for (i, d) in devices.iter().enumerate() {
+        device_index.entry(d.encode_to_vec()).or_insert(i);
+    }
     let mut report = Report::default();
     let mut tail = Vec::new();
     let sidecar_file = sidecar_name(out)?;
@@ -381,12 +393,13 @@ pub fn embed_into(
                 TypeRef::Index(types.len() - 1)
             }
         };
-        let device_index = match devices.iter().position(|d| *d == e.device) {
-            Some(i) => i,
+        let device_index = match device_index.get(&e.device.encode_to_vec()) {
+            Some(&i) => i,
             None => {
                 devices.push(e.device.clone());
                 encoded_field(&mut tail, MODEL_DEVICES, &e.device);
                 report.devices_added += 1;
+                device_index.insert(e.device.encode_to_vec(), devices.len() - 1);
                 devices.len() - 1
             }
         };
