@@ -175,7 +175,7 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
         return;
     }
     let mut d = daemon_for_nobody(
-        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\nmax_event_subscribers = 8\n",
+        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\nmax_event_subscribers = 8\nstable_secs = 0.02\n",
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut c = rt.block_on(d.client());
@@ -230,9 +230,10 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
     std::fs::remove_dir_all(&secret).unwrap();
 
     // The watch uid 65534 added finds a model of 4 wanted pairs: its jobs
-    // wait as that uid's, so they meet the same bound of 1 as its Prepack.
+    // wait as that uid's, so they meet the same bound of 1 as its Prepack;
+    // the model waits and is tried again until all are packed.
     let watched = dirs[0].join("many.onnx");
-    let skipped = rt.block_on(async {
+    let waiting = rt.block_on(async {
         let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
         write_model(&watched, &two_weights_model());
         let real = watched.canonicalize().unwrap().display().to_string();
@@ -248,9 +249,17 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
         }
     });
     assert!(
-        skipped.starts_with("skipped:") && skipped.contains("pack jobs waiting"),
-        "{skipped}"
+        waiting.starts_with("waiting (") && waiting.contains("pack jobs waiting"),
+        "{waiting}"
     );
+    for name in ["W1", "W2"] {
+        rt.block_on(wait_for_entries(
+            &c,
+            &digest_of(&watched, name),
+            2,
+            "the waiting model packed on a later try",
+        ));
+    }
 
     // Root's lease still protects its entry from gc --max-size 0.
     let report = rt

@@ -124,6 +124,30 @@ pub(crate) fn submit_all(
     Ok(jobs)
 }
 
+/// The wanted pairs whose entry is not stored yet (an entry a client put
+/// counts as missing when the daemon keeps only its own): what a watched
+/// model submits, so that pairs already packed take no place in the
+/// owner's share of the queue.
+pub(crate) fn missing(d: &Arc<Daemon>, m: &OpenedModel, wanted: &[Wanted]) -> Result<Vec<Wanted>> {
+    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    Ok(wanted
+        .iter()
+        .filter(|w| {
+            let (Some(t), Some(packer)) = (
+                tensors.iter().find(|t| t.name == w.initializer),
+                ctcache_kernels::find(&w.format),
+            ) else {
+                return true;
+            };
+            let stored = expected_key(&digests[&t.name], t, packer, &w.params)
+                .and_then(|key| d.store.stat(&key).ok().flatten());
+            !stored
+                .is_some_and(|e| !d.config.daemon_produced_only || e.producer.client_uid.is_none())
+        })
+        .cloned()
+        .collect())
+}
+
 /// Refuses a pack whose declared payload exceeds the limit
 /// (`max_payload_bytes`, `memory_budget`), before anything is allocated.
 fn check_payload(d: &Daemon, t: &TensorRef, w: &Wanted, packer: &dyn Packer) -> Result<()> {

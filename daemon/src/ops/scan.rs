@@ -15,6 +15,7 @@ use ctcache::fsutil::FileStamp;
 use super::model::{self, Reader};
 use super::pack::{self, BackendRequest, Jobs};
 use super::{Error, Result};
+use crate::error::ErrorKind;
 use crate::events::EventKind;
 use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;
@@ -51,23 +52,43 @@ struct Settling {
 /// its next change).
 const MAX_SETTLING: Duration = Duration::from_secs(600);
 
+/// A user's model whose jobs did not fit that user's share of the queue is
+/// tried again this many stability periods later (30 s by default), at
+/// most [`MAX_RETRIES`] times.
+const RETRY_PERIODS: u32 = 100;
+const MAX_RETRIES: u32 = 20;
+
 /// Turns event paths into models to (re)consider and submits the policy's
 /// prepacks for each once it is stable. Models settle side by side: one
 /// that keeps changing (a slow copy, or a user touching a file on purpose)
 /// holds up no other.
 fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtime::Handle) {
     let stable = Duration::from_secs_f64(d.config.stable_secs).max(Duration::from_millis(20));
+    let retry_after = stable * RETRY_PERIODS;
     let mut settling: HashMap<PathBuf, Settling> = HashMap::new();
+    // User's models waiting for room in the queue: when to try, tries so far.
+    let mut deferred: HashMap<PathBuf, (Instant, u32)> = HashMap::new();
     loop {
-        // Without end while nothing settles, else one stability period.
-        let first = if settling.is_empty() {
-            rx.recv().ok()
+        // Without end while nothing settles or waits, else until the next
+        // stability check or retry.
+        let wait = if !settling.is_empty() {
+            Some(stable)
         } else {
-            match rx.recv_timeout(stable) {
+            deferred
+                .values()
+                .map(|(at, _)| at.saturating_duration_since(Instant::now()))
+                .min()
+        };
+        let first = match wait {
+            None => match rx.recv() {
+                Ok(p) => Some(p),
+                Err(_) => return,
+            },
+            Some(wait) => match rx.recv_timeout(wait) {
                 Ok(p) => Some(p),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            }
+            },
         };
         let mut paths = Vec::new();
         if let Some(p) = first {
@@ -76,8 +97,6 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
             while let Ok(p) = rx.recv_timeout(Duration::from_millis(50)) {
                 paths.push(p);
             }
-        } else if settling.is_empty() {
-            return;
         }
         let now = Instant::now();
         for m in models_of(&d, paths) {
@@ -92,16 +111,40 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
         if !d.watcher.is_running() {
             return;
         }
-        for m in settled(&mut settling, now, stable) {
-            if let Err(e) = consider(&d, &m, &runtime) {
-                tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
+        let mut due = settled(&mut settling, now, stable);
+        let tries: HashMap<PathBuf, u32> = deferred
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(m, (_, n))| (m.clone(), *n))
+            .collect();
+        deferred.retain(|m, _| !tries.contains_key(m));
+        due.extend(tries.keys().cloned());
+        for m in due {
+            let Err(e) = consider(&d, &m, &runtime) else {
+                continue;
+            };
+            let tried = tries.get(&m).copied().unwrap_or(0) + 1;
+            let user = matches!(d.watcher.owner_of(&m), Some(Owner::User(_)));
+            if user && e.kind == ErrorKind::Exhausted && tried <= MAX_RETRIES {
+                deferred.insert(m.clone(), (now + retry_after, tried));
                 d.events.emit(
                     EventKind::Watcher,
                     None,
                     m.display().to_string(),
-                    format!("skipped: {e}"),
+                    format!(
+                        "waiting ({e}); tried again in {:.1} s",
+                        retry_after.as_secs_f64()
+                    ),
                 );
+                continue;
             }
+            tracing::warn!(model = %m.display(), error = %e, "watched model not prepacked");
+            d.events.emit(
+                EventKind::Watcher,
+                None,
+                m.display().to_string(),
+                format!("skipped: {e}"),
+            );
         }
     }
 }
@@ -251,10 +294,12 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         )));
     }
     let sel = crate::policy::select(&m.model, &d.config.policy)?;
+    let todo = pack::missing(d, &m, &sel.wanted)?;
+    let stored = sel.wanted.len() - todo.len();
     let jobs = pack::submit_all(
         d,
         &m,
-        &sel.wanted,
+        &todo,
         (queue_owner, Priority::Watcher),
         BackendRequest::Auto,
     )?;
@@ -268,15 +313,15 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
             sel.wanted.len()
         ),
     );
-    runtime.spawn(log_when_done(m.path.clone(), jobs, Instant::now()));
+    runtime.spawn(log_when_done(m.path.clone(), jobs, stored, Instant::now()));
     Ok(())
 }
 
 /// Waits for a watched model's jobs and logs one line: what was packed,
 /// what was stored already, what failed.
-async fn log_when_done(model: PathBuf, jobs: Jobs, started: Instant) {
-    let wanted = jobs.len();
-    let (mut packed, mut stored, mut failed) = (0, 0, Vec::new());
+async fn log_when_done(model: PathBuf, jobs: Jobs, stored: usize, started: Instant) {
+    let wanted = jobs.len() + stored;
+    let (mut packed, mut stored, mut failed) = (0, stored, Vec::new());
     for (w, h) in jobs {
         match h.finished().await {
             JobState::Done(p) if p.cached => stored += 1,
