@@ -275,6 +275,7 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
             deep_entries.is_empty(),
             "a user's watch reached into a subfolder"
         );
+        let mut seen = Vec::new();
         while let Ok(Ok(Some(e))) =
             tokio::time::timeout(Duration::from_millis(200), events.message()).await
         {
@@ -282,7 +283,20 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
                 !e.model_path.contains("hidden") && !e.detail.contains("hidden"),
                 "an event names what the peer may not list: {e:?}"
             );
+            // The folder is watched and read through its handle; events
+            // name it by its path.
+            assert!(
+                !e.model_path.contains("/proc/self/fd") && !e.detail.contains("/proc/self/fd"),
+                "an event names the handle, not the path: {e:?}"
+            );
+            seen.push(e);
         }
+        let link = watched.join("private.onnx").display().to_string();
+        assert!(
+            seen.iter()
+                .any(|e| e.model_path == link && e.detail.starts_with("skipped:")),
+            "no skip event names {link}: {seen:?}"
+        );
     });
     assert_eq!(d.stop(), Some(0));
 }

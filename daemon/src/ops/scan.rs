@@ -281,7 +281,18 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
             (Reader::As(who), Some(uid))
         }
     };
-    let m = model::open_as(path, &reader)?;
+    // A user's model is opened in the folder that was judged, through its
+    // handle, not along its path (a folder on the way may have been swapped).
+    let at = match (&reader, path.parent(), path.file_name()) {
+        (Reader::As(_), Some(dir), Some(name)) => d.watcher.listing_path(dir).join(name),
+        _ => path.to_path_buf(),
+    };
+    let m = model::open_as(&at, &reader).map_err(|e| Error {
+        message: e
+            .message
+            .replace(&at.display().to_string(), &path.display().to_string()),
+        ..e
+    })?;
     // The admin's rights reach only as far as the admin's folders: a link
     // (made by anyone who may write there) to a file elsewhere is not read
     // with them. Judged on the file opened, as for a caller's request.
