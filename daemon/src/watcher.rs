@@ -252,39 +252,37 @@ impl Watcher {
     /// folder is watched through `opened`, kept open while it is watched.
     pub fn add(&self, dir: &Path, opened: File, owner: Owner) -> Result<Option<PathBuf>> {
         let dir = dir.to_path_buf();
-        let reach = {
-            let mut dirs = lock(&self.dirs);
-            if dirs.contains_key(&dir) {
-                return Ok(None);
+        // Held until the folder is watched or taken back, so that a
+        // concurrent add of the same folder is told "watched already" only
+        // once it is.
+        let mut dirs = lock(&self.dirs);
+        if dirs.contains_key(&dir) {
+            return Ok(None);
+        }
+        if let Owner::User(who) = &owner {
+            let uid = who.uid;
+            let held = dirs
+                .values()
+                .filter(|w| matches!(&w.owner, Owner::User(o) if o.uid == uid))
+                .count();
+            if held >= self.max_per_uid {
+                return Err(Error::exhausted(format!(
+                    "uid {uid} watches {} folders, the most allowed (max_watches_per_uid); remove one first",
+                    self.max_per_uid
+                )));
             }
-            if let Owner::User(who) = &owner {
-                let uid = who.uid;
-                let held = dirs
-                    .values()
-                    .filter(|w| matches!(&w.owner, Owner::User(o) if o.uid == uid))
-                    .count();
-                if held >= self.max_per_uid {
-                    return Err(Error::exhausted(format!(
-                        "uid {uid} watches {} folders, the most allowed (max_watches_per_uid); remove one first",
-                        self.max_per_uid
-                    )));
-                }
-            }
-            let handle = matches!(owner, Owner::User(_)).then_some(opened);
-            let watched = Watched {
-                owner: owner.clone(),
-                handle,
-            };
-            let reach = watched.reach(&dir);
-            // Counted from now on, so concurrent adds of one uid cannot pass
-            // the bound together; taken back if watching fails.
-            dirs.insert(dir.clone(), watched);
-            reach
+        }
+        let handle = matches!(owner, Owner::User(_)).then_some(opened);
+        let watched = Watched {
+            owner: owner.clone(),
+            handle,
         };
+        let reach = watched.reach(&dir);
         if let Err(e) = self.watch(&dir, &owner, &reach) {
-            self.forget(&dir);
+            lock(&self.labels).remove(&reach);
             return Err(e);
         }
+        dirs.insert(dir.clone(), watched);
         Ok(Some(dir))
     }
 
@@ -319,5 +317,35 @@ impl Watcher {
         // The handle closes only now, after its watch is gone.
         drop(watched);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two adds of one folder at once: neither is told "watched already"
+    /// unless the folder is watched (here it cannot be: the watcher is not
+    /// running, so every add fails).
+    #[test]
+    fn a_concurrent_add_is_not_told_of_a_watch_that_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Watcher::new(&[], 16);
+        for _ in 0..500 {
+            let both = std::sync::Barrier::new(2);
+            let answers: Vec<Result<Option<PathBuf>>> = std::thread::scope(|s| {
+                let add = || {
+                    both.wait();
+                    w.add(dir.path(), File::open(dir.path()).unwrap(), Owner::Admin)
+                };
+                let a = s.spawn(add);
+                let b = s.spawn(add);
+                vec![a.join().unwrap(), b.join().unwrap()]
+            });
+            for a in answers {
+                assert!(a.is_err(), "{a:?}");
+            }
+            assert!(w.dirs().is_empty());
+        }
     }
 }
