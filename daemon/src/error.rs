@@ -24,6 +24,9 @@ pub(crate) enum ErrorKind {
     Precondition,
     /// A bound was reached (disk full, too many leases or jobs).
     Exhausted,
+    /// The caller's share of the pack queue is full: asking again once some
+    /// of its jobs have run may succeed.
+    QueueFull,
     /// Stored bytes are damaged; they were not served.
     DataLoss,
     /// The work was abandoned (shutdown, every waiter gone).

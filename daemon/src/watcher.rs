@@ -80,13 +80,14 @@ pub(crate) struct Watcher {
 }
 
 /// `path` as reported under a handle path, named under its folder's real
-/// path.
-fn relabel(labels: &HashMap<PathBuf, PathBuf>, path: &Path) -> PathBuf {
+/// path; `None` for a handle path no watch has now.
+fn relabel(labels: &HashMap<PathBuf, PathBuf>, path: &Path) -> Option<PathBuf> {
     let mut parts = path.components();
     let handle: PathBuf = parts.by_ref().take(5).collect();
     match labels.get(&handle) {
-        Some(real) => real.join(parts.as_path()),
-        None => path.to_path_buf(),
+        Some(real) => Some(real.join(parts.as_path())),
+        None if path.starts_with("/proc/self/fd") => None,
+        None => Some(path.to_path_buf()),
     }
 }
 
@@ -131,7 +132,11 @@ impl Watcher {
                     }
                     metrics::counter!("ctcache_watcher_events_total").increment(1);
                     for p in &e.paths {
-                        let _ = events.send(relabel(&lock(&labels), p));
+                        // A handle path with no label is of a watch removed
+                        // meanwhile (the fd may be another file's now).
+                        if let Some(p) = relabel(&lock(&labels), p) {
+                            let _ = events.send(p);
+                        }
                     }
                 }
             }
@@ -185,9 +190,14 @@ impl Watcher {
         if reach != dir {
             lock(&self.labels).insert(reach.to_path_buf(), dir.to_path_buf());
         }
-        w.debouncer
-            .watch(reach, mode)
-            .map_err(|e| Error::invalid(format!("cannot watch {}: {e}", dir.display())))?;
+        if let Err(e) = w.debouncer.watch(reach, mode) {
+            // A recursive watch may have been placed on part of the tree.
+            let _ = w.debouncer.unwatch(reach);
+            return Err(Error::invalid(format!(
+                "cannot watch {}: {e}",
+                dir.display()
+            )));
+        }
         // Existing models are scanned too (start-up and new watches).
         let _ = w.queue.send(dir.to_path_buf());
         Ok(())
@@ -236,14 +246,18 @@ impl Watcher {
             .map(|(_, watched)| watched.owner.clone())
     }
 
-    /// Where to list the watched folder `dir`: through its handle for a
-    /// user's folder (the folder that was judged, whatever `dir` leads to
-    /// now), else `dir`.
-    pub fn listing_path(&self, dir: &Path) -> PathBuf {
-        match lock(&self.dirs).get(dir) {
-            Some(w) => w.reach(dir),
-            None => dir.to_path_buf(),
+    /// Where to list and read the watched folder `dir`: through its handle
+    /// for a user's folder (the folder that was judged, whatever `dir` leads
+    /// to now), `dir` itself for the admin's; `None` for a folder that is
+    /// not a watched one (a subfolder of a user's is not read).
+    pub fn listing_path(&self, dir: &Path) -> Option<PathBuf> {
+        let dirs = lock(&self.dirs);
+        if let Some(w) = dirs.get(dir) {
+            return Some(w.reach(dir));
         }
+        dirs.iter()
+            .any(|(w, watched)| watched.owner == Owner::Admin && dir.starts_with(w))
+            .then(|| dir.to_path_buf())
     }
 
     /// Adds the folder `opened`, found at its real path `dir`; returns
@@ -257,6 +271,17 @@ impl Watcher {
         // once it is.
         let mut dirs = lock(&self.dirs);
         if dirs.contains_key(&dir) {
+            return Ok(None);
+        }
+        // A user's folder inside the admin's tree is watched already (and a
+        // second inotify watch of the same folder would share the admin's
+        // and take its recursion over).
+        let admin_has_it = |dirs: &BTreeMap<PathBuf, Watched>| {
+            dirs.iter().any(|(w, watched)| {
+                watched.owner == Owner::Admin && w.canonicalize().is_ok_and(|w| dir.starts_with(w))
+            })
+        };
+        if matches!(owner, Owner::User(_)) && admin_has_it(&dirs) {
             return Ok(None);
         }
         if let Owner::User(who) = &owner {
@@ -347,5 +372,38 @@ mod tests {
             }
             assert!(w.dirs().is_empty());
         }
+    }
+
+    /// A user's folder inside the admin's tree is the admin's already: it
+    /// is answered "watched already" and gets no watch of its own (one would
+    /// share the admin's inotify watch and take its recursion over).
+    #[test]
+    fn a_users_folder_in_the_admins_tree_is_watched_already() {
+        let admin = tempfile::tempdir().unwrap();
+        let inside = admin.path().join("sub");
+        std::fs::create_dir(&inside).unwrap();
+        let w = Watcher::new(&[admin.path().to_path_buf()], 16);
+        let user = Owner::User(Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: Vec::new(),
+        });
+        let inside = inside.canonicalize().unwrap();
+        let added = w.add(&inside, File::open(&inside).unwrap(), user);
+        assert!(matches!(added, Ok(None)), "{added:?}");
+        assert_eq!(w.dirs(), vec![admin.path().to_path_buf()]);
+        assert!(w.listing_path(&inside).is_some());
+        // Outside the admin's tree an add is tried (and fails here: the
+        // watcher is not running).
+        let outside = tempfile::tempdir().unwrap();
+        let user = Owner::User(Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: Vec::new(),
+        });
+        assert!(w
+            .add(outside.path(), File::open(outside.path()).unwrap(), user)
+            .is_err());
+        assert!(w.listing_path(outside.path()).is_none());
     }
 }

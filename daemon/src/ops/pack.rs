@@ -14,6 +14,7 @@ use ctcache_kernels::{Packer, Params};
 use super::model::{self, FormatRequest, OpenedModel};
 use super::{Error, Result};
 use crate::caller::Caller;
+use crate::error::ErrorKind;
 use crate::events::EventKind;
 use crate::jobs::{JobKey, Packed};
 use crate::policy::Wanted;
@@ -220,7 +221,7 @@ fn submit(
         .submit(owner, key, lane, priority, bytes, move |cancel| {
             run(&me, spec, choice, cancel)
         })
-        .map_err(|full| Error::exhausted(full.to_string()))
+        .map_err(|full| Error::new(ErrorKind::QueueFull, full.to_string()))
 }
 
 /// The key of the entry `packer` produces from `t` (digest `digest`) with

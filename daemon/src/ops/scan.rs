@@ -125,7 +125,7 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
             };
             let tried = tries.get(&m).copied().unwrap_or(0) + 1;
             let user = matches!(d.watcher.owner_of(&m), Some(Owner::User(_)));
-            if user && e.kind == ErrorKind::Exhausted && tried <= MAX_RETRIES {
+            if user && e.kind == ErrorKind::QueueFull && tried <= MAX_RETRIES {
                 deferred.insert(m.clone(), (now + retry_after, tried));
                 d.events.emit(
                     EventKind::Watcher,
@@ -159,7 +159,8 @@ fn models_of(d: &Daemon, paths: Vec<PathBuf>) -> HashSet<PathBuf> {
             continue;
         }
         if p.is_dir() {
-            // A user's watch covers its folder alone (see watcher.rs).
+            // A user's watch covers its folder alone (see watcher.rs): a
+            // subfolder of it is not walked.
             match d.watcher.owner_of(&p) {
                 Some(Owner::User(_)) => models.extend(walk_shallow(d, &p)),
                 _ => models.extend(walk_models(&p)),
@@ -235,7 +236,9 @@ fn owner_may_list(d: &Daemon, p: &Path) -> bool {
 /// watched folder is held by (the folder that was judged, whatever `dir`
 /// leads to now), named under `dir`.
 fn walk_shallow(d: &Daemon, dir: &Path) -> Vec<PathBuf> {
-    let listed = d.watcher.listing_path(dir);
+    let Some(listed) = d.watcher.listing_path(dir) else {
+        return Vec::new();
+    };
     std::fs::read_dir(&listed)
         .map(|rd| {
             rd.flatten()
@@ -284,7 +287,11 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
     // A user's model is opened in the folder that was judged, through its
     // handle, not along its path (a folder on the way may have been swapped).
     let at = match (&reader, path.parent(), path.file_name()) {
-        (Reader::As(_), Some(dir), Some(name)) => d.watcher.listing_path(dir).join(name),
+        (Reader::As(_), Some(dir), Some(name)) => match d.watcher.listing_path(dir) {
+            Some(held) => held.join(name),
+            // Not directly in the user's watched folder: not read.
+            None => return Ok(()),
+        },
         _ => path.to_path_buf(),
     };
     let m = model::open_as(&at, &reader).map_err(|e| Error {
@@ -305,7 +312,13 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         )));
     }
     let sel = crate::policy::select(&m.model, &d.config.policy)?;
-    let todo = pack::missing(d, &m, &sel.wanted)?;
+    // A user's model submits only the pairs not stored yet (they take
+    // places in its share of the queue); the admin's all, so that a job
+    // checks each stored payload (and packs a damaged one again).
+    let todo = match queue_owner {
+        Some(_) => pack::missing(d, &m, &sel.wanted)?,
+        None => sel.wanted.clone(),
+    };
     let stored = sel.wanted.len() - todo.len();
     let jobs = pack::submit_all(
         d,

@@ -12,7 +12,7 @@ pub(crate) fn status(e: Error) -> Status {
         ErrorKind::OutOfRange => Code::OutOfRange,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Precondition => Code::FailedPrecondition,
-        ErrorKind::Exhausted => Code::ResourceExhausted,
+        ErrorKind::Exhausted | ErrorKind::QueueFull => Code::ResourceExhausted,
         ErrorKind::DataLoss => Code::DataLoss,
         ErrorKind::Cancelled => Code::Aborted,
         ErrorKind::Unavailable => Code::Unavailable,
