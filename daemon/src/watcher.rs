@@ -406,4 +406,31 @@ mod tests {
             .is_err());
         assert!(w.listing_path(outside.path()).is_none());
     }
+
+    /// Where the admin's folder holds a user's (the admin's added later),
+    /// what is found there is the admin's: read with the admin's rights and
+    /// queued without the user's bound.
+    #[test]
+    fn the_admins_folder_takes_precedence_over_a_users_inside_it() {
+        let top = tempfile::tempdir().unwrap();
+        let top_path = top.path().canonicalize().unwrap();
+        let inner = top_path.join("u");
+        std::fs::create_dir(&inner).unwrap();
+        let w = Watcher::new(&[], 16);
+        let (tx, _rx) = mpsc::channel();
+        w.start(tx).unwrap();
+        let user = Owner::User(Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: Vec::new(),
+        });
+        let model = inner.join("m.onnx");
+        w.add(&inner, File::open(&inner).unwrap(), user.clone())
+            .unwrap();
+        assert_eq!(w.owner_of(&model), Some(user));
+        w.add(&top_path, File::open(&top_path).unwrap(), Owner::Admin)
+            .unwrap();
+        assert_eq!(w.owner_of(&model), Some(Owner::Admin));
+        w.stop();
+    }
 }
