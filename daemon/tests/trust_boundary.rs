@@ -175,7 +175,7 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
         return;
     }
     let mut d = daemon_for_nobody(
-        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\nmax_event_subscribers = 8\nstable_secs = 0.02\n",
+        "workers = 1\nmax_leases_per_uid = 1000\nmax_watches_per_uid = 2\nmax_queued_jobs_per_uid = 1\nmax_event_subscribers = 8\nstable_secs = 0.02\nmax_tensor_bytes = 2097152\n",
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut c = rt.block_on(d.client());
@@ -260,6 +260,28 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
             "the waiting model packed on a later try",
         ));
     }
+    // A model over a size limit (4 MiB of weight, max_tensor_bytes 2 MiB)
+    // is skipped at once: only a full queue is worth waiting for.
+    let large = dirs[0].join("large.onnx");
+    let skipped = rt.block_on(async {
+        let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
+        write_model(&large, &matmul_model(1024, 1024, 41));
+        let real = large.canonicalize().unwrap().display().to_string();
+        loop {
+            let e = tokio::time::timeout(Duration::from_secs(60), events.message())
+                .await
+                .expect("an event about the large model within 60 s")
+                .unwrap()
+                .expect("the stream stays open");
+            if e.model_path == real {
+                break e.detail;
+            }
+        }
+    });
+    assert!(
+        skipped.starts_with("skipped:") && skipped.contains("max_tensor_bytes"),
+        "{skipped}"
+    );
 
     // Root's lease still protects its entry from gc --max-size 0.
     let report = rt
