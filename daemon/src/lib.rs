@@ -47,6 +47,28 @@ pub struct Listeners {
     pub tcp: Option<std::net::TcpListener>,
 }
 
+/// Raises the soft limit on open files to the hard one (systemd's advice
+/// for programs that use no select(2)): besides connections, mapped models
+/// and payloads, each user's watched folder is held open, and the usual
+/// soft limit of 1024 would be reached at some 60 uids of 16 watches.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: both calls get a valid pointer to an rlimit of this process.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            let was = limit.rlim_cur;
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                tracing::debug!(from = was, to = limit.rlim_max, "open files limit raised");
+            }
+        }
+    }
+}
+
 /// Runs the daemon: opens the store, starts the scheduler, the watcher and
 /// the optional metrics endpoint, serves on `listeners` until `shutdown`
 /// resolves, then drains (queued jobs cancelled, running ones finished
@@ -57,6 +79,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     config.validate()?;
+    raise_open_files_limit();
     // tonic's TLS brings rustls with ring and object_store with aws-lc-rs;
     // with two providers compiled in, rustls will not pick one by itself.
     // Another caller in this process may have installed one already.

@@ -993,3 +993,35 @@ async fn a_model_that_keeps_changing_holds_up_no_other() {
     );
     assert_eq!(d.stop(), Some(0));
 }
+
+/// The daemon raises its soft limit on open files to the hard one (it holds
+/// each user's watched folder open besides its connections and mappings).
+#[test]
+fn the_open_files_limit_is_raised_to_the_hard_one() {
+    use std::os::unix::process::CommandExt;
+    let mut d = Daemon::start_with(&[], |c| {
+        // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 256,
+                    rlim_max: 4096,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    });
+    let pid = d.child.as_ref().unwrap().id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&fields[3..5], ["4096", "4096"], "{line}");
+    assert_eq!(d.stop(), Some(0));
+}
