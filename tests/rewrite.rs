@@ -207,6 +207,19 @@ fn stale_entry_is_a_miss_after_the_initializer_changes() {
     let _ = pb::ModelProto::default();
 }
 
+/// The error of adding one entry to `model`, written into `dir/out.onnx`.
+fn embed_add_error(model: &Model, dir: &std::path::Path) -> String {
+    rewrite::embed(
+        model,
+        &[entry(model)],
+        &dir.join("out.onnx"),
+        Mode::Add,
+        &RewriteOptions::default(),
+    )
+    .unwrap_err()
+    .to_string()
+}
+
 /// A model whose extension has more fields of a kind than the limits allow
 /// (here 4097 empty struct types, 2 bytes each) is refused by
 /// `Model::extension` and by an embed that adds to it, from the field counts
@@ -229,15 +242,7 @@ fn an_extension_over_the_limits_is_refused_before_decoding() {
         e.contains("exceed the limits") && e.contains("many.onnx"),
         "{e}"
     );
-    let e = rewrite::embed(
-        &model,
-        &[entry(&model)],
-        &dir.path().join("out.onnx"),
-        Mode::Add,
-        &RewriteOptions::default(),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = embed_add_error(&model, dir.path());
     assert!(e.contains("exceed the limits"), "{e}");
     assert!(!dir.path().join("out.onnx").exists());
     // At the limit it decodes.
@@ -301,15 +306,7 @@ fn an_undecodable_entry_is_refused_before_any_payload_is_read() {
     let path = dir.path().join("in.onnx");
     std::fs::write(&path, &bytes).unwrap();
     let model = Model::open(&path).unwrap();
-    let e = rewrite::embed(
-        &model,
-        &[entry(&model)],
-        &dir.path().join("out.onnx"),
-        Mode::Add,
-        &RewriteOptions::default(),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = embed_add_error(&model, dir.path());
     assert!(e.contains("compiled tensors cannot be read"), "{e}");
     assert!(!e.contains("missing.bin"), "{e}");
 }

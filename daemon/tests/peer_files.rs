@@ -460,11 +460,7 @@ fn a_watch_lands_on_the_folder_that_was_checked() {
         let sentinel = sentinel.canonicalize().unwrap().display().to_string();
         let mut named = Vec::new();
         loop {
-            let e = tokio::time::timeout(Duration::from_secs(60), events.message())
-                .await
-                .expect("the sentinel's event within 60 s")
-                .unwrap()
-                .expect("the stream stays open");
+            let e = next_event(&mut events, 60, "the sentinel's event").await;
             if e.model_path.contains("leak.onnx") || e.detail.contains("leak.onnx") {
                 named.push(format!("{e:?}"));
             }
@@ -502,11 +498,7 @@ async fn events_view_helper() {
     std::fs::write(open.join("subscribed"), b"").unwrap();
     let mut seen = Vec::new();
     loop {
-        let e = tokio::time::timeout(Duration::from_secs(120), events.message())
-            .await
-            .expect("the last model's event within 120 s")
-            .unwrap()
-            .expect("the stream stays open");
+        let e = next_event(&mut events, 120, "the last model's event").await;
         assert!(
             !e.model_path.contains("closed") && !e.detail.contains("closed"),
             "an event of a folder uid 65534 may not list: {e:?}"

@@ -233,21 +233,7 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
     // wait as that uid's, so they meet the same bound of 1 as its Prepack;
     // the model waits and is tried again until all are packed.
     let watched = dirs[0].join("many.onnx");
-    let waiting = rt.block_on(async {
-        let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
-        write_model(&watched, &two_weights_model());
-        let real = watched.canonicalize().unwrap().display().to_string();
-        loop {
-            let e = tokio::time::timeout(Duration::from_secs(60), events.message())
-                .await
-                .expect("an event about the watched model within 60 s")
-                .unwrap()
-                .expect("the stream stays open");
-            if e.model_path == real {
-                break e.detail;
-            }
-        }
-    });
+    let waiting = rt.block_on(first_event_about(&c, &watched, &two_weights_model()));
     assert!(
         waiting.starts_with("waiting (") && waiting.contains("pack jobs waiting"),
         "{waiting}"
@@ -263,21 +249,7 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
     // A model over a size limit (4 MiB of weight, max_tensor_bytes 2 MiB)
     // is skipped at once: only a full queue is worth waiting for.
     let large = dirs[0].join("large.onnx");
-    let skipped = rt.block_on(async {
-        let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
-        write_model(&large, &matmul_model(1024, 1024, 41));
-        let real = large.canonicalize().unwrap().display().to_string();
-        loop {
-            let e = tokio::time::timeout(Duration::from_secs(60), events.message())
-                .await
-                .expect("an event about the large model within 60 s")
-                .unwrap()
-                .expect("the stream stays open");
-            if e.model_path == real {
-                break e.detail;
-            }
-        }
-    });
+    let skipped = rt.block_on(first_event_about(&c, &large, &matmul_model(1024, 1024, 41)));
     assert!(
         skipped.starts_with("skipped:") && skipped.contains("max_tensor_bytes"),
         "{skipped}"
@@ -366,6 +338,29 @@ fn a_peer_cannot_grow_the_digest_memo() {
         })
         .unwrap();
     assert!(records <= 8, "{records} memo records");
+}
+
+/// Writes `model` at `path` (in a watched folder) and returns the detail of
+/// the first event that names it.
+async fn first_event_about(
+    c: &CompiledTensorCacheClient<tonic::transport::Channel>,
+    path: &Path,
+    model: &[u8],
+) -> String {
+    let mut events = c
+        .clone()
+        .events(api::EventsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    write_model(path, model);
+    let real = path.canonicalize().unwrap().display().to_string();
+    loop {
+        let e = next_event(&mut events, 60, "an event about the model").await;
+        if e.model_path == real {
+            return e.detail;
+        }
+    }
 }
 
 /// A model with two MatMul weights (4 wanted pairs under the default policy).

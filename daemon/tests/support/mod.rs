@@ -351,3 +351,17 @@ pub fn daemon_for_nobody(config: &str) -> Daemon {
     open_to_all(d.socket.parent().unwrap());
     d
 }
+
+/// The next event of `events` within `secs` seconds (panics naming `what`
+/// when none comes or the stream ends).
+pub async fn next_event(
+    events: &mut tonic::Streaming<api::Event>,
+    secs: u64,
+    what: &str,
+) -> api::Event {
+    tokio::time::timeout(Duration::from_secs(secs), events.message())
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {secs} s"))
+        .unwrap()
+        .expect("the stream stays open")
+}
