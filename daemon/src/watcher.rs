@@ -62,6 +62,14 @@ impl Watched {
     }
 }
 
+/// Whether the real path `path` lies under one of the admin's folders in
+/// `dirs` (taken by their real paths).
+fn admin_holds(dirs: &BTreeMap<PathBuf, Watched>, path: &Path) -> bool {
+    dirs.iter().any(|(w, watched)| {
+        watched.owner == Owner::Admin && w.canonicalize().is_ok_and(|w| path.starts_with(w))
+    })
+}
+
 /// `/proc/self/fd/N` of an open folder: resolving it leads to that folder,
 /// whatever its path leads to now.
 fn handle_path(f: &File) -> PathBuf {
@@ -225,12 +233,7 @@ impl Watcher {
 
     /// Whether the real path `path` lies under a folder the admin watches.
     pub fn admin_covers(&self, path: &Path) -> bool {
-        lock(&self.dirs).iter().any(|(w, watched)| {
-            watched.owner == Owner::Admin
-                && w.canonicalize()
-                    .map(|w| path.starts_with(w))
-                    .unwrap_or(false)
-        })
+        admin_holds(&lock(&self.dirs), path)
     }
 
     /// The owner of the watched folder a reported path was found under:
@@ -276,12 +279,7 @@ impl Watcher {
         // A user's folder inside the admin's tree is watched already (and a
         // second inotify watch of the same folder would share the admin's
         // and take its recursion over).
-        let admin_has_it = |dirs: &BTreeMap<PathBuf, Watched>| {
-            dirs.iter().any(|(w, watched)| {
-                watched.owner == Owner::Admin && w.canonicalize().is_ok_and(|w| dir.starts_with(w))
-            })
-        };
-        if matches!(owner, Owner::User(_)) && admin_has_it(&dirs) {
+        if matches!(owner, Owner::User(_)) && admin_holds(&dirs, &dir) {
             return Ok(None);
         }
         if let Owner::User(who) = &owner {

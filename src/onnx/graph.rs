@@ -120,6 +120,7 @@ pub(crate) fn is_default_domain(n: &pb::NodeProto) -> bool {
 
 /// What the walk back from a weight input needs of the node producing a
 /// value: kept per output instead of the whole node.
+#[derive(Clone)]
 enum Producer {
     /// Identity or Transpose (default domain; `swaps` unless a perm other
     /// than `[1, 0]`): passed through to its first input.
@@ -179,10 +180,11 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
         let n = n?;
         // The last node naming an output is its producer; one the walk
         // cannot pass stops it, as no producer does.
+        let producer = Producer::of(&n);
         for o in &n.output {
-            match Producer::of(&n) {
+            match &producer {
                 Some(p) => {
-                    producers.insert(o.clone(), p);
+                    producers.insert(o.clone(), p.clone());
                 }
                 None => {
                     producers.remove(o);
