@@ -74,6 +74,15 @@ pub enum Error {
     /// The filesystem or platform cannot do what was asked.
     #[error("{0}")]
     Unsupported(String),
+    /// A cached payload whose bytes are no longer the ones hashed (D12):
+    /// found while placing it, so nothing of it was placed.
+    #[error("payload {}: {problem}", path.display())]
+    PayloadChanged {
+        /// The payload file.
+        path: PathBuf,
+        /// What differs: the bytes of a group, or the file itself.
+        problem: String,
+    },
     /// A file that is not (or not wholly) what it should be, by name.
     #[error("{}: {problem}", path.display())]
     InFile {

@@ -283,6 +283,11 @@ impl OutDir {
         )?)
     }
 
+    /// `stat` of a temp file made here, not following links.
+    pub fn stat_temp(&self, temp: &Temp) -> io::Result<rustix::fs::Stat> {
+        self.stat(&temp.name)
+    }
+
     /// Flushes the folder's entries to disk.
     pub fn sync(&self) -> io::Result<()> {
         Ok(rustix::fs::fsync(&self.fd)?)

@@ -5,7 +5,8 @@
 //! again as soon as serving finds it (never from a model the caller being
 //! served may not read); with `daemon_produced_only`, a client's entry is
 //! neither reused by a pack job nor handed out; a Lookup answer (made
-//! from encodings the daemon keeps) is never older than the stored entry.
+//! from encodings the daemon keeps) is never older than the stored entry;
+//! bytes that rot after their first serve are found on the next one.
 
 mod support;
 
@@ -350,6 +351,73 @@ async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
         .unwrap()
         .into_inner();
     assert!(v.clean && v.orphans.is_empty(), "{v:?}");
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// Whether streaming `key`'s payload ends in DATA_LOSS.
+async fn read_fails_with_data_loss(c: &mut Client, key: &str) -> bool {
+    let mut chunks = match c
+        .read_payload(api::ReadPayloadRequest {
+            key: key.to_string(),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        Err(e) => return e.code() == Code::DataLoss,
+    };
+    while let Some(ch) = chunks.next().await {
+        if let Err(e) = ch {
+            return e.code() == Code::DataLoss;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_that_rot_after_their_first_serve_are_never_served() {
+    // D12: a payload served once in this run and then damaged on disk is
+    // checked again on its next serve, by every path, without a restart.
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let (model, digest) = work_model(&d, "m.onnx", 31);
+    let first = materialize(&mut c, &model, &d.path("work/a/m.q.onnx")).await;
+    assert_eq!(first.packed, 1, "{first:?}");
+    let packed = entries_for(&mut c, &digest).await;
+    weights_are(&first, &packed);
+    assert_eq!(
+        read_all(&mut c, &packed[0].key).await.len() as u64,
+        packed[0].payload_len
+    );
+
+    // Materialize (the prepack under it finds the damage and packs again:
+    // never CACHED over a rotted file), and the output holds good bytes.
+    rot_payload(&packed[0].payload_path);
+    let again = materialize(&mut c, &model, &d.path("work/b/m.q.onnx")).await;
+    assert_eq!((again.packed, again.cached), (1, 0), "{again:?}");
+    let fresh = entries_for(&mut c, &digest).await;
+    assert!(intact(&fresh[0]), "{fresh:?}");
+    weights_are(&again, &fresh);
+
+    // ReadPayload and AcquireLease of a payload damaged after a serve.
+    assert_eq!(
+        read_all(&mut c, &fresh[0].key).await.len() as u64,
+        fresh[0].payload_len
+    );
+    rot_payload(&fresh[0].payload_path);
+    assert!(read_fails_with_data_loss(&mut c, &fresh[0].key).await);
+    let back = wait_for_entries(&c, &digest, 1, "packed again after the rot was found").await;
+    assert!(intact(&back[0]), "{back:?}");
+    c.acquire_lease(api::AcquireLeaseRequest {
+        key: back[0].key.clone(),
+        ttl_ms: 60_000,
+    })
+    .await
+    .unwrap();
+    rot_payload(&back[0].payload_path);
+    let refused = lease_refused(&mut c, &back[0].key).await;
+    assert_eq!(refused.code(), Code::DataLoss, "{refused:?}");
+    drop(c);
     assert_eq!(d.stop(), Some(0));
 }
 

@@ -131,6 +131,7 @@ fn fixture(m: &pb::ModelProto, s: &Settings) -> (Fixture, mat::Plan) {
             (name.clone(), transposed),
             PackedWeight {
                 payload_path: path,
+                checked: None,
                 file_name,
                 struct_type: layout.struct_type,
                 dims: layout.dims,

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::outdir::{OutDir, Temp};
+use crate::store::Payload;
 
 /// How payload files are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,12 +127,25 @@ fn reflink_unsupported(e: &std::io::Error) -> bool {
 
 /// Makes `name` in `dir` a reflink, copy or hard link of `src` as `mode`
 /// says, atomically replacing whatever `name` was (a link there is
-/// replaced, never followed). The caller fsyncs `dir` once all files are
-/// placed.
-pub fn place(src: &Path, dir: &OutDir, name: &OsStr, mode: LinkMode) -> Result<Placed> {
+/// replaced, never followed). With `checked` (the store's payload of
+/// `src`), `src` must still be the file hashed, and a copy writes only
+/// bytes checked against its group digests (D12). The caller fsyncs `dir`
+/// once all files are placed.
+pub fn place(
+    src: &Path,
+    checked: Option<&Payload>,
+    dir: &OutDir,
+    name: &OsStr,
+    mode: LinkMode,
+) -> Result<Placed> {
     let dst = dir.shown(name);
     let from = File::open(src).map_err(|e| Error::io(src, e))?;
     let src_meta = from.metadata().map_err(|e| Error::io(src, e))?;
+    if let Some(p) = checked {
+        if !p.is_file(&src_meta) {
+            return Err(changed(src, "the file is no longer the one hashed"));
+        }
+    }
     let placed = |method, bytes_copied| Placed {
         path: dst.clone(),
         method,
@@ -147,9 +161,16 @@ pub fn place(src: &Path, dir: &OutDir, name: &OsStr, mode: LinkMode) -> Result<P
             }
         }
     }
-    let (temp, method, bytes) = put(src, &from, dir, name, mode)?;
+    let (temp, method, bytes) = put(src, &from, checked, dir, name, mode)?;
     dir.commit(temp, name).map_err(|e| Error::write(&dst, e))?;
     Ok(placed(method, bytes))
+}
+
+fn changed(src: &Path, problem: &str) -> Error {
+    Error::PayloadChanged {
+        path: src.to_path_buf(),
+        problem: problem.into(),
+    }
 }
 
 /// A temp file (to become `name`) made from `src` as `mode` says, with the
@@ -157,6 +178,7 @@ pub fn place(src: &Path, dir: &OutDir, name: &OsStr, mode: LinkMode) -> Result<P
 fn put(
     src: &Path,
     from: &File,
+    checked: Option<&Payload>,
     dir: &OutDir,
     name: &OsStr,
     mode: LinkMode,
@@ -165,7 +187,19 @@ fn put(
     let failed = |e| Error::write(&dst, e);
     if mode == LinkMode::Hard {
         match dir.link_temp(src, name) {
-            Ok(t) => return Ok((t, Method::HardLink, 0)),
+            Ok(t) => {
+                // Linked by path: the link must be of the file checked.
+                let same = match (checked, dir.stat_temp(&t)) {
+                    (None, _) => true,
+                    (Some(p), Ok(m)) => p.is_inode(m.st_dev, m.st_ino),
+                    (Some(_), Err(_)) => false,
+                };
+                if !same {
+                    dir.discard(t);
+                    return Err(changed(src, "the file linked is not the one hashed"));
+                }
+                return Ok((t, Method::HardLink, 0));
+            }
             Err(e) if link_refused(&e) => {}
             Err(e) => return Err(failed(e)),
         }
@@ -191,13 +225,36 @@ fn put(
         }
     }
     let (to, temp) = dir.create_temp(name, true).map_err(failed)?;
-    match copy(from, to) {
+    let copied = match checked {
+        Some(p) => copy_checked(p, to, &dst),
+        None => copy(from, to).map_err(failed),
+    };
+    match copied {
         Ok(n) => Ok((temp, Method::Copy, n)),
         Err(e) => {
             dir.discard(temp);
-            Err(failed(e))
+            Err(e)
         }
     }
+}
+
+/// Writes `p`'s bytes into `to` (shown as `dst`) one checked piece at a
+/// time: a rotted piece is never written.
+fn copy_checked(p: &Payload, mut to: File, dst: &Path) -> Result<u64> {
+    use std::io::Write;
+    const PIECE: usize = 1 << 20;
+    let mut at = 0;
+    while at < p.len() {
+        let end = (at + PIECE).min(p.len());
+        let bytes = p.checked(at..end).map_err(|r| {
+            let why = format!("the bytes at offset {} are not the ones hashed", r.offset);
+            changed(&p.path, &why)
+        })?;
+        to.write_all(bytes).map_err(|e| Error::write(dst, e))?;
+        at = end;
+    }
+    to.sync_all().map_err(|e| Error::write(dst, e))?;
+    Ok(p.len() as u64)
 }
 
 /// Makes `to` share `src`'s extents.
@@ -222,7 +279,7 @@ mod tests {
     /// `place` into `dst`'s folder, opened here.
     fn place_at(src: &Path, dst: &Path, mode: LinkMode) -> Result<Placed> {
         let dir = OutDir::open(dst.parent().unwrap()).unwrap();
-        place(src, &dir, dst.file_name().unwrap(), mode)
+        place(src, None, &dir, dst.file_name().unwrap(), mode)
     }
 
     fn no_temp_files(dir: &Path) -> bool {

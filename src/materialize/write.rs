@@ -38,6 +38,9 @@ pub type WeightKey = (String, bool);
 pub struct PackedWeight {
     /// The cache's payload file (what is reflinked, copied or linked).
     pub payload_path: PathBuf,
+    /// The store's payload, when it comes from one: a copy then sends only
+    /// checked bytes, and a link or reflink must be of the file hashed.
+    pub checked: Option<std::sync::Arc<crate::store::Payload>>,
     /// Its name in the data folder; equal payloads share one name.
     pub file_name: String,
     /// The entry's physical type and dims (where B, scales and zero points lie).
@@ -662,7 +665,13 @@ fn place_all(
     report: &mut Report,
 ) -> Result<()> {
     for w in files {
-        let p = place(&w.payload_path, dir, OsStr::new(&w.file_name), mode)?;
+        let p = place(
+            &w.payload_path,
+            w.checked.as_deref(),
+            dir,
+            OsStr::new(&w.file_name),
+            mode,
+        )?;
         report.bytes_copied += p.bytes_copied;
         report.files.push(p);
     }

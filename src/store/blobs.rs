@@ -15,6 +15,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use super::chunks::{ChunkDigests, ChunkHasher};
 use super::error::{StoreError, StoreResult};
 use super::layout::Paths;
 use super::options::WriteFault;
@@ -59,6 +60,8 @@ pub(crate) struct Written {
     pub file: File,
     pub blake3: [u8; 32],
     pub len: u64,
+    /// The group digests of what was written (their root is `blake3`).
+    pub chunks: ChunkDigests,
 }
 
 impl Written {
@@ -87,7 +90,7 @@ pub(crate) fn write_temp(
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| classify(paths, &tmp, 0, e))?;
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = ChunkHasher::default();
     // Small payloads are common: start small and grow while reads fill the
     // buffer, rather than zeroing a full chunk for every put.
     let mut buf = vec![0u8; FIRST_CHUNK];
@@ -141,12 +144,16 @@ pub(crate) fn write_temp(
         Ok(())
     })();
     match result {
-        Ok(()) => Ok(Written {
-            tmp,
-            file,
-            blake3: *hasher.finalize().as_bytes(),
-            len,
-        }),
+        Ok(()) => {
+            let chunks = hasher.finish();
+            Ok(Written {
+                tmp,
+                file,
+                blake3: chunks.root(),
+                len,
+                chunks,
+            })
+        }
         Err(e) => {
             drop(file);
             let _ = fs::remove_file(&tmp);
@@ -186,10 +193,12 @@ fn classify(paths: &Paths, tmp: &Path, written: u64, e: std::io::Error) -> Store
     }
 }
 
-/// Publishes a written payload as `blobs/<xx>/<hex>` (caller holds the stripe).
-pub(crate) fn publish(paths: &Paths, w: Written, fsync: bool) -> StoreResult<()> {
+/// Publishes a written payload as `blobs/<xx>/<hex>` (caller holds the
+/// stripe); returns its group digests.
+pub(crate) fn publish(paths: &Paths, w: Written, fsync: bool) -> StoreResult<ChunkDigests> {
     let dest = paths.blob(&w.blake3);
     let tmp = w.tmp.clone();
+    let chunks = w.chunks.clone();
     let r = (|| {
         w.file
             .set_permissions(Permissions::from_mode(0o444))
@@ -213,7 +222,7 @@ pub(crate) fn publish(paths: &Paths, w: Written, fsync: bool) -> StoreResult<()>
     if r.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    r
+    r.map(|()| chunks)
 }
 
 /// Whether a complete payload file of `len` bytes is present for `blob`.

@@ -1,92 +1,247 @@
-//! Payload integrity on serve: a payload file is trusted only after its
-//! bytes were hashed in this process (when we wrote it, or the first time
-//! it is served or shared). A file whose bytes do not hash to its name is
-//! quarantined and every entry using it dropped (`verify.rs`'s condemn), so
-//! the caller can pack again from the entries' model paths; its bytes are
-//! never returned.
+//! Payload integrity on every serve (D12). A payload file is trusted only
+//! as the file whose bytes were hashed in this process (when we wrote it,
+//! or the first time it is served or shared): its identity (device, inode,
+//! size, mtime, ctime) is checked on every serve, so any write to it, a
+//! rename over it or a truncation makes the next serve hash it again. The
+//! hash leaves the group digests ([`ChunkDigests`]) with which copies and
+//! streams check each group as they send it ([`Payload::checked`]), which
+//! catches what the identity cannot: bytes that rot under the file system.
+//! A file whose bytes do not hash to its name is quarantined and every
+//! entry using it dropped (`verify.rs`'s condemn), so the caller can pack
+//! again from the entries' model paths; its bytes are never returned.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::fs::{File, Metadata};
+use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex};
 
-use super::blobs;
+use memmap2::Mmap;
+
+use super::chunks::ChunkDigests;
 use super::error::{StoreError, StoreResult};
 use super::key::EntryKey;
 use super::{Payload, Store};
 
-/// Payloads at least this large are hashed on several threads.
-const PARALLEL_HASH: usize = 1 << 20;
+/// Which file was hashed: what a write, truncation or replacement changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: (i64, i64),
+    ctime_ns: (i64, i64),
+}
+
+impl Stamp {
+    pub fn of(m: &Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: (m.mtime(), m.mtime_nsec()),
+            ctime_ns: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// A payload file as hashed.
+#[derive(Debug, Clone)]
+pub(crate) struct Hashed {
+    pub stamp: Stamp,
+    pub chunks: Arc<ChunkDigests>,
+}
 
 /// The blobs whose files hashed to their names since the store opened.
 #[derive(Default)]
-pub(crate) struct Verified(Mutex<HashSet<[u8; 32]>>);
+pub(crate) struct Verified(Mutex<HashMap<[u8; 32], Hashed>>);
 
 impl Verified {
-    pub fn contains(&self, blob: &[u8; 32]) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(blob)
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Hashed>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn insert(&self, blob: [u8; 32]) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(blob);
+    /// The group digests of `blob`, if its file is still the one hashed.
+    pub fn get(&self, blob: &[u8; 32], now: &Stamp) -> Option<Arc<ChunkDigests>> {
+        self.map()
+            .get(blob)
+            .filter(|h| h.stamp == *now)
+            .map(|h| h.chunks.clone())
+    }
+
+    pub fn insert(&self, blob: [u8; 32], hashed: Hashed) {
+        self.map().insert(blob, hashed);
     }
 
     pub fn remove(&self, blob: &[u8; 32]) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(blob);
+        self.map().remove(blob);
+    }
+}
+
+/// Group digests of the file `f` (mapped), if its bytes hash to `blob`.
+fn hash_open_file(f: &File, blob: &[u8; 32], parallel: bool) -> std::io::Result<Option<Hashed>> {
+    let meta = f.metadata()?;
+    let chunks = if meta.len() == 0 {
+        ChunkDigests::of(&[], false)
+    } else {
+        // SAFETY: payload files are read-only once published; a writer
+        // that changes one anyway changes its stamp (or fails the digests).
+        let map = unsafe { Mmap::map(f) }?;
+        ChunkDigests::of(&map, parallel)
+    };
+    Ok((chunks.root() == *blob).then(|| Hashed {
+        stamp: Stamp::of(&meta),
+        chunks: Arc::new(chunks),
+    }))
+}
+
+/// The first group of `range` that does not hold the bytes hashed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotted {
+    /// Offset of the damaged group in the payload.
+    pub offset: u64,
+}
+
+impl Payload {
+    /// The bytes `range` of the payload, after checking every group they
+    /// touch against the digests hashed when it was trusted (D12: copies
+    /// and streams send only checked bytes). Hand an `Err` to
+    /// [`Store::payload_rotted`].
+    pub fn checked(&self, range: Range<usize>) -> Result<&[u8], Rotted> {
+        let bytes: &[u8] = self;
+        let Some(chunks) = &self.chunks else {
+            return Err(Rotted { offset: 0 });
+        };
+        if range.start > range.end || range.end > bytes.len() {
+            return Err(Rotted {
+                offset: range.start as u64,
+            });
+        }
+        if range.is_empty() {
+            return Ok(&bytes[range]);
+        }
+        let first = range.start / super::chunks::GROUP;
+        let last = (range.end - 1) / super::chunks::GROUP;
+        for i in first..=last {
+            let g = chunks.range(i);
+            if !chunks.check(i, &bytes[g.clone()]) {
+                return Err(Rotted {
+                    offset: g.start as u64,
+                });
+            }
+        }
+        Ok(&bytes[range])
+    }
+
+    /// Every byte of the payload, checked (see [`Payload::checked`]).
+    pub fn checked_all(&self) -> Result<&[u8], Rotted> {
+        self.checked(0..self.len())
+    }
+
+    /// Whether `m` is the payload file as hashed (the same inode, size and
+    /// times): for a hard link made of it, checked after linking.
+    pub fn is_file(&self, m: &Metadata) -> bool {
+        self.stamp == Some(Stamp::of(m))
+    }
+
+    /// Whether (`dev`, `ino`) is the payload file as hashed (a link made of
+    /// it shares them; its ctime moves with the link count).
+    pub fn is_inode(&self, dev: u64, ino: u64) -> bool {
+        self.stamp.is_some_and(|s| s.dev == dev && s.ino == ino)
     }
 }
 
 impl Store {
     /// Whether the payload file of `blob` is there with `len` bytes that
-    /// hash to its name (hashed at most once per process). Caller holds the
-    /// blob's stripe, so the hash stays off the rayon pool.
+    /// hash to its name (hashed once per file as it stands). Caller holds
+    /// the blob's stripe, so the hash stays off the rayon pool.
     pub(crate) fn blob_intact(&self, blob: &[u8; 32], len: u64) -> StoreResult<bool> {
-        if !blobs::present(&self.paths, blob, len) {
+        let path = self.paths.blob(blob);
+        let f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(StoreError::io("open", &path, e)),
+        };
+        let meta = f.metadata().map_err(|e| StoreError::io("stat", &path, e))?;
+        if !meta.is_file() || meta.len() != len {
             return Ok(false);
         }
-        if self.verified.contains(blob) {
+        if self.verified.get(blob, &Stamp::of(&meta)).is_some() {
             return Ok(true);
         }
-        let path = self.paths.blob(blob);
-        let ok = match blobs::hash_file(&path, false) {
-            Ok((n, h)) => n == len && h == *blob,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(StoreError::io("read", &path, e)),
-        };
-        if ok {
-            self.verified.insert(*blob);
+        match hash_open_file(&f, blob, false).map_err(|e| StoreError::io("read", &path, e))? {
+            Some(h) => {
+                self.verified.insert(*blob, h);
+                Ok(true)
+            }
+            None => Ok(false),
         }
-        Ok(ok)
     }
 
-    /// Checks a payload about to be served (see [`Store::open_payload`]).
-    pub(crate) fn verify_served(&self, key: &EntryKey, p: &Payload) -> StoreResult<()> {
+    /// Records a payload file just published from `chunks` (caller holds
+    /// the stripe): its next serve needs no hash.
+    pub(crate) fn published(&self, blob: &[u8; 32], chunks: ChunkDigests) {
+        if let Ok(meta) = std::fs::metadata(self.paths.blob(blob)) {
+            let stamp = Stamp::of(&meta);
+            self.verified.insert(
+                *blob,
+                Hashed {
+                    stamp,
+                    chunks: Arc::new(chunks),
+                },
+            );
+        }
+    }
+
+    /// Checks a payload about to be served (see [`Store::open_payload`]):
+    /// the file must be the one hashed, else it is hashed now.
+    pub(crate) fn verify_served(
+        &self,
+        key: &EntryKey,
+        p: &mut Payload,
+        meta: &Metadata,
+    ) -> StoreResult<()> {
         let blob = p.info.blake3;
-        if self.verified.contains(&blob) {
+        let stamp = Stamp::of(meta);
+        p.stamp = Some(stamp);
+        if let Some(chunks) = self.verified.get(&blob, &stamp) {
+            p.chunks = Some(chunks);
             return Ok(());
         }
-        let mut h = blake3::Hasher::new();
-        if p.len() >= PARALLEL_HASH {
-            h.update_rayon(p);
-        } else {
-            h.update(p);
-        }
-        if *h.finalize().as_bytes() == blob {
-            self.verified.insert(blob);
+        let chunks = ChunkDigests::of(p, true);
+        if chunks.root() == blob {
+            let chunks = Arc::new(chunks);
+            self.verified.insert(
+                blob,
+                Hashed {
+                    stamp,
+                    chunks: chunks.clone(),
+                },
+            );
+            p.chunks = Some(chunks);
             return Ok(());
         }
+        Err(self.condemn_served(key, p))
+    }
+
+    /// What a serve that found `rotted` bytes in `p` answers: the payload
+    /// is quarantined and its entries dropped (when its file is still
+    /// damaged), and the error names them.
+    pub fn payload_rotted(&self, key: &EntryKey, p: &Payload, _rotted: Rotted) -> StoreError {
+        // Forgotten first: the condemn then hashes the file as it is now.
+        self.verified.remove(&p.info.blake3);
+        self.condemn_served(key, p)
+    }
+
+    fn condemn_served(&self, key: &EntryKey, p: &Payload) -> StoreError {
         // Checked again under the blob's stripe: a put may have replaced the
         // file with good bytes meanwhile (then nothing is condemned, and the
         // mapping we hold is of the old file: refuse it all the same).
-        let problem = self.condemn(&blob, p.info.len, true)?;
-        Err(StoreError::PayloadCorrupt {
+        let problem = match self.condemn(&p.info.blake3, p.info.len, true) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
+        StoreError::PayloadCorrupt {
             key: Box::new(*key),
             path: p.path.clone(),
             dropped: problem
@@ -94,6 +249,6 @@ impl Store {
                 .map(|v| v.entries_dropped.clone())
                 .unwrap_or_default(),
             quarantined: problem.and_then(|v| v.quarantined),
-        })
+        }
     }
 }

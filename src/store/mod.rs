@@ -26,10 +26,13 @@
 //! keep the decoded entries of recent sources in memory (`cache.rs`,
 //! invalidated by every commit that changes them).
 //!
-//! Integrity (`integrity.rs`): a payload file is hashed the first time it is
-//! served after the store was opened ([`Store::open_payload`]) and when a put
-//! would share it, then remembered as verified; a file that does not hash to
-//! its name is quarantined and every entry using it dropped, never served.
+//! Integrity (`integrity.rs`, D12): a payload file is hashed when written,
+//! when a put would share it and whenever a serve ([`Store::open_payload`])
+//! finds it is no longer the file hashed (its inode, size, mtime or ctime
+//! differ); copies and streams check each 256 KiB group against the digests
+//! that hash left (`chunks.rs`, [`Payload::checked`]). A file that does not
+//! hash to its name is quarantined and every entry using it dropped, never
+//! served.
 //!
 //! Locks, always taken in this order: the lease gate (lease creation vs
 //! removal), then blob stripes (file operations vs the commits referencing a
@@ -40,6 +43,7 @@
 mod access;
 mod blobs;
 mod cache;
+mod chunks;
 mod entry;
 mod error;
 mod gc;
@@ -72,6 +76,7 @@ pub use entry::{AccessStats, Entry, NewEntry, PayloadInfo, Producer};
 pub use error::{StoreError, StoreResult};
 pub use gc::{EntryAbout, GcItem, GcPolicy, GcReason, GcReport, GcTarget};
 pub use index::{Expect, Index, Op, Precondition, Tree};
+pub use integrity::Rotted;
 pub use key::{source_prefix, EntryKey, KEY_LEN, SOURCE_PREFIX_LEN};
 pub use layout::LAYOUT_VERSION;
 pub use lease::{Lease, LeaseAuthority, LeaseId};
@@ -125,6 +130,10 @@ pub struct Payload {
     pub path: PathBuf,
     /// Its hash and length, as the entry records them.
     pub info: PayloadInfo,
+    /// The file as it was when its bytes were hashed.
+    stamp: Option<integrity::Stamp>,
+    /// The group digests copies check as they send (see [`Payload::checked`]).
+    chunks: Option<std::sync::Arc<chunks::ChunkDigests>>,
 }
 
 impl Deref for Payload {
@@ -325,8 +334,8 @@ impl Store {
                 if self.blob_referenced(&blob)? && self.blob_intact(&blob, w.len)? {
                     w.discard();
                 } else {
-                    blobs::publish(&self.paths, w, self.opts.fsync)?;
-                    self.verified.insert(blob);
+                    let chunks = blobs::publish(&self.paths, w, self.opts.fsync)?;
+                    self.published(&blob, chunks);
                 }
             }
             let (prefix, suffix) = (sources::prefix(&kb), sources::suffix(&kb));
@@ -629,10 +638,10 @@ impl Store {
             }
             Err(e) => return Err(StoreError::io("open", &path, e)),
         };
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| StoreError::io("stat", &path, e))?
-            .len();
+            .map_err(|e| StoreError::io("stat", &path, e))?;
+        let len = meta.len();
         if len != info.len {
             return Err(damaged(format!(
                 "the file has {len} bytes, the entry {}",
@@ -647,8 +656,14 @@ impl Store {
             // bytes cannot change under the mapping.
             Some(unsafe { Mmap::map(&file) }.map_err(|e| StoreError::io("map", &path, e))?)
         };
-        let payload = Payload { map, path, info };
-        self.verify_served(key, &payload)?;
+        let mut payload = Payload {
+            map,
+            path,
+            info,
+            stamp: None,
+            chunks: None,
+        };
+        self.verify_served(key, &mut payload, &meta)?;
         self.note_access(kb);
         Ok(payload)
     }

@@ -257,7 +257,7 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
         let then = if r.repaired {
             "the entries were dropped and will be packed again"
         } else {
-            "nothing changed (they are never served); --repair drops them"
+            "nothing changed; the daemon checks every serve, so their next serve drops them and packs them again; --repair drops them now"
         };
         Err(Failure::Failed(format!(
             "store damaged: {} corrupt, {} missing payload(s); {then}",

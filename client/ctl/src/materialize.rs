@@ -287,6 +287,7 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
             (name, transposed),
             PackedWeight {
                 payload_path: path,
+                checked: None,
                 file_name,
                 struct_type: c.layout.struct_type,
                 dims: c.layout.dims,

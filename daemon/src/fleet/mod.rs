@@ -382,7 +382,7 @@ impl Fleet {
         let took = entry.pack_duration;
         lock(&self.costs).packed(format, backend, entry.payload.len, took);
         let Some(tx) = &self.uploads else { return };
-        let payload: Payload = match store.open_payload(&entry.key) {
+        let payload: Payload = match checked_payload(store, entry) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(key = %entry.key, "upload skipped: {e}");
@@ -429,7 +429,7 @@ impl Fleet {
         let job = upload::Job {
             entry: entry.clone(),
             params: Default::default(),
-            payload: store.open_payload(&entry.key).map_err(|e| e.to_string())?,
+            payload: checked_payload(store, entry).map_err(|e| e.to_string())?,
         };
         match self.rt.block_on(upload::upload(s, job)) {
             Ok(Some(bytes)) => {
@@ -525,5 +525,15 @@ impl Read for Streamed<'_> {
         let n = buf.len().min(self.chunk.len());
         buf[..n].copy_from_slice(&self.chunk.split_to(n));
         Ok(n)
+    }
+}
+
+/// `entry`'s payload with every group checked (D12: only the bytes hashed
+/// leave the host); a rotted one is quarantined and its entries dropped.
+fn checked_payload(store: &Store, entry: &Entry) -> Result<Payload, ctcache::store::StoreError> {
+    let p = store.open_payload(&entry.key)?;
+    match p.checked_all() {
+        Ok(_) => Ok(p),
+        Err(r) => Err(store.payload_rotted(&entry.key, &p, r)),
     }
 }

@@ -131,6 +131,7 @@ pub(crate) async fn materialize(
     blocking(move || {
         let store = &d.store;
         let mut leases = Vec::new();
+        let mut served = Vec::new();
         let result = (|| {
             let mut weights: HashMap<WeightKey, PackedWeight> = HashMap::new();
             for (w, e) in &entries {
@@ -138,7 +139,8 @@ pub(crate) async fn materialize(
                     continue;
                 };
                 leases.push(store.acquire_lease(&e.key, LEASE_TTL)?);
-                let payload = serve::open(&d, &caller, e)?;
+                let payload = Arc::new(serve::open(&d, &caller, e)?);
+                served.push((e.clone(), payload.clone()));
                 weights.insert(
                     key.clone(),
                     PackedWeight {
@@ -146,11 +148,19 @@ pub(crate) async fn materialize(
                         file_name: format!("{}.bin", hex::encode(payload.info.blake3)),
                         struct_type: e.physical_type()?,
                         dims: e.dims.clone(),
+                        checked: Some(payload),
                     },
                 );
             }
-            mat::write(&m.model, &plan, &settings, &weights, &out, mode)
-                .map_err(|e| Error::invalid(e.to_string()))
+            mat::write(&m.model, &plan, &settings, &weights, &out, mode).map_err(|err| match &err {
+                ctcache::Error::PayloadChanged { path, .. } => {
+                    match served.iter().find(|(_, p)| p.path == *path) {
+                        Some((e, p)) => serve::changed(&d, &caller, e, p, &err),
+                        None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
+                    }
+                }
+                _ => Error::invalid(err.to_string()),
+            })
         })();
         for id in leases {
             let _ = store.release(id);

@@ -20,6 +20,8 @@ use crate::state::Daemon;
 pub(crate) struct PayloadRange {
     pub payload: Payload,
     pub range: Range<u64>,
+    /// The entry served (a rotted group found while sending is its).
+    pub entry: Entry,
 }
 
 /// The bytes `[offset, offset + length)` of an entry's payload (`length`
@@ -34,7 +36,11 @@ pub(crate) fn read(
     offset: u64,
     length: u64,
 ) -> Result<PayloadRange> {
-    let payload = serve::open_key(d, caller, key)?;
+    let entry = d
+        .store
+        .stat(key)?
+        .ok_or_else(|| Error::not_found("no such entry"))?;
+    let payload = serve::open(d, caller, &entry)?;
     let len = payload.len() as u64;
     if offset > len {
         return Err(Error::out_of_range(format!(
@@ -49,6 +55,7 @@ pub(crate) fn read(
     Ok(PayloadRange {
         payload,
         range: offset..end,
+        entry,
     })
 }
 

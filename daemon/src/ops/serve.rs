@@ -1,7 +1,8 @@
 //! Serving a payload file to a caller (ReadPayload, AcquireLease, Embed,
 //! Materialize): the store hashes it the first time it is served after
-//! the daemon started (see
-//! [`Store::open_payload`](ctcache::store::Store::open_payload)), and a
+//! the daemon started and whenever the file is no longer the one hashed
+//! (see [`Store::open_payload`](ctcache::store::Store::open_payload)), and
+//! paths that copy bytes check each group as they copy it ([`checked`]); a
 //! file found rotted is quarantined and its entries dropped. Here the
 //! dropped entry is then packed again at once, in the background, from the
 //! model it was packed from, so that it comes back without anyone asking.
@@ -16,7 +17,7 @@
 use std::sync::Arc;
 
 use ctcache::hit::{Accept, KnownLayout};
-use ctcache::store::{Entry, EntryKey, Payload, StoreError};
+use ctcache::store::{Entry, Payload, Rotted, StoreError};
 use ctcache_kernels::Params;
 
 use super::model;
@@ -27,31 +28,63 @@ use crate::policy::Wanted;
 use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;
 
-/// The payload of the entry `key` for `caller` (see the module docs).
-pub(crate) fn open_key(d: &Arc<Daemon>, caller: &Caller, key: &EntryKey) -> Result<Payload> {
-    let entry = d
-        .store
-        .stat(key)?
-        .ok_or_else(|| Error::not_found("no such entry"))?;
-    open(d, caller, &entry)
-}
-
 /// The payload of `e` for `caller`; when its file is found rotted, the
 /// entry is packed again in the background and the answer is DATA_LOSS.
 pub(crate) fn open(d: &Arc<Daemon>, caller: &Caller, e: &Entry) -> Result<Payload> {
     match d.store.open_payload(&e.key) {
-        Err(err @ StoreError::PayloadCorrupt { .. }) => {
-            if let StoreError::PayloadCorrupt { dropped, .. } = &err {
-                // Dropped by this call (not by a concurrent one, which
-                // repacks it itself).
-                if dropped.contains(&e.key) {
-                    repack(d, caller, e);
-                }
-            }
-            Err(err.into())
-        }
+        Err(err @ StoreError::PayloadCorrupt { .. }) => Err(condemned(d, caller, e, err)),
         other => Ok(other?),
     }
+}
+
+/// The answer for `e` once the store condemned its payload (`err`): `e`
+/// is packed again when this call dropped it (a concurrent one that did
+/// repacks it itself).
+fn condemned(d: &Arc<Daemon>, caller: &Caller, e: &Entry, err: StoreError) -> Error {
+    if let StoreError::PayloadCorrupt { dropped, .. } = &err {
+        if dropped.contains(&e.key) {
+            repack(d, caller, e);
+        }
+    }
+    err.into()
+}
+
+/// The bytes `range` of `e`'s payload `p`, each group checked (D12);
+/// rotted ones are handled as [`open`] handles a file found rotted.
+pub(crate) fn checked<'p>(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    e: &Entry,
+    p: &'p Payload,
+    range: std::ops::Range<usize>,
+) -> Result<&'p [u8]> {
+    p.checked(range).map_err(|r| rotted(d, caller, e, p, r))
+}
+
+/// The answer to a serve that found `r` in `e`'s payload `p`: the file is
+/// quarantined, its entries dropped and `e` packed again (DATA_LOSS).
+pub(crate) fn rotted(d: &Arc<Daemon>, caller: &Caller, e: &Entry, p: &Payload, r: Rotted) -> Error {
+    tracing::warn!(
+        "payload of {} rotted at byte {} of {}: not served",
+        e.key,
+        r.offset,
+        p.path.display()
+    );
+    condemned(d, caller, e, d.store.payload_rotted(&e.key, p, r))
+}
+
+/// The answer to a serve that found `e`'s payload `p` changed while
+/// placing it (`err` says how): handled as a rotted payload.
+pub(crate) fn changed(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    e: &Entry,
+    p: &Payload,
+    err: &ctcache::Error,
+) -> Error {
+    tracing::warn!("payload of {} not served: {err}", e.key);
+    let r = Rotted { offset: 0 };
+    condemned(d, caller, e, d.store.payload_rotted(&e.key, p, r))
 }
 
 /// Starts packing `e` again from one of its recorded models, off this

@@ -167,22 +167,34 @@ impl CompiledTensorCache for Service {
         let caller = self.caller(&req);
         let r = req.into_inner();
         let key = decode::key(&r.key)?;
-        let d = self.daemon.clone();
+        let (d, caller2) = (self.daemon.clone(), caller.clone());
         let p = blocking(move || ops::payload::read(&d, &caller, &key, r.offset, r.length)).await?;
         let (tx, rx) = mpsc::channel(4);
         // Each chunk is copied out of the mapping on a blocking thread (its
         // pages may come from disk); the wait for the client to take it is
         // async, so a client that stops reading holds no thread.
+        // Only checked bytes are sent (D12): a rotted group ends the stream
+        // with DATA_LOSS, and the entry is packed again.
         let (payload, range) = (std::sync::Arc::new(p.payload), p.range);
+        let (entry, d) = (std::sync::Arc::new(p.entry), self.daemon.clone());
         tokio::spawn(async move {
             let mut pos = range.start;
             while pos < range.end {
                 let n = ((range.end - pos) as usize).min(CHUNK);
                 let at = pos as usize;
-                let payload = payload.clone();
-                let copy = move || bytes::Bytes::copy_from_slice(&payload[at..at + n]);
-                let Ok(data) = tokio::task::spawn_blocking(copy).await else {
-                    return;
+                let (payload, entry, d, caller) =
+                    (payload.clone(), entry.clone(), d.clone(), caller2.clone());
+                let copy = move || {
+                    ops::serve::checked(&d, &caller, &entry, &payload, at..at + n)
+                        .map(bytes::Bytes::copy_from_slice)
+                };
+                let data = match tokio::task::spawn_blocking(copy).await {
+                    Ok(Ok(data)) => data,
+                    Ok(Err(e)) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                    Err(_) => return,
                 };
                 let chunk = api::PayloadChunk { offset: pos, data };
                 if tx.send(Ok(chunk)).await.is_err() {
