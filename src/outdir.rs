@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 
+use crate::fsutil::FileStamp;
+
 /// Whom the files go to, when the process writes for another user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recipient {
@@ -62,6 +64,39 @@ impl OutFile {
     /// The file's path, for messages and reports.
     pub fn path(&self) -> PathBuf {
         self.dir.shown(&self.name)
+    }
+
+    /// Whether this output names the file `input` was read from: the same
+    /// device and inode, however it is spelled (a symbolic or hard link,
+    /// `./`, `..`). Writing it would replace what the command reads.
+    pub fn is_input(&self, input: &FileStamp) -> bool {
+        rustix::fs::statat(&self.dir.fd, &self.name, AtFlags::empty())
+            .is_ok_and(|st| st.st_dev as u64 == input.dev && st.st_ino as u64 == input.ino)
+    }
+
+    /// Refuses an output that is the input `what` (`model`) the command
+    /// read (see [`OutFile::is_input`]): the one check every command that
+    /// writes a file runs. `hint` says what to do instead (`None`: choose
+    /// another path).
+    pub fn refuse_input(
+        &self,
+        input: Option<FileStamp>,
+        what: &str,
+        hint: Option<&str>,
+    ) -> crate::Result<()> {
+        match input {
+            Some(st) if self.is_input(&st) => Err(crate::Error::write(
+                self.path(),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "the output path is the input {what}; {}",
+                        hint.unwrap_or("choose another path")
+                    ),
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -369,6 +369,9 @@ pub struct EmbedArgs {
     /// Pack in this process even when a daemon runs.
     #[arg(long)]
     local: bool,
+    /// OUT may be MODEL: rewrite it in place (refused without this).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Through the daemon (its store, its packers); packed here with --local or
@@ -386,6 +389,7 @@ pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
             initializers: &a.initializers,
             sidecar: a.sidecar,
             replace: a.replace,
+            force: a.force,
         },
         ctx.json,
     )
@@ -403,6 +407,7 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
             formats: a.fmt.specs(),
             sidecar: a.sidecar,
             replace: a.replace,
+            force: a.force,
         })
         .await?;
     let sidecar = (!r.sidecar_path.is_empty()).then_some(r.sidecar_path.clone());

@@ -256,6 +256,8 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
     };
     settings.validate()?;
     let model = Model::open(&a.model)?;
+    // Refused before anything is packed or written.
+    let output = crate::packing::out_file(&a.output, Some(&model), None)?;
     let plan = mat::plan(&model)?;
     if let Some(why) = plan.why_nothing() {
         return Err(Failure::Failed(format!("nothing to materialize: {why}")));
@@ -294,8 +296,6 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         );
     }
     // The payloads are packed in place: whatever the mode, nothing to link.
-    let output = ctcache::outdir::OutFile::open(&a.output)
-        .map_err(|e| ctcache::Error::write(&a.output, e))?;
     let r = mat::write(&model, &plan, &settings, &weights, &output, a.link_mode())?;
     let response = api::MaterializeResponse {
         packed: weights.len() as u32,

@@ -121,12 +121,17 @@ pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
     let params = params(a.params)?;
     let model = Model::open(a.model)?;
     let t = find_initializer(&model, a.initializer)?;
+    // Neither file may be the model: refused before anything is packed.
+    let output = out_file(a.output, Some(&model), None)?;
+    let type_out = a
+        .type_out
+        .map(|p| out_file(p, Some(&model), None))
+        .transpose()?;
     let c = compile::compile_on(&model, &t, None, p, &params, backend)
         .map_err(|e| Failure::Failed(e.to_string()))?;
-    ctcache::fsutil::atomic_write(a.output, |w| std::io::Write::write_all(w, &c.payload))?;
-    if let Some(path) = a.type_out {
-        let bytes = c.layout.struct_type.encode_to_vec();
-        ctcache::fsutil::atomic_write(path, |w| std::io::Write::write_all(w, &bytes))?;
+    write_all(&output, &c.payload)?;
+    if let Some(out) = &type_out {
+        write_all(out, &c.layout.struct_type.encode_to_vec())?;
     }
     if json {
         return print_json(&json!({
@@ -151,6 +156,30 @@ pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
     ))
 }
 
+/// The output `path`, its folder opened, refused when it is the file of
+/// `input` (`hint`: what to do instead; no input: writing in place was
+/// asked for). Every command that writes a file opens it here.
+pub fn out_file(
+    path: &Path,
+    input: Option<&Model>,
+    hint: Option<&str>,
+) -> Result<ctcache::outdir::OutFile, Failure> {
+    let out = ctcache::outdir::OutFile::open(path).map_err(|e| ctcache::Error::write(path, e))?;
+    out.refuse_input(input.and_then(Model::stamp), "model", hint)?;
+    Ok(out)
+}
+
+/// Writes `bytes` to `out`, whole or not at all.
+fn write_all(out: &ctcache::outdir::OutFile, bytes: &[u8]) -> Result<(), Failure> {
+    out.dir
+        .write(&out.name, |w| std::io::Write::write_all(w, bytes))
+        .map_err(|e| ctcache::Error::write(out.path(), e))?;
+    Ok(())
+}
+
+/// The hint of a rewrite whose output is its input: in place on request.
+pub const IN_PLACE_HINT: &str = "choose another path, or add --force to rewrite it in place";
+
 pub struct EmbedArgs<'a> {
     pub model: &'a Path,
     pub output: &'a Path,
@@ -159,6 +188,8 @@ pub struct EmbedArgs<'a> {
     pub initializers: &'a [String],
     pub sidecar: bool,
     pub replace: bool,
+    /// The output may be the model (rewritten in place).
+    pub force: bool,
 }
 
 /// Offline embed: packs here, in this process.
@@ -172,6 +203,9 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     let p = packer(format)?;
     let params = params(a.params)?;
     let model = Model::open(a.model)?;
+    // In place only when asked (--force).
+    let input = (!a.force).then_some(&model);
+    let output = out_file(a.output, input, Some(IN_PLACE_HINT))?;
     let all = model.initializers()?;
     // Named initializers must exist and be accepted; without names, every
     // initializer the packer accepts and the default policy's size and use
@@ -214,7 +248,7 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
         ..Default::default()
     };
     let mode = if a.replace { Mode::Replace } else { Mode::Add };
-    let report = rewrite::embed(&model, &entries, a.output, mode, &opts)?;
+    let report = rewrite::embed_into(&model, &entries, &output, mode, &opts)?;
     if json {
         return print_json(&json!({
             "via": "local",
