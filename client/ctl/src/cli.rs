@@ -206,6 +206,11 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             },
             json,
         ),
+        Command::Completions { .. } | Command::Man { .. } if json => Err(Failure::Usage(
+            "--json: this command writes a shell script or man pages, which have no JSON form; \
+             leave --json out"
+                .into(),
+        )),
         Command::Completions { shell } => extras::completions(shell),
         Command::Man { dir } => extras::man(dir.as_deref()),
     }

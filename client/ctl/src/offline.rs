@@ -162,8 +162,9 @@ pub fn strip(path: &Path, output: &Path, force: bool, json: bool) -> Result<(), 
     let model = open(path)?;
     let had = model.extension()?.compiled_tensors.len();
     let input = (!force).then_some(&model);
-    let out = crate::packing::out_file(output, input, Some(crate::packing::IN_PLACE_HINT))?;
+    let (out, made) = crate::packing::out_file(output, input, Some(crate::packing::IN_PLACE_HINT))?;
     rewrite::strip_into(&model, &out)?;
+    made.keep();
     if json {
         return print_json(&json!({ "output": output, "removed": had }));
     }
