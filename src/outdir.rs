@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 
+use crate::fsutil::FileStamp;
+
 /// Whom the files go to, when the process writes for another user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recipient {
@@ -63,6 +65,39 @@ impl OutFile {
     pub fn path(&self) -> PathBuf {
         self.dir.shown(&self.name)
     }
+
+    /// Whether this output names the file `input` was read from: the same
+    /// device and inode, however it is spelled (a symbolic or hard link,
+    /// `./`, `..`). Writing it would replace what the command reads.
+    pub fn is_input(&self, input: &FileStamp) -> bool {
+        rustix::fs::statat(&self.dir.fd, &self.name, AtFlags::empty())
+            .is_ok_and(|st| st.st_dev == input.dev && st.st_ino == input.ino)
+    }
+
+    /// Refuses an output that is the input `what` (`model`) the command
+    /// read (see [`OutFile::is_input`]): the one check every command that
+    /// writes a file runs. `hint` says what to do instead (`None`: choose
+    /// another path).
+    pub fn refuse_input(
+        &self,
+        input: Option<FileStamp>,
+        what: &str,
+        hint: Option<&str>,
+    ) -> crate::Result<()> {
+        match input {
+            Some(st) if self.is_input(&st) => Err(crate::Error::write(
+                self.path(),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "the output path is the input {what}; {}",
+                        hint.unwrap_or("choose another path")
+                    ),
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A temp file made in an [`OutDir`], to be renamed into place or dropped.
@@ -82,6 +117,41 @@ impl OutDir {
             path: path.to_path_buf(),
             recipient: None,
         })
+    }
+
+    /// Opens the folder `path`, making the folders of it that are missing
+    /// (see [`OutDir::make_path`]): the deepest existing one is opened as
+    /// [`OutDir::open`] does. Returns the folder and the folders made.
+    pub fn open_or_make(path: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
+        let (base, rest) = existing_ancestor(path, |p| OutDir::open(p).map(|_| ()))?;
+        OutDir::open(&base)?.make_path(&rest)
+    }
+
+    /// The folder `rest` below this one, each missing component made (0755,
+    /// given to the recipient when writing for someone) and every one opened
+    /// without following a link ([`OutDir::subdir`]). Returns the folder and
+    /// the folders made, outermost first.
+    pub fn make_path(self, rest: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
+        let mut dir = self;
+        let mut made = Vec::new();
+        for c in rest.components() {
+            let std::path::Component::Normal(name) = c else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: a missing folder is named through {:?}; name it plainly",
+                        dir.shown(rest.as_os_str()).display(),
+                        c.as_os_str()
+                    ),
+                ));
+            };
+            let (sub, new) = dir.subdir(name)?;
+            if new {
+                made.push(sub.path.clone());
+            }
+            dir = sub;
+        }
+        Ok((dir, made))
     }
 
     /// The folder `dir`, already open (checked by its opener).
@@ -310,6 +380,62 @@ impl OutDir {
             }
         }
         Ok(())
+    }
+}
+
+/// The deepest of `path` and its ancestors that `open` opens, and the rest
+/// of `path` below it: a missing folder is the only reason to go up (any
+/// other error is returned).
+pub fn existing_ancestor(
+    path: &Path,
+    open: impl Fn(&Path) -> io::Result<()>,
+) -> io::Result<(PathBuf, PathBuf)> {
+    let mut first = None;
+    for a in path.ancestors() {
+        let a = if a.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            a
+        };
+        match open(a) {
+            Ok(()) => {
+                let rest = path.strip_prefix(a).unwrap_or(Path::new(""));
+                return Ok((a.to_path_buf(), rest.to_path_buf()));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                first.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+        if a == Path::new(".") {
+            break;
+        }
+    }
+    Err(first.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
+}
+
+impl OutFile {
+    /// [`OutFile::open`], making the missing folders of `path`'s parent
+    /// ([`OutDir::open_or_make`]); returns the folders made.
+    pub fn create(path: &Path) -> io::Result<(OutFile, Vec<PathBuf>)> {
+        let name = path.file_name().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the output path has no file name",
+            )
+        })?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let (dir, made) = OutDir::open_or_make(dir)?;
+        Ok((
+            OutFile {
+                dir,
+                name: name.to_os_string(),
+            },
+            made,
+        ))
     }
 }
 

@@ -112,6 +112,9 @@ fn io_kind(e: &std::io::Error) -> ErrorKind {
             ErrorKind::Unavailable
         }
         Io::PermissionDenied => ErrorKind::PermissionDenied,
+        // What the caller asked for cannot be done (an output that is the
+        // input, a path without a file name).
+        Io::InvalidInput => ErrorKind::InvalidInput,
         _ => ErrorKind::Internal,
     }
 }

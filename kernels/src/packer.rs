@@ -32,6 +32,15 @@ pub struct PackedLayout {
     pub payload_len: u64,
 }
 
+/// "known: a, b", or that the packer takes none.
+fn known_params(known: &str) -> String {
+    if known.is_empty() {
+        "it takes no parameters".into()
+    } else {
+        format!("known: {known}")
+    }
+}
+
 /// Why a packer refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PackError {
@@ -42,7 +51,7 @@ pub enum PackError {
     #[error("parameter {0:?} is given twice")]
     DuplicateParam(String),
     /// A key the packer does not accept.
-    #[error("{packer}: unknown parameter {name:?} (known: {known})")]
+    #[error("{packer}: unknown parameter {name:?} ({})", known_params(known))]
     UnknownParam {
         /// The packer's id.
         packer: &'static str,

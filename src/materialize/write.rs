@@ -258,13 +258,7 @@ pub fn write(
     if let Some(why) = plan.why_nothing() {
         return Err(Error::Rewrite(format!("nothing to materialize: {why}")));
     }
-    if let Some(src) = model.path() {
-        if fs::canonicalize(src).ok() == fs::canonicalize(out).ok() && out.exists() {
-            return Err(Error::Rewrite(
-                "the output path is the input model; choose another path".into(),
-            ));
-        }
-    }
+    output.refuse_input(model.stamp(), "model", None)?;
     let graphs: Vec<_> = model
         .top_fields()
         .iter()

@@ -152,6 +152,16 @@ pub fn strip(model: &Model, out: &Path) -> Result<()> {
     })
 }
 
+/// [`strip`] into a folder already open (see [`crate::outdir`]).
+pub fn strip_into(model: &Model, output: &OutFile) -> Result<()> {
+    output
+        .dir
+        .write(&output.name, |w| {
+            copy_fields(model, not_compiled, &HashMap::new(), w)
+        })
+        .map_err(|e| Error::write(output.path(), e))
+}
+
 /// Strips into memory (for tests and small models).
 pub fn strip_to_vec(model: &Model) -> Vec<u8> {
     let mut v = Vec::with_capacity(model.bytes().len());

@@ -544,14 +544,14 @@ def test_gc_evicts_lru_never_leased(ctcache, daemon_b, emb_conv, emb_f16):
             for k in expected_gone:
                 assert not os.path.exists(entries[k]["payload_path"])
             # Everything goes except the leased entry, which stays readable.
-            g0 = d.json("gc", "--max-size", "0")
+            g0 = d.json("gc", "--all", "--yes")
             assert g0["skipped_leased"] == 1 and leased not in {i["key"] for i in g0["removed"]}, g0
             assert list(d.entries()) == [leased]
             assert os.path.exists(entries[leased]["payload_path"])
             assert lease.tobytes() == leased_bytes and lease.verify() and lease.lease_error is None
         finally:
             lease.close()
-        g = d.json("gc", "--max-size", "0")
+        g = d.json("gc", "--all", "--yes")
         assert [i["key"] for i in g["removed"]] == [leased] and g["skipped_leased"] == 0, g
         assert d.entries() == {} and not os.path.exists(entries[leased]["payload_path"])
         with pytest.raises(ctcache.NotFound):

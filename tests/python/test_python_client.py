@@ -375,7 +375,7 @@ def test_lease_keeps_payload_through_gc(ctcache, client, daemon):
         assert p.renewals >= 2 and p.lease_error is None
         assert {e.key: e.leased for e in client.list()} == {kept.key: True, other.key: False}
         if ctcachectl_has_gc():
-            c = ctcachectl("--socket", str(daemon.socket), "gc", "--max-size", "0")
+            c = ctcachectl("--socket", str(daemon.socket), "gc", "--all", "--yes")
             assert c.returncode == 0, c.stderr
         else:
             g = client.gc(max_bytes=0)

@@ -16,18 +16,26 @@ use ctcache_client::api;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Without --max-size and --max-age the daemon's configured budget applies (gc_max_bytes, \
+Without --max-size, --max-age and --all the daemon's configured budget applies (gc_max_bytes, \
 gc_max_age_secs in ctcached.toml; `ctcachectl status` shows it); when none is set, only \
-leftovers (orphan and stale temp files) go, and gc says so. Leased entries always stay.")]
+leftovers (orphan and stale temp files) go, and gc says so. Leased entries always stay. \
+A gc that would remove every entry asks first on a terminal and needs --yes otherwise.")]
 pub struct GcArgs {
     /// Evict least recently used entries until the store takes at most SIZE
-    /// (10G, 512MiB). 0 means everything not leased.
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    /// (10G, 512MiB; 0 is refused: --all removes every entry).
+    #[arg(long, value_parser = parse_limit_size, value_name = "SIZE")]
     max_size: Option<u64>,
-    /// Evict entries not used for DURATION or longer (7d, 12h, 30m). 0 means
-    /// everything not leased, as for --max-size.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// Evict entries not used for DURATION or longer (7d, 12h, 30m; 0 is
+    /// refused: --all removes every entry).
+    #[arg(long, value_parser = parse_limit_duration, value_name = "DURATION")]
     max_age: Option<u64>,
+    /// Remove every entry not leased (needs --yes unless confirmed on a terminal).
+    #[arg(long, conflicts_with_all = ["max_size", "max_age"])]
+    all: bool,
+    /// Confirm a gc that removes every entry (asked on a terminal, refused
+    /// without it otherwise).
+    #[arg(long)]
+    yes: bool,
     /// Report what would go; change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -37,31 +45,96 @@ pub struct GcArgs {
     cache_dir: Option<PathBuf>,
 }
 
+/// A `--max-size`: a size, not 0 (which once meant "none" in the config and
+/// "everything" here).
+fn parse_limit_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(ZERO_LIMIT.into()),
+        n => Ok(n),
+    }
+}
+
+fn parse_limit_duration(s: &str) -> Result<u64, String> {
+    match parse_duration(s)? {
+        0 => Err(ZERO_LIMIT.into()),
+        n => Ok(n),
+    }
+}
+
+const ZERO_LIMIT: &str = "0 is not a limit: leave the option out for the configured budget, \
+                          or give --all to remove every entry not leased";
+
 pub fn gc(ctx: &Ctx, a: GcArgs) -> Result<(), Failure> {
-    let resp = match &a.cache_dir {
-        Some(dir) => {
-            let store = open_offline(dir)?;
-            let policy = GcPolicy {
-                max_bytes: a.max_size,
-                max_age: a.max_age.map(Duration::from_secs),
-                orphans: true,
-                temp_files: true,
-                dry_run: a.dry_run,
-            };
-            convert::gc(&store.gc(&policy)?)
-        }
-        None => {
-            let req = api::GcRequest {
-                max_bytes: a.max_size.unwrap_or(0),
-                max_age_s: a.max_age.unwrap_or(0),
-                dry_run: a.dry_run,
-                has_max_bytes: a.max_size.is_some(),
-                has_max_age_s: a.max_age.is_some(),
-            };
-            ctx.block_on(async { Ok(ctx.connect().await?.gc(req).await?) })?
+    // --all: a budget of nothing.
+    let max_bytes = if a.all { Some(0) } else { a.max_size };
+    let run = |dry_run: bool| -> Result<api::GcResponse, Failure> {
+        match &a.cache_dir {
+            Some(dir) => {
+                let store = open_offline(dir)?;
+                let policy = GcPolicy {
+                    max_bytes,
+                    max_age: a.max_age.map(Duration::from_secs),
+                    orphans: true,
+                    temp_files: true,
+                    dry_run,
+                };
+                Ok(convert::gc(&store.gc(&policy)?))
+            }
+            None => {
+                let req = api::GcRequest {
+                    max_bytes: max_bytes.unwrap_or(0),
+                    max_age_s: a.max_age.unwrap_or(0),
+                    dry_run,
+                    has_max_bytes: max_bytes.is_some(),
+                    has_max_age_s: a.max_age.is_some(),
+                };
+                ctx.block_on(async { Ok(ctx.connect().await?.gc(req).await?) })
+            }
         }
     };
+    if !a.dry_run && !a.yes {
+        // A gc that would remove every entry is confirmed first.
+        let plan = run(true)?;
+        let entries = plan
+            .removed
+            .iter()
+            .filter(|i| !matches!(i.reason.as_str(), "orphan_file" | "temp_file"))
+            .count();
+        if entries > 0 && plan.skipped_leased == 0 && plan.bytes_after == 0 {
+            confirm_emptying(ctx, entries as u64, plan.bytes_freed)?;
+        }
+    }
+    let resp = run(a.dry_run)?;
     print_gc(ctx, &resp, a.cache_dir.as_deref())
+}
+
+/// Asks on a terminal whether to remove every entry; refuses otherwise.
+fn confirm_emptying(ctx: &Ctx, entries: u64, bytes: u64) -> Result<(), Failure> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let what = format!(
+        "this gc would remove every entry ({}, {}): the store would be empty",
+        format::count(entries, "entry", "entries"),
+        format::size(bytes)
+    );
+    if !std::io::stdin().is_terminal() || ctx.json {
+        let why = if ctx.json {
+            "--json output does not ask"
+        } else {
+            "stdin is not a terminal, so gc does not ask"
+        };
+        return Err(Failure::Failed(format!(
+            "{what}; add --yes to confirm ({why})"
+        )));
+    }
+    eprint!("ctcachectl: {what}. Remove them? [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(Failure::Failed("gc cancelled: nothing removed".into()))
+    }
 }
 
 fn via(cache_dir: Option<&Path>) -> serde_json::Value {

@@ -56,9 +56,12 @@ pub enum Command {
     Strip {
         /// The ONNX model file.
         model: PathBuf,
-        /// The model to write.
+        /// The model to write (not the input, unless --force).
         #[arg(short, long, value_name = "OUT")]
         output: PathBuf,
+        /// OUT may be MODEL: rewrite it in place.
+        #[arg(long)]
+        force: bool,
     },
     /// The daemon's status: version, uptime, store size, hit rate, jobs, watches.
     Status,
@@ -129,7 +132,7 @@ pub enum Command {
         /// Where to pack: the CPU kernels, or a wgpu adapter (software ones included).
         #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]
         backend: String,
-        /// The payload file to write.
+        /// The payload file to write (never the model).
         #[arg(short, long, value_name = "OUT")]
         output: PathBuf,
         /// Also write the payload's StructTypeProto (binary protobuf).
@@ -159,7 +162,11 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Check { model } => offline::check(&model, json),
         Command::Digest { model, algorithm } => offline::digest(&model, &algorithm, json),
         Command::Inspect { model } => offline::inspect(&model, json),
-        Command::Strip { model, output } => offline::strip(&model, &output),
+        Command::Strip {
+            model,
+            output,
+            force,
+        } => offline::strip(&model, &output, force, json),
         Command::Devices { local: true } => packing::devices(json),
         Command::Devices { local: false } => ctx.block_on(daemon_cmds::devices(&ctx)),
         Command::Formats => packing::formats(json),
@@ -199,6 +206,11 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             },
             json,
         ),
+        Command::Completions { .. } | Command::Man { .. } if json => Err(Failure::Usage(
+            "--json: this command writes a shell script or man pages, which have no JSON form; \
+             leave --json out"
+                .into(),
+        )),
         Command::Completions { shell } => extras::completions(shell),
         Command::Man { dir } => extras::man(dir.as_deref()),
     }

@@ -131,7 +131,12 @@ pub fn print_kv(t: &Table) -> Result<(), Failure> {
 }
 
 pub async fn devices(ctx: &Ctx) -> Result<(), Failure> {
-    let c = ctx.connect().await?;
+    let c = ctx.connect().await.map_err(|f| match f {
+        Failure::Unreachable(m) => Failure::Unreachable(format!(
+            "{m}\n(`ctcachectl devices --local` detects this host's devices without a daemon)"
+        )),
+        other => other,
+    })?;
     crate::packing::print_devices(&c.get_host_devices().await?, ctx.json)
 }
 

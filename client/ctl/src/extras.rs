@@ -14,9 +14,25 @@ use crate::output::Failure;
 /// closed pipe (`| head`) must stay a quiet exit 0.
 pub fn completions(shell: Shell) -> Result<(), Failure> {
     let mut buf = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "ctcachectl", &mut buf);
+    clap_complete::generate(shell, &mut visible(Cli::command()), "ctcachectl", &mut buf);
     std::io::stdout().lock().write_all(&buf)?;
     Ok(())
+}
+
+/// `cmd` without its hidden subcommands (`completions`, `man`): the
+/// generators offer every subcommand they are given.
+fn visible(mut cmd: clap::Command) -> clap::Command {
+    cmd.build();
+    let top = clap::Command::new("ctcachectl")
+        .disable_help_subcommand(true)
+        .args(
+            cmd.get_arguments()
+                .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+                .cloned(),
+        )
+        .subcommands(cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned())
+        .version(env!("CARGO_PKG_VERSION"));
+    top
 }
 
 /// The top page on stdout, or, with `dir`, a page for every command that is

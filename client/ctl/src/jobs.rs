@@ -19,10 +19,9 @@ use ctcache_client::{absolute, api, ResolveOptions};
 // flattens this, since those commands are built deferred.)
 #[derive(Debug, Args)]
 pub struct FormatArgs {
-    /// Packer id, e.g. ort.matmul_nbits (default: the daemon's policy).
-    /// Without --initializer it takes only the initializers the policy's
-    /// size and use filters admit (by default: at least 65536 elements,
-    /// used as MatMul.B or Gemm.B).
+    /// Packer id, e.g. ort.matmul_nbits (default: the daemon's policy). It
+    /// takes the initializers the policy's size and use filters admit (by
+    /// default: at least 65536 elements, used as MatMul.B or Gemm.B).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     /// Packer parameter k=v (repeatable; needs --format).
@@ -54,7 +53,8 @@ pub struct PrepackArgs {
     model: PathBuf,
     #[command(flatten)]
     fmt: FormatArgs,
-    /// Only these initializers (repeatable; makes prepack wait).
+    /// Only these initializers, past the policy's filters (repeatable;
+    /// makes prepack wait).
     #[arg(long = "initializer", value_name = "NAME")]
     initializers: Vec<String>,
     /// Pack on this backend: auto (the daemon's choice: a hardware GPU for
@@ -103,7 +103,15 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
     if !a.wait {
         // The daemon cancels a client's jobs when it disconnects; only
         // whole-model requests have a background form.
-        ctx.note("--initializer and --backend make prepack wait for its jobs");
+        let backend = format!("--backend {}", a.backend);
+        let why = match (a.initializers.is_empty(), a.backend == "auto") {
+            (false, true) => "--initializer".to_string(),
+            (true, false) => backend,
+            _ => format!("--initializer and {backend}"),
+        };
+        ctx.note(&format!(
+            "note: with {why} prepack waits for its jobs (the daemon stops a caller's jobs when it leaves)"
+        ));
     }
     let mut stream = c.prepack(prepack_request(&model, &a)).await?;
     let bar = progress_bar(ctx);
@@ -328,7 +336,17 @@ pub async fn resolve(ctx: &Ctx, a: ResolveArgs) -> Result<(), Failure> {
             say(&format!("({hidden} initializer(s) with nothing wanted or stored not shown; --all shows them)"))?;
         }
         if res.jobs_started > 0 {
-            say(&format!("{} pack job(s) started", res.jobs_started))?;
+            say(&match a.on_miss {
+                OnMissArg::Wait => format!(
+                    "{} missing entr{} packed before this answer (shown above)",
+                    res.jobs_started,
+                    if res.jobs_started == 1 { "y" } else { "ies" }
+                ),
+                _ => format!(
+                    "{} pack job(s) started in the background (`ctcachectl events` follows them)",
+                    res.jobs_started
+                ),
+            })?;
         }
     }
     Ok(())
@@ -369,6 +387,9 @@ pub struct EmbedArgs {
     /// Pack in this process even when a daemon runs.
     #[arg(long)]
     local: bool,
+    /// OUT may be MODEL: rewrite it in place (refused without this).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Through the daemon (its store, its packers); packed here with --local or
@@ -386,6 +407,7 @@ pub fn embed(ctx: &Ctx, a: EmbedArgs) -> Result<(), Failure> {
             initializers: &a.initializers,
             sidecar: a.sidecar,
             replace: a.replace,
+            force: a.force,
         },
         ctx.json,
     )
@@ -396,6 +418,9 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
     let Some(c) = ctx.connect_or_local("embedding").await? else {
         return Ok(false);
     };
+    // As materialize: the missing folders are made here, with this user's
+    // rights, and removed again on a refusal.
+    let made = crate::output::make_parent(&a.output)?;
     let r = c
         .embed(api::EmbedRequest {
             model_path: a.model.display().to_string(),
@@ -403,8 +428,10 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
             formats: a.fmt.specs(),
             sidecar: a.sidecar,
             replace: a.replace,
+            force: a.force,
         })
         .await?;
+    made.keep();
     let sidecar = (!r.sidecar_path.is_empty()).then_some(r.sidecar_path.clone());
     if ctx.json {
         print_json(&json!({
@@ -439,8 +466,9 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
 pub async fn import(ctx: &Ctx, model: PathBuf) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     let r = c.import(&model).await?;
+    let skipped = skipped_failure(&model, r.skipped.len());
     if ctx.json {
-        return print_json(&json!({
+        print_json(&json!({
             "imported": r.imported,
             "already_present": r.already_present,
             "skipped": r.skipped.iter().map(|s| json!({
@@ -449,7 +477,8 @@ pub async fn import(ctx: &Ctx, model: PathBuf) -> Result<(), Failure> {
                 "reason": s.reason.as_ref().map(|m| m.reason.clone()),
                 "detail": s.reason.as_ref().map(|m| m.detail.clone()),
             })).collect::<Vec<_>>(),
-        }));
+        }))?;
+        return skipped;
     }
     if !ctx.quiet {
         say(&format!(
@@ -473,5 +502,16 @@ pub async fn import(ctx: &Ctx, model: PathBuf) -> Result<(), Failure> {
         }
         t.print(ctx.color)?;
     }
-    Ok(())
+    skipped
+}
+
+/// Import exits 1 when it left compiled tensors out (the table says why).
+fn skipped_failure(model: &std::path::Path, n: usize) -> Result<(), Failure> {
+    match n {
+        0 => Ok(()),
+        n => Err(Failure::Failed(format!(
+            "{}: {n} compiled tensor(s) not imported (listed above)",
+            model.display()
+        ))),
+    }
 }

@@ -172,23 +172,6 @@ fn report(
     if ctx.quiet {
         return Ok(());
     }
-    let groups = mat::group_skips(
-        r.skipped
-            .iter()
-            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
-    );
-    for g in &groups {
-        say(&g.to_string())?;
-        if a.verbose {
-            for s in r
-                .skipped
-                .iter()
-                .filter(|s| s.op_type == g.op_type && s.reason == g.reason)
-            {
-                say(&format!("  {} {}: {}", s.op_type, s.node, s.detail))?;
-            }
-        }
-    }
     say(&format!(
         "{}: {} node(s) -> MatMulNBits ({} bits, block {}, {}), {} weight(s) from the cache, {} packed now",
         r.output_path,
@@ -214,6 +197,25 @@ fn report(
              onnx >= 1.21 (onnx.load, onnx.checker) refuses it; --link auto gives files of their own",
             r.files_linked
         ))?;
+    }
+    // Nodes left as they are (expected for attention MatMuls): a summary
+    // after the result, one line per reason (-v: one per node).
+    let groups = mat::group_skips(
+        r.skipped
+            .iter()
+            .map(|s| (s.op_type.as_str(), s.reason.as_str())),
+    );
+    for g in &groups {
+        say(&format!("  {g}"))?;
+        if a.verbose {
+            for s in r
+                .skipped
+                .iter()
+                .filter(|s| s.op_type == g.op_type && s.reason == g.reason)
+            {
+                say(&format!("    {} {}: {}", s.op_type, s.node, s.detail))?;
+            }
+        }
     }
     Ok(())
 }
@@ -256,6 +258,8 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
     };
     settings.validate()?;
     let model = Model::open(&a.model)?;
+    // Refused before anything is packed or written.
+    let (output, made) = crate::packing::out_file(&a.output, Some(&model), None)?;
     let plan = mat::plan(&model)?;
     if let Some(why) = plan.why_nothing() {
         return Err(Failure::Failed(format!("nothing to materialize: {why}")));
@@ -265,7 +269,7 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         _ => PathBuf::from("."),
     };
     let data_dir = out_dir.join(mat::data_dir_name(&a.output)?);
-    std::fs::create_dir_all(&data_dir).map_err(|e| ctcache::Error::write(&data_dir, e))?;
+    let (_, made_data) = crate::output::create(&data_dir.join("x"))?;
     let packer = ctcache_kernels::find(mat::PACKER).expect("the nbits packer is built in");
     let initializers = model.initializers()?;
     let mut weights = HashMap::new();
@@ -295,9 +299,9 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         );
     }
     // The payloads are packed in place: whatever the mode, nothing to link.
-    let output = ctcache::outdir::OutFile::open(&a.output)
-        .map_err(|e| ctcache::Error::write(&a.output, e))?;
     let r = mat::write(&model, &plan, &settings, &weights, &output, a.link_mode())?;
+    made_data.keep();
+    made.keep();
     let response = api::MaterializeResponse {
         packed: weights.len() as u32,
         // Every payload byte was written here.

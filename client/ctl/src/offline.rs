@@ -158,10 +158,16 @@ fn status_of(s: &Status) -> (&'static str, Option<&MissReason>) {
     }
 }
 
-pub fn strip(path: &Path, output: &Path) -> Result<(), Failure> {
+pub fn strip(path: &Path, output: &Path, force: bool, json: bool) -> Result<(), Failure> {
     let model = open(path)?;
     let had = model.extension()?.compiled_tensors.len();
-    rewrite::strip(&model, output)?;
+    let input = (!force).then_some(&model);
+    let (out, made) = crate::packing::out_file(output, input, Some(crate::packing::IN_PLACE_HINT))?;
+    rewrite::strip_into(&model, &out)?;
+    made.keep();
+    if json {
+        return print_json(&json!({ "output": output, "removed": had }));
+    }
     say(&format!(
         "{}: removed {had} compiled tensor(s)",
         output.display()

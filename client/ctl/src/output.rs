@@ -130,32 +130,36 @@ pub fn say(s: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Makes the folder `path` goes in when it is missing, with this user's own
-/// rights (the daemon writes only into a folder that exists: it opens it
-/// once and checks the caller may write there). Returns a guard that removes
-/// the folder again, if it is still empty, unless [`MadeDir::keep`] is called.
+/// Makes the folders `path` goes in that are missing, with this user's own
+/// rights, through the same checked code as every output
+/// (`ctcache::outdir::OutFile::create`: no link followed below the deepest
+/// existing folder). Returns a guard that removes the folders made again,
+/// if they are still empty, unless [`MadeDir::keep`] is called.
 pub fn make_parent(path: &std::path::Path) -> Result<MadeDir, Failure> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() && !d.exists() => d.to_path_buf(),
-        _ => return Ok(MadeDir(None)),
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| ctcache::Error::write(&dir, e))?;
-    Ok(MadeDir(Some(dir)))
+    Ok(create(path)?.1)
 }
 
-/// A folder [`make_parent`] made.
-pub struct MadeDir(Option<std::path::PathBuf>);
+/// The output `path`, its folder opened (the missing ones made), and the
+/// guard of the folders made.
+pub fn create(path: &std::path::Path) -> Result<(ctcache::outdir::OutFile, MadeDir), Failure> {
+    let (out, made) =
+        ctcache::outdir::OutFile::create(path).map_err(|e| ctcache::Error::write(path, e))?;
+    Ok((out, MadeDir(made)))
+}
+
+/// Folders [`make_parent`] or [`create`] made, outermost first.
+pub struct MadeDir(Vec<std::path::PathBuf>);
 
 impl MadeDir {
-    /// The folder stays (something was written in it).
+    /// The folders stay (something was written in them).
     pub fn keep(mut self) {
-        self.0 = None;
+        self.0.clear();
     }
 }
 
 impl Drop for MadeDir {
     fn drop(&mut self) {
-        if let Some(d) = self.0.take() {
+        for d in self.0.iter().rev() {
             let _ = std::fs::remove_dir(d);
         }
     }

@@ -121,13 +121,20 @@ pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
     let params = params(a.params)?;
     let model = Model::open(a.model)?;
     let t = find_initializer(&model, a.initializer)?;
+    // Neither file may be the model: refused before anything is packed.
+    let (output, made) = out_file(a.output, Some(&model), None)?;
+    let type_out = a
+        .type_out
+        .map(|p| out_file(p, Some(&model), None))
+        .transpose()?;
     let c = compile::compile_on(&model, &t, None, p, &params, backend)
         .map_err(|e| Failure::Failed(e.to_string()))?;
-    ctcache::fsutil::atomic_write(a.output, |w| std::io::Write::write_all(w, &c.payload))?;
-    if let Some(path) = a.type_out {
-        let bytes = c.layout.struct_type.encode_to_vec();
-        ctcache::fsutil::atomic_write(path, |w| std::io::Write::write_all(w, &bytes))?;
+    write_all(&output, &c.payload)?;
+    if let Some((out, made)) = type_out {
+        write_all(&out, &c.layout.struct_type.encode_to_vec())?;
+        made.keep();
     }
+    made.keep();
     if json {
         return print_json(&json!({
             "initializer": t.name,
@@ -151,6 +158,31 @@ pub fn pack(a: PackArgs<'_>, json: bool) -> Result<(), Failure> {
     ))
 }
 
+/// The output `path`, its folder opened (missing folders made, removed
+/// again when the guard is dropped before `keep`), refused when it is the
+/// file of `input` (`hint`: what to do instead; no input: writing in place
+/// was asked for). Every command that writes a file opens it here.
+pub fn out_file(
+    path: &Path,
+    input: Option<&Model>,
+    hint: Option<&str>,
+) -> Result<(ctcache::outdir::OutFile, crate::output::MadeDir), Failure> {
+    let (out, made) = crate::output::create(path)?;
+    out.refuse_input(input.and_then(Model::stamp), "model", hint)?;
+    Ok((out, made))
+}
+
+/// Writes `bytes` to `out`, whole or not at all.
+fn write_all(out: &ctcache::outdir::OutFile, bytes: &[u8]) -> Result<(), Failure> {
+    out.dir
+        .write(&out.name, |w| std::io::Write::write_all(w, bytes))
+        .map_err(|e| ctcache::Error::write(out.path(), e))?;
+    Ok(())
+}
+
+/// The hint of a rewrite whose output is its input: in place on request.
+pub const IN_PLACE_HINT: &str = "choose another path, or add --force to rewrite it in place";
+
 pub struct EmbedArgs<'a> {
     pub model: &'a Path,
     pub output: &'a Path,
@@ -159,6 +191,8 @@ pub struct EmbedArgs<'a> {
     pub initializers: &'a [String],
     pub sidecar: bool,
     pub replace: bool,
+    /// The output may be the model (rewritten in place).
+    pub force: bool,
 }
 
 /// Offline embed: packs here, in this process.
@@ -172,6 +206,9 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     let p = packer(format)?;
     let params = params(a.params)?;
     let model = Model::open(a.model)?;
+    // In place only when asked (--force).
+    let input = (!a.force).then_some(&model);
+    let (output, made) = out_file(a.output, input, Some(IN_PLACE_HINT))?;
     let all = model.initializers()?;
     // Named initializers must exist and be accepted; without names, every
     // initializer the packer accepts and the default policy's size and use
@@ -214,7 +251,8 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
         ..Default::default()
     };
     let mode = if a.replace { Mode::Replace } else { Mode::Add };
-    let report = rewrite::embed(&model, &entries, a.output, mode, &opts)?;
+    let report = rewrite::embed_into(&model, &entries, &output, mode, &opts)?;
+    made.keep();
     if json {
         return print_json(&json!({
             "via": "local",
@@ -226,16 +264,19 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
             "sidecar_bytes": report.sidecar_bytes,
         }));
     }
+    let placed = match &report.sidecar {
+        Some(p) => format!(
+            "{} inline, {} in {}",
+            crate::format::size(report.inline_bytes),
+            crate::format::size(report.sidecar_bytes),
+            p.display()
+        ),
+        None => format!("{} inline", crate::format::size(report.inline_bytes)),
+    };
     say(&format!(
-        "{}: {} compiled tensor(s) embedded ({} bytes inline, {} bytes in {})",
+        "{}: {} compiled tensor(s) embedded, {} packed now ({placed})",
         a.output.display(),
         report.entries,
-        report.inline_bytes,
-        report.sidecar_bytes,
-        report
-            .sidecar
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "no sidecar".into())
+        report.entries,
     ))
 }

@@ -31,10 +31,17 @@ pub enum WatchCmd {
 pub async fn watch(ctx: &Ctx, cmd: WatchCmd) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     let (dirs, what) = match cmd {
-        WatchCmd::Add { dir } => (
-            c.add_watch(&dir).await?,
-            Some(format!("watching {}", dir.display())),
-        ),
+        WatchCmd::Add { dir } => {
+            let dirs = c.add_watch(&dir).await?;
+            // The folder as the daemon stores it (absolute, its real path).
+            let shown = ctcache_client::absolute(&dir)
+                .ok()
+                .and_then(|a| std::fs::canonicalize(a).ok())
+                .map(|p| p.display().to_string())
+                .filter(|p| dirs.contains(p))
+                .unwrap_or_else(|| dir.display().to_string());
+            (dirs, Some(format!("watching {shown}")))
+        }
         WatchCmd::Remove { dir } => (
             c.remove_watch(&dir).await?,
             Some(format!("no longer watching {}", dir.display())),

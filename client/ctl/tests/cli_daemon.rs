@@ -36,7 +36,7 @@ fn no_daemon_exits_3_and_says_how_to_start_it() {
         vec!["resolve", &model],
         vec!["why-miss", &model, "W"],
         vec!["import", &model],
-        vec!["gc", "--max-size", "0"],
+        vec!["gc", "--all", "--yes"],
         vec!["verify"],
         vec!["watch", "list"],
         vec!["events"],
@@ -539,7 +539,7 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     d.json(&["prepack", &model, "--wait"]);
     let cache = d.path("cache").display().to_string();
 
-    let dry = d.json(&["gc", "--max-size", "0", "--dry-run"]);
+    let dry = d.json(&["gc", "--all", "--yes", "--dry-run"]);
     assert_eq!(
         (dry["dry_run"].as_bool(), dry["via"].as_str()),
         (Some(true), Some("daemon")),
@@ -547,7 +547,7 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     );
     assert_eq!(dry["removed"].as_array().unwrap().len(), 2, "{dry}");
     assert!(d
-        .ctl(&["gc", "--max-size", "0", "--dry-run"])
+        .ctl(&["gc", "--all", "--yes", "--dry-run"])
         .ok()
         .stdout
         .contains("would remove 2"));
@@ -598,7 +598,7 @@ fn gc_and_verify_through_the_daemon_and_offline() {
     assert!(o.stderr.contains("were dropped"), "{o:#?}");
     assert_eq!(keys(&d.json(&["ls"])).len(), 1);
 
-    let g = d.json(&["gc", "--max-size", "0"]);
+    let g = d.json(&["gc", "--all", "--yes"]);
     assert!(
         g["removed"]
             .as_array()
@@ -642,19 +642,11 @@ fn gc_and_verify_through_the_daemon_and_offline() {
         "{v}"
     );
     ctl_raw(&["verify", "--repair", "--cache-dir", &cache]).ok();
-    let g = ctl_raw(&[
-        "--json",
-        "gc",
-        "--max-size",
-        "0",
-        "--dry-run",
-        "--cache-dir",
-        &cache,
-    ])
-    .ok()
-    .json();
+    let g = ctl_raw(&["--json", "gc", "--all", "--dry-run", "--cache-dir", &cache])
+        .ok()
+        .json();
     assert_eq!(g["removed"].as_array().unwrap().len(), 2, "{g}");
-    let o = ctl_raw(&["gc", "--max-size", "0", "--cache-dir", &cache]).ok();
+    let o = ctl_raw(&["gc", "--all", "--yes", "--cache-dir", &cache]).ok();
     assert!(o.stdout.contains("\n2 entries, "), "{o:#?}");
     let o = ctl_raw(&[
         "gc",
@@ -764,7 +756,7 @@ async fn open_payload_lease_survives_gc_until_dropped() {
     let status = c.stats().await.unwrap();
     assert_eq!(status.active_leases, 2);
 
-    let gc = |d: &Daemon| d.json(&["gc", "--max-size", "0"]);
+    let gc = |d: &Daemon| d.json(&["gc", "--all", "--yes"]);
     let g = tokio::task::block_in_place(|| gc(&d));
     assert_eq!(
         (

@@ -74,7 +74,8 @@ fn status_shows_the_budget_and_gc_applies_it_listing_models_and_initializers() {
             && last.ends_with("-> 0 B (dry run: nothing changed)"),
         "{out}"
     );
-    let real = d.ctl(&["gc"]).ok().stdout;
+    // The budget empties the store: confirmed (stdin is no terminal here).
+    let real = d.ctl(&["gc", "--yes"]).ok().stdout;
     let last = real.lines().last().unwrap();
     assert!(
         last.starts_with("2 entries, ") && last.ends_with(" -> 0 B"),
@@ -113,38 +114,49 @@ fn gc_without_any_budget_says_none_is_set() {
     d.stop();
 }
 
+/// 0 means one thing nowhere: `--max-size 0` and `--max-age 0` are refused
+/// naming the option (as `gc_max_bytes = 0` is in the config); `--all`
+/// removes every entry not leased, and a gc that would empty the store
+/// needs `--yes` when it cannot ask (stdin not a terminal).
 #[test]
-fn zero_means_everything_for_both_limits_through_the_daemon_and_offline() {
+fn zero_is_refused_and_emptying_the_store_needs_yes() {
     let d = Daemon::in_process();
     let model = write_model(&d.path("work/m.onnx"), 23);
     d.json(&["prepack", &model, "--wait"]);
-    let by_age = d.json(&["gc", "--max-age", "0", "--dry-run"]);
-    let by_size = d.json(&["gc", "--max-size", "0", "--dry-run"]);
-    assert_eq!(removed_keys(&by_age).len(), 2, "{by_age}");
-    assert_eq!(removed_keys(&by_age), removed_keys(&by_size));
-    assert_eq!(by_age["max_age_s"], 0, "{by_age}");
+    for opt in ["--max-age", "--max-size"] {
+        let o = d.ctl(&["gc", opt, "0"]);
+        assert_eq!(o.code, 2, "{o:#?}");
+        assert!(
+            o.stderr.contains(opt) && o.stderr.contains("0 is not a limit"),
+            "{o:#?}"
+        );
+    }
+    let dry = d.json(&["gc", "--all", "--dry-run"]);
+    assert_eq!(removed_keys(&dry).len(), 2, "{dry}");
+    // Every entry would go: refused without --yes, nothing removed.
+    for args in [&["gc", "--all"][..], &["gc", "--max-size", "1"][..]] {
+        let o = d.ctl(args);
+        assert_eq!(o.code, 1, "{args:?}: {o:#?}");
+        assert!(
+            o.stderr.contains("would remove every entry (2 entries")
+                && o.stderr.contains("add --yes")
+                && o.stderr.contains("stdin is not a terminal"),
+            "{o:#?}"
+        );
+        assert_eq!(d.json(&["ls"])["entries"].as_array().unwrap().len(), 2);
+    }
+    // A gc that leaves entries asks nothing.
+    assert_eq!(removed_keys(&d.json(&["gc", "--max-size", "10G"])).len(), 0);
     let cache = d.path("cache").display().to_string();
+    let gone = removed_keys(&d.json(&["gc", "--all", "--yes"]));
+    assert_eq!(gone, removed_keys(&dry));
     let _dir = d.stop();
-    let offline = |limit: &str| {
-        ctl_raw(&[
-            "--json",
-            "gc",
-            limit,
-            "0",
-            "--dry-run",
-            "--cache-dir",
-            &cache,
-        ])
-        .ok()
-        .json()
-    };
-    assert_eq!(removed_keys(&offline("--max-age")), removed_keys(&by_age));
-    assert_eq!(removed_keys(&offline("--max-size")), removed_keys(&by_age));
-    // --help says so for both.
+    // Offline: the same rules.
+    let o = ctl_raw(&["gc", "--max-size", "0", "--cache-dir", &cache]);
+    assert_eq!(o.code, 2, "{o:#?}");
     let help = ctl_raw(&["gc", "--help"]).ok().stdout;
-    assert_eq!(
-        help.matches("0 means everything not leased").count(),
-        2,
+    assert!(
+        help.contains("0 is refused") && help.contains("--yes"),
         "{help}"
     );
 }

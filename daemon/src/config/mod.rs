@@ -60,6 +60,21 @@ pub struct PolicyRule {
     pub used_as: Vec<String>,
 }
 
+/// A gc limit from the file: a positive number (no limit is the key left out).
+fn nonzero_limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match u64::deserialize(d)? {
+        0 => Err(serde::de::Error::custom(
+            "0 is not a gc limit (for `ctcachectl gc` it would mean \"everything\"): \
+             leave the key out for none",
+        )),
+        n => Ok(n),
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 fn default_types() -> Vec<String> {
     vec!["FLOAT".into()]
 }
@@ -192,9 +207,15 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
     pub log_level: String,
-    /// Size budget for `ctcachectl gc` and the daily gc timer (bytes, 0 = none).
+    /// Size budget for `ctcachectl gc` and the daily gc timer (bytes). No
+    /// budget: the key left out (0 here); `0` in the file is refused, as
+    /// `ctcachectl gc --max-size 0` is: a 0 never means "none" in one place
+    /// and "everything" in another.
+    #[serde(deserialize_with = "nonzero_limit", skip_serializing_if = "is_zero")]
     pub gc_max_bytes: u64,
-    /// Age limit since last access for gc, seconds (0 = none).
+    /// Age limit since last access for gc, seconds. No limit: the key left
+    /// out (0 here); `0` in the file is refused.
+    #[serde(deserialize_with = "nonzero_limit", skip_serializing_if = "is_zero")]
     pub gc_max_age_secs: u64,
     /// Which initializers get which formats; the first rule that admits a tensor wins.
     pub policy: Vec<PolicyRule>,

@@ -177,3 +177,21 @@ fn remote_flags_override_the_file() {
     let e = Config::load(Some(&f), &env, &bad).unwrap_err().to_string();
     assert!(e.contains("remote.audit_rate"), "{e}");
 }
+
+/// `gc_max_bytes = 0` once meant "no budget" while `ctcachectl gc
+/// --max-size 0` meant "everything": 0 is refused, naming the key, and no
+/// budget is the key left out (which `to_toml` leaves out too).
+#[test]
+fn a_zero_gc_limit_is_refused_naming_the_key() {
+    for key in ["gc_max_bytes", "gc_max_age_secs"] {
+        let e = Config::from_toml(&format!("{key} = 0\n")).unwrap_err();
+        assert!(
+            e.contains(key) && e.contains("leave the key out"),
+            "{key}: {e}"
+        );
+        let c = Config::from_toml(&format!("{key} = 5\n")).unwrap();
+        assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
+    }
+    let none = Config::default().to_toml();
+    assert!(!none.contains("gc_max"), "{none}");
+}

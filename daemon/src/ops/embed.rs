@@ -26,6 +26,8 @@ pub(crate) struct EmbedRequest {
     pub sidecar: bool,
     /// Drop the compiled tensors already in the model.
     pub replace: bool,
+    /// The output may be the model itself (rewritten in place).
+    pub force: bool,
 }
 
 /// What Embed wrote.
@@ -43,8 +45,15 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "embed");
     let out = output_file(caller, &r.output_path)?;
     let (d2, c2, r2) = (d.clone(), caller.clone(), r.clone());
-    let (m, jobs) = blocking(move || {
+    let (m, jobs, out) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &c2)?;
+        if !r2.force {
+            out.refuse_input(
+                m.model.stamp(),
+                "model",
+                Some("choose another path, or add --force (EmbedRequest.force) to rewrite it in place"),
+            )?;
+        }
         let sel = model::wanted(&d2, &m.model, &r2.formats, &[])?;
         if sel.wanted.is_empty() {
             return Err(model::nothing_to_pack(&d2, &m.path, &sel, &r2.formats));
@@ -56,7 +65,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             (c2.queue_owner(), Priority::Client),
             BackendRequest::Auto,
         )?;
-        Ok((m, jobs))
+        Ok((m, jobs, out))
     })
     .await?;
     let (entries, packed) = pack::finish(jobs).await?;

@@ -175,12 +175,13 @@ fn explicit(
                     params: params.clone(),
                 }),
                 // A bad parameter is the caller's mistake, not a refusal.
-                Err(
-                    e @ (PackError::UnknownParam { .. }
-                    | PackError::BadParamValue { .. }
-                    | PackError::MalformedParam(_)
-                    | PackError::DuplicateParam(_)),
-                ) => return Err(Error::invalid(format!("{}: {e}", f.id))),
+                // Those two name the packer themselves.
+                Err(e @ (PackError::UnknownParam { .. } | PackError::BadParamValue { .. })) => {
+                    return Err(Error::invalid(e.to_string()))
+                }
+                Err(e @ (PackError::MalformedParam(_) | PackError::DuplicateParam(_))) => {
+                    return Err(Error::invalid(format!("{}: {e}", f.id)))
+                }
                 Err(e) => sel.refused.push((t.name.clone(), e.to_string())),
             }
         }

@@ -14,28 +14,35 @@ use crate::watcher::Owner;
 /// Watches `dir` for the caller; returns the watched folders.
 pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf>> {
     tracing::info!(caller = %caller.describe(), dir = %dir.display(), "add watch");
-    let not_a_folder = || {
-        Error::invalid(format!(
-            "{} is not an absolute path to a folder",
-            dir.display()
-        ))
-    };
     if !dir.is_absolute() {
-        return Err(not_a_folder());
+        return Err(Error::invalid(format!(
+            "{} is not an absolute path",
+            dir.display()
+        )));
     }
     let who = caller.identity()?;
     // Judged on the opened folder. To anyone but root and the daemon's uid a
     // missing folder, a file and a folder they may not read get the same
     // answer.
-    let Ok(opened) = who.open_dir(dir, access::READ) else {
-        if caller.is_self_or_root() {
-            return Err(not_a_folder());
+    let opened = match who.open_dir(dir, access::READ) {
+        Ok(f) => f,
+        // The admin may know why: say it.
+        Err(e) if caller.is_self_or_root() => {
+            return Err(Error::invalid(match e.kind() {
+                std::io::ErrorKind::NotFound => format!("{} does not exist", dir.display()),
+                std::io::ErrorKind::NotADirectory => {
+                    format!("{} is not a folder", dir.display())
+                }
+                _ => format!("cannot open {}: {e}", dir.display()),
+            }))
         }
-        return Err(Error::denied(format!(
-            "{}: not found, not a folder, or not readable by {}",
-            dir.display(),
-            caller.describe()
-        )));
+        Err(_) => {
+            return Err(Error::denied(format!(
+                "{}: not found, not a folder, or not readable by {}",
+                dir.display(),
+                caller.describe()
+            )))
+        }
     };
     // What is watched is the folder that was judged, found from the open
     // handle: the caller's path resolved again could lead elsewhere by now

@@ -116,6 +116,7 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
         formats: formats(r.formats),
         sidecar: r.sidecar,
         replace: r.replace,
+        force: r.force,
     }
 }
 
