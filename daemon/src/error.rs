@@ -95,7 +95,7 @@ impl Error {
     pub fn from_io(e: std::io::Error, what: &str) -> Error {
         let kind = match e.kind() {
             Io::NotFound => ErrorKind::NotFound,
-            _ => io_kind(&e),
+            _ => caller_io_kind(&e),
         };
         Error::new(kind, format!("{what}: {e}"))
     }
@@ -112,17 +112,24 @@ fn io_kind(e: &std::io::Error) -> ErrorKind {
             ErrorKind::Unavailable
         }
         Io::PermissionDenied => ErrorKind::PermissionDenied,
-        // What the caller asked for cannot be done (an output that is the
-        // input, a path without a file name).
-        Io::InvalidInput => ErrorKind::InvalidInput,
         _ => ErrorKind::Internal,
+    }
+}
+
+/// [`io_kind`] for I/O on a path the caller named: there an invalid input
+/// is the request's (an output that is the input, a path without a file
+/// name), while in the store it is the daemon's fault.
+fn caller_io_kind(e: &std::io::Error) -> ErrorKind {
+    match e.kind() {
+        Io::InvalidInput => ErrorKind::InvalidInput,
+        _ => io_kind(e),
     }
 }
 
 impl From<ctcache::Error> for Error {
     fn from(e: ctcache::Error) -> Self {
         let kind = match &e {
-            ctcache::Error::Io { source, .. } => io_kind(source),
+            ctcache::Error::Io { source, .. } => caller_io_kind(source),
             // Everything else is about the bytes of the model the caller named.
             _ => ErrorKind::InvalidInput,
         };
@@ -221,5 +228,7 @@ mod tests {
             source: enospc,
         });
         assert_eq!(e.kind, ErrorKind::Exhausted);
+        let same = std::io::Error::new(Io::InvalidInput, "the output is the input");
+        assert_eq!(Error::from_io(same, "-o").kind, ErrorKind::InvalidInput);
     }
 }
