@@ -263,6 +263,15 @@ impl Watcher {
             .then(|| dir.to_path_buf())
     }
 
+    /// The open handle of the user's watched folder `dir` (the folder that
+    /// was judged); `None` for any other folder.
+    pub fn held_folder(&self, dir: &Path) -> Option<File> {
+        lock(&self.dirs)
+            .get(dir)
+            .and_then(|w| w.handle.as_ref())
+            .and_then(|f| f.try_clone().ok())
+    }
+
     /// Adds the folder `opened`, found at its real path `dir`; returns
     /// `dir`, or `None` when it was watched already. RESOURCE_EXHAUSTED when
     /// a uid owner has `max_watches_per_uid` folders already. A user's

@@ -493,32 +493,26 @@ impl Model {
 
     fn external(&self, location: &ExternalRef) -> std::result::Result<(Bytes, FileStamp), String> {
         let path = location.path_in(&self.dir)?;
+        // One file per location for the model's life, whatever the path
+        // leads to later.
+        let mut cache = self.externals.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = cache.get(&path) {
+            return Ok(b.clone());
+        }
         let dir = self
             .dir
             .canonicalize()
             .map_err(|e| format!("model folder {}: {e}", self.dir.display()))?;
-        let real = path
-            .canonicalize()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if !real.starts_with(&dir) {
-            return Err(format!(
-                "location {:?} resolves outside the model folder (symbolic link?)",
-                location.location
-            ));
-        }
-        let mut cache = self.externals.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = cache.get(&real) {
-            return Ok(b.clone());
-        }
+        // Opened first, with the opener's rights, and judged on where the
+        // file opened really is: resolving the path with other rights would
+        // tell a caller about files it may not see.
         let file = self
             .opener
-            .open(&real)
-            .map_err(|e| format!("{}: {e}", real.display()))?;
-        // Checked again on the file opened: the path may have been swapped
-        // for a link to elsewhere since it was resolved.
-        let opened =
-            crate::access::real_path(&file).map_err(|e| format!("{}: {e}", real.display()))?;
-        if !opened.starts_with(&dir) {
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let real =
+            crate::access::real_path(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !real.starts_with(&dir) {
             return Err(format!(
                 "location {:?} resolves outside the model folder (symbolic link?)",
                 location.location
@@ -532,7 +526,7 @@ impl Model {
         }
         let stamp = FileStamp::of_file(&file).map_err(|e| format!("{}: {e}", real.display()))?;
         let bytes = map_file(&file, &real).map_err(|e| e.to_string())?;
-        cache.insert(real, (bytes.clone(), stamp));
+        cache.insert(path, (bytes.clone(), stamp));
         Ok((bytes, stamp))
     }
 

@@ -16,6 +16,7 @@ use ctcache_kernels::{PackError, Params};
 use super::{Error, Result};
 use crate::caller::Caller;
 use crate::config::PolicyRule;
+use crate::error::ErrorKind;
 use crate::policy::{self, Selection, Wanted};
 use crate::state::Daemon;
 
@@ -37,16 +38,19 @@ pub(crate) struct OpenedModel {
 /// With whose rights a model is read.
 #[derive(Debug, Clone)]
 pub(crate) enum Reader {
-    /// The admin's: models under a watched folder of the config file.
-    Admin,
-    /// A user's: the model, its real path and its external data must be
-    /// readable by this identity.
+    /// The daemon's own: its watcher's models of the config's folders, and
+    /// requests of root and the daemon's user.
+    Daemon,
+    /// A caller's: the model and its external data are opened with this
+    /// identity's rights, wherever they are.
     As(Identity),
 }
 
-/// Opens the model at `path` for `caller`: an absolute path to a model the
-/// caller may read, or one under a watched folder of the config file (the
-/// admin's). Access is judged on the file opened, never on the path.
+/// Opens the model at `path` for `caller`, with the caller's own rights
+/// (an admin-watched folder gives the daemon's packing its rights, never a
+/// peer): see `ctcache::access`. Over TCP, where no uid is known, only a
+/// client with a verified certificate may name a model, and only one under
+/// a watched folder of the config file.
 pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedModel> {
     if path.is_empty() {
         return Err(Error::invalid("model_path is empty"));
@@ -61,30 +65,36 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
     // may not read get the same answer: no probing for other users' files.
     let hidden = || {
         Error::denied(format!(
-            "{path}: not found, or outside the watched folders and not readable by {}",
+            "{path}: not found, or not readable by {}",
             caller.describe()
         ))
     };
-    let opened = access::open_regular(p).and_then(|f| Ok((access::real_path(&f)?, f)));
-    let (real, file) = match opened {
-        Ok(x) => x,
-        Err(e) if caller.is_self_or_root() => return Err(Error::from_io(e, path)),
-        Err(_) => return Err(hidden()),
+    if caller.is_self_or_root() {
+        return open_as(p, &Reader::Daemon);
+    }
+    let reader = match &caller.identity {
+        Some(who) => Reader::As(who.clone()),
+        None if caller.trusted => {
+            let real = access::open_regular(p)
+                .and_then(|f| access::real_path(&f))
+                .map_err(|_| hidden())?;
+            if !d.watcher.admin_covers(&real) {
+                return Err(hidden());
+            }
+            Reader::Daemon
+        }
+        None => return Err(hidden()),
     };
-    let reader = if d.watcher.admin_covers(&real) {
-        Reader::Admin
-    } else {
-        let who = caller.identity().map_err(|_| hidden())?;
-        who.check_read(&file, p).map_err(|_| hidden())?;
-        Reader::As(who.clone())
-    };
-    from_file(file, &real, &reader)
+    open_as(p, &reader).map_err(|e| match e.kind {
+        ErrorKind::NotFound | ErrorKind::PermissionDenied => hidden(),
+        _ => e,
+    })
 }
 
 /// Opens the model at `path` with the rights of `reader`.
 pub(crate) fn open_as(path: &Path, reader: &Reader) -> Result<OpenedModel> {
     let file = match reader {
-        Reader::Admin => access::open_regular(path),
+        Reader::Daemon => access::open_regular(path),
         Reader::As(who) => who.open_read(path),
     }
     .map_err(|e| Error::from_io(e, &path.display().to_string()))?;
@@ -93,10 +103,25 @@ pub(crate) fn open_as(path: &Path, reader: &Reader) -> Result<OpenedModel> {
     from_file(file, &real, reader)
 }
 
+/// Opens the model `name` in the held folder `dir` (named `shown`) with
+/// `who`'s rights: a user's watched folder is read through the handle that
+/// was judged, whatever its path leads to now.
+pub(crate) fn open_in(
+    dir: &File,
+    name: &Path,
+    shown: &Path,
+    who: &Identity,
+) -> Result<OpenedModel> {
+    let named = |e| Error::from_io(e, &shown.display().to_string());
+    let file = who.open_read_at(dir, name, shown).map_err(named)?;
+    let real = access::real_path(&file).map_err(named)?;
+    from_file(file, &real, &Reader::As(who.clone()))
+}
+
 /// Maps an opened model; its external data is opened with the same rights.
 fn from_file(file: File, real: &Path, reader: &Reader) -> Result<OpenedModel> {
     let opener: Arc<dyn Opener> = match reader {
-        Reader::Admin => Arc::new(OwnRights),
+        Reader::Daemon => Arc::new(OwnRights),
         Reader::As(who) => Arc::new(who.clone()),
     };
     let model = Model::from_file(file, real, opener)?;

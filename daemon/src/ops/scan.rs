@@ -278,7 +278,7 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
     // the user's own Prepack calls (a folder of many models cannot fill the
     // queue).
     let (reader, queue_owner) = match owner {
-        Owner::Admin => (Reader::Admin, None),
+        Owner::Admin => (Reader::Daemon, None),
         Owner::User(who) => {
             let uid = who.uid;
             (Reader::As(who), Some(uid))
@@ -286,24 +286,18 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
     };
     // A user's model is opened in the folder that was judged, through its
     // handle, not along its path (a folder on the way may have been swapped).
-    let at = match (&reader, path.parent(), path.file_name()) {
-        (Reader::As(_), Some(dir), Some(name)) => match d.watcher.listing_path(dir) {
-            Some(held) => held.join(name),
+    let m = match (&reader, path.parent(), path.file_name()) {
+        (Reader::As(who), Some(dir), Some(name)) => match d.watcher.held_folder(dir) {
+            Some(held) => model::open_in(&held, Path::new(name), path, who)?,
             // Not directly in the user's watched folder: not read.
             None => return Ok(()),
         },
-        _ => path.to_path_buf(),
+        _ => model::open_as(path, &reader)?,
     };
-    let m = model::open_as(&at, &reader).map_err(|e| Error {
-        message: e
-            .message
-            .replace(&at.display().to_string(), &path.display().to_string()),
-        ..e
-    })?;
     // The admin's rights reach only as far as the admin's folders: a link
     // (made by anyone who may write there) to a file elsewhere is not read
     // with them. Judged on the file opened, as for a caller's request.
-    if matches!(reader, Reader::Admin) && !d.watcher.admin_covers(&m.path) {
+    if matches!(reader, Reader::Daemon) && !d.watcher.admin_covers(&m.path) {
         return Err(Error::denied(format!(
             "{} resolves to {}, outside the watched folders (a symbolic link?); watch the folder \
              it is in",

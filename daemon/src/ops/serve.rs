@@ -8,9 +8,8 @@
 //! model it was packed from, so that it comes back without anyone asking.
 //!
 //! The trust boundary: the model is opened as for a Prepack of the caller
-//! being served ([`model::open`]): with the daemon's rights only under a
-//! watched folder of the config file, else with the caller's own, so a
-//! repack never reads what that caller could not. Only paths the daemon
+//! being served ([`model::open`]), with the caller's rights, so a repack
+//! never reads what that caller could not. Only paths the daemon
 //! recorded itself are tried (a pack, or an import by root or the daemon's
 //! user): the model path of a client's `Put` is that client's word.
 

@@ -1,7 +1,14 @@
-//! Acting for another user: whether an [`Identity`] may read a file or
-//! write in a folder, judged on what is actually open (the inode's owner,
-//! mode bits and POSIX ACL) and on the folders of its real path, never on a
-//! path string checked earlier. The daemon uses it for its callers.
+//! Acting for another user: an [`Identity`] opens files and folders with
+//! its own rights. Where the process runs as root the kernel judges each
+//! open with the identity's filesystem ids and groups ([`creds`]);
+//! elsewhere the process opens with its own rights and the identity's
+//! rights are judged on what was opened (the inode's owner, mode bits and
+//! POSIX ACL, and the folders of its real path), never on a path string
+//! checked earlier. No open follows a /proc "magic" link or ends on a
+//! /proc file: those reach other processes' files and memory. The daemon
+//! uses this for its callers.
+
+pub mod creds;
 
 use std::fs::File;
 use std::io;
@@ -154,19 +161,27 @@ impl Identity {
         Ok(true)
     }
 
-    /// Opens `path` for reading (following symbolic links, as a model tree
-    /// may) and keeps it only when this identity may read the file that was
-    /// opened: see [`Identity::check_read`].
+    /// Opens the regular file `path` for reading with this identity's
+    /// rights (following symbolic links, as a model tree may): a link to a
+    /// file the identity cannot read is refused, whoever made the link.
     pub fn open_read(&self, path: &Path) -> io::Result<File> {
-        let file = open_regular(path)?;
-        self.check_read(&file, path)?;
+        self.open_read_at(rustix::fs::CWD, path, path)
+    }
+
+    /// [`Identity::open_read`] of `name` in the open folder `dir` (named
+    /// `shown` in errors).
+    pub fn open_read_at(&self, dir: impl AsFd, name: &Path, shown: &Path) -> io::Result<File> {
+        if creds::can_switch() {
+            return creds::with_rights_of(self, || open_regular_at(dir, name, shown));
+        }
+        let file = open_regular_at(dir, name, shown)?;
+        self.check_read(&file, shown)?;
         Ok(file)
     }
 
     /// Fails with PermissionDenied (naming `shown`) unless this identity may
-    /// read the open `file` and reach it along its real path: a link to a
-    /// file the identity cannot read is refused, whoever made the link.
-    pub fn check_read(&self, file: &File, shown: &Path) -> io::Result<()> {
+    /// read the open `file` and reach it along its real path.
+    fn check_read(&self, file: &File, shown: &Path) -> io::Result<()> {
         if self.is_root() {
             return Ok(());
         }
@@ -183,15 +198,25 @@ impl Identity {
     /// when this identity may reach it and has `want` on it ([`READ`] to
     /// list it, [`WRITE`] to create in it; [`SEARCH`] is implied).
     pub fn open_dir(&self, dir: &Path, want: u32) -> io::Result<File> {
-        let fd = rustix::fs::open(
-            dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let file = File::from(fd);
+        let open = || {
+            let fd = open_resolved(rustix::fs::CWD, dir, OFlags::RDONLY | OFlags::DIRECTORY)?;
+            refuse_proc(&fd)?;
+            Ok(File::from(fd))
+        };
         if self.is_root() {
-            return Ok(file);
+            return open();
         }
+        if creds::can_switch() {
+            // The kernel judged the way there; the folder's own bits say
+            // whether `want` is granted.
+            let file = creds::with_rights_of(self, open)?;
+            return if self.may(&file, want | SEARCH)? {
+                Ok(file)
+            } else {
+                Err(denied(dir))
+            };
+        }
+        let file = open()?;
         let real = real_path(&file)?;
         if self.may(&file, want | SEARCH)? && self.may_reach(&real)? {
             Ok(file)
@@ -250,18 +275,61 @@ fn read_acl(
     }
 }
 
-/// Opens `path` (following symbolic links) for reading only when it is a
-/// regular file, without opening anything else: opening a FIFO blocks until
-/// a writer comes, a device's open can act on the device, a terminal can
-/// become the controlling one. A handle that opens nothing (`O_PATH`) is
-/// judged first and that same inode is then opened through `/proc/self/fd`.
+/// Opens `path` following ordinary symbolic links but never a /proc magic
+/// link (`/proc/<pid>/fd/*`, `map_files`, `root`, `cwd`): through those a
+/// privileged opener reaches files and memory of other processes that no
+/// path leads to. Kernels without `openat2` (before 5.6) open plainly.
+fn open_resolved(dir: impl AsFd, path: &Path, flags: OFlags) -> io::Result<rustix::fd::OwnedFd> {
+    let flags = flags | OFlags::CLOEXEC;
+    match rustix::fs::openat2(
+        &dir,
+        path,
+        flags,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    ) {
+        Err(rustix::io::Errno::NOSYS) => Ok(rustix::fs::openat(dir, path, flags, Mode::empty())?),
+        // ELOOP is also what a magic link answers: say which it was not.
+        Err(rustix::io::Errno::LOOP) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many levels of symbolic links, or a /proc link to another process's file",
+        )),
+        r => Ok(r?),
+    }
+}
+
+/// Refuses an open file of procfs: its files describe processes (their
+/// environment, memory, open files), never a model or a folder of one.
+fn refuse_proc(fd: impl AsFd) -> io::Result<()> {
+    if rustix::fs::fstatfs(fd)?.f_type == rustix::fs::PROC_SUPER_MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a file of /proc, not a model's file or folder",
+        ));
+    }
+    Ok(())
+}
+
+/// Opens `path` (following symbolic links, never a /proc one) for reading
+/// only when it is a regular file outside /proc, without opening anything
+/// else: opening a FIFO blocks until a writer comes, a device's open can
+/// act on the device, a terminal can become the controlling one. A handle
+/// that opens nothing (`O_PATH`) is judged first and that same inode is
+/// then opened through `/proc/self/fd`.
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    let handle = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    open_regular_at(rustix::fs::CWD, path, path)
+}
+
+/// [`open_regular`] of `name` in the open folder `dir` (named `shown` in
+/// errors).
+fn open_regular_at(dir: impl AsFd, name: &Path, shown: &Path) -> io::Result<File> {
+    let handle = open_resolved(dir, name, OFlags::PATH)?;
+    refuse_proc(&handle)?;
     let st = rustix::fs::fstat(&handle)?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is not a regular file", path.display()),
+            format!("{} is not a regular file", shown.display()),
         ));
     }
     let fd = rustix::fs::open(

@@ -1,0 +1,270 @@
+//! The daemon reads for a peer only what the peer may read (issue 27,
+//! points 1, 2 and 4), tested as the attacks that worked before: uid 65534
+//! names another process's memfd through /proc, a root-only model of a
+//! folder the admin watches, and probes a root-only folder for what exists
+//! in it. The attacker and victim halves run by re-executing this test
+//! binary under `setpriv`.
+
+mod support;
+
+use std::io::{BufRead, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use support::*;
+use tonic::Code;
+
+/// The victim's uid: neither the daemon's nor the attacker's.
+const VICTIM: u32 = 1234;
+
+fn env_path(key: &str) -> Option<PathBuf> {
+    std::env::var_os(key).map(PathBuf::from)
+}
+
+/// The victim half: holds a model in a memfd, says where, and waits for
+/// its stdin to close.
+#[test]
+fn memfd_victim_helper() {
+    if std::env::var_os("CT_TEST_VICTIM").is_none() {
+        return;
+    }
+    let name = std::ffi::CString::new("victim-model").unwrap();
+    // SAFETY: a valid name; the returned fd is owned below.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: fd was just created and is owned by nothing else.
+    let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.write_all(&matmul_model(128, 64, 77)).unwrap();
+    println!("VICTIM {} {fd}", std::process::id());
+    std::io::stdout().flush().unwrap();
+    let mut rest = String::new();
+    let _ = std::io::stdin().read_line(&mut rest);
+    drop(file);
+}
+
+/// What a request's failure says, with `path` written as `<p>`: answers
+/// that differ only in the path named are one answer.
+fn answer(e: &tonic::Status, path: &str) -> String {
+    format!("{:?}: {}", e.code(), e.message().replace(path, "<p>"))
+}
+
+type Client = CompiledTensorCacheClient<tonic::transport::Channel>;
+
+/// The refusal of an Embed of `model` to `output`.
+async fn embed_refused(c: &mut Client, model: &str, output: String) -> tonic::Status {
+    c.embed(api::EmbedRequest {
+        model_path: model.into(),
+        output_path: output,
+        ..Default::default()
+    })
+    .await
+    .expect_err(model)
+}
+
+/// The refusal of a ResolveModel of `model`.
+async fn resolve_refused(c: &mut Client, model: &str) -> tonic::Status {
+    c.resolve_model(api::ResolveModelRequest {
+        model_path: model.into(),
+        ..Default::default()
+    })
+    .await
+    .expect_err(model)
+}
+
+/// The attacker half of `a_peer_reads_only_what_it_may_read`.
+#[tokio::test]
+async fn reader_attack_helper() {
+    let Some(socket) = env_path("CT_TEST_SOCKET") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let lines = |k: &str| var(k).lines().map(str::to_owned).collect::<Vec<_>>();
+    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let out = PathBuf::from(var("CT_TEST_OUT"));
+
+    // The control: a model anyone may read in the admin's public folder.
+    c.resolve_model(api::ResolveModelRequest {
+        model_path: var("CT_TEST_PUBLIC"),
+        ..Default::default()
+    })
+    .await
+    .expect("a model the peer may read");
+
+    // Other processes' files and memory through /proc: refused, and
+    // nothing about their content (such as its length) told.
+    let stolen = || out.join("stolen.onnx").display().to_string();
+    for target in lines("CT_TEST_PROC") {
+        let e = embed_refused(&mut c, &target, stolen()).await;
+        assert!(!e.message().contains("byte"), "{target}: {e:?}");
+        let e = resolve_refused(&mut c, &target).await;
+        assert!(!e.message().contains("byte"), "{target}: {e:?}");
+        println!("refused {target}: {e:?}");
+    }
+
+    // A root-only model of an admin-watched folder is no more readable than
+    // a missing one, and reads as one answer however it is named.
+    let mut answers = std::collections::BTreeSet::new();
+    for target in lines("CT_TEST_HIDDEN") {
+        let e = embed_refused(&mut c, &target, stolen()).await;
+        answers.insert(answer(&e, &target));
+        let e = resolve_refused(&mut c, &target).await;
+        assert_eq!(e.code(), Code::PermissionDenied, "{target}: {e:?}");
+        answers.insert(answer(&e, &target));
+    }
+    assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
+
+    // Output folders in a root-only folder: an existing folder, a missing
+    // one and a file answer alike.
+    let mut answers = std::collections::BTreeSet::new();
+    for dir in lines("CT_TEST_OUTPUT_DIRS") {
+        let e = embed_refused(&mut c, &var("CT_TEST_PUBLIC"), format!("{dir}/x.onnx")).await;
+        answers.insert(answer(&e, &dir));
+    }
+    assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
+
+    // External data linked into a root-only folder: to a file there or to
+    // nothing, one answer, and neither "outside the folder" nor "missing".
+    let mut answers = std::collections::BTreeSet::new();
+    for (model, link) in [("to_file", "to_file.bin"), ("to_nothing", "to_nothing.bin")] {
+        let path = out.join(format!("{model}.onnx")).display().to_string();
+        let e = resolve_refused(&mut c, &path).await;
+        let said = answer(&e, &path).replace(link, "<link>");
+        assert!(
+            !said.contains("outside") && !said.contains("No such file"),
+            "{said}"
+        );
+        answers.insert(said);
+    }
+    assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
+    println!("READER-ATTACKS-REFUSED");
+}
+
+/// uid 65534's model in `dir` whose W is external data at `location`.
+fn external_model(dir: &Path, name: &str, location: &str) {
+    use ctcache::pb::tensor_proto::DataLocation;
+    let mut m = ctcache_testkit::MatMul::new(8, 8, [0.5f32; 64]).proto();
+    let w = &mut m.graph.as_mut().unwrap().initializer[0];
+    w.float_data.clear();
+    w.raw_data = Default::default();
+    w.data_location = DataLocation::External as i32;
+    w.external_data = vec![
+        ctcache_testkit::kv("location", location),
+        ctcache_testkit::kv("offset", "0"),
+        ctcache_testkit::kv("length", "256"),
+    ];
+    let path = dir.join(format!("{name}.onnx"));
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+}
+
+#[test]
+fn a_peer_reads_only_what_it_may_read() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    // The admin's folders: one root-only (0700) with a root-only model, a
+    // folder and a file in it; one anyone may read.
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let model = secret.path().join("secret.onnx");
+    write_model(&model, &matmul_model(128, 64, 3));
+    std::fs::set_permissions(&model, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::create_dir(secret.path().join("sub")).unwrap();
+    let public = tempfile::tempdir().unwrap();
+    open_to_all(public.path());
+    let open_model = public.path().join("open.onnx");
+    write_model(&open_model, &matmul_model(128, 64, 4));
+    std::fs::set_permissions(&open_model, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let config = format!(
+        "watch = [{:?}, {:?}]\n",
+        secret.path().display().to_string(),
+        public.path().display().to_string()
+    );
+    let mut d = daemon_for_nobody(&config);
+
+    // The attacker's own folder, with models whose external data links
+    // into the root-only folder.
+    let top = tempfile::tempdir().unwrap();
+    open_to_all(top.path());
+    let out = top.path().join("nobody");
+    std::fs::create_dir(&out).unwrap();
+    std::os::unix::fs::chown(&out, Some(NOBODY), Some(NOBODY)).unwrap();
+    external_model(&out, "to_file", "to_file.bin");
+    external_model(&out, "to_nothing", "to_nothing.bin");
+    std::os::unix::fs::symlink(&model, out.join("to_file.bin")).unwrap();
+    std::os::unix::fs::symlink(secret.path().join("none.bin"), out.join("to_nothing.bin")).unwrap();
+
+    // The victim: another uid's process with its model in a memfd.
+    let mut victim = Command::new("setpriv")
+        .args([
+            format!("--reuid={VICTIM}"),
+            format!("--regid={VICTIM}"),
+            "--clear-groups".into(),
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "memfd_victim_helper", "--nocapture"])
+        .env("CT_TEST_VICTIM", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut stdout = std::io::BufReader::new(victim.stdout.take().unwrap());
+    while !said.starts_with("VICTIM ") {
+        said.clear();
+        assert!(
+            stdout.read_line(&mut said).unwrap() > 0,
+            "the victim said nothing"
+        );
+    }
+    let mut words = said.split_whitespace().skip(1);
+    let (pid, fd) = (words.next().unwrap(), words.next().unwrap());
+    let proc_targets = [
+        format!("/proc/{pid}/fd/{fd}"),
+        format!("/proc/{pid}/environ"),
+        format!("/proc/{pid}/root{}", open_model.display()),
+    ];
+
+    let s = secret.path().display();
+    let hidden = [
+        model.display().to_string(),
+        format!("{s}/missing.onnx"),
+        format!("{s}/sub"),
+        format!("{s}/secret.onnx/x.onnx"),
+        format!(
+            "{s}/sub/../../{}",
+            open_model.strip_prefix("/").unwrap().display()
+        ),
+        format!(
+            "{s}/nodir/../../{}",
+            open_model.strip_prefix("/").unwrap().display()
+        ),
+    ];
+    let output_dirs = [
+        format!("{s}/sub"),
+        format!("{s}/nodir"),
+        format!("{s}/secret.onnx"),
+    ];
+    run_as_nobody(
+        "reader_attack_helper",
+        &[
+            ("CT_TEST_SOCKET", d.socket.display().to_string()),
+            ("CT_TEST_OUT", out.display().to_string()),
+            ("CT_TEST_PUBLIC", open_model.display().to_string()),
+            ("CT_TEST_PROC", proc_targets.join("\n")),
+            ("CT_TEST_HIDDEN", hidden.join("\n")),
+            ("CT_TEST_OUTPUT_DIRS", output_dirs.join("\n")),
+        ],
+        "READER-ATTACKS-REFUSED",
+    );
+    drop(victim.stdin.take());
+    let _ = std::io::Read::read_to_end(&mut stdout, &mut Vec::new());
+    let _ = victim.wait();
+    assert!(!out.join("stolen.onnx").exists(), "an output was written");
+    assert!(!secret.path().join("nodir").exists());
+    assert_eq!(d.stop(), Some(0));
+}
