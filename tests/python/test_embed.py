@@ -219,7 +219,9 @@ def test_a_second_format_keeps_the_first_entries_right(tmp_path, where):
     assert r.returncode == 0, r.describe()
     out = {"in_place": e1, "beside": tmp_path / "e2.onnx", "elsewhere": tmp_path / "other" / "e2.onnx"}[where]
     out.parent.mkdir(exist_ok=True)
-    r = ctl.run("embed", str(e1), "-o", str(out), "--format", "ggml.q8_0", *names, "--initializer", "B", "--sidecar", "--local")
+    # Rewriting the input in place is asked for explicitly.
+    force = ["--force"] if where == "in_place" else []
+    r = ctl.run("embed", str(e1), "-o", str(out), "--format", "ggml.q8_0", *names, "--initializer", "B", "--sidecar", "--local", *force)
     assert r.returncode == 0, r.describe()
     assert ctl.run("check", str(out)).returncode == 0
     entries = ctl.run_json("inspect", str(out))["compiled_tensors"]
