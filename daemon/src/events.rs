@@ -3,13 +3,10 @@
 //! events rather than slow the daemon down; at most `max_event_subscribers`
 //! follow at once, and one uid (other than root and the daemon's own) at
 //! most a quarter of them, so one user cannot take every place. Such a
-//! follower sees only the events of models in folders it may list.
+//! follower sees only the events of models it may read (`view.rs`).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use ctcache::access::{Identity, READ};
 use ctcache::store::EntryKey;
 use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
 
@@ -121,104 +118,10 @@ impl Events {
     }
 }
 
-/// Which events one follower may see: those naming no model, and those of
-/// models in folders the follower may list (a path names what is in a
-/// folder; other users' private folders stay private). Judged once per
-/// folder while the follower follows.
-#[derive(Clone)]
-pub(crate) struct Visibility {
-    who: Arc<Identity>,
-    folders: Arc<Mutex<HashMap<PathBuf, bool>>>,
-}
-
-/// Folders remembered per follower before the memory starts over.
-const VISIBILITY_MEMORY: usize = 4096;
-
-impl Visibility {
-    pub fn new(who: Identity) -> Visibility {
-        Visibility {
-            who: Arc::new(who),
-            folders: Arc::default(),
-        }
-    }
-
-    /// Whether the follower may see `e` (a folder not judged yet is judged
-    /// on a blocking thread: it takes file system calls).
-    pub async fn sees(&self, e: &Event) -> bool {
-        if e.model_path.is_empty() {
-            return true;
-        }
-        let Some(folder) = Path::new(&e.model_path).parent() else {
-            return false;
-        };
-        if let Some(&seen) = self.memory().get(folder) {
-            return seen;
-        }
-        let (v, folder) = (self.clone(), folder.to_path_buf());
-        tokio::task::spawn_blocking(move || v.judge(folder))
-            .await
-            .unwrap_or(false)
-    }
-
-    fn judge(&self, folder: PathBuf) -> bool {
-        let seen = self.who.open_dir(&folder, READ).is_ok();
-        let mut memory = self.memory();
-        if memory.len() >= VISIBILITY_MEMORY {
-            memory.clear();
-        }
-        memory.insert(folder, seen);
-        seen
-    }
-
-    fn memory(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, bool>> {
-        self.folders.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn event(model_path: String) -> Event {
-        Event {
-            unix_ms: 0,
-            kind: EventKind::Watcher,
-            key: None,
-            model_path,
-            detail: String::new(),
-            progress: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_follower_sees_the_events_of_folders_it_may_list() {
-        let top = tempfile::tempdir().unwrap();
-        let mode = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
-        mode(top.path(), 0o755).unwrap();
-        let (open, closed) = (top.path().join("open"), top.path().join("closed"));
-        std::fs::create_dir(&open).unwrap();
-        std::fs::create_dir(&closed).unwrap();
-        mode(&closed, 0o700).unwrap();
-        let nobody = Visibility::new(Identity {
-            uid: 65534,
-            gid: 65534,
-            groups: vec![],
-        });
-        let at = |dir: &Path| event(dir.join("m.onnx").display().to_string());
-        assert!(nobody.sees(&at(&open)).await);
-        assert!(!nobody.sees(&at(&closed)).await);
-        assert!(nobody.sees(&event(String::new())).await, "no model named");
-        // Judged once: the folder's later change is not looked at again.
-        mode(&closed, 0o755).unwrap();
-        assert!(!nobody.sees(&at(&closed)).await);
-    }
 }

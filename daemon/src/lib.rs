@@ -26,6 +26,7 @@ mod scheduler;
 mod shares;
 mod state;
 mod systemd;
+mod view;
 mod watcher;
 
 use std::future::Future;

@@ -211,11 +211,6 @@ impl Watcher {
         Ok(())
     }
 
-    /// The watched folders.
-    pub fn dirs(&self) -> Vec<PathBuf> {
-        lock(&self.dirs).keys().cloned().collect()
-    }
-
     /// The watched folders with the uid of a user who added each (`None`:
     /// the admin's).
     pub fn dirs_with_uids(&self) -> Vec<(PathBuf, Option<u32>)> {
@@ -377,7 +372,7 @@ mod tests {
             for a in answers {
                 assert!(a.is_err(), "{a:?}");
             }
-            assert!(w.dirs().is_empty());
+            assert!(w.dirs_with_uids().is_empty());
         }
     }
 
@@ -398,7 +393,7 @@ mod tests {
         let inside = inside.canonicalize().unwrap();
         let added = w.add(&inside, File::open(&inside).unwrap(), user);
         assert!(matches!(added, Ok(None)), "{added:?}");
-        assert_eq!(w.dirs(), vec![admin.path().to_path_buf()]);
+        assert_eq!(w.dirs_with_uids(), vec![(admin.path().to_path_buf(), None)]);
         assert!(w.listing_path(&inside).is_some());
         // Outside the admin's tree an add is tried (and fails here: the
         // watcher is not running).

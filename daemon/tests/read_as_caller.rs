@@ -268,3 +268,138 @@ fn a_peer_reads_only_what_it_may_read() {
     assert!(!secret.path().join("nodir").exists());
     assert_eq!(d.stop(), Some(0));
 }
+
+/// The follower half of `enumeration_shows_a_peer_only_what_it_may_read`.
+#[tokio::test]
+async fn enumeration_helper() {
+    let Some(socket) = env_path("CT_TEST_ENUM_SOCKET") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let (secret, digest) = (var("CT_TEST_SECRET"), var("CT_TEST_SECRET_DIGEST"));
+    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let hidden = |what: &str, text: &str| {
+        assert!(
+            !text.contains(&secret) && !text.contains(&digest),
+            "{what} shows the root-only model: {text}"
+        );
+    };
+
+    let listed = c
+        .list(api::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    hidden("List", &format!("{listed:?}"));
+    let public = var("CT_TEST_PUBLIC");
+    assert!(
+        listed
+            .entries
+            .iter()
+            .any(|e| e.model_paths.contains(&public)),
+        "List shows the model the peer may read: {listed:?}"
+    );
+    let dry = c
+        .gc(api::GcRequest {
+            max_bytes: 1,
+            has_max_bytes: true,
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    hidden("gc --dry-run", &format!("{dry:?}"));
+    assert!(!dry.removed.is_empty(), "the dry run lists the peer's own");
+    let status = c.status(api::StatusRequest {}).await.unwrap().into_inner();
+    let watches = c
+        .list_watches(api::ListWatchesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.watches, watches.dirs, "Status and ListWatches agree");
+
+    // Root packs the root-only model, then the public one, while the peer
+    // follows: the first one's job events never reach it.
+    let mut events = c.events(api::EventsRequest {}).await.unwrap().into_inner();
+    std::fs::write(var("CT_TEST_FLAG"), b"").unwrap();
+    loop {
+        let e = next_event(&mut events, 120, "the public model's job").await;
+        hidden("an event", &format!("{e:?}"));
+        if e.kind == "job_progress" && e.model_path == public {
+            break;
+        }
+    }
+    println!("ENUMERATION-HIDDEN");
+}
+
+#[test]
+fn enumeration_shows_a_peer_only_what_it_may_read() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let secret_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(secret_dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = secret_dir.path().join("secret.onnx");
+    write_model(&secret, &matmul_model(512, 256, 31));
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let public_dir = tempfile::tempdir().unwrap();
+    open_to_all(public_dir.path());
+    let public = public_dir.path().join("open.onnx");
+    write_model(&public, &matmul_model(512, 256, 32));
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut d = daemon_for_nobody("");
+    let digest = digest_of(&secret, "W");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = d.client().await;
+        for m in [&secret, &public] {
+            let done = prepack_all(&mut c, m).await;
+            assert!(done.iter().all(|p| p.error.is_empty()), "{done:?}");
+        }
+    });
+    let flags = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(flags.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    let flag = flags.path().join("following");
+    let (socket, flag2, secret2, public2) = (
+        d.socket.clone(),
+        flag.clone(),
+        secret.clone(),
+        public.clone(),
+    );
+    let root = std::thread::spawn(move || {
+        wait_for_flag(&flag2);
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+            for m in [&secret2, &public2] {
+                prepack_all(&mut c, m).await;
+            }
+        });
+    });
+    run_as_nobody(
+        "enumeration_helper",
+        &[
+            ("CT_TEST_ENUM_SOCKET", d.socket.display().to_string()),
+            ("CT_TEST_SECRET", secret.display().to_string()),
+            ("CT_TEST_SECRET_DIGEST", hex::encode(&digest)),
+            ("CT_TEST_PUBLIC", public.display().to_string()),
+            ("CT_TEST_FLAG", flag.display().to_string()),
+        ],
+        "ENUMERATION-HIDDEN",
+    );
+    root.join().unwrap();
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// Waits (at most two minutes) for the file `flag` to exist.
+fn wait_for_flag(flag: &Path) {
+    let t0 = std::time::Instant::now();
+    while !flag.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 120,
+            "{} never came",
+            flag.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

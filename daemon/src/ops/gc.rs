@@ -9,6 +9,7 @@ use ctcache::store::{GcPolicy, GcReport, GcTarget, ReconcileReport, VerifyReport
 use super::Result;
 use crate::caller::Caller;
 use crate::state::Daemon;
+use crate::view::View;
 
 /// A Gc request; no limit given means the configured budget.
 #[derive(Debug, Clone, Default)]
@@ -45,7 +46,7 @@ pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport>
         temp_files: true,
         dry_run: r.dry_run,
     };
-    let report = d.store.gc(&policy)?;
+    let mut report = d.store.gc(&policy)?;
     metrics::counter!("ctcache_gc_evictions_total").increment(report.items.len() as u64);
     let entries = report
         .items
@@ -71,6 +72,15 @@ pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport>
             ""
         },
     );
+    // A dry run shows a peer only the entries it may see (totals stay whole).
+    let view = View::of(caller);
+    if !view.sees_all() {
+        report.items.retain(|i| match (&i.target, &i.about) {
+            (GcTarget::Entry(_), Some(about)) => view.sees_entry_of(&about.model_paths, None),
+            (GcTarget::Entry(_), None) => false,
+            (GcTarget::File(_), _) => true,
+        });
+    }
     Ok(report)
 }
 

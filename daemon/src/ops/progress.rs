@@ -54,9 +54,13 @@ fn progress(job: u64, w: &Wanted, state: &JobState<Packed>, done: u32, total: u3
 
 /// Follows jobs: the state now of each job still queued or running, then
 /// each job's final state as it comes, exactly once per job (also published
-/// as a `job_progress` event). Dropping the receiver drops
+/// as a `job_progress` event naming `model_path`). Dropping the receiver drops
 /// the handles, which cancels jobs nobody else waits for.
-pub(crate) fn follow(d: &Arc<Daemon>, jobs: Jobs) -> mpsc::Receiver<JobProgress> {
+pub(crate) fn follow(
+    d: &Arc<Daemon>,
+    jobs: Jobs,
+    model_path: String,
+) -> mpsc::Receiver<JobProgress> {
     let (tx, rx) = mpsc::channel(64);
     let d = d.clone();
     tokio::spawn(async move {
@@ -81,7 +85,7 @@ pub(crate) fn follow(d: &Arc<Daemon>, jobs: Jobs) -> mpsc::Receiver<JobProgress>
                 unix_ms: now_ms(),
                 kind: EventKind::JobProgress,
                 key: None,
-                model_path: String::new(),
+                model_path: model_path.clone(),
                 detail: phase_name(p.phase).into(),
                 progress: Some(p.clone()),
             });

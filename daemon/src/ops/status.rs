@@ -9,7 +9,9 @@ use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::store::{Entry, Stats};
 
 use super::{Error, Result};
+use crate::caller::Caller;
 use crate::state::Daemon;
+use crate::view::View;
 
 /// What `ctcachectl status` shows.
 #[derive(Debug, Clone)]
@@ -27,8 +29,9 @@ pub(crate) struct StatusReport {
     pub remote: Option<crate::fleet::Report>,
 }
 
-/// The Status use case.
-pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
+/// The Status use case: the watched folders are those `caller` may see
+/// (as ListWatches shows them).
+pub(crate) fn status(d: &Daemon, caller: &Caller) -> Result<StatusReport> {
     let sched = d.scheduler.stats();
     let (gc_max_bytes, gc_max_age) = super::gc::configured_budget(d);
     Ok(StatusReport {
@@ -36,7 +39,7 @@ pub(crate) fn status(d: &Daemon) -> Result<StatusReport> {
         stats: d.store.stats()?,
         jobs_running: sched.running.load(Ordering::Relaxed) as u32,
         jobs_queued: d.scheduler.queued() as u32,
-        watches: d.watcher.dirs(),
+        watches: super::watch::visible(d, caller)?,
         cache_dir: d.config.cache_dir.clone(),
         socket: d.socket.clone(),
         gc_max_bytes,
@@ -77,8 +80,9 @@ pub(crate) struct Listed {
     pub leased: bool,
 }
 
-/// The List use case.
-pub(crate) fn list(d: &Daemon, r: &ListRequest) -> Result<Vec<Listed>> {
+/// The List use case: the entries `caller` may see (`view.rs`).
+pub(crate) fn list(d: &Daemon, caller: &Caller, r: &ListRequest) -> Result<Vec<Listed>> {
+    let view = View::of(caller);
     let source = if r.source_digest.is_empty() {
         None
     } else {
@@ -106,6 +110,7 @@ pub(crate) fn list(d: &Daemon, r: &ListRequest) -> Result<Vec<Listed>> {
         .into_iter()
         .filter(|e| r.format.is_empty() || e.type_name.starts_with(&r.format))
         .filter(|e| r.device.is_empty() || ctcache::device::describe(&e.device).contains(&r.device))
+        .filter_map(|e| view.entry(e))
         .filter(|e| r.model_path.is_empty() || e.model_paths.iter().any(|p| p == &r.model_path))
         .take(limit)
         .map(|e| {

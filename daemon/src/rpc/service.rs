@@ -17,9 +17,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{caller, decode, encode};
 use crate::caller::Caller;
-use crate::events::Visibility;
 use crate::ops::{self, blocking, Error};
 use crate::state::Daemon;
+use crate::view::View;
 
 type Answer<T> = Result<Response<T>, Status>;
 type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -127,8 +127,9 @@ impl CompiledTensorCache for Service {
         let caller = self.caller(&req);
         let r = decode::prepack(req.into_inner())?;
         let d = self.daemon.clone();
+        let model_path = r.model_path.clone();
         let jobs = blocking(move || ops::pack::prepack(&d, &caller, &r)).await?;
-        let progress = ops::progress::follow(&self.daemon, jobs);
+        let progress = ops::progress::follow(&self.daemon, jobs, model_path);
         let d = self.daemon.clone();
         let stream = ReceiverStream::new(progress).map(move |p| Ok(encode::progress(&d, &p)));
         ok(Box::pin(stream))
@@ -288,9 +289,10 @@ impl CompiledTensorCache for Service {
     }
 
     async fn list(&self, req: Request<api::ListRequest>) -> Answer<api::ListResponse> {
+        let caller = self.caller(&req);
         let r = decode::list(req.into_inner());
         self.run(
-            move |d| ops::status::list(d, &r),
+            move |d| ops::status::list(d, &caller, &r),
             |d, listed| api::ListResponse {
                 entries: listed
                     .into_iter()
@@ -367,11 +369,7 @@ impl CompiledTensorCache for Service {
     async fn events(&self, req: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
         let caller = self.caller(&req);
         let sub = self.daemon.events.subscribe(caller.queue_owner())?;
-        // Root and the daemon's user see everything; others what they may list.
-        let view = match caller.queue_owner() {
-            None => None,
-            Some(_) => Some(Visibility::new(caller.identity()?.clone())),
-        };
+        let view = View::of(&caller);
         let mut stop = self.shutdown.clone();
         let d = self.daemon.clone();
         let (tx, out) = mpsc::channel(256);
@@ -388,12 +386,17 @@ impl CompiledTensorCache for Service {
                     _ = tx.closed() => break,
                     e = sub.rx.recv() => match e {
                         Ok(e) => {
-                            let seen = match &view {
-                                Some(v) => v.sees(&e).await,
-                                None => true,
+                            let shown = if view.sees_all() {
+                                Some(e)
+                            } else {
+                                // Judging takes file system calls.
+                                let v = view.clone();
+                                blocking(move || Ok(v.event(e))).await.ok().flatten()
                             };
-                            if seen && tx.send(Ok(encode::event(&d, &e))).await.is_err() {
-                                break;
+                            if let Some(e) = shown {
+                                if tx.send(Ok(encode::event(&d, &e))).await.is_err() {
+                                    break;
+                                }
                             }
                         }
                         // A slow follower misses events rather than stalling others.
@@ -406,9 +409,13 @@ impl CompiledTensorCache for Service {
         ok(Box::pin(ReceiverStream::new(out)))
     }
 
-    async fn status(&self, _: Request<api::StatusRequest>) -> Answer<api::StatusResponse> {
-        self.run(ops::status::status, |_, s| encode::status(s))
-            .await
+    async fn status(&self, req: Request<api::StatusRequest>) -> Answer<api::StatusResponse> {
+        let caller = self.caller(&req);
+        self.run(
+            move |d| ops::status::status(d, &caller),
+            |_, s| encode::status(s),
+        )
+        .await
     }
 
     async fn remote_status(
