@@ -204,26 +204,27 @@ impl OutDir {
                 e.into()
             }
         })?;
-        if let Some(r) = self.recipient {
-            if made {
-                // The name was opened again: chown only a folder this
-                // process owns (the one made here), not another user's
-                // swapped in by a rename meanwhile.
-                let st = rustix::fs::fstat(&fd)?;
-                // SAFETY: geteuid has no preconditions.
-                if st.st_uid != unsafe { libc::geteuid() } {
-                    return Err(refused(format!(
-                        "{} changed while it was being made",
-                        self.shown(name).display()
-                    )));
-                }
-                chown_fd(&fd, r)?;
-            } else if rustix::fs::fstat(&fd)?.st_uid != r.uid {
+        let st = rustix::fs::fstat(&fd)?;
+        if made {
+            // The name was opened again: chown only a folder this process
+            // owns (the one made here), not another user's swapped in by a
+            // rename meanwhile.
+            if st.st_uid != own_uid() {
                 return Err(refused(format!(
-                    "{} exists and belongs to another user; remove it or choose another output",
+                    "{} changed while it was being made",
                     self.shown(name).display()
                 )));
             }
+            if let Some(r) = self.recipient {
+                chown_fd(&fd, r)?;
+            }
+        } else if st.st_uid != self.writer_uid() {
+            // Whoever writes, root included: another user's folder could be
+            // changed under the files written into it.
+            return Err(refused(format!(
+                "{} exists and belongs to another user; remove it or choose another output",
+                self.shown(name).display()
+            )));
         }
         let sub = OutDir {
             fd,
@@ -270,9 +271,9 @@ impl OutDir {
     }
 
     /// Renames `temp` to `name`, replacing what was there (a link named
-    /// `name` is replaced, never followed). Writing for someone, an existing
-    /// `name` in a sticky folder must be theirs, as their own rename would
-    /// require.
+    /// `name` is replaced, never followed). In a sticky folder an existing
+    /// `name` must be the writer's (the recipient's, else this process's),
+    /// root included: another user's file there is not replaced.
     pub fn commit(&self, temp: Temp, name: &OsStr) -> io::Result<()> {
         if let Err(e) = self.may_replace(name) {
             self.discard(temp);
@@ -288,15 +289,13 @@ impl OutDir {
     }
 
     fn may_replace(&self, name: &OsStr) -> io::Result<()> {
-        let Some(r) = self.recipient else {
-            return Ok(());
-        };
+        let uid = self.writer_uid();
         let dir = rustix::fs::fstat(&self.fd)?;
-        if dir.st_mode & libc::S_ISVTX == 0 || dir.st_uid == r.uid {
+        if dir.st_mode & libc::S_ISVTX == 0 || dir.st_uid == uid {
             return Ok(());
         }
         match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if st.st_uid != r.uid => Err(refused(format!(
+            Ok(st) if st.st_uid != uid => Err(refused(format!(
                 "{} belongs to another user in a shared (sticky) folder",
                 self.shown(name).display()
             ))),
@@ -461,6 +460,19 @@ impl Temp {
     }
 }
 
+impl OutDir {
+    /// Whose the files written here are: the recipient's, else this
+    /// process's.
+    fn writer_uid(&self) -> u32 {
+        self.recipient.map_or_else(own_uid, |r| r.uid)
+    }
+}
+
+fn own_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
@@ -478,4 +490,42 @@ fn chown_fd(fd: impl AsFd, r: Recipient) -> io::Result<()> {
 
 fn refused(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Root writing for itself (no recipient) into a shared sticky folder
+    /// (of a third user) where another user made the names first: neither
+    /// that user's `.weights` folder nor its file is used or replaced.
+    #[test]
+    fn another_users_folder_or_file_is_refused_for_root_too() {
+        if own_uid() != 0 {
+            eprintln!("skipped: needs root to make another user's files");
+            return;
+        }
+        let shared = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::os::unix::fs::chown(shared.path(), Some(4242), Some(4242)).unwrap();
+        let planted = shared.path().join("OUT.weights");
+        std::fs::create_dir(&planted).unwrap();
+        let theirs = shared.path().join("OUT.onnx");
+        std::fs::write(&theirs, b"theirs").unwrap();
+        for p in [&planted, &theirs] {
+            std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+        }
+        let dir = OutDir::open(shared.path()).unwrap();
+        let e = dir.subdir(OsStr::new("OUT.weights")).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("belongs to another user"), "{e}");
+        let (_, temp) = dir.create_temp(OsStr::new("OUT.onnx"), false).unwrap();
+        let e = dir.commit(temp, OsStr::new("OUT.onnx")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+        // Its own folder it uses.
+        std::fs::create_dir(shared.path().join("MINE.weights")).unwrap();
+        assert!(dir.subdir(OsStr::new("MINE.weights")).is_ok());
+    }
 }

@@ -146,7 +146,6 @@ impl From<StoreError> for Error {
             StoreError::NoSpace { .. } => ErrorKind::Exhausted,
             StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
-            StoreError::NotLeaseOwner(_) => ErrorKind::PermissionDenied,
             StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,
             StoreError::Leased { .. } => ErrorKind::Precondition,
             StoreError::PayloadDamaged { .. } | StoreError::PayloadCorrupt { .. } => {

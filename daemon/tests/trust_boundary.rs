@@ -27,23 +27,28 @@ async fn nobody_attacks_helper() {
     let var = |k: &str| std::env::var(k).unwrap();
     let mut c = CompiledTensorCacheClient::new(channel(Path::new(&socket)).await);
 
-    // Another uid's lease can be neither renewed nor released.
+    // Another uid's lease can be neither renewed nor released, and answers
+    // as a lease never issued does (no probing for live lease ids); the
+    // test goes on to check that root's lease still protects its entry.
     let root_lease: u64 = var("CTCACHE_TEST_ROOT_LEASE").parse().unwrap();
-    let renew = c
-        .renew_lease(api::RenewLeaseRequest {
-            lease_id: root_lease,
-            ttl_ms: 1,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(renew.code(), Code::PermissionDenied, "{renew:?}");
-    let release = c
-        .release_lease(api::ReleaseLeaseRequest {
-            lease_id: root_lease,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(release.code(), Code::PermissionDenied, "{release:?}");
+    let never = root_lease.wrapping_add(1_000_003);
+    let mut answers = Vec::new();
+    for id in [root_lease, never] {
+        let renew = c
+            .renew_lease(api::RenewLeaseRequest {
+                lease_id: id,
+                ttl_ms: 1,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(renew.code(), Code::NotFound, "{renew:?}");
+        let release = c
+            .release_lease(api::ReleaseLeaseRequest { lease_id: id })
+            .await;
+        assert!(release.is_ok(), "{release:?}");
+        answers.push(renew.message().replace(&id.to_string(), "<id>"));
+    }
+    assert_eq!(answers[0], answers[1], "one answer");
 
     // 2,000 leases with a cap of 1,000: the 1,001st and later are refused.
     let key = var("CTCACHE_TEST_OTHER_KEY");

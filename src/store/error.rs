@@ -125,12 +125,11 @@ pub enum StoreError {
         /// When the last lease on it ends, unix ms.
         until_ms: u64,
     },
-    /// No live lease has this id (never issued, released or expired).
+    /// No live lease of this holder has this id (never issued, released,
+    /// expired, or another holder's: one answer, so that lease ids cannot
+    /// be probed).
     #[error("unknown or expired lease {0}")]
     UnknownLease(LeaseId),
-    /// The lease exists but belongs to another holder.
-    #[error("{0} belongs to another holder")]
-    NotLeaseOwner(LeaseId),
     /// The holder already has the most live leases allowed.
     #[error("{} holds {max} live leases, the most allowed; release some first", match .owner { Some(u) => format!("uid {u}"), None => "this holder".to_string() })]
     TooManyLeases {

@@ -335,7 +335,8 @@ impl Store {
         Ok(lease.id)
     }
 
-    /// The live lease `id` as its record says, if `by` may touch it.
+    /// The live lease `id` as its record says, if `by` may touch it;
+    /// another holder's is unknown to `by`.
     fn owned_lease(&self, id: LeaseId, by: LeaseAuthority) -> StoreResult<(Lease, Vec<u8>)> {
         let idb = id.0.to_be_bytes();
         let old = self
@@ -344,7 +345,7 @@ impl Store {
             .ok_or(StoreError::UnknownLease(id))?;
         let lease = decode(&idb, &old).ok_or(StoreError::UnknownLease(id))?;
         if !by.covers(lease.owner) {
-            return Err(StoreError::NotLeaseOwner(id));
+            return Err(StoreError::UnknownLease(id));
         }
         Ok((lease, old))
     }
@@ -355,7 +356,7 @@ impl Store {
         self.renew_as(id, ttl, LeaseAuthority::Any)
     }
 
-    /// Extends a live lease `by` may touch (`NotLeaseOwner` otherwise).
+    /// Extends a live lease `by` may touch (`UnknownLease` otherwise).
     pub fn renew_as(&self, id: LeaseId, ttl: Duration, by: LeaseAuthority) -> StoreResult<Lease> {
         let mut gate = self.lease_gate()?;
         let now = self.now();
@@ -389,8 +390,8 @@ impl Store {
         self.release_as(id, LeaseAuthority::Any)
     }
 
-    /// Ends a lease `by` may touch (`NotLeaseOwner` otherwise); returns
-    /// whether it existed.
+    /// Ends a lease `by` may touch; returns whether it existed (another
+    /// holder's is not touched and answers like a missing one).
     pub fn release_as(&self, id: LeaseId, by: LeaseAuthority) -> StoreResult<bool> {
         let mut gate = self.lease_gate()?;
         let (_, old) = match self.owned_lease(id, by) {
