@@ -732,3 +732,40 @@ async fn a_model_over_max_model_bytes_in_all_is_refused() {
     assert!(e.message().contains("max_model_bytes"), "{e:?}");
     assert_eq!(d.stop(), Some(0));
 }
+
+/// TCP peers holding every TCP place (issue 27 point 7) leave the Unix
+/// socket's places alone: a socket client is still served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_connections_cannot_starve_the_socket() {
+    let mut d = InProc::start_with(|c| {
+        c.listen_tcp = Some("127.0.0.1:0".into());
+        c.max_connections = 8;
+    });
+    let addr = d.tcp_addr.unwrap();
+    // Twice the whole of max_connections as gRPC connections: the first
+    // ones take every TCP place, the rest wait in the backlog.
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}")).unwrap();
+        let served = async {
+            let mut c = CompiledTensorCacheClient::new(endpoint.connect().await.ok()?);
+            c.status(api::StatusRequest {}).await.ok()?;
+            Some(c)
+        };
+        if let Ok(Some(c)) = tokio::time::timeout(Duration::from_millis(500), served).await {
+            held.push(c);
+        }
+    }
+    assert!(!held.is_empty(), "no TCP connection was served");
+    let served = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut c = d.client().await;
+        c.status(api::StatusRequest {}).await
+    })
+    .await;
+    assert!(
+        matches!(served, Ok(Ok(_))),
+        "the socket was starved: {served:?}"
+    );
+    drop(held);
+    assert_eq!(d.stop(), Some(0));
+}

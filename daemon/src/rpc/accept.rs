@@ -1,8 +1,9 @@
-//! Accepting connections within `max_connections`: a connection holds a
-//! permit until it closes, and no new one is accepted while none is free
-//! (the kernel's backlog holds the rest). On the Unix socket each uid also
-//! has a share (`max_connections_per_uid`), so no one caller can hold them
-//! all and starve the others.
+//! Accepting connections within a pool: a connection holds a permit until
+//! it closes, and no new one is accepted while none is free (the kernel's
+//! backlog holds the rest). The Unix socket's pool is `max_connections`,
+//! and each uid also has a share (`max_connections_per_uid`), so no one
+//! caller can hold them all and starve the others; TCP has a pool of its
+//! own (a quarter of that), so TCP peers cannot starve the socket.
 
 use std::future::Future;
 use std::io;

@@ -72,6 +72,9 @@ pub(crate) async fn serve(
             .then(|| Duration::from_secs(cfg.request_timeout_secs)),
     };
     let open = Arc::new(Semaphore::new(cfg.max_connections));
+    // TCP peers have no uid to share by: their own pool, a quarter of the
+    // socket's, so that TCP can never take the socket's places.
+    let tcp_open = Arc::new(Semaphore::new(tcp_connections(cfg.max_connections)));
     let server = |tls: Option<ServerTlsConfig>| -> Result<_, RunError> {
         let mut b = Server::builder();
         if let Some(tls) = tls {
@@ -140,7 +143,7 @@ pub(crate) async fn serve(
                         Ok((s, info, None))
                     }
                 },
-                open,
+                tcp_open,
             );
             Some(tokio::spawn(
                 server(tls(cfg)?)?
@@ -169,6 +172,11 @@ pub(crate) async fn serve(
     turned_true(shutdown).await;
     drain(&daemon).await;
     Ok(())
+}
+
+/// Open TCP connections allowed beside `max_connections` on the socket.
+pub(crate) fn tcp_connections(max_connections: usize) -> usize {
+    (max_connections / 4).max(1)
 }
 
 /// The TLS settings of the TCP listener, from the configured PEM files.
