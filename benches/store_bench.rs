@@ -2,7 +2,8 @@
 //! put throughput vs a plain write+fsync of the same bytes (>= 0.8x),
 //! lookups per second on one core with N entries (>= 200,000/s), lookups
 //! that judge types (D9) against unjudged ones in the same run (>= 0.5x),
-//! open time of a store with N entries (< 1 s), GC over N entries (< 2 s),
+//! open time of a store with N entries (< 1 s), the open that rebuilds a
+//! lost index of N entries from their record files, GC over N entries (< 2 s),
 //! and stats, GC and a bounded lease acquire with L live leases (default
 //! 100,000, from `CTCACHE_BENCH_LEASES`) against the same store without
 //! leases (each <= 2x its anchor).
@@ -387,6 +388,24 @@ fn main() {
         "lookups judging types (D9): {judged:.0}/s, {ratio:.2}x the unjudged ones (target >= 0.5x: {})",
         verdict(ratio >= 0.5)
     );
+
+    // The index lost: every entry is indexed again from its record file
+    // (D13). The record files are in the page cache, as after a crash.
+    drop(s);
+    std::fs::rename(dir.join("index"), tmp.path().join("lost-index")).unwrap();
+    let t = Instant::now();
+    let s = Store::open(&dir, StoreOptions::default()).unwrap();
+    let rebuild = t.elapsed();
+    let indexed = s.opened().record_sync.clone().unwrap_or_default().indexed;
+    assert_eq!(indexed, n, "every entry back");
+    println!("rebuild of a lost index from {n} record files: {rebuild:.1?}");
+    Figure::new(
+        "store.rebuild",
+        &format!("open of a store with {n} entries whose index is lost (rebuilt from records)"),
+        rebuild.as_secs_f64(),
+        "s",
+    )
+    .print();
 
     if std::env::var("CTCACHE_BENCH_SKIP_GC").is_ok() {
         return;

@@ -369,44 +369,138 @@ fn lookups_explain_their_misses_and_check_a_known_shape() {
     assert_eq!(code(3, None, &trusted), "not_daemon_produced");
 }
 
+/// Puts `n` entries (small payloads of different lengths) and returns
+/// them as listed.
+fn fill(s: &Store, n: u64) -> Vec<ctcache::store::Entry> {
+    for i in 0..n {
+        s.put(&entry(i), payload(i, 64 + i as usize).as_slice())
+            .unwrap();
+    }
+    let mut all = s.list(&Filter::default()).unwrap();
+    all.sort_by_key(|e| e.key.to_string());
+    all
+}
+
+/// Ways an index can be found damaged after a crash or a bad disk.
+fn damage_index(dir: &std::path::Path, how: &str) {
+    let index = dir.join("index");
+    let edit = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
+        let p = index.join(name);
+        let mut b = fs::read(&p).unwrap();
+        f(&mut b);
+        fs::write(&p, b).unwrap();
+    };
+    match how {
+        // sled's checksummed config: one flipped bit.
+        "conf bit" => edit("conf", &|b| b[0] ^= 0x20),
+        "conf cut" => edit("conf", &|b| b.truncate(b.len() / 2)),
+        "db garbage" => edit("db", &|b| b.iter_mut().step_by(7).for_each(|x| *x ^= 0xa5)),
+        "db empty" => edit("db", &|b| b.clear()),
+        "gone" => fs::remove_dir_all(&index).unwrap(),
+        "a file" => {
+            fs::remove_dir_all(&index).unwrap();
+            fs::write(&index, b"not an index").unwrap();
+        }
+        other => panic!("unknown damage {other}"),
+    }
+}
+
 #[test]
-fn a_corrupt_index_is_set_aside_and_the_store_starts_empty() {
+fn a_damaged_index_is_rebuilt_from_the_record_files() {
+    for how in [
+        "conf bit",
+        "conf cut",
+        "db garbage",
+        "db empty",
+        "gone",
+        "a file",
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        let before = fill(&s, 300);
+        drop(s);
+        damage_index(d.path(), how);
+
+        let s = Store::open(d.path(), StoreOptions::default())
+            .unwrap_or_else(|e| panic!("{how}: the store must open: {e}"));
+        let opened = s.opened();
+        if let Some(reset) = &opened.index_reset {
+            assert!(
+                reset.moved_to.starts_with(d.path().join("quarantine")),
+                "{how}: {reset:?}"
+            );
+            assert!(!reset.detail.is_empty(), "{how}");
+        }
+        let sync = opened.record_sync.clone().expect("records synced");
+        assert_eq!(sync.indexed, 300, "{how}: {sync:?}");
+        // Every entry is back: same key, same payload, lookups find it,
+        // and the bytes read are the ones hashed.
+        let mut after = assert_consistent(&s);
+        after.sort_by_key(|e| e.key.to_string());
+        assert_eq!(after.len(), before.len(), "{how}");
+        for (a, b) in after.iter().zip(&before) {
+            assert_eq!((&a.key, &a.payload), (&b.key, &b.payload), "{how}");
+            let p = s.open_payload(&a.key).unwrap();
+            assert_eq!(*blake3::hash(&p).as_bytes(), b.payload.blake3, "{how}");
+        }
+        // Nothing is left for reconcile to remove.
+        let r = s.reconcile().unwrap();
+        assert!(r.orphan_files_removed.is_empty(), "{how}: {r:?}");
+        assert_eq!(r.records, Default::default(), "{how}");
+        drop(s);
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        assert_eq!(s.opened().index_reset, None, "{how}: the new index opens");
+        assert_eq!(s.opened().record_sync, None, "{how}: closed cleanly");
+        assert_eq!(s.list(&Filter::default()).unwrap().len(), 300, "{how}");
+    }
+}
+
+#[test]
+fn a_damaged_record_or_a_missing_payload_is_not_indexed() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(d.path(), StoreOptions::default()).unwrap();
-    let e = entry(1);
-    s.put(&e, payload(1, 4096).as_slice()).unwrap();
+    let all = fill(&s, 4);
+    let gone = s.blob_path(&all[1].payload.blake3);
     drop(s);
-    // One flipped bit in sled's checksummed config file: sled reports
-    // corruption at open (as it does for a log torn by a crash).
-    let conf = d.path().join("index/conf");
-    let mut bytes = fs::read(&conf).unwrap();
-    bytes[0] ^= 0x20;
-    fs::write(&conf, bytes).unwrap();
+    let rec =
+        |e: &ctcache::store::Entry| d.path().join("records").join(hex::encode(e.key.to_bytes()));
+    // One record with a flipped byte, one payload file gone, one record
+    // copied under another entry's name; a stray file beside them.
+    let mut b = fs::read(rec(&all[0])).unwrap();
+    b[12] ^= 1;
+    fs::write(rec(&all[0]), b).unwrap();
+    fs::remove_file(gone).unwrap();
+    fs::copy(rec(&all[3]), rec(&all[2])).unwrap();
+    fs::write(d.path().join("records/notes.txt"), b"x").unwrap();
+    fs::remove_dir_all(d.path().join("index")).unwrap();
 
     let s = Store::open(d.path(), StoreOptions::default()).unwrap();
-    let reset = s
-        .opened()
-        .index_reset
-        .clone()
-        .expect("index reset reported");
-    assert!(
-        reset.moved_to.starts_with(d.path().join("quarantine")),
-        "{reset:?}"
-    );
-    assert!(
-        reset.moved_to.join("conf").is_file(),
-        "the corrupt index is kept"
-    );
-    assert!(!reset.detail.is_empty());
-    // Nothing is served from it: the entry is gone, its payload an orphan
-    // that reconcile removes.
-    assert!(assert_consistent(&s).is_empty());
-    assert!(!s.reconcile().unwrap().orphan_files_removed.is_empty());
-    drop(s);
-    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let sync = s.opened().record_sync.clone().unwrap();
     assert_eq!(
-        s.opened().index_reset,
-        None,
-        "the fresh index opens cleanly"
+        (sync.indexed, sync.dropped, sync.stray_removed),
+        (1, 3, 1),
+        "{sync:?}"
     );
+    let left = assert_consistent(&s);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].key, all[3].key);
+    let names: Vec<_> = fs::read_dir(d.path().join("records")).unwrap().collect();
+    assert_eq!(names.len(), 1, "dropped records are removed");
+}
+
+#[test]
+fn index_entries_without_a_record_get_one() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let all = fill(&s, 5);
+    for e in &all[..2] {
+        fs::remove_file(d.path().join("records").join(hex::encode(e.key.to_bytes()))).unwrap();
+    }
+    let r = s.reconcile().unwrap();
+    assert_eq!(r.records.rewritten, 2, "{r:?}");
+    drop(s);
+    // ... so the index can be lost and they come back.
+    fs::remove_dir_all(d.path().join("index")).unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(assert_consistent(&s).len(), 5);
 }

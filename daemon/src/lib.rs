@@ -110,11 +110,20 @@ pub async fn run(
                 dir,
                 source: Box::new(e),
             })?;
-        if let Some(reset) = &store.opened().index_reset {
+        let opened = store.opened();
+        if let Some(reset) = &opened.index_reset {
             tracing::warn!(
                 moved_to = %reset.moved_to.display(),
                 detail = %reset.detail,
-                "the cache index was corrupt (an earlier crash?): set aside and started empty; entries are packed again on demand"
+                "the cache index could not be opened: set aside and rebuilt from the record files"
+            );
+        }
+        if let Some(r) = &opened.record_sync {
+            tracing::info!(
+                indexed = r.indexed,
+                rewritten = r.rewritten,
+                dropped = r.dropped,
+                "index and record files brought to agree at open"
             );
         }
         Ok(Arc::new(Daemon::new(

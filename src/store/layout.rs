@@ -3,12 +3,17 @@
 //! ```text
 //! <cache>/LAYOUT          "ctcache-store-layout <N>": the layout version
 //! <cache>/LOCK            flock'ed by the owning process, holds its pid
-//! <cache>/index/          the index (sled)
+//! <cache>/CLEAN           present while no owner holds the dir and the last
+//!                         one closed it cleanly (its index flushed)
+//! <cache>/index/          the index (sled): a view of records/, rebuilt from
+//!                         it when damaged (D13)
+//! <cache>/records/<key hex>  one entry record per file, beside its payload
 //! <cache>/blobs/<2 hex>/<blake3 hex>   payload files, immutable, mode 0444
 //! <cache>/tmp/            payloads being written; emptied at start-up
 //! <cache>/quarantine/     payload files that failed verification
 //! ```
 //!
+//! Layout 2 added records/ (filled from the index at the first open).
 //! A dir of a newer layout is refused; an older one is migrated step by step
 //! (each step idempotent, LAYOUT rewritten last, so an interrupted migration
 //! simply runs again).
@@ -21,11 +26,20 @@ use std::path::{Path, PathBuf};
 use super::error::{StoreError, StoreResult};
 
 /// The layout this build writes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 const LAYOUT_MAGIC: &str = "ctcache-store-layout";
 /// Names a store dir may hold; a dir without LAYOUT holding anything else is
 /// not taken over (someone pointed the cache at a folder in use).
-const OWN_NAMES: [&str; 6] = ["LAYOUT", "LOCK", "index", "blobs", "tmp", "quarantine"];
+const OWN_NAMES: [&str; 8] = [
+    "LAYOUT",
+    "LOCK",
+    "CLEAN",
+    "index",
+    "blobs",
+    "records",
+    "tmp",
+    "quarantine",
+];
 
 /// Paths inside a cache dir.
 #[derive(Debug, Clone)]
@@ -33,6 +47,7 @@ pub(crate) struct Paths {
     pub root: PathBuf,
     pub index: PathBuf,
     pub blobs: PathBuf,
+    pub records: PathBuf,
     pub tmp: PathBuf,
     pub quarantine: PathBuf,
 }
@@ -43,6 +58,7 @@ impl Paths {
             root: root.to_path_buf(),
             index: root.join("index"),
             blobs: root.join("blobs"),
+            records: root.join("records"),
             tmp: root.join("tmp"),
             quarantine: root.join("quarantine"),
         }
@@ -156,7 +172,7 @@ pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
         }
         None => refuse_foreign(root)?,
     }
-    for d in [&paths.blobs, &paths.tmp, &paths.quarantine] {
+    for d in [&paths.blobs, &paths.records, &paths.tmp, &paths.quarantine] {
         mkdir(d)?;
     }
     // All 256 shards up front: publishing never creates (and fsyncs) a folder.
@@ -239,10 +255,38 @@ fn migrate_step(paths: &Paths, from: u32) -> StoreResult<()> {
             }
             Ok(())
         }
+        // Layout 2 keeps entry records beside the payloads: the folder is
+        // made here, and the first open's record sync fills it from the index.
+        1 => mkdir(&paths.records),
         _ => Err(StoreError::BadLayout {
             dir: paths.root.clone(),
             detail: format!("no migration from layout {from}"),
         }),
+    }
+}
+
+/// Takes the mark the last owner left when it closed the dir cleanly;
+/// returns whether it was there. Taken durably before the new owner
+/// changes anything, so a crash of this owner is never taken for a clean
+/// close.
+pub(crate) fn take_clean_mark(paths: &Paths) -> StoreResult<bool> {
+    let mark = paths.root.join("CLEAN");
+    match fs::remove_file(&mark) {
+        Ok(()) => {
+            crate::fsutil::sync_dir(&paths.root)
+                .map_err(|e| StoreError::io("sync", &paths.root, e))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StoreError::io("remove", &mark, e)),
+    }
+}
+
+/// Leaves the mark of a clean close (best effort: without it the next
+/// open only does more work).
+pub(crate) fn set_clean_mark(paths: &Paths) {
+    if File::create(paths.root.join("CLEAN")).is_ok() {
+        let _ = crate::fsutil::sync_dir(&paths.root);
     }
 }
 

@@ -55,6 +55,8 @@ mod lease;
 mod lookup;
 mod memo;
 mod options;
+mod rebuild;
+mod records;
 mod shared;
 mod sled_index;
 mod sources;
@@ -82,6 +84,7 @@ pub use layout::LAYOUT_VERSION;
 pub use lease::{Lease, LeaseAuthority, LeaseId};
 pub use lookup::{Accept, Filter, Hit, HostFilter};
 pub use options::{Clock, StoreOptions, WriteFault};
+pub use rebuild::RecordSync;
 pub use shared::SharedEntry;
 pub use stats::{Stats, Usage};
 pub use verify::{Damage, ReconcileReport, VerifyProblem, VerifyReport};
@@ -97,13 +100,20 @@ pub struct OpenReport {
     pub layout_found: Option<u32>,
     /// Leftovers of interrupted writes removed from tmp/.
     pub temp_removed: usize,
-    /// The index did not decode and was replaced by an empty one.
+    /// The index could not be opened: it was set aside and rebuilt from
+    /// the record files.
     pub index_reset: Option<IndexReset>,
+    /// What the record sync at open did: it runs when the last owner did
+    /// not close the dir cleanly (a crash), when the index was rebuilt or
+    /// found empty, and after a layout upgrade; `None` otherwise.
+    pub record_sync: Option<RecordSync>,
 }
 
-/// A corrupt index set aside at open. Its entries are gone (the daemon
-/// packs them again on demand); their payload files become orphans that
-/// reconcile and gc remove. Nothing wrong is ever served from it.
+/// A damaged index set aside at open and rebuilt from the record files
+/// (D13): every entry whose record and payload file are intact is back;
+/// leases, access times (reset to the rebuild's time), the hit/miss
+/// counters and the digest memo start anew. Nothing wrong is ever served
+/// from the old one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IndexReset {
     /// Where the corrupt index now lies, for a bug report.
@@ -191,17 +201,28 @@ fn blob_ref_key(blob: &[u8; 32], key: &KeyBytes) -> Vec<u8> {
     k
 }
 
-/// Opens the index; a corrupt one (a crash can tear sled 0.34's log even
-/// with fsync) is moved to `quarantine/index-<unix ms>` and replaced by an
-/// empty index: losing the entries costs packs, keeping a torn index could
-/// cost wrong answers.
+/// Opens the index; a damaged one (a crash can tear sled 0.34's log even
+/// with fsync, and files can rot) is moved to `quarantine/index-<unix ms>`
+/// and replaced by an empty index, which the caller fills from the record
+/// files. sled panics on some damage: that is damage too.
 fn open_index(
     paths: &Paths,
     opts: &StoreOptions,
 ) -> StoreResult<(sled_index::SledIndex, Option<IndexReset>)> {
-    let detail = match sled_index::SledIndex::open(&paths.index, opts) {
-        Err(StoreError::IndexCorrupt { detail, .. }) => detail,
-        r => return r.map(|i| (i, None)),
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sled_index::SledIndex::open(&paths.index, opts)
+    }));
+    let detail = match opened {
+        Ok(Err(StoreError::IndexCorrupt { detail, .. })) => detail,
+        Ok(r) => return r.map(|i| (i, None)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            format!("the index library panicked: {what}")
+        }
     };
     let moved_to = paths
         .quarantine
@@ -224,14 +245,16 @@ impl Store {
         let paths = Paths::new(root);
         let layout_found = layout::prepare(&paths)?;
         let temp_removed = layout::clean_tmp(&paths)?;
+        let clean = layout::take_clean_mark(&paths)?;
         let (index, index_reset) = open_index(&paths, &opts)?;
+        let must_sync = !clean || index_reset.is_some() || !index.recovered();
         let now = opts.clock.now_ms();
         let counters = stats::Counters::load(&index, now)?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        Ok(Store {
+        let mut store = Store {
             session: format!("{:x}-{:x}{:08x}", std::process::id(), now, nanos),
             paths,
             index: Box::new(index),
@@ -248,11 +271,25 @@ impl Store {
                 layout_found,
                 temp_removed,
                 index_reset,
+                record_sync: None,
             },
             verified: integrity::Verified::default(),
             opts,
             _lock: lock,
-        })
+        };
+        if must_sync {
+            store.opened.record_sync = Some(store.sync_records()?);
+        }
+        Ok(store)
+    }
+
+    /// A fresh path in tmp/ for a file this instance writes.
+    pub(crate) fn temp_path(&self, ext: &str) -> PathBuf {
+        self.paths.tmp.join(format!(
+            "{}-{}.{ext}",
+            self.session,
+            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
+        ))
     }
 
     /// The cache dir this store owns.
@@ -292,11 +329,7 @@ impl Store {
                 created: false,
             });
         }
-        let tmp = self.paths.tmp.join(format!(
-            "{}-{}.part",
-            self.session,
-            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self.temp_path("part");
         let w = blobs::write_temp(
             &self.paths,
             tmp,
@@ -313,55 +346,14 @@ impl Store {
             last_ms: now,
             count: 0,
         };
-        let _stripe = self.stripes.lock(&blob);
-        let mut pending = Some(w);
-        loop {
-            if let Some(e) = self.existing(&kb, new)? {
-                // Another put of this key won. Our file, if we published it
-                // and nothing else uses it, goes again.
-                match pending.take() {
-                    Some(w) => w.discard(),
-                    None => {
-                        self.delete_unreferenced(&blob)?;
-                    }
-                }
-                return Ok(Stored {
-                    entry: e,
-                    created: false,
-                });
-            }
-            if let Some(w) = pending.take() {
-                if self.blob_referenced(&blob)? && self.blob_intact(&blob, w.len)? {
-                    w.discard();
-                } else {
-                    let chunks = blobs::publish(&self.paths, w, self.opts.fsync)?;
-                    self.published(&blob, chunks);
-                }
-            }
-            let (prefix, suffix) = (sources::prefix(&kb), sources::suffix(&kb));
-            let list = self.index.get(Tree::Sources, prefix)?;
-            let applied = self.commit(
-                &[
-                    Precondition::new(Tree::Entries, &kb, Expect::Absent),
-                    sources::unchanged(prefix, &list),
-                ],
-                &[
-                    Op::Put(Tree::Entries, kb.to_vec(), value.clone()),
-                    Op::Put(Tree::BlobRefs, blob_ref_key(&blob, &kb), Vec::new()),
-                    Op::Put(Tree::Access, kb.to_vec(), access.encode()),
-                    sources::store(
-                        prefix,
-                        sources::with(list.as_deref().unwrap_or(&[]), suffix),
-                    ),
-                ],
-            )?;
-            if applied {
-                break;
-            }
-            // A concurrent put of the key (with another payload, so under
-            // another stripe) committed first, or one of another key of the
-            // same source changed its list: loop to return the entry, or to
-            // try again.
+        if let Some(e) = self.commit_put(&kb, new, w, &value, &access)? {
+            // Another put of this key won, and our record file may have
+            // replaced its record: write the winner's again.
+            self.restore_record(&kb)?;
+            return Ok(Stored {
+                entry: e,
+                created: false,
+            });
         }
         if self.opts.durable_puts {
             self.index.flush()?;
@@ -372,6 +364,74 @@ impl Store {
             entry: record.into_entry(prep.key, Some(access)),
             created: true,
         })
+    }
+
+    /// Publishes a written payload, its record and the index entry, under
+    /// the payload's stripe. Returns the existing entry when another put of
+    /// the key committed first (our file is dropped again then).
+    fn commit_put(
+        &self,
+        kb: &KeyBytes,
+        new: &NewEntry,
+        w: blobs::Written,
+        value: &[u8],
+        access: &Access,
+    ) -> StoreResult<Option<Entry>> {
+        let blob = w.blake3;
+        let _stripe = self.stripes.lock(&blob);
+        let mut pending = Some(w);
+        let mut recorded = false;
+        loop {
+            if let Some(e) = self.existing(kb, new)? {
+                // Our file, if we published it and nothing else uses it,
+                // goes again.
+                match pending.take() {
+                    Some(w) => w.discard(),
+                    None => {
+                        self.delete_unreferenced(&blob)?;
+                    }
+                }
+                return Ok(Some(e));
+            }
+            if let Some(w) = pending.take() {
+                if self.blob_referenced(&blob)? && self.blob_intact(&blob, w.len)? {
+                    w.discard();
+                } else {
+                    let chunks = blobs::publish(&self.paths, w, self.opts.fsync)?;
+                    self.published(&blob, chunks);
+                }
+            }
+            if !recorded {
+                // Durable before the index knows the entry (D13): the put
+                // survives a crash that loses the index's last commits.
+                self.write_record(kb, value, rebuild::Durable::Now)?;
+                recorded = true;
+            }
+            let (prefix, suffix) = (sources::prefix(kb), sources::suffix(kb));
+            let list = self.index.get(Tree::Sources, prefix)?;
+            let applied = self.commit(
+                &[
+                    Precondition::new(Tree::Entries, kb, Expect::Absent),
+                    sources::unchanged(prefix, &list),
+                ],
+                &[
+                    Op::Put(Tree::Entries, kb.to_vec(), value.to_vec()),
+                    Op::Put(Tree::BlobRefs, blob_ref_key(&blob, kb), Vec::new()),
+                    Op::Put(Tree::Access, kb.to_vec(), access.encode()),
+                    sources::store(
+                        prefix,
+                        sources::with(list.as_deref().unwrap_or(&[]), suffix),
+                    ),
+                ],
+            )?;
+            if applied {
+                return Ok(None);
+            }
+            // A concurrent put of the key (with another payload, so under
+            // another stripe) committed first, or one of another key of the
+            // same source changed its list: loop to return the entry, or to
+            // try again.
+        }
     }
 
     /// The entry under `kb`, after remembering the new entry's source names
@@ -477,6 +537,9 @@ impl Store {
         old: Vec<u8>,
     ) -> StoreResult<bool> {
         let (prefix, suffix) = (sources::prefix(kb), sources::suffix(kb));
+        // The record goes first (D13): a crash before the commit leaves an
+        // entry without a record, which the next sync keeps.
+        records::remove(&self.paths, kb)?;
         loop {
             let list = self.index.get(Tree::Sources, prefix)?;
             let done = self.commit(
@@ -500,8 +563,16 @@ impl Store {
             }
             // Either the entry changed (give up) or only the source list did
             // (another entry of this source came or went: try again).
-            if self.index.get(Tree::Entries, kb)?.as_deref() != Some(old.as_slice()) {
-                return Ok(false);
+            match self.index.get(Tree::Entries, kb)? {
+                Some(v) if v == old => {}
+                // Names merged into the record: the entry stays, and so
+                // must its record. (Another payload's entry wrote its own
+                // record, after ours was gone.)
+                Some(v) if entry::decode_brief(kb, &v).is_ok_and(|b| b.blob() == *blob) => {
+                    self.write_record(kb, &v, rebuild::Durable::Now)?;
+                    return Ok(false);
+                }
+                _ => return Ok(false),
             }
         }
     }
@@ -526,6 +597,9 @@ impl Store {
             .iter()
             .map(|(p, l)| (*p, l.clone().unwrap_or_default()))
             .collect();
+        for (kb, ..) in items {
+            records::remove(&self.paths, kb)?;
+        }
         for (kb, blob, old) in items {
             when.push(Precondition::new(
                 Tree::Entries,
@@ -698,7 +772,9 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        let _ = self.flush();
+        if self.flush().is_ok() {
+            layout::set_clean_mark(&self.paths);
+        }
     }
 }
 

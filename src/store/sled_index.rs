@@ -74,7 +74,7 @@ impl SledIndex {
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10))
                 }
-                Err(e @ sled::Error::Corruption { .. }) => {
+                Err(e) if is_damage(&e) => {
                     return Err(StoreError::IndexCorrupt {
                         path: path.to_path_buf(),
                         detail: e.to_string(),
@@ -83,7 +83,18 @@ impl SledIndex {
                 r => break r.map_err(err("open"))?,
             }
         };
-        let open_tree = |t: Tree| db.open_tree(t.name()).map_err(err("open tree"));
+        let open_tree = |t: Tree| {
+            db.open_tree(t.name()).map_err(|e| {
+                if is_damage(&e) {
+                    StoreError::IndexCorrupt {
+                        path: path.to_path_buf(),
+                        detail: e.to_string(),
+                    }
+                } else {
+                    err("open tree")(e)
+                }
+            })
+        };
         let trees = [
             open_tree(Tree::Entries)?,
             open_tree(Tree::BlobRefs)?,
@@ -96,8 +107,35 @@ impl SledIndex {
         Ok(SledIndex { db, trees })
     }
 
+    /// Whether the index was opened from files (false: created empty).
+    pub(crate) fn recovered(&self) -> bool {
+        self.db.was_recovered()
+    }
+
     fn tree(&self, t: Tree) -> &sled::Tree {
         &self.trees[slot(t)]
+    }
+}
+
+/// Whether an open failed on the index's files rather than on the system
+/// (permissions, descriptors): damaged files are set aside and rebuilt, a
+/// system problem is reported as it is.
+fn is_damage(e: &sled::Error) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        sled::Error::Corruption { .. }
+        | sled::Error::Unsupported(_)
+        | sled::Error::ReportableBug(_)
+        | sled::Error::CollectionNotFound(_) => true,
+        sled::Error::Io(e) => matches!(
+            e.kind(),
+            ErrorKind::InvalidData
+                | ErrorKind::UnexpectedEof
+                | ErrorKind::InvalidInput
+                // index/ (or a file sled expects) is something else
+                | ErrorKind::NotADirectory
+                | ErrorKind::IsADirectory
+        ),
     }
 }
 

@@ -102,6 +102,8 @@ pub struct ReconcileReport {
     pub records_removed: u64,
     /// Leases past their end, removed.
     pub expired_leases_removed: u64,
+    /// Record files and index brought to agree (D13), before the rest.
+    pub records: super::RecordSync,
 }
 
 impl Store {
@@ -296,7 +298,12 @@ impl Store {
     /// Makes files and index agree (see module docs). Safe to run while the
     /// store is in use; every repair re-checks under the right lock.
     pub fn reconcile(&self) -> StoreResult<ReconcileReport> {
-        let mut r = ReconcileReport::default();
+        // Records first: a payload file whose entry lives only in its
+        // record is indexed again here, not removed below as an orphan.
+        let mut r = ReconcileReport {
+            records: self.sync_records()?,
+            ..Default::default()
+        };
         let referenced = self.referenced()?;
         let mut entries: HashMap<KeyBytes, [u8; 32]> = HashMap::new();
         for (blob, (_, users)) in &referenced {

@@ -127,12 +127,15 @@ pub(crate) fn verify(
 /// One line for what a reconcile found and fixed.
 pub(crate) fn log_reconcile(r: &ReconcileReport) {
     tracing::info!(
-        "reconcile: {} entries checked, {} damaged, {} orphan and {} stray files and {} temp files removed, {} index records fixed",
+        "reconcile: {} entries checked, {} damaged, {} orphan and {} stray files and {} temp files removed, {} index records fixed; record files: {} indexed again, {} written again, {} dropped",
         r.entries_checked,
         r.damaged.len(),
         r.orphan_files_removed.len(),
         r.stray_files_removed.len(),
         r.temp_files_removed.len(),
         r.refs_added + r.source_lists_fixed + r.records_removed + r.expired_leases_removed,
+        r.records.indexed,
+        r.records.rewritten,
+        r.records.dropped + r.records.stray_removed,
     );
 }
