@@ -152,7 +152,7 @@ impl Error {
 /// the daemon sends has no source error; one tonic builds from a transport
 /// failure keeps it (unary calls: "transport error", code Unknown), or
 /// names the HTTP/2 failure, or (a stream cut inside a message) the EOF.
-fn connection_lost(s: &tonic::Status) -> bool {
+pub(crate) fn connection_lost(s: &tonic::Status) -> bool {
     s.code() == tonic::Code::Unavailable
         || std::error::Error::source(s).is_some()
         || s.message().starts_with("h2 protocol error")

@@ -24,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+mod conn;
 mod error;
 mod payload;
 mod socket;
@@ -33,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use conn::{Conn, Repeat};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -43,8 +44,6 @@ pub use payload::{MappedPayload, OpenOptions};
 pub use socket::{default_socket, default_socket_with};
 pub use stream::MessageStream;
 
-/// Largest message accepted from the daemon (a List of many entries).
-const MAX_MESSAGE: usize = 256 << 20;
 /// Chunk size of `Put` data messages (the daemon accepts 16 MiB messages).
 const PUT_CHUNK: usize = 1 << 20;
 
@@ -62,11 +61,25 @@ pub struct ResolveOptions {
     pub runtime: Option<api::RuntimeIdentity>,
 }
 
+/// How long a call that is safe to repeat waits, by default, for a daemon
+/// that went away to answer again (a restart by systemd takes well under).
+pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(5);
+
 /// A connection to ctcached; cheap to clone (one shared HTTP/2 channel).
+///
+/// When the daemon goes away (a restart), the next call gets a new channel
+/// by itself. Calls that are safe to send twice (lookups, resolves, reads,
+/// Put of the same bytes, lease renewal, watch changes, status and stats)
+/// are sent again with backoff for up to [`Client::retry_for`] before they
+/// fail with [`Error::Unavailable`]; the others (AcquireLease,
+/// ReleaseLease, Embed, Materialize, Import, Gc, Verify, remote transfers)
+/// fail at once, since the daemon may have acted on them. A stream the
+/// restart cut (Prepack progress, Events) ends with that error too.
 #[derive(Clone)]
 pub struct Client {
-    inner: CompiledTensorCacheClient<Channel>,
+    conn: Arc<Conn>,
     socket: Arc<PathBuf>,
+    retry_for: Duration,
 }
 
 impl std::fmt::Debug for Client {
@@ -86,15 +99,31 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
     })
 }
 
+/// One call through [`Conn::call`]: `unary!(self, "Rpc", method, req)`
+/// fails at once when the connection is lost; `unary!(safe self, ...)` is
+/// sent again while the daemon comes back.
 macro_rules! unary {
-    ($self:ident, $rpc:literal, $method:ident, $req:expr) => {
+    (safe $self:ident, $rpc:literal, $method:ident, $req:expr, $wrap:path) => {
         $self
-            .inner
-            .clone()
-            .$method($req)
+            .conn
+            .call($rpc, Repeat::Safe, $self.retry_for, $req, |mut grpc, req| async move {
+                grpc.$method($wrap(req)).await
+            })
             .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| Error::from_status(&$self.socket, $rpc, s))
+    };
+    (safe $self:ident, $rpc:literal, $method:ident, $req:expr) => {
+        unary!(@ Repeat::Safe, $self, $rpc, $method, $req)
+    };
+    ($self:ident, $rpc:literal, $method:ident, $req:expr) => {
+        unary!(@ Repeat::Never, $self, $rpc, $method, $req)
+    };
+    (@ $repeat:expr, $self:ident, $rpc:literal, $method:ident, $req:expr) => {
+        $self
+            .conn
+            .call($rpc, $repeat, $self.retry_for, $req, |mut grpc, req| async move {
+                grpc.$method(req).await
+            })
+            .await
     };
 }
 
@@ -155,13 +184,19 @@ impl Client {
         let socket = path.as_ref().to_path_buf();
         socket::probe(&socket).await?;
         let channel = channel_to(&socket).await?;
-        let inner = CompiledTensorCacheClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
+        let socket = Arc::new(socket);
         Ok(Client {
-            inner,
-            socket: Arc::new(socket),
+            conn: Arc::new(Conn::new(socket.clone(), channel)),
+            socket,
+            retry_for: DEFAULT_RETRY_FOR,
         })
+    }
+
+    /// How long calls that are safe to repeat wait for a daemon that went
+    /// away (default [`DEFAULT_RETRY_FOR`]; zero: never repeated).
+    pub fn retry_for(mut self, wait: Duration) -> Client {
+        self.retry_for = wait;
+        self
     }
 
     /// The socket this client talks to.
@@ -171,7 +206,7 @@ impl Client {
 
     /// The daemon host's devices as `DeviceProto`s (D5).
     pub async fn get_host_devices(&self) -> Result<Vec<ctcache::pb::DeviceProto>> {
-        Ok(unary!(
+        Ok(unary!(safe
             self,
             "GetHostDevices",
             get_host_devices,
@@ -182,7 +217,7 @@ impl Client {
 
     /// The packers (formats) the daemon can produce, with their parameters.
     pub async fn list_formats(&self) -> Result<Vec<api::FormatInfo>> {
-        Ok(unary!(
+        Ok(unary!(safe
             self,
             "ListFormats",
             list_formats,
@@ -193,7 +228,7 @@ impl Client {
 
     /// Entries usable by the caller for one source digest.
     pub async fn lookup(&self, req: api::LookupRequest) -> Result<api::LookupResponse> {
-        unary!(self, "Lookup", lookup, req)
+        unary!(safe self, "Lookup", lookup, req)
     }
 
     /// [`Client::lookup`] for several digests in one call; answers in request order.
@@ -201,7 +236,7 @@ impl Client {
         &self,
         requests: Vec<api::LookupRequest>,
     ) -> Result<Vec<api::LookupResponse>> {
-        Ok(unary!(
+        Ok(unary!(safe
             self,
             "BatchLookup",
             batch_lookup,
@@ -224,7 +259,7 @@ impl Client {
             devices: opts.devices.clone(),
             runtime: opts.runtime.clone(),
         };
-        unary!(self, "ResolveModel", resolve_model, req)
+        unary!(safe self, "ResolveModel", resolve_model, req)
     }
 
     /// Starts (or joins) pack jobs; the stream reports each job's states.
@@ -234,7 +269,7 @@ impl Client {
         mut req: api::PrepackRequest,
     ) -> Result<MessageStream<api::PrepackProgress>> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
-        let s = unary!(self, "Prepack", prepack, req)?;
+        let s = unary!(safe self, "Prepack", prepack, req)?;
         Ok(MessageStream::new(s, "Prepack", self.socket.clone()))
     }
 
@@ -255,7 +290,8 @@ impl Client {
                 part: Some(Part::Data(chunk)),
             });
         }
-        unary!(self, "Put", put, tokio_stream::iter(parts))
+        // The same key and bytes again store nothing twice: safe.
+        unary!(safe self, "Put", put, parts, tokio_stream::iter)
     }
 
     /// Streams `length` bytes (0 = to the end) of a payload into memory.
@@ -266,7 +302,7 @@ impl Client {
             length,
         };
         let mut s = MessageStream::new(
-            unary!(self, "ReadPayload", read_payload, req)?,
+            unary!(safe self, "ReadPayload", read_payload, req)?,
             "ReadPayload",
             self.socket.clone(),
         );
@@ -312,7 +348,7 @@ impl Client {
             lease_id,
             ttl_ms: ttl.as_millis() as u64,
         };
-        unary!(self, "RenewLease", renew_lease, req)
+        unary!(safe self, "RenewLease", renew_lease, req)
     }
 
     /// Ends a lease; the entry may be collected again.
@@ -368,12 +404,12 @@ impl Client {
 
     /// Entry counts, bytes per format and device, hits, misses and leases.
     pub async fn stats(&self) -> Result<api::StatsResponse> {
-        unary!(self, "Stats", stats, api::StatsRequest {})
+        unary!(safe self, "Stats", stats, api::StatsRequest {})
     }
 
     /// Entries matching the filters of `req` (format, device, digest, model).
     pub async fn list(&self, req: api::ListRequest) -> Result<Vec<api::Entry>> {
-        Ok(unary!(self, "List", list, req)?.entries)
+        Ok(unary!(safe self, "List", list, req)?.entries)
     }
 
     /// Collects unleased entries over the size or age budget (or reports them, with `dry_run`).
@@ -389,18 +425,18 @@ impl Client {
     /// Adds a folder the daemon watches for new models; returns every watched folder.
     pub async fn add_watch(&self, dir: impl AsRef<Path>) -> Result<Vec<String>> {
         let dir = absolute(dir.as_ref())?.display().to_string();
-        Ok(unary!(self, "AddWatch", add_watch, api::WatchRequest { dir })?.dirs)
+        Ok(unary!(safe self, "AddWatch", add_watch, api::WatchRequest { dir })?.dirs)
     }
 
     /// Stops watching a folder; returns the folders still watched.
     pub async fn remove_watch(&self, dir: impl AsRef<Path>) -> Result<Vec<String>> {
         let dir = absolute(dir.as_ref())?.display().to_string();
-        Ok(unary!(self, "RemoveWatch", remove_watch, api::WatchRequest { dir })?.dirs)
+        Ok(unary!(safe self, "RemoveWatch", remove_watch, api::WatchRequest { dir })?.dirs)
     }
 
     /// The folders the daemon watches.
     pub async fn list_watches(&self) -> Result<Vec<String>> {
-        Ok(unary!(
+        Ok(unary!(safe
             self,
             "ListWatches",
             list_watches,
@@ -411,19 +447,19 @@ impl Client {
 
     /// Follows the daemon's events from now on.
     pub async fn events(&self) -> Result<MessageStream<api::Event>> {
-        let s = unary!(self, "Events", events, api::EventsRequest {})?;
+        let s = unary!(safe self, "Events", events, api::EventsRequest {})?;
         Ok(MessageStream::new(s, "Events", self.socket.clone()))
     }
 
     /// The daemon's identity, uptime and counters (`ctcachectl status`).
     pub async fn status(&self) -> Result<api::StatusResponse> {
-        unary!(self, "Status", status, api::StatusRequest {})
+        unary!(safe self, "Status", status, api::StatusRequest {})
     }
 
     /// The daemon's fleet tier, its remote probed now (`None`: no remote
     /// configured).
     pub async fn remote_status(&self) -> Result<Option<api::RemoteStatus>> {
-        let r = unary!(
+        let r = unary!(safe
             self,
             "RemoteStatus",
             remote_status,

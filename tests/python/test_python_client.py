@@ -18,6 +18,7 @@ import socket as socketlib
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -169,7 +170,11 @@ class Daemon:
         self.models.mkdir()
         self.socket = root / "ctcached.sock"
         self.log = root / "ctcached.log"
-        with open(self.log, "wb") as log:
+        self.start()
+
+    def start(self) -> None:
+        """Starts ctcached on this root (again, after a stop: as systemd restarts it)."""
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [binary("ctcached"), "--cache-dir", str(self.cache), "--socket", str(self.socket),
                  "--watch", str(self.models), "--log-format", "human"],
@@ -473,6 +478,34 @@ def _add_small_first_initializer(path: Path) -> None:
     m.graph.node.append(helper.make_node("Add", ["mm", "bias"], [y]))
     onnx.checker.check_model(m)
     save(m, str(path))
+
+
+def test_client_survives_a_daemon_restart(ctcache, daemon):
+    """SIGKILL and a restart on the same folders (systemd's Restart=): calls that
+    are safe to repeat wait for the new daemon, the others fail at once."""
+    model = daemon.root / "mm.onnx"
+    make_matmul(model)
+    with ctcache.connect(daemon.socket, timeout=10) as c, \
+            ctcache.connect(daemon.socket, timeout=10, retry_for=0) as impatient:
+        first = c.status().pid
+        c.prepack(model, wait=True)
+        assert daemon.stop(signal.SIGKILL) != 0
+        for call in (lambda: c.gc(dry_run=True), impatient.status):
+            t = time.monotonic()
+            with pytest.raises(ctcache.DaemonNotRunning):
+                call()
+            assert time.monotonic() - t < 2
+        restart = threading.Timer(0.5, daemon.start)
+        restart.start()
+        try:
+            st = c.status()
+        finally:
+            restart.join()
+        assert st.pid == daemon.proc.pid != first
+        # The same client goes on; the acknowledged entries are there.
+        t = c.resolve_model(model).tensors[0]
+        assert t.entries and not t.misses
+        assert impatient.status().pid == st.pid
 
 
 def test_sigterm_exits_zero(ctcache, daemon):

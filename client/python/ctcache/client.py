@@ -9,6 +9,8 @@ StructTypeProto) live in ``ctcache.onnx_pb`` under the protobuf package
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Iterator, Mapping
 
 import grpc
@@ -20,6 +22,17 @@ from ._pb import onnx_pb2 as onnx_pb
 from .payload import Payload
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+#: Seconds a call that is safe to repeat waits, by default, for a daemon that
+#: went away (a restart) to answer again.
+DEFAULT_RETRY_FOR = 5.0
+#: The RPCs sent again when the connection was lost before their answer:
+#: sending them twice does what sending them once does. The others (leases
+#: taken or released, outputs written, gc, verify) fail at once.
+SAFE_TO_REPEAT = frozenset({
+    "GetHostDevices", "ListFormats", "Lookup", "BatchLookup", "ResolveModel", "Prepack", "ReadPayload",
+    "RenewLease", "Stats", "List", "AddWatch", "RemoveWatch", "ListWatches", "Events", "Status",
+    "RemoteStatus",
+})
 ON_MISS = {"none": pb.ON_MISS_NONE, "background": pb.ON_MISS_BACKGROUND, "wait": pb.ON_MISS_WAIT}
 BACKENDS = {"auto": pb.BACKEND_AUTO, "cpu": pb.BACKEND_CPU, "wgpu": pb.BACKEND_WGPU}
 FINAL_STATES = (pb.JOB_STATE_DONE, pb.JOB_STATE_CACHED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
@@ -66,32 +79,48 @@ def default_socket(env: Mapping[str, str] | None = None) -> str:
 
 
 def connect(socket: str | os.PathLike | None = None, *, timeout: float = 5.0,
-            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> "Client":
+            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+            retry_for: float = DEFAULT_RETRY_FOR) -> "Client":
     """Connects to ctcached on a Unix socket (default: :func:`default_socket`).
 
     Waits up to ``timeout`` seconds for the daemon to answer; raises
     :class:`~ctcache.errors.DaemonNotRunning` (naming the socket and how to
     start the daemon) when it does not.
+
+    The client survives daemon restarts: a call that finds the connection
+    lost gets a new channel, and the calls in :data:`SAFE_TO_REPEAT` are sent
+    again with backoff for up to ``retry_for`` seconds (0: never) before they
+    raise :class:`~ctcache.errors.DaemonNotRunning`. A stream the restart cut
+    after its first message (Prepack progress, Events, a payload read) raises.
     """
     path = os.path.abspath(os.fspath(socket) if socket is not None else default_socket())
     if not os.path.exists(path):
         raise errors.DaemonNotRunning(path, "no socket file")
     if not os.access(path, os.R_OK | os.W_OK):
         raise errors.SocketPermissionDenied(path)
-    channel = grpc.insecure_channel(
-        "unix:" + path,
-        options=[
-            ("grpc.default_authority", "localhost"),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ],
-    )
+    channel = _channel(path, max_message_bytes)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
         channel.close()
         raise errors.DaemonNotRunning(path, f"the socket exists but nothing answered within {timeout:g} s; a stale socket?") from None
-    return Client(path, channel)
+    return Client(path, channel, max_message_bytes=max_message_bytes, retry_for=retry_for)
+
+
+def _channel(path: str, max_message_bytes: int) -> grpc.Channel:
+    return grpc.insecure_channel(
+        "unix:" + path,
+        options=[
+            ("grpc.default_authority", "localhost"),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            # A restarted daemon is found again within a fraction of a second
+            # (gRPC's default backoff grows to two minutes).
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.min_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 500),
+        ],
+    )
 
 
 def _format_specs(formats) -> list:
@@ -151,10 +180,14 @@ def entry_format(entry) -> str:
 class Client:
     """A connection to one ctcached. Make it with :func:`connect`; usable as a context manager."""
 
-    def __init__(self, socket: str, channel: grpc.Channel):
+    def __init__(self, socket: str, channel: grpc.Channel, *,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, retry_for: float = DEFAULT_RETRY_FOR):
         self.socket = socket
+        self.retry_for = retry_for
+        self._max_message_bytes = max_message_bytes
         self._channel = channel
         self._stub = pb_grpc.CompiledTensorCacheStub(channel)
+        self._renew_lock = threading.Lock()
 
     # ---- plumbing ----
 
@@ -176,21 +209,56 @@ class Client:
             return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
 
+    def _renew(self, stub) -> None:
+        """A new channel in place of the one ``stub`` used, unless another
+        thread made one already. The old one is left to calls still on it."""
+        with self._renew_lock:
+            if self._stub is stub:
+                self._channel = _channel(self.socket, self._max_message_bytes)
+                self._stub = pb_grpc.CompiledTensorCacheStub(self._channel)
+
+    def _again(self, method: str, e: grpc.RpcError, stub, since: float, pause: float) -> bool:
+        """After a failed call: True (having waited ``pause``) when it is to be sent again."""
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            return False
+        self._renew(stub)
+        if method not in SAFE_TO_REPEAT or time.monotonic() + pause - since > self.retry_for:
+            return False
+        time.sleep(pause)
+        return True
+
     def _call(self, method: str, request, timeout: float | None = None):
-        try:
-            return getattr(self._stub, method)(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise self._error(method, e) from None
+        since, pause = time.monotonic(), 0.02
+        while True:
+            stub = self._stub
+            try:
+                return getattr(stub, method)(request, timeout=timeout)
+            except grpc.RpcError as e:
+                if not self._again(method, e, stub, since, pause):
+                    raise self._error(method, e) from None
+                pause = min(pause * 2, 0.5)
 
     def _stream(self, method: str, request, timeout: float | None = None) -> Iterator:
         # The call starts now, not on the first next().
-        call = getattr(self._stub, method)(request, timeout=timeout)
+        stub = self._stub
+        call = getattr(stub, method)(request, timeout=timeout)
 
         def messages():
+            nonlocal call, stub
+            since, pause, started = time.monotonic(), 0.02, False
             try:
-                yield from call
-            except grpc.RpcError as e:
-                raise self._error(method, e) from None
+                while True:
+                    try:
+                        for m in call:
+                            started = True
+                            yield m
+                        return
+                    except grpc.RpcError as e:
+                        if started or not self._again(method, e, stub, since, pause):
+                            raise self._error(method, e) from None
+                        pause = min(pause * 2, 0.5)
+                        stub = self._stub
+                        call = getattr(stub, method)(request, timeout=timeout)
             finally:
                 call.cancel()  # no-op once finished; tells the daemon when abandoned
 
@@ -405,4 +473,4 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
 
-__all__ = ["Client", "LINK_MODES", "PLACE_METHODS", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]
+__all__ = ["Client", "DEFAULT_RETRY_FOR", "LINK_MODES", "PLACE_METHODS", "SAFE_TO_REPEAT", "connect", "default_socket", "entry_format", "pb", "onnx_pb"]
