@@ -118,6 +118,9 @@ echo "install and uninstall ok"
 step "rust tests"
 cargo test --workspace --locked
 
+step "soak: faults under load (20 s: restarts, a full disk, damaged payloads, tight gc)"
+tests/soak.sh --seconds 20
+
 step "aarch64 kernels (NEON) under qemu"
 # The kernels cross-compiled for aarch64 and run under qemu-user: the
 # ISA-forcing suites check the NEON paths byte for byte against scalar.

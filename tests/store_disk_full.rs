@@ -105,3 +105,81 @@ fn real_enospc_on_a_small_tmpfs() {
     let s = Store::open(&dir, StoreOptions::default()).unwrap();
     assert_eq!(assert_consistent(&s).len(), 2);
 }
+
+/// Mounts a tmpfs of `size` at a temp dir; `None` when not root or mount
+/// fails (the caller skips).
+fn small_tmpfs(size: &str) -> Option<(tempfile::TempDir, Mount)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: not root, cannot mount a tmpfs");
+        return None;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(d.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: mounting a tmpfs failed here");
+        return None;
+    }
+    let m = Mount(d.path().to_path_buf());
+    Some((d, m))
+}
+
+/// Fills the file system of `dir` to the last byte; returns the ballast.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let ballast = dir.join("ballast");
+    let mut f = std::fs::File::create(&ballast).unwrap();
+    let chunk = vec![1u8; 64 << 10];
+    while f.write_all(&chunk).is_ok() {}
+    let small = [1u8; 512];
+    while f.write_all(&small).is_ok() {}
+    ballast
+}
+
+#[test]
+fn the_index_works_again_once_space_is_back() {
+    let Some((d, _m)) = small_tmpfs("16m") else {
+        return;
+    };
+    let dir = d.path().join("cache");
+    let s = Store::open(&dir, StoreOptions::default()).unwrap();
+    let e = s.put(&entry(1), payload(1, 1000).as_slice()).unwrap().entry;
+    s.flush().unwrap();
+    let ballast = fill(d.path());
+    // Index writes on a full file system: a no-space error, never another.
+    let mut full = None;
+    for _ in 0..200 {
+        let r = s
+            .acquire_lease(&e.key, std::time::Duration::from_secs(30))
+            .and_then(|l| s.release(l))
+            .and_then(|_| s.flush());
+        if let Err(err) = r {
+            full = Some(err);
+            break;
+        }
+    }
+    if let Some(err) = &full {
+        assert!(err.is_no_space(), "{err:?}");
+    }
+    let put = s.put(&entry(2), payload(2, 1000).as_slice());
+    assert!(put.as_ref().is_err_and(StoreError::is_no_space), "{put:?}");
+    // Reads go on meanwhile.
+    assert_eq!(assert_consistent(&s).len(), 1);
+    std::fs::remove_file(ballast).unwrap();
+    // Space is back: the same store writes again (a failed index is opened
+    // again at most every 200 ms).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.put(&entry(3), payload(3, 1000).as_slice()).unwrap();
+    let l = s
+        .acquire_lease(&e.key, std::time::Duration::from_secs(30))
+        .unwrap();
+    s.release(l).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    let s = Store::open(&dir, StoreOptions::default()).unwrap();
+    assert_eq!(assert_consistent(&s).len(), 2);
+}

@@ -39,7 +39,7 @@ pub(crate) enum ErrorKind {
 }
 
 /// A failed use case.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub(crate) struct Error {
     pub kind: ErrorKind,
@@ -143,7 +143,7 @@ impl From<StoreError> for Error {
             StoreError::Io { source, .. } | StoreError::PayloadRead { source, .. } => {
                 io_kind(source)
             }
-            StoreError::NoSpace { .. } => ErrorKind::Exhausted,
+            StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. } => ErrorKind::Exhausted,
             StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
             StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,

@@ -94,6 +94,12 @@ pub enum StoreError {
         /// Payload bytes written before the failure.
         written: u64,
     },
+    /// The index's file system is full; the change was not made.
+    #[error("store index ({op}): no space left on device; the change was not made")]
+    IndexNoSpace {
+        /// What the index was doing.
+        op: &'static str,
+    },
     /// The caller's payload reader failed; nothing was stored.
     #[error("reading the payload to store failed after {read} bytes: {source}")]
     PayloadRead {
@@ -178,6 +184,14 @@ fn owner(pid: &Option<u32>) -> String {
 }
 
 impl StoreError {
+    /// Whether the file system is full (a payload, record or index write).
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. }
+        )
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StoreError::Io {
             op,

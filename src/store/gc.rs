@@ -295,6 +295,7 @@ fn file_len(p: &std::path::Path) -> u64 {
 impl Store {
     /// Runs (or, with `dry_run`, plans) a collection.
     pub fn gc(&self, policy: &GcPolicy) -> StoreResult<GcReport> {
+        self.resync_if_reopened()?;
         let now = self.now();
         // Exact LRU needs the pending access statistics in the index.
         self.access.write(&*self.index, now)?;

@@ -132,4 +132,14 @@ pub trait Index: Send + Sync {
 
     /// Bytes the index occupies on disk (for stats).
     fn disk_bytes(&self) -> u64;
+
+    /// Whether the index was opened again after a failed write since the
+    /// last call: commits it had not written are lost, so the store brings
+    /// it and the record files to agree.
+    fn take_reopened(&self) -> bool {
+        false
+    }
+
+    /// Undoes [`Index::take_reopened`] (the sync it asked for failed).
+    fn still_reopened(&self) {}
 }

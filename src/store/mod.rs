@@ -320,6 +320,7 @@ impl Store {
     /// one), then the entry is committed. An existing key is not
     /// overwritten and its payload not read.
     pub fn put(&self, new: &NewEntry, mut payload: impl Read) -> StoreResult<Stored> {
+        self.resync_if_reopened()?;
         let now = self.now();
         let prep = entry::prepare(new, now, self.opts.max_seen)?;
         let kb = prep.key.to_bytes();

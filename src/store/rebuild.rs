@@ -68,6 +68,19 @@ impl Store {
         Ok(())
     }
 
+    /// After the index was opened again following a failed write (a full
+    /// disk), its unwritten commits lost: brings it and the record files to
+    /// agree before the next change.
+    pub(crate) fn resync_if_reopened(&self) -> StoreResult<()> {
+        if self.index.take_reopened() {
+            if let Err(e) = self.sync_records() {
+                self.index.still_reopened();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Makes index and record files agree (see the module comment).
     /// Concurrent puts and removals are safe: each record is judged under
     /// its payload's stripe, which they hold from record to commit.

@@ -12,7 +12,16 @@
 //! entry always points at a complete file; the crash window leaves at most
 //! orphan files, which reconcile/GC remove. Rarely (seen in the crash-loop
 //! test) a kill leaves a log sled reports as corrupt at the next open; the
-//! store then sets the index aside and starts empty (`Store::open`).
+//! store then sets the index aside and rebuilds it from the record files
+//! (`Store::open`).
+//!
+//! After a write error (a full disk) sled 0.34 fails every later operation
+//! of that `Db`, even once space is back. So a failed I/O marks the index
+//! failed; reads go on from the old `Db`, and the next write (at most every
+//! [`RETRY_EVERY`], once the file system has room) opens it again from its
+//! files; commits the old `Db` had not written are lost, and
+//! [`Index::take_reopened`] tells the store to bring index and record
+//! files to agree again.
 //!
 //! Observed cost (sled 0.34): every transaction or batch rolls sled's log
 //! buffer and writes it with `sync_file_range`, a few hundred microseconds
@@ -21,7 +30,10 @@
 //! clone an index node per scan, hence point reads on the lookup path.
 
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
@@ -30,15 +42,60 @@ use super::error::{StoreError, StoreResult};
 use super::index::{Expect, Index, Op, Precondition, Tree};
 use super::options::StoreOptions;
 
+/// How often a failed index is opened again while it keeps failing.
+const RETRY_EVERY: Duration = Duration::from_millis(200);
+/// Free bytes the file system needs before a failed index is opened again
+/// (sled writes as it opens; on a full disk the old `Db` still serves reads).
+const REOPEN_NEEDS: u64 = 4 << 20;
+
 pub(crate) struct SledIndex {
+    path: PathBuf,
+    config: sled::Config,
+    /// `None` between a failed reopen and the next one.
+    open: RwLock<Option<Arc<Open>>>,
+    /// Set by a failed I/O; what to answer until a reopen succeeds.
+    failed: Mutex<Option<Failed>>,
+    is_failed: AtomicBool,
+    reopened: AtomicBool,
+}
+
+/// One opened sled `Db` and its trees.
+struct Open {
     db: sled::Db,
     trees: [sled::Tree; 7],
 }
 
+struct Failed {
+    error: StoreError,
+    last_try: Option<Instant>,
+}
+
+/// The same error again (the store's errors are not `Clone`: they may
+/// hold an I/O error).
+fn again(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::IndexNoSpace { op } => StoreError::IndexNoSpace { op },
+        other => StoreError::Index {
+            op: "reopen",
+            message: other.to_string(),
+        },
+    }
+}
+
 fn err(op: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
-    move |e| StoreError::Index {
-        op,
-        message: e.to_string(),
+    move |e| match &e {
+        sled::Error::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) =>
+        {
+            StoreError::IndexNoSpace { op }
+        }
+        _ => StoreError::Index {
+            op,
+            message: e.to_string(),
+        },
     }
 }
 
@@ -60,19 +117,117 @@ impl SledIndex {
             .path(path)
             .cache_capacity(opts.index_cache_bytes)
             .flush_every_ms(opts.flush_every.map(|d| d.as_millis().max(1) as u64));
+        let open = Open::new(path, &config)?;
+        Ok(SledIndex {
+            path: path.to_path_buf(),
+            config,
+            open: RwLock::new(Some(Arc::new(open))),
+            failed: Mutex::new(None),
+            is_failed: AtomicBool::new(false),
+            reopened: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the index was opened from files (false: created empty).
+    pub(crate) fn recovered(&self) -> bool {
+        self.current().is_ok_and(|o| o.db.was_recovered())
+    }
+
+    /// The open `Db` for reads: a failed one still reads.
+    fn current(&self) -> StoreResult<Arc<Open>> {
+        if let Some(o) = &*self.open.read().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(o.clone());
+        }
+        self.reopen()?;
+        self.current_or_closed()
+    }
+
+    /// The open `Db` for writes, opened again first if an I/O failed.
+    fn writable(&self) -> StoreResult<Arc<Open>> {
+        if self.is_failed.load(Ordering::SeqCst) {
+            self.reopen()?;
+        }
+        self.current_or_closed()
+    }
+
+    fn current_or_closed(&self) -> StoreResult<Arc<Open>> {
+        let open = self.open.read().unwrap_or_else(|p| p.into_inner());
+        open.clone().ok_or_else(|| StoreError::Index {
+            op: "reopen",
+            message: "the index is not open".into(),
+        })
+    }
+
+    fn has_room(&self) -> bool {
+        rustix::fs::statvfs(&self.path).map_or(true, |s| {
+            s.f_bavail.saturating_mul(s.f_frsize) >= REOPEN_NEEDS
+        })
+    }
+
+    fn reopen(&self) -> StoreResult<()> {
+        let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(f) = failed.as_mut() else {
+            return Ok(()); // another thread reopened it
+        };
+        let too_soon = f.last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY);
+        if too_soon || (open.is_some() && !self.has_room()) {
+            return Err(again(&f.error));
+        }
+        f.last_try = Some(Instant::now());
+        // The old Db's lock is released once every user of it is done.
+        *open = None;
+        match Open::new(&self.path, &self.config) {
+            Ok(o) => {
+                *open = Some(Arc::new(o));
+                *failed = None;
+                self.is_failed.store(false, Ordering::SeqCst);
+                self.reopened.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(e) => {
+                let answer = again(&e);
+                f.error = e;
+                Err(answer)
+            }
+        }
+    }
+
+    /// Maps a sled error of `op`; an I/O error marks the index failed.
+    fn fail(&self, op: &'static str) -> impl FnOnce(sled::Error) -> StoreError + '_ {
+        move |e| {
+            let io = matches!(e, sled::Error::Io(_));
+            let error = err(op)(e);
+            if io {
+                let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                if failed.is_none() {
+                    *failed = Some(Failed {
+                        error: again(&error),
+                        last_try: None,
+                    });
+                }
+                self.is_failed.store(true, Ordering::SeqCst);
+            }
+            error
+        }
+    }
+}
+
+impl Open {
+    fn new(path: &Path, config: &sled::Config) -> StoreResult<Open> {
         // The caller holds the store's LOCK, so a busy sled lock belongs to
-        // a store of this process that was just dropped: sled releases it
-        // only when its flusher thread ends, shortly after. Wait for that.
-        let started = std::time::Instant::now();
+        // a Db of this process that was just dropped: sled releases it only
+        // when its flusher thread ends, shortly after. Wait for that.
+        let started = Instant::now();
         let db = loop {
             match config.open() {
                 // sled 0.34 reports a busy lock only in the message of an
                 // `Other` error ("could not acquire lock on ...").
                 Err(sled::Error::Io(e))
                     if e.to_string().starts_with("could not acquire lock")
-                        && started.elapsed() < std::time::Duration::from_secs(10) =>
+                        && started.elapsed() < Duration::from_secs(10) =>
                 {
-                    std::thread::sleep(std::time::Duration::from_millis(10))
+                    std::thread::sleep(Duration::from_millis(10))
                 }
                 Err(e) if is_damage(&e) => {
                     return Err(StoreError::IndexCorrupt {
@@ -104,12 +259,7 @@ impl SledIndex {
             open_tree(Tree::Memo)?,
             open_tree(Tree::Counters)?,
         ];
-        Ok(SledIndex { db, trees })
-    }
-
-    /// Whether the index was opened from files (false: created empty).
-    pub(crate) fn recovered(&self) -> bool {
-        self.db.was_recovered()
+        Ok(Open { db, trees })
     }
 
     fn tree(&self, t: Tree) -> &sled::Tree {
@@ -142,9 +292,10 @@ fn is_damage(e: &sled::Error) -> bool {
 impl Index for SledIndex {
     fn get(&self, tree: Tree, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         Ok(self
+            .current()?
             .tree(tree)
             .get(key)
-            .map_err(err("get"))?
+            .map_err(self.fail("get"))?
             .map(|v| v.to_vec()))
     }
 
@@ -155,13 +306,14 @@ impl Index for SledIndex {
         after: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> StoreResult<()> {
-        let t = self.tree(tree);
+        let open = self.current()?;
+        let t = open.tree(tree);
         let iter = match after {
             Some(a) if a >= prefix => t.range::<&[u8], _>((Bound::Excluded(a), Bound::Unbounded)),
             _ => t.scan_prefix(prefix),
         };
         for kv in iter {
-            let (k, v) = kv.map_err(err("scan"))?;
+            let (k, v) = kv.map_err(self.fail("scan"))?;
             if !k.starts_with(prefix) || !visit(&k, &v) {
                 break;
             }
@@ -180,6 +332,7 @@ impl Index for SledIndex {
                     Op::Put(u, ..) | Op::Delete(u, _) => u == t,
                 })
         });
+        let open = self.writable()?;
         if let Some(t) = single_tree {
             // Unconditional writes to one tree: a batch is atomic and cheaper
             // than a transaction.
@@ -190,10 +343,10 @@ impl Index for SledIndex {
                     Op::Delete(_, k) => b.remove(k.as_slice()),
                 }
             }
-            self.tree(t).apply_batch(b).map_err(err("commit"))?;
+            open.tree(t).apply_batch(b).map_err(self.fail("commit"))?;
             return Ok(true);
         }
-        let [a, b, c, d, e, f, g] = &self.trees;
+        let [a, b, c, d, e, f, g] = &open.trees;
         let result = (a, b, c, d, e, f, g).transaction(|(a, b, c, d, e, f, g)| {
             let txs = [a, b, c, d, e, f, g];
             for p in when {
@@ -222,21 +375,35 @@ impl Index for SledIndex {
         match result {
             Ok(()) => Ok(true),
             Err(TransactionError::Abort(())) => Ok(false),
-            Err(TransactionError::Storage(e)) => Err(err("commit")(e)),
+            Err(TransactionError::Storage(e)) => Err(self.fail("commit")(e)),
         }
     }
 
     fn next_id(&self) -> StoreResult<u64> {
-        self.db.generate_id().map_err(err("generate id"))
+        self.writable()?
+            .db
+            .generate_id()
+            .map_err(self.fail("generate id"))
     }
 
     fn flush(&self) -> StoreResult<()> {
-        self.db.flush().map_err(err("flush"))?;
+        self.writable()?.db.flush().map_err(self.fail("flush"))?;
         Ok(())
     }
 
+    fn take_reopened(&self) -> bool {
+        self.reopened.swap(false, Ordering::SeqCst)
+    }
+
+    fn still_reopened(&self) {
+        self.reopened.store(true, Ordering::SeqCst);
+    }
+
     fn disk_bytes(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.current()
+            .ok()
+            .and_then(|o| o.db.size_on_disk().ok())
+            .unwrap_or(0)
     }
 }
 

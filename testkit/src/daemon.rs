@@ -62,6 +62,7 @@ pub struct DaemonBuilder {
     bin: PathBuf,
     prefix: Option<String>,
     socket: PathBuf,
+    cache: Option<PathBuf>,
     watch: bool,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
@@ -71,6 +72,13 @@ impl DaemonBuilder {
     /// The socket's path in the temp dir (default `s.sock`).
     pub fn socket(mut self, rel: impl Into<PathBuf>) -> Self {
         self.socket = rel.into();
+        self
+    }
+
+    /// The cache folder (default `T/cache`), e.g. on a small file system
+    /// of its own.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache = Some(dir.into());
         self
     }
 
@@ -118,7 +126,7 @@ impl DaemonBuilder {
         }
         let mut d = Daemon {
             socket: t.join(&self.socket),
-            cache: t.join("cache"),
+            cache: self.cache.clone().unwrap_or_else(|| t.join("cache")),
             models: t.join("models"),
             dir,
             child: None,
@@ -151,6 +159,7 @@ impl Daemon {
             bin: bin.into(),
             prefix: None,
             socket: "s.sock".into(),
+            cache: None,
             watch: true,
             args: Vec::new(),
             env: Vec::new(),

@@ -270,7 +270,7 @@ fn existing(
 /// Packs `spec` on `choice`, refusing the result when the bytes packed are
 /// not the ones `spec.digest` was taken of (the model was written since; a
 /// watched model is picked up again).
-fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<Compiled, String> {
+fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<Compiled> {
     ctcache_kernels::compile::compile_on(
         &spec.model.model,
         &spec.tensor,
@@ -279,16 +279,11 @@ fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<Compiled, String> {
         &spec.params,
         choice,
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| Error::internal(e.to_string()))
 }
 
 /// A pack job: reuse a stored entry, else pack and put.
-fn run(
-    d: &Daemon,
-    spec: PackSpec,
-    choice: BackendChoice,
-    cancel: &CancelToken,
-) -> Result<Packed, String> {
+fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) -> Result<Packed> {
     let t = &spec.tensor;
     let model_path = spec.model.path.display().to_string();
     if let Some(entry) = existing(d, &spec.digest, t, spec.packer, &spec.params) {
@@ -299,7 +294,7 @@ fn run(
         });
     }
     if cancel.cancelled() {
-        return Err("every waiter went away".into());
+        return Err(Error::cancelled("every waiter went away"));
     }
     let remote = expected_key(&spec.digest, t, spec.packer, &spec.params)
         .and_then(|key| fetch_remote(d, &spec, &key, crate::fleet::Ask::CostRule, choice));
@@ -312,7 +307,7 @@ fn run(
     }
     let c = compile(&spec, choice)?;
     if cancel.cancelled() {
-        return Err("every waiter went away".into());
+        return Err(Error::cancelled("every waiter went away"));
     }
     let new = NewEntry {
         source: spec.digest,
@@ -329,16 +324,14 @@ fn run(
         model_paths: vec![model_path.clone()],
         pack_duration: c.duration,
     };
-    let stored = d
-        .store
-        .put(&new, &c.payload[..])
-        .map_err(|e| e.to_string())?;
+    // A full disk stays RESOURCE_EXHAUSTED up to the caller.
+    let stored = d.store.put(&new, &c.payload[..]).map_err(Error::from)?;
     if d.config.daemon_produced_only && stored.entry.producer.client_uid.is_some() {
         // The client's entry of this key is leased, so it stayed.
-        return Err(format!(
+        return Err(Error::precondition(format!(
             "a client's entry {} holds this key under a lease; only the daemon's own are served",
             stored.entry.key
-        ));
+        )));
     }
     let (format, backend) = (spec.packer.id(), c.backend.name());
     metrics::counter!("ctcache_pack_jobs_total", "format" => format, "backend" => backend)
@@ -376,7 +369,11 @@ pub(crate) fn fetch_remote(
     let fleet = d.fleet.as_ref()?;
     let model_path = spec.model.path.display().to_string();
     // The CPU packers are the reference an audit compares with.
-    let repack = || compile(spec, BackendChoice::Cpu).map(|c| c.payload);
+    let repack = || {
+        compile(spec, BackendChoice::Cpu)
+            .map(|c| c.payload)
+            .map_err(|e| e.message)
+    };
     let entry = fleet.fetch(
         &d.store,
         key,
@@ -420,10 +417,10 @@ pub(crate) async fn finish(jobs: Jobs) -> Result<(Vec<(Wanted, Entry)>, u32)> {
                 entries.push((w, p.entry));
             }
             JobState::Failed(e) => {
-                return Err(Error::internal(format!(
-                    "{} {}: {e}",
-                    w.initializer, w.format
-                )))
+                return Err(Error::new(
+                    e.kind,
+                    format!("{} {}: {e}", w.initializer, w.format),
+                ))
             }
             other => {
                 return Err(Error::cancelled(format!(

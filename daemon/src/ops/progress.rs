@@ -42,7 +42,7 @@ fn progress(job: u64, w: &Wanted, state: &JobState<Packed>, done: u32, total: u3
         }
         JobState::Failed(e) => {
             p.phase = JobPhase::Failed;
-            p.error = e.clone();
+            p.error = e.message.clone();
         }
         JobState::Cancelled => {
             p.phase = JobPhase::Cancelled;

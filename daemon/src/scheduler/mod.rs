@@ -5,6 +5,7 @@
 //! across lanes, cancellation of jobs whose every waiter went away, and one
 //! memory budget for packs in flight.
 
+use crate::error::Error;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,7 +35,7 @@ pub enum JobState<V> {
     Queued,
     Running,
     Done(V),
-    Failed(String),
+    Failed(Error),
     Cancelled,
 }
 
@@ -75,7 +76,7 @@ impl<V: Clone> JobHandle<V> {
     }
 }
 
-type Work<V> = Box<dyn FnOnce(&CancelToken) -> Result<V, String> + Send>;
+type Work<V> = Box<dyn FnOnce(&CancelToken) -> Result<V, Error> + Send>;
 
 /// Lets running work notice that nobody wants its result any more.
 #[derive(Clone)]
@@ -265,7 +266,7 @@ where
         lane: Lane,
         priority: Priority,
         bytes: u64,
-        work: impl FnOnce(&CancelToken) -> Result<V, String> + Send + 'static,
+        work: impl FnOnce(&CancelToken) -> Result<V, Error> + Send + 'static,
     ) -> Result<JobHandle<V>, QueueFull> {
         let waiter = Arc::new(Waiter);
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -461,7 +462,7 @@ fn run<K, V>(
         }
         Ok(Err(e)) if token.cancelled() => {
             s.stats.cancelled.fetch_add(1, Ordering::Relaxed);
-            JobState::Failed(format!("cancelled: {e}"))
+            JobState::Failed(Error::cancelled(format!("cancelled: {e}")))
         }
         Ok(Err(e)) => {
             s.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -469,7 +470,9 @@ fn run<K, V>(
         }
         Err(_) => {
             s.stats.failed.fetch_add(1, Ordering::Relaxed);
-            JobState::Failed("pack job panicked (bug); the daemon keeps running".into())
+            JobState::Failed(Error::internal(
+                "pack job panicked (bug); the daemon keeps running",
+            ))
         }
     }
 }
