@@ -389,24 +389,6 @@ fn main() {
         verdict(ratio >= 0.5)
     );
 
-    // The index lost: every entry is indexed again from its record file
-    // (D13). The record files are in the page cache, as after a crash.
-    drop(s);
-    std::fs::rename(dir.join("index"), tmp.path().join("lost-index")).unwrap();
-    let t = Instant::now();
-    let s = Store::open(&dir, StoreOptions::default()).unwrap();
-    let rebuild = t.elapsed();
-    let indexed = s.opened().record_sync.clone().unwrap_or_default().indexed;
-    assert_eq!(indexed, n, "every entry back");
-    println!("rebuild of a lost index from {n} record files: {rebuild:.1?}");
-    Figure::new(
-        "store.rebuild",
-        &format!("open of a store with {n} entries whose index is lost (rebuilt from records)"),
-        rebuild.as_secs_f64(),
-        "s",
-    )
-    .print();
-
     if std::env::var("CTCACHE_BENCH_SKIP_GC").is_ok() {
         return;
     }
@@ -458,5 +440,24 @@ fn main() {
         "s",
     )
     .target(On::Value, "<", 2.0)
+    .print();
+
+    // The index lost: every entry is indexed again from its record file
+    // (D13). The record files are in the page cache, as after a crash.
+    let left = s.list(&Default::default()).unwrap().len() as u64;
+    drop(s);
+    std::fs::rename(dir.join("index"), tmp.path().join("lost-index")).unwrap();
+    let t = Instant::now();
+    let s = Store::open(&dir, StoreOptions::default()).unwrap();
+    let rebuild = t.elapsed();
+    let indexed = s.opened().record_sync.clone().unwrap_or_default().indexed;
+    assert_eq!(indexed, left, "every entry back");
+    println!("rebuild of a lost index from {left} record files: {rebuild:.1?}");
+    Figure::new(
+        "store.rebuild",
+        &format!("open of a store with {left} entries whose index is lost (rebuilt from records)"),
+        rebuild.as_secs_f64(),
+        "s",
+    )
     .print();
 }

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod check;
+pub mod chunks;
 pub mod device;
 pub mod digest;
 pub mod dtype;

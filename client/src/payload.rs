@@ -1,14 +1,26 @@
 //! Payloads opened for use: a read-only map of the daemon's payload file,
 //! kept in the store by a lease that a background task renews, or (when the
 //! file is not readable by this process) a copy streamed over the socket.
+//!
+//! What is checked: the daemon compares the payload file with the one it
+//! hashed (identity: device, inode, size, mtime, ctime; rehashed if it
+//! changed) when it grants the lease, and refuses damaged bytes (DATA_LOSS);
+//! a streamed copy was checked group by group as it was sent.
+//! [`OpenOptions::verify`] rehashes the whole payload at open. Bytes that
+//! change on disk after the lease was granted (a failing disk under a live
+//! map) are seen only by [`MappedPayload::checked`], which hashes the
+//! 256 KiB groups a read touches, every time.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use memmap2::Mmap;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use ctcache::chunks::ChunkDigests;
 
 use crate::api;
 use crate::error::{Error, Result};
@@ -52,6 +64,9 @@ pub struct MappedPayload {
     data: Data,
     entry: api::Entry,
     lease: Option<LeaseGuard>,
+    /// The group digests, taken (and checked against `payload_blake3`) at
+    /// the first [`MappedPayload::checked`] read.
+    digests: OnceLock<std::result::Result<ChunkDigests, String>>,
 }
 
 impl MappedPayload {
@@ -76,6 +91,58 @@ impl MappedPayload {
             Data::Mapped(m) => m,
             Data::Memory(v) => v,
         }
+    }
+
+    /// The bytes of `range`, every 256 KiB group it touches hashed now and
+    /// compared with the group digests taken at the first checked read
+    /// (which hashes the whole payload once and checks it against the
+    /// entry's `payload_blake3`): bytes that changed on disk since are an
+    /// error ([`Error::PayloadMismatch`] naming the offset), never returned.
+    pub fn checked(&self, range: Range<usize>) -> Result<&[u8]> {
+        let bytes = self.as_bytes();
+        let mismatch = |detail: String| Error::PayloadMismatch {
+            key: self.entry.key.clone(),
+            detail,
+        };
+        if range.start > range.end || range.end > bytes.len() {
+            return Err(Error::InvalidArgument(format!(
+                "range {range:?} of a payload of {} bytes",
+                bytes.len()
+            )));
+        }
+        let digests = self
+            .digests
+            .get_or_init(|| {
+                let d = ChunkDigests::of(bytes, true);
+                let root = blake3::Hash::from(d.root()).to_hex();
+                if root
+                    .as_str()
+                    .eq_ignore_ascii_case(&self.entry.payload_blake3)
+                {
+                    Ok(d)
+                } else {
+                    Err(format!(
+                        "its blake3 is {root}, the entry says {}",
+                        self.entry.payload_blake3
+                    ))
+                }
+            })
+            .as_ref()
+            .map_err(|e| mismatch(e.clone()))?;
+        if range.is_empty() {
+            return Ok(&bytes[range]);
+        }
+        let group = ctcache::chunks::GROUP;
+        for i in range.start / group..=(range.end - 1) / group {
+            let g = digests.range(i);
+            if !digests.check(i, &bytes[g.clone()]) {
+                return Err(mismatch(format!(
+                    "bytes {}..{} changed since they were checked",
+                    g.start, g.end
+                )));
+            }
+        }
+        Ok(&bytes[range])
     }
 
     /// Releases the lease now and waits for the daemon to confirm.
@@ -186,6 +253,7 @@ pub(crate) async fn open(
             data: Data::Mapped(m),
             entry,
             lease: Some(guard),
+            digests: OnceLock::new(),
         },
         None => {
             let bytes = client.read_payload(&entry.key, 0, 0).await?;
@@ -195,6 +263,7 @@ pub(crate) async fn open(
                 data: Data::Memory(bytes),
                 entry,
                 lease: None,
+                digests: OnceLock::new(),
             }
         }
     };

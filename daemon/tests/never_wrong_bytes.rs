@@ -635,3 +635,56 @@ async fn lookup_answers_follow_the_stored_entry() {
     }
     assert_eq!(d.stop(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapped_payload_checked_as_read_catches_bytes_changed_under_the_map() {
+    // The client's checked reads: what changes on disk after the lease was
+    // granted is never returned by `checked`, group by group.
+    let d = InProc::start();
+    let (model, digest) = work_model(&d, "m.onnx", 41);
+    let client = ctcache_client::Client::connect_to(&d.socket).await.unwrap();
+    let mut c = d.client().await;
+    let packed = prepack_all(&mut c, &model).await;
+    assert!(!packed.is_empty());
+    let gemm = entries_for(&mut c, &digest)
+        .await
+        .into_iter()
+        .find(|e| e.physical_type.starts_with(GEMM))
+        .expect("a gemm.pack_b.f32 entry");
+    let group = ctcache::chunks::GROUP;
+    assert!(
+        gemm.payload_len as usize >= 2 * group,
+        "{}",
+        gemm.payload_len
+    );
+    let p = client.open_payload(&gemm).await.unwrap();
+    assert!(p.is_mapped());
+    let all = p.checked(0..p.len()).unwrap().to_vec();
+    assert_eq!(blake3::hash(&all).to_hex().as_str(), gemm.payload_blake3);
+
+    // One byte of the second group changes on disk under the live map.
+    let path = PathBuf::from(&gemm.payload_path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[group + 7] ^= 0x10;
+    rewrite_in_place(&path, &bytes);
+    assert_eq!(p[group + 7], bytes[group + 7], "the map shows the change");
+    assert_eq!(p.checked(0..group).unwrap(), &all[..group]);
+    let e = p.checked(group..group + 8).unwrap_err();
+    assert!(
+        matches!(&e, ctcache_client::Error::PayloadMismatch { detail, .. }
+            if detail.contains(&format!("{group}..{}", 2 * group))),
+        "{e}"
+    );
+    assert!(p.checked(10..group + 1).is_err(), "a read across the group");
+    assert!(p.checked(0..p.len() + 1).is_err(), "past the end");
+    drop(p);
+}
+
+/// Writes `bytes` over the file at `path` (same inode: maps see them).
+fn rewrite_in_place(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+}

@@ -15,10 +15,10 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use super::chunks::{ChunkDigests, ChunkHasher};
 use super::error::{StoreError, StoreResult};
 use super::layout::Paths;
 use super::options::WriteFault;
+use crate::chunks::{ChunkDigests, ChunkHasher};
 
 /// Bytes read from the producer and written per step.
 const CHUNK: usize = 1 << 20;
@@ -195,7 +195,12 @@ fn classify(paths: &Paths, tmp: &Path, written: u64, e: std::io::Error) -> Store
 
 /// Publishes a written payload as `blobs/<xx>/<hex>` (caller holds the
 /// stripe); returns its group digests.
-pub(crate) fn publish(paths: &Paths, w: Written, fsync: bool) -> StoreResult<ChunkDigests> {
+pub(crate) fn publish(
+    paths: &Paths,
+    w: Written,
+    fsync: bool,
+    verity: &super::verity::Verity,
+) -> StoreResult<ChunkDigests> {
     let dest = paths.blob(&w.blake3);
     let tmp = w.tmp.clone();
     let chunks = w.chunks.clone();
@@ -204,6 +209,9 @@ pub(crate) fn publish(paths: &Paths, w: Written, fsync: bool) -> StoreResult<Chu
             .set_permissions(Permissions::from_mode(0o444))
             .map_err(|e| StoreError::io("chmod", &tmp, e))?;
         drop(w.file);
+        // Before the rename: whatever stat the store takes of the file
+        // later already sees it as it stays.
+        verity.enable(&tmp);
         if let Err(e) = fs::rename(&tmp, &dest) {
             if e.kind() != ErrorKind::NotFound {
                 return Err(StoreError::io("publish", &dest, e));
@@ -334,7 +342,7 @@ mod tests {
         assert_eq!(w.len, data.len() as u64);
         assert_eq!(w.blake3, *blake3::hash(&data).as_bytes());
         let blob = w.blake3;
-        publish(&p, w, true).unwrap();
+        publish(&p, w, true, &crate::store::verity::Verity::default()).unwrap();
         let path = p.blob(&blob);
         assert_eq!(fs::read(&path).unwrap(), data);
         assert_eq!(

@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex};
 
 use memmap2::Mmap;
 
-use super::chunks::ChunkDigests;
 use super::error::{StoreError, StoreResult};
 use super::key::EntryKey;
 use super::{Payload, Store};
+use crate::chunks::ChunkDigests;
 
 /// Which file was hashed: what a write, truncation or replacement changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,8 +120,8 @@ impl Payload {
         if range.is_empty() {
             return Ok(&bytes[range]);
         }
-        let first = range.start / super::chunks::GROUP;
-        let last = (range.end - 1) / super::chunks::GROUP;
+        let first = range.start / crate::chunks::GROUP;
+        let last = (range.end - 1) / crate::chunks::GROUP;
         for i in first..=last {
             let g = chunks.range(i);
             if !chunks.check(i, &bytes[g.clone()]) {

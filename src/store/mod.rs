@@ -43,7 +43,6 @@
 mod access;
 mod blobs;
 mod cache;
-mod chunks;
 mod entry;
 mod error;
 mod gc;
@@ -62,6 +61,7 @@ mod sled_index;
 mod sources;
 mod stats;
 mod verify;
+mod verity;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -143,7 +143,7 @@ pub struct Payload {
     /// The file as it was when its bytes were hashed.
     stamp: Option<integrity::Stamp>,
     /// The group digests copies check as they send (see [`Payload::checked`]).
-    chunks: Option<std::sync::Arc<chunks::ChunkDigests>>,
+    chunks: Option<std::sync::Arc<crate::chunks::ChunkDigests>>,
 }
 
 impl Deref for Payload {
@@ -184,6 +184,8 @@ pub struct Store {
     pending_drops: Mutex<HashMap<[u8; 32], u64>>,
     /// Prefix of this instance's temp files; anything else in tmp/ is stale.
     session: String,
+    /// fs-verity on published payloads, where the file system has it.
+    verity: verity::Verity,
     tmp_seq: AtomicU64,
     opened: OpenReport,
     /// Payload files hashed (by us, or at publish) since the store opened.
@@ -274,6 +276,7 @@ impl Store {
                 record_sync: None,
             },
             verified: integrity::Verified::default(),
+            verity: verity::Verity::default(),
             opts,
             _lock: lock,
         };
@@ -398,7 +401,7 @@ impl Store {
                 if self.blob_referenced(&blob)? && self.blob_intact(&blob, w.len)? {
                     w.discard();
                 } else {
-                    let chunks = blobs::publish(&self.paths, w, self.opts.fsync)?;
+                    let chunks = blobs::publish(&self.paths, w, self.opts.fsync, &self.verity)?;
                     self.published(&blob, chunks);
                 }
             }
@@ -598,8 +601,13 @@ impl Store {
             .iter()
             .map(|(p, l)| (*p, l.clone().unwrap_or_default()))
             .collect();
-        for (kb, ..) in items {
-            records::remove(&self.paths, kb)?;
+        // Before the commit (see records.rs), in parallel: unlinks are most
+        // of a large gc's time, and folders of their own do not serialize.
+        {
+            use rayon::prelude::*;
+            items
+                .par_iter()
+                .try_for_each(|(kb, ..)| records::remove(&self.paths, kb))?;
         }
         for (kb, blob, old) in items {
             when.push(Precondition::new(

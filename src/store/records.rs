@@ -1,7 +1,9 @@
 //! Entry records beside the payloads (D13): the files are the truth, the
 //! index a view of them.
 //!
-//! `records/<entry key hex>` holds one entry's record (the bytes the index
+//! `records/<xx>/<entry key hex>` (`xx`: the key's first byte, so that no
+//! folder grows past a few thousand files and removals in different
+//! folders run in parallel) holds one entry's record (the bytes the index
 //! keeps under `Tree::Entries`), framed so that a torn or damaged file is
 //! recognized:
 //!
@@ -37,7 +39,8 @@ const CHECK_LEN: usize = 32;
 
 /// Where the record of `kb` lives.
 pub(crate) fn path(paths: &Paths, kb: &KeyBytes) -> PathBuf {
-    paths.records.join(hex::encode(kb))
+    let name = hex::encode(kb);
+    paths.records.join(&name[..2]).join(name)
 }
 
 /// The checksum that closes a record file: it binds the record to its key,
@@ -74,9 +77,21 @@ pub(crate) fn write(
         if fsync {
             f.sync_all().map_err(|e| io("write", tmp, e))?;
         }
-        fs::rename(tmp, &dest).map_err(|e| io("publish", &dest, e))?;
+        let shard = dest.parent().unwrap_or(&paths.records);
+        if let Err(e) = fs::rename(tmp, &dest) {
+            if e.kind() != ErrorKind::NotFound {
+                return Err(io("publish", &dest, e));
+            }
+            // The first record of its folder.
+            fs::create_dir_all(shard).map_err(|e| io("create", shard, e))?;
+            if fsync {
+                crate::fsutil::sync_dir(&paths.records)
+                    .map_err(|e| io("sync", &paths.records, e))?;
+            }
+            fs::rename(tmp, &dest).map_err(|e| io("publish", &dest, e))?;
+        }
         if fsync {
-            crate::fsutil::sync_dir(&paths.records).map_err(|e| io("sync", &paths.records, e))?;
+            crate::fsutil::sync_dir(shard).map_err(|e| io("sync", shard, e))?;
         }
         Ok(())
     })();
@@ -164,23 +179,46 @@ fn parse(kb: &KeyBytes, mut bytes: Vec<u8>) -> Found {
     Found::Record(bytes)
 }
 
-/// The entry keys of the record files, and the paths of anything else in
-/// records/ (not a record file: left by hand, removed by reconcile).
+/// The entry keys of the record files, and the paths of files in records/
+/// that are not record files (left by hand, removed by reconcile).
 pub(crate) fn list(paths: &Paths) -> StoreResult<(Vec<KeyBytes>, Vec<PathBuf>)> {
     let mut keys = Vec::new();
     let mut stray = Vec::new();
-    let rd = match fs::read_dir(&paths.records) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok((keys, stray)),
-        Err(e) => return Err(StoreError::io("list", &paths.records, e)),
+    let read = |dir: &Path| match fs::read_dir(dir) {
+        Ok(rd) => Ok(Some(rd)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io("list", dir, e)),
     };
-    for e in rd {
-        let e = e.map_err(|e| StoreError::io("list", &paths.records, e))?;
-        let name = e.file_name();
-        let key = name.to_str().and_then(parse_name);
-        match key {
-            Some(kb) if e.file_type().is_ok_and(|t| t.is_file()) => keys.push(kb),
-            _ => stray.push(e.path()),
+    let Some(top) = read(&paths.records)? else {
+        return Ok((keys, stray));
+    };
+    for shard in top {
+        let shard = shard.map_err(|e| StoreError::io("list", &paths.records, e))?;
+        let name = shard.file_name();
+        let is_dir = shard.file_type().is_ok_and(|t| t.is_dir());
+        let shard_name = name.to_str().filter(|n| n.len() == 2);
+        let (Some(prefix), true) = (shard_name, is_dir) else {
+            if !is_dir {
+                stray.push(shard.path());
+            }
+            continue;
+        };
+        let Some(rd) = read(&shard.path())? else {
+            continue;
+        };
+        for e in rd {
+            let e = e.map_err(|e| StoreError::io("list", shard.path(), e))?;
+            let key = e.file_name().to_str().and_then(parse_name);
+            match key {
+                Some(kb)
+                    if hex::encode(&kb[..1]) == prefix
+                        && e.file_type().is_ok_and(|t| t.is_file()) =>
+                {
+                    keys.push(kb)
+                }
+                _ if e.file_type().is_ok_and(|t| t.is_dir()) => {}
+                _ => stray.push(e.path()),
+            }
         }
     }
     Ok((keys, stray))
@@ -220,14 +258,23 @@ mod tests {
         fs::write(&p, &good[..good.len() - 1]).unwrap();
         assert!(matches!(read(&paths, &kb).unwrap(), Found::Damaged));
         let other = [8u8; super::super::KEY_LEN];
+        fs::create_dir_all(paths.records.join("08")).unwrap();
         fs::write(path(&paths, &other), &good).unwrap();
         assert!(matches!(read(&paths, &other).unwrap(), Found::Damaged));
         remove(&paths, &kb).unwrap();
         remove(&paths, &kb).unwrap();
         assert!(matches!(read(&paths, &kb).unwrap(), Found::Missing));
         fs::write(paths.records.join("notes.txt"), "x").unwrap();
-        let (keys, stray) = list(&paths).unwrap();
+        fs::write(paths.records.join("07/notes.txt"), "x").unwrap();
+        let (keys, mut stray) = list(&paths).unwrap();
         assert_eq!(keys, vec![other]);
-        assert_eq!(stray, vec![paths.records.join("notes.txt")]);
+        stray.sort();
+        assert_eq!(
+            stray,
+            vec![
+                paths.records.join("07/notes.txt"),
+                paths.records.join("notes.txt")
+            ]
+        );
     }
 }

@@ -348,7 +348,7 @@ fn flip_byte(path: &Path, at: u64) {
 fn every_serve_is_checked_not_only_the_first() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(d.path(), StoreOptions::default()).unwrap();
-    let payload: Vec<u8> = (0..(3 * chunks::GROUP + 100))
+    let payload: Vec<u8> = (0..(3 * crate::chunks::GROUP + 100))
         .map(|i| (i % 253) as u8)
         .collect();
     let a = s.put(&new_entry(7), &payload[..]).unwrap().entry;
@@ -357,7 +357,7 @@ fn every_serve_is_checked_not_only_the_first() {
     // Served, then damaged on disk: the next open sees another file.
     let held = s.open_payload(&a.key).unwrap();
     assert_eq!(held.checked_all().unwrap(), &payload[..]);
-    flip_byte(&path, 2 * chunks::GROUP as u64 + 5);
+    flip_byte(&path, 2 * crate::chunks::GROUP as u64 + 5);
     match s.open_payload(&a.key) {
         Err(StoreError::PayloadCorrupt { dropped, .. }) => assert_eq!(dropped, [a.key]),
         other => panic!("a damaged payload was served: {other:?}"),
@@ -369,13 +369,16 @@ fn every_serve_is_checked_not_only_the_first() {
     // group and stops at the damaged one.
     let b = s.put(&new_entry(8), &payload[..]).unwrap().entry;
     let held = s.open_payload(&b.key).unwrap();
-    flip_byte(&s.blob_path(&b.payload.blake3), chunks::GROUP as u64 + 1);
-    assert_eq!(
-        held.checked(0..chunks::GROUP).unwrap(),
-        &payload[..chunks::GROUP]
+    flip_byte(
+        &s.blob_path(&b.payload.blake3),
+        crate::chunks::GROUP as u64 + 1,
     );
-    let rot = held.checked(10..chunks::GROUP + 10).unwrap_err();
-    assert_eq!(rot.offset, chunks::GROUP as u64);
+    assert_eq!(
+        held.checked(0..crate::chunks::GROUP).unwrap(),
+        &payload[..crate::chunks::GROUP]
+    );
+    let rot = held.checked(10..crate::chunks::GROUP + 10).unwrap_err();
+    assert_eq!(rot.offset, crate::chunks::GROUP as u64);
     assert!(held.checked_all().is_err());
     match s.payload_rotted(&b.key, &held, rot) {
         StoreError::PayloadCorrupt {

@@ -23,6 +23,14 @@ class Payload:
     ttl/3 and released by :meth:`close` (or leaving the ``with`` block). A
     Payload that is garbage-collected without ``close()`` stops renewing and
     its lease expires after the ttl.
+
+    What is checked: when the daemon grants the lease it compares the payload
+    file with the one it hashed (identity: device, inode, size, mtime, ctime;
+    rehashed if it changed) and refuses damaged bytes (``DATA_LOSS``); a
+    streamed copy was checked group by group as the daemon sent it. A mapped
+    file whose bytes change on disk *after* the lease was granted (a failing
+    disk under a live mapping) is not noticed by itself: :meth:`verify`
+    rehashes the whole payload now and says whether it still matches.
     """
 
     def __init__(self, client, lease: pb.LeaseResponse, entry: pb.Entry, ttl_s: float, allow_mmap: bool = True):
@@ -140,7 +148,7 @@ class Payload:
         return len(self.memoryview)
 
     def verify(self) -> bool:
-        """True when the bytes hash to the entry's ``payload_blake3`` (needs the ``blake3`` package)."""
+        """True when the bytes, hashed now, match the entry's ``payload_blake3`` (needs the ``blake3`` package)."""
         import blake3
 
         return blake3.blake3(self.memoryview).hexdigest() == self.entry.payload_blake3

@@ -1,4 +1,5 @@
-//! Per-chunk digests of a payload (D12): the blake3 chaining values of its
+//! Per-chunk digests of a payload (D12), used by the store and by clients
+//! that check mapped bytes as they read them: the blake3 chaining values of its
 //! 256 KiB groups, which merge into the payload's blake3 itself. So they
 //! need no checksum of their own (they are right exactly when they merge
 //! into the entry's `payload_blake3`), and a copy or stream checks each
@@ -13,13 +14,13 @@ use rayon::prelude::*;
 /// every group is a subtree of blake3's tree.
 const GROUP_LOG: u32 = 18;
 /// Bytes per group (the last may be shorter).
-pub(crate) const GROUP: usize = 1 << GROUP_LOG;
+pub const GROUP: usize = 1 << GROUP_LOG;
 /// Payloads at least this large are hashed group by group on the pool.
 const PARALLEL: usize = 4 * GROUP;
 
 /// The group digests of one payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ChunkDigests {
+pub struct ChunkDigests {
     len: u64,
     /// One chaining value per group; for a payload of one group, that
     /// group's root hash (a lone group is the whole tree).
@@ -87,7 +88,6 @@ impl ChunkDigests {
     }
 
     /// Number of groups.
-    #[cfg(test)]
     pub fn count(&self) -> usize {
         self.cvs.len()
     }
@@ -102,7 +102,7 @@ impl ChunkDigests {
 
 /// Group digests computed while a payload is written, a piece at a time.
 #[derive(Default)]
-pub(crate) struct ChunkHasher {
+pub struct ChunkHasher {
     len: u64,
     /// The group being filled.
     open: blake3::Hasher,
