@@ -23,6 +23,8 @@ use crate::onnx::graph::{attr, is_default_domain};
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
+use super::{Recipe, Settings};
+
 /// What kind of node a target replaces.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
@@ -70,6 +72,8 @@ pub struct Target {
     pub k: u64,
     /// Columns of the logical B (the output features).
     pub n: u64,
+    /// The weight's dims as stored.
+    pub dims: Vec<u64>,
 }
 
 /// A MatMul / Gemm left as it is, and why.
@@ -196,8 +200,19 @@ pub(crate) const GRAPH_INPUT: u32 = 11;
 pub(crate) const GRAPH_OUTPUT: u32 = 12;
 pub(crate) const GRAPH_VALUE_INFO: u32 = 13;
 
-/// Decides the rewrite of the model's MatMul and Gemm nodes.
+/// Decides the rewrite of the model's MatMul and Gemm nodes for the
+/// `onnxruntime-int4` target.
 pub fn plan(model: &Model) -> Result<Plan> {
+    plan_for(model, &Recipe::Nbits(Settings::default()))
+}
+
+/// Decides the rewrite of the model's MatMul and Gemm nodes for `recipe`.
+/// For `onnxruntime-int8` the rule is `quantize_dynamic`'s: MatMul (when
+/// in the op types) with an initializer B and a computed A, and Gemm with
+/// alpha = beta = 1 and transA = 0 (which it turns into MatMul, reading B
+/// transposed when transB = 1); B must be FLOAT (the packer's type), and
+/// nodes inside subgraphs are left alone.
+pub fn plan_for(model: &Model, recipe: &Recipe) -> Result<Plan> {
     let nodes = model.nodes()?;
     let inits: HashMap<String, TensorRef> = model
         .initializers()?
@@ -209,6 +224,7 @@ pub fn plan(model: &Model) -> Result<Plan> {
     let ctx = Context {
         inits: &inits,
         inputs: &inputs,
+        recipe,
     };
     visit(&ctx, &nodes, &mut Vec::new(), &HashSet::new(), &mut out);
     Ok(out)
@@ -217,6 +233,20 @@ pub fn plan(model: &Model) -> Result<Plan> {
 struct Context<'a> {
     inits: &'a HashMap<String, TensorRef>,
     inputs: &'a HashSet<String>,
+    recipe: &'a Recipe,
+}
+
+impl Context<'_> {
+    /// Whether the recipe rewrites nodes of this op type at all.
+    fn takes(&self, op_type: &str) -> bool {
+        match self.recipe {
+            Recipe::Nbits(_) => matches!(op_type, "MatMul" | "Gemm"),
+            // quantize_dynamic turns Gemm into MatMul before quantizing.
+            Recipe::Int8(s) => {
+                matches!(op_type, "MatMul" | "Gemm") && s.op_types.iter().any(|o| o == "MatMul")
+            }
+        }
+    }
 }
 
 /// Plans the nodes of one graph; `shadow` holds the names the enclosing
@@ -229,9 +259,20 @@ fn visit(
     out: &mut Plan,
 ) {
     for (i, n) in nodes.iter().enumerate() {
-        let is_target_op = is_default_domain(n) && matches!(n.op_type.as_str(), "MatMul" | "Gemm");
+        let is_target_op = is_default_domain(n) && ctx.takes(&n.op_type);
         if is_target_op {
-            match target(i, n, ctx, shadow) {
+            let found = if !scope.is_empty() && matches!(ctx.recipe, Recipe::Int8(_)) {
+                Err((
+                    "inside a subgraph",
+                    format!(
+                        "{} nodes inside subgraphs are not rewritten for this target",
+                        n.op_type
+                    ),
+                ))
+            } else {
+                target(i, n, ctx, shadow)
+            };
+            match found {
                 Ok(mut t) => {
                     t.scope = scope.clone();
                     out.targets.push(t);
@@ -306,6 +347,25 @@ fn target(
             format!("initializer {b:?} is also a graph input, so a caller may override it"),
         ));
     }
+    let int8 = matches!(ctx.recipe, Recipe::Int8(_));
+    if int8 && ctx.inits.contains_key(&n.input[0]) {
+        return Err((
+            "A is a constant",
+            format!(
+                "input A {:?} is an initializer (only computed inputs are quantized dynamically)",
+                n.input[0]
+            ),
+        ));
+    }
+    if int8 && t.data_type != DataType::FLOAT {
+        return Err((
+            "B is not FLOAT",
+            format!(
+                "weight {b:?} is {}; the int8 target quantizes FLOAT weights",
+                t.data_type
+            ),
+        ));
+    }
     if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
         return Err((
             "B is not FLOAT or FLOAT16",
@@ -314,6 +374,33 @@ fn target(
                 t.data_type
             ),
         ));
+    }
+    if int8 && !gemm && !t.dims.is_empty() {
+        // quantize_dynamic quantizes MatMul weights of any rank.
+        if t.dims.contains(&0) {
+            return Err((
+                "B is empty",
+                format!("weight {b:?} is empty ({:?})", t.dims),
+            ));
+        }
+        let n_cols = *t.dims.last().expect("not empty");
+        let k = if t.dims.len() >= 2 {
+            t.dims[t.dims.len() - 2]
+        } else {
+            1
+        };
+        return Ok(Target {
+            scope: Vec::new(),
+            node_index: index,
+            node: n.clone(),
+            op: Op::MatMul,
+            weight: b.clone(),
+            transposed: false,
+            data_type: t.data_type,
+            k,
+            n: n_cols,
+            dims: t.dims.clone(),
+        });
     }
     let [d0, d1] = *t.dims.as_slice() else {
         return Err((
@@ -341,7 +428,8 @@ fn target(
             ));
         }
         let bias = n.input.get(2).filter(|c| !c.is_empty()).cloned();
-        if bias.is_some() && float("beta") != 1.0 {
+        // quantize_dynamic takes beta = 1 only, with or without C.
+        if (bias.is_some() || int8) && float("beta") != 1.0 {
             return Err((
                 "beta is not 1",
                 format!("Gemm beta = {} (only 1 is rewritten)", float("beta")),
@@ -363,6 +451,7 @@ fn target(
         data_type: t.data_type,
         k,
         n: n_cols,
+        dims: t.dims.clone(),
     })
 }
 

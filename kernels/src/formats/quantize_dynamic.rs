@@ -11,9 +11,10 @@
 //! shape, where C is 1 per tensor and the last dimension per channel.
 
 use ctcache::dtype::DataType;
+use rayon::prelude::*;
 
 use super::quantize_dynamic_kernel::{self as kernel, Quant};
-use crate::decoder::{Builder, OUTPUT};
+use crate::decoder::{ints, Builder, OUTPUT};
 use crate::isa::Isa;
 use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
@@ -52,12 +53,19 @@ const SPEC: &[ParamSpec] = &[
         default: "false",
         doc: "7-bit ranges: uint8 0..127, int8 -64..64",
     },
+    ParamSpec {
+        name: "transposed",
+        allowed: &["false", "true"],
+        default: "false",
+        doc: "true: the source is W[N, K] (a Gemm B with transB=1) and the payload is the one of W^T (what the reference writes for `<W>_Transposed`), channels along N; type name suffix `.t`",
+    },
 ];
 
 /// Resolved parameters.
 struct Settings {
     q: Quant,
     per_channel: bool,
+    transposed: bool,
     name: String,
 }
 
@@ -83,20 +91,21 @@ impl QuantizeDynamic {
         if q.reduce_range {
             name.push_str(".reduce_range");
         }
+        let transposed = r.bool("transposed");
+        if transposed {
+            name.push_str(".t");
+        }
         Ok(Settings {
             q,
             per_channel,
+            transposed,
             name,
         })
     }
 
-    /// Channels: 1 per tensor, else the last dimension.
-    fn channels(
-        &self,
-        data_type: DataType,
-        dims: &[u64],
-        per_channel: bool,
-    ) -> Result<u64, PackError> {
+    /// Channels: 1 per tensor, else the last dimension of the quantized
+    /// weight (the first of the source when transposed).
+    fn channels(&self, data_type: DataType, dims: &[u64], s: &Settings) -> Result<u64, PackError> {
         if data_type != DataType::FLOAT {
             return Err(PackError::UnsupportedDataType {
                 packer: ID,
@@ -121,7 +130,15 @@ impl QuantizeDynamic {
         if n == 0 {
             return Err(bad("the weight is empty"));
         }
-        Ok(if per_channel { last } else { 1 })
+        if s.transposed {
+            let [rows, _] = *dims else {
+                return Err(bad(
+                    "with transposed=true the weight must be 2-D [N, K] (a Gemm B with transB=1)",
+                ));
+            };
+            return Ok(if s.per_channel { rows } else { 1 });
+        }
+        Ok(if s.per_channel { last } else { 1 })
     }
 }
 
@@ -149,7 +166,7 @@ impl Packer for QuantizeDynamic {
         params: &Params,
     ) -> Result<(), PackError> {
         let s = self.settings(params)?;
-        self.channels(data_type, dims, s.per_channel).map(|_| ())
+        self.channels(data_type, dims, &s).map(|_| ())
     }
 
     fn output(
@@ -159,17 +176,23 @@ impl Packer for QuantizeDynamic {
         params: &Params,
     ) -> Result<PackedLayout, PackError> {
         let s = self.settings(params)?;
-        self.channels(data_type, dims, s.per_channel)?;
+        self.channels(data_type, dims, &s)?;
+        // The quantized weight's shape: the source's, or W^T's.
+        let qdims: Vec<u64> = if s.transposed {
+            vec![dims[1], dims[0]]
+        } else {
+            dims.to_vec()
+        };
         let qt = if s.q.signed {
             DataType::INT8
         } else {
             DataType::UINT8
         };
-        let names: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
+        let names: Vec<String> = (0..qdims.len()).map(|i| format!("d{i}")).collect();
         let dims_param: Vec<&str> = names.iter().map(String::as_str).collect();
-        let counts: Vec<Count> = (0..dims.len() as u32).map(Count::Dim).collect();
+        let counts: Vec<Count> = (0..qdims.len() as u32).map(Count::Dim).collect();
         let c = if s.per_channel {
-            Count::Dim(dims.len() as u32 - 1)
+            Count::Dim(qdims.len() as u32 - 1)
         } else {
             Count::Fixed(1)
         };
@@ -187,7 +210,7 @@ impl Packer for QuantizeDynamic {
             field(
                 "quantized",
                 nested(leaf(qt), &counts),
-                "clip(round_half_even(x / scale) + zero_point) in the source shape, row-major",
+                "clip(round_half_even(x / scale) + zero_point) in the source shape (W^T's when transposed), row-major",
             ),
         ];
         let mut t = root(
@@ -202,15 +225,20 @@ impl Packer for QuantizeDynamic {
         let q = f.cast_f32("quantized");
         let z = f.cast_f32("zero_point");
         let d = f.op("Sub", &[&q, &z], vec![]);
-        f.op_to("Mul", &[&d, "scale"], OUTPUT, vec![]);
+        if s.transposed {
+            let w = f.op("Mul", &[&d, "scale"], vec![]);
+            f.op_to("Transpose", &[&w], OUTPUT, vec![ints("perm", &[1, 0])]);
+        } else {
+            f.op_to("Mul", &[&d, "scale"], OUTPUT, vec![]);
+        }
         t.decoder = Some(f.finish(&s.name, &["scale", "zero_point", "quantized"]));
-        let bits = size_bits(&t, dims).ok_or(PackError::Overflow {
+        let bits = size_bits(&t, &qdims).ok_or(PackError::Overflow {
             packer: ID,
             dims: dims.to_vec(),
         })?;
         Ok(PackedLayout {
             struct_type: t,
-            dims: dims.to_vec(),
+            dims: qdims,
             payload_len: bits / 8,
         })
     }
@@ -226,8 +254,14 @@ impl Packer for QuantizeDynamic {
         let layout = self.output(src.data_type, src.dims, params)?;
         check_lengths(src, out, layout.payload_len)?;
         let s = self.settings(params)?;
-        let c = us(self.channels(src.data_type, src.dims, s.per_channel)?);
-        let ranges = if s.per_channel {
+        let c = us(self.channels(src.data_type, src.dims, &s)?);
+        let ranges = if s.per_channel && s.transposed {
+            let row = 4 * us(src.dims[1]);
+            src.data
+                .chunks_exact(row)
+                .map(|r| kernel::range_all(isa, r))
+                .collect::<Option<Vec<_>>>()
+        } else if s.per_channel {
             kernel::range_columns(isa, src.data, c)
         } else {
             kernel::range_all(isa, src.data).map(|r| vec![r])
@@ -254,7 +288,22 @@ impl Packer for QuantizeDynamic {
             scales.push(scale);
             zps.push(zp as f32);
         }
-        kernel::quantize(isa, s.q, src.data, &scales, &zps, quantized);
+        if s.transposed {
+            // W[N, K] quantized row by row (a row is a channel of W^T),
+            // then written transposed.
+            let (n, k) = (us(src.dims[0]), us(src.dims[1]));
+            let mut rows = vec![0u8; n * k];
+            rows.par_chunks_mut(k)
+                .zip(src.data.par_chunks(4 * k))
+                .enumerate()
+                .for_each(|(r, (o, x))| {
+                    let i = if s.per_channel { r } else { 0 };
+                    kernel::quantize(isa, s.q, x, &scales[i..=i], &zps[i..=i], o);
+                });
+            kernel::transpose_bytes(&rows, n, k, quantized);
+        } else {
+            kernel::quantize(isa, s.q, src.data, &scales, &zps, quantized);
+        }
         Ok(())
     }
 }

@@ -255,3 +255,18 @@ fn run(isa: Isa, q: Quant, src: &[u8], s: &[f32], z: &[f32], step: usize, out: &
         out[i] = quantize_one(f32_at(src, i), s[i * step], z[i * step], lo, hi);
     }
 }
+
+/// `out[c][r] = src[r][c]` for the row-major byte matrix `src[rows, cols]`,
+/// in cache-sized tiles.
+pub(crate) fn transpose_bytes(src: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
+    const T: usize = 64;
+    for r0 in (0..rows).step_by(T) {
+        for c0 in (0..cols).step_by(T) {
+            for r in r0..(r0 + T).min(rows) {
+                for c in c0..(c0 + T).min(cols) {
+                    out[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
+}

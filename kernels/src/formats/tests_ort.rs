@@ -208,6 +208,34 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// transposed=true on W[N, K] is transposed=false on W^T, type name
+    /// `.t` aside.
+    #[test]
+    fn quantize_dynamic_transposed_is_the_transpose(
+        (n, k, x) in (1u64..30, 1u64..30).prop_flat_map(|(n, k)| {
+            (Just(n), Just(k), proptest::collection::vec(finite(), (n * k) as usize))
+        }),
+        signed in any::<bool>(),
+        sym in any::<bool>(),
+        pc in any::<bool>(),
+        rr in any::<bool>(),
+    ) {
+        let (nu, ku) = (n as usize, k as usize);
+        let wt: Vec<f32> = (0..ku * nu).map(|i| x[(i % nu) * ku + i / nu]).collect();
+        let want = model_quant(&wt, &[k, n], signed, sym, pc, rr);
+        let p = qparams(signed, sym, pc, rr).with("transposed", "true");
+        for g in pack_every_isa("ort.quantize_dynamic", &[n, k], &bytes(&x), &p).unwrap() {
+            prop_assert_eq!(&g, &want);
+        }
+        let l = find("ort.quantize_dynamic").unwrap().output(DataType::FLOAT, &[n, k], &p).unwrap();
+        prop_assert!(l.struct_type.name.ends_with(".t"));
+        prop_assert_eq!(l.dims, vec![k, n]);
+    }
+}
+
 #[test]
 fn quantize_dynamic_edge_cases() {
     // All zero: scale 1, zero point 0 even for asymmetric uint8.

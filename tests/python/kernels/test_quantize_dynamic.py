@@ -140,6 +140,49 @@ def test_vector_tails_and_larger_weights(isa):
             check(w, isa, wt, pc, rr)
 
 
+def gemm_reference(w, weight_type, per_channel, reduce_range):
+    """What quantize_dynamic writes for B of a Gemm with transB=1: it
+    replaces the Gemm by a MatMul on a new initializer `B_Transposed`."""
+    n, k = w.shape
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, k])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    node = helper.make_node("Gemm", ["A", "B"], ["Y"], name="g", transB=1)
+    g = helper.make_graph([node], "g", [a], [y], [numpy_helper.from_array(w, "B")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "m.onnx", Path(d) / "q.onnx"
+        onnx.save(m, src)
+        quantize_dynamic(
+            src,
+            dst,
+            weight_type=QuantType.QInt8 if weight_type == "int8" else QuantType.QUInt8,
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            op_types_to_quantize=["MatMul"],
+        )
+        out = onnx.load(dst)
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    return inits["B_Transposed_quantized"], inits["B_Transposed_scale"], inits["B_Transposed_zero_point"]
+
+
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("wt,pc,rr", COMBOS)
+def test_gemm_trans_b_weights(isa, wt, pc, rr):
+    rng = np.random.default_rng(21)
+    for shape in [(24, 40), (7, 9), (1, 5), (130, 70)]:
+        w = rng.standard_normal(shape).astype(np.float32)
+        rq, rs, rz = gemm_reference(w, wt, pc, rr)
+        payload, info = pack(
+            "ort.quantize_dynamic", w, isa, weight_type=wt, per_channel=pc, reduce_range=rr,
+            symmetric=wt == "int8", transposed=True,
+        )
+        c = shape[0] if pc else 1
+        assert info["name"].endswith(".t") and info["dims"] == f"{shape[1]},{shape[0]}"
+        assert payload[: 4 * c] == rs.reshape(-1).tobytes()
+        assert payload[4 * c : 5 * c] == rz.reshape(-1).tobytes()
+        assert payload[5 * c :] == rq.tobytes(), first_difference(payload[5 * c :], rq.tobytes())
+
+
 def test_layout_and_decoder():
     rng = np.random.default_rng(3)
     w = rng.standard_normal((6, 5)).astype(np.float32)
