@@ -98,7 +98,7 @@ impl v1::MaterializeResponse {
     ) -> Self {
         let nbits = match recipe {
             Recipe::Nbits(s) => *s,
-            Recipe::Int8(_) => Settings {
+            Recipe::Int8(_) | Recipe::Fp16(_) => Settings {
                 bits: 0,
                 block_size: 0,
                 symmetric: false,
@@ -107,7 +107,7 @@ impl v1::MaterializeResponse {
         };
         let int8 = match recipe {
             Recipe::Int8(s) => Some(s),
-            Recipe::Nbits(_) => None,
+            Recipe::Nbits(_) | Recipe::Fp16(_) => None,
         };
         let settings = &nbits;
         v1::MaterializeResponse {

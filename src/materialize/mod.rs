@@ -6,7 +6,12 @@
 //! - `onnxruntime-int8`: what `onnxruntime.quantization.quantize_dynamic`
 //!   writes for MatMul (and Gemm with alpha = beta = 1, transA = 0, which it
 //!   turns into MatMul): DynamicQuantizeLinear of the input, MatMulInteger
-//!   on `ort.quantize_dynamic` payloads, Cast, and the two scale Muls.
+//!   on `ort.quantize_dynamic` payloads, Cast, and the two scale Muls;
+//! - `onnxruntime-fp16`: what `onnxruntime.transformers.float16.
+//!   convert_float_to_float16(keep_io_types=True)` writes: every FLOAT
+//!   initializer a node reads becomes FLOAT16 (`ort.float16` payloads, same
+//!   name), FLOAT Constant tensors, Cast-to-FLOAT and FLOAT value_info become
+//!   FLOAT16, and FLOAT graph inputs and outputs stay FLOAT behind Casts.
 //!
 //! The new weights are external data pointing into files next to the
 //! output model: reflinks of the cache's payload files where the filesystem
@@ -39,8 +44,34 @@ pub const TARGET_ORT_INT4: &str = "onnxruntime-int4";
 /// The `quantize_dynamic` target.
 pub const TARGET_ORT_INT8: &str = "onnxruntime-int8";
 
+/// The float16 converter target.
+pub const TARGET_ORT_FP16: &str = "onnxruntime-fp16";
+
+/// The packer whose payloads are the float16 converter's initializers.
+pub const PACKER_FP16: &str = "ort.float16";
+
 /// Every target, as named on the command line and in requests.
-pub const TARGETS: [&str; 2] = [TARGET_ORT_INT4, TARGET_ORT_INT8];
+pub const TARGETS: [&str; 3] = [TARGET_ORT_INT4, TARGET_ORT_INT8, TARGET_ORT_FP16];
+
+/// Settings of the `onnxruntime-fp16` target: the converter's defaults
+/// (`min_positive_val` 5.96e-08, `max_finite_val` 65504, `keep_io_types`),
+/// and the clamped cast itself for the FLOAT tensors held in nodes
+/// (Constant values), which are not cache entries: FLOAT raw bytes in,
+/// FLOAT16 raw bytes out (the `ort.float16` kernel, given by the caller).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp16Settings {
+    /// The clamped cast of `ort.float16` with the default parameters.
+    pub convert: fn(&[u8]) -> Vec<u8>,
+}
+
+/// One setting only: the cast is the packer's, whoever passes it.
+impl PartialEq for Fp16Settings {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Fp16Settings {}
 
 /// Op types the int8 target quantizes (`op_types_to_quantize`).
 pub const INT8_OP_TYPES: [&str; 1] = ["MatMul"];
@@ -120,6 +151,8 @@ pub enum Recipe {
     Nbits(Settings),
     /// `onnxruntime-int8` (`quantize_dynamic`).
     Int8(Int8Settings),
+    /// `onnxruntime-fp16` (`convert_float_to_float16`, keep_io_types).
+    Fp16(Fp16Settings),
 }
 
 impl From<Settings> for Recipe {
@@ -140,6 +173,7 @@ impl Recipe {
         match self {
             Recipe::Nbits(_) => TARGET_ORT_INT4,
             Recipe::Int8(_) => TARGET_ORT_INT8,
+            Recipe::Fp16(_) => TARGET_ORT_FP16,
         }
     }
 
@@ -148,6 +182,7 @@ impl Recipe {
         match self {
             Recipe::Nbits(_) => PACKER,
             Recipe::Int8(_) => PACKER_INT8,
+            Recipe::Fp16(_) => PACKER_FP16,
         }
     }
 
@@ -156,6 +191,7 @@ impl Recipe {
         match self {
             Recipe::Nbits(s) => s.validate(),
             Recipe::Int8(s) => s.validate(),
+            Recipe::Fp16(_) => Ok(()),
         }
     }
 
@@ -171,6 +207,10 @@ impl Recipe {
                 format!("per_channel={}", s.per_channel),
                 format!("reduce_range={}", s.reduce_range),
                 format!("transposed={transposed}"),
+            ],
+            Recipe::Fp16(_) => vec![
+                "min_positive_val=5.96e-08".into(),
+                "max_finite_val=65504".into(),
             ],
         }
     }

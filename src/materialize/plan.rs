@@ -138,6 +138,9 @@ pub struct Plan {
     pub targets: Vec<Target>,
     /// The MatMul / Gemm nodes left as they are.
     pub skipped: Vec<Skipped>,
+    /// `onnxruntime-fp16`: the FLOAT initializers converted whole, in file
+    /// order.
+    pub tensors: Vec<String>,
 }
 
 impl Plan {
@@ -147,6 +150,7 @@ impl Plan {
         self.targets
             .iter()
             .map(|t| (t.weight.clone(), t.transposed))
+            .chain(self.tensors.iter().map(|t| (t.clone(), false)))
             .filter(|w| seen.insert(w.clone()))
             .collect()
     }
@@ -155,7 +159,7 @@ impl Plan {
     /// skipped nodes counted per reason, each with its first node's case;
     /// or that there is no MatMul or Gemm.
     pub fn why_nothing(&self) -> Option<String> {
-        if !self.targets.is_empty() {
+        if !self.targets.is_empty() || !self.tensors.is_empty() {
             return None;
         }
         if self.skipped.is_empty() {
@@ -213,6 +217,9 @@ pub fn plan(model: &Model) -> Result<Plan> {
 /// transposed when transB = 1); B must be FLOAT (the packer's type), and
 /// nodes inside subgraphs are left alone.
 pub fn plan_for(model: &Model, recipe: &Recipe) -> Result<Plan> {
+    if let Recipe::Fp16(_) = recipe {
+        return plan_fp16(model);
+    }
     let nodes = model.nodes()?;
     let inits: HashMap<String, TensorRef> = model
         .initializers()?
@@ -241,6 +248,7 @@ impl Context<'_> {
     fn takes(&self, op_type: &str) -> bool {
         match self.recipe {
             Recipe::Nbits(_) => matches!(op_type, "MatMul" | "Gemm"),
+            Recipe::Fp16(_) => false,
             // quantize_dynamic turns Gemm into MatMul before quantizing.
             Recipe::Int8(s) => {
                 matches!(op_type, "MatMul" | "Gemm") && s.op_types.iter().any(|o| o == "MatMul")
@@ -452,6 +460,109 @@ fn target(
         k,
         n: n_cols,
         dims: t.dims.clone(),
+    })
+}
+
+/// Op types the float16 converter keeps in FLOAT behind Casts (its
+/// `DEFAULT_OP_BLOCK_LIST`), or treats specially (FLOAT-only inputs,
+/// `dtype` attributes): this target refuses models with them rather than
+/// guess the value types it would need shape inference for.
+const FP16_REFUSED_OPS: &[&str] = &[
+    "ArrayFeatureExtractor",
+    "Binarizer",
+    "CastMap",
+    "CategoryMapper",
+    "DictVectorizer",
+    "FeatureVectorizer",
+    "Imputer",
+    "LabelEncoder",
+    "LinearClassifier",
+    "LinearRegressor",
+    "Normalizer",
+    "OneHotEncoder",
+    "RandomUniformLike",
+    "SVMClassifier",
+    "SVMRegressor",
+    "Scaler",
+    "TreeEnsembleClassifier",
+    "TreeEnsembleRegressor",
+    "TreeEnsemble",
+    "ZipMap",
+    "NonMaxSuppression",
+    "TopK",
+    "RoiAlign",
+    "Range",
+    "CumSum",
+    "Min",
+    "Max",
+    "Upsample",
+    "Resize",
+    "GroupNorm",
+    "SkipGroupNorm",
+    "EyeLike",
+    "Multinomial",
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "SequenceEmpty",
+    "Bernoulli",
+    "ConstantOfShape",
+];
+
+/// The `onnxruntime-fp16` plan: every FLOAT top-level initializer a
+/// top-level node reads (the converter leaves unread ones FLOAT). Refused,
+/// naming the node: ops of [`FP16_REFUSED_OPS`], subgraphs, and a FLOAT
+/// initializer that is also a graph input.
+fn plan_fp16(model: &Model) -> Result<Plan> {
+    let refuse = |what: String| Err(crate::Error::Rewrite(format!("materialize: {what}")));
+    let nodes = model.nodes()?;
+    let mut read: HashSet<&str> = HashSet::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let name = if n.name.is_empty() {
+            format!("#{i}")
+        } else {
+            n.name.clone()
+        };
+        if FP16_REFUSED_OPS.contains(&n.op_type.as_str()) {
+            return refuse(format!(
+                "node {name} is a {}, which the float16 converter keeps in FLOAT or treats specially;                  onnxruntime-fp16 does not take it",
+                n.op_type
+            ));
+        }
+        if n.attribute
+            .iter()
+            .any(|a| a.g.is_some() || !a.graphs.is_empty())
+        {
+            return refuse(format!(
+                "node {name} ({}) holds a subgraph; onnxruntime-fp16 converts top-level graphs only",
+                n.op_type
+            ));
+        }
+        read.extend(n.input.iter().map(String::as_str));
+    }
+    let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
+    let mut tensors = Vec::new();
+    for t in model.initializers()? {
+        if t.data_type != DataType::FLOAT || !read.contains(t.name.as_str()) {
+            continue;
+        }
+        if inputs.contains(&t.name) {
+            return refuse(format!(
+                "FLOAT initializer {:?} is also a graph input; onnxruntime-fp16 does not take it",
+                t.name
+            ));
+        }
+        tensors.push(t.name.clone());
+    }
+    if tensors.is_empty() {
+        return refuse(
+            "nothing to materialize: the model has no FLOAT initializer that a node reads".into(),
+        );
+    }
+    Ok(Plan {
+        targets: Vec::new(),
+        skipped: Vec::new(),
+        tensors,
     })
 }
 

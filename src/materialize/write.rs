@@ -16,7 +16,7 @@ use super::place::{place, LinkMode, Method, Placed};
 use super::plan::{
     graph_value_names, used_names, Op, Plan, Step, Target, GRAPH_INPUT, GRAPH_VALUE_INFO,
 };
-use super::{Int8Settings, Recipe, Settings};
+use super::{Fp16Settings, Int8Settings, Recipe, Settings};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_NODE, MODEL_GRAPH};
@@ -383,8 +383,51 @@ pub fn write(
             Recipe::Int8(s) => {
                 int8_inputs(t, w, s, &location, &mut names, &mut new_inits, &mut report)?
             }
+            Recipe::Fp16(_) => {
+                return Err(Error::Rewrite(
+                    "materialize: onnxruntime-fp16 rewrites no MatMul node".into(),
+                ))
+            }
         };
         inputs.insert(key, new);
+    }
+
+    // onnxruntime-fp16: each FLOAT initializer, same name, as FLOAT16.
+    for name in &plan.tensors {
+        let w = weights.get(&(name.clone(), false)).ok_or_else(|| {
+            Error::Rewrite(format!("materialize: no packed payload for {name:?}"))
+        })?;
+        let src = initializers
+            .iter()
+            .find(|t| &t.name == name)
+            .ok_or_else(|| Error::Rewrite(format!("materialize: no initializer {name:?}")))?;
+        let all = leaves(&w.struct_type, &w.dims, &[], &Limits::default())?;
+        let bad = |what: String| {
+            Error::Rewrite(format!(
+                "materialize: the cache entry for {name:?} is not an {} payload for this tensor: {what}",
+                super::PACKER_FP16
+            ))
+        };
+        let (span, shape, dt) =
+            dense_field(&all, "values", &bad)?.ok_or_else(|| bad("no field values".into()))?;
+        if dt != DataType::FLOAT16 || shape != src.dims {
+            return Err(bad(format!(
+                "values are {dt} {shape:?}, expected FLOAT16 {:?}",
+                src.dims
+            )));
+        }
+        let location = format!("{data_name}/{}", w.file_name);
+        if !files.iter().any(|f| f.file_name == w.file_name) {
+            files.push(w);
+        }
+        new_inits.push(external_tensor(
+            name,
+            DataType::FLOAT16,
+            &shape,
+            &location,
+            span,
+        ));
+        report.payload_bytes += span.len;
     }
 
     // Replacement nodes by (scope, index), then the top-level nodes they
@@ -396,6 +439,7 @@ pub fn write(
         let nodes = match &recipe {
             Recipe::Nbits(settings) => replacement(t, ins, settings, &mut names),
             Recipe::Int8(_) => int8_replacement(t, ins, &mut quantized_inputs, &mut names),
+            Recipe::Fp16(_) => Vec::new(),
         };
         inner.insert((t.scope.clone(), t.node_index), nodes);
     }
@@ -427,8 +471,11 @@ pub fn write(
             &mut new_top,
             &mut names,
         )?,
-        Recipe::Nbits(_) => HashSet::new(),
+        Recipe::Nbits(_) | Recipe::Fp16(_) => HashSet::new(),
     };
+    if let Recipe::Fp16(s) = &recipe {
+        report.nodes_rewritten = fp16_nodes(model, s, &top_nodes, &mut new_top, &mut names)?;
+    }
     let replaced: HashMap<usize, Vec<u8>> = new_top
         .iter()
         .map(|(&i, nodes)| {
@@ -447,6 +494,7 @@ pub fn write(
         .iter()
         .map(|t| t.weight.as_str())
         .filter(|w| !still_used.contains(*w) || dequantized.contains(*w))
+        .chain(plan.tensors.iter().map(String::as_str))
         .collect();
     report.initializers_removed = dropped.len();
 
@@ -489,10 +537,13 @@ pub fn write(
         model,
         graph.value.clone(),
         &initializers,
-        &replaced,
-        &dropped,
-        &relocated,
-        &new_inits,
+        Edits {
+            replaced: &replaced,
+            dropped: &dropped,
+            relocated: &relocated,
+            new_inits: &new_inits,
+            to_fp16: matches!(recipe, Recipe::Fp16(_)),
+        },
     )?;
     let graph_len: usize = pieces.iter().map(Piece::len).sum();
     let mut top = Vec::new();
@@ -628,17 +679,35 @@ fn replacement(t: &Target, ins: &NewInputs, s: &Settings, names: &mut Names) -> 
     nodes
 }
 
+/// What [`splice_graph`] changes in a graph.
+struct Edits<'a> {
+    /// Encoded replacement nodes by node index.
+    replaced: &'a HashMap<usize, Vec<u8>>,
+    /// Initializers (and their value_info) left out.
+    dropped: &'a HashSet<&'a str>,
+    /// Re-encoded initializers by initializer index.
+    relocated: &'a HashMap<usize, Vec<u8>>,
+    /// Initializers appended.
+    new_inits: &'a [pb::TensorProto],
+    /// FLOAT value_info becomes FLOAT16 (onnxruntime-fp16).
+    to_fp16: bool,
+}
+
 /// The graph's bytes with nodes replaced, weights dropped (with their
 /// value_info) and the new initializers appended.
 fn splice_graph(
     model: &Model,
     graph: Range<usize>,
     initializers: &[crate::onnx::TensorRef],
-    replaced: &HashMap<usize, Vec<u8>>,
-    dropped: &HashSet<&str>,
-    relocated: &HashMap<usize, Vec<u8>>,
-    new_inits: &[pb::TensorProto],
+    edits: Edits<'_>,
 ) -> Result<Vec<Piece>> {
+    let Edits {
+        replaced,
+        dropped,
+        relocated,
+        new_inits,
+        to_fp16,
+    } = edits;
     let bytes = model.bytes();
     let wire = |e: crate::wire::WireError| Error::Wire {
         context: "GraphProto".into(),
@@ -677,7 +746,14 @@ fn splice_graph(
                 if dropped.contains(vi.name.as_str()) {
                     continue;
                 }
-                Piece::Source(f.span)
+                let mut vi = vi;
+                if to_fp16 && float_to_fp16(&mut vi) {
+                    let mut enc = Vec::new();
+                    encoded_field(&mut enc, GRAPH_VALUE_INFO, &vi);
+                    Piece::New(enc)
+                } else {
+                    Piece::Source(f.span)
+                }
             }
             _ => Piece::Source(f.span),
         };
@@ -990,6 +1066,152 @@ fn dequantize_later_uses(
         done.insert(w.to_string());
     }
     Ok(done)
+}
+
+/// A FLOAT tensor (or sequence of FLOAT tensors) value_info made FLOAT16;
+/// false when it is not one.
+fn float_to_fp16(vi: &mut pb::ValueInfoProto) -> bool {
+    use pb::type_proto::Value;
+    let Some(t) = vi.r#type.as_mut() else {
+        return false;
+    };
+    let tensor = match t.value.as_mut() {
+        Some(Value::TensorType(tt)) => tt,
+        Some(Value::SequenceType(seq)) => {
+            match seq.elem_type.as_mut().and_then(|e| e.value.as_mut()) {
+                Some(Value::TensorType(tt)) => tt,
+                _ => return false,
+            }
+        }
+        _ => return false,
+    };
+    if tensor.elem_type != DataType::FLOAT.code() {
+        return false;
+    }
+    tensor.elem_type = DataType::FLOAT16.code();
+    true
+}
+
+/// A FLOAT tensor held in a node (a Constant's value) as the converter
+/// writes it: FLOAT16 raw data through the clamped cast; false when it is
+/// not a FLOAT tensor with its data inline.
+fn tensor_to_fp16(t: &mut pb::TensorProto, s: &Fp16Settings) -> bool {
+    if t.data_type != DataType::FLOAT.code() || !t.external_data.is_empty() {
+        return false;
+    }
+    let raw: Vec<u8> = if t.raw_data.is_empty() {
+        t.float_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+    } else {
+        t.raw_data.to_vec()
+    };
+    t.raw_data = (s.convert)(&raw).into();
+    t.float_data.clear();
+    t.data_type = DataType::FLOAT16.code();
+    true
+}
+
+/// The float16 converter's node edits (keep_io_types): a Cast to FLOAT16
+/// after each FLOAT graph input (`graph_input_cast<i>` writing
+/// `graph_input_cast_<i>`, read instead of the input) and a Cast back to
+/// FLOAT before each FLOAT graph output (`graph_output_cast<i>` reading
+/// `graph_output_cast_<i>`); Cast-to-FLOAT becomes Cast-to-FLOAT16; FLOAT
+/// tensors in attributes become FLOAT16. Returns how many nodes changed.
+fn fp16_nodes(
+    model: &Model,
+    s: &Fp16Settings,
+    top_nodes: &[pb::NodeProto],
+    new_top: &mut HashMap<usize, Vec<pb::NodeProto>>,
+    names: &mut Names,
+) -> Result<usize> {
+    let float_io = |field: u32| -> Result<Vec<(usize, String)>> {
+        let mut out = Vec::new();
+        for (i, r) in model.graph_fields(field)?.into_iter().enumerate() {
+            let vi = pb::ValueInfoProto::decode(&model.bytes()[r])
+                .map_err(|e| Error::decode("ValueInfoProto", e))?;
+            let mut probe = vi.clone();
+            if float_to_fp16(&mut probe)
+                && matches!(
+                    vi.r#type.as_ref().and_then(|t| t.value.as_ref()),
+                    Some(pb::type_proto::Value::TensorType(_))
+                )
+            {
+                out.push((i, vi.name));
+            }
+        }
+        Ok(out)
+    };
+    let mut rename: HashMap<String, String> = HashMap::new();
+    let mut head = Vec::new();
+    let mut tail = Vec::new();
+    let cast = |name: String, input: String, output: String, to: DataType| {
+        let mut c = node("Cast", name, vec![input], vec![output]);
+        c.attribute.push(int_attr("to", i64::from(to.code())));
+        c
+    };
+    for (i, name) in float_io(GRAPH_INPUT)? {
+        let out = names.fresh(format!("graph_input_cast_{i}"));
+        rename.insert(name.clone(), out.clone());
+        head.push(cast(
+            names.fresh(format!("graph_input_cast{i}")),
+            name,
+            out,
+            DataType::FLOAT16,
+        ));
+    }
+    for (i, name) in float_io(super::plan::GRAPH_OUTPUT)? {
+        let inp = names.fresh(format!("graph_output_cast_{i}"));
+        rename.insert(name.clone(), inp.clone());
+        tail.push(cast(
+            names.fresh(format!("graph_output_cast{i}")),
+            inp,
+            name,
+            DataType::FLOAT,
+        ));
+    }
+    let mut changed = 0;
+    for (i, n) in top_nodes.iter().enumerate() {
+        let mut m = n.clone();
+        for v in m.input.iter_mut().chain(m.output.iter_mut()) {
+            if let Some(r) = rename.get(v.as_str()) {
+                v.clone_from(r);
+            }
+        }
+        let is_cast = m.op_type == "Cast" && is_default_domain_node(&m);
+        for a in &mut m.attribute {
+            if is_cast && a.name == "to" && a.i == i64::from(DataType::FLOAT.code()) {
+                a.i = i64::from(DataType::FLOAT16.code());
+            }
+            if let Some(t) = a.t.as_mut() {
+                tensor_to_fp16(t, s);
+            }
+            for t in &mut a.tensors {
+                tensor_to_fp16(t, s);
+            }
+        }
+        if &m != n {
+            changed += 1;
+            new_top.insert(i, vec![m]);
+        }
+    }
+    if !head.is_empty() {
+        let first = new_top
+            .entry(0)
+            .or_insert_with(|| top_nodes.first().cloned().into_iter().collect());
+        head.append(first);
+        *first = head;
+    }
+    if !tail.is_empty() {
+        let last = top_nodes.len().saturating_sub(1);
+        new_top
+            .entry(last)
+            .or_insert_with(|| top_nodes.get(last).cloned().into_iter().collect())
+            .append(&mut tail);
+    }
+    Ok(changed)
+}
+
+fn is_default_domain_node(n: &pb::NodeProto) -> bool {
+    n.domain.is_empty() || n.domain == "ai.onnx"
 }
 
 /// The model's ai.onnx opset (1 when it imports none, as onnx reads it).

@@ -27,8 +27,10 @@ pub struct MaterializeArgs {
     /// The model to write; its weights go to OUTPUT.weights/ next to it.
     #[arg(short, long)]
     output: PathBuf,
-    /// What the model is for: onnxruntime-int4 (MatMulNBits) or
-    /// onnxruntime-int8 (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger).
+    /// What the model is for: onnxruntime-int4 (MatMulNBits),
+    /// onnxruntime-int8 (quantize_dynamic: DynamicQuantizeLinear +
+    /// MatMulInteger) or onnxruntime-fp16 (the float16 converter with
+    /// keep_io_types: FLOAT16 weights, float inputs and outputs).
     #[arg(long, default_value = "onnxruntime-int4", value_parser = mat::TARGETS)]
     target: String,
     /// onnxruntime-int8: the quantized weight type (default int8, symmetric;
@@ -121,6 +123,28 @@ impl MaterializeArgs {
                 self.target
             ))
         };
+        if self.target == mat::TARGET_ORT_FP16 {
+            for (flag, set) in [
+                ("--bits", self.bits.is_some()),
+                ("--block-size", self.block_size.is_some()),
+                ("--symmetric/--asymmetric", self.symmetric().is_some()),
+                ("--accuracy-level", self.accuracy_level != 0),
+                ("--weight-type", self.weight_type.is_some()),
+                ("--per-channel", self.per_channel),
+                ("--reduce-range", self.reduce_range),
+                ("--op-types", !self.op_types.is_empty()),
+            ] {
+                if set {
+                    return Err(Failure::Usage(format!(
+                        "{flag} is not a setting of --target {}",
+                        mat::TARGET_ORT_FP16
+                    )));
+                }
+            }
+            return Ok(Recipe::Fp16(mat::Fp16Settings {
+                convert: ctcache_kernels::formats::float16_clamp::convert_default,
+            }));
+        }
         if self.target == mat::TARGET_ORT_INT8 {
             for (flag, set) in [
                 ("--bits", self.bits.is_some()),
@@ -254,7 +278,9 @@ fn report(
     if ctx.quiet {
         return Ok(());
     }
-    let what = if r.target == mat::TARGET_ORT_INT8 {
+    let what = if r.target == mat::TARGET_ORT_FP16 {
+        "FLOAT16 (float inputs and outputs kept)".to_string()
+    } else if r.target == mat::TARGET_ORT_INT8 {
         format!(
             "MatMulInteger ({}, {}{})",
             r.weight_type,

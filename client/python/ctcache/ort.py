@@ -1,8 +1,10 @@
 """onnxruntime helpers: quantized models materialized by ctcached.
 
-Two targets: ``"onnxruntime-int4"`` (the default; MatMulNBits) and
+Three targets: ``"onnxruntime-int4"`` (the default; MatMulNBits),
 ``"onnxruntime-int8"`` (byte for byte what
-``onnxruntime.quantization.quantize_dynamic`` writes; fallback: that tool).
+``onnxruntime.quantization.quantize_dynamic`` writes; fallback: that tool)
+and ``"onnxruntime-fp16"`` (what ``onnxruntime.transformers.float16.
+convert_float_to_float16(keep_io_types=True)`` writes; fallback: that tool).
 
     import ctcache.ort
     sess = ctcache.ort.inference_session("/models/m.onnx")    # MatMulNBits weights from the cache
@@ -52,7 +54,8 @@ DEFAULT_SYMMETRIC = True
 #: The targets :func:`materialize` and :func:`inference_session` take.
 TARGET_INT4 = "onnxruntime-int4"
 TARGET_INT8 = "onnxruntime-int8"
-TARGETS = (TARGET_INT4, TARGET_INT8)
+TARGET_FP16 = "onnxruntime-fp16"
+TARGETS = (TARGET_INT4, TARGET_INT8, TARGET_FP16)
 
 # ModelProto serialization limit: a model at least this large goes through a file.
 _PROTOBUF_LIMIT = 2 << 30
@@ -62,6 +65,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_SYMMETRIC",
     "TARGETS",
+    "TARGET_FP16",
     "TARGET_INT4",
     "TARGET_INT8",
     "FallbackWarning",
@@ -92,12 +96,15 @@ def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4
     model's folder is not writable: ``$XDG_CACHE_HOME/ctcache/materialized/
     <hash of the model's absolute path>/<stem>.int4.onnx`` (``~/.cache`` when
     ``XDG_CACHE_HOME`` is unset). ``target="onnxruntime-int8"``:
-    ``<stem>.dynamic-int8.onnx`` (``dynamic-uint8`` with ``weight_type="uint8"``).
+    ``<stem>.dynamic-int8.onnx`` (``dynamic-uint8`` with ``weight_type="uint8"``);
+    ``"onnxruntime-fp16"``: ``<stem>.fp16.onnx``.
     """
     src = Path(os.path.abspath(os.fspath(path)))
     stem = src.name[:-5] if src.name.endswith(".onnx") else src.name
     if target == TARGET_INT8:
         name = f"{stem}.dynamic-{weight_type or 'int8'}.onnx"
+    elif target == TARGET_FP16:
+        name = f"{stem}.fp16.onnx"
     else:
         name = f"{stem}.int{bits or DEFAULT_BITS}.onnx"
     if os.access(src.parent, os.W_OK | os.X_OK):
@@ -262,7 +269,9 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     ``target="onnxruntime-int4"`` (the default): the MatMulNBits form;
     ``"onnxruntime-int8"``: the ``quantize_dynamic`` form (its fallback is
     ``quantize_dynamic`` itself, with the same ``weight_type`` /
-    ``per_channel`` / ``reduce_range`` / ``op_types``).
+    ``per_channel`` / ``reduce_range`` / ``op_types``);
+    ``"onnxruntime-fp16"``: the float16 converter's form with float inputs
+    and outputs (fallback: ``convert_float_to_float16(keep_io_types=True)``).
 
     The model is materialized through the daemon (:func:`materialize`, to
     ``output_path`` or :func:`default_output_path`) and the session is
@@ -284,14 +293,19 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
         if not fallback:
             raise
-        tool = "quantize_dynamic" if target == TARGET_INT8 else "MatMulNBitsQuantizer"
+        tool = {TARGET_INT8: "quantize_dynamic", TARGET_FP16: "convert_float_to_float16"}.get(
+            target, "MatMulNBitsQuantizer")
         warnings.warn(
             f"ctcache: {e} -- quantizing {os.fspath(path)} in this process with onnxruntime's "
             f"{tool} instead (slower; same weights)",
             FallbackWarning,
             stacklevel=2,
         )
-        if target == TARGET_INT8:
+        if target == TARGET_FP16:
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
+        elif target == TARGET_INT8:
             model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
                                                 reduce_range=reduce_range, op_types=op_types)
         else:

@@ -109,6 +109,27 @@ fn recipe(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Recipe> {
             recipe.validate().map_err(invalid)?;
             Ok(recipe)
         }
+        mat::TARGET_ORT_FP16 => {
+            let set = [
+                ("bits", r.bits.is_some()),
+                ("block_size", r.block_size.is_some()),
+                ("symmetric", r.symmetric.is_some()),
+                ("accuracy_level", r.accuracy_level != 0),
+                ("weight_type", !r.weight_type.is_empty()),
+                ("per_channel", r.per_channel),
+                ("reduce_range", r.reduce_range),
+                ("op_types", !r.op_types.is_empty()),
+            ];
+            if let Some((name, _)) = set.iter().find(|(_, set)| *set) {
+                return Err(Error::invalid(format!(
+                    "{name} is not a setting of {}",
+                    mat::TARGET_ORT_FP16
+                )));
+            }
+            Ok(Recipe::Fp16(mat::Fp16Settings {
+                convert: ctcache_kernels::formats::float16_clamp::convert_default,
+            }))
+        }
         other => Err(Error::invalid(format!(
             "unknown target {other:?} (known: {})",
             mat::TARGETS.join(", ")

@@ -105,6 +105,21 @@ pub(crate) fn convert(isa: Isa, b: Bounds, src: &[u8], out: &mut [u8]) {
         });
 }
 
+/// FLOAT raw bytes -> FLOAT16 raw bytes with the default parameters (the
+/// converter's 5.96e-08 and 65504), best kernel: what materialize applies
+/// to FLOAT tensors held in nodes (Constant values). Trailing bytes short
+/// of a FLOAT are ignored.
+pub fn convert_default(src: &[u8]) -> Vec<u8> {
+    let b = Bounds {
+        min: 5.96e-08f64 as f32,
+        max: 65504.0,
+    };
+    let n = src.len() / 4;
+    let mut out = vec![0u8; 2 * n];
+    convert(Isa::detect(), b, &src[..4 * n], &mut out);
+    out
+}
+
 impl Packer for Float16Clamp {
     fn id(&self) -> &'static str {
         ID
