@@ -27,13 +27,15 @@ pub use isa::Isa;
 pub use packer::{PackError, PackedLayout, Packer, SourceTensor};
 pub use params::{ParamSpec, Params};
 
-static CATALOGUE: [&dyn Packer; 6] = [
+static CATALOGUE: [&dyn Packer; 8] = [
     &formats::matmul_nbits::MatMulNbits,
     &formats::ggml::Q8_0,
     &formats::ggml::Q4_0,
     &formats::cast::F16,
     &formats::cast::BF16,
     &formats::gemm_pack_b::GemmPackB,
+    &formats::quantize_dynamic::QuantizeDynamic,
+    &formats::float16_clamp::Float16Clamp,
 ];
 
 /// Every packer of this build.

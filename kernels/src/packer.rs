@@ -92,6 +92,15 @@ pub enum PackError {
         /// What is wrong with them.
         reason: String,
     },
+    /// The source holds a value the format cannot take (for example a NaN
+    /// or an infinity where the reference's arithmetic is undefined).
+    #[error("{packer}: {detail}")]
+    BadValue {
+        /// The packer's id.
+        packer: &'static str,
+        /// Which value (its index) and why.
+        detail: String,
+    },
     /// A buffer (source or output) has the wrong length for the shape.
     #[error("{what}: expected {expected} bytes, got {actual}")]
     SizeMismatch {

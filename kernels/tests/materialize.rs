@@ -176,7 +176,7 @@ fn splices_the_graph_and_points_into_the_payloads() {
     assert_eq!(plan.targets.len(), 5, "{:?}", plan.skipped);
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let report = mat::write(&f.model, &plan, &s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+    let report = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
     assert_eq!(report.nodes_rewritten, 5);
     assert_eq!(report.count(mat::Method::HardLink), 4);
     assert_eq!(report.bytes_copied, 0);
@@ -298,7 +298,7 @@ fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
     let data = f.dir.path().join("m4.onnx.weights");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("stale.bin"), b"old").unwrap();
-    let r = mat::write(&f.model, &plan, &s, &f.weights, &at(&out), LinkMode::Copy).unwrap();
+    let r = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Copy).unwrap();
     assert_eq!(r.count(mat::Method::Copy), 4);
     assert_eq!(r.files.len(), 4);
     assert!(!data.join("stale.bin").exists());
@@ -320,7 +320,7 @@ fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
     // Same folder as the source: a hard-link rerun links, and then reuses
     // what is there.
     for _ in 0..2 {
-        let again = mat::write(&f.model, &plan, &s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+        let again = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
         assert_eq!(again.count(mat::Method::HardLink), 4);
     }
 }
@@ -332,11 +332,11 @@ fn by_default_every_file_has_one_link_and_the_payload_bytes() {
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // Over an earlier hard-linked output: the links are replaced.
-    mat::write(&f.model, &plan, &s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+    mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
     let r = mat::write(
         &f.model,
         &plan,
-        &s,
+        s,
         &f.weights,
         &at(&out),
         LinkMode::default(),
@@ -376,14 +376,7 @@ fn a_refused_reflink_leaves_nothing_behind() {
     let out_dir = f.dir.path().join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("m4.onnx");
-    match mat::write(
-        &f.model,
-        &plan,
-        &s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Reflink,
-    ) {
+    match mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Reflink) {
         Ok(r) => {
             // This filesystem reflinks (btrfs, XFS): every file is one.
             assert_eq!(r.count(mat::Method::Reflink), 4, "{r:?}");
@@ -406,7 +399,7 @@ fn a_payload_of_the_wrong_shape_is_refused_before_writing() {
     let w2 = f.weights[&("W2".to_string(), true)].clone();
     f.weights.insert(("W1".to_string(), false), w2);
     let out = f.dir.path().join("bad.onnx");
-    let e = mat::write(&f.model, &plan, &s, &f.weights, &at(&out), LinkMode::Auto)
+    let e = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Auto)
         .unwrap_err()
         .to_string();
     assert!(e.contains("W1") && e.contains("expected"), "{e}");
@@ -456,7 +449,7 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
     let out_dir = f.dir.path().join("elsewhere");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("m4.onnx");
-    let r = mat::write(&f.model, &plan, &s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+    let r = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
     assert_eq!(r.count(mat::Method::Copy), 1, "{r:?}");
     assert_eq!(r.bytes_copied, w3_bytes.len() as u64);
     assert_eq!(
@@ -478,15 +471,7 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
         .any(|e| e.value == "m4.onnx.weights/kept.data"));
     // Output next to the model: the model's own data file is used as is.
     let beside = f.dir.path().join("m4.onnx");
-    let r = mat::write(
-        &f.model,
-        &plan,
-        &s,
-        &f.weights,
-        &at(&beside),
-        LinkMode::Hard,
-    )
-    .unwrap();
+    let r = mat::write(&f.model, &plan, s, &f.weights, &at(&beside), LinkMode::Hard).unwrap();
     assert_eq!(r.count(mat::Method::Copy), 0);
     let g = pb::ModelProto::decode(std::fs::read(&beside).unwrap().as_slice())
         .unwrap()

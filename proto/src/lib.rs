@@ -20,7 +20,7 @@ pub use struct_type::StructType;
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/ctcache_descriptor.bin"));
 
-use ctcache::materialize::{self as mat, Method, Plan, Report, Settings};
+use ctcache::materialize::{self as mat, Method, Plan, Recipe, Report, Settings};
 
 impl From<mat::LinkMode> for v1::LinkMode {
     fn from(m: mat::LinkMode) -> Self {
@@ -94,9 +94,30 @@ impl v1::MaterializeResponse {
         output: &std::path::Path,
         plan: &Plan,
         report: &Report,
-        settings: &Settings,
+        recipe: &Recipe,
     ) -> Self {
+        let nbits = match recipe {
+            Recipe::Nbits(s) => *s,
+            Recipe::Int8(_) | Recipe::Fp16(_) => Settings {
+                bits: 0,
+                block_size: 0,
+                symmetric: false,
+                accuracy_level: 0,
+            },
+        };
+        let int8 = match recipe {
+            Recipe::Int8(s) => Some(s),
+            Recipe::Nbits(_) | Recipe::Fp16(_) => None,
+        };
+        let settings = &nbits;
         v1::MaterializeResponse {
+            target: recipe.target().into(),
+            weight_type: int8
+                .map(|s| s.weight_type().to_string())
+                .unwrap_or_default(),
+            per_channel: int8.is_some_and(|s| s.per_channel),
+            reduce_range: int8.is_some_and(|s| s.reduce_range),
+            op_types: int8.map(|s| s.op_types.clone()).unwrap_or_default(),
             output_path: output.display().to_string(),
             data_dir: report.data_dir.display().to_string(),
             nodes_rewritten: report.nodes_rewritten as u32,

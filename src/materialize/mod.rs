@@ -1,7 +1,19 @@
-//! Materialize: an onnxruntime-ready 4/8-bit model assembled from cached
-//! `ort.matmul_nbits` payloads. Every MatMul (and Gemm with a constant B)
-//! whose weight qualifies becomes `com.microsoft::MatMulNBits`; its B,
-//! scales and zero points are external data pointing into files next to the
+//! Materialize: an onnxruntime-ready model assembled from cached payloads,
+//! for one of the [`Recipe`]s (targets):
+//! - `onnxruntime-int4`: every MatMul (and Gemm with a constant B) whose
+//!   weight qualifies becomes `com.microsoft::MatMulNBits` over
+//!   `ort.matmul_nbits` payloads;
+//! - `onnxruntime-int8`: what `onnxruntime.quantization.quantize_dynamic`
+//!   writes for MatMul (and Gemm with alpha = beta = 1, transA = 0, which it
+//!   turns into MatMul): DynamicQuantizeLinear of the input, MatMulInteger
+//!   on `ort.quantize_dynamic` payloads, Cast, and the two scale Muls;
+//! - `onnxruntime-fp16`: what `onnxruntime.transformers.float16.
+//!   convert_float_to_float16(keep_io_types=True)` writes: every FLOAT
+//!   initializer a node reads becomes FLOAT16 (`ort.float16` payloads, same
+//!   name), FLOAT Constant tensors, Cast-to-FLOAT and FLOAT value_info become
+//!   FLOAT16, and FLOAT graph inputs and outputs stay FLOAT behind Casts.
+//!
+//! The new weights are external data pointing into files next to the
 //! output model: reflinks of the cache's payload files where the filesystem
 //! can, else copies (hard links on request; see [`LinkMode`]). The rest of
 //! the model is copied byte for byte.
@@ -15,7 +27,7 @@ mod plan;
 mod write;
 
 pub use place::{place, LinkMode, Method, Placed};
-pub use plan::{group_skips, plan, Op, Plan, SkipGroup, Skipped, Step, Target};
+pub use plan::{group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target};
 pub use write::{data_dir_name, write, PackedWeight, Report, WeightKey};
 
 use crate::error::{Error, Result};
@@ -23,8 +35,186 @@ use crate::error::{Error, Result};
 /// The packer whose payloads are MatMulNBits inputs.
 pub const PACKER: &str = "ort.matmul_nbits";
 
-/// The one target this module produces.
+/// The packer whose payloads are MatMulInteger weights.
+pub const PACKER_INT8: &str = "ort.quantize_dynamic";
+
+/// The 4/8-bit MatMulNBits target.
 pub const TARGET_ORT_INT4: &str = "onnxruntime-int4";
+
+/// The `quantize_dynamic` target.
+pub const TARGET_ORT_INT8: &str = "onnxruntime-int8";
+
+/// The float16 converter target.
+pub const TARGET_ORT_FP16: &str = "onnxruntime-fp16";
+
+/// The packer whose payloads are the float16 converter's initializers.
+pub const PACKER_FP16: &str = "ort.float16";
+
+/// Every target, as named on the command line and in requests.
+pub const TARGETS: [&str; 3] = [TARGET_ORT_INT4, TARGET_ORT_INT8, TARGET_ORT_FP16];
+
+/// Settings of the `onnxruntime-fp16` target: the converter's defaults
+/// (`min_positive_val` 5.96e-08, `max_finite_val` 65504, `keep_io_types`),
+/// and the clamped cast itself for the FLOAT tensors held in nodes
+/// (Constant values), which are not cache entries: FLOAT raw bytes in,
+/// FLOAT16 raw bytes out (the `ort.float16` kernel, given by the caller).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp16Settings {
+    /// The clamped cast of `ort.float16` with the default parameters.
+    pub convert: fn(&[u8]) -> Vec<u8>,
+}
+
+/// One setting only: the cast is the packer's, whoever passes it.
+impl PartialEq for Fp16Settings {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Fp16Settings {}
+
+/// Op types the int8 target quantizes (`op_types_to_quantize`).
+pub const INT8_OP_TYPES: [&str; 1] = ["MatMul"];
+
+/// Settings of the `onnxruntime-int8` target: `quantize_dynamic`'s
+/// `weight_type`, `per_channel`, `reduce_range` and `op_types_to_quantize`
+/// (weights are symmetric for int8 and asymmetric for uint8, its default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Int8Settings {
+    /// QInt8 (else QUInt8).
+    pub signed: bool,
+    /// One scale and zero point per output column.
+    pub per_channel: bool,
+    /// 7-bit ranges.
+    pub reduce_range: bool,
+    /// The op types to quantize.
+    pub op_types: Vec<String>,
+}
+
+impl Default for Int8Settings {
+    /// `quantize_dynamic`'s defaults, MatMul only.
+    fn default() -> Self {
+        Int8Settings {
+            signed: true,
+            per_channel: false,
+            reduce_range: false,
+            op_types: vec!["MatMul".into()],
+        }
+    }
+}
+
+impl Int8Settings {
+    /// `int8` or `uint8`.
+    pub fn weight_type(&self) -> &'static str {
+        if self.signed {
+            "int8"
+        } else {
+            "uint8"
+        }
+    }
+
+    /// Parses `int8` / `uint8`.
+    pub fn parse_weight_type(v: &str) -> Result<bool> {
+        match v {
+            "int8" => Ok(true),
+            "uint8" => Ok(false),
+            _ => Err(Error::Rewrite(format!(
+                "materialize: weight type {v:?} is not supported by {TARGET_ORT_INT8} (int8 or uint8)"
+            ))),
+        }
+    }
+
+    /// Refuses op types the target does not quantize, and an empty list.
+    pub fn validate(&self) -> Result<()> {
+        if self.op_types.is_empty() {
+            return Err(Error::Rewrite(format!(
+                "materialize: no op type to quantize (supported by {TARGET_ORT_INT8}: {})",
+                INT8_OP_TYPES.join(", ")
+            )));
+        }
+        for o in &self.op_types {
+            if !INT8_OP_TYPES.contains(&o.as_str()) {
+                return Err(Error::Rewrite(format!(
+                    "materialize: op type {o:?} is not supported by {TARGET_ORT_INT8} (supported: {})",
+                    INT8_OP_TYPES.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a materialize makes: a target and its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recipe {
+    /// `onnxruntime-int4` (MatMulNBits, 4 or 8 bits).
+    Nbits(Settings),
+    /// `onnxruntime-int8` (`quantize_dynamic`).
+    Int8(Int8Settings),
+    /// `onnxruntime-fp16` (`convert_float_to_float16`, keep_io_types).
+    Fp16(Fp16Settings),
+}
+
+impl From<Settings> for Recipe {
+    fn from(s: Settings) -> Recipe {
+        Recipe::Nbits(s)
+    }
+}
+
+impl From<&Settings> for Recipe {
+    fn from(s: &Settings) -> Recipe {
+        Recipe::Nbits(*s)
+    }
+}
+
+impl Recipe {
+    /// The target's name.
+    pub fn target(&self) -> &'static str {
+        match self {
+            Recipe::Nbits(_) => TARGET_ORT_INT4,
+            Recipe::Int8(_) => TARGET_ORT_INT8,
+            Recipe::Fp16(_) => TARGET_ORT_FP16,
+        }
+    }
+
+    /// The packer of the payloads.
+    pub fn packer(&self) -> &'static str {
+        match self {
+            Recipe::Nbits(_) => PACKER,
+            Recipe::Int8(_) => PACKER_INT8,
+            Recipe::Fp16(_) => PACKER_FP16,
+        }
+    }
+
+    /// Refuses settings the target cannot take.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Recipe::Nbits(s) => s.validate(),
+            Recipe::Int8(s) => s.validate(),
+            Recipe::Fp16(_) => Ok(()),
+        }
+    }
+
+    /// The packer parameters for a weight read as stored (`transposed =
+    /// false`) or as W[N, K] of a Gemm with transB = 1.
+    pub fn packer_params(&self, transposed: bool) -> Vec<String> {
+        match self {
+            Recipe::Nbits(s) => s.packer_params(transposed),
+            Recipe::Int8(s) => vec![
+                format!("weight_type={}", s.weight_type()),
+                // quantize_dynamic's WeightSymmetric default.
+                format!("symmetric={}", s.signed),
+                format!("per_channel={}", s.per_channel),
+                format!("reduce_range={}", s.reduce_range),
+                format!("transposed={transposed}"),
+            ],
+            Recipe::Fp16(_) => vec![
+                "min_positive_val=5.96e-08".into(),
+                "max_finite_val=65504".into(),
+            ],
+        }
+    }
+}
 
 /// Quantization settings of a materialized model (the MatMulNBits
 /// attributes and the packer parameters).

@@ -23,6 +23,8 @@ use crate::onnx::graph::{attr, is_default_domain};
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
+use super::{Recipe, Settings};
+
 /// What kind of node a target replaces.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
@@ -70,6 +72,8 @@ pub struct Target {
     pub k: u64,
     /// Columns of the logical B (the output features).
     pub n: u64,
+    /// The weight's dims as stored.
+    pub dims: Vec<u64>,
 }
 
 /// A MatMul / Gemm left as it is, and why.
@@ -134,6 +138,9 @@ pub struct Plan {
     pub targets: Vec<Target>,
     /// The MatMul / Gemm nodes left as they are.
     pub skipped: Vec<Skipped>,
+    /// `onnxruntime-fp16`: the FLOAT initializers converted whole, in file
+    /// order.
+    pub tensors: Vec<String>,
 }
 
 impl Plan {
@@ -143,6 +150,7 @@ impl Plan {
         self.targets
             .iter()
             .map(|t| (t.weight.clone(), t.transposed))
+            .chain(self.tensors.iter().map(|t| (t.clone(), false)))
             .filter(|w| seen.insert(w.clone()))
             .collect()
     }
@@ -151,7 +159,7 @@ impl Plan {
     /// skipped nodes counted per reason, each with its first node's case;
     /// or that there is no MatMul or Gemm.
     pub fn why_nothing(&self) -> Option<String> {
-        if !self.targets.is_empty() {
+        if !self.targets.is_empty() || !self.tensors.is_empty() {
             return None;
         }
         if self.skipped.is_empty() {
@@ -196,8 +204,22 @@ pub(crate) const GRAPH_INPUT: u32 = 11;
 pub(crate) const GRAPH_OUTPUT: u32 = 12;
 pub(crate) const GRAPH_VALUE_INFO: u32 = 13;
 
-/// Decides the rewrite of the model's MatMul and Gemm nodes.
+/// Decides the rewrite of the model's MatMul and Gemm nodes for the
+/// `onnxruntime-int4` target.
 pub fn plan(model: &Model) -> Result<Plan> {
+    plan_for(model, &Recipe::Nbits(Settings::default()))
+}
+
+/// Decides the rewrite of the model's MatMul and Gemm nodes for `recipe`.
+/// For `onnxruntime-int8` the rule is `quantize_dynamic`'s: MatMul (when
+/// in the op types) with an initializer B and a computed A, and Gemm with
+/// alpha = beta = 1 and transA = 0 (which it turns into MatMul, reading B
+/// transposed when transB = 1); B must be FLOAT (the packer's type), and
+/// nodes inside subgraphs are left alone.
+pub fn plan_for(model: &Model, recipe: &Recipe) -> Result<Plan> {
+    if let Recipe::Fp16(_) = recipe {
+        return plan_fp16(model);
+    }
     let nodes = model.nodes()?;
     let inits: HashMap<String, TensorRef> = model
         .initializers()?
@@ -209,6 +231,7 @@ pub fn plan(model: &Model) -> Result<Plan> {
     let ctx = Context {
         inits: &inits,
         inputs: &inputs,
+        recipe,
     };
     visit(&ctx, &nodes, &mut Vec::new(), &HashSet::new(), &mut out);
     Ok(out)
@@ -217,6 +240,21 @@ pub fn plan(model: &Model) -> Result<Plan> {
 struct Context<'a> {
     inits: &'a HashMap<String, TensorRef>,
     inputs: &'a HashSet<String>,
+    recipe: &'a Recipe,
+}
+
+impl Context<'_> {
+    /// Whether the recipe rewrites nodes of this op type at all.
+    fn takes(&self, op_type: &str) -> bool {
+        match self.recipe {
+            Recipe::Nbits(_) => matches!(op_type, "MatMul" | "Gemm"),
+            Recipe::Fp16(_) => false,
+            // quantize_dynamic turns Gemm into MatMul before quantizing.
+            Recipe::Int8(s) => {
+                matches!(op_type, "MatMul" | "Gemm") && s.op_types.iter().any(|o| o == "MatMul")
+            }
+        }
+    }
 }
 
 /// Plans the nodes of one graph; `shadow` holds the names the enclosing
@@ -229,9 +267,20 @@ fn visit(
     out: &mut Plan,
 ) {
     for (i, n) in nodes.iter().enumerate() {
-        let is_target_op = is_default_domain(n) && matches!(n.op_type.as_str(), "MatMul" | "Gemm");
+        let is_target_op = is_default_domain(n) && ctx.takes(&n.op_type);
         if is_target_op {
-            match target(i, n, ctx, shadow) {
+            let found = if !scope.is_empty() && matches!(ctx.recipe, Recipe::Int8(_)) {
+                Err((
+                    "inside a subgraph",
+                    format!(
+                        "{} nodes inside subgraphs are not rewritten for this target",
+                        n.op_type
+                    ),
+                ))
+            } else {
+                target(i, n, ctx, shadow)
+            };
+            match found {
                 Ok(mut t) => {
                     t.scope = scope.clone();
                     out.targets.push(t);
@@ -306,6 +355,25 @@ fn target(
             format!("initializer {b:?} is also a graph input, so a caller may override it"),
         ));
     }
+    let int8 = matches!(ctx.recipe, Recipe::Int8(_));
+    if int8 && ctx.inits.contains_key(&n.input[0]) {
+        return Err((
+            "A is a constant",
+            format!(
+                "input A {:?} is an initializer (only computed inputs are quantized dynamically)",
+                n.input[0]
+            ),
+        ));
+    }
+    if int8 && t.data_type != DataType::FLOAT {
+        return Err((
+            "B is not FLOAT",
+            format!(
+                "weight {b:?} is {}; the int8 target quantizes FLOAT weights",
+                t.data_type
+            ),
+        ));
+    }
     if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
         return Err((
             "B is not FLOAT or FLOAT16",
@@ -314,6 +382,33 @@ fn target(
                 t.data_type
             ),
         ));
+    }
+    if int8 && !gemm && !t.dims.is_empty() {
+        // quantize_dynamic quantizes MatMul weights of any rank.
+        if t.dims.contains(&0) {
+            return Err((
+                "B is empty",
+                format!("weight {b:?} is empty ({:?})", t.dims),
+            ));
+        }
+        let n_cols = *t.dims.last().expect("not empty");
+        let k = if t.dims.len() >= 2 {
+            t.dims[t.dims.len() - 2]
+        } else {
+            1
+        };
+        return Ok(Target {
+            scope: Vec::new(),
+            node_index: index,
+            node: n.clone(),
+            op: Op::MatMul,
+            weight: b.clone(),
+            transposed: false,
+            data_type: t.data_type,
+            k,
+            n: n_cols,
+            dims: t.dims.clone(),
+        });
     }
     let [d0, d1] = *t.dims.as_slice() else {
         return Err((
@@ -341,7 +436,8 @@ fn target(
             ));
         }
         let bias = n.input.get(2).filter(|c| !c.is_empty()).cloned();
-        if bias.is_some() && float("beta") != 1.0 {
+        // quantize_dynamic takes beta = 1 only, with or without C.
+        if (bias.is_some() || int8) && float("beta") != 1.0 {
             return Err((
                 "beta is not 1",
                 format!("Gemm beta = {} (only 1 is rewritten)", float("beta")),
@@ -363,6 +459,110 @@ fn target(
         data_type: t.data_type,
         k,
         n: n_cols,
+        dims: t.dims.clone(),
+    })
+}
+
+/// Op types the float16 converter keeps in FLOAT behind Casts (its
+/// `DEFAULT_OP_BLOCK_LIST`), or treats specially (FLOAT-only inputs,
+/// `dtype` attributes): this target refuses models with them rather than
+/// guess the value types it would need shape inference for.
+const FP16_REFUSED_OPS: &[&str] = &[
+    "ArrayFeatureExtractor",
+    "Binarizer",
+    "CastMap",
+    "CategoryMapper",
+    "DictVectorizer",
+    "FeatureVectorizer",
+    "Imputer",
+    "LabelEncoder",
+    "LinearClassifier",
+    "LinearRegressor",
+    "Normalizer",
+    "OneHotEncoder",
+    "RandomUniformLike",
+    "SVMClassifier",
+    "SVMRegressor",
+    "Scaler",
+    "TreeEnsembleClassifier",
+    "TreeEnsembleRegressor",
+    "TreeEnsemble",
+    "ZipMap",
+    "NonMaxSuppression",
+    "TopK",
+    "RoiAlign",
+    "Range",
+    "CumSum",
+    "Min",
+    "Max",
+    "Upsample",
+    "Resize",
+    "GroupNorm",
+    "SkipGroupNorm",
+    "EyeLike",
+    "Multinomial",
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "SequenceEmpty",
+    "Bernoulli",
+    "ConstantOfShape",
+];
+
+/// The `onnxruntime-fp16` plan: every FLOAT top-level initializer a
+/// top-level node reads (the converter leaves unread ones FLOAT). Refused,
+/// naming the node: ops of [`FP16_REFUSED_OPS`], subgraphs, and a FLOAT
+/// initializer that is also a graph input.
+fn plan_fp16(model: &Model) -> Result<Plan> {
+    let refuse = |what: String| Err(crate::Error::Rewrite(format!("materialize: {what}")));
+    let nodes = model.nodes()?;
+    let mut read: HashSet<&str> = HashSet::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let name = if n.name.is_empty() {
+            format!("#{i}")
+        } else {
+            n.name.clone()
+        };
+        if FP16_REFUSED_OPS.contains(&n.op_type.as_str()) {
+            return refuse(format!(
+                "node {name} is a {}, which the float16 converter keeps in FLOAT or treats specially;                  onnxruntime-fp16 does not take it",
+                n.op_type
+            ));
+        }
+        if n.attribute
+            .iter()
+            .any(|a| a.g.is_some() || !a.graphs.is_empty())
+        {
+            return refuse(format!(
+                "node {name} ({}) holds a subgraph; onnxruntime-fp16 converts top-level graphs only",
+                n.op_type
+            ));
+        }
+        read.extend(n.input.iter().map(String::as_str));
+    }
+    let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
+    let mut tensors = Vec::new();
+    for t in model.initializers()? {
+        if t.data_type != DataType::FLOAT || !read.contains(t.name.as_str()) {
+            continue;
+        }
+        if inputs.contains(&t.name) {
+            return refuse(format!(
+                "FLOAT initializer {:?} is also a graph input; onnxruntime-fp16 does not take it",
+                t.name
+            ));
+        }
+        tensors.push(t.name.clone());
+    }
+    if tensors.is_empty() {
+        return refuse(
+            "nothing to materialize: the model has no FLOAT initializer that a node reads".into(),
+        );
+    }
+    Ok(Plan {
+        targets: Vec::new(),
+        skipped: Vec::new(),
+        tensors,
     })
 }
 

@@ -226,7 +226,7 @@ fn nothing_to_materialize_writes_nothing() {
         let p = plan(m).unwrap();
         let s = Settings::default();
         let output = crate::outdir::OutFile::open(&out).unwrap();
-        write(m, &p, &s, &HashMap::new(), &output, LinkMode::default())
+        write(m, &p, s, &HashMap::new(), &output, LinkMode::default())
             .unwrap_err()
             .to_string()
     };

@@ -1,14 +1,16 @@
-//! `materialize`: an onnxruntime-ready 4/8-bit model assembled by the daemon
-//! from cached `ort.matmul_nbits` entries (reflinked or copied, hard-linked
-//! with `--link hard`); without a daemon (or with `--local`), packed in this
-//! process into the model's weights folder.
+//! `materialize`: an onnxruntime-ready model assembled by the daemon from
+//! cached entries (reflinked or copied, hard-linked with `--link hard`):
+//! `--target onnxruntime-int4` (MatMulNBits over `ort.matmul_nbits`) or
+//! `onnxruntime-int8` (quantize_dynamic's graph over `ort.quantize_dynamic`);
+//! without a daemon (or with `--local`), packed in this process into the
+//! model's weights folder.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
+use ctcache::materialize::{self as mat, Int8Settings, LinkMode, PackedWeight, Recipe, Settings};
 use ctcache::onnx::Model;
 use ctcache_kernels::{compile, Params};
 use serde_json::json;
@@ -25,9 +27,26 @@ pub struct MaterializeArgs {
     /// The model to write; its weights go to OUTPUT.weights/ next to it.
     #[arg(short, long)]
     output: PathBuf,
-    /// What the model is for.
-    #[arg(long, default_value = "onnxruntime-int4", value_parser = ["onnxruntime-int4"])]
+    /// What the model is for: onnxruntime-int4 (MatMulNBits),
+    /// onnxruntime-int8 (quantize_dynamic: DynamicQuantizeLinear +
+    /// MatMulInteger) or onnxruntime-fp16 (the float16 converter with
+    /// keep_io_types: FLOAT16 weights, float inputs and outputs).
+    #[arg(long, default_value = "onnxruntime-int4", value_parser = mat::TARGETS)]
     target: String,
+    /// onnxruntime-int8: the quantized weight type (default int8, symmetric;
+    /// uint8 is asymmetric, as quantize_dynamic).
+    #[arg(long, value_parser = ["int8", "uint8"], value_name = "TYPE")]
+    weight_type: Option<String>,
+    /// onnxruntime-int8: one scale and zero point per output column.
+    #[arg(long)]
+    per_channel: bool,
+    /// onnxruntime-int8: 7-bit weight ranges.
+    #[arg(long)]
+    reduce_range: bool,
+    /// onnxruntime-int8: op types to quantize, comma-separated
+    /// (op_types_to_quantize; supported: MatMul, the default).
+    #[arg(long, value_delimiter = ',', value_name = "OPS")]
+    op_types: Vec<String>,
     /// Bits per weight (default: the daemon's policy, else 4).
     #[arg(long, value_parser = ["4", "8"])]
     bits: Option<String>,
@@ -94,11 +113,89 @@ impl MaterializeArgs {
     fn number<T: std::str::FromStr>(v: &Option<String>) -> Option<T> {
         v.as_deref().and_then(|b| b.parse().ok())
     }
+
+    /// The target and its settings for a local run; flags of another
+    /// target are refused, naming them.
+    fn recipe(&self) -> Result<Recipe, Failure> {
+        let misplaced = |flag: &str, of: &str| {
+            Failure::Usage(format!(
+                "{flag} is a setting of --target {of}, not of --target {}",
+                self.target
+            ))
+        };
+        if self.target == mat::TARGET_ORT_FP16 {
+            for (flag, set) in [
+                ("--bits", self.bits.is_some()),
+                ("--block-size", self.block_size.is_some()),
+                ("--symmetric/--asymmetric", self.symmetric().is_some()),
+                ("--accuracy-level", self.accuracy_level != 0),
+                ("--weight-type", self.weight_type.is_some()),
+                ("--per-channel", self.per_channel),
+                ("--reduce-range", self.reduce_range),
+                ("--op-types", !self.op_types.is_empty()),
+            ] {
+                if set {
+                    return Err(Failure::Usage(format!(
+                        "{flag} is not a setting of --target {}",
+                        mat::TARGET_ORT_FP16
+                    )));
+                }
+            }
+            return Ok(Recipe::Fp16(mat::Fp16Settings {
+                convert: ctcache_kernels::formats::float16_clamp::convert_default,
+            }));
+        }
+        if self.target == mat::TARGET_ORT_INT8 {
+            for (flag, set) in [
+                ("--bits", self.bits.is_some()),
+                ("--block-size", self.block_size.is_some()),
+                ("--symmetric/--asymmetric", self.symmetric().is_some()),
+                ("--accuracy-level", self.accuracy_level != 0),
+            ] {
+                if set {
+                    return Err(misplaced(flag, mat::TARGET_ORT_INT4));
+                }
+            }
+            let mut s = Int8Settings::default();
+            if let Some(w) = &self.weight_type {
+                s.signed = Int8Settings::parse_weight_type(w)?;
+            }
+            s.per_channel = self.per_channel;
+            s.reduce_range = self.reduce_range;
+            if !self.op_types.is_empty() {
+                s.op_types = self.op_types.clone();
+            }
+            let r = Recipe::Int8(s);
+            r.validate()?;
+            return Ok(r);
+        }
+        for (flag, set) in [
+            ("--weight-type", self.weight_type.is_some()),
+            ("--per-channel", self.per_channel),
+            ("--reduce-range", self.reduce_range),
+            ("--op-types", !self.op_types.is_empty()),
+        ] {
+            if set {
+                return Err(misplaced(flag, mat::TARGET_ORT_INT8));
+            }
+        }
+        let defaults = Settings::default();
+        let settings = Settings {
+            bits: MaterializeArgs::number(&self.bits).unwrap_or(defaults.bits),
+            block_size: MaterializeArgs::number(&self.block_size).unwrap_or(defaults.block_size),
+            symmetric: self.symmetric().unwrap_or(defaults.symmetric),
+            accuracy_level: self.accuracy_level,
+        };
+        settings.validate()?;
+        Ok(Recipe::Nbits(settings))
+    }
 }
 
 /// Through the daemon; here with `--local`, or when no socket was named
 /// and none answers.
 pub fn materialize(ctx: &Ctx, a: MaterializeArgs) -> Result<(), Failure> {
+    // Flags of another target are refused before anything is asked or written.
+    a.recipe()?;
     if !a.local && ctx.block_on(materialize_daemon(ctx, &a))? {
         return Ok(());
     }
@@ -125,6 +222,10 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
             accuracy_level: a.accuracy_level,
             copy: false,
             link: api::LinkMode::from(a.link_mode()) as i32,
+            weight_type: a.weight_type.clone().unwrap_or_default(),
+            per_channel: a.per_channel,
+            reduce_range: a.reduce_range,
+            op_types: a.op_types.clone(),
         })
         .await?;
     made.keep();
@@ -162,25 +263,53 @@ fn report(
             "bytes_copied": r.bytes_copied,
             "model_bytes": r.model_bytes,
             "payload_bytes": r.payload_bytes,
+            "target": r.target,
             "bits": r.bits,
             "block_size": r.block_size,
             "symmetric": r.symmetric,
             "accuracy_level": r.accuracy_level,
+            "weight_type": r.weight_type,
+            "per_channel": r.per_channel,
+            "reduce_range": r.reduce_range,
+            "op_types": r.op_types,
             "elapsed_us": elapsed.as_micros() as u64,
         }));
     }
     if ctx.quiet {
         return Ok(());
     }
+    let what = if r.target == mat::TARGET_ORT_FP16 {
+        "FLOAT16 (float inputs and outputs kept)".to_string()
+    } else if r.target == mat::TARGET_ORT_INT8 {
+        format!(
+            "MatMulInteger ({}, {}{})",
+            r.weight_type,
+            if r.per_channel {
+                "per channel"
+            } else {
+                "per tensor"
+            },
+            if r.reduce_range {
+                ", reduced range"
+            } else {
+                ""
+            },
+        )
+    } else {
+        format!(
+            "MatMulNBits ({} bits, block {}, {})",
+            r.bits,
+            r.block_size,
+            if r.symmetric {
+                "symmetric"
+            } else {
+                "asymmetric"
+            },
+        )
+    };
     say(&format!(
-        "{}: {} node(s) -> MatMulNBits ({} bits, block {}, {}), {} weight(s) from the cache, {} packed now",
-        r.output_path,
-        r.nodes_rewritten,
-        r.bits,
-        r.block_size,
-        if r.symmetric { "symmetric" } else { "asymmetric" },
-        r.cached,
-        r.packed,
+        "{}: {} node(s) -> {what}, {} weight(s) from the cache, {} packed now",
+        r.output_path, r.nodes_rewritten, r.cached, r.packed,
     ))?;
     say(&format!(
         "  {} of weights in {} (--link {}): {}; wrote {} in {}",
@@ -249,18 +378,11 @@ fn placed_summary(files: &[api::MaterializeFile]) -> String {
 /// output's weights folder, then writes the model over those files.
 fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
     let started = Instant::now();
-    let defaults = Settings::default();
-    let settings = Settings {
-        bits: MaterializeArgs::number(&a.bits).unwrap_or(defaults.bits),
-        block_size: MaterializeArgs::number(&a.block_size).unwrap_or(defaults.block_size),
-        symmetric: a.symmetric().unwrap_or(defaults.symmetric),
-        accuracy_level: a.accuracy_level,
-    };
-    settings.validate()?;
+    let recipe = a.recipe()?;
     let model = Model::open(&a.model)?;
     // Refused before anything is packed or written.
     let (output, made) = crate::packing::out_file(&a.output, Some(&model), None)?;
-    let plan = mat::plan(&model)?;
+    let plan = mat::plan_for(&model, &recipe)?;
     if let Some(why) = plan.why_nothing() {
         return Err(Failure::Failed(format!("nothing to materialize: {why}")));
     }
@@ -270,7 +392,7 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
     };
     let data_dir = out_dir.join(mat::data_dir_name(&a.output)?);
     let (_, made_data) = crate::output::create(&data_dir.join("x"))?;
-    let packer = ctcache_kernels::find(mat::PACKER).expect("the nbits packer is built in");
+    let packer = ctcache_kernels::find(recipe.packer()).expect("the target's packer is built in");
     let initializers = model.initializers()?;
     let mut weights = HashMap::new();
     for (name, transposed) in plan.weights() {
@@ -278,7 +400,7 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
             .iter()
             .find(|t| t.name == name)
             .ok_or_else(|| Failure::Failed(format!("no initializer {name:?}")))?;
-        let params = Params::parse(settings.packer_params(transposed))
+        let params = Params::parse(recipe.packer_params(transposed))
             .map_err(|e| Failure::Failed(e.to_string()))?;
         let c = compile::compile(&model, t, None, packer, &params)
             .map_err(|e| Failure::Failed(e.to_string()))?;
@@ -299,14 +421,21 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         );
     }
     // The payloads are packed in place: whatever the mode, nothing to link.
-    let r = mat::write(&model, &plan, &settings, &weights, &output, a.link_mode())?;
+    let r = mat::write(
+        &model,
+        &plan,
+        recipe.clone(),
+        &weights,
+        &output,
+        a.link_mode(),
+    )?;
     made_data.keep();
     made.keep();
     let response = api::MaterializeResponse {
         packed: weights.len() as u32,
         // Every payload byte was written here.
         bytes_copied: r.bytes_copied + r.payload_bytes,
-        ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &settings)
+        ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &recipe)
     };
     report(ctx, a, "local", &response, started.elapsed())
 }

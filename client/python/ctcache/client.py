@@ -321,8 +321,17 @@ class Client:
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
                     symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
                     copy: bool = False, target: str = "onnxruntime-int4",
-                    timeout: float | None = None) -> pb.MaterializeResponse:
-        """Writes an onnxruntime-ready 4/8-bit copy of a model (packs what is missing).
+                    weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
+                    op_types=None, timeout: float | None = None) -> pb.MaterializeResponse:
+        """Writes an onnxruntime-ready quantized copy of a model (packs what is missing).
+
+        ``target="onnxruntime-int8"``: what ``onnxruntime.quantization.quantize_dynamic``
+        writes (DynamicQuantizeLinear + MatMulInteger, initializers
+        ``<W>_quantized`` / ``<W>_scale`` / ``<W>_zero_point``, the same bytes)
+        with ``weight_type`` (``"int8"``, the default, or ``"uint8"``),
+        ``per_channel``, ``reduce_range`` and ``op_types`` (its
+        ``op_types_to_quantize``; default and only supported: ``["MatMul"]``).
+        The rest of this text is about the default target, ``"onnxruntime-int4"``.
 
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
         every Gemm with a constant B, transA=0, alpha=beta=1) becomes a
@@ -354,6 +363,11 @@ class Client:
             req.block_size = int(block_size)
         if symmetric is not None:
             req.symmetric = bool(symmetric)
+        if weight_type is not None:
+            req.weight_type = str(weight_type)
+        req.per_channel = bool(per_channel)
+        req.reduce_range = bool(reduce_range)
+        req.op_types.extend(op_types or [])
         return self._call("Materialize", req, timeout)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:

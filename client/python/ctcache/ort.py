@@ -1,4 +1,10 @@
-"""onnxruntime helpers: 4/8-bit models materialized by ctcached.
+"""onnxruntime helpers: quantized models materialized by ctcached.
+
+Three targets: ``"onnxruntime-int4"`` (the default; MatMulNBits),
+``"onnxruntime-int8"`` (byte for byte what
+``onnxruntime.quantization.quantize_dynamic`` writes; fallback: that tool)
+and ``"onnxruntime-fp16"`` (what ``onnxruntime.transformers.float16.
+convert_float_to_float16(keep_io_types=True)`` writes; fallback: that tool).
 
     import ctcache.ort
     sess = ctcache.ort.inference_session("/models/m.onnx")    # MatMulNBits weights from the cache
@@ -45,6 +51,12 @@ DEFAULT_BITS = 4
 DEFAULT_BLOCK_SIZE = 32
 DEFAULT_SYMMETRIC = True
 
+#: The targets :func:`materialize` and :func:`inference_session` take.
+TARGET_INT4 = "onnxruntime-int4"
+TARGET_INT8 = "onnxruntime-int8"
+TARGET_FP16 = "onnxruntime-fp16"
+TARGETS = (TARGET_INT4, TARGET_INT8, TARGET_FP16)
+
 # ModelProto serialization limit: a model at least this large goes through a file.
 _PROTOBUF_LIMIT = 2 << 30
 
@@ -52,10 +64,15 @@ __all__ = [
     "DEFAULT_BITS",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_SYMMETRIC",
+    "TARGETS",
+    "TARGET_FP16",
+    "TARGET_INT4",
+    "TARGET_INT8",
     "FallbackWarning",
     "default_output_path",
     "inference_session",
     "materialize",
+    "quantize_dynamic_in_process",
     "quantize_in_process",
 ]
 
@@ -70,7 +87,7 @@ def _cache_home() -> Path:
     return Path.home() / ".cache"
 
 
-def default_output_path(path, bits: int | None = None) -> Path:
+def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4, weight_type: str | None = None) -> Path:
     """Where :func:`materialize` writes when given no output path.
 
     ``<folder>/<stem>.int4.onnx`` next to the model (``.int8.onnx`` with
@@ -78,11 +95,18 @@ def default_output_path(path, bits: int | None = None) -> Path:
     the last word), its weights in ``<stem>.int4.onnx.weights/``. When the
     model's folder is not writable: ``$XDG_CACHE_HOME/ctcache/materialized/
     <hash of the model's absolute path>/<stem>.int4.onnx`` (``~/.cache`` when
-    ``XDG_CACHE_HOME`` is unset).
+    ``XDG_CACHE_HOME`` is unset). ``target="onnxruntime-int8"``:
+    ``<stem>.dynamic-int8.onnx`` (``dynamic-uint8`` with ``weight_type="uint8"``);
+    ``"onnxruntime-fp16"``: ``<stem>.fp16.onnx``.
     """
     src = Path(os.path.abspath(os.fspath(path)))
     stem = src.name[:-5] if src.name.endswith(".onnx") else src.name
-    name = f"{stem}.int{bits or DEFAULT_BITS}.onnx"
+    if target == TARGET_INT8:
+        name = f"{stem}.dynamic-{weight_type or 'int8'}.onnx"
+    elif target == TARGET_FP16:
+        name = f"{stem}.fp16.onnx"
+    else:
+        name = f"{stem}.int{bits or DEFAULT_BITS}.onnx"
     if os.access(src.parent, os.W_OK | os.X_OK):
         return src.parent / name
     key = hashlib.blake2b(str(src).encode(), digest_size=8).hexdigest()
@@ -93,8 +117,13 @@ def default_output_path(path, bits: int | None = None) -> Path:
 
 def materialize(path, output_path=None, *, socket=None, bits: int | None = None, block_size: int | None = None,
                 symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto", copy: bool = False,
-                timeout: float | None = None) -> pb.MaterializeResponse:
-    """Has the daemon write the 4/8-bit MatMulNBits form of a model (see :meth:`Client.materialize`).
+                target: str = TARGET_INT4, weight_type: str | None = None, per_channel: bool = False,
+                reduce_range: bool = False, op_types=None, timeout: float | None = None) -> pb.MaterializeResponse:
+    """Has the daemon write the quantized form of a model for ``target`` (see :meth:`Client.materialize`).
+
+    ``target="onnxruntime-int8"`` takes ``weight_type`` / ``per_channel`` /
+    ``reduce_range`` / ``op_types`` (``quantize_dynamic``'s); the default,
+    ``"onnxruntime-int4"``, takes the MatMulNBits settings below.
 
     ``output_path=None``: :func:`default_output_path` (``<stem>.int4.onnx``
     next to the model). ``socket=None``: :func:`ctcache.default_socket`.
@@ -104,10 +133,14 @@ def materialize(path, output_path=None, *, socket=None, bits: int | None = None,
     ``"copy"``). Raises :class:`~ctcache.DaemonNotRunning` when no daemon
     answers.
     """
-    out = default_output_path(path, bits) if output_path is None else output_path
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+    out = default_output_path(path, bits, target, weight_type) if output_path is None else output_path
     with connect(socket) as c:
         return c.materialize(path, out, bits=bits, block_size=block_size, symmetric=symmetric,
-                             accuracy_level=accuracy_level, link=link, copy=copy, timeout=timeout)
+                             accuracy_level=accuracy_level, link=link, copy=copy, target=target,
+                             weight_type=weight_type, per_channel=per_channel, reduce_range=reduce_range,
+                             op_types=op_types, timeout=timeout)
 
 
 def _tensors(graph):
@@ -185,6 +218,26 @@ def quantize_in_process(path, *, bits: int | None = None, block_size: int | None
     return q.model.model
 
 
+def quantize_dynamic_in_process(path, *, weight_type: str | None = None, per_channel: bool = False,
+                                reduce_range: bool = False, op_types=None):
+    """The model quantized by ``onnxruntime.quantization.quantize_dynamic`` in this process.
+
+    Same settings as the ``onnxruntime-int8`` target (unset: int8, per
+    tensor, MatMul). Returns an ``onnx.ModelProto``.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    wt = {None: QuantType.QInt8, "int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+    if weight_type not in wt:
+        raise ValueError(f"weight_type must be 'int8' or 'uint8', not {weight_type!r}")
+    with tempfile.TemporaryDirectory(prefix="ctcache-q8-") as d:
+        out = os.path.join(d, "q.onnx")
+        quantize_dynamic(os.fspath(path), out, weight_type=wt[weight_type], per_channel=per_channel,
+                         reduce_range=reduce_range, op_types_to_quantize=list(op_types or ["MatMul"]))
+        return onnx.load(out)
+
+
 def _session_on_model(model, sess_options, providers):
     """A session on an in-memory model: from bytes below 2 GiB, else from a temporary file with external data."""
     import onnx
@@ -208,8 +261,17 @@ def _session_on_model(model, sess_options, providers):
 
 def inference_session(path, *, bits: int | None = None, block_size: int | None = None,
                       symmetric: bool | None = None, accuracy_level: int = 0, output_path=None, socket=None,
-                      sess_options=None, providers=None, fallback: bool = True):
-    """An ``onnxruntime.InferenceSession`` on the 4/8-bit (MatMulNBits) form of an fp32/fp16 model.
+                      sess_options=None, providers=None, fallback: bool = True, target: str = TARGET_INT4,
+                      weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
+                      op_types=None):
+    """An ``onnxruntime.InferenceSession`` on the quantized form of an fp32/fp16 model.
+
+    ``target="onnxruntime-int4"`` (the default): the MatMulNBits form;
+    ``"onnxruntime-int8"``: the ``quantize_dynamic`` form (its fallback is
+    ``quantize_dynamic`` itself, with the same ``weight_type`` /
+    ``per_channel`` / ``reduce_range`` / ``op_types``);
+    ``"onnxruntime-fp16"``: the float16 converter's form with float inputs
+    and outputs (fallback: ``convert_float_to_float16(keep_io_types=True)``).
 
     The model is materialized through the daemon (:func:`materialize`, to
     ``output_path`` or :func:`default_output_path`) and the session is
@@ -226,17 +288,28 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
 
     try:
         r = materialize(path, output_path, socket=socket, bits=bits, block_size=block_size, symmetric=symmetric,
-                        accuracy_level=accuracy_level)
+                        accuracy_level=accuracy_level, target=target, weight_type=weight_type,
+                        per_channel=per_channel, reduce_range=reduce_range, op_types=op_types)
     except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
         if not fallback:
             raise
+        tool = {TARGET_INT8: "quantize_dynamic", TARGET_FP16: "convert_float_to_float16"}.get(
+            target, "MatMulNBitsQuantizer")
         warnings.warn(
             f"ctcache: {e} -- quantizing {os.fspath(path)} in this process with onnxruntime's "
-            f"MatMulNBitsQuantizer instead (slower; same weights)",
+            f"{tool} instead (slower; same weights)",
             FallbackWarning,
             stacklevel=2,
         )
-        model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
-                                    accuracy_level=accuracy_level)
+        if target == TARGET_FP16:
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
+        elif target == TARGET_INT8:
+            model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
+                                                reduce_range=reduce_range, op_types=op_types)
+        else:
+            model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
+                                        accuracy_level=accuracy_level)
         return _session_on_model(model, sess_options, providers)
     return onnxruntime.InferenceSession(r.output_path, sess_options=sess_options, providers=providers)

@@ -1,5 +1,5 @@
-//! The Materialize use case: plan the rewrite, pack the missing
-//! `ort.matmul_nbits` entries (single-flight with every other request), then
+//! The Materialize use case: plan the rewrite for the target, pack the
+//! missing `ort.matmul_nbits` / `ort.quantize_dynamic` entries (single-flight with every other request), then
 //! write the model with its weights reflinked, copied or hard-linked from the
 //! store (`LinkMode`), under
 //! leases so that a gc running meanwhile cannot remove a payload first.
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctcache::materialize::{
-    self as mat, LinkMode, PackedWeight, Plan, Report, Settings, WeightKey,
+    self as mat, Int8Settings, LinkMode, PackedWeight, Plan, Recipe, Report, Settings, WeightKey,
 };
 use ctcache_kernels::Params;
 
@@ -41,6 +41,12 @@ pub(crate) struct MaterializeRequest {
     pub accuracy_level: i64,
     /// How weight files are placed (reflink or copy by default).
     pub link: LinkMode,
+    /// onnxruntime-int8: `int8` (empty: that) or `uint8`.
+    pub weight_type: String,
+    pub per_channel: bool,
+    pub reduce_range: bool,
+    /// onnxruntime-int8: op types to quantize (empty: MatMul).
+    pub op_types: Vec<String>,
 }
 
 /// What Materialize wrote.
@@ -49,13 +55,89 @@ pub(crate) struct Materialized {
     pub output_path: PathBuf,
     pub plan: Plan,
     pub report: Report,
-    pub settings: Settings,
+    pub recipe: Recipe,
     /// Entries packed for this request, and those already stored.
     pub packed: u32,
     pub cached: u32,
 }
 
-/// The settings of a request over the policy's and the packer's defaults.
+/// The target and settings of a request; settings another target takes
+/// are refused, naming them.
+fn recipe(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Recipe> {
+    let invalid = |e: ctcache::Error| Error::invalid(e.to_string());
+    match r.target.as_str() {
+        "" | mat::TARGET_ORT_INT4 => {
+            let int8_only = [
+                ("weight_type", !r.weight_type.is_empty()),
+                ("per_channel", r.per_channel),
+                ("reduce_range", r.reduce_range),
+                ("op_types", !r.op_types.is_empty()),
+            ];
+            if let Some((name, _)) = int8_only.iter().find(|(_, set)| *set) {
+                return Err(Error::invalid(format!(
+                    "{name} is a setting of {}, not of {}",
+                    mat::TARGET_ORT_INT8,
+                    mat::TARGET_ORT_INT4
+                )));
+            }
+            Ok(Recipe::Nbits(settings(policy, r)?))
+        }
+        mat::TARGET_ORT_INT8 => {
+            let int4_only = [
+                ("bits", r.bits.is_some()),
+                ("block_size", r.block_size.is_some()),
+                ("symmetric", r.symmetric.is_some()),
+                ("accuracy_level", r.accuracy_level != 0),
+            ];
+            if let Some((name, _)) = int4_only.iter().find(|(_, set)| *set) {
+                return Err(Error::invalid(format!(
+                    "{name} is a setting of {}, not of {}",
+                    mat::TARGET_ORT_INT4,
+                    mat::TARGET_ORT_INT8
+                )));
+            }
+            let mut s = Int8Settings::default();
+            if !r.weight_type.is_empty() {
+                s.signed = Int8Settings::parse_weight_type(&r.weight_type).map_err(invalid)?;
+            }
+            s.per_channel = r.per_channel;
+            s.reduce_range = r.reduce_range;
+            if !r.op_types.is_empty() {
+                s.op_types = r.op_types.clone();
+            }
+            let recipe = Recipe::Int8(s);
+            recipe.validate().map_err(invalid)?;
+            Ok(recipe)
+        }
+        mat::TARGET_ORT_FP16 => {
+            let set = [
+                ("bits", r.bits.is_some()),
+                ("block_size", r.block_size.is_some()),
+                ("symmetric", r.symmetric.is_some()),
+                ("accuracy_level", r.accuracy_level != 0),
+                ("weight_type", !r.weight_type.is_empty()),
+                ("per_channel", r.per_channel),
+                ("reduce_range", r.reduce_range),
+                ("op_types", !r.op_types.is_empty()),
+            ];
+            if let Some((name, _)) = set.iter().find(|(_, set)| *set) {
+                return Err(Error::invalid(format!(
+                    "{name} is not a setting of {}",
+                    mat::TARGET_ORT_FP16
+                )));
+            }
+            Ok(Recipe::Fp16(mat::Fp16Settings {
+                convert: ctcache_kernels::formats::float16_clamp::convert_default,
+            }))
+        }
+        other => Err(Error::invalid(format!(
+            "unknown target {other:?} (known: {})",
+            mat::TARGETS.join(", ")
+        ))),
+    }
+}
+
+/// The int4 settings of a request over the policy's and the packer's defaults.
 fn settings(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Settings> {
     let mut s = Settings::default();
     if let Some(rule) = policy.iter().find(|p| p.format == mat::PACKER) {
@@ -85,19 +167,17 @@ pub(crate) async fn materialize(
     r: MaterializeRequest,
 ) -> Result<Materialized> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "materialize");
-    if !r.target.is_empty() && r.target != mat::TARGET_ORT_INT4 {
-        return Err(Error::invalid(format!(
-            "unknown target {:?} (known: {})",
-            r.target,
-            mat::TARGET_ORT_INT4
-        )));
-    }
+    let recipe = recipe(&d.config.policy, &r)?;
     let out = output_file(caller, &r.output_path)?;
-    let settings = settings(&d.config.policy, &r)?;
-    let (d2, c2, model_path) = (d.clone(), caller.clone(), r.model_path.clone());
+    let (d2, c2, model_path, r2) = (
+        d.clone(),
+        caller.clone(),
+        r.model_path.clone(),
+        recipe.clone(),
+    );
     let (m, plan) = blocking(move || {
         let m = model::open(&d2, &model_path, &c2)?;
-        let plan = mat::plan(&m.model).map_err(|e| Error::invalid(e.to_string()))?;
+        let plan = mat::plan_for(&m.model, &r2).map_err(|e| Error::invalid(e.to_string()))?;
         Ok((m, plan))
     })
     .await?;
@@ -109,11 +189,11 @@ pub(crate) async fn materialize(
     }
     let mut wanted: Vec<(WeightKey, Wanted)> = Vec::new();
     for (weight, transposed) in plan.weights() {
-        let params = Params::parse(settings.packer_params(transposed))
+        let params = Params::parse(recipe.packer_params(transposed))
             .map_err(|e| Error::internal(e.to_string()))?;
         let w = Wanted {
             initializer: weight.clone(),
-            format: mat::PACKER.into(),
+            format: recipe.packer().into(),
             params,
         };
         wanted.push(((weight, transposed), w));
@@ -152,14 +232,16 @@ pub(crate) async fn materialize(
                     },
                 );
             }
-            mat::write(&m.model, &plan, &settings, &weights, &out, mode).map_err(|err| match &err {
-                ctcache::Error::PayloadChanged { path, .. } => {
-                    match served.iter().find(|(_, p)| p.path == *path) {
-                        Some((e, p)) => serve::changed(&d, &caller, e, p, &err),
-                        None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
+            mat::write(&m.model, &plan, recipe.clone(), &weights, &out, mode).map_err(|err| {
+                match &err {
+                    ctcache::Error::PayloadChanged { path, .. } => {
+                        match served.iter().find(|(_, p)| p.path == *path) {
+                            Some((e, p)) => serve::changed(&d, &caller, e, p, &err),
+                            None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
+                        }
                     }
+                    _ => Error::invalid(err.to_string()),
                 }
-                _ => Error::invalid(err.to_string()),
             })
         })();
         for id in leases {
@@ -172,7 +254,7 @@ pub(crate) async fn materialize(
             output_path: out.path(),
             plan,
             report,
-            settings,
+            recipe,
             packed,
             cached,
         })

@@ -131,6 +131,10 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeReque
         symmetric: r.symmetric,
         accuracy_level: r.accuracy_level,
         link,
+        weight_type: r.weight_type,
+        per_channel: r.per_channel,
+        reduce_range: r.reduce_range,
+        op_types: r.op_types,
     })
 }
 

@@ -150,7 +150,7 @@ pub(crate) fn materialized(m: Materialized) -> api::MaterializeResponse {
     api::MaterializeResponse {
         packed: m.packed,
         cached: m.cached,
-        ..api::MaterializeResponse::from_report(&m.output_path, &m.plan, &m.report, &m.settings)
+        ..api::MaterializeResponse::from_report(&m.output_path, &m.plan, &m.report, &m.recipe)
     }
 }
 

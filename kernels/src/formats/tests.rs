@@ -494,6 +494,20 @@ fn types_pass_core_validation_and_decoders_take_the_leaves() {
             vec![9, 37],
             Params::new().with("panel", "8"),
         ),
+        (
+            "ort.quantize_dynamic",
+            DataType::FLOAT,
+            vec![9, 37],
+            Params::new().with("per_channel", "true"),
+        ),
+        (
+            "ort.quantize_dynamic",
+            DataType::FLOAT,
+            vec![2, 9, 37],
+            Params::new().with("weight_type", "uint8"),
+        ),
+        ("ort.float16", DataType::FLOAT, vec![], Params::new()),
+        ("ort.float16", DataType::FLOAT, vec![4, 5], Params::new()),
     ];
     let limits = Limits::default();
     for (id, dt, dims, params) in cases {

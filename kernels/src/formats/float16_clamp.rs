@@ -1,0 +1,219 @@
+//! `ort.float16`: FLOAT -> FLOAT16 as onnxruntime's float16 converter
+//! (`onnxruntime.transformers.float16.convert_float_to_float16`) writes an
+//! initializer stored as `raw_data`: every finite non-zero value is first
+//! clamped by magnitude into [`min_positive_val`, `max_finite_val`] (sign
+//! kept; zero, NaN and infinities left alone), then cast as numpy
+//! `astype(float16)` (rules in `fp16`). The thresholds are compared and
+//! substituted as FLOAT (numpy 2 reads the Python floats as weak scalars),
+//! so a value is clamped when `0 < |x| < f32(min)` or `f32(max) < |x| < inf`.
+//!
+//! Not `cast.f16`: a plain cast turns 1e-9 into 0 and 1e5 into inf, this
+//! one into 2^-24 and 65504, so it is a physical type of its own (D4/D9).
+
+use ctcache::dtype::DataType;
+use rayon::prelude::*;
+
+use crate::decoder::{int, Builder, OUTPUT};
+use crate::fp16::f32_to_f16_bits;
+use crate::isa::Isa;
+use crate::layout::{field, leaf, nested, root, size_bits, Count};
+use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::params::{ParamSpec, Params};
+
+/// The `ort.float16` packer.
+pub struct Float16Clamp;
+
+/// This packer's id.
+pub const ID: &str = "ort.float16";
+
+const SPEC: &[ParamSpec] = &[
+    ParamSpec {
+        name: "min_positive_val",
+        allowed: &["5.96e-08", "1e-07"],
+        default: "5.96e-08",
+        doc: "smallest magnitude a non-zero finite value keeps (onnxruntime's default 5.96e-08; 1e-07 is onnxconverter-common's)",
+    },
+    ParamSpec {
+        name: "max_finite_val",
+        allowed: &["65504", "10000"],
+        default: "65504",
+        doc: "largest magnitude a finite value keeps (onnxruntime's default 65504; 10000 is onnxconverter-common's)",
+    },
+];
+
+/// Elements per parallel work item.
+const CHUNK: usize = 1 << 16;
+
+/// The clamp bounds as FLOAT: the Python floats rounded to float32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Bounds {
+    pub(crate) min: f32,
+    pub(crate) max: f32,
+}
+
+impl Float16Clamp {
+    fn bounds(&self, params: &Params) -> Result<(Bounds, String), PackError> {
+        let r = params.resolve(ID, SPEC)?;
+        let (lo, hi) = (r.str("min_positive_val"), r.str("max_finite_val"));
+        // Python float (f64) first, then float32: numpy's conversion.
+        let f = |s: &str| s.parse::<f64>().expect("allowed values are numbers") as f32;
+        Ok((
+            Bounds {
+                min: f(lo),
+                max: f(hi),
+            },
+            format!("{ID}.min{lo}.max{hi}"),
+        ))
+    }
+}
+
+/// The reference's arithmetic on one value: clamp, then numpy's cast.
+#[inline(always)]
+pub(crate) fn scalar(x: f32, b: Bounds) -> u16 {
+    let a = x.abs();
+    let c = if a > 0.0 && a < b.min {
+        b.min
+    } else if a > b.max && a < f32::INFINITY {
+        b.max
+    } else {
+        a
+    };
+    f32_to_f16_bits(f32::from_bits(c.to_bits() | (x.to_bits() & 0x8000_0000)))
+}
+
+/// Converts the FLOAT raw bytes `src` into FLOAT16 raw bytes `out`.
+pub(crate) fn convert(isa: Isa, b: Bounds, src: &[u8], out: &mut [u8]) {
+    out.par_chunks_mut(2 * CHUNK)
+        .zip(src.par_chunks(4 * CHUNK))
+        .for_each(|(o, s)| {
+            #[allow(unused_mut)]
+            let mut done = 0;
+            #[cfg(target_arch = "x86_64")]
+            if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+                // SAFETY: Avx2 and Avx512 are only used when the CPU has
+                // AVX2 and F16C.
+                done = unsafe { super::float16_clamp_avx2::convert_run(b, s, o) };
+            }
+            let _ = isa;
+            for (o, s) in o[done * 2..]
+                .chunks_exact_mut(2)
+                .zip(s[done * 4..].chunks_exact(4))
+            {
+                let h = scalar(f32::from_le_bytes([s[0], s[1], s[2], s[3]]), b);
+                o.copy_from_slice(&h.to_le_bytes());
+            }
+        });
+}
+
+/// FLOAT raw bytes -> FLOAT16 raw bytes with the default parameters (the
+/// converter's 5.96e-08 and 65504), best kernel: what materialize applies
+/// to FLOAT tensors held in nodes (Constant values). Trailing bytes short
+/// of a FLOAT are ignored.
+pub fn convert_default(src: &[u8]) -> Vec<u8> {
+    let b = Bounds {
+        min: 5.96e-08f64 as f32,
+        max: 65504.0,
+    };
+    let n = src.len() / 4;
+    let mut out = vec![0u8; 2 * n];
+    convert(Isa::detect(), b, &src[..4 * n], &mut out);
+    out
+}
+
+impl Packer for Float16Clamp {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn format_version(&self) -> u32 {
+        1
+    }
+
+    fn describe(&self) -> &'static str {
+        "FLOAT -> FLOAT16 as onnxruntime's float16 converter: finite non-zero magnitudes clamped into [min_positive_val, max_finite_val] (sign, zero, NaN, inf kept), then round to nearest even"
+    }
+
+    fn param_spec(&self) -> &'static [ParamSpec] {
+        SPEC
+    }
+
+    fn check_source(
+        &self,
+        data_type: DataType,
+        dims: &[u64],
+        params: &Params,
+    ) -> Result<(), PackError> {
+        self.bounds(params)?;
+        if data_type != DataType::FLOAT {
+            return Err(PackError::UnsupportedDataType {
+                packer: ID,
+                data_type,
+                supported: "FLOAT",
+            });
+        }
+        crate::util::numel(dims)
+            .filter(|n| n.checked_mul(4).is_some_and(|b| usize::try_from(b).is_ok()))
+            .map(|_| ())
+            .ok_or(PackError::Overflow {
+                packer: ID,
+                dims: dims.to_vec(),
+            })
+    }
+
+    fn output(
+        &self,
+        data_type: DataType,
+        dims: &[u64],
+        params: &Params,
+    ) -> Result<PackedLayout, PackError> {
+        self.check_source(data_type, dims, params)?;
+        let (_, name) = self.bounds(params)?;
+        let names: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
+        let dims_param: Vec<&str> = names.iter().map(String::as_str).collect();
+        let counts: Vec<Count> = (0..dims.len() as u32).map(Count::Dim).collect();
+        let mut t = root(
+            name.clone(),
+            ID,
+            self.format_version(),
+            &dims_param,
+            vec![field(
+                "values",
+                nested(leaf(DataType::FLOAT16), &counts),
+                "the source shape, row-major, clamped then rounded to nearest even",
+            )],
+            self.describe(),
+        );
+        let mut f = Builder::new();
+        f.op_to(
+            "Cast",
+            &["values"],
+            OUTPUT,
+            vec![int("to", DataType::FLOAT.code() as i64)],
+        );
+        t.decoder = Some(f.finish(&name, &["values"]));
+        let bits = size_bits(&t, dims).ok_or(PackError::Overflow {
+            packer: ID,
+            dims: dims.to_vec(),
+        })?;
+        Ok(PackedLayout {
+            struct_type: t,
+            dims: dims.to_vec(),
+            payload_len: bits / 8,
+        })
+    }
+
+    fn pack_with(
+        &self,
+        src: &SourceTensor<'_>,
+        params: &Params,
+        out: &mut [u8],
+        isa: Isa,
+    ) -> Result<(), PackError> {
+        check_isa(isa)?;
+        let layout = self.output(src.data_type, src.dims, params)?;
+        check_lengths(src, out, layout.payload_len)?;
+        let (b, _) = self.bounds(params)?;
+        convert(isa, b, src.data, out);
+        Ok(())
+    }
+}

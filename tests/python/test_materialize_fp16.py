@@ -1,0 +1,208 @@
+"""``ctcachectl materialize --target onnxruntime-fp16`` is a drop-in for
+``onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)``.
+
+On the synthetic transformer block of test_materialize, an MLP with a Gemm
+transB=1 and a model whose weights hold subnormals, values past 65504, NaN
+and infinities (with a Constant node, a Cast to FLOAT and a weight shared by
+two nodes), through the daemon and with ``--local``: every initializer the
+reference writes exists in ours under the same name with the same dtype,
+dims and bytes; onnxruntime gives bit-identical outputs on the same float32
+inputs; the result passes ``onnx.checker``. Ops the converter keeps in FLOAT
+are refused naming the node, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.transformers.float16 import convert_float_to_float16
+
+from e2e.harness import Daemon, ctl
+from test_materialize import _model, _save, gemm_model, transformer
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    created_xdg = None
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        created_xdg = tempfile.mkdtemp(prefix="ct16-xdg-")
+        os.chmod(created_xdg, 0o700)
+        os.environ["XDG_RUNTIME_DIR"] = created_xdg
+    root = Path(tempfile.mkdtemp(prefix="ct16-"))
+    d = Daemon(root)
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        if created_xdg:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+            shutil.rmtree(created_xdg, ignore_errors=True)
+
+
+def specials_model(path: Path, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((32, 24)) * F32(10.0) ** rng.integers(-12, 6, (32, 24))).astype(F32)
+    w[0, :8] = [1e-9, -1e-9, 3e-8, 7e4, -1e6, 65519.0, 1e-45, -0.0]
+    b = rng.standard_normal(24).astype(F32)
+    b[:4] = [np.nan, np.inf, -np.inf, 1e-30]
+    u = (rng.standard_normal((24, 24)) * 0.1).astype(F32)
+    c = helper.make_tensor("c", TensorProto.FLOAT, [2], [2.5e-8, 1e5])
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "B"], ["h1"], name="bias"),
+        helper.make_node("Constant", [], ["k"], name="const", value=c),
+        helper.make_node("Slice", ["h1", "starts", "ends"], ["h2"], name="slice"),
+        helper.make_node("Mul", ["h1", "U0"], ["h3"], name="scale0"),
+        helper.make_node("MatMul", ["h3", "U"], ["h4"], name="mm2"),
+        helper.make_node("Add", ["h4", "U"], ["h5"], name="addu"),
+        helper.make_node("Cast", ["h5"], ["h6"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["h6"], ["s"], name="sum", keepdims=1),
+        helper.make_node("Gather", ["k", "zero"], ["k0"], name="pick"),
+        helper.make_node("Mul", ["s", "k0"], ["Y"], name="scalek"),
+    ]
+    inits = [
+        numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B"), numpy_helper.from_array(u, "U"),
+        numpy_helper.from_array(np.array(0.5, F32), "U0"), numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "starts"), numpy_helper.from_array(np.array([1], np.int64), "ends"),
+        numpy_helper.from_array(np.ones(3, F32), "unused"),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [24, 32])],
+               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1]),
+                helper.make_tensor_value_info("h2", TensorProto.FLOAT, [1, 24])], inits)
+    return _save(m, path)
+
+
+MODELS = {
+    "transformer": lambda p: transformer(p, 64, seed=5),
+    "gemm": lambda p: gemm_model(p, seed=6),
+    "specials": lambda p: specials_model(p, seed=7),
+}
+
+
+def reference(model: Path) -> Path:
+    out = model.with_name(model.stem + ".ref16.onnx")
+    onnx.save(convert_float_to_float16(str(model), keep_io_types=True), str(out))
+    return out
+
+
+def feeds_for(path: Path, seed: int):
+    rng = np.random.default_rng(seed)
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return {i.name: (rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]) * 3).astype(F32)
+            for i in s.get_inputs()}
+
+
+def assert_drop_in(ours: Path, ref: Path, seeds=(1, 2)):
+    onnx.checker.check_model(str(ours))
+    a = {t.name: numpy_helper.to_array(t, base_dir=str(ours.parent)) for t in onnx.load(str(ours)).graph.initializer}
+    b = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(ref)).graph.initializer}
+    assert sorted(set(b) - set(a)) == [], "initializers the reference writes and we do not"
+    for name, want in b.items():
+        got = a[name]
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+        assert got.tobytes() == want.tobytes(), f"{name} differs"
+    assert any(v.dtype == np.float16 for v in b.values())
+    g = onnx.load(str(ours), load_external_data=False).graph
+    assert all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in list(g.input) + list(g.output))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s1 = ort.InferenceSession(str(ours), so, providers=["CPUExecutionProvider"])
+    s2 = ort.InferenceSession(str(ref), so, providers=["CPUExecutionProvider"])
+    for seed in seeds:
+        feeds = feeds_for(ref, seed)
+        for x, y in zip(s1.run(None, feeds), s2.run(None, feeds)):
+            assert x.dtype == y.dtype == np.float32 and x.shape == y.shape
+            assert x.tobytes() == y.tobytes(), f"outputs differ (seed {seed})"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_local_is_a_drop_in_for_the_float16_converter(tmp_path, name):
+    model = MODELS[name](tmp_path / f"{name}.onnx")
+    ref = reference(model)
+    out = tmp_path / "out" / "h.onnx"
+    out.parent.mkdir()
+    r = ctl("--json", "materialize", "--local", str(model), "-o", str(out), "--target", "onnxruntime-fp16")
+    assert r.returncode == 0, r.describe()
+    j = json.loads(r.stdout)
+    assert j["via"] == "local" and j["target"] == "onnxruntime-fp16"
+    assert_drop_in(out, ref)
+    if name == "specials":
+        got = numpy_helper.to_array(next(t for t in onnx.load(str(out)).graph.initializer if t.name == "W"),
+                                    base_dir=str(out.parent))
+        assert got.view(np.uint16)[0, :8].tolist() == [1, 0x8001, 1, 0x7BFF, 0xFBFF, 0x7BFF, 1, 0x8000]
+        assert "unused" in {t.name: 0 for t in onnx.load(str(out)).graph.initializer}
+
+
+@pytest.mark.parametrize("name", ["transformer", "specials"])
+def test_daemon_is_a_drop_in_and_caches(daemon, tmp_path, name):
+    model = MODELS[name](tmp_path / f"{name}.onnx")
+    ref = reference(model)
+    out = tmp_path / "d.onnx"
+    j = daemon.json("materialize", str(model), "-o", str(out), "--target", "onnxruntime-fp16")
+    assert j["via"] == "daemon" and j["target"] == "onnxruntime-fp16" and j["packed"] > 0
+    assert_drop_in(out, ref)
+    again = daemon.json("materialize", str(model), "-o", str(tmp_path / "d2.onnx"), "--target", "onnxruntime-fp16")
+    assert again["packed"] == 0 and again["cached"] == j["packed"]
+    assert_drop_in(tmp_path / "d2.onnx", ref, seeds=(4,))
+
+
+def test_refusals_name_the_problem(daemon, tmp_path):
+    topk = tmp_path / "topk.onnx"
+    _save(_model([helper.make_node("MatMul", ["X", "W"], ["h"], name="mm"),
+                  helper.make_node("TopK", ["h", "k"], ["Y", "I"], name="top")],
+                 [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])],
+                 [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 2]),
+                  helper.make_tensor_value_info("I", TensorProto.INT64, [2, 2])],
+                 [numpy_helper.from_array(np.ones((4, 4), F32), "W"),
+                  numpy_helper.from_array(np.array([2], np.int64), "k")]), topk)
+    ints = tmp_path / "ints.onnx"
+    _save(_model([helper.make_node("Add", ["X", "C"], ["Y"])],
+                 [helper.make_tensor_value_info("X", TensorProto.INT64, [2])],
+                 [helper.make_tensor_value_info("Y", TensorProto.INT64, [2])],
+                 [numpy_helper.from_array(np.ones(2, np.int64), "C")]), ints)
+    model = transformer(tmp_path / "t.onnx", 64, seed=1)
+    cases = [
+        ([str(topk)], "node top is a TopK"),
+        ([str(ints)], "no FLOAT initializer"),
+        ([str(model), "--per-channel"], "--per-channel is not a setting of --target onnxruntime-fp16"),
+    ]
+    for i, (args, needle) in enumerate(cases):
+        out = tmp_path / f"bad{i}" / "o.onnx"
+        for local in ([], ["--local"]):
+            r = daemon.ctl("materialize", *local, *args, "-o", str(out), "--target", "onnxruntime-fp16")
+            assert r.returncode != 0 and needle in r.stderr, r.describe()
+            assert not out.exists() and not out.parent.exists(), r.describe()
+
+
+def test_python_client_and_fallback(ctcache, daemon, tmp_path):  # noqa: F811
+    import ctcache.ort as cort
+
+    model = specials_model(tmp_path / "p.onnx", seed=9)
+    ref = reference(model)
+    r = cort.materialize(model, socket=daemon.socket, target="onnxruntime-fp16")
+    assert r.target == "onnxruntime-fp16" and Path(r.output_path) == tmp_path / "p.fp16.onnx"
+    assert_drop_in(Path(r.output_path), ref)
+    feeds = feeds_for(ref, 8)
+    want = ort.InferenceSession(str(ref), providers=["CPUExecutionProvider"]).run(None, feeds)
+    sess = cort.inference_session(model, socket=daemon.socket, target="onnxruntime-fp16",
+                                  output_path=tmp_path / "s.onnx", providers=["CPUExecutionProvider"])
+    for x, y in zip(sess.run(None, feeds), want):
+        assert x.tobytes() == y.tobytes()
+    with pytest.warns(cort.FallbackWarning, match="convert_float_to_float16"):
+        fb = cort.inference_session(model, socket=tmp_path / "none.sock", target="onnxruntime-fp16",
+                                    providers=["CPUExecutionProvider"])
+    for x, y in zip(fb.run(None, feeds), want):
+        assert x.tobytes() == y.tobytes()
