@@ -4,6 +4,9 @@
 # next to onnxruntime / gguf / the half crate / memcpy on the same data, with
 # the ratios against their targets (>= 4x ORT, >= 5x gguf, >= 0.8x half), and
 # the peak RSS of `ctcachectl pack` (target <= source + output + 64 MiB).
+# Then the CPU packers of onnxruntime's Python tools (ort.quantize_dynamic per
+# tensor and per channel, ort.float16) against that numpy code on the same
+# weight, bytes compared, target >= 10x (PACK_BENCH_ONLY=reference: only those).
 # Without a GPU, wgpu uses a software adapter if installed (mesa lavapipe:
 # apt-get install mesa-vulkan-drivers) or is skipped.
 set -euo pipefail

@@ -59,6 +59,10 @@ fn main() {
         "weight: {K} x {N} FLOAT, random normal ({} MiB); best of {reps}",
         data.len() >> 20
     );
+    if std::env::var("PACK_BENCH_ONLY").is_ok_and(|v| v == "reference") {
+        reference_table(&data, reps);
+        return;
+    }
     if std::env::var("PACK_BENCH_QUICK").is_ok_and(|v| v == "1") {
         isa_table(&data, reps, &[]);
         huge_pages(&data, reps);
@@ -173,8 +177,171 @@ fn main() {
     peak_rss(&dir, &raw, data.len() as u64);
     std::fs::remove_dir_all(&dir).ok();
     println!();
+    reference_table(&data, reps);
     isa_table(&data, reps, &anchors);
     huge_pages(&data, reps);
+}
+
+/// The CPU-only packers of onnxruntime's own Python tools against that
+/// code on the same weight (`quantize_dynamic`'s `quantize_data`, per
+/// tensor and per channel as its per-channel loop does it; the float16
+/// converter's `convert_np_to_float16`), target >= 10x; the bytes are
+/// compared too.
+fn reference_table(data: &[u8], reps: usize) {
+    let dir = std::env::temp_dir().join(format!("ctcache-ref-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let raw = dir.join("weights.bin");
+    std::fs::write(&raw, data).expect("write weight");
+    let out_dir = dir.join("out");
+    std::fs::create_dir_all(&out_dir).expect("out dir");
+    let py = reference_anchors(&raw, &out_dir, reps);
+    let cases: [(&str, &str, &str, Params); 3] = [
+        (
+            "quantize_dynamic int8 per tensor",
+            "ort.quantize_dynamic",
+            "qd_tensor",
+            Params::new(),
+        ),
+        (
+            "quantize_dynamic uint8 per channel",
+            "ort.quantize_dynamic",
+            "qd_channel",
+            Params::new()
+                .with("weight_type", "uint8")
+                .with("symmetric", "false")
+                .with("per_channel", "true"),
+        ),
+        ("float16 converter", "ort.float16", "fp16", Params::new()),
+    ];
+    println!("onnxruntime's Python tools vs ctcache, {K} x {N} FLOAT; best of {reps}");
+    println!(
+        "{:<36} {:>10} {:>12} {:>9} {:>7}  bytes",
+        "case", "ctcache ms", "reference ms", "speed-up", "target"
+    );
+    let src = SourceTensor {
+        data_type: DataType::FLOAT,
+        dims: &[K as u64, N as u64],
+        data,
+    };
+    for (label, id, key, params) in cases {
+        let p = find(id).expect("packer");
+        let len = p
+            .output(src.data_type, src.dims, &params)
+            .expect("layout")
+            .payload_len;
+        let mut out = vec![0u8; len as usize];
+        let t = best(reps, || {
+            p.pack(&src, &params, &mut out).expect("pack");
+            black_box(&mut out);
+        });
+        let reference = py.iter().find(|(n, _)| n == key).map(|(_, v)| *v);
+        let same = match std::fs::read(out_dir.join(format!("{key}.bin"))) {
+            Ok(want) => {
+                if want == out {
+                    "identical"
+                } else {
+                    "DIFFER"
+                }
+            }
+            Err(_) => "-",
+        };
+        let ms = t.as_secs_f64() * 1e3;
+        let (r, ratio, verdict) = match reference {
+            Some(r) => (
+                format!("{r:.1}"),
+                format!("{:.1}x", r / ms),
+                if r / ms >= 10.0 { "met" } else { "MISSED" },
+            ),
+            None => ("-".into(), "-".into(), "n/a"),
+        };
+        println!(
+            "{label:<36} {ms:>10.2} {r:>12} {ratio:>9} {:>5}x {verdict}  {same}",
+            10
+        );
+        let gbps = data.len() as f64 / t.as_secs_f64() / 1e9;
+        let mut f = Figure::new(
+            &format!("pack.{id}.{key}"),
+            &format!("{label}, {K} x {N} FLOAT, vs onnxruntime's numpy code"),
+            gbps,
+            "GB/s",
+        );
+        if let Some(r) = reference {
+            let anchor_gbps = data.len() as f64 / (r / 1e3) / 1e9;
+            f = f.anchor(anchor_gbps, r / ms).target(On::Ratio, ">=", 10.0);
+        }
+        f.print();
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    println!();
+}
+
+/// Milliseconds of the reference code per case (best of `reps`), its
+/// payload bytes written to `out/<case>.bin` (scale, zero point, quantized
+/// as the packer lays them out; FLOAT16 values).
+fn reference_anchors(raw: &Path, out: &Path, reps: usize) -> Vec<(String, f64)> {
+    const SCRIPT: &str = r##"
+import sys, time
+import numpy as np
+path, out, k, n, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+w = np.fromfile(path, dtype="<f4").reshape(k, n)
+def best(name, f):
+    r = f()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
+    print(name, min(times) * 1e3, flush=True)
+    return r
+try:
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import quantize_data
+    zp, s, q = best("qd_tensor", lambda: quantize_data(w.flatten(), TensorProto.INT8, True, False))
+    open(f"{out}/qd_tensor.bin", "wb").write(np.float32(s).tobytes() + np.int8(zp).tobytes() + q.tobytes())
+    def per_channel():
+        # quantize_weight_per_channel_impl's loop, axis -1.
+        r = [quantize_data(w.take(i, 1).flatten(), TensorProto.UINT8, False, False) for i in range(n)]
+        q = np.concatenate([x[2].reshape(k, 1) for x in r], 1)
+        return np.hstack([x[1] for x in r]).astype(np.float32), np.hstack([x[0] for x in r]), q
+    s, zp, q = best("qd_channel", per_channel)
+    open(f"{out}/qd_channel.bin", "wb").write(s.tobytes() + zp.tobytes() + q.tobytes())
+except ImportError as e:
+    print("# onnxruntime.quantization:", e)
+try:
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+    h = best("fp16", lambda: convert_np_to_float16(w.reshape(-1)))
+    open(f"{out}/fp16.bin", "wb").write(h.tobytes())
+except ImportError as e:
+    print("# onnxruntime.transformers:", e)
+"##;
+    let Some(py) = venv_python() else {
+        println!("reference: no venv python (set CTCACHE_VENV); figures skipped");
+        return Vec::new();
+    };
+    let res = Command::new(py)
+        .args(["-c", SCRIPT])
+        .arg(raw)
+        .arg(out)
+        .args([K.to_string(), N.to_string(), reps.to_string()])
+        .output();
+    match res {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                if l.starts_with('#') {
+                    println!("reference: {l}");
+                }
+                let (name, v) = l.split_once(' ')?;
+                Some((name.to_string(), v.trim().parse().ok()?))
+            })
+            .collect(),
+        Ok(o) => {
+            println!("reference failed: {}", String::from_utf8_lossy(&o.stderr));
+            Vec::new()
+        }
+        Err(e) => {
+            println!("reference: cannot run python: {e}");
+            Vec::new()
+        }
+    }
 }
 
 /// An anchored packer's anchor: name, GB/s (None: not measured), target ratio.
@@ -252,6 +419,22 @@ fn isa_table(data: &[u8], reps: usize, anchors: &[Anchor]) {
         ("cast.f16", "cast.f16", false, Params::new()),
         ("cast.bf16", "cast.bf16", false, Params::new()),
         ("gemm.pack_b.f32", "gemm.pack_b.f32", false, Params::new()),
+        (
+            "quantize_dynamic int8 tensor",
+            "ort.quantize_dynamic",
+            false,
+            Params::new(),
+        ),
+        (
+            "quantize_dynamic u8 channel",
+            "ort.quantize_dynamic",
+            false,
+            Params::new()
+                .with("weight_type", "uint8")
+                .with("symmetric", "false")
+                .with("per_channel", "true"),
+        ),
+        ("ort.float16", "ort.float16", false, Params::new()),
     ];
     println!(
         "per instruction set, {K} x {N} (FLOAT unless f16), {} rayon threads; ms, best of {reps}",

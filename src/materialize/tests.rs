@@ -332,3 +332,126 @@ fn subgraph_nodes_reading_a_top_level_weight_are_targets() {
         p.skipped
     );
 }
+
+fn int8() -> Recipe {
+    Recipe::Int8(Int8Settings::default())
+}
+
+fn fp16() -> Recipe {
+    fn no_cast(b: &[u8]) -> Vec<u8> {
+        vec![0; b.len() / 2]
+    }
+    Recipe::Fp16(Fp16Settings { convert: no_cast })
+}
+
+#[test]
+fn int8_plan_follows_quantize_dynamic() {
+    let mut gemm_no_c_beta = node("Gemm", "g_beta", &["X", "G"], "Y3");
+    gemm_no_c_beta.attribute.push(attr_f("beta", 0.5));
+    let mut gemm_t = node("Gemm", "g_t", &["X", "G"], "Y4");
+    gemm_t.attribute.push(attr_i("transB", 1));
+    let m = model(
+        vec![
+            node("MatMul", "mm3d", &["X", "W3"], "Y1"),
+            node("MatMul", "const_a", &["C", "W"], "Y2"),
+            gemm_no_c_beta,
+            gemm_t,
+            node("MatMul", "half", &["X", "H"], "Y5"),
+        ],
+        vec![
+            tensor("W3", 1, &[2, 8, 4]),
+            tensor("W", 1, &[8, 4]),
+            tensor("C", 1, &[2, 8]),
+            tensor("G", 1, &[4, 8]),
+            tensor("H", 10, &[8, 4]),
+        ],
+        &["X"],
+    );
+    let p = plan_for(&m, &int8()).unwrap();
+    let got: Vec<(&str, bool, Vec<u64>)> = p
+        .targets
+        .iter()
+        .map(|t| (t.node.name.as_str(), t.transposed, t.dims.clone()))
+        .collect();
+    // Any rank for MatMul; a transB = 1 Gemm is read transposed.
+    assert_eq!(
+        got,
+        [("mm3d", false, vec![2, 8, 4]), ("g_t", true, vec![4, 8])]
+    );
+    let why: Vec<(&str, &str)> = p
+        .skipped
+        .iter()
+        .map(|s| (s.node.as_str(), s.reason.as_str()))
+        .collect();
+    assert_eq!(
+        why,
+        [
+            ("const_a", "A is a constant"),
+            ("g_beta", "beta is not 1"),
+            ("half", "B is not FLOAT"),
+        ]
+    );
+    // The int4 plan of the same model differs where the rules differ.
+    let p4 = plan(&m).unwrap();
+    assert!(p4.targets.iter().any(|t| t.node.name == "g_beta"));
+    assert!(p4.targets.iter().any(|t| t.node.name == "half"));
+    // Only MatMul is taken as an op type.
+    let e = Int8Settings {
+        op_types: vec!["MatMul".into(), "Gather".into()],
+        ..Default::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(e.to_string().contains("\"Gather\" is not supported"), "{e}");
+    assert!(Int8Settings::parse_weight_type("int4")
+        .unwrap_err()
+        .to_string()
+        .contains("\"int4\""));
+    assert_eq!(
+        int8().packer_params(true),
+        [
+            "weight_type=int8",
+            "symmetric=true",
+            "per_channel=false",
+            "reduce_range=false",
+            "transposed=true"
+        ]
+    );
+}
+
+#[test]
+fn fp16_plan_takes_read_float_initializers_and_refuses_what_it_cannot_convert() {
+    let m = model(
+        vec![
+            node("MatMul", "mm", &["X", "W"], "h"),
+            node("Add", "add", &["h", "I"], "Y"),
+        ],
+        vec![
+            tensor("W", 1, &[8, 4]),
+            tensor("unread", 1, &[3]),
+            tensor("I", 6, &[4]),
+        ],
+        &["X"],
+    );
+    let p = plan_for(&m, &fp16()).unwrap();
+    assert_eq!(p.tensors, ["W"]);
+    assert_eq!(p.weights(), [("W".to_string(), false)]);
+    assert!(p.why_nothing().is_none());
+    let m = model(
+        vec![
+            node("MatMul", "mm", &["X", "W"], "h"),
+            node("TopK", "top", &["h", "K"], "Y"),
+        ],
+        vec![tensor("W", 1, &[8, 4]), tensor("K", 6, &[1])],
+        &["X"],
+    );
+    let e = plan_for(&m, &fp16()).unwrap_err().to_string();
+    assert!(e.contains("node top is a TopK"), "{e}");
+    let m = model(
+        vec![node("Add", "add", &["X", "I"], "Y")],
+        vec![tensor("I", 6, &[4])],
+        &["X"],
+    );
+    let e = plan_for(&m, &fp16()).unwrap_err().to_string();
+    assert!(e.contains("no FLOAT initializer"), "{e}");
+}
