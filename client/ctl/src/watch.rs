@@ -67,8 +67,12 @@ pub async fn watch(ctx: &Ctx, cmd: WatchCmd) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Follows the daemon's events until it ends the stream, or `count` events.
+/// Follows the daemon's events until it ends the stream, `count` events,
+/// or Ctrl-C (a stop the user asked for: exit 0, as `tail -f` does).
 pub async fn events(ctx: &Ctx, count: Option<u64>) -> Result<(), Failure> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Installed before the note below says the follow is on.
+    let mut interrupt = signal(SignalKind::interrupt())?;
     let c = ctx.connect().await?;
     let mut stream = c.events().await?;
     // Subscribed from here on; the line tells a reader (or a test) so.
@@ -78,7 +82,11 @@ pub async fn events(ctx: &Ctx, count: Option<u64>) -> Result<(), Failure> {
     ));
     let mut seen = 0u64;
     while count.is_none_or(|n| seen < n) {
-        let Some(e) = stream.next().await? else { break };
+        let next = tokio::select! {
+            _ = interrupt.recv() => break,
+            next = stream.next() => next?,
+        };
+        let Some(e) = next else { break };
         seen += 1;
         if ctx.json {
             print_json_line(&json!({

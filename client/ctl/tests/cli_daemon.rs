@@ -709,6 +709,13 @@ fn events_follow_packs_and_the_watcher() {
         d.path("models/w.onnx").canonicalize().unwrap().display()
     );
     eventually("the watcher's log line", || d.log().contains(&line));
+
+    // Ctrl-C stops a follow the user asked for: exit 0 (issue 29).
+    let child = spawn_events(&[]);
+    // SAFETY: kill(2) on our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
     d.stop();
 }
 
