@@ -147,7 +147,9 @@ impl From<StoreError> for Error {
             StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
             StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,
-            StoreError::Leased { .. } => ErrorKind::Precondition,
+            StoreError::Leased { .. } | StoreError::LeaseLifetimeOver { .. } => {
+                ErrorKind::Precondition
+            }
             StoreError::PayloadDamaged { .. } | StoreError::PayloadCorrupt { .. } => {
                 ErrorKind::DataLoss
             }

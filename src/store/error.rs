@@ -136,6 +136,17 @@ pub enum StoreError {
     /// be probed).
     #[error("unknown or expired lease {0}")]
     UnknownLease(LeaseId),
+    /// A renewal past the most a lease may last from when it was taken.
+    #[error(
+        "{id} is {}s old, the most a lease may last: take a new one",
+        .max.as_secs()
+    )]
+    LeaseLifetimeOver {
+        /// The lease.
+        id: LeaseId,
+        /// Its lifetime cap.
+        max: std::time::Duration,
+    },
     /// The holder already has the most live leases allowed.
     #[error("{} holds {max} live leases, the most allowed; release some first", match .owner { Some(u) => format!("uid {u}"), None => "this holder".to_string() })]
     TooManyLeases {

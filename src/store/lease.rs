@@ -50,6 +50,9 @@ pub struct Lease {
     pub expires_ms: u64,
     /// The uid that took it (`None`: the store's own user, or no uid).
     pub owner: Option<u32>,
+    /// When it was taken, unix ms (0: a lease recorded before this was
+    /// kept); renewals never carry it past a lifetime cap.
+    pub acquired_ms: u64,
 }
 
 /// Whose leases a renew or release may touch.
@@ -78,6 +81,8 @@ struct LeaseRecord {
     expires_ms: u64,
     #[prost(uint32, optional, tag = "3")]
     owner: Option<u32>,
+    #[prost(uint64, tag = "4")]
+    acquired_ms: u64,
 }
 
 impl LeaseRecord {
@@ -86,6 +91,7 @@ impl LeaseRecord {
             key: lease.key.to_bytes().to_vec(),
             expires_ms: lease.expires_ms,
             owner: lease.owner,
+            acquired_ms: lease.acquired_ms,
         }
     }
 }
@@ -97,6 +103,7 @@ pub(crate) fn decode(id: &[u8], v: &[u8]) -> Option<Lease> {
         key: EntryKey::from_bytes(&r.key).ok()?,
         expires_ms: r.expires_ms,
         owner: r.owner,
+        acquired_ms: r.acquired_ms,
     })
 }
 
@@ -109,6 +116,7 @@ struct Held {
     key: KeyBytes,
     owner: Option<u32>,
     expires_ms: u64,
+    acquired_ms: u64,
 }
 
 /// The live leases in memory (see the module doc); only touched under the
@@ -172,6 +180,7 @@ impl Book {
                 key,
                 owner: l.owner,
                 expires_ms: l.expires_ms,
+                acquired_ms: l.acquired_ms,
             },
         );
     }
@@ -312,11 +321,13 @@ impl Store {
         }
         let id = self.index.next_id()?;
         let kb = key.to_bytes();
+        let now = self.now();
         let lease = Lease {
             id: LeaseId(id),
             key: *key,
-            expires_ms: self.now().saturating_add(ttl_ms(ttl)),
+            expires_ms: now.saturating_add(ttl_ms(ttl)),
             owner,
+            acquired_ms: now,
         };
         let ok = self.index.commit(
             &[Precondition::new(Tree::Entries, &kb, Expect::Present)],
@@ -358,14 +369,36 @@ impl Store {
 
     /// Extends a live lease `by` may touch (`UnknownLease` otherwise).
     pub fn renew_as(&self, id: LeaseId, ttl: Duration, by: LeaseAuthority) -> StoreResult<Lease> {
+        self.renew_within(id, ttl, by, None)
+    }
+
+    /// [`Store::renew_as`], never past `lifetime` after the lease was
+    /// taken: a renewal is cut to that end, and one at or past it fails
+    /// with `LeaseLifetimeOver` (so a holder that renews forever cannot
+    /// keep an entry from gc forever).
+    pub fn renew_within(
+        &self,
+        id: LeaseId,
+        ttl: Duration,
+        by: LeaseAuthority,
+        lifetime: Option<Duration>,
+    ) -> StoreResult<Lease> {
         let mut gate = self.lease_gate()?;
         let now = self.now();
         let (lease, old) = self.owned_lease(id, by)?;
         if lease.expires_ms <= now {
             return Err(StoreError::UnknownLease(id));
         }
+        let mut expires_ms = now.saturating_add(ttl_ms(ttl));
+        if let (Some(max), true) = (lifetime, lease.acquired_ms > 0) {
+            let end = lease.acquired_ms.saturating_add(ttl_ms(max));
+            if end <= now {
+                return Err(StoreError::LeaseLifetimeOver { id, max });
+            }
+            expires_ms = expires_ms.min(end);
+        }
         let renewed = Lease {
-            expires_ms: now.saturating_add(ttl_ms(ttl)),
+            expires_ms,
             ..lease
         };
         let idb = id.0.to_be_bytes();
@@ -417,6 +450,7 @@ impl Store {
                 key: EntryKey::from_bytes(&h.key)?,
                 expires_ms: h.expires_ms,
                 owner: h.owner,
+                acquired_ms: h.acquired_ms,
             });
         }
         out.sort_by_key(|l| l.id);

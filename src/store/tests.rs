@@ -138,6 +138,65 @@ fn reconcile_repairs_source_lists() {
 }
 
 #[test]
+fn a_lease_lifetime_cap_lets_gc_collect_a_lease_renewed_for_ever() {
+    let d = tempfile::tempdir().unwrap();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let opts = StoreOptions {
+        clock: Clock::manual(now.clone()),
+        ..Default::default()
+    };
+    let s = Store::open(d.path(), opts).unwrap();
+    let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
+    let ttl = Duration::from_secs(60);
+    let life = Some(Duration::from_secs(100));
+    let by = LeaseAuthority::Owner(Some(1000));
+    let id = s.acquire_lease_for(&k, ttl, Some(1000), 8).unwrap();
+    let tick = |ms: u64| now.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    // Renewed every 50 s: cut to the cap at 100 s after it was taken.
+    tick(50_000);
+    let l = s.renew_within(id, ttl, by, life).unwrap();
+    assert_eq!(l.expires_ms, 1_000_000 + 100_000, "{l:?}");
+    tick(49_000);
+    assert!(s.is_leased(&k).unwrap());
+    tick(1_000);
+    assert!(matches!(
+        s.renew_within(id, ttl, by, life),
+        Err(StoreError::UnknownLease(_) | StoreError::LeaseLifetimeOver { .. })
+    ));
+    // Then gc may take the entry.
+    assert!(!s.is_leased(&k).unwrap());
+    let r = s
+        .gc(&GcPolicy {
+            max_bytes: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.items.len(), 1, "{r:?}");
+    // Without a cap (trusted holders) renewals go on.
+    let k = s.put(&new_entry(2), &b"y"[..]).unwrap().entry.key;
+    let id = s.acquire_lease_for(&k, ttl, None, 8).unwrap();
+    for _ in 0..5 {
+        tick(50_000);
+        s.renew_within(id, ttl, LeaseAuthority::Any, None).unwrap();
+    }
+    // A lease taken for longer than the cap (the cap is the daemon's
+    // renewal rule) is refused by name when renewed past it.
+    let id = s.acquire_lease_for(&k, ttl, Some(1000), 8).unwrap();
+    let cap = Some(Duration::from_secs(30));
+    tick(20_000);
+    let l = s.renew_within(id, ttl, by, cap).unwrap();
+    assert_eq!(l.expires_ms, l.acquired_ms + 30_000);
+    tick(5_000);
+    s.renew_within(id, Duration::from_secs(1), by, cap).unwrap();
+    let id = s.acquire_lease_for(&k, ttl, Some(1000), 8).unwrap();
+    tick(40_000);
+    assert!(matches!(
+        s.renew_within(id, ttl, by, cap),
+        Err(StoreError::LeaseLifetimeOver { .. })
+    ));
+}
+
+#[test]
 fn leases_are_owned_and_bounded_per_owner() {
     let d = tempfile::tempdir().unwrap();
     let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));

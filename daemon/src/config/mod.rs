@@ -180,6 +180,9 @@ pub struct Config {
     pub max_leases_per_uid: usize,
     /// Longest lease, seconds (longer requests are cut to it).
     pub max_lease_ttl_secs: u64,
+    /// Longest a lease of an untrusted uid lasts from when it was taken,
+    /// renewals included, seconds: gc is never held off for ever.
+    pub max_lease_lifetime_secs: u64,
     /// Pack jobs one uid may have waiting in the queue.
     pub max_queued_jobs_per_uid: usize,
     /// Folders one uid may add with AddWatch.
@@ -254,6 +257,7 @@ impl Default for Config {
             max_model_bytes: 1 << 40,
             max_leases_per_uid: 1024,
             max_lease_ttl_secs: 3600,
+            max_lease_lifetime_secs: 86400,
             max_queued_jobs_per_uid: 1024,
             max_watches_per_uid: 16,
             max_event_subscribers: 64,
@@ -516,6 +520,7 @@ impl Config {
             ("max_model_bytes", self.max_model_bytes),
             ("max_leases_per_uid", self.max_leases_per_uid as u64),
             ("max_lease_ttl_secs", self.max_lease_ttl_secs),
+            ("max_lease_lifetime_secs", self.max_lease_lifetime_secs),
             (
                 "max_queued_jobs_per_uid",
                 self.max_queued_jobs_per_uid as u64,

@@ -112,9 +112,13 @@ pub(crate) fn acquire(
     })
 }
 
-/// Extends the caller's lease to `ttl_ms` from now.
+/// Extends the caller's lease to `ttl_ms` from now; an untrusted caller's
+/// never past `max_lease_lifetime_secs` from when it was taken
+/// (FAILED_PRECONDITION at the end: take a new lease).
 pub(crate) fn renew(d: &Daemon, caller: &Caller, id: LeaseId, ttl_ms: u64) -> Result<Lease> {
-    Ok(d.store.renew_as(id, ttl(d, ttl_ms), authority(caller))?)
+    let lifetime = (!caller.trusted).then(|| Duration::from_secs(d.config.max_lease_lifetime_secs));
+    Ok(d.store
+        .renew_within(id, ttl(d, ttl_ms), authority(caller), lifetime)?)
 }
 
 /// Ends the caller's lease (an unknown one is not an error).
