@@ -31,7 +31,9 @@ daemon_pid=""
 cleanup() {
   if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
     kill "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
+    # Not this shell's child (the walkthrough's shell started it): wait for
+    # it to be gone, or rm races its last writes.
+    for _ in $(seq 300); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
   fi
   rm -rf "$work"
 }
