@@ -601,14 +601,9 @@ impl Store {
             .iter()
             .map(|(p, l)| (*p, l.clone().unwrap_or_default()))
             .collect();
-        // Before the commit (see records.rs), in parallel: unlinks are most
-        // of a large gc's time, and folders of their own do not serialize.
-        {
-            use rayon::prelude::*;
-            items
-                .par_iter()
-                .try_for_each(|(kb, ..)| records::remove(&self.paths, kb))?;
-        }
+        // Before the commit (see records.rs).
+        let keys: Vec<KeyBytes> = items.iter().map(|i| i.0).collect();
+        records::remove_many(&self.paths, &keys)?;
         for (kb, blob, old) in items {
             when.push(Precondition::new(
                 Tree::Entries,
