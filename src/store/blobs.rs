@@ -70,11 +70,6 @@ impl Written {
     }
 }
 
-fn is_no_space(e: &std::io::Error) -> bool {
-    e.kind() == ErrorKind::StorageFull
-        || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
-}
-
 /// Streams `src` into `tmp`, hashing as it goes; fsyncs when asked. On any
 /// failure the temp file is removed.
 pub(crate) fn write_temp(
@@ -183,7 +178,7 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
 fn start_writeback(_file: &File, _offset: u64, _len: usize) {}
 
 fn classify(paths: &Paths, tmp: &Path, written: u64, e: std::io::Error) -> StoreError {
-    if is_no_space(&e) {
+    if super::error::io_is_no_space(&e) {
         StoreError::NoSpace {
             dir: paths.root.clone(),
             written,

@@ -194,6 +194,15 @@ fn owner(pid: &Option<u32>) -> String {
     }
 }
 
+/// Whether an I/O error means the file system (or the user's quota) is
+/// full: the one rule for payloads, records and the index.
+pub(crate) fn io_is_no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    ) || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
 impl StoreError {
     /// Whether the file system is full (a payload, record or index write).
     pub fn is_no_space(&self) -> bool {

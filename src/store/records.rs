@@ -103,7 +103,7 @@ pub(crate) fn write(
 
 /// A full file system is the store's `NoSpace`, as for payloads.
 fn io(op: &'static str, p: &Path, e: std::io::Error) -> StoreError {
-    if e.kind() == ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC) {
+    if super::error::io_is_no_space(&e) {
         StoreError::NoSpace {
             dir: p.parent().unwrap_or(p).to_path_buf(),
             written: 0,

@@ -84,14 +84,7 @@ fn again(e: &StoreError) -> StoreError {
 
 fn err(op: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
     move |e| match &e {
-        sled::Error::Io(io)
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-            ) =>
-        {
-            StoreError::IndexNoSpace { op }
-        }
+        sled::Error::Io(io) if super::error::io_is_no_space(io) => StoreError::IndexNoSpace { op },
         _ => StoreError::Index {
             op,
             message: e.to_string(),
