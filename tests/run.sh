@@ -116,7 +116,9 @@ rm -rf "$stage"
 echo "install and uninstall ok"
 
 step "rust tests"
-cargo test --workspace --locked
+# A test that hangs fails the run here, with cargo's "running for over 60
+# seconds" lines above, instead of holding CI until its own limit.
+timeout -k 30 30m cargo test --workspace --locked
 
 step "soak: faults under load (20 s: restarts, a full disk, damaged payloads, tight gc)"
 tests/soak.sh --seconds 20

@@ -183,3 +183,43 @@ fn the_index_works_again_once_space_is_back() {
     let s = Store::open(&dir, StoreOptions::default()).unwrap();
     assert_eq!(assert_consistent(&s).len(), 2);
 }
+
+/// sled's lost wake-up (see `sled_index.rs`): a flush whose log write fails
+/// must return, while other threads commit. Each round fills the disk under
+/// a store that flushes and commits from two threads.
+#[test]
+fn flushes_on_a_full_disk_return_while_others_commit() {
+    let Some((d, _m)) = small_tmpfs("16m") else {
+        return;
+    };
+    let root = d.path().to_path_buf();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for round in 0..10 {
+            let dir = root.join(format!("cache{round}"));
+            let s = Store::open(&dir, StoreOptions::default()).unwrap();
+            let e = s.put(&entry(1), payload(1, 1000).as_slice()).unwrap().entry;
+            s.flush().unwrap();
+            let ballast = fill(&root);
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    for _ in 0..100 {
+                        let _ = s
+                            .acquire_lease(&e.key, std::time::Duration::from_secs(30))
+                            .and_then(|l| s.release(l));
+                    }
+                });
+                for _ in 0..100 {
+                    let _ = s.flush();
+                }
+            });
+            std::fs::remove_file(ballast).unwrap();
+            drop(s);
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a flush on a full disk never returned");
+}

@@ -23,6 +23,16 @@
 //! [`Index::take_reopened`] tells the store to bring index and record
 //! files to agree again.
 //!
+//! A lost wake-up in sled 0.34: when a log write fails (a full disk), one
+//! of sled's paths records the error without waking the threads that wait
+//! for that write to be stable (`flush`). They sleep until a later log
+//! reservation sees the error and wakes them, and meanwhile hold sled's
+//! process-wide concurrency lock as readers, so a transaction queued behind
+//! them (a writer of that lock) waits forever, and every reader behind it,
+//! in every `Db` of the process. Hence [`SledIndex::wait_stable`]: no commit
+//! of any index starts while a flush waits, and a waker reserves log space
+//! every [`WAKE_EVERY`] until the flush returns.
+//!
 //! Observed cost (sled 0.34): every transaction or batch rolls sled's log
 //! buffer and writes it with `sync_file_range`, a few hundred microseconds
 //! to milliseconds on a VM disk. Hence the store commits a whole GC batch,
@@ -47,6 +57,14 @@ const RETRY_EVERY: Duration = Duration::from_millis(200);
 /// Free bytes the file system needs before a failed index is opened again
 /// (sled writes as it opens; on a full disk the old `Db` still serves reads).
 const REOPEN_NEEDS: u64 = 4 << 20;
+/// How often a waiting flush is woken to look for a failed write.
+const WAKE_EVERY: Duration = Duration::from_millis(50);
+/// The key a waker writes in the default tree (no store data lives there).
+const WAKE_KEY: &[u8] = b"ctcache.wake";
+
+/// Commits hold it shared, waits for the log exclusively (one per process,
+/// as sled's concurrency lock is).
+static WAITS: RwLock<()> = RwLock::new(());
 
 pub(crate) struct SledIndex {
     path: PathBuf,
@@ -184,6 +202,29 @@ impl SledIndex {
                 Err(answer)
             }
         }
+    }
+
+    /// Flushes `open` and waits until its log is stable, with no commit
+    /// started meanwhile and a waker for a lost wake-up (module docs).
+    fn wait_stable(open: &Open) -> sled::Result<usize> {
+        let _no_commits = WAITS.write().unwrap_or_else(|p| p.into_inner());
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waker = s.spawn(|| {
+                while !done.load(Ordering::SeqCst) {
+                    std::thread::park_timeout(WAKE_EVERY);
+                    if !done.load(Ordering::SeqCst) {
+                        // A reservation that finds the log failed wakes
+                        // every waiter; its own result does not matter.
+                        let _ = open.db.insert(WAKE_KEY, &[][..]);
+                    }
+                }
+            });
+            let flushed = open.db.flush();
+            done.store(true, Ordering::SeqCst);
+            waker.thread().unpark();
+            flushed
+        })
     }
 
     /// Maps a sled error of `op`; an I/O error marks the index failed.
@@ -326,6 +367,7 @@ impl Index for SledIndex {
                 })
         });
         let open = self.writable()?;
+        let _no_wait = WAITS.read().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = single_tree {
             // Unconditional writes to one tree: a batch is atomic and cheaper
             // than a transaction.
@@ -380,7 +422,8 @@ impl Index for SledIndex {
     }
 
     fn flush(&self) -> StoreResult<()> {
-        self.writable()?.db.flush().map_err(self.fail("flush"))?;
+        let open = self.writable()?;
+        Self::wait_stable(&open).map_err(self.fail("flush"))?;
         Ok(())
     }
 
