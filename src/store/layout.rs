@@ -80,6 +80,9 @@ pub(crate) struct DirLock {
     _file: File,
 }
 
+/// How long a lock this process's own pid holds is waited for (see [`lock`]).
+const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub(crate) fn lock(root: &Path) -> StoreResult<DirLock> {
     let path = root.join("LOCK");
     let mut file = OpenOptions::new()
@@ -89,19 +92,31 @@ pub(crate) fn lock(root: &Path) -> StoreResult<DirLock> {
         .truncate(false)
         .open(&path)
         .map_err(|e| StoreError::io("open", &path, e))?;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
+    let started = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            break;
+        }
         let e = std::io::Error::last_os_error();
-        if e.kind() == ErrorKind::WouldBlock {
-            let mut s = String::new();
-            let _ = file.read_to_string(&mut s);
+        if e.kind() != ErrorKind::WouldBlock {
+            return Err(StoreError::io("lock", &path, e));
+        }
+        let mut s = String::new();
+        file.rewind().ok();
+        let _ = file.read_to_string(&mut s);
+        let pid = s.trim().parse().ok();
+        // A store of this process closed its LOCK while another thread was
+        // starting a program: the child holds a copy of the descriptor, and
+        // so the lock, until its exec closes it. Wait that out.
+        if pid != Some(std::process::id()) || started.elapsed() >= OWN_LOCK_WAIT {
             return Err(StoreError::Locked {
                 dir: root.to_path_buf(),
-                pid: s.trim().parse().ok(),
+                pid,
             });
         }
-        return Err(StoreError::io("lock", &path, e));
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
     // Only the holder writes, so a reader that fails to lock sees our pid.
     let w = (|| {
