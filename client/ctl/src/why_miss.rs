@@ -6,8 +6,9 @@
 
 use std::path::PathBuf;
 
-use ctcache::hit::MissReason;
-use ctcache::pb::DeviceProto;
+use ctcache::hit::{self, Accept, EntryFacts, Host, MissReason, SourceShape};
+use ctcache::pb::{DeviceProto, StructTypeProto};
+use ctcache::structs::PhysicalTypeKey;
 use serde_json::{json, Value};
 
 use crate::ctx::Ctx;
@@ -57,12 +58,22 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
             ..Default::default()
         })
         .await?;
-    let host = c.get_host_devices().await?;
+    let host = Host::new(
+        c.get_host_devices().await?,
+        None,
+        Accept::Known(ctcache_kernels::registry::known_types()),
+    );
     let formats = c.list_formats().await?;
+    let source = ctcache::dtype::DataType::from_i32(t.data_type)
+        .ok()
+        .map(|data_type| SourceShape {
+            data_type,
+            dims: t.dims.clone(),
+        });
 
     let mut candidates: Vec<Candidate> = same
         .into_iter()
-        .map(|e| classify(e, &host, &formats))
+        .map(|e| classify(e, &host, source.as_ref()))
         .collect();
     let digest_hex = hex::encode(&t.source_digest);
     for e in by_model
@@ -235,44 +246,78 @@ fn shell_word(s: &str) -> String {
     }
 }
 
-/// The first component of an entry's key that does not fit this daemon's
-/// host: device, then physical type, then format version (the order the
-/// loading rules check them in).
-fn classify(entry: api::Entry, host: &[DeviceProto], formats: &[api::FormatInfo]) -> Candidate {
-    let device = entry.device.clone().unwrap_or_default();
-    if let Err(m) = ctcache::device::find_compatible(&device, host, None) {
-        return Candidate {
-            entry,
-            differs: Some("device"),
-            detail: m.to_string(),
-        };
+/// A listed entry as the one hit rule reads it: the facts the daemon
+/// listed, and the shape of the initializer asked about (an entry of its
+/// digest was packed from the same bytes and shape).
+struct Listed<'a> {
+    entry: &'a api::Entry,
+    source: Option<&'a SourceShape>,
+}
+
+impl EntryFacts for Listed<'_> {
+    fn device(&self) -> Result<&DeviceProto, MissReason> {
+        self.entry
+            .device
+            .as_ref()
+            .ok_or_else(|| listed_without("a device"))
     }
-    let family = formats
-        .iter()
-        .filter(|f| {
-            entry.physical_type == f.id
-                || entry
-                    .physical_type
-                    .strip_prefix(f.id.as_str())
-                    .is_some_and(|r| r.starts_with('.'))
-        })
-        .max_by_key(|f| f.id.len());
-    let (differs, detail) = match family {
-        None => (
-            Some("physical_type"),
-            format!(
-                "{:?} is produced by none of the daemon's packers",
-                entry.physical_type
-            ),
-        ),
-        Some(f) if f.version != entry.format_version => (
-            Some("format_version"),
-            format!(
-                "format version {}, the daemon's {} packer is at version {}",
-                entry.format_version, f.id, f.version
-            ),
-        ),
-        Some(_) => (None, "usable on this host".to_string()),
+
+    fn type_key(&self) -> Result<PhysicalTypeKey, MissReason> {
+        hex::decode(&self.entry.type_key)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .map(PhysicalTypeKey)
+            .ok_or_else(|| listed_without("a physical type key"))
+    }
+
+    fn physical_type(&self) -> Result<StructTypeProto, MissReason> {
+        self.entry
+            .struct_type
+            .as_ref()
+            .and_then(|t| t.decode().ok())
+            .ok_or_else(|| listed_without("a readable physical type"))
+    }
+
+    fn dims(&self) -> &[u64] {
+        &self.entry.dims
+    }
+
+    fn source_shape(&self) -> Option<&SourceShape> {
+        self.source
+    }
+}
+
+fn listed_without(what: &str) -> MissReason {
+    MissReason::Invalid {
+        rule: "listed entry",
+        message: format!("the daemon listed the entry without {what}"),
+    }
+}
+
+/// The key component a miss reason is about (its code for the others).
+fn component(m: &MissReason) -> &'static str {
+    match m {
+        MissReason::StaleDigest => "digest",
+        MissReason::IncompatibleDevice(_) => "device",
+        MissReason::UnknownPhysicalType { .. } => "physical_type",
+        MissReason::UnsupportedFormatVersion { .. } => "format_version",
+        other => other.code(),
+    }
+}
+
+/// Whether `entry` is usable on `host` for a source of shape `source`, as
+/// the one hit rule ([`hit::judge`]) decides it; else the first component
+/// that does not fit, in the loading rules' order.
+fn classify(entry: api::Entry, host: &Host, source: Option<&SourceShape>) -> Candidate {
+    let (differs, detail) = match hit::judge(
+        &Listed {
+            entry: &entry,
+            source,
+        },
+        host,
+    ) {
+        Ok(_) => (None, "usable on this host".to_string()),
+        Err(m) => (Some(component(&m)), m.to_string()),
     };
     Candidate {
         entry,
@@ -291,4 +336,73 @@ fn candidate_json(c: &Candidate) -> Value {
         "differs": c.differs,
         "detail": c.detail,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ctcache::dtype::DataType;
+    use ctcache_kernels::{registry, Params};
+
+    /// An entry as the daemon lists a `gemm.pack_b.f32` pack of a FLOAT
+    /// 64x32 weight, and that source's shape.
+    fn listed_pack() -> (api::Entry, SourceShape) {
+        let source = SourceShape {
+            data_type: DataType::FLOAT,
+            dims: vec![64, 32],
+        };
+        let packer = ctcache_kernels::find("gemm.pack_b.f32").unwrap();
+        let params = Params::new();
+        let out = packer
+            .output(source.data_type, &source.dims, &params)
+            .unwrap();
+        let layout = registry::expected(packer, &params, &source).unwrap();
+        let entry = api::Entry {
+            physical_type: layout.type_name.clone(),
+            format_version: layout.format_version,
+            type_key: layout.key.hex(),
+            struct_type: Some((&out.struct_type).into()),
+            dims: layout.dims.clone(),
+            device: Some(packer.device(&params).unwrap()),
+            ..Default::default()
+        };
+        (entry, source)
+    }
+
+    fn host() -> Host {
+        Host::new(
+            ctcache_kernels::compile::host_devices(),
+            None,
+            Accept::Known(registry::known_types()),
+        )
+    }
+
+    #[test]
+    fn a_real_pack_is_usable() {
+        let (entry, source) = listed_pack();
+        let c = classify(entry, &host(), Some(&source));
+        assert_eq!(c.differs, None, "{}", c.detail);
+    }
+
+    /// The name and format version of a real layout over other dims: the
+    /// former rule (device, then a type-name prefix and the version) called
+    /// it usable; the hit rule does not.
+    #[test]
+    fn a_lookalike_of_a_known_type_name_is_not_usable() {
+        let (mut entry, source) = listed_pack();
+        entry.dims = entry.dims.iter().map(|d| d * 2).collect();
+        let c = classify(entry, &host(), Some(&source));
+        assert_eq!(c.differs, Some("physical_type"), "{}", c.detail);
+        assert!(c.detail.contains("dims"), "{}", c.detail);
+    }
+
+    #[test]
+    fn another_devices_pack_differs_in_the_device() {
+        let (mut entry, source) = listed_pack();
+        let mut device = entry.device.clone().unwrap();
+        device.r#type = "cuda".into();
+        entry.device = Some(device);
+        let c = classify(entry, &host(), Some(&source));
+        assert_eq!(c.differs, Some("device"), "{}", c.detail);
+    }
 }
