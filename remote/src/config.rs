@@ -97,8 +97,14 @@ impl RemoteConfig {
     /// error names the key.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         parse_url(&self.url).map_err(|m| ("url", m))?;
-        if self.timeout_ms == 0 {
-            return Err(("timeout_ms", "must be above 0".into()));
+        for (key, v) in [
+            ("timeout_ms", self.timeout_ms),
+            ("upload_queue", self.upload_queue as u64),
+            ("max_object_bytes", self.max_object_bytes),
+        ] {
+            if v == 0 {
+                return Err((key, "must be at least 1".into()));
+            }
         }
         if !(0.0..=1.0).contains(&self.audit_rate) {
             let m = format!("{} is not between 0 and 1", self.audit_rate);

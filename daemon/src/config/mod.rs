@@ -515,6 +515,8 @@ impl Config {
         }
         self.validate_tls()?;
         for (key, v) in [
+            ("memory_budget", self.memory_budget),
+            ("max_message_bytes", self.max_message_bytes as u64),
             ("max_payload_bytes", self.max_payload_bytes),
             ("max_tensor_bytes", self.max_tensor_bytes),
             ("max_model_bytes", self.max_model_bytes),
@@ -525,6 +527,7 @@ impl Config {
                 "max_queued_jobs_per_uid",
                 self.max_queued_jobs_per_uid as u64,
             ),
+            ("max_watches_per_uid", self.max_watches_per_uid as u64),
             ("max_event_subscribers", self.max_event_subscribers as u64),
             ("max_memo_entries", self.max_memo_entries as u64),
             ("max_memo_bytes", self.max_memo_bytes),

@@ -116,11 +116,31 @@ fn bounds_have_safe_defaults_and_refuse_zero() {
     assert_eq!(c.max_lease_ttl_secs, 3600);
     assert!(c.payload_limit() <= c.memory_budget);
     c.validate().unwrap();
-    let e = Config::from_toml("max_leases_per_uid = 0")
-        .unwrap()
-        .validate()
-        .unwrap_err();
-    assert!(e.to_string().contains("max_leases_per_uid"), "{e}");
+    // Every bound and budget in the file: 0 is refused, naming the key.
+    let defaults = toml::to_string(&c).unwrap();
+    let bounds: Vec<&str> = defaults
+        .lines()
+        .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))
+        .filter(|k| k.starts_with("max_") || k.ends_with("_budget"))
+        .collect();
+    assert!(bounds.len() >= 17, "{bounds:?}");
+    for key in bounds {
+        let e = Config::from_toml(&format!("{key} = 0"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains(key), "{key}: {e}");
+    }
+    for key in ["timeout_ms", "upload_queue", "max_object_bytes"] {
+        let e = Config::from_toml(&format!("[remote]\nurl = \"s3://models\"\n{key} = 0"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("remote.{key}")),
+            "{key}: {e}"
+        );
+    }
 }
 
 #[test]
