@@ -113,8 +113,9 @@ impl Caller {
                 let what = u.name();
                 tracing::info!(caller = %self.describe(), "refused {what} over TCP");
                 Err(crate::error::Error::denied(format!(
-                    "{} may not call {what}: TCP callers without a verified client certificate may only read (Lookup, BatchLookup, ResolveModel, ReadPayload, Status, Health, ListFormats, GetHostDevices, List, Stats, ListWatches)",
-                    self.describe()
+                    "{} may not call {what}: TCP callers without a verified client certificate may only read ({})",
+                    self.describe(),
+                    UseCase::read_only_names().join(", ")
                 )))
             }
         }

@@ -128,6 +128,16 @@ impl UseCase {
         }
     }
 
+    /// The names of the use cases that only read, in [`UseCase::ALL`]'s
+    /// order: the one list error texts and docs state.
+    pub fn read_only_names() -> Vec<&'static str> {
+        UseCase::ALL
+            .into_iter()
+            .filter(|u| u.reads_only())
+            .map(UseCase::name)
+            .collect()
+    }
+
     /// Reads the cache or the daemon's state and changes nothing a caller
     /// could notice (ResolveModel packs only what its caller may already
     /// have packed through a watched folder; see docs/OPERATIONS.md).
@@ -188,4 +198,47 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::internal(format!("worker failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UseCase;
+
+    /// OPERATIONS.md's row for plain TCP callers names exactly the use cases
+    /// that only read (health is `Health`).
+    #[test]
+    fn the_read_only_set_is_the_one_operations_states() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/OPERATIONS.md"),
+        )
+        .unwrap();
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with("| TCP without one"))
+            .expect("OPERATIONS.md has the plain TCP row");
+        let reads = row
+            .split_once("Reads only:")
+            .and_then(|(_, r)| r.split_once("Every other method"))
+            .expect("the row lists the reads before 'Every other method'")
+            .0;
+        let mut stated: Vec<String> = reads
+            .split(", ")
+            .map(|n| {
+                let n = n.split_whitespace().next().unwrap_or("");
+                let n = n.trim_matches(|c: char| c == '`' || c == '.' || c == ',');
+                if n == "health" {
+                    "Health".to_string()
+                } else {
+                    n.to_string()
+                }
+            })
+            .collect();
+        let mut want: Vec<String> = UseCase::read_only_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        stated.sort();
+        want.sort();
+        assert_eq!(stated, want, "{row}");
+    }
 }
