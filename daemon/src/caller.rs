@@ -32,6 +32,21 @@ pub(crate) struct Caller {
     pub trusted: bool,
 }
 
+/// The one rule of who is trusted and exempt from the per-uid bounds
+/// (queued jobs, watches, leases and their lifetime, connection and
+/// event-follower shares): root, the daemon's own user and the
+/// `trusted_uids`. The bounds keep one user from starving the others; the
+/// admin's own tools and the services it trusts are not held back.
+pub(crate) fn is_trusted_uid(uid: u32, trusted_uids: &[u32]) -> bool {
+    uid == 0 || uid == own_uid() || trusted_uids.contains(&uid)
+}
+
+/// The uid whose per-uid bounds apply: none for a trusted one
+/// ([`is_trusted_uid`]).
+pub(crate) fn bounded_uid(uid: u32, trusted_uids: &[u32]) -> Option<u32> {
+    (!is_trusted_uid(uid, trusted_uids)).then_some(uid)
+}
+
 /// The daemon's effective uid.
 pub(crate) fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
@@ -49,7 +64,7 @@ impl Caller {
     ) -> Caller {
         let trusted = identity
             .as_ref()
-            .is_some_and(|i| i.uid == 0 || i.uid == own_uid() || trusted_uids.contains(&i.uid))
+            .is_some_and(|i| is_trusted_uid(i.uid, trusted_uids))
             || transport
                 == (Transport::Tcp {
                     verified_client: true,
@@ -71,14 +86,10 @@ impl Caller {
         matches!(self.uid(), Some(0)) || self.uid() == Some(own_uid())
     }
 
-    /// The uid whose bounds (queued jobs, watches) apply to this caller:
-    /// none for root and the daemon's own user.
-    pub fn queue_owner(&self) -> Option<u32> {
-        if self.is_self_or_root() {
-            None
-        } else {
-            self.uid()
-        }
+    /// The uid whose per-uid bounds apply to this caller: none for a
+    /// trusted one ([`is_trusted_uid`]; a TCP caller has no uid).
+    pub fn bounded_uid(&self) -> Option<u32> {
+        self.uid().filter(|_| !self.trusted)
     }
 
     /// Fails unless the caller is trusted with `what` (logged either way).

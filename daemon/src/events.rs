@@ -71,7 +71,7 @@ impl Events {
             tx: broadcast::channel(BACKLOG).0,
             followers: Arc::new(Semaphore::new(max_followers)),
             max_followers,
-            shares: Shares::new((max_followers / 4).max(1), &[]),
+            shares: Shares::new((max_followers / 4).max(1)),
         }
     }
 
@@ -91,13 +91,13 @@ impl Events {
         let _ = self.tx.send(event);
     }
 
-    /// Follows the feed for `uid` (`None`: root, the daemon's own user or a
-    /// trusted TCP peer, without a share); RESOURCE_EXHAUSTED when every
+    /// Follows the feed for `uid` (`None`: a trusted caller, see
+    /// `caller::is_trusted_uid`, without a share); RESOURCE_EXHAUSTED when every
     /// place is taken, or the uid holds its share.
     pub fn subscribe(&self, uid: Option<u32>) -> Result<Subscription> {
         let share = match uid {
             None => None,
-            Some(uid) => Some(self.shares.take(uid).flatten().ok_or_else(|| {
+            Some(uid) => Some(self.shares.take(Some(uid)).flatten().ok_or_else(|| {
                 Error::exhausted(format!(
                     "uid {uid} follows events as often as one uid may (a quarter of \
                      max_event_subscribers)"

@@ -269,9 +269,16 @@ impl Watcher {
 
     /// Adds the folder `opened`, found at its real path `dir`; returns
     /// `dir`, or `None` when it was watched already. RESOURCE_EXHAUSTED when
-    /// a uid owner has `max_watches_per_uid` folders already. A user's
-    /// folder is watched through `opened`, kept open while it is watched.
-    pub fn add(&self, dir: &Path, opened: File, owner: Owner) -> Result<Option<PathBuf>> {
+    /// a `bounded` uid owner has `max_watches_per_uid` folders already. A
+    /// user's folder is watched through `opened`, kept open while it is
+    /// watched.
+    pub fn add(
+        &self,
+        dir: &Path,
+        opened: File,
+        owner: Owner,
+        bounded: bool,
+    ) -> Result<Option<PathBuf>> {
         let dir = dir.to_path_buf();
         // Held until the folder is watched or taken back, so that a
         // concurrent add of the same folder is told "watched already" only
@@ -286,7 +293,7 @@ impl Watcher {
         if matches!(owner, Owner::User(_)) && admin_holds(&dirs, &dir) {
             return Ok(None);
         }
-        if let Owner::User(who) = &owner {
+        if let (Owner::User(who), true) = (&owner, bounded) {
             let uid = who.uid;
             let held = dirs
                 .values()
@@ -363,7 +370,12 @@ mod tests {
             let answers: Vec<Result<Option<PathBuf>>> = std::thread::scope(|s| {
                 let add = || {
                     both.wait();
-                    w.add(dir.path(), File::open(dir.path()).unwrap(), Owner::Admin)
+                    w.add(
+                        dir.path(),
+                        File::open(dir.path()).unwrap(),
+                        Owner::Admin,
+                        false,
+                    )
                 };
                 let a = s.spawn(add);
                 let b = s.spawn(add);
@@ -391,7 +403,7 @@ mod tests {
             groups: Vec::new(),
         });
         let inside = inside.canonicalize().unwrap();
-        let added = w.add(&inside, File::open(&inside).unwrap(), user);
+        let added = w.add(&inside, File::open(&inside).unwrap(), user, true);
         assert!(matches!(added, Ok(None)), "{added:?}");
         assert_eq!(w.dirs_with_uids(), vec![(admin.path().to_path_buf(), None)]);
         assert!(w.listing_path(&inside).is_some());
@@ -404,7 +416,12 @@ mod tests {
             groups: Vec::new(),
         });
         assert!(w
-            .add(outside.path(), File::open(outside.path()).unwrap(), user)
+            .add(
+                outside.path(),
+                File::open(outside.path()).unwrap(),
+                user,
+                true
+            )
             .is_err());
         assert!(w.listing_path(outside.path()).is_none());
     }
@@ -427,11 +444,16 @@ mod tests {
             groups: Vec::new(),
         });
         let model = inner.join("m.onnx");
-        w.add(&inner, File::open(&inner).unwrap(), user.clone())
+        w.add(&inner, File::open(&inner).unwrap(), user.clone(), true)
             .unwrap();
         assert_eq!(w.owner_of(&model), Some(user));
-        w.add(&top_path, File::open(&top_path).unwrap(), Owner::Admin)
-            .unwrap();
+        w.add(
+            &top_path,
+            File::open(&top_path).unwrap(),
+            Owner::Admin,
+            false,
+        )
+        .unwrap();
         assert_eq!(w.owner_of(&model), Some(Owner::Admin));
         w.stop();
     }

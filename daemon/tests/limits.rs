@@ -63,32 +63,73 @@ async fn a_peer_holding_every_connection_delays_others_until_it_lets_go() {
     status_on_new_connection(&d).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_over_a_uids_share_are_closed_and_the_share_comes_back() {
+/// Opens `n` silent connections to `socket`; returns those the daemon kept
+/// and how many it closed at once (read sees end of file), all judged
+/// within `HELD` together.
+async fn silent_connections(
+    socket: &std::path::Path,
+    n: usize,
+) -> (Vec<tokio::net::UnixStream>, usize) {
     use tokio::io::AsyncReadExt;
-    let d = InProc::start_with(|c| {
-        c.max_connections = 16;
-        c.max_connections_per_uid = 3;
-    });
-    // The hog (this test's uid) opens 8 silent connections: 3 are kept, the
-    // other 5 are closed by the daemon at once (read sees end of file).
-    let mut hog = Vec::new();
-    for _ in 0..8 {
-        hog.push(tokio::net::UnixStream::connect(&d.socket).await.unwrap());
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+        tasks.spawn(async move {
+            let mut b = [0u8; 64];
+            match timeout(HELD, s.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => None,
+                // Kept: the daemon's HTTP/2 preface, or silence.
+                Ok(Ok(_)) | Err(_) => Some(s),
+            }
+        });
     }
     let (mut kept, mut closed) = (Vec::new(), 0);
-    for mut s in hog {
-        let mut b = [0u8; 64];
-        match timeout(HELD, s.read(&mut b)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
-            // Kept: the daemon's HTTP/2 preface, or silence.
-            Ok(Ok(_)) | Err(_) => kept.push(s),
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Some(s) => kept.push(s),
+            None => closed += 1,
         }
     }
+    (kept, closed)
+}
+
+/// Per-uid connection shares bind uid 65534 and not root (a trusted uid,
+/// see `caller::is_trusted_uid`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_a_uids_share_are_closed_and_the_share_comes_back() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let d = daemon_for_nobody("max_connections = 32\nmax_connections_per_uid = 3\n");
+    // Root takes no places: all 8 of its connections are kept.
+    let (root_kept, root_closed) = silent_connections(&d.socket, 8).await;
+    assert_eq!(
+        (root_kept.len(), root_closed),
+        (8, 0),
+        "root is not counted"
+    );
+    let socket = d.socket.display().to_string();
+    run_as_nobody(
+        "connection_share_helper",
+        &[("CTCACHE_TEST_SOCKET", socket.as_str())],
+        "SHARE-BOUNDED",
+    );
+}
+
+/// Run as uid 65534 by the test above: its share is 3 connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_share_helper() {
+    let Ok(socket) = std::env::var("CTCACHE_TEST_SOCKET") else {
+        return;
+    };
+    let socket = std::path::PathBuf::from(socket);
+    // The hog opens 8 silent connections: 3 are kept, the other 5 are
+    // closed by the daemon at once.
+    let (mut kept, closed) = silent_connections(&socket, 8).await;
     assert_eq!((kept.len(), closed), (3, 5), "3 kept, 5 closed");
 
     // The uid's fourth connection, a real client, is refused too ...
-    let lazy = ctcache_client::lazy_channel_to(&d.socket);
+    let lazy = ctcache_client::lazy_channel_to(&socket);
     let refused = timeout(
         SERVED,
         CompiledTensorCacheClient::new(lazy).status(api::StatusRequest {}),
@@ -100,7 +141,12 @@ async fn connections_over_a_uids_share_are_closed_and_the_share_comes_back() {
     // ... and served once the hog gives a place back.
     drop(kept.pop());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    status_on_new_connection(&d).await;
+    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    timeout(SERVED, c.status(api::StatusRequest {}))
+        .await
+        .expect("served within its share")
+        .expect("Status");
+    println!("SHARE-BOUNDED");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,7 +62,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             &d2,
             &m,
             &sel.wanted,
-            (c2.queue_owner(), Priority::Client),
+            (c2.bounded_uid(), Priority::Client),
             BackendRequest::Auto,
         )?;
         Ok((m, jobs, out))

@@ -201,7 +201,7 @@ pub(crate) async fn materialize(
     let jobs = {
         let (d, m) = (d.clone(), m.clone());
         let ws: Vec<Wanted> = wanted.iter().map(|(_, w)| w.clone()).collect();
-        let who = (caller.queue_owner(), Priority::Client);
+        let who = (caller.bounded_uid(), Priority::Client);
         blocking(move || pack::submit_all(&d, &m, &ws, who, BackendRequest::Auto)).await?
     };
     let (entries, packed) = pack::finish(jobs).await?;

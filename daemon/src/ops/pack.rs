@@ -59,7 +59,7 @@ pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> R
         d,
         &m,
         &sel.wanted,
-        (caller.queue_owner(), Priority::Client),
+        (caller.bounded_uid(), Priority::Client),
         r.backend,
     )
 }

@@ -83,7 +83,8 @@ fn authority(caller: &Caller) -> LeaseAuthority {
 }
 
 /// Leases an entry for the caller for `ttl_ms` (clamped to 1 ms ..
-/// `max_lease_ttl_secs`); RESOURCE_EXHAUSTED past `max_leases_per_uid`.
+/// `max_lease_ttl_secs`); RESOURCE_EXHAUSTED past `max_leases_per_uid`
+/// (for a bounded caller, see `caller::is_trusted_uid`).
 /// The caller maps the payload file itself, so it is served here: its bytes
 /// are hashed the first time (see
 /// [`Store::open_payload`](ctcache::store::Store::open_payload)); a damaged
@@ -102,9 +103,13 @@ pub(crate) fn acquire(
         .ok_or_else(|| Error::not_found("no such entry"))?;
     serve::open(d, caller, &entry)?;
     let ttl = ttl(d, ttl_ms);
+    let max_live = match caller.bounded_uid() {
+        Some(_) => d.config.max_leases_per_uid,
+        None => usize::MAX,
+    };
     let id = d
         .store
-        .acquire_lease_for(key, ttl, caller.uid(), d.config.max_leases_per_uid)?;
+        .acquire_lease_for(key, ttl, caller.uid(), max_live)?;
     Ok(Granted {
         id,
         expires_unix_ms: now_ms() + ttl.as_millis() as i64,

@@ -180,7 +180,7 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
         d,
         &m,
         &missing,
-        (caller.queue_owner(), priority),
+        (caller.bounded_uid(), priority),
         BackendRequest::Auto,
     )?;
     res.jobs_started = jobs.len() as u64;

@@ -280,8 +280,8 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
     let (reader, queue_owner) = match owner {
         Owner::Admin => (Reader::Daemon, None),
         Owner::User(who) => {
-            let uid = who.uid;
-            (Reader::As(who), Some(uid))
+            let bounded = crate::caller::bounded_uid(who.uid, &d.config.trusted_uids);
+            (Reader::As(who), bounded)
         }
     };
     // A user's model is opened in the folder that was judged, through its

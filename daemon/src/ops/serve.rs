@@ -196,6 +196,6 @@ fn submit_from(
         format: layout.packer.clone(),
         params,
     }];
-    let who = (caller.queue_owner(), Priority::Background);
+    let who = (caller.bounded_uid(), Priority::Background);
     pack::submit_all(d, &m, &wanted, who, BackendRequest::Auto)
 }

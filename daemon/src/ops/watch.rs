@@ -56,7 +56,8 @@ pub(crate) fn add(d: &Daemon, caller: &Caller, dir: &Path) -> Result<Vec<PathBuf
     } else {
         Owner::User(who.clone())
     };
-    if let Some(dir) = d.watcher.add(&real, opened, owner)? {
+    let bounded = caller.bounded_uid().is_some();
+    if let Some(dir) = d.watcher.add(&real, opened, owner, bounded)? {
         d.events.emit(
             EventKind::Watcher,
             None,

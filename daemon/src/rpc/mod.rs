@@ -101,10 +101,11 @@ pub(crate) async fn serve(
     );
     // A connection whose peer cannot be read is dropped, not served; so is
     // one over its uid's share (closed at once, so the hog sees it).
-    let shares = crate::shares::Shares::new(cfg.max_connections_per_uid, &cfg.trusted_uids);
+    let shares = crate::shares::Shares::new(cfg.max_connections_per_uid);
+    let trusted_uids = cfg.trusted_uids.clone();
     let unix_incoming = accept::incoming(
         move || {
-            let (l, shares) = (unix.clone(), shares.clone());
+            let (l, shares, trusted_uids) = (unix.clone(), shares.clone(), trusted_uids.clone());
             async move {
                 loop {
                     let (s, _) = l.accept().await?;
@@ -112,7 +113,7 @@ pub(crate) async fn serve(
                         tracing::warn!(error = %e, "cannot read a connection's peer credentials");
                     })?;
                     let uid = peer.identity.uid;
-                    match shares.take(uid) {
+                    match shares.take(crate::caller::bounded_uid(uid, &trusted_uids)) {
                         Some(share) => return Ok((s, peer, share)),
                         None => {
                             metrics::counter!("ctcache_connections_refused_total").increment(1);

@@ -368,7 +368,7 @@ impl CompiledTensorCache for Service {
 
     async fn events(&self, req: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
         let caller = self.caller(&req);
-        let sub = self.daemon.events.subscribe(caller.queue_owner())?;
+        let sub = self.daemon.events.subscribe(caller.bounded_uid())?;
         let view = View::of(&caller);
         let mut stop = self.shutdown.clone();
         let d = self.daemon.clone();
