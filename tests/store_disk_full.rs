@@ -6,10 +6,10 @@
 mod store_util;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use ctcache::store::{Store, StoreError, StoreOptions, WriteFault};
+use ctcache_testkit::{fill, Tmpfs};
 use store_util::*;
 
 fn assert_full_and_intact(s: &Store, dir: &Path, before_entries: usize, err: StoreError) {
@@ -57,34 +57,12 @@ fn injected_enospc_fails_cleanly() {
     s.put(&entry(3), payload(3, 1000).as_slice()).unwrap();
 }
 
-struct Mount(std::path::PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn real_enospc_on_a_small_tmpfs() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: not root, cannot mount a tmpfs");
+    let Some(fs) = Tmpfs::mount("4m") else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-        .arg(d.path())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("skipped: mounting a tmpfs failed here");
-        return;
-    }
-    let _m = Mount(d.path().to_path_buf());
-    let dir = d.path().join("cache");
+    };
+    let dir = fs.path().join("cache");
     let s = Store::open(
         &dir,
         StoreOptions {
@@ -106,50 +84,16 @@ fn real_enospc_on_a_small_tmpfs() {
     assert_eq!(assert_consistent(&s).len(), 2);
 }
 
-/// Mounts a tmpfs of `size` at a temp dir; `None` when not root or mount
-/// fails (the caller skips).
-fn small_tmpfs(size: &str) -> Option<(tempfile::TempDir, Mount)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: not root, cannot mount a tmpfs");
-        return None;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-        .arg(d.path())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: mounting a tmpfs failed here");
-        return None;
-    }
-    let m = Mount(d.path().to_path_buf());
-    Some((d, m))
-}
-
-/// Fills the file system of `dir` to the last byte; returns the ballast.
-fn fill(dir: &Path) -> std::path::PathBuf {
-    use std::io::Write;
-    let ballast = dir.join("ballast");
-    let mut f = std::fs::File::create(&ballast).unwrap();
-    let chunk = vec![1u8; 64 << 10];
-    while f.write_all(&chunk).is_ok() {}
-    let small = [1u8; 512];
-    while f.write_all(&small).is_ok() {}
-    ballast
-}
-
 #[test]
 fn the_index_works_again_once_space_is_back() {
-    let Some((d, _m)) = small_tmpfs("16m") else {
+    let Some(fs) = Tmpfs::mount("16m") else {
         return;
     };
-    let dir = d.path().join("cache");
+    let dir = fs.path().join("cache");
     let s = Store::open(&dir, StoreOptions::default()).unwrap();
     let e = s.put(&entry(1), payload(1, 1000).as_slice()).unwrap().entry;
     s.flush().unwrap();
-    let ballast = fill(d.path());
+    let ballast = fs.fill();
     // Index writes on a full file system: a no-space error, never another.
     let mut full = None;
     for _ in 0..200 {
@@ -189,10 +133,10 @@ fn the_index_works_again_once_space_is_back() {
 /// a store that flushes and commits from two threads.
 #[test]
 fn flushes_on_a_full_disk_return_while_others_commit() {
-    let Some((d, _m)) = small_tmpfs("16m") else {
+    let Some(fs) = Tmpfs::mount("16m") else {
         return;
     };
-    let root = d.path().to_path_buf();
+    let root = fs.path().to_path_buf();
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for round in 0..10 {

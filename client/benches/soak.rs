@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ctcache_client::{api, Client, Error, OpenOptions, ResolveOptions};
 use ctcache_testkit::{
-    digest_of_file, locate_bin, unit_f32, write_model, xorshift, Daemon, Figure, MatMul, On,
+    digest_of_file, locate_bin, unit_f32, write_model, xorshift, Daemon, Figure, MatMul, On, Tmpfs,
 };
 use tonic::Code;
 
@@ -221,39 +221,15 @@ impl Shared {
     }
 }
 
-/// A tmpfs mounted at a folder for the run, unmounted on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path) -> Result<Tmpfs> {
-        std::fs::create_dir_all(at)?;
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_MIB}m"), "tmpfs"])
-            .arg(at)
-            .status()?
-            .success();
-        if !ok {
-            bail!("mount -t tmpfs at {} failed", at.display());
-        }
-        Ok(Tmpfs(at.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 fn run(a: Args) -> Result<bool> {
     let bin = locate_bin("ctcached", "debug")?;
     let root = tempfile::Builder::new().prefix("ctcache-soak").tempdir()?;
     // As root the cache gets a small file system of its own to fill.
     let tmpfs = if unsafe { libc::geteuid() } == 0 {
-        Some(Tmpfs::mount(&root.path().join("fs"))?)
+        Some(Tmpfs::mount_at(
+            &root.path().join("fs"),
+            &format!("{TMPFS_MIB}m"),
+        )?)
     } else {
         None
     };

@@ -12,7 +12,8 @@
 //!   ([`write_model`]), and the D3 digests of their initializers;
 //! - [`rot_payload`] / [`payload_intact`]: disk rot in a store's payload
 //!   files, and the check that a file is whole;
-//! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`.
+//! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`;
+//! - [`Tmpfs`]: a small file system of a test's own to fill (as root).
 
 mod bins;
 mod daemon;
@@ -22,6 +23,7 @@ mod in_process;
 mod model;
 mod payload;
 mod poll;
+mod tmpfs;
 
 pub use bins::locate_bin;
 pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
@@ -34,3 +36,4 @@ pub use model::{
 };
 pub use payload::{payload_intact, rot_payload};
 pub use poll::{eventually, eventually_async};
+pub use tmpfs::{fill, Tmpfs};
