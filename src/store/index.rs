@@ -142,4 +142,9 @@ pub trait Index: Send + Sync {
 
     /// Undoes [`Index::take_reopened`] (the sync it asked for failed).
     fn still_reopened(&self) {}
+
+    /// Opens a failed index again now when that is due, so that the store
+    /// brings it and the records to agree before an operation reads it,
+    /// not in the middle of one; a failed attempt leaves it as it was.
+    fn reopen_if_due(&self) {}
 }

@@ -313,6 +313,7 @@ impl Store {
         owner: Option<u32>,
         max_live: Option<usize>,
     ) -> StoreResult<LeaseId> {
+        self.resync_if_reopened()?;
         let mut gate = self.lease_gate()?;
         if let Some(max) = max_live {
             if gate.owned_by(owner) >= max {
@@ -329,7 +330,7 @@ impl Store {
             owner,
             acquired_ms: now,
         };
-        let ok = self.index.commit(
+        let ok = self.commit(
             &[Precondition::new(Tree::Entries, &kb, Expect::Present)],
             &[Op::Put(
                 Tree::Leases,

@@ -191,6 +191,7 @@ impl Store {
         host: &HostFilter,
         mut missed: impl FnMut(&MissReason),
     ) -> StoreResult<Vec<Hit>> {
+        self.resync_if_reopened()?;
         let prefix = source_prefix(source);
         let entries = match self.cache.get(&prefix) {
             Ok(cached) => cached,
@@ -254,6 +255,7 @@ impl Store {
 
     /// One entry, with its access statistics up to date.
     pub fn stat(&self, key: &EntryKey) -> StoreResult<Option<Entry>> {
+        self.resync_if_reopened()?;
         let kb = key.to_bytes();
         let Some(v) = self.index.get(Tree::Entries, &kb)? else {
             return Ok(None);
@@ -265,6 +267,7 @@ impl Store {
     /// The entries matching `filter`, in key order. With a source digest
     /// this reads one index prefix; otherwise it walks the index.
     pub fn list(&self, filter: &Filter) -> StoreResult<Vec<Entry>> {
+        self.resync_if_reopened()?;
         let prefix: Vec<u8> = filter
             .source
             .map(|s| source_prefix(&s).to_vec())

@@ -635,7 +635,13 @@ impl Store {
     /// Commits through the index and invalidates the lookup cache of every
     /// source whose entries or key list the commit changed.
     pub(crate) fn commit(&self, when: &[Precondition], ops: &[Op]) -> StoreResult<bool> {
-        let applied = self.index.commit(when, ops)?;
+        let mut applied = self.index.commit(when, ops)?;
+        // Opened again by this very commit: the preconditions were judged
+        // on an index that may lack acknowledged entries. Agree, then retry.
+        if !applied && !when.is_empty() && self.index.take_reopened() {
+            self.sync_records()?;
+            applied = self.index.commit(when, ops)?;
+        }
         if applied {
             for op in ops {
                 match op {
@@ -688,6 +694,7 @@ impl Store {
     /// every entry using it is dropped, and the answer is
     /// [`StoreError::PayloadCorrupt`] naming them, never the bytes.
     pub fn open_payload(&self, key: &EntryKey) -> StoreResult<Payload> {
+        self.resync_if_reopened()?;
         let kb = key.to_bytes();
         let v = self
             .index

@@ -70,8 +70,10 @@ impl Store {
 
     /// After the index was opened again following a failed write (a full
     /// disk), its unwritten commits lost: brings it and the record files to
-    /// agree before the next change.
+    /// agree before the next change or read (so an acknowledged entry is
+    /// never reported missing).
     pub(crate) fn resync_if_reopened(&self) -> StoreResult<()> {
+        self.index.reopen_if_due();
         if self.index.take_reopened() {
             if let Err(e) = self.sync_records() {
                 self.index.still_reopened();

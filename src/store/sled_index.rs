@@ -428,11 +428,19 @@ impl Index for SledIndex {
     }
 
     fn take_reopened(&self) -> bool {
-        self.reopened.swap(false, Ordering::SeqCst)
+        // A load first: the lookup path asks on every call.
+        self.reopened.load(Ordering::Acquire) && self.reopened.swap(false, Ordering::AcqRel)
     }
 
     fn still_reopened(&self) {
         self.reopened.store(true, Ordering::SeqCst);
+    }
+
+    fn reopen_if_due(&self) {
+        if self.is_failed.load(Ordering::Acquire) {
+            // Still failing: the next write says why.
+            let _ = self.reopen();
+        }
     }
 
     fn disk_bytes(&self) -> u64 {
