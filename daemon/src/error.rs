@@ -128,12 +128,23 @@ fn caller_io_kind(e: &std::io::Error) -> ErrorKind {
 
 impl From<ctcache::Error> for Error {
     fn from(e: ctcache::Error) -> Self {
-        let kind = match &e {
+        let kind = match cause(&e) {
+            // Reading the caller's model or writing its output: a full disk
+            // is a bound, a refused file a permission matter.
             ctcache::Error::Io { source, .. } => caller_io_kind(source),
+            ctcache::Error::PayloadChanged { .. } => ErrorKind::DataLoss,
             // Everything else is about the bytes of the model the caller named.
             _ => ErrorKind::InvalidInput,
         };
         Error::new(kind, e.to_string())
+    }
+}
+
+/// What went wrong under the files an error names.
+fn cause(e: &ctcache::Error) -> &ctcache::Error {
+    match e {
+        ctcache::Error::InFile { problem, .. } => cause(problem),
+        other => other,
     }
 }
 

@@ -7,6 +7,8 @@ use std::time::Duration;
 use ctcache::store::Entry;
 use ctcache_kernels::Backend;
 
+use crate::error::ErrorKind;
+
 /// Identity of a pack job: same source content, format and parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct JobKey {
@@ -51,6 +53,8 @@ pub(crate) struct JobProgress {
     pub total: u32,
     pub entry: Option<Entry>,
     pub error: String,
+    /// Why a failed or cancelled job ended, as a caller's error would say.
+    pub failure: Option<ErrorKind>,
     pub backend: Option<Backend>,
     pub pack_duration: Duration,
 }

@@ -106,7 +106,7 @@ async fn link_planting_helper() {
         })
         .await
         .expect_err("root's file in a sticky folder is refused");
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("another user"), "{err:?}");
     println!("LINKS-REFUSED-OK");
 }

@@ -63,5 +63,6 @@ pub fn progress(p: &api::PrepackProgress) -> Value {
         "pack_duration_us": p.pack_duration_us,
         "backend": p.backend().name(),
         "error": (!p.error.is_empty()).then(|| p.error.clone()),
+        "code": (!p.code.is_empty()).then(|| p.code.clone()),
     })
 }

@@ -10,7 +10,7 @@ use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
 use super::model::{self, FormatRequest};
 use super::output::output_file;
 use super::pack::{self, BackendRequest};
-use super::{blocking, serve, Error, Result};
+use super::{blocking, serve, Result};
 use crate::caller::Caller;
 use crate::scheduler::Priority;
 use crate::state::Daemon;
@@ -96,8 +96,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             ..Default::default()
         };
         let mode = if r.replace { Mode::Replace } else { Mode::Add };
-        let report = rewrite::embed_into(&m.model, &news, &out, mode, &opts)
-            .map_err(|e| Error::invalid(e.to_string()))?;
+        let report = rewrite::embed_into(&m.model, &news, &out, mode, &opts)?;
         // The model and its sidecar went to the caller as they were made.
         Ok(Embedded {
             output_path: out.path(),

@@ -240,7 +240,7 @@ pub(crate) async fn materialize(
                             None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
                         }
                     }
-                    _ => Error::invalid(err.to_string()),
+                    _ => Error::from(err),
                 }
             })
         })();

@@ -24,6 +24,7 @@ fn progress(job: u64, w: &Wanted, state: &JobState<Packed>, done: u32, total: u3
         total,
         entry: None,
         error: String::new(),
+        failure: None,
         backend: None,
         pack_duration: Duration::ZERO,
     };
@@ -43,10 +44,12 @@ fn progress(job: u64, w: &Wanted, state: &JobState<Packed>, done: u32, total: u3
         JobState::Failed(e) => {
             p.phase = JobPhase::Failed;
             p.error = e.message.clone();
+            p.failure = Some(e.kind);
         }
         JobState::Cancelled => {
             p.phase = JobPhase::Cancelled;
             p.error = "cancelled".into();
+            p.failure = Some(crate::error::ErrorKind::Cancelled);
         }
     }
     p

@@ -125,6 +125,10 @@ pub(crate) fn progress(d: &Daemon, p: &JobProgress) -> api::PrepackProgress {
         total: p.total,
         entry: p.entry.clone().map(|e| entry(d, e)),
         error: p.error.clone(),
+        code: p
+            .failure
+            .map(|k| super::status::code_name(k).to_string())
+            .unwrap_or_default(),
         pack_duration_us: p.pack_duration.as_micros() as u64,
         state: state.into(),
         backend: backend(p.backend).into(),

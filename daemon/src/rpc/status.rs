@@ -6,7 +6,12 @@ use crate::error::{Error, ErrorKind};
 
 /// The gRPC status of a use case's error.
 pub(crate) fn status(e: Error) -> Status {
-    let code = match e.kind {
+    Status::new(code(e.kind), e.message)
+}
+
+/// The gRPC code of an error kind.
+pub(crate) fn code(kind: ErrorKind) -> Code {
+    match kind {
         ErrorKind::InvalidInput => Code::InvalidArgument,
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::OutOfRange => Code::OutOfRange,
@@ -17,8 +22,24 @@ pub(crate) fn status(e: Error) -> Status {
         ErrorKind::Cancelled => Code::Aborted,
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Internal => Code::Internal,
-    };
-    Status::new(code, e.message)
+    }
+}
+
+/// The canonical name of an error kind's gRPC code (`RESOURCE_EXHAUSTED`),
+/// for answers that carry a failure inside a message.
+pub(crate) fn code_name(kind: ErrorKind) -> &'static str {
+    match code(kind) {
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::NotFound => "NOT_FOUND",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Aborted => "ABORTED",
+        Code::Unavailable => "UNAVAILABLE",
+        _ => "INTERNAL",
+    }
 }
 
 impl From<Error> for Status {
