@@ -9,12 +9,18 @@ use ctcache_kernels::Backend;
 
 use crate::error::ErrorKind;
 
-/// Identity of a pack job: same source content, format and parameters.
+/// Identity of a pack job: same source content, format and parameters,
+/// read from the same file. Requests about different files of the same
+/// content pack apart, so that one caller changing its copy fails its own
+/// job only, never a job another caller joined.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct JobKey {
     pub source: [u8; 32],
     pub format: String,
     pub params: String,
+    /// (device, inode) of the file holding the tensor's bytes (`None` for a
+    /// model in memory).
+    pub file: Option<(u64, u64)>,
 }
 
 /// A finished pack job.

@@ -16,6 +16,7 @@ mod caller;
 mod error;
 mod events;
 mod fleet;
+mod hash_budget;
 mod jobs;
 mod memo;
 mod metrics;

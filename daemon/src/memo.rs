@@ -226,6 +226,35 @@ impl Memo {
         }
     }
 
+    /// The digests of `tensors` the memo holds for the model at
+    /// `model_path`, when its files are unchanged since they were taken.
+    pub fn remembered(
+        &self,
+        model_path: &Path,
+        model: &Model,
+        tensors: &[TensorRef],
+    ) -> Option<HashMap<String, SourceDigest>> {
+        let files = identity(model, tensors)?;
+        let r = self.record(model_path)?;
+        if r.files != files || !tensors.iter().all(|t| r.digests.contains_key(&t.name)) {
+            return None;
+        }
+        tensors
+            .iter()
+            .map(|t| {
+                let mut bytes = [0u8; 32];
+                hex::decode_to_slice(&r.digests[&t.name], &mut bytes).ok()?;
+                Some((
+                    t.name.clone(),
+                    SourceDigest {
+                        algorithm: Algorithm::Blake3,
+                        bytes,
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// The blake3 digests of `tensors` of the model at `model_path`, from the
     /// memo when the files are unchanged, else computed (in parallel) and
     /// remembered. Returns (digests by name, whether they were computed).
@@ -235,30 +264,10 @@ impl Memo {
         model: &Model,
         tensors: &[TensorRef],
     ) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
-        let files = identity(model, tensors);
-        if let Some(r) = self.record(model_path) {
-            if Some(&r.files) == files.as_ref()
-                && tensors.iter().all(|t| r.digests.contains_key(&t.name))
-            {
-                let parsed: Option<HashMap<String, SourceDigest>> = tensors
-                    .iter()
-                    .map(|t| {
-                        let mut bytes = [0u8; 32];
-                        hex::decode_to_slice(&r.digests[&t.name], &mut bytes).ok()?;
-                        Some((
-                            t.name.clone(),
-                            SourceDigest {
-                                algorithm: Algorithm::Blake3,
-                                bytes,
-                            },
-                        ))
-                    })
-                    .collect();
-                if let Some(p) = parsed {
-                    return Ok((p, false));
-                }
-            }
+        if let Some(known) = self.remembered(model_path, model, tensors) {
+            return Ok((known, false));
         }
+        let files = identity(model, tensors);
         let computed = ctcache::digest::digest_all(model, tensors, Algorithm::Blake3);
         let mut out = HashMap::new();
         for (t, d) in tensors.iter().zip(computed) {

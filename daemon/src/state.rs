@@ -12,6 +12,7 @@ use ctcache::store::{HostFilter, Store};
 use crate::config::Config;
 use crate::events::Events;
 use crate::fleet::Fleet;
+use crate::hash_budget::HashBudget;
 use crate::jobs::{JobKey, Packed};
 use crate::memo::Memo;
 use crate::scheduler::Scheduler;
@@ -30,6 +31,8 @@ pub(crate) struct Daemon {
     pub events: Events,
     pub watcher: Watcher,
     pub memo: Memo,
+    /// Hashing each untrusted uid may make the daemon do.
+    pub hash_budget: HashBudget,
     pub started: Instant,
     /// The Unix socket's path, for `status`.
     pub socket: Option<PathBuf>,
@@ -70,6 +73,7 @@ impl Daemon {
         );
         let watcher = Watcher::new(&config.watch, config.max_watches_per_uid);
         let events = Events::new(config.max_event_subscribers);
+        let hash_budget = HashBudget::new(config.max_hashed_bytes_per_uid_per_hour);
         Daemon {
             config,
             store,
@@ -79,6 +83,7 @@ impl Daemon {
             events,
             watcher,
             memo,
+            hash_budget,
             started: Instant::now(),
             socket,
             fleet,

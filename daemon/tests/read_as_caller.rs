@@ -10,7 +10,7 @@ mod support;
 use std::io::{BufRead, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use ctcache_api::v1 as api;
 use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
@@ -199,14 +199,7 @@ fn a_peer_reads_only_what_it_may_read() {
     std::os::unix::fs::symlink(secret.path().join("none.bin"), out.join("to_nothing.bin")).unwrap();
 
     // The victim: another uid's process with its model in a memfd.
-    let mut victim = Command::new("setpriv")
-        .args([
-            format!("--reuid={VICTIM}"),
-            format!("--regid={VICTIM}"),
-            "--clear-groups".into(),
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "memfd_victim_helper", "--nocapture"])
+    let mut victim = helper_as(VICTIM, "memfd_victim_helper")
         .env("CT_TEST_VICTIM", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -214,14 +207,15 @@ fn a_peer_reads_only_what_it_may_read() {
         .unwrap();
     let mut said = String::new();
     let mut stdout = std::io::BufReader::new(victim.stdout.take().unwrap());
-    while !said.starts_with("VICTIM ") {
+    // libtest may start the line ("test memfd_victim_helper ... ").
+    while !said.contains("VICTIM ") {
         said.clear();
         assert!(
             stdout.read_line(&mut said).unwrap() > 0,
             "the victim said nothing"
         );
     }
-    let mut words = said.split_whitespace().skip(1);
+    let mut words = said.split("VICTIM ").nth(1).unwrap().split_whitespace();
     let (pid, fd) = (words.next().unwrap(), words.next().unwrap());
     let proc_targets = [
         format!("/proc/{pid}/fd/{fd}"),

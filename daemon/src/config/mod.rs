@@ -176,6 +176,9 @@ pub struct Config {
     /// Most data the daemon reads from one model for a request (all its
     /// initializers' declared data together), bytes.
     pub max_model_bytes: u64,
+    /// Declared initializer bytes one untrusted uid may make the daemon hash
+    /// in any hour (what the digest memo already knows is free).
+    pub max_hashed_bytes_per_uid_per_hour: u64,
     /// Live leases one uid may hold.
     pub max_leases_per_uid: usize,
     /// Longest lease, seconds (longer requests are cut to it).
@@ -255,6 +258,7 @@ impl Default for Config {
             max_payload_bytes: 2 << 30,
             max_tensor_bytes: 16 << 30,
             max_model_bytes: 1 << 40,
+            max_hashed_bytes_per_uid_per_hour: 256 << 30,
             max_leases_per_uid: 1024,
             max_lease_ttl_secs: 3600,
             max_lease_lifetime_secs: 86400,
@@ -520,6 +524,10 @@ impl Config {
             ("max_payload_bytes", self.max_payload_bytes),
             ("max_tensor_bytes", self.max_tensor_bytes),
             ("max_model_bytes", self.max_model_bytes),
+            (
+                "max_hashed_bytes_per_uid_per_hour",
+                self.max_hashed_bytes_per_uid_per_hour,
+            ),
             ("max_leases_per_uid", self.max_leases_per_uid as u64),
             ("max_lease_ttl_secs", self.max_lease_ttl_secs),
             ("max_lease_lifetime_secs", self.max_lease_lifetime_secs),

@@ -215,3 +215,50 @@ fn a_zero_gc_limit_is_refused_naming_the_key() {
     let none = Config::default().to_toml();
     assert!(!none.contains("gc_max"), "{none}");
 }
+
+/// Every key the daemon reads is shown in the example config with its
+/// default, and has a row in OPERATIONS' key table.
+#[test]
+fn every_key_is_in_the_example_config_and_the_key_table() {
+    let example = include_str!("../../../systemd/ctcached.toml");
+    let operations = include_str!("../../../docs/OPERATIONS.md");
+    let defaults = Config::default().to_toml();
+    let top = defaults.split("\n[").next().unwrap();
+    let mut keys: Vec<&str> = top
+        .lines()
+        .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))
+        .collect();
+    // The keys that are off or unset by default, which defaults leave out.
+    keys.extend([
+        "listen_tcp",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+        "metrics_addr",
+        "gc_max_bytes",
+        "gc_max_age_secs",
+    ]);
+    for key in keys {
+        assert!(
+            example
+                .lines()
+                .any(|l| l.starts_with(&format!("#{key} = "))),
+            "systemd/ctcached.toml does not show {key}"
+        );
+        assert!(
+            operations
+                .lines()
+                .any(|l| l.starts_with("| `") && l.contains(&format!("`{key}`"))),
+            "docs/OPERATIONS.md has no row for {key}"
+        );
+    }
+    // Paths default by the environment; every other default is shown as is.
+    for line in top.lines() {
+        if !line.starts_with("cache_dir ") && !line.starts_with("socket ") {
+            assert!(
+                example.contains(&format!("#{line}\n")),
+                "systemd/ctcached.toml shows another default than {line:?}"
+            );
+        }
+    }
+}

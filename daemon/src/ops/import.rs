@@ -40,7 +40,7 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
     let (canonical, model) = (&m.path, &*m.model);
     // The memo's digests when it can give them; a model with an unreadable
     // initializer still imports its other entries (digests computed here).
-    let digests = model::digests(d, canonical, model)
+    let digests = model::digests(d, None, canonical, model)
         .map(|(_, d)| d)
         .unwrap_or_default();
     let host = Host::any_device(d.host.accept().clone());

@@ -235,18 +235,28 @@ pub(crate) fn nothing_to_pack(
 
 /// The model's initializers and their blake3 digests, through the memo.
 /// A model with an initializer over `max_tensor_bytes`, or more data in all
-/// than `max_model_bytes`, is refused before any of its data is read.
+/// than `max_model_bytes`, is refused before any of its data is read; so is
+/// one whose hashing `payer` (an untrusted uid) has no budget left for.
 pub(crate) fn digests(
     d: &Daemon,
+    payer: Option<u32>,
     path: &Path,
     model: &Model,
 ) -> Result<(Vec<TensorRef>, HashMap<String, SourceDigest>)> {
     let tensors = model.initializers()?;
-    check_sizes(
+    let declared = check_sizes(
         &tensors,
         d.config.max_tensor_bytes,
         d.config.max_model_bytes,
     )?;
+    if let Some(known) = d.memo.remembered(path, model, &tensors) {
+        return Ok((tensors, known));
+    }
+    if let Some(uid) = payer {
+        d.hash_budget
+            .charge(uid, declared)
+            .map_err(|e| Error::exhausted(e.to_string()))?;
+    }
     let (digests, _) = d.memo.digests(path, model, &tensors)?;
     Ok((tensors, digests))
 }
@@ -254,8 +264,9 @@ pub(crate) fn digests(
 /// Refuses initializers whose declared data exceeds `max` bytes, and
 /// models whose initializers declare more than `max_model` together (a
 /// sparse external-data file can declare terabytes it never stored, and
-/// many initializers can name the same range).
-fn check_sizes(tensors: &[TensorRef], max: u64, max_model: u64) -> Result<()> {
+/// many initializers can name the same range). Returns the bytes they
+/// declare together.
+fn check_sizes(tensors: &[TensorRef], max: u64, max_model: u64) -> Result<u64> {
     let mut total = 0u64;
     for t in tensors {
         // Variable-width (string) data is bounded by the model file itself.
@@ -279,5 +290,5 @@ fn check_sizes(tensors: &[TensorRef], max: u64, max_model: u64) -> Result<()> {
             )));
         }
     }
-    Ok(())
+    Ok(total)
 }

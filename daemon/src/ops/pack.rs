@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ctcache::digest::SourceDigest;
-use ctcache::onnx::{Model, TensorRef};
+use ctcache::onnx::{Model, Storage, TensorRef};
 use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
 use ctcache_kernels::compile::{BackendChoice, Compiled};
 use ctcache_kernels::{Packer, Params};
@@ -106,7 +106,7 @@ pub(crate) fn submit_all(
     who: For,
     backend: BackendRequest,
 ) -> Result<Jobs> {
-    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    let (tensors, digests) = model::digests(d, who.0, &m.path, &m.model)?;
     let mut todo = Vec::with_capacity(wanted.len());
     for w in wanted {
         let Some(t) = tensors.iter().find(|t| t.name == w.initializer) else {
@@ -129,8 +129,13 @@ pub(crate) fn submit_all(
 /// counts as missing when the daemon keeps only its own): what a watched
 /// model submits, so that pairs already packed take no place in the
 /// owner's share of the queue.
-pub(crate) fn missing(d: &Arc<Daemon>, m: &OpenedModel, wanted: &[Wanted]) -> Result<Vec<Wanted>> {
-    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+pub(crate) fn missing(
+    d: &Arc<Daemon>,
+    owner: Option<u32>,
+    m: &OpenedModel,
+    wanted: &[Wanted],
+) -> Result<Vec<Wanted>> {
+    let (tensors, digests) = model::digests(d, owner, &m.path, &m.model)?;
     Ok(wanted
         .iter()
         .filter(|w| {
@@ -182,6 +187,16 @@ fn params_key(p: &Params) -> String {
         .join(",")
 }
 
+/// (device, inode) of the file `t`'s bytes are read from: its external-data
+/// file, else the model file.
+fn source_file(m: &OpenedModel, t: &TensorRef) -> Option<(u64, u64)> {
+    let stamp = match &t.storage {
+        Storage::External(loc) => m.model.external_stamp(loc).ok(),
+        _ => m.model.stamp(),
+    };
+    stamp.map(|s| (s.dev, s.ino))
+}
+
 /// Submits (or joins) the pack job of one wanted pair.
 #[allow(clippy::too_many_arguments)]
 fn submit(
@@ -205,6 +220,7 @@ fn submit(
         source: digest.bytes,
         format: w.format.clone(),
         params: params_key(&w.params),
+        file: source_file(m, t),
     };
     let bytes = t.raw_size().unwrap_or(0).saturating_mul(2);
     let gpu = d.scheduler.has_gpu_lane() && gpu_can_pack(w, t);

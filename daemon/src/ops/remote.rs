@@ -38,7 +38,7 @@ pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
     tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
     let m = model::open(d, model_path, caller)?;
     let sel = model::wanted(d, &m.model, &[], &[])?;
-    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let mut t = Transfer::default();
     for w in &sel.wanted {
         let (Some(tensor), Some(packer)) = (

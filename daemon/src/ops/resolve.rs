@@ -111,7 +111,7 @@ pub(crate) async fn resolve(
 fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(Resolution, Jobs)> {
     let m = model::open(d, &r.model_path, caller)?;
     let sel = model::wanted(d, &m.model, &r.formats, &[])?;
-    let (tensors, digests) = model::digests(d, &m.path, &m.model)?;
+    let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let filter = r.target.filter(d);
     let mut res = Resolution {
         model_path: m.path.clone(),

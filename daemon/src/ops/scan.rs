@@ -310,7 +310,7 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
     // places in its share of the queue); the admin's all, so that a job
     // checks each stored payload (and packs a damaged one again).
     let todo = match queue_owner {
-        Some(_) => pack::missing(d, &m, &sel.wanted)?,
+        Some(_) => pack::missing(d, queue_owner, &m, &sel.wanted)?,
         None => sel.wanted.clone(),
     };
     let stored = sel.wanted.len() - todo.len();

@@ -311,6 +311,20 @@ pub fn open_to_all(p: &Path) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// The test `helper` of this binary, to be run as `uid` (its own group, no
+/// others).
+pub fn helper_as(uid: u32, helper: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+    ])
+    .arg(std::env::current_exe().unwrap())
+    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
+    cmd
+}
+
 /// Runs the test `helper` of this binary as uid 65534 with `env`; returns
 /// its stdout after checking it printed `marker`.
 pub fn run_as_nobody<V: AsRef<std::ffi::OsStr>>(
@@ -318,14 +332,7 @@ pub fn run_as_nobody<V: AsRef<std::ffi::OsStr>>(
     env: &[(&str, V)],
     marker: &str,
 ) -> String {
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        format!("--reuid={NOBODY}"),
-        format!("--regid={NOBODY}"),
-        "--clear-groups".into(),
-    ])
-    .arg(std::env::current_exe().unwrap())
-    .args(["--exact", helper, "--nocapture", "--test-threads=1"]);
+    let mut cmd = helper_as(NOBODY, helper);
     for (k, v) in env {
         cmd.env(k, v);
     }
