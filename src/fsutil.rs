@@ -58,6 +58,12 @@ impl FileStamp {
     }
 }
 
+/// The size in bytes of the file system holding `path`.
+pub fn fs_size(path: &Path) -> std::io::Result<u64> {
+    let s = rustix::fs::statvfs(path)?;
+    Ok(s.f_blocks.saturating_mul(s.f_frsize))
+}
+
 /// fsyncs a folder so a rename inside it is durable.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()

@@ -26,6 +26,8 @@ mod poll;
 mod tmpfs;
 
 pub use bins::locate_bin;
+#[cfg(feature = "in-process")]
+pub use ctcached::config::Config as DaemonConfig;
 pub use daemon::{Daemon, DaemonBuilder, KillOnDrop};
 pub use figure::{Figure, On};
 #[cfg(feature = "in-process")]

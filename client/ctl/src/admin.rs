@@ -16,9 +16,10 @@ use ctcache_client::api;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Without --max-size, --max-age and --all the daemon's configured budget applies (gc_max_bytes, \
-gc_max_age_secs in ctcached.toml; `ctcachectl status` shows it); when none is set, only \
-leftovers (orphan and stale temp files) go, and gc says so. Leased entries always stay. \
+A limit left out is the daemon's configured one (gc_max_bytes, by default half the cache's \
+file system; gc_max_age_secs; `ctcachectl status` shows them). Offline (--cache-dir) only \
+the limits given apply; with none, only leftovers (orphan and stale temp files) go, and gc \
+says so. Leased entries always stay. \
 A gc that would remove every entry asks first on a terminal and needs --yes otherwise.")]
 pub struct GcArgs {
     /// Evict least recently used entries until the store takes at most SIZE

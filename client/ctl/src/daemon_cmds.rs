@@ -39,6 +39,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "active_leases": stats.active_leases,
             "watches": s.watches,
             "gc_max_bytes": s.gc_max_bytes,
+            "gc_max_bytes_default": s.gc_max_bytes_default,
             "gc_max_age_s": s.gc_max_age_s,
             "by_format": usage(&stats.by_format),
             "by_device": usage(&stats.by_device),
@@ -106,8 +107,12 @@ fn gc_budget(s: &api::StatusResponse) -> String {
             0 => String::new(),
             m => format!(" ({:.0}%)", s.bytes as f64 * 100.0 / m as f64),
         };
+        let default = match s.gc_max_bytes_default {
+            true => ", by default half the cache's file system",
+            false => "",
+        };
         parts.push(format!(
-            "store {} of {}{used}",
+            "store {} of {}{used}{default}",
             format::size(s.bytes),
             format::size(max)
         ));

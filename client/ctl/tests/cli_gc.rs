@@ -5,6 +5,8 @@
 
 mod harness;
 
+use ctcache::fsutil::fs_size;
+use ctcache_testkit::{write_model as write_model_bytes, xorshift, MatMul, Tmpfs};
 use harness::{ctl_raw, write_model, Daemon};
 use serde_json::Value;
 
@@ -85,19 +87,71 @@ fn status_shows_the_budget_and_gc_applies_it_listing_models_and_initializers() {
     d.stop();
 }
 
+/// Without `gc_max_bytes` the daemon's size budget is half the cache's file
+/// system: a gc that names no size (the daily timer's) takes a store that
+/// grew past it back under it (no peer's packs can fill the disk the cache
+/// shares), and `status` says the budget is the default.
 #[test]
-fn gc_without_any_budget_says_none_is_set() {
+fn without_gc_max_bytes_gc_holds_the_store_to_half_its_file_system() {
+    let mut fs = None;
+    let d = Daemon::in_process_with(|c| {
+        fs = Tmpfs::mount_at(&c.cache_dir, "48m").ok();
+    });
+    let Some(fs) = fs else {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return;
+    };
+    let half = fs_size(fs.path()).unwrap() / 2;
+    // Seven models of 4.6 MiB of packs each: 32 MiB, over the 24 MiB.
+    for seed in 0..7u32 {
+        let w = xorshift(seed + 1).map(|x| (x % 2000) as f32 / 1000.0 - 1.0);
+        let path = d.path(&format!("work/big{seed}.onnx"));
+        write_model_bytes(&path, &MatMul::new(1024, 1024, w).encode());
+        d.json(&["prepack", path.to_str().unwrap(), "--wait"]);
+    }
+    let s = d.json(&["status"]);
+    assert_eq!(s["gc_max_bytes"].as_u64(), Some(half), "{s}");
+    assert_eq!(s["gc_max_bytes_default"], true, "{s}");
+    assert!(s["bytes"].as_u64().unwrap() > half, "{s}");
+    let human = d.ctl(&["status"]).ok().stdout;
+    assert!(
+        human.contains("by default half the cache's file system"),
+        "{human}"
+    );
+
+    // The daily timer's default arguments name an age only: the size
+    // budget still applies.
+    let g = d.json(&["gc", "--max-age", "30d"]);
+    assert_eq!(g["max_bytes"].as_u64(), Some(half), "{g}");
+    assert!(!g["removed"].as_array().unwrap().is_empty(), "{g}");
+    assert!(g["bytes_after"].as_u64().unwrap() <= half, "{g}");
+    let s = d.json(&["status"]);
+    assert!(s["bytes"].as_u64().unwrap() <= half, "{s}");
+    drop(d);
+    drop(fs);
+}
+
+/// A budget configured is no longer the default.
+#[test]
+fn a_configured_gc_max_bytes_is_not_the_default() {
+    let d = Daemon::in_process_with_gc_budget(1 << 30, 0);
+    let s = d.json(&["status"]);
+    assert_eq!(s["gc_max_bytes"].as_u64(), Some(1 << 30), "{s}");
+    assert_eq!(s["gc_max_bytes_default"], false, "{s}");
+    d.stop();
+}
+
+/// Offline (`--cache-dir`), only the limits given apply: with none, gc
+/// collects only leftovers and says no budget is set.
+#[test]
+fn offline_gc_without_limits_says_none_is_set() {
     let d = Daemon::in_process();
     let model = write_model(&d.path("work/m.onnx"), 22);
     d.json(&["prepack", &model, "--wait"]);
-    let s = d.json(&["status"]);
-    assert!(
-        s["gc_max_bytes"].is_null() && s["gc_max_age_s"].is_null(),
-        "{s}"
-    );
-    let human = d.ctl(&["status"]).ok().stdout;
-    assert!(human.contains("gc budget  none set"), "{human}");
-    let o = d.ctl(&["gc"]).ok().stdout;
+    let dir = d.stop();
+    let cache = dir.path().join("cache");
+    let cache = cache.to_str().unwrap();
+    let o = ctl_raw(&["gc", "--cache-dir", cache]).ok().stdout;
     assert!(o.starts_with("no gc budget is set: "), "{o}");
     let last = o.lines().last().unwrap();
     let (before, after) = last
@@ -105,13 +159,11 @@ fn gc_without_any_budget_says_none_is_set() {
         .and_then(|r| r.split_once(" -> "))
         .unwrap_or_else(|| panic!("{o}"));
     assert_eq!(before, after, "{o}");
-    let g = d.json(&["gc"]);
+    let g = ctl_raw(&["--json", "gc", "--cache-dir", cache]).ok().json();
     assert!(
         g["max_bytes"].is_null() && g["removed"] == serde_json::json!([]),
         "{g}"
     );
-    assert_eq!(d.json(&["ls"])["entries"].as_array().unwrap().len(), 2);
-    d.stop();
 }
 
 /// 0 means one thing nowhere: `--max-size 0` and `--max-age 0` are refused

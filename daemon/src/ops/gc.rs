@@ -1,5 +1,5 @@
 //! The Gc and Verify use cases: collect entries over the size budget or
-//! unused for too long (the request's limits, else the configured budget),
+//! unused for too long (the request's limits, else the configured ones),
 //! and rehash every payload.
 
 use std::time::Duration;
@@ -11,7 +11,7 @@ use crate::caller::Caller;
 use crate::state::Daemon;
 use crate::view::View;
 
-/// A Gc request; no limit given means the configured budget.
+/// A Gc request; a limit not given is the configured one.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct GcRequest {
     pub max_bytes: Option<u64>,
@@ -19,14 +19,41 @@ pub(crate) struct GcRequest {
     pub dry_run: bool,
 }
 
-/// The configured budget (`gc_max_bytes`, `gc_max_age_secs`; 0: none),
-/// which a Gc that names no limit applies.
-pub(crate) fn configured_budget(d: &Daemon) -> (Option<u64>, Option<Duration>) {
+/// The budget a Gc that names no limit applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Budget {
+    pub max_bytes: Option<u64>,
+    /// True when `max_bytes` is the default: no `gc_max_bytes` configured.
+    pub max_bytes_default: bool,
+    pub max_age: Option<Duration>,
+}
+
+/// The configured budget: `gc_max_bytes` (else half the cache's file
+/// system, so that no peer's packs fill the disk the cache shares) and
+/// `gc_max_age_secs` (else none).
+pub(crate) fn configured_budget(d: &Daemon) -> Budget {
     let cfg = &d.config;
-    (
-        (cfg.gc_max_bytes > 0).then_some(cfg.gc_max_bytes),
-        (cfg.gc_max_age_secs > 0).then(|| Duration::from_secs(cfg.gc_max_age_secs)),
-    )
+    let (max_bytes, max_bytes_default) = match cfg.gc_max_bytes {
+        0 => (default_max_bytes(&cfg.cache_dir), true),
+        n => (Some(n), false),
+    };
+    Budget {
+        max_bytes,
+        max_bytes_default,
+        max_age: (cfg.gc_max_age_secs > 0).then(|| Duration::from_secs(cfg.gc_max_age_secs)),
+    }
+}
+
+/// Half the size of the file system `cache_dir` is on (`None` when it
+/// cannot be read).
+fn default_max_bytes(cache_dir: &std::path::Path) -> Option<u64> {
+    match ctcache::fsutil::fs_size(cache_dir) {
+        Ok(size) => Some(size / 2),
+        Err(e) => {
+            tracing::warn!("no default gc size budget: {}: {e}", cache_dir.display());
+            None
+        }
+    }
 }
 
 /// The Gc use case (a dry run is open to every caller).
@@ -34,11 +61,11 @@ pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport>
     if !r.dry_run {
         caller.require_trusted("collect garbage")?;
     }
-    let (max_bytes, max_age) = if r.max_bytes.is_some() || r.max_age_secs.is_some() {
-        (r.max_bytes, r.max_age_secs.map(Duration::from_secs))
-    } else {
-        configured_budget(d)
-    };
+    // Each limit the request leaves out is the configured one: the daily
+    // timer's `--max-age 30d` keeps the size budget.
+    let budget = configured_budget(d);
+    let max_bytes = r.max_bytes.or(budget.max_bytes);
+    let max_age = r.max_age_secs.map(Duration::from_secs).or(budget.max_age);
     let policy = GcPolicy {
         max_bytes,
         max_age,

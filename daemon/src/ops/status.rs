@@ -24,8 +24,7 @@ pub(crate) struct StatusReport {
     pub cache_dir: PathBuf,
     pub socket: Option<PathBuf>,
     /// The configured gc budget (what a Gc without limits applies).
-    pub gc_max_bytes: Option<u64>,
-    pub gc_max_age: Option<Duration>,
+    pub gc_budget: super::gc::Budget,
     pub remote: Option<crate::fleet::Report>,
 }
 
@@ -33,7 +32,6 @@ pub(crate) struct StatusReport {
 /// (as ListWatches shows them).
 pub(crate) fn status(d: &Daemon, caller: &Caller) -> Result<StatusReport> {
     let sched = d.scheduler.stats();
-    let (gc_max_bytes, gc_max_age) = super::gc::configured_budget(d);
     Ok(StatusReport {
         uptime: d.started.elapsed(),
         stats: d.store.stats()?,
@@ -42,8 +40,7 @@ pub(crate) fn status(d: &Daemon, caller: &Caller) -> Result<StatusReport> {
         watches: super::watch::visible(d, caller)?,
         cache_dir: d.config.cache_dir.clone(),
         socket: d.socket.clone(),
-        gc_max_bytes,
-        gc_max_age,
+        gc_budget: super::gc::configured_budget(d),
         remote: d.fleet.as_ref().map(|f| f.report(false)),
     })
 }

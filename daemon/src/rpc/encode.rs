@@ -191,8 +191,9 @@ pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
         pid: std::process::id(),
-        gc_max_bytes: s.gc_max_bytes,
-        gc_max_age_s: s.gc_max_age.map(|a| a.as_secs()),
+        gc_max_bytes: s.gc_budget.max_bytes,
+        gc_max_bytes_default: s.gc_budget.max_bytes_default,
+        gc_max_age_s: s.gc_budget.max_age.map(|a| a.as_secs()),
         remote: s.remote.map(remote_status),
     }
 }

@@ -119,11 +119,17 @@ impl Daemon {
     /// In this process, with a gc budget configured (`gc_max_bytes`,
     /// `gc_max_age_secs`; 0: none).
     pub fn in_process_with_gc_budget(max_bytes: u64, max_age_secs: u64) -> Daemon {
-        let d = ctcache_testkit::InProcessDaemon::start_with(|c| {
+        Daemon::in_process_with(|c| {
             c.gc_max_bytes = max_bytes;
             c.gc_max_age_secs = max_age_secs;
         })
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// In this process, with `adjust` applied to its config before it
+    /// starts.
+    pub fn in_process_with(adjust: impl FnOnce(&mut ctcache_testkit::DaemonConfig)) -> Daemon {
+        let d = ctcache_testkit::InProcessDaemon::start_with(adjust)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         Daemon {
             socket: d.socket.clone(),
             inner: Inner::InProcess(d),
