@@ -99,6 +99,7 @@ fn entry(n: u64) -> NewEntry {
             packer_id: "bench".into(),
             packer_version: "1".into(),
             client_uid: None,
+            ..Default::default()
         },
         source_names: vec![format!("layers.{n}.weight")],
         model_paths: vec!["/models/bench.onnx".into()],

@@ -135,6 +135,7 @@ fn sixteen_threads_mixed_load() {
                                 .gc(&GcPolicy {
                                     max_bytes: Some(rng.random_range(0..2_000_000)),
                                     max_age: None,
+                                    max_bytes_per_uid: None,
                                     orphans: true,
                                     temp_files: true,
                                     dry_run: false,

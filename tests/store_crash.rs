@@ -94,6 +94,7 @@ fn crash_worker() {
                 let policy = GcPolicy {
                     max_bytes: Some(rng.random_range(0..600 * 1024)),
                     max_age: None,
+                    max_bytes_per_uid: None,
                     orphans: true,
                     temp_files: true,
                     dry_run: false,

@@ -125,6 +125,7 @@ pub fn gc_reason(r: &GcReason) -> &'static str {
     match r {
         GcReason::MaxAge { .. } => "max_age",
         GcReason::OverBudget => "size_budget",
+        GcReason::OverQuota { .. } => "uid_quota",
         GcReason::MissingPayload => "orphan_entry",
         GcReason::OrphanPayload | GcReason::StrayFile => "orphan_file",
         GcReason::StaleTemp => "temp_file",

@@ -285,6 +285,7 @@ pub fn new_entry(
             packer_id: e.packer_id.clone(),
             packer_version: e.packer_version.clone(),
             client_uid: None,
+            ..Default::default()
         },
         source_names,
         model_paths,

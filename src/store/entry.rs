@@ -30,6 +30,9 @@ pub struct Producer {
     pub packer_version: String,
     /// The uid of the client that put the payload, when a client did.
     pub client_uid: Option<u32>,
+    /// The untrusted uid whose request had the daemon pack it, when one
+    /// did: gc's per-uid storage quota counts the entry against that uid.
+    pub requested_by: Option<u32>,
 }
 
 /// Everything `put` needs besides the payload bytes.
@@ -203,6 +206,8 @@ pub(crate) struct Record {
     pub source_data_type: Option<i32>,
     #[prost(uint64, repeated, tag = "17")]
     pub source_dims: Vec<u64>,
+    #[prost(uint32, optional, tag = "18")]
+    pub requested_by: Option<u32>,
 }
 
 /// The fields GC, stats and lookups read: tags 1-7 of [`Record`].
@@ -224,7 +229,8 @@ pub(crate) struct Head {
     pub device: Option<pb::DeviceProto>,
 }
 
-/// Like [`Head`] without the device (GC walks).
+/// Like [`Head`] without the device, with the uid a quota charges (GC
+/// walks).
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct Brief {
     #[prost(uint32, tag = "1")]
@@ -235,6 +241,8 @@ pub(crate) struct Brief {
     pub payload_len: u64,
     #[prost(uint64, tag = "4")]
     pub created_ms: u64,
+    #[prost(uint32, optional, tag = "18")]
+    pub requested_by: Option<u32>,
 }
 
 fn check_version(v: u32, key: &[u8]) -> StoreResult<()> {
@@ -316,6 +324,7 @@ impl Record {
                 packer_id: self.packer_id,
                 packer_version: self.packer_version,
                 client_uid: self.client_uid,
+                requested_by: self.requested_by,
             },
             source_names: self.source_names,
             model_paths: self.model_paths,
@@ -432,6 +441,7 @@ pub(crate) fn prepare(new: &NewEntry, now_ms: u64, max_seen: usize) -> StoreResu
         pack_duration_us: new.pack_duration.as_micros().min(u64::MAX as u128) as u64,
         source_data_type: Some(new.source_shape.data_type.code()),
         source_dims: new.source_shape.dims.clone(),
+        requested_by: new.producer.requested_by,
     };
     record.merge_seen(&new.source_names, &new.model_paths, max_seen);
     Ok(Prepared { key, record })

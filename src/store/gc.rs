@@ -16,7 +16,7 @@
 //! only ever wait for one index commit, never for a batch. **A leased entry
 //! is never removed.**
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -38,6 +38,10 @@ pub struct GcPolicy {
     /// Remove entries not accessed for this long or longer (zero: every
     /// entry not leased, like a `max_bytes` of zero).
     pub max_age: Option<Duration>,
+    /// First of all, remove the least recently used entries packed for an
+    /// untrusted uid's requests until each uid's take at most this many
+    /// bytes.
+    pub max_bytes_per_uid: Option<u64>,
     /// Remove payload files without entries and entries without files.
     pub orphans: bool,
     /// Remove temp files left by writers that are gone.
@@ -56,6 +60,12 @@ pub enum GcReason {
     },
     /// Least recently used while the store was over `max_bytes`.
     OverBudget,
+    /// Least recently used of the entries packed for `uid` while they were
+    /// over `max_bytes_per_uid`.
+    OverQuota {
+        /// The uid whose requests had them packed.
+        uid: u32,
+    },
     /// The entry's payload file is missing.
     MissingPayload,
     /// A payload file no entry references.
@@ -142,6 +152,8 @@ pub(crate) struct Cand {
     pub len: u64,
     pub last_ms: u64,
     pub created_ms: u64,
+    /// The uid a per-uid quota charges it to.
+    pub requested_by: Option<u32>,
 }
 
 /// Everything a plan is computed from.
@@ -215,25 +227,33 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
             gone.insert(c.kb);
         }
     }
-    if let Some(max) = p.max_bytes {
-        let mut lru: Vec<&Cand> = s.cands.iter().filter(|c| !gone.contains(&c.kb)).collect();
-        lru.sort_by_key(|c| (c.last_ms, c.created_ms, c.kb));
-        for c in lru {
-            if total <= max {
-                break;
+    let mut removal = Removal {
+        s,
+        refs: &mut refs,
+        total: &mut total,
+        items: &mut items,
+        gone: &mut gone,
+        leased_kept: &mut leased_kept,
+        pinned: &pinned,
+    };
+    if let Some(quota) = p.max_bytes_per_uid {
+        // Over a uid's quota before over the store's budget: that uid's
+        // least recently used go first.
+        let mut held: BTreeMap<u32, u64> = BTreeMap::new();
+        for c in s.cands.iter().filter(|c| !removal.gone.contains(&c.kb)) {
+            if let Some(uid) = c.requested_by {
+                let h = held.entry(uid).or_default();
+                *h = h.saturating_add(c.len);
             }
-            // Removing an entry whose file a leased entry shares frees
-            // nothing; leave both.
-            if s.leased.contains(&c.kb) || pinned.contains(&c.blob) {
-                if s.leased.contains(&c.kb) {
-                    leased_kept += 1;
-                }
-                continue;
-            }
-            let freed = release(&mut refs, &mut total, &c.blob);
-            items.push(entry_item(c, GcReason::OverBudget, freed));
-            gone.insert(c.kb);
         }
+        for (uid, bytes) in held.into_iter().filter(|(_, b)| *b > quota) {
+            let lru = removal.lru(|c| c.requested_by == Some(uid));
+            removal.evict(lru, &GcReason::OverQuota { uid }, Some(bytes), quota);
+        }
+    }
+    if let Some(max) = p.max_bytes {
+        let lru = removal.lru(|_| true);
+        removal.evict(lru, &GcReason::OverBudget, None, max);
     }
     if p.orphans {
         for (path, len) in &s.orphan_files {
@@ -264,6 +284,63 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
         }
     }
     (items, before, total, leased_kept)
+}
+
+/// The removals of a plan in progress.
+struct Removal<'p> {
+    s: &'p Snapshot,
+    refs: &'p mut HashMap<[u8; 32], (u32, u64)>,
+    total: &'p mut u64,
+    items: &'p mut Vec<GcItem>,
+    gone: &'p mut HashSet<KeyBytes>,
+    leased_kept: &'p mut u64,
+    /// Payload files a leased entry references.
+    pinned: &'p HashSet<[u8; 32]>,
+}
+
+impl<'p> Removal<'p> {
+    /// The candidates `keep` selects not removed yet, least recently used
+    /// first.
+    fn lru(&self, keep: impl Fn(&Cand) -> bool) -> Vec<&'p Cand> {
+        let s: &'p Snapshot = self.s;
+        let mut lru: Vec<&'p Cand> = s
+            .cands
+            .iter()
+            .filter(|c| !self.gone.contains(&c.kb) && keep(c))
+            .collect();
+        lru.sort_by_key(|c| (c.last_ms, c.created_ms, c.kb));
+        lru
+    }
+
+    /// Removes from `lru` in order while the bytes held exceed `limit`:
+    /// `held` counted down by each entry's length, or (`None`) the store's
+    /// total of payload files. A leased entry stays, and so does one whose
+    /// file a leased entry shares (removing it would free nothing).
+    fn evict(&mut self, lru: Vec<&Cand>, reason: &GcReason, mut held: Option<u64>, limit: u64) {
+        for c in lru {
+            if held.unwrap_or(*self.total) <= limit {
+                break;
+            }
+            if self.s.leased.contains(&c.kb) {
+                *self.leased_kept += 1;
+                continue;
+            }
+            if self.pinned.contains(&c.blob) {
+                continue;
+            }
+            let freed = release(self.refs, self.total, &c.blob);
+            if let Some(h) = held.as_mut() {
+                *h = h.saturating_sub(c.len);
+            }
+            self.items.push(GcItem {
+                target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
+                reason: reason.clone(),
+                bytes_freed: freed,
+                about: None,
+            });
+            self.gone.insert(c.kb);
+        }
+    }
 }
 
 /// Drops one reference to `blob`; returns the bytes freed when it was the last.
@@ -616,6 +693,7 @@ impl Store {
                 len: b.payload_len,
                 last_ms: b.created_ms,
                 created_ms: b.created_ms,
+                requested_by: b.requested_by,
             });
             true
         })?;
@@ -655,6 +733,7 @@ mod tests {
             len,
             last_ms: last,
             created_ms: 0,
+            requested_by: None,
         }
     }
 
@@ -688,6 +767,49 @@ mod tests {
         assert_eq!(keys(&items), vec![4, 3]);
         assert_eq!((before, after, kept), (400, 200, 1));
         assert!(items.iter().all(|i| i.bytes_freed == 100));
+    }
+
+    #[test]
+    fn a_uid_over_its_quota_loses_its_least_recently_used_first() {
+        let of = |uid, c: Cand| Cand {
+            requested_by: Some(uid),
+            ..c
+        };
+        // Entry 1 (nobody's) is the oldest, yet uid 7's go first: 7 holds
+        // 400 with a quota of 150, so its three least recently used not
+        // leased go (5 is leased and stays); uid 8 is under its quota.
+        let mut s = Snapshot {
+            cands: vec![
+                cand(1, 1, 100, 1),
+                of(7, cand(2, 2, 100, 50)),
+                of(7, cand(3, 3, 100, 20)),
+                of(7, cand(4, 4, 100, 30)),
+                of(7, cand(5, 5, 100, 10)),
+                of(8, cand(6, 6, 100, 5)),
+            ],
+            ..Default::default()
+        };
+        s.leased.insert(s.cands[4].kb);
+        let p = GcPolicy {
+            max_bytes_per_uid: Some(150),
+            ..Default::default()
+        };
+        let (items, before, after, kept) = plan(&s, &p, 100);
+        assert_eq!(keys(&items), vec![3, 4, 2]);
+        assert!(items
+            .iter()
+            .all(|i| i.reason == GcReason::OverQuota { uid: 7 }));
+        assert_eq!((before, after, kept), (600, 300, 1));
+
+        // With a size budget too, the budget takes the rest by age.
+        let p = GcPolicy {
+            max_bytes: Some(200),
+            ..p
+        };
+        let (items, _, after, _) = plan(&s, &p, 100);
+        assert_eq!(keys(&items), vec![3, 4, 2, 1]);
+        assert_eq!(items[3].reason, GcReason::OverBudget);
+        assert_eq!(after, 200);
     }
 
     #[test]

@@ -117,6 +117,7 @@ pub fn entry_for(
             packer_id: "test".into(),
             packer_version: "1".into(),
             client_uid: None,
+            ..Default::default()
         },
         source_names: vec!["w".into()],
         model_paths: vec!["/models/m.onnx".into()],

@@ -75,6 +75,7 @@ pub fn gc(ctx: &Ctx, a: GcArgs) -> Result<(), Failure> {
                 let policy = GcPolicy {
                     max_bytes,
                     max_age: a.max_age.map(Duration::from_secs),
+                    max_bytes_per_uid: None,
                     orphans: true,
                     temp_files: true,
                     dry_run,
@@ -149,6 +150,7 @@ fn via(cache_dir: Option<&Path>) -> serde_json::Value {
 fn reason_text(reason: &str) -> &str {
     match reason {
         "size_budget" => "over the size budget",
+        "uid_quota" => "over its uid's quota",
         "max_age" => "unused too long",
         "orphan_entry" => "payload file missing",
         "orphan_file" => "payload file without entry",

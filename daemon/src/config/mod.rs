@@ -179,6 +179,9 @@ pub struct Config {
     /// Declared initializer bytes one untrusted uid may make the daemon hash
     /// in any hour (what the digest memo already knows is free).
     pub max_hashed_bytes_per_uid_per_hour: u64,
+    /// Bytes of entries packed for one untrusted uid's requests that gc
+    /// keeps; gc removes the uid's least recently used over it first.
+    pub max_stored_bytes_per_uid: u64,
     /// Live leases one uid may hold.
     pub max_leases_per_uid: usize,
     /// Longest lease, seconds (longer requests are cut to it).
@@ -259,6 +262,7 @@ impl Default for Config {
             max_tensor_bytes: 16 << 30,
             max_model_bytes: 1 << 40,
             max_hashed_bytes_per_uid_per_hour: 256 << 30,
+            max_stored_bytes_per_uid: 16 << 30,
             max_leases_per_uid: 1024,
             max_lease_ttl_secs: 3600,
             max_lease_lifetime_secs: 86400,
@@ -528,6 +532,7 @@ impl Config {
                 "max_hashed_bytes_per_uid_per_hour",
                 self.max_hashed_bytes_per_uid_per_hour,
             ),
+            ("max_stored_bytes_per_uid", self.max_stored_bytes_per_uid),
             ("max_leases_per_uid", self.max_leases_per_uid as u64),
             ("max_lease_ttl_secs", self.max_lease_ttl_secs),
             ("max_lease_lifetime_secs", self.max_lease_lifetime_secs),

@@ -69,6 +69,7 @@ pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport>
     let policy = GcPolicy {
         max_bytes,
         max_age,
+        max_bytes_per_uid: Some(d.config.max_stored_bytes_per_uid),
         orphans: true,
         temp_files: true,
         dry_run: r.dry_run,

@@ -79,6 +79,7 @@ pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportRe
                 } else {
                     caller.uid()
                 },
+                requested_by: None,
             },
             source_names: vec![item.source_name],
             model_paths: vec![canonical.display().to_string()],

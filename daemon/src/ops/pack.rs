@@ -178,6 +178,9 @@ pub(crate) struct PackSpec {
     pub digest: SourceDigest,
     pub packer: &'static dyn Packer,
     pub params: Params,
+    /// The untrusted uid the job packs for (the first to ask), whose
+    /// storage quota the entry counts against.
+    pub requested_by: Option<u32>,
 }
 
 fn params_key(p: &Params) -> String {
@@ -215,6 +218,7 @@ fn submit(
         digest,
         packer,
         params: w.params.clone(),
+        requested_by: owner,
     };
     let key = JobKey {
         source: digest.bytes,
@@ -335,6 +339,7 @@ fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) 
             packer_id: c.packer_id.to_string(),
             packer_version: c.packer_version.to_string(),
             client_uid: None,
+            requested_by: spec.requested_by,
         },
         source_names: vec![t.name.clone()],
         model_paths: vec![model_path.clone()],

@@ -62,6 +62,7 @@ pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
             digest: digests[&tensor.name],
             packer,
             params: w.params.clone(),
+            requested_by: caller.bounded_uid(),
         };
         match pack::fetch_remote(d, &spec, &key, Ask::Always, BackendChoice::Cpu) {
             Some(e) => {

@@ -1,0 +1,236 @@
+//! What one peer can make the daemon spend is bounded (issue 27, point 5),
+//! tested as the attacks that worked before, by uid 65534 (the attacker
+//! halves run by re-executing this test binary under `setpriv`):
+//!
+//! - CPU: small models whose weights are sparse external files (no byte
+//!   stored, every byte hashed). Hashing is charged at the declared size
+//!   against `max_hashed_bytes_per_uid_per_hour`; what the digest memo
+//!   knows is free; trusted callers are not charged.
+//! - Storage: packs of the peer's own models. Entries packed for its
+//!   requests count against `max_stored_bytes_per_uid`, and gc removes the
+//!   peer's over it before anyone else's, however recently the others were
+//!   used.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use support::*;
+use tonic::Code;
+
+/// Each model declares K x N f32 weights: 32 MiB.
+const K: usize = 4096;
+const N: usize = 2048;
+const DECLARED: u64 = (K * N * 4) as u64;
+
+/// A model in `dir` whose weights are external data in a sparse file of
+/// the declared size, both owned by uid 65534.
+fn sparse_model(dir: &Path, name: &str) -> PathBuf {
+    use ctcache::pb::tensor_proto::DataLocation;
+    let data = dir.join(format!("{name}.bin"));
+    std::fs::File::create(&data)
+        .unwrap()
+        .set_len(DECLARED)
+        .unwrap();
+    let mut m = ctcache_testkit::MatMul::new(K, N, std::iter::repeat_n(0.0, K * N)).proto();
+    let w = &mut m.graph.as_mut().unwrap().initializer[0];
+    w.float_data.clear();
+    w.raw_data = Default::default();
+    w.data_location = DataLocation::External as i32;
+    w.external_data = vec![
+        ctcache_testkit::kv("location", &format!("{name}.bin")),
+        ctcache_testkit::kv("offset", "0"),
+        ctcache_testkit::kv("length", &DECLARED.to_string()),
+    ];
+    let path = dir.join(format!("{name}.onnx"));
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    for p in [&path, &data] {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    path
+}
+
+async fn resolve(
+    c: &mut CompiledTensorCacheClient<tonic::transport::Channel>,
+    model: &str,
+) -> Result<api::ResolveModelResponse, tonic::Status> {
+    c.resolve_model(api::ResolveModelRequest {
+        model_path: model.into(),
+        ..Default::default()
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// The attacker half: the first model fits the hour's budget (and asking
+/// again is free), the second does not.
+#[tokio::test]
+async fn sparse_models_helper() {
+    let Some(socket) = std::env::var_os("CT_TEST_SOCKET").map(PathBuf::from) else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    resolve(&mut c, &var("CT_TEST_FIRST"))
+        .await
+        .expect("a model within the budget");
+    resolve(&mut c, &var("CT_TEST_FIRST"))
+        .await
+        .expect("the same model again: the memo knows it, nothing is hashed");
+    let e = resolve(&mut c, &var("CT_TEST_SECOND"))
+        .await
+        .expect_err("a second model over the budget");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("max_hashed_bytes_per_uid_per_hour")
+            && e.message().contains("try again in"),
+        "{e:?}"
+    );
+    println!("HASHING-BOUNDED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_hashes_at_most_its_budget_of_declared_bytes() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    // 48 MiB an hour: one of the 32 MiB models, not two.
+    let d = daemon_for_nobody(&format!(
+        "max_hashed_bytes_per_uid_per_hour = {}\n",
+        48u64 << 20
+    ));
+    let top = tempfile::tempdir().unwrap();
+    open_to_all(top.path());
+    let own = top.path().join("nobody");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    let first = sparse_model(&own, "first");
+    let second = sparse_model(&own, "second");
+
+    run_as_nobody(
+        "sparse_models_helper",
+        &[
+            ("CT_TEST_SOCKET", d.socket.display().to_string()),
+            ("CT_TEST_FIRST", first.display().to_string()),
+            ("CT_TEST_SECOND", second.display().to_string()),
+        ],
+        "HASHING-BOUNDED",
+    );
+    // Root is not charged: it may have the second model hashed.
+    let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+    resolve(&mut c, &second.display().to_string())
+        .await
+        .expect("root's request is not bounded");
+}
+
+/// Prepacks `model` and follows it to the end: every job packed.
+async fn prepack_all(c: &mut CompiledTensorCacheClient<tonic::transport::Channel>, model: &str) {
+    let mut progress = c
+        .prepack(api::PrepackRequest {
+            model_path: model.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{model}: {e:?}"))
+        .into_inner();
+    while let Some(p) = progress.message().await.unwrap() {
+        assert!(
+            !matches!(p.state(), api::JobState::Failed | api::JobState::Cancelled),
+            "{model}: {p:?}"
+        );
+    }
+}
+
+/// The attacker half of the storage quota test: packs its own models.
+#[tokio::test]
+async fn own_models_helper() {
+    let Some(socket) = std::env::var_os("CT_TEST_PACK_SOCKET").map(PathBuf::from) else {
+        return;
+    };
+    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    for model in std::env::var("CT_TEST_MODELS").unwrap().lines() {
+        prepack_all(&mut c, model).await;
+    }
+    println!("PACKED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_takes_a_peer_over_its_storage_quota_back_under_it_first() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    const QUOTA: u64 = 1 << 20;
+    let d = daemon_for_nobody(&format!("max_stored_bytes_per_uid = {QUOTA}\n"));
+    let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+    // Root's model, packed first: the least recently used of all.
+    let public = tempfile::tempdir().unwrap();
+    open_to_all(public.path());
+    let root_model = public.path().join("root.onnx");
+    write_model(&root_model, &matmul_model(512, 256, 1));
+    let root_model = root_model.display().to_string();
+    prepack_all(&mut c, &root_model).await;
+
+    // The peer's three models: about 0.6 MiB of packs each.
+    let own = public.path().join("nobody");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    let models: Vec<String> = (0..3u32)
+        .map(|i| {
+            let p = own.join(format!("m{i}.onnx"));
+            write_model(&p, &matmul_model(512, 256, 10 + i));
+            std::os::unix::fs::chown(&p, Some(NOBODY), Some(NOBODY)).unwrap();
+            p.display().to_string()
+        })
+        .collect();
+    run_as_nobody(
+        "own_models_helper",
+        &[
+            ("CT_TEST_PACK_SOCKET", d.socket.display().to_string()),
+            ("CT_TEST_MODELS", models.join("\n")),
+        ],
+        "PACKED",
+    );
+    let listed = |l: &api::ListResponse, model: &str| -> (usize, u64) {
+        l.entries
+            .iter()
+            .filter(|e| e.model_paths.iter().any(|p| p == model))
+            .fold((0, 0), |(n, b), e| (n + 1, b + e.payload_len))
+    };
+    let before = c
+        .list(api::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let peer_before: u64 = models.iter().map(|m| listed(&before, m).1).sum();
+    assert!(peer_before > QUOTA, "{peer_before}");
+
+    // A gc with no limits (the store is far under its size budget).
+    let gc = c.gc(api::GcRequest::default()).await.unwrap().into_inner();
+    let entries: Vec<_> = gc
+        .removed
+        .iter()
+        .filter(|i| !matches!(i.reason.as_str(), "orphan_file" | "temp_file"))
+        .collect();
+    assert!(!entries.is_empty(), "{gc:?}");
+    for i in &entries {
+        assert_eq!(i.reason, "uid_quota", "{i:?}");
+        assert!(
+            i.model_paths.iter().all(|p| models.contains(p)),
+            "only the peer's entries go: {i:?}"
+        );
+    }
+    let after = c
+        .list(api::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let peer_after: u64 = models.iter().map(|m| listed(&after, m).1).sum();
+    assert!(peer_after <= QUOTA, "{peer_after} > {QUOTA}");
+    assert_eq!(
+        listed(&after, &root_model),
+        listed(&before, &root_model),
+        "root's entries stay"
+    );
+}
