@@ -1,5 +1,5 @@
 //! Generates the gRPC API (client and server) from proto/ctcache/v1 with a
-//! pure-Rust protobuf compiler; the ONNX messages come from the core crate.
+//! pure-Rust protobuf compiler; the ONNX messages come from ctcache-format.
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         .build_client(true)
         .bytes(".")
-        .extern_path(".onnx", "::ctcache::pb")
+        .extern_path(".onnx", "::ctcache_format::pb")
         // Struct types travel as their encoding (see src/struct_type.rs).
         .extern_path(".onnx.StructTypeProto", "crate::StructType")
         .compile_fds(fds.clone())?;
@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(false)
         .out_dir(served)
-        .extern_path(".onnx", "::ctcache::pb")
+        .extern_path(".onnx", "::ctcache_format::pb")
         .extern_path(".ctcache.v1", "crate::v1")
         .extern_path(
             ".ctcache.v1.LookupResponse",

@@ -8,7 +8,6 @@
 
 pub mod access;
 pub mod check;
-pub mod chunks;
 pub mod device;
 pub mod digest;
 pub mod dtype;
@@ -18,18 +17,10 @@ pub mod hit;
 pub mod materialize;
 pub mod onnx;
 pub mod outdir;
-pub mod paths;
 pub mod resolve;
 pub mod store;
 pub mod structs;
 pub mod wire;
 
+pub use ctcache_format::{chunks, paths, pb};
 pub use error::{Error, Result};
-
-/// Rust types generated from `proto/onnx/onnx.proto` (ONNX plus the
-/// compiled-tensor extension). Bytes fields are `bytes::Bytes`, so decoding
-/// from a mapped model borrows payloads instead of copying them.
-#[allow(clippy::all, missing_docs)]
-pub mod pb {
-    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
-}

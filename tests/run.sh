@@ -57,6 +57,16 @@ step "build"
 cargo build --workspace --all-targets --locked
 cargo build --workspace --examples --locked
 
+step "crate graph (the core has no async runtime; a client never compiles the store)"
+forbidden() { # crate, pattern of packages it must not depend on
+  local found
+  found="$(cargo tree -p "$1" -e normal --prefix none --locked | awk '{print $1}' | sort -u | grep -E "$2" || true)"
+  if [ -n "$found" ]; then echo "$1 depends on: $found" >&2; exit 1; fi
+}
+forbidden ctcache '^(tokio|tonic|hyper)$'
+forbidden ctcache-client '^(ctcache|sled|ctcache-kernels)$'
+forbidden ctcache-api '^(ctcache|sled)$'
+
 step "systemd units (systemd-analyze verify)"
 if ! command -v systemd-analyze >/dev/null; then
   as_root apt-get update -qq

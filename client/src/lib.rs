@@ -55,7 +55,7 @@ pub struct ResolveOptions {
     /// Formats to resolve; empty = the daemon's policy.
     pub formats: Vec<api::FormatSpec>,
     /// The caller's devices; empty = the daemon's host devices.
-    pub devices: Vec<ctcache::pb::DeviceProto>,
+    pub devices: Vec<ctcache_format::pb::DeviceProto>,
     /// The caller's runtime (name, version) for the runtime checks of
     /// entries (D5); `None` skips them.
     pub runtime: Option<api::RuntimeIdentity>,
@@ -205,7 +205,7 @@ impl Client {
     }
 
     /// The daemon host's devices as `DeviceProto`s (D5).
-    pub async fn get_host_devices(&self) -> Result<Vec<ctcache::pb::DeviceProto>> {
+    pub async fn get_host_devices(&self) -> Result<Vec<ctcache_format::pb::DeviceProto>> {
         Ok(unary!(safe
             self,
             "GetHostDevices",

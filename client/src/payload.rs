@@ -20,7 +20,7 @@ use memmap2::Mmap;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use ctcache::chunks::ChunkDigests;
+use ctcache_format::chunks::ChunkDigests;
 
 use crate::api;
 use crate::error::{Error, Result};
@@ -132,7 +132,7 @@ impl MappedPayload {
         if range.is_empty() {
             return Ok(&bytes[range]);
         }
-        let group = ctcache::chunks::GROUP;
+        let group = ctcache_format::chunks::GROUP;
         for i in range.start / group..=(range.end - 1) / group {
             let g = digests.range(i);
             if !digests.check(i, &bytes[g.clone()]) {

@@ -9,13 +9,13 @@ use crate::error::Error;
 
 /// The D8 per-user default socket for an environment.
 pub fn default_socket_with(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    ctcache::paths::user_defaults(env).1
+    ctcache_format::paths::user_defaults(env).1
 }
 
 /// `CTCACHE_SOCKET` when set, else the D8 default (the system service's
 /// socket when only that one exists).
 pub fn default_socket() -> PathBuf {
-    ctcache::paths::client_socket(&|k: &str| std::env::var(k).ok())
+    ctcache_format::paths::client_socket(&|k: &str| std::env::var(k).ok())
 }
 
 /// Connects once and drops the stream: the failure's kind is what tells the

@@ -58,7 +58,7 @@ mod tests {
                 struct_type,
             ))),
             dims: vec![3, 0, 7],
-            device: Some(ctcache::pb::DeviceProto {
+            device: Some(ctcache_format::pb::DeviceProto {
                 r#type: "cpu".into(),
                 ..Default::default()
             }),

@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use ctcache::pb;
+use ctcache_format::pb;
 use prost::bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::encoding::{
     bytes, check_wire_type, decode_varint, encode_key, encode_varint, fixed32, fixed64,

@@ -11,8 +11,8 @@ use serde_json::json;
 use crate::ctx::Ctx;
 use crate::format::{self, parse_duration, parse_size, Style, Table};
 use crate::output::{print_json, say, Failure};
-use ctcache_api::convert;
 use ctcache_client::api;
+use ctcache_convert as convert;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\

@@ -221,7 +221,7 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
             symmetric: a.symmetric(),
             accuracy_level: a.accuracy_level,
             copy: false,
-            link: api::LinkMode::from(a.link_mode()) as i32,
+            link: ctcache_convert::materialize::link_mode(a.link_mode()) as i32,
             weight_type: a.weight_type.clone().unwrap_or_default(),
             per_channel: a.per_channel,
             reduce_range: a.reduce_range,
@@ -255,7 +255,7 @@ fn report(
             "cached": r.cached,
             "link": link_name(r.link),
             "files": r.files.iter().map(|f| json!({
-                "path": f.path, "method": f.method().name(), "bytes_copied": f.bytes_copied,
+                "path": f.path, "method": ctcache_convert::materialize::place_method_name(f.method()), "bytes_copied": f.bytes_copied,
             })).collect::<Vec<_>>(),
             "files_reflinked": r.files_reflinked,
             "files_linked": r.files_linked,
@@ -350,7 +350,9 @@ fn report(
 }
 
 fn link_name(link: i32) -> &'static str {
-    api::LinkMode::try_from(link).map_or("unknown", |m| LinkMode::from(m).name())
+    api::LinkMode::try_from(link).map_or("unknown", |m| {
+        ctcache_convert::materialize::link_mode_of(m).name()
+    })
 }
 
 /// "8 reflinked, 1 copied": how many files each method placed.
@@ -435,7 +437,7 @@ fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Failure> {
         packed: weights.len() as u32,
         // Every payload byte was written here.
         bytes_copied: r.bytes_copied + r.payload_bytes,
-        ..api::MaterializeResponse::from_report(&a.output, &plan, &r, &recipe)
+        ..ctcache_convert::materialize::materialize_response(&a.output, &plan, &r, &recipe)
     };
     report(ctx, a, "local", &response, started.elapsed())
 }

@@ -252,6 +252,22 @@ fn every_key_is_in_the_example_config_and_the_key_table() {
             "docs/OPERATIONS.md has no row for {key}"
         );
     }
+    // The [remote] table's keys, after its commented header.
+    let remote = Config {
+        remote: Some(Box::default()),
+        ..Config::default()
+    }
+    .to_toml();
+    let table = remote.split("\n[remote]\n").nth(1).unwrap();
+    let table = table.split("\n[").next().unwrap();
+    let shown = &example[example.find("#[remote]\n").expect("a [remote] table")..];
+    for line in table.lines().filter(|l| l.contains(" = ")) {
+        assert!(
+            shown.contains(&format!("#{line}\n")),
+            "systemd/ctcached.toml does not show [remote] {line:?}"
+        );
+    }
+    assert!(shown.contains("#signing_key_file = "));
     // Paths default by the environment; every other default is shown as is.
     for line in top.lines() {
         if !line.starts_with("cache_dir ") && !line.starts_with("socket ") {

@@ -15,7 +15,7 @@ use crate::ops::status::ListRequest;
 use crate::ops::{embed::EmbedRequest, Error};
 
 pub(crate) fn key(s: &str) -> Result<EntryKey, Error> {
-    ctcache_api::convert::key_from_str(s).map_err(|e| Error::invalid(e.to_string()))
+    ctcache_convert::key_from_str(s).map_err(|e| Error::invalid(e.to_string()))
 }
 
 fn formats(f: Vec<api::FormatSpec>) -> Vec<FormatRequest> {
@@ -121,7 +121,8 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
 }
 
 pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeRequest, Error> {
-    let link = r.link_mode().map_err(Error::invalid)?;
+    let link = ctcache_convert::materialize::requested_link_mode(&r)
+        .map_err(|e| Error::invalid(e.to_string()))?;
     Ok(MaterializeRequest {
         model_path: r.model_path,
         output_path: r.output_path,

@@ -1,12 +1,13 @@
 //! The use cases' answers -> API messages (core types through
-//! `ctcache_api::convert`).
+//! `ctcache_convert`).
 
 use std::sync::OnceLock;
 
 use bytes::Bytes;
 use ctcache::store::{Entry, SharedEntry};
+use ctcache_api::served;
 use ctcache_api::v1 as api;
-use ctcache_api::{convert, served};
+use ctcache_convert as convert;
 use ctcache_kernels::Backend;
 
 use crate::events::Event;
@@ -154,7 +155,7 @@ pub(crate) fn materialized(m: Materialized) -> api::MaterializeResponse {
     api::MaterializeResponse {
         packed: m.packed,
         cached: m.cached,
-        ..api::MaterializeResponse::from_report(&m.output_path, &m.plan, &m.report, &m.recipe)
+        ..convert::materialize::materialize_response(&m.output_path, &m.plan, &m.report, &m.recipe)
     }
 }
 

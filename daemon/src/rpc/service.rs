@@ -7,9 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use ctcache::store::LeaseId;
-use ctcache_api::convert;
 use ctcache_api::served::{self, compiled_tensor_cache_server::CompiledTensorCache};
 use ctcache_api::v1 as api;
+use ctcache_convert as convert;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};

@@ -1,6 +1,5 @@
-//! Conversions between the core's types and the API messages, in one place:
-//! the daemon encodes its answers with these and `ctcachectl` builds the
-//! same answers from the core when it works on a cache dir directly.
+//! The store's entries, statistics and gc and verify reports as API
+//! messages.
 
 use std::path::PathBuf;
 
@@ -9,20 +8,12 @@ use ctcache::store::{
     VerifyReport,
 };
 
-use crate::v1 as api;
+use ctcache_api::hex_string;
+use ctcache_api::v1 as api;
 
 /// The API form of an entry key: hex of its index bytes.
 pub fn key_to_string(k: &EntryKey) -> String {
     hex_string(&k.to_bytes())
-}
-
-/// Lower-case hex, written straight into a buffer of its final size (the
-/// `hex` crate's `encode` collects it a char at a time, a visible cost when
-/// a batch answers thousands of entries with three hex fields each).
-pub fn hex_string(bytes: &[u8]) -> String {
-    let mut out = vec![0; bytes.len() * 2];
-    hex::encode_to_slice(bytes, &mut out).expect("the buffer is twice the input");
-    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// Parses the API form of an entry key.
@@ -46,7 +37,7 @@ pub fn entry(mut e: Entry, payload_path: PathBuf, leased: bool) -> api::Entry {
     api::Entry {
         // As stored (the canonical encoding its type key hashes), not
         // decoded and encoded again.
-        struct_type: Some(crate::StructType::from_encoded(struct_type.into())),
+        struct_type: Some(ctcache_api::StructType::from_encoded(struct_type.into())),
         device: Some(device),
         source_names,
         model_paths,
@@ -209,13 +200,5 @@ mod tests {
         assert_eq!(key_from_str(&key_to_string(&key)).unwrap(), key);
         assert!(key_from_str("not a key").is_err());
         assert!(key_from_str("00").is_err());
-    }
-
-    #[test]
-    fn hex_string_is_lower_case_hex_of_every_byte() {
-        let all: Vec<u8> = (0..=255).collect();
-        assert_eq!(hex_string(&all), hex::encode(&all));
-        assert_eq!(hex_string(&[0x0f, 0xa0]), "0fa0");
-        assert_eq!(hex_string(&[]), "");
     }
 }
