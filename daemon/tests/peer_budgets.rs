@@ -126,16 +126,8 @@ async fn a_peer_hashes_at_most_its_budget_of_declared_bytes() {
 }
 
 /// Prepacks `model` and follows it to the end: every job packed.
-async fn prepack_all(c: &mut CompiledTensorCacheClient<tonic::transport::Channel>, model: &str) {
-    let mut progress = c
-        .prepack(api::PrepackRequest {
-            model_path: model.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{model}: {e:?}"))
-        .into_inner();
-    while let Some(p) = progress.message().await.unwrap() {
+async fn prepack_ok(c: &mut CompiledTensorCacheClient<tonic::transport::Channel>, model: &str) {
+    for p in prepack_all(c, Path::new(model)).await {
         assert!(
             !matches!(p.state(), api::JobState::Failed | api::JobState::Cancelled),
             "{model}: {p:?}"
@@ -151,7 +143,7 @@ async fn own_models_helper() {
     };
     let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
     for model in std::env::var("CT_TEST_MODELS").unwrap().lines() {
-        prepack_all(&mut c, model).await;
+        prepack_ok(&mut c, model).await;
     }
     println!("PACKED");
 }
@@ -170,7 +162,7 @@ async fn gc_takes_a_peer_over_its_storage_quota_back_under_it_first() {
     let root_model = public.path().join("root.onnx");
     write_model(&root_model, &matmul_model(512, 256, 1));
     let root_model = root_model.display().to_string();
-    prepack_all(&mut c, &root_model).await;
+    prepack_ok(&mut c, &root_model).await;
 
     // The peer's three models: about 0.6 MiB of packs each.
     let own = public.path().join("nobody");

@@ -352,12 +352,7 @@ async fn first_event_about(
     path: &Path,
     model: &[u8],
 ) -> String {
-    let mut events = c
-        .clone()
-        .events(api::EventsRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut events = follow_events(c).await;
     write_model(path, model);
     let real = path.canonicalize().unwrap().display().to_string();
     loop {

@@ -51,6 +51,12 @@ impl ExternalRef {
 
     /// Checks the location is a plain relative path inside the model folder
     /// (no absolute path, no `..`) and returns it joined to `dir`.
+    /// The file this reference names for a model in `dir` (`None` for a
+    /// location that is refused: absolute, or leaving the folder).
+    pub fn file_in(&self, dir: &Path) -> Option<PathBuf> {
+        self.path_in(dir).ok()
+    }
+
     pub(crate) fn path_in(&self, dir: &Path) -> Result<PathBuf, String> {
         let loc = Path::new(&self.location);
         if self.location.is_empty() {

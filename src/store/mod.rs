@@ -688,12 +688,22 @@ impl Store {
             .unwrap_or_default())
     }
 
-    /// Maps an entry's payload read-only and records the access. The first
-    /// time a payload file is served after the store was opened its bytes
-    /// are hashed: a file that does not hash to its name is quarantined,
-    /// every entry using it is dropped, and the answer is
-    /// [`StoreError::PayloadCorrupt`] naming them, never the bytes.
+    /// Maps an entry's payload read-only for a client and records the use
+    /// (its last use for LRU and age gc). The first time a payload file is
+    /// served after the store was opened its bytes are hashed: a file that
+    /// does not hash to its name is quarantined, every entry using it is
+    /// dropped, and the answer is [`StoreError::PayloadCorrupt`] naming
+    /// them, never the bytes.
     pub fn open_payload(&self, key: &EntryKey) -> StoreResult<Payload> {
+        let payload = self.check_payload(key)?;
+        self.note_access(key.to_bytes());
+        Ok(payload)
+    }
+
+    /// [`Store::open_payload`] for the store's owner's own checks (is a
+    /// stored payload still sound before a pack reuses it, an upload): the
+    /// same checks, and no use recorded.
+    pub fn check_payload(&self, key: &EntryKey) -> StoreResult<Payload> {
         self.resync_if_reopened()?;
         let kb = key.to_bytes();
         let v = self
@@ -749,8 +759,13 @@ impl Store {
             chunks: None,
         };
         self.verify_served(key, &mut payload, &meta)?;
-        self.note_access(kb);
         Ok(payload)
+    }
+
+    /// Records a client's use of `key` (a lookup that returned it): its last
+    /// use for LRU and age gc.
+    pub fn note_use(&self, key: &EntryKey) {
+        self.note_access(key.to_bytes());
     }
 
     fn note_access(&self, kb: KeyBytes) {

@@ -531,7 +531,8 @@ impl Read for Streamed<'_> {
 /// `entry`'s payload with every group checked (D12: only the bytes hashed
 /// leave the host); a rotted one is quarantined and its entries dropped.
 fn checked_payload(store: &Store, entry: &Entry) -> Result<Payload, ctcache::store::StoreError> {
-    let p = store.open_payload(&entry.key)?;
+    // An upload is the daemon's own read, not a use.
+    let p = store.check_payload(&entry.key)?;
     match p.checked_all() {
         Ok(_) => Ok(p),
         Err(r) => Err(store.payload_rotted(&entry.key, &p, r)),

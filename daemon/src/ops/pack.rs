@@ -278,7 +278,7 @@ fn existing(
         }
         return None;
     }
-    match d.store.open_payload(&key) {
+    match d.store.check_payload(&key) {
         Ok(_) => Some(entry),
         Err(e) => {
             tracing::warn!("not reusing {key}, packing it again: {e}");

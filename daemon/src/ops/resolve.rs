@@ -130,6 +130,10 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
             .iter()
             .map(|h| h.entry.to_entry())
             .collect();
+        // Entries a resolve returns are the caller's use of them.
+        for e in &hits {
+            d.store.note_use(&e.key);
+        }
         let wanted: Vec<_> = sel
             .wanted
             .iter()

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ctcache::fsutil::FileStamp;
+use ctcache::onnx::Storage;
 
-use super::model::{self, Reader};
+use super::model::{self, OpenedModel, Reader};
 use super::pack::{self, BackendRequest, Jobs};
 use super::{Error, Result};
 use crate::error::ErrorKind;
@@ -178,12 +179,33 @@ fn models_of(d: &Daemon, paths: Vec<PathBuf>) -> HashSet<PathBuf> {
                 );
             }
         } else if let Some(dir) = p.parent() {
-            // An external-data file changed: reconsider the models beside it.
-            models.extend(walk_shallow(d, dir));
+            // Another file changed: reconsider the models beside it that
+            // read their external data from it (a note or a log file
+            // beside models is no reason to read them again).
+            models.extend(
+                walk_shallow(d, dir)
+                    .into_iter()
+                    .filter(|m| reads_from(d, m, &p)),
+            );
         }
     }
     models.retain(|m| owner_may_list(d, m));
     models
+}
+
+/// Whether the watched model at `model` keeps external data in `file`. A
+/// model that cannot be opened does not (it is reconsidered when it
+/// changes itself).
+fn reads_from(d: &Daemon, model: &Path, file: &Path) -> bool {
+    let (Ok(Some((m, _))), Some(dir)) = (open_watched(d, model), model.parent()) else {
+        return false;
+    };
+    m.model.initializers().is_ok_and(|tensors| {
+        tensors.iter().any(|t| match &t.storage {
+            Storage::External(loc) => loc.file_in(dir).is_some_and(|f| f == file),
+            _ => false,
+        })
+    })
 }
 
 /// Takes out of `settling` the models whose stamp has held for `stable`
@@ -268,11 +290,15 @@ fn walk_models(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> Result<()> {
+/// The watched model at `path`, opened with the rights of its watch's
+/// owner, and the uid whose queue bound its jobs wait within (`None`
+/// when the model is not to be read: no watch has it, or it is not directly
+/// in a user's watched folder).
+fn open_watched(d: &Daemon, path: &Path) -> Result<Option<(OpenedModel, Option<u32>)>> {
     // Read with the rights of the watch's owner: a user's watch never
     // packs what that user may not read (a link to another's file).
     let Some(owner) = d.watcher.owner_of(path) else {
-        return Ok(());
+        return Ok(None);
     };
     // And its jobs wait as that user's: within max_queued_jobs_per_uid, as
     // the user's own Prepack calls (a folder of many models cannot fill the
@@ -290,7 +316,7 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         (Reader::As(who), Some(dir), Some(name)) => match d.watcher.held_folder(dir) {
             Some(held) => model::open_in(&held, Path::new(name), path, who)?,
             // Not directly in the user's watched folder: not read.
-            None => return Ok(()),
+            None => return Ok(None),
         },
         _ => model::open_as(path, &reader)?,
     };
@@ -305,6 +331,14 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
             m.path.display()
         )));
     }
+    Ok(Some((m, queue_owner)))
+}
+
+/// Submits the policy's prepacks of the watched model at `path`.
+fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> Result<()> {
+    let Some((m, queue_owner)) = open_watched(d, path)? else {
+        return Ok(());
+    };
     let sel = crate::policy::select(&m.model, &d.config.policy)?;
     // A user's model submits only the pairs not stored yet (they take
     // places in its share of the queue); the admin's all, so that a job

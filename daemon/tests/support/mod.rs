@@ -359,6 +359,15 @@ pub fn daemon_for_nobody(config: &str) -> Daemon {
     d
 }
 
+/// The daemon's event feed, followed from now.
+pub async fn follow_events(c: &CompiledTensorCacheClient<Channel>) -> tonic::Streaming<api::Event> {
+    c.clone()
+        .events(api::EventsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// The next event of `events` within `secs` seconds (panics naming `what`
 /// when none comes or the stream ends).
 pub async fn next_event(
