@@ -112,6 +112,14 @@ impl Error {
         }
     }
 
+    /// What went wrong under the files this error names.
+    pub fn cause(&self) -> &Error {
+        match self {
+            Error::InFile { problem, .. } => problem.cause(),
+            other => other,
+        }
+    }
+
     /// This error, as a problem of the file at `path`.
     pub(crate) fn in_file(self, path: &std::path::Path) -> Error {
         Error::InFile {

@@ -43,6 +43,8 @@ pub use error::{Error, Result};
 pub use payload::{MappedPayload, OpenOptions};
 pub use socket::{default_socket, default_socket_with};
 pub use stream::MessageStream;
+/// The gRPC status code of a daemon refusal ([`Error::code`]).
+pub use tonic::Code;
 
 /// Chunk size of `Put` data messages (the daemon accepts 16 MiB messages).
 const PUT_CHUNK: usize = 1 << 20;

@@ -128,7 +128,7 @@ fn caller_io_kind(e: &std::io::Error) -> ErrorKind {
 
 impl From<ctcache::Error> for Error {
     fn from(e: ctcache::Error) -> Self {
-        let kind = match cause(&e) {
+        let kind = match e.cause() {
             // Reading the caller's model or writing its output: a full disk
             // is a bound, a refused file a permission matter.
             ctcache::Error::Io { source, .. } => caller_io_kind(source),
@@ -140,11 +140,18 @@ impl From<ctcache::Error> for Error {
     }
 }
 
-/// What went wrong under the files an error names.
-fn cause(e: &ctcache::Error) -> &ctcache::Error {
-    match e {
-        ctcache::Error::InFile { problem, .. } => cause(problem),
-        other => other,
+impl From<ctcache_kernels::compile::CompileError> for Error {
+    fn from(e: ctcache_kernels::compile::CompileError) -> Self {
+        use ctcache_kernels::compile::CompileError as C;
+        match e {
+            C::Model(e) => e.into(),
+            // The packer refuses the tensor: asking again fails the same way.
+            e @ C::Pack { .. } => Error::invalid(e.to_string()),
+            // The file was written since its digest was taken: asking again
+            // reads it anew.
+            e @ C::SourceChanged { .. } => Error::new(ErrorKind::Unavailable, e.to_string()),
+            e @ C::Gpu { .. } => Error::internal(e.to_string()),
+        }
     }
 }
 

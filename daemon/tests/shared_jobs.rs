@@ -83,7 +83,7 @@ async fn changing_copy_helper() {
     println!("READY");
     std::io::stdout().flush().unwrap();
     while let Some(p) = progress.message().await.unwrap() {
-        println!("ATTACKER-JOB {:?} {}", p.state(), p.error);
+        println!("ATTACKER-JOB {:?} {} {}", p.state(), p.code, p.error);
     }
 }
 
@@ -171,5 +171,10 @@ async fn a_caller_changing_its_copy_fails_only_its_own_job() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut said, &mut rest).unwrap();
     assert!(peer.wait().unwrap().success(), "{rest}");
+    // The peer's own job failed, as a changed source is: try again.
+    assert!(
+        rest.contains("ATTACKER-JOB Failed UNAVAILABLE W") && rest.contains("the source changed"),
+        "{rest}"
+    );
     println!("the peer's job: {rest}");
 }

@@ -24,6 +24,61 @@ pub fn hex_string(bytes: &[u8]) -> String {
     String::from_utf8(out).expect("hex digits are ASCII")
 }
 
+/// Every gRPC status code, in number order.
+const CODES: [tonic::Code; 17] = {
+    use tonic::Code::*;
+    [
+        Ok,
+        Cancelled,
+        Unknown,
+        InvalidArgument,
+        DeadlineExceeded,
+        NotFound,
+        AlreadyExists,
+        PermissionDenied,
+        ResourceExhausted,
+        FailedPrecondition,
+        Aborted,
+        OutOfRange,
+        Unimplemented,
+        Internal,
+        Unavailable,
+        DataLoss,
+        Unauthenticated,
+    ]
+};
+
+/// The canonical name of a gRPC code (`RESOURCE_EXHAUSTED`), as answers
+/// that carry a failure inside a message spell it
+/// (`PrepackProgress.code`).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The gRPC code whose canonical name is `name` ([`code_name`]).
+pub fn code_named(name: &str) -> Option<tonic::Code> {
+    CODES.into_iter().find(|c| code_name(*c) == name)
+}
+
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/ctcache_descriptor.bin"));
@@ -81,6 +136,19 @@ impl v1::Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_names_round_trip_and_are_grpcs() {
+        for (i, c) in CODES.into_iter().enumerate() {
+            assert_eq!(c as usize, i);
+            assert_eq!(code_named(code_name(c)), Some(c));
+        }
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(code_named("resource_exhausted"), None);
+    }
 
     #[test]
     fn hex_string_is_lower_case_hex_of_every_byte() {

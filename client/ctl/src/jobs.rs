@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::ctx::Ctx;
 use crate::format::{self, parse_param, Style, Table};
 use crate::json;
-use crate::output::{print_json, say, Failure};
+use crate::output::{print_json, say, Failure, Refusal};
 use ctcache_client::{absolute, api, ResolveOptions};
 
 // `--format F --param k=v ...`: one packer and its parameters. (A plain
@@ -145,10 +145,17 @@ pub async fn prepack(ctx: &Ctx, a: PrepackArgs) -> Result<(), Failure> {
         print_jobs(ctx, &jobs)?;
     }
     if failed > 0 {
-        return Err(Failure::Failed(format!(
-            "{failed} of {} pack job(s) failed",
-            jobs.len()
-        )));
+        // One kind of refusal for every failed job is the command's.
+        let mut refusals = jobs
+            .iter()
+            .filter(|j| !j.state().succeeded())
+            .map(|j| Refusal::of_name(&j.code));
+        let first = refusals.next().flatten();
+        let one = refusals.all(|r| r == first);
+        return Err(Failure::with(
+            format!("{failed} of {} pack job(s) failed", jobs.len()),
+            first.filter(|_| one),
+        ));
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `ctcachectl`: the ctcache admin CLI. Exit codes: 0 success, 1 failure or
-//! invalid input, 2 usage error, 3 daemon not reachable (message on stderr).
+//! invalid input, 2 usage error, 3 daemon not reachable, 4-7 refusals a
+//! script may act on (see `output::Refusal`); messages on stderr.
 
 mod admin;
 mod cli;

@@ -1,8 +1,10 @@
 //! Output helpers shared by commands: JSON printing, aligned tables, and the
 //! failure type that maps to exit codes (0 ok, 1 failure, 2 usage, 3 daemon
-//! not reachable).
+//! not reachable, 4-7 refusals a script may act on: see [`Refusal`]).
 
 use std::io::Write;
+
+use ctcache_client::Code;
 
 /// Why a command failed; `ctcachectl` prints it and exits with its code.
 #[derive(Debug)]
@@ -13,6 +15,8 @@ pub enum Failure {
     Usage(String),
     /// The daemon could not be reached (exit 3); the message says what to do.
     Unreachable(String),
+    /// A refusal of a kind a script may act on (exit 4 to 7).
+    Refused(String, Refusal),
     /// Writing to stdout failed because the reader went away (exit 0, silent).
     BrokenPipe,
 }
@@ -25,14 +29,82 @@ impl Failure {
             Failure::Failed(_) => 1,
             Failure::Usage(_) => 2,
             Failure::Unreachable(_) => 3,
+            Failure::Refused(_, r) => r.exit_code(),
         }
     }
 
     /// The message for stderr, if any.
     pub fn message(&self) -> Option<&str> {
         match self {
-            Failure::Failed(m) | Failure::Usage(m) | Failure::Unreachable(m) => Some(m),
+            Failure::Failed(m)
+            | Failure::Usage(m)
+            | Failure::Unreachable(m)
+            | Failure::Refused(m, _) => Some(m),
             Failure::BrokenPipe => None,
+        }
+    }
+}
+
+/// Failures a script may tell apart by the exit code, one per kind of
+/// answer (the daemon's gRPC code, or the same cause found locally).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A bound was reached or a disk is full (RESOURCE_EXHAUSTED): exit 4.
+    Exhausted,
+    /// The caller may not read or write that (PERMISSION_DENIED): exit 5.
+    Denied,
+    /// Stored bytes were found damaged and not served (DATA_LOSS): exit 6.
+    DataLoss,
+    /// A passing state: the same call may succeed later (UNAVAILABLE,
+    /// ABORTED), such as a model written while it was packed: exit 7.
+    TryAgain,
+}
+
+impl Refusal {
+    /// The refusal a gRPC code is, if any.
+    pub fn of(code: Code) -> Option<Refusal> {
+        match code {
+            Code::ResourceExhausted => Some(Refusal::Exhausted),
+            Code::PermissionDenied => Some(Refusal::Denied),
+            Code::DataLoss => Some(Refusal::DataLoss),
+            Code::Unavailable | Code::Aborted => Some(Refusal::TryAgain),
+            _ => None,
+        }
+    }
+
+    /// The refusal a job's code name (`PrepackProgress.code`) is, if any.
+    pub fn of_name(name: &str) -> Option<Refusal> {
+        ctcache_api::code_named(name).and_then(Refusal::of)
+    }
+
+    /// The refusal a local I/O error is, if any.
+    fn of_io(e: &std::io::Error) -> Option<Refusal> {
+        match e.kind() {
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+                Some(Refusal::Exhausted)
+            }
+            std::io::ErrorKind::PermissionDenied => Some(Refusal::Denied),
+            _ => None,
+        }
+    }
+
+    /// The process exit code.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Refusal::Exhausted => 4,
+            Refusal::Denied => 5,
+            Refusal::DataLoss => 6,
+            Refusal::TryAgain => 7,
+        }
+    }
+}
+
+impl Failure {
+    /// `message`, refused as `refusal` when there is one, else failed.
+    pub fn with(message: String, refusal: Option<Refusal>) -> Failure {
+        match refusal {
+            Some(r) => Failure::Refused(message, r),
+            None => Failure::Failed(message),
         }
     }
 }
@@ -42,20 +114,34 @@ impl From<ctcache_client::Error> for Failure {
         if e.is_unreachable() {
             Failure::Unreachable(e.to_string())
         } else {
-            Failure::Failed(e.to_string())
+            Failure::with(e.to_string(), e.code().and_then(Refusal::of))
         }
     }
 }
 
 impl From<ctcache::store::StoreError> for Failure {
     fn from(e: ctcache::store::StoreError) -> Self {
-        Failure::Failed(e.to_string())
+        use ctcache::store::StoreError as S;
+        let refusal = match &e {
+            S::NoSpace { .. } | S::IndexNoSpace { .. } | S::TooManyLeases { .. } => {
+                Some(Refusal::Exhausted)
+            }
+            S::PayloadDamaged { .. } | S::PayloadCorrupt { .. } => Some(Refusal::DataLoss),
+            S::Io { source, .. } => Refusal::of_io(source),
+            _ => None,
+        };
+        Failure::with(e.to_string(), refusal)
     }
 }
 
 impl From<ctcache::Error> for Failure {
     fn from(e: ctcache::Error) -> Self {
-        Failure::Failed(e.to_string())
+        let refusal = match e.cause() {
+            ctcache::Error::Io { source, .. } => Refusal::of_io(source),
+            ctcache::Error::PayloadChanged { .. } => Some(Refusal::DataLoss),
+            _ => None,
+        };
+        Failure::with(e.to_string(), refusal)
     }
 }
 
@@ -162,5 +248,35 @@ impl Drop for MadeDir {
         for d in self.0.iter().rev() {
             let _ = std::fs::remove_dir(d);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_have_codes_of_their_own() {
+        let all = [
+            (Code::ResourceExhausted, Refusal::Exhausted, 4),
+            (Code::PermissionDenied, Refusal::Denied, 5),
+            (Code::DataLoss, Refusal::DataLoss, 6),
+            (Code::Unavailable, Refusal::TryAgain, 7),
+            (Code::Aborted, Refusal::TryAgain, 7),
+        ];
+        for (code, refusal, exit) in all {
+            assert_eq!(Refusal::of(code), Some(refusal));
+            assert_eq!(
+                Refusal::of_name(ctcache_api::code_name(code)),
+                Some(refusal)
+            );
+            assert_eq!(refusal.exit_code(), exit);
+        }
+        for code in [Code::InvalidArgument, Code::NotFound, Code::Internal] {
+            assert_eq!(Refusal::of(code), None);
+        }
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let e = ctcache::Error::write("/out/m.onnx", full);
+        assert_eq!(Failure::from(e).exit_code(), 4);
     }
 }

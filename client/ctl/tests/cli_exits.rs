@@ -1,8 +1,9 @@
 //! How ctcachectl ends when things around it go away: a daemon killed
 //! during a call (exit 3, the same words for every RPC), a named socket
 //! that does not answer (exit 3, no local fallback), no socket named and no
-//! daemon (embed and materialize work here, with one note), and a reader
-//! that closes stdout early (a quiet exit).
+//! daemon (embed and materialize work here, with one note), a reader
+//! that closes stdout early (a quiet exit), and refusals a script may act
+//! on (a bound reached: exit 4).
 
 mod harness;
 
@@ -146,4 +147,20 @@ fn a_closed_stdout_ends_the_command_quietly() {
         .stdout
         .is_empty());
     d.stop();
+}
+
+#[test]
+fn a_bound_reached_is_exit_4() {
+    // Payloads of at most 1 KiB: the model's weights are over it.
+    let d = Daemon::in_process_with(|c| c.max_payload_bytes = 1024);
+    let model = write_model(&d.path("work/m.onnx"), 31);
+    for args in [
+        &["prepack", model.as_str(), "--wait"][..],
+        &["--json", "prepack", model.as_str(), "--wait"],
+        &["resolve", model.as_str(), "--on-miss", "wait"],
+    ] {
+        let o = d.ctl(args);
+        assert_eq!(o.code, 4, "{args:?}: {o:#?}");
+        assert!(o.stderr.contains("max_payload_bytes"), "{o:#?}");
+    }
 }

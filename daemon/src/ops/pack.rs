@@ -299,7 +299,7 @@ fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<Compiled> {
         &spec.params,
         choice,
     )
-    .map_err(|e| Error::internal(e.to_string()))
+    .map_err(Error::from)
 }
 
 /// A pack job: reuse a stored entry, else pack and put.

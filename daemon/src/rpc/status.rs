@@ -28,18 +28,7 @@ pub(crate) fn code(kind: ErrorKind) -> Code {
 /// The canonical name of an error kind's gRPC code (`RESOURCE_EXHAUSTED`),
 /// for answers that carry a failure inside a message.
 pub(crate) fn code_name(kind: ErrorKind) -> &'static str {
-    match code(kind) {
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::NotFound => "NOT_FOUND",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Aborted => "ABORTED",
-        Code::Unavailable => "UNAVAILABLE",
-        _ => "INTERNAL",
-    }
+    ctcache_api::code_name(code(kind))
 }
 
 impl From<Error> for Status {
