@@ -17,6 +17,7 @@ Skips when the binaries are not built or moto is not installed.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -392,6 +393,44 @@ def test_a_full_upload_queue_drops_and_counts_without_failing_requests(root, mon
     finally:
         d.stop()
         hole.close()
+
+
+def fill(folder: Path) -> Path:
+    """Fills the file system of ``folder`` to the last byte; returns the ballast file."""
+    ballast = folder / "ballast"
+    with open(ballast, "wb", buffering=0) as f:
+        for size in (1 << 16, 512):
+            try:
+                while True:
+                    f.write(b"\1" * size)
+            except OSError:
+                pass
+    return ballast
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_full_cache_disk_is_resource_exhausted_for_a_pull_and_serves_again(root, s3, shared):
+    """A fetch whose local store is full answers RESOURCE_EXHAUSTED (exit 4),
+    not "missing": packing instead would fill the disk the same way."""
+    packed, model, pub_a = shared
+    cache = root / "b" / "cache"
+    cache.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(cache)], check=True)
+    try:
+        b = fleet_daemon(root, "b", s3, trust=[pub_a], write=False)
+        try:
+            ballast = fill(cache)
+            r = b.ctl("remote", "pull", str(model))
+            assert r.returncode == 4, r.describe()
+            assert "RESOURCE_EXHAUSTED" in r.stderr or "space" in r.stderr, r.describe()
+            ballast.unlink()
+            pulled = b.json("remote", "pull", str(model))
+            assert (pulled["done"], pulled["missing"]) == (FORMATS, 0), pulled
+            assert payloads(b) == packed
+        finally:
+            b.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
 
 
 def test_push_then_pull(root, s3):

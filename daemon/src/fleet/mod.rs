@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ctcache::store::{Entry, EntryKey, Payload, Store};
+use ctcache::store::{Entry, EntryKey, Payload, Store, StoreError};
 use ctcache_remote::audit::{self, Matching};
 use ctcache_remote::client::{Client, PayloadStream, RemoteError};
 use ctcache_remote::config::{RemoteConfig, Settings};
@@ -125,7 +125,10 @@ enum Failed {
         detail: String,
     },
     Remote(&'static str, RemoteError),
-    Store(String),
+    /// The local store did not take it.
+    Store(StoreError),
+    /// Something of this host went wrong (an audit that could not pack).
+    Local(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,9 +181,10 @@ impl Fleet {
 
     /// Read-through for a local miss of `key`, from a blocking thread (a
     /// pack job's, or a `remote pull`'s): the entry, stored exactly as a
-    /// local pack would store it, or `None` (then the job packs). `ask` says
-    /// whether the cost rule decides; `audit_rate` of the fetches are packed
-    /// again with `packing.repack` and must be equal.
+    /// local pack would store it, or `None` (then the job packs); an error
+    /// only when the local store is out of space. `ask` says whether the
+    /// cost rule decides; `audit_rate` of the fetches are packed again with
+    /// `packing.repack` and must be equal.
     pub fn fetch(
         &self,
         store: &Store,
@@ -188,14 +192,14 @@ impl Fleet {
         ask: Ask,
         source: Source,
         packing: Packing<'_>,
-    ) -> Option<Entry> {
+    ) -> Result<Option<Entry>, StoreError> {
         let s = &self.shared;
         if !s.settings.config.read {
-            return None;
+            return Ok(None);
         }
         if lock(&self.quarantined).contains(key) {
             s.counters.miss();
-            return None;
+            return Ok(None);
         }
         if ask == Ask::CostRule {
             let fetch = lock(&self.costs).should_fetch(
@@ -205,7 +209,7 @@ impl Fleet {
             );
             s.counters.chose(fetch);
             if !fetch {
-                return None;
+                return Ok(None);
             }
         }
         {
@@ -213,11 +217,11 @@ impl Fleet {
             let now = Instant::now();
             if g.1.known_miss(key, now) {
                 s.counters.miss();
-                return None;
+                return Ok(None);
             }
             if !g.0.allow(now) {
                 s.counters.skipped();
-                return None;
+                return Ok(None);
             }
         }
         let started = Instant::now();
@@ -232,14 +236,14 @@ impl Fleet {
                 let took = started.elapsed().saturating_sub(repacking);
                 lock(&self.costs).fetched(e.payload.len, took);
                 tracing::debug!(%key, bytes = e.payload.len, "remote hit");
-                Some(e)
+                Ok(Some(e))
             }
             Err(Failed::Absent) => {
                 g.0.success();
                 s.answered();
                 g.1.remember(*key, Instant::now());
                 s.counters.miss();
-                None
+                Ok(None)
             }
             Err(Failed::Rejected(reason, detail)) => {
                 // The server answered; what it holds is not for us.
@@ -248,7 +252,7 @@ impl Fleet {
                 g.1.remember(*key, Instant::now());
                 s.counters.rejected(reason);
                 tracing::warn!(%key, reason, "remote entry rejected: {detail}");
-                None
+                Ok(None)
             }
             Err(Failed::AuditMismatch { signer, detail }) => {
                 g.0.success();
@@ -263,7 +267,7 @@ impl Fleet {
                     "remote entry failed its audit, quarantined (not fetched again until restart): \
                      signed by trusted key {signer:?}, {detail}"
                 );
-                None
+                Ok(None)
             }
             Err(Failed::Remote(during, e)) => {
                 s.counters.error(during);
@@ -275,12 +279,25 @@ impl Fleet {
                         "remote: too many failures in a row; skipping it for a while"
                     );
                 }
-                None
+                Ok(None)
             }
             Err(Failed::Store(e)) => {
                 s.counters.error("store");
+                // A full disk is the caller's answer (RESOURCE_EXHAUSTED), not
+                // a miss to pack instead: packing would fill it the same way.
+                if matches!(
+                    e,
+                    StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. }
+                ) {
+                    return Err(e);
+                }
                 tracing::warn!(%key, "storing a fetched entry failed: {e}");
-                None
+                Ok(None)
+            }
+            Err(Failed::Local(e)) => {
+                s.counters.error("store");
+                tracing::warn!(%key, "storing a fetched entry failed: {e}");
+                Ok(None)
             }
         }
     }
@@ -319,7 +336,7 @@ impl Fleet {
             let packed = repack();
             *repacking = t.elapsed();
             s.counters.audited(packed.is_ok());
-            Some(packed.map_err(|e| Failed::Store(format!("cannot audit: {e}")))?)
+            Some(packed.map_err(|e| Failed::Local(format!("cannot audit: {e}")))?)
         } else {
             None
         };
@@ -358,11 +375,11 @@ impl Fleet {
                 detail,
             });
         }
-        let stored = put.map_err(|e| Failed::Store(e.to_string()))?;
+        let stored = put.map_err(Failed::Store)?;
         if stored.entry.key != *key {
             // `open` checked the key the record derives; `put` derived the
             // same. A difference is a bug, never a hit.
-            return Err(Failed::Store(format!(
+            return Err(Failed::Local(format!(
                 "stored under {} instead of {key}",
                 stored.entry.key
             )));

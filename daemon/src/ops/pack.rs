@@ -316,8 +316,10 @@ fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) 
     if cancel.cancelled() {
         return Err(Error::cancelled("every waiter went away"));
     }
-    let remote = expected_key(&spec.digest, t, spec.packer, &spec.params)
-        .and_then(|key| fetch_remote(d, &spec, &key, crate::fleet::Ask::CostRule, choice));
+    let remote = match expected_key(&spec.digest, t, spec.packer, &spec.params) {
+        Some(key) => fetch_remote(d, &spec, &key, crate::fleet::Ask::CostRule, choice)?,
+        None => None,
+    };
     if let Some(entry) = remote {
         return Ok(Packed {
             entry,
@@ -379,15 +381,18 @@ fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) 
 
 /// Read-through on a local miss of `key` (what `spec` packs to): the entry
 /// from the fleet tier, stored here, when the remote has it (and, under
-/// `ask`, the cost rule says fetching pays for a pack on `choice`).
+/// `ask`, the cost rule says fetching pays for a pack on `choice`). Fails
+/// only when the local store has no room for it.
 pub(crate) fn fetch_remote(
     d: &Daemon,
     spec: &PackSpec,
     key: &EntryKey,
     ask: crate::fleet::Ask,
     choice: BackendChoice,
-) -> Option<Entry> {
-    let fleet = d.fleet.as_ref()?;
+) -> Result<Option<Entry>> {
+    let Some(fleet) = d.fleet.as_ref() else {
+        return Ok(None);
+    };
     let model_path = spec.model.path.display().to_string();
     // The CPU packers are the reference an audit compares with.
     let repack = || {
@@ -417,13 +422,16 @@ pub(crate) fn fetch_remote(
             repack: &repack,
         },
     )?;
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
     d.events.emit(
         EventKind::EntryAdded,
         Some(entry.key),
         model_path,
         format!("{} {} (from the remote)", spec.tensor.name, entry.type_name),
     );
-    Some(entry)
+    Ok(Some(entry))
 }
 
 /// Waits for jobs: their entries in order, and how many were packed now

@@ -64,7 +64,7 @@ pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
             params: w.params.clone(),
             requested_by: caller.bounded_uid(),
         };
-        match pack::fetch_remote(d, &spec, &key, Ask::Always, BackendChoice::Cpu) {
+        match pack::fetch_remote(d, &spec, &key, Ask::Always, BackendChoice::Cpu)? {
             Some(e) => {
                 t.done += 1;
                 t.bytes += e.payload.len;
