@@ -5,6 +5,7 @@
 //! answer. Rules live in the core; use cases apply them for a caller.
 
 pub(crate) mod embed;
+pub(crate) mod follow;
 pub(crate) mod gc;
 pub(crate) mod import;
 pub(crate) mod lookup;

@@ -10,7 +10,7 @@ use ctcache::store::LeaseId;
 use ctcache_api::served::{self, compiled_tensor_cache_server::CompiledTensorCache};
 use ctcache_api::v1 as api;
 use ctcache_convert as convert;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -19,7 +19,6 @@ use super::{caller, decode, encode};
 use crate::caller::Caller;
 use crate::ops::{self, blocking, Error};
 use crate::state::Daemon;
-use crate::view::View;
 
 type Answer<T> = Result<Response<T>, Status>;
 type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -368,45 +367,11 @@ impl CompiledTensorCache for Service {
 
     async fn events(&self, req: Request<api::EventsRequest>) -> Answer<Self::EventsStream> {
         let caller = self.caller(&req);
-        let sub = self.daemon.events.subscribe(caller.bounded_uid())?;
-        let view = View::of(&caller);
-        let mut stop = self.shutdown.clone();
+        let followed = ops::follow::follow(&self.daemon, &caller, self.shutdown.clone())?;
         let d = self.daemon.clone();
-        let (tx, out) = mpsc::channel(256);
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await.is_ok();
-            };
-            tokio::pin!(stopped);
-            // The subscription (and its place) lives as long as the task.
-            let mut sub = sub;
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    _ = tx.closed() => break,
-                    e = sub.rx.recv() => match e {
-                        Ok(e) => {
-                            let shown = if view.sees_all() {
-                                Some(e)
-                            } else {
-                                // Judging takes file system calls.
-                                let v = view.clone();
-                                blocking(move || Ok(v.event(e))).await.ok().flatten()
-                            };
-                            if let Some(e) = shown {
-                                if tx.send(Ok(encode::event(&d, &e))).await.is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                        // A slow follower misses events rather than stalling others.
-                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    },
-                }
-            }
-        });
-        ok(Box::pin(ReceiverStream::new(out)))
+        ok(Box::pin(
+            ReceiverStream::new(followed).map(move |e| Ok(encode::event(&d, &e))),
+        ))
     }
 
     async fn status(&self, req: Request<api::StatusRequest>) -> Answer<api::StatusResponse> {
