@@ -184,3 +184,8 @@ step "performance table (docs/PERFORMANCE.md) and README summary"
 # Every figure bench/all.sh declares has its row, no other row exists, and
 # README.md's headline summary is what the table gives.
 bench/all.sh --check-table
+
+step "docs check"
+# Paths README.md and docs/*.md name exist; docs/CLI.md documents exactly
+# ctcachectl's commands and only options they have; README.md is short.
+"$VENV/bin/python" tests/docs_check.py "$CTCACHECTL"
