@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every performance figure the README and docs promise, as one table: builds
+# Every performance figure the docs promise, as one table: builds
 # once (release), runs each bench below, collects the RESULT lines they print
 # (ctcache_testkit::Figure) and prints figure, value, anchor measured in the
 # same run, ratio, target, met or not. Each bench still runs alone (its own
@@ -7,11 +7,14 @@
 #
 #   bench/all.sh [--only NAME,...] [--markdown] [--keep-logs]
 #       --only      run only these benches (names below)
-#       --markdown  also write the table into README.md between its markers
-#                   (with --only: just the rows of those benches, the note
-#                   says which run measured them)
-#   bench/all.sh --check-readme   README.md's table has exactly the figures
-#                                 declared below (runs no bench: cheap enough for CI)
+#       --markdown  also write the table into docs/PERFORMANCE.md between its
+#                   markers (with --only: just the rows of those benches, the
+#                   note says which run measured them), then README.md's
+#                   headline summary from that table (bench/results.py HEADLINE)
+#   bench/all.sh --check-table    docs/PERFORMANCE.md's table has exactly the
+#                                 figures declared below and README.md's summary
+#                                 is what that table gives (runs no bench: cheap
+#                                 enough for CI; --check-readme is an old name)
 #   bench/all.sh --list           the benches and their figures
 #
 # Timings are only meaningful on a quiet machine: nothing else building.
@@ -44,6 +47,7 @@ bench fleet        "bench/fleet_bench.sh"                             fleet.{ort
 bench soak         "tests/soak.sh --seconds 60"                       soak.{restart_p99,wrong_bytes,lost}
 # ---------------------------------------------------------------------
 
+DOC=docs/PERFORMANCE.md   # the table; README.md has the headline summary
 declared() { for n in "${NAMES[@]}"; do printf '%s\n' ${FIGURES[$n]}; done; }
 
 only="" markdown=0 keep=0
@@ -55,13 +59,13 @@ while [ $# -gt 0 ]; do
     --list)
       for n in "${NAMES[@]}"; do printf '%-13s %s\n%-13s   %s\n' "$n" "${COMMAND[$n]}" "" "${FIGURES[$n]}"; done
       exit 0 ;;
-    --check-readme)
+    --check-table|--check-readme)
       list=$(mktemp); trap 'rm -f "$list"' EXIT
       declared >"$list"
-      python3 bench/results.py check "$list" README.md
-      echo "README.md's performance table has exactly the $(wc -l <"$list") figures bench/all.sh declares"
+      python3 bench/results.py check "$list" "$DOC" --summary README.md
+      echo "$DOC's performance table has exactly the $(wc -l <"$list") figures bench/all.sh declares; README.md's summary matches it"
       exit 0 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -107,12 +111,13 @@ python3 bench/results.py table "$work/figures" "${logs[@]}"
 if [ "$markdown" = 1 ]; then
   cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
   if [ -n "$only" ]; then
-    python3 bench/results.py markdown "$work/figures" "${logs[@]}" --readme README.md --update \
+    python3 bench/results.py markdown "$work/figures" "${logs[@]}" --doc "$DOC" --update \
       --note "The rows of $only: \`bench/all.sh --only $only --markdown\` on $(date -u +%Y-%m-%d) ($(nproc) CPUs, Linux $(uname -r))."
   else
-    python3 bench/results.py markdown "$work/figures" "${logs[@]}" --readme README.md \
+    python3 bench/results.py markdown "$work/figures" "${logs[@]}" --doc "$DOC" \
       --note "Measured by \`bench/all.sh --markdown\` on $(date -u +%Y-%m-%d): $(nproc) CPUs ($cpu), Linux $(uname -r)."
   fi
+  python3 bench/results.py summary "$DOC" README.md
 fi
 [ "$keep" = 0 ] || echo "logs kept in $work"
 [ ${#failed[@]} -eq 0 ] || { echo "benches that failed: ${failed[*]}" >&2; exit 1; }

@@ -13,14 +13,19 @@ Subcommands (standard library only: runs without the venv):
                                        (a file, one id a line) from the RESULT
                                        lines in the LOGs; exit 1 on a figure
                                        nobody declared
-    results.py markdown FIGURES LOG... [--readme README.md] [--note TEXT] [--update]
+    results.py markdown FIGURES LOG... [--doc docs/PERFORMANCE.md] [--note TEXT] [--update]
                                        the same as a Markdown table, written
-                                       between the README's markers; with
-                                       --update only the rows the LOGs measure
-                                       are replaced, --note joins the old note
-    results.py check FIGURES README    exit 1 unless the README's table has one
-                                       row per declared figure, no other (runs
-                                       no bench: a cheap CI check)
+                                       between the document's markers (--readme
+                                       is the old name of --doc); with --update
+                                       only the rows the LOGs measure are
+                                       replaced, --note joins the old note
+    results.py summary DOC README      write README's headline summary (the
+                                       HEADLINE figures below) from DOC's table
+    results.py check FIGURES DOC [--summary README]
+                                       exit 1 unless DOC's table has one row per
+                                       declared figure, no other, and (with
+                                       --summary) README's summary is what DOC's
+                                       table gives (runs no bench: a cheap CI check)
 """
 
 from __future__ import annotations
@@ -34,6 +39,23 @@ from pathlib import Path
 
 BEGIN = "<!-- bench/all.sh --markdown: begin (generated, do not edit) -->"
 END = "<!-- bench/all.sh --markdown: end -->"
+SUMMARY_BEGIN = "<!-- bench/results.py summary: begin (generated, do not edit) -->"
+SUMMARY_END = "<!-- bench/results.py summary: end -->"
+# The README's headline figures (at most ten), each with a short "what"; their
+# figure, anchor and ratio come from the table's rows.
+HEADLINE = [
+    ("materialize.cold", "fp32 model to a 4-bit onnxruntime session, empty cache, vs onnxruntime's quantizer"),
+    ("materialize.warm.auto", "the same, warm cache (`--link auto`)"),
+    ("pack.ort.matmul_nbits.cpu", "4-bit MatMulNBits pack vs onnxruntime's quantizer"),
+    ("pack.ggml.q8_0.cpu", "ggml Q8_0 pack vs gguf-py"),
+    ("digest.b3sum", "digest of 1 GiB of external data vs `b3sum`"),
+    ("daemon.lookup_p50", "Lookup over the Unix socket, p50, vs a no-op RPC"),
+    ("open_payload.throughput", "read of a 256 MiB entry through `open_payload` vs `read()`"),
+    ("store.gc", "gc of 10,000 of 100,000 entries"),
+    ("soak.wrong_bytes", "wrong bytes served under faults"),
+    ("soak.lost", "acknowledged entries lost under faults"),
+]
+CELL = re.compile(r"(?<!\\)\|")
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 TARGET = re.compile(r"^(value|ratio)(>=|<=|>|<)(-?[0-9.e+-]+)$")
 ROW_ID = re.compile(r"^\|\s*`([^`]+)`\s*\|")
@@ -187,6 +209,37 @@ def readme_block(readme: Path) -> tuple[str, int, int]:
     return text, b + len(BEGIN), e
 
 
+def table_rows(doc: Path) -> dict[str, list[str]]:
+    """The cells of each row of DOC's table, by figure id."""
+    text, b, e = readme_block(doc)
+    out = {}
+    for l in text[b:e].splitlines():
+        if ROW_ID.match(l.strip()):
+            cells = [c.strip() for c in CELL.split(l.strip())[1:-1]]
+            out[cells[0].strip("`")] = cells
+    return out
+
+
+def summary_block(doc: Path) -> str:
+    """README's headline summary from DOC's table: what, figure, anchor, ratio."""
+    rows = table_rows(doc)
+    lines = ["| what | figure | anchor | ratio |", "|---|---|---|---|"]
+    for name, what in HEADLINE:
+        if name not in rows:
+            raise Bad(f"{doc}: no row for the headline figure {name!r}")
+        _, _, value, anchor, ratio, _, _ = rows[name]
+        lines.append(f"| `{name}`: {what} | {value} | {anchor} | {ratio} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def summary_span(readme: Path) -> tuple[str, int, int]:
+    text = readme.read_text()
+    b, e = text.find(SUMMARY_BEGIN), text.find(SUMMARY_END)
+    if b < 0 or e < b:
+        raise Bad(f"{readme}: no block between the markers {SUMMARY_BEGIN!r} and {SUMMARY_END!r}")
+    return text, b + len(SUMMARY_BEGIN), e
+
+
 def check(declared: list[str], readme: Path) -> list[str]:
     """The problems of the README's table against the declared figures."""
     text, b, e = readme_block(readme)
@@ -204,12 +257,23 @@ def check(declared: list[str], readme: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] not in ("table", "markdown", "check"):
+    if len(argv) < 3 or argv[1] not in ("table", "markdown", "summary", "check"):
         print(__doc__, file=sys.stderr)
         return 2
+    if argv[1] == "summary":
+        doc, readme = Path(argv[2]), Path(argv[3])
+        text, b, e = summary_span(readme)
+        readme.write_text(text[:b] + summary_block(doc) + text[e:])
+        print(f"wrote the summary of {len(HEADLINE)} headline figures into {readme}")
+        return 0
     cmd, declared = argv[1], read_declared(argv[2])
     if cmd == "check":
         problems = check(declared, Path(argv[3]))
+        if argv[4:5] == ["--summary"]:
+            readme = Path(argv[5])
+            text, b, e = summary_span(readme)
+            if text[b:e] != summary_block(Path(argv[3])):
+                problems.append(f"{readme}'s headline summary differs from what {argv[3]}'s table gives")
         for p in problems:
             print(f"{argv[3]}: {p}", file=sys.stderr)
         if problems:
@@ -218,9 +282,10 @@ def main(argv: list[str]) -> int:
     args, readme, note = argv[3:], None, ""
     update = "--update" in args
     args = [a for a in args if a != "--update"]
-    if "--readme" in args:
-        i = args.index("--readme")
-        readme, args = Path(args[i + 1]), args[:i] + args[i + 2:]
+    for flag in ("--doc", "--readme"):
+        if flag in args:
+            i = args.index(flag)
+            readme, args = Path(args[i + 1]), args[:i] + args[i + 2:]
     if "--note" in args:
         i = args.index("--note")
         note, args = args[i + 1], args[:i] + args[i + 2:]
@@ -234,7 +299,7 @@ def main(argv: list[str]) -> int:
         return 0
     if update:
         if readme is None:
-            raise Bad("--update needs --readme")
+            raise Bad("--update needs --doc")
         text, b, e = readme_block(readme)
         got = collect(declared, args)
         readme.write_text(text[:b] + updated_block(text[b:e], rs, set(got), note) + text[e:])

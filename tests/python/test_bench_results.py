@@ -1,4 +1,4 @@
-"""bench/results.py: the README's performance table from the benches' RESULT lines.
+"""bench/results.py: the performance table (docs/PERFORMANCE.md) from the benches' RESULT lines, and README.md's summary of it.
 
 A run of some benches (``bench/all.sh --only NAME --markdown``) replaces the rows of the figures it measured
 and keeps every other row as it was; its note joins the table's note. A whole run writes every row.
@@ -75,3 +75,31 @@ def test_a_partial_run_adds_a_row_for_a_new_figure(tmp_path: Path) -> None:
     assert [l.split("|")[1].strip() for l in rows] == ["`a.speed`", "`d.new`"]
     assert "7.00 ms" in rows[1]
     assert results("check", figures, readme).returncode == 0
+
+
+def test_the_readme_summary_is_what_the_table_gives(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results", RESULTS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ids = [name for name, _ in mod.HEADLINE]
+    figures = tmp_path / "figures"
+    figures.write_text("\n".join(ids) + "\n")
+    log = tmp_path / "all.log"
+    log.write_text("".join(f'RESULT name={i} value={n + 1} unit=s anchor=2 ratio={(n + 1) / 2} label="{i}"\n'
+                           for n, i in enumerate(ids)))
+    doc = tmp_path / "PERFORMANCE.md"
+    doc.write_text(f"# p\n\n{BEGIN}\n{END}\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# r\n\n{mod.SUMMARY_BEGIN}\n{mod.SUMMARY_END}\n\nafter\n")
+    assert results("markdown", figures, log, "--doc", doc).returncode == 0
+    r = results("summary", doc, readme)
+    assert r.returncode == 0, r.stderr
+    summary = readme.read_text()
+    assert summary.count("| `") == len(ids) and "| 1.00 s | 2.00 s | 0.5x |" in summary
+    assert results("check", figures, doc, "--summary", readme).returncode == 0
+
+    readme.write_text(summary.replace("| 1.00 s |", "| 0.90 s |"))
+    r = results("check", figures, doc, "--summary", readme)
+    assert r.returncode == 1 and "headline summary differs" in r.stderr
