@@ -172,9 +172,9 @@ impl Identity {
     /// `shown` in errors).
     pub fn open_read_at(&self, dir: impl AsFd, name: &Path, shown: &Path) -> io::Result<File> {
         if creds::can_switch() {
-            return creds::with_rights_of(self, || open_regular_at(dir, name, shown));
+            return creds::with_rights_of(self, || open_regular_at(dir, name));
         }
-        let file = open_regular_at(dir, name, shown)?;
+        let file = open_regular_at(dir, name)?;
         self.check_read(&file, shown)?;
         Ok(file)
     }
@@ -317,19 +317,19 @@ fn refuse_proc(fd: impl AsFd) -> io::Result<()> {
 /// that opens nothing (`O_PATH`) is judged first and that same inode is
 /// then opened through `/proc/self/fd`.
 pub fn open_regular(path: &Path) -> io::Result<File> {
-    open_regular_at(rustix::fs::CWD, path, path)
+    open_regular_at(rustix::fs::CWD, path)
 }
 
-/// [`open_regular`] of `name` in the open folder `dir` (named `shown` in
-/// errors).
-fn open_regular_at(dir: impl AsFd, name: &Path, shown: &Path) -> io::Result<File> {
+/// [`open_regular`] of `name` in the open folder `dir`.
+fn open_regular_at(dir: impl AsFd, name: &Path) -> io::Result<File> {
     let handle = open_resolved(dir, name, OFlags::PATH)?;
     refuse_proc(&handle)?;
     let st = rustix::fs::fstat(&handle)?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is not a regular file", shown.display()),
+            // Callers name the file.
+            "not a regular file",
         ));
     }
     let fd = rustix::fs::open(

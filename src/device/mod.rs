@@ -9,6 +9,11 @@ use crate::pb;
 
 /// Metadata key listing the CPU features a payload needs (sorted, comma-separated).
 pub const CPU_FEATURES_KEY: &str = "cpu.features";
+/// Metadata key of a wgpu device: the graphics API wgpu reaches it through
+/// (`vulkan`, `gl`, ...). Descriptive: device matching ignores it.
+pub const WGPU_BACKEND_KEY: &str = "wgpu.backend";
+/// Metadata key of a wgpu device: the adapter's name. Descriptive.
+pub const WGPU_NAME_KEY: &str = "wgpu.name";
 /// Metadata key that turns the runtime version rule from semver to exact.
 pub const VERSION_MATCH_KEY: &str = "ctcache.version_match";
 /// Metadata keys with this prefix must be present on the host with an equal value.

@@ -44,18 +44,25 @@ pub fn print_devices(devices: &[ctcache::pb::DeviceProto], json: bool) -> Result
     }
     let rows: Vec<Vec<String>> = devices
         .iter()
-        .map(|d| {
-            let features =
-                ctcache::structs::metadata(&d.metadata_props, ctcache::device::CPU_FEATURES_KEY)
-                    .unwrap_or("");
-            vec![
-                d.r#type.clone(),
-                d.architecture.clone(),
-                features.to_string(),
-            ]
-        })
+        .map(|d| vec![d.r#type.clone(), d.architecture.clone(), device_detail(d)])
         .collect();
-    print_table(&["TYPE", "ARCHITECTURE", "FEATURES"], &rows)
+    print_table(&["TYPE", "ARCHITECTURE", "DETAIL"], &rows)
+}
+
+/// What tells a device apart besides its architecture: a CPU's features,
+/// a wgpu adapter's API and name (one adapter reached through Vulkan and
+/// GL is two devices of one architecture).
+fn device_detail(d: &ctcache::pb::DeviceProto) -> String {
+    use ctcache::device::{CPU_FEATURES_KEY, WGPU_BACKEND_KEY, WGPU_NAME_KEY};
+    let meta = |k| ctcache::structs::metadata(&d.metadata_props, k).unwrap_or("");
+    match (
+        meta(CPU_FEATURES_KEY),
+        meta(WGPU_BACKEND_KEY),
+        meta(WGPU_NAME_KEY),
+    ) {
+        (features, "", "") => features.to_string(),
+        (_, backend, name) => format!("{backend}: {name}"),
+    }
 }
 
 pub fn formats(json: bool) -> Result<(), Failure> {

@@ -218,6 +218,18 @@ fn messages_say_what_is_wrong() {
     let o = ctl_raw(&["--socket", &none, "devices"]);
     assert_eq!(o.code, 3, "{o:#?}");
     assert!(o.stderr.contains("devices --local"), "{o:#?}");
+    // Every device row tells its device apart: one adapter reached through
+    // two APIs (lavapipe through Vulkan and GL) shows each with its API.
+    let table = ctl_raw(&["devices", "--local"]).ok().stdout;
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    let distinct: std::collections::HashSet<&str> = rows.iter().copied().collect();
+    assert_eq!(distinct.len(), rows.len(), "{table}");
+    assert!(
+        rows.iter()
+            .filter(|r| r.starts_with("wgpu"))
+            .all(|r| r.contains(": ")),
+        "{table}"
+    );
     d.stop();
 }
 

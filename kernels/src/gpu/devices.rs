@@ -64,11 +64,11 @@ pub fn wgpu_device(index: usize, a: &super::AdapterSummary) -> pb::DeviceProto {
         runtime: String::new(),
         runtime_version: String::new(),
         metadata_props: props(vec![
-            ("wgpu.backend", a.backend.clone()),
+            (ctcache::device::WGPU_BACKEND_KEY, a.backend.clone()),
             ("wgpu.driver", a.driver.clone()),
             ("wgpu.driver_info", a.driver_info.clone()),
             ("wgpu.device_type", a.device_type.clone()),
-            ("wgpu.name", a.name.clone()),
+            (ctcache::device::WGPU_NAME_KEY, a.name.clone()),
         ]),
     }
 }
