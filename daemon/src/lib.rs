@@ -27,6 +27,7 @@ mod scheduler;
 mod shares;
 mod state;
 mod systemd;
+mod use_case;
 mod view;
 mod watcher;
 

@@ -18,7 +18,7 @@ use tonic::codegen::http;
 use tower::{Layer, Service};
 
 use super::caller;
-use crate::ops::UseCase;
+use crate::use_case::UseCase;
 
 /// The use case of a gRPC method path (`/package.Service/Method`).
 fn use_case(path: &str) -> Option<UseCase> {
