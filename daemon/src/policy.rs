@@ -5,7 +5,7 @@
 use ctcache::dtype::DataType;
 use ctcache::onnx::graph::{describe_filter, weight_uses, NotASource, WeightUses};
 use ctcache::onnx::{Model, TensorRef};
-use ctcache_kernels::Params;
+use ctcache_kernels::{Orientation, Params};
 
 use crate::config::PolicyRule;
 
@@ -125,7 +125,8 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
             // Orientations the graph reads the weight in (none known, or a
             // format that does not care: as stored).
             let mut orientations = Vec::new();
-            let kn = layout_is_kn(&rule.format);
+            let orientation = packer.orientation();
+            let kn = orientation != Orientation::AsStored;
             if !kn || used.is_empty() || used.contains(&false) {
                 orientations.push(false);
             }
@@ -135,9 +136,9 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
             for transposed in orientations {
                 let mut params = params.clone();
                 if transposed {
-                    // ort.matmul_nbits reads W[N, K] itself; a packer whose
+                    // A packer that reads W[N, K] itself takes it; one whose
                     // layout assumes W[K, N] cannot, so it says so.
-                    if rule.format != TRANSPOSABLE {
+                    if orientation != Orientation::KnOrTransposed {
                         out.refused.push((
                             t.name.clone(),
                             format!("{}: the graph uses this weight transposed (Gemm transB or Transpose); this format packs W[K, N] only", rule.format),
@@ -159,14 +160,6 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
     }
     Ok(out)
 }
-
-/// Formats whose source is the logical MatMul B, W[K, N].
-fn layout_is_kn(format: &str) -> bool {
-    matches!(format, "ort.matmul_nbits" | "gemm.pack_b.f32")
-}
-
-/// The one of those that can read a transposed weight (`transposed=true`).
-const TRANSPOSABLE: &str = "ort.matmul_nbits";
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@ mod util;
 pub use buffer::OutputBuffer;
 pub use gpu::{pack_on, Backend};
 pub use isa::Isa;
-pub use packer::{PackError, PackedLayout, Packer, SourceTensor};
+pub use packer::{Orientation, PackError, PackedLayout, Packer, SourceTensor};
 pub use params::{ParamSpec, Params};
 
 static CATALOGUE: [&dyn Packer; 8] = [

@@ -127,6 +127,20 @@ pub enum PackError {
     UnknownPacker(String),
 }
 
+/// How a packer reads a 2-D weight a MatMul or Gemm uses: what the policy
+/// needs to know to pack a weight the graph reads transposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orientation {
+    /// The layout does not depend on which axis is K (elementwise casts,
+    /// blocks along the stored last axis): the weight is packed as stored.
+    AsStored,
+    /// The source is the logical MatMul B, W[K, N]; a weight stored as
+    /// W[N, K] cannot be packed.
+    KnOnly,
+    /// The source is W[K, N], or W[N, K] with `transposed=true`.
+    KnOrTransposed,
+}
+
 /// A source-to-payload transformation with a versioned, named output type.
 ///
 /// Implementations are stateless; every method may be called from any
@@ -157,6 +171,14 @@ pub trait Packer: Send + Sync {
         dims: &[u64],
         params: &Params,
     ) -> Result<PackedLayout, PackError>;
+    /// How it reads a MatMul weight (see [`Orientation`]).
+    fn orientation(&self) -> Orientation {
+        Orientation::AsStored
+    }
+    /// Whether the wgpu backend has a kernel for it (for FLOAT sources).
+    fn has_gpu_kernel(&self) -> bool {
+        false
+    }
     /// What a device must offer to consume the payload (D5).
     fn device(&self, params: &Params) -> Result<pb::DeviceProto, PackError> {
         let _ = params;

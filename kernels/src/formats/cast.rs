@@ -39,6 +39,10 @@ impl Cast {
 }
 
 impl Packer for Cast {
+    fn has_gpu_kernel(&self) -> bool {
+        matches!(self.target, Target::F16)
+    }
+
     fn id(&self) -> &'static str {
         self.id
     }

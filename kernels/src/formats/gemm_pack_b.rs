@@ -85,6 +85,10 @@ impl GemmPackB {
 }
 
 impl Packer for GemmPackB {
+    fn orientation(&self) -> crate::Orientation {
+        crate::Orientation::KnOnly
+    }
+
     fn id(&self) -> &'static str {
         ID
     }

@@ -90,6 +90,10 @@ impl Ggml {
 }
 
 impl Packer for Ggml {
+    fn has_gpu_kernel(&self) -> bool {
+        true
+    }
+
     fn id(&self) -> &'static str {
         self.id
     }

@@ -106,6 +106,14 @@ impl MatMulNbits {
 }
 
 impl Packer for MatMulNbits {
+    fn orientation(&self) -> crate::Orientation {
+        crate::Orientation::KnOrTransposed
+    }
+
+    fn has_gpu_kernel(&self) -> bool {
+        true
+    }
+
     fn id(&self) -> &'static str {
         ID
     }

@@ -113,12 +113,10 @@ impl Backend {
     }
 }
 
-/// Packer ids with a GPU kernel.
-pub const GPU_PACKERS: &[&str] = &["ort.matmul_nbits", "ggml.q8_0", "ggml.q4_0", "cast.f16"];
-
-/// Whether the GPU path has a kernel for `packer_id` (for some sources).
+/// Whether the GPU path has a kernel for `packer_id` (for some sources):
+/// the packer says so ([`Packer::has_gpu_kernel`](crate::Packer::has_gpu_kernel)).
 pub fn supports(packer_id: &str) -> bool {
-    cfg!(feature = "wgpu") && GPU_PACKERS.contains(&packer_id)
+    cfg!(feature = "wgpu") && crate::find(packer_id).is_some_and(|p| p.has_gpu_kernel())
 }
 
 /// Whether the GPU path packs this source: a supported packer and a FLOAT
