@@ -184,20 +184,22 @@ pub enum RunError {
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
     /// The cache dir could not be opened.
-    #[error("opening the cache {}: {source}", .dir.display())]
+    // The cause is part of the message, not a `source`: reports that walk
+    // the chain (anyhow's `{:#}`) would say it twice.
+    #[error("opening the cache {}: {problem}", .dir.display())]
     Store {
         /// The cache dir.
         dir: std::path::PathBuf,
         /// What the store said (boxed: keeps every `RunError` small).
-        source: Box<StoreError>,
+        problem: Box<StoreError>,
     },
     /// A file or socket operation failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {problem}")]
     Io {
         /// What was being done.
         what: String,
         /// The failure.
-        source: std::io::Error,
+        problem: std::io::Error,
     },
     /// The metrics endpoint could not start.
     #[error("metrics endpoint: {0}")]
@@ -211,10 +213,10 @@ pub enum RunError {
 }
 
 impl RunError {
-    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> RunError {
+    pub(crate) fn io(what: impl Into<String>, problem: std::io::Error) -> RunError {
         RunError::Io {
             what: what.into(),
-            source,
+            problem,
         }
     }
 }

@@ -110,7 +110,7 @@ pub async fn run(
         let store =
             ctcache::store::Store::open(&dir, Default::default()).map_err(|e| RunError::Store {
                 dir,
-                source: Box::new(e),
+                problem: Box::new(e),
             })?;
         let opened = store.opened();
         if let Some(reset) = &opened.index_reset {

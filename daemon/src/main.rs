@@ -200,16 +200,18 @@ async fn serve(config: Config) -> Result<()> {
         }
         None => None,
     };
-    let socket_path = spec.path.clone().or_else(|| Some(config.socket.clone()));
+    let socket_path = spec
+        .files
+        .path
+        .clone()
+        .or_else(|| Some(config.socket.clone()));
     let listeners = Listeners {
         unix: spec.listener,
-        socket_path: socket_path.clone(),
+        socket_path,
         tcp,
     };
     let served = ctcached::run(config, listeners, shutdown).await;
-    if let (Some(p), false) = (socket_path, spec.activated) {
-        let _ = std::fs::remove_file(p);
-    }
+    spec.files.remove(served.is_err());
     Ok(served?)
 }
 

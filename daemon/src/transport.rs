@@ -14,8 +14,37 @@ const SD_LISTEN_FDS_START: i32 = 3;
 /// A Unix listener and where it came from.
 pub(crate) struct UnixListenerSpec {
     pub listener: std::os::unix::net::UnixListener,
+    pub files: SocketFiles,
+}
+
+/// Where a Unix socket lives, and what of it this process made.
+pub(crate) struct SocketFiles {
     pub path: Option<PathBuf>,
     pub activated: bool,
+    /// Folders made for the socket, deepest first: removed again (when
+    /// empty) when the daemon could not start, so a failed start leaves
+    /// none. A daemon that ran keeps them (an admin may have set their
+    /// modes for the socket's users).
+    pub made: Vec<PathBuf>,
+}
+
+impl SocketFiles {
+    /// Removes the socket this process bound and, when the daemon `failed`
+    /// to start, the folders it made for it (a socket systemd passed is
+    /// systemd's).
+    pub fn remove(&self, failed: bool) {
+        if self.activated {
+            return;
+        }
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+        for dir in self.made.iter().filter(|_| failed) {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+    }
 }
 
 /// Takes the socket systemd passed, when LISTEN_PID names this process.
@@ -49,14 +78,23 @@ pub(crate) fn from_systemd(
         .and_then(|a| a.as_pathname().map(Path::to_path_buf));
     Ok(Some(UnixListenerSpec {
         listener,
-        path,
-        activated: true,
+        files: SocketFiles {
+            path,
+            activated: true,
+            made: Vec::new(),
+        },
     }))
 }
 
 /// Binds the Unix socket at `path`, replacing a stale one and refusing when a
 /// live daemon answers on it.
 pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerSpec> {
+    let made: Vec<PathBuf> = path
+        .ancestors()
+        .skip(1)
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .map(Path::to_path_buf)
+        .collect();
     if let Some(parent) = path.parent() {
         if !parent.exists() {
             std::fs::DirBuilder::new()
@@ -88,8 +126,11 @@ pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerS
     listener.set_nonblocking(true)?;
     Ok(UnixListenerSpec {
         listener,
-        path: Some(path.to_path_buf()),
-        activated: false,
+        files: SocketFiles {
+            path: Some(path.to_path_buf()),
+            activated: false,
+            made,
+        },
     })
 }
 

@@ -523,22 +523,22 @@ fn second_daemon_refuses_same_socket_or_cache() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already listening"), "{err}");
-    // Same cache dir, other socket.
+    // Same cache dir, other socket in folders that do not exist yet: the
+    // reason once, and no socket folder left behind (issue 29, point 7).
+    let socket_dir = other.path().join("run/ctcache");
     let out = std::process::Command::new(bin())
         .arg("--cache-dir")
         .arg(&d.cache)
         .arg("--socket")
-        .arg(other.path().join("s.sock"))
+        .arg(socket_dir.join("s.sock"))
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&d.child.as_ref().unwrap().id().to_string())
-            || err.contains("in use")
-            || err.contains("lock"),
-        "{err}"
-    );
+    let pid = d.child.as_ref().unwrap().id().to_string();
+    assert!(err.contains(&pid) && err.contains("in use"), "{err}");
+    assert_eq!(err.matches("in use").count(), 1, "said once: {err}");
+    assert!(!other.path().join("run").exists(), "{err}");
     assert_eq!(d.stop(), Some(0));
 }
 
