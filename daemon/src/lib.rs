@@ -100,8 +100,7 @@ pub async fn run(
         .remote
         .clone()
         .map(|r| fleet::Fleet::start(*r, tokio::runtime::Handle::current()))
-        .transpose()
-        .map_err(RunError::Remote)?;
+        .transpose()?;
     let dir = config.cache_dir.clone();
     let socket = listeners.socket_path.clone();
     let daemon = tokio::task::spawn_blocking(move || -> Result<Arc<Daemon>, RunError> {

@@ -22,15 +22,37 @@ pub enum FetchMode {
     Never,
 }
 
-impl std::str::FromStr for FetchMode {
-    type Err = String;
+/// A `[remote]` setting that cannot be used, named by its key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct SettingError {
+    /// The key under `[remote]`, e.g. `url`.
+    pub key: &'static str,
+    /// What is wrong with its value.
+    pub message: String,
+}
 
-    fn from_str(s: &str) -> Result<FetchMode, String> {
+impl SettingError {
+    fn new(key: &'static str, message: impl Into<String>) -> SettingError {
+        SettingError {
+            key,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::str::FromStr for FetchMode {
+    type Err = SettingError;
+
+    fn from_str(s: &str) -> Result<FetchMode, SettingError> {
         match s {
             "auto" => Ok(FetchMode::Auto),
             "always" => Ok(FetchMode::Always),
             "never" => Ok(FetchMode::Never),
-            _ => Err(format!("{s:?}: expected auto, always or never")),
+            _ => Err(SettingError::new(
+                "fetch",
+                format!("{s:?}: expected auto, always or never"),
+            )),
         }
     }
 }
@@ -95,20 +117,20 @@ impl Default for RemoteConfig {
 impl RemoteConfig {
     /// The checks that need no file: the url, and numbers in range. The
     /// error names the key.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
-        parse_url(&self.url).map_err(|m| ("url", m))?;
+    pub fn check(&self) -> Result<(), SettingError> {
+        parse_url(&self.url)?;
         for (key, v) in [
             ("timeout_ms", self.timeout_ms),
             ("upload_queue", self.upload_queue as u64),
             ("max_object_bytes", self.max_object_bytes),
         ] {
             if v == 0 {
-                return Err((key, "must be at least 1".into()));
+                return Err(SettingError::new(key, "must be at least 1"));
             }
         }
         if !(0.0..=1.0).contains(&self.audit_rate) {
             let m = format!("{} is not between 0 and 1", self.audit_rate);
-            return Err(("audit_rate", m));
+            return Err(SettingError::new("audit_rate", m));
         }
         Ok(())
     }
@@ -124,25 +146,26 @@ pub struct Location {
 }
 
 /// Parses `s3://bucket[/prefix]`.
-pub fn parse_url(url: &str) -> Result<Location, String> {
+pub fn parse_url(url: &str) -> Result<Location, SettingError> {
+    let bad = |m: String| SettingError::new("url", m);
     let rest = url
         .strip_prefix("s3://")
-        .ok_or_else(|| format!("{url:?}: expected s3://bucket/prefix"))?;
+        .ok_or_else(|| bad(format!("{url:?}: expected s3://bucket/prefix")))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     let valid_bucket = (3..=63).contains(&bucket.len())
         && bucket
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
     if !valid_bucket {
-        return Err(format!(
+        return Err(bad(format!(
             "{url:?}: bucket {bucket:?} is not a valid S3 bucket name"
-        ));
+        )));
     }
     let prefix = prefix.trim_matches('/');
     if prefix.split('/').any(|p| p == "." || p == "..") || prefix.contains("//") {
-        return Err(format!(
+        return Err(bad(format!(
             "{url:?}: the prefix has an empty, '.' or '..' part"
-        ));
+        )));
     }
     Ok(Location {
         bucket: bucket.to_string(),
@@ -164,17 +187,22 @@ pub struct Settings {
 
 impl Settings {
     /// Checks `config` and loads its keys; the error names the bad setting.
-    pub fn new(config: RemoteConfig) -> Result<Settings, String> {
+    pub fn new(config: RemoteConfig) -> Result<Settings, SettingError> {
         let location = parse_url(&config.url)?;
-        config.check().map_err(|(key, m)| format!("{key}: {m}"))?;
+        config.check()?;
         let signing_key = match &config.signing_key_file {
-            Some(p) => Some(SecretKey::load(p).map_err(|e| format!("signing_key_file: {e}"))?),
+            Some(p) => Some(
+                SecretKey::load(p)
+                    .map_err(|e| SettingError::new("signing_key_file", e.to_string()))?,
+            ),
             None => None,
         };
         let mut keys = config
             .trusted_keys
             .iter()
-            .map(|t| PublicKey::parse(t).map_err(|e| format!("trusted_keys: {e}")))
+            .map(|t| {
+                PublicKey::parse(t).map_err(|e| SettingError::new("trusted_keys", e.to_string()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         keys.extend(signing_key.as_ref().map(SecretKey::public));
         Ok(Settings {
@@ -234,6 +262,6 @@ mod tests {
         let err = Settings::new(bad)
             .err()
             .expect("a bad trusted key is refused");
-        assert!(err.contains("trusted_keys"), "{err}");
+        assert_eq!(err.key, "trusted_keys", "{err}");
     }
 }

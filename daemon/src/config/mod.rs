@@ -405,9 +405,9 @@ impl Config {
                     path: path.to_path_buf(),
                     message: e.to_string(),
                 })?;
-                Self::from_toml(&text).map_err(|message| ConfigError::File {
+                Self::from_toml(&text).map_err(|e| ConfigError::File {
                     path: path.to_path_buf(),
-                    message,
+                    message: e.to_string(),
                 })?
             }
             None => Config::default(),
@@ -419,8 +419,8 @@ impl Config {
     }
 
     /// Parses a TOML document over the defaults; errors name the bad key.
-    pub fn from_toml(text: &str) -> Result<Config, String> {
-        toml::from_str::<Config>(text).map_err(|e| e.to_string())
+    pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str::<Config>(text)
     }
 
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
@@ -570,7 +570,7 @@ impl Config {
         }
         if let Some(r) = &self.remote {
             r.check()
-                .map_err(|(key, m)| invalid(&format!("remote.{key}"), m))?;
+                .map_err(|e| invalid(&format!("remote.{}", e.key), e.message))?;
         }
         for (i, rule) in self.policy.iter().enumerate() {
             if ctcache_kernels::find(&rule.format).is_none() {

@@ -24,6 +24,8 @@ use ctcache_remote::payload::Checked;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
+use crate::error::RunError;
+
 pub(crate) use counters::Snapshot;
 
 use costs::Costs;
@@ -131,6 +133,19 @@ enum Failed {
     Local(String),
 }
 
+/// Why `remote push` did not upload an entry.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PushError {
+    #[error("no signing_key_file: this host does not upload")]
+    NoSigningKey,
+    #[error("write = false in [remote]")]
+    WriteOff,
+    #[error("{0}")]
+    Remote(#[from] RemoteError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -138,9 +153,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Fleet {
     /// Starts the fleet tier on the runtime `rt` (the upload task runs
     /// there). Fails on a bad config: the operator asked for a remote.
-    pub fn start(config: RemoteConfig, rt: Handle) -> Result<Fleet, String> {
-        let settings = Settings::new(config)?;
-        let client = Client::new(&settings).map_err(|e| e.to_string())?;
+    pub fn start(config: RemoteConfig, rt: Handle) -> Result<Fleet, RunError> {
+        let settings = Settings::new(config).map_err(|e| RunError::Remote(e.to_string()))?;
+        let client = Client::new(&settings).map_err(|e| RunError::Remote(e.to_string()))?;
         counters::describe();
         let writes = settings.config.write && settings.signing_key.is_some();
         if settings.config.write && !writes {
@@ -431,22 +446,21 @@ impl Fleet {
 
     /// Uploads `entry` now, from a blocking thread (`remote push`), unless
     /// the remote has its manifest already.
-    pub fn push(&self, store: &Store, entry: &Entry) -> Result<Pushed, String> {
+    pub fn push(&self, store: &Store, entry: &Entry) -> Result<Pushed, PushError> {
         let s = &self.shared;
         if s.settings.signing_key.is_none() {
-            return Err("no signing_key_file: this host does not upload".into());
+            return Err(PushError::NoSigningKey);
         }
         if !s.settings.config.write {
-            return Err("write = false in [remote]".into());
+            return Err(PushError::WriteOff);
         }
-        let present = self.rt.block_on(s.client.manifest(&entry.key));
-        if present.map_err(|e| e.to_string())?.is_some() {
+        if self.rt.block_on(s.client.manifest(&entry.key))?.is_some() {
             return Ok(Pushed::Present);
         }
         let job = upload::Job {
             entry: entry.clone(),
             params: Default::default(),
-            payload: checked_payload(store, entry).map_err(|e| e.to_string())?,
+            payload: checked_payload(store, entry)?,
         };
         match self.rt.block_on(upload::upload(s, job)) {
             Ok(Some(bytes)) => {
@@ -457,7 +471,7 @@ impl Fleet {
             Ok(None) => Ok(Pushed::TooLarge),
             Err(e) => {
                 s.counters.error("upload");
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }
