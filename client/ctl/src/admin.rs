@@ -9,7 +9,7 @@ use ctcache::store::{GcPolicy, Store, StoreError};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::format::{self, parse_duration, parse_size, Style, Table};
+use crate::format::{self, parse_duration, parse_size, BadValue, Style, Table};
 use crate::output::{print_json, say, Failure};
 use ctcache_client::api;
 use ctcache_convert as convert;
@@ -48,16 +48,16 @@ pub struct GcArgs {
 
 /// A `--max-size`: a size, not 0 (which once meant "none" in the config and
 /// "everything" here).
-fn parse_limit_size(s: &str) -> Result<u64, String> {
+fn parse_limit_size(s: &str) -> Result<u64, BadValue> {
     match parse_size(s)? {
-        0 => Err(ZERO_LIMIT.into()),
+        0 => Err(BadValue(ZERO_LIMIT.into())),
         n => Ok(n),
     }
 }
 
-fn parse_limit_duration(s: &str) -> Result<u64, String> {
+fn parse_limit_duration(s: &str) -> Result<u64, BadValue> {
     match parse_duration(s)? {
-        0 => Err(ZERO_LIMIT.into()),
+        0 => Err(BadValue(ZERO_LIMIT.into())),
         n => Ok(n),
     }
 }

@@ -77,10 +77,22 @@ pub fn short_key(key: &str) -> String {
     format!("{}…{}", &key[..14], &key[key.len() - 12..])
 }
 
+/// An argument value that does not parse; clap shows it as the usage error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadValue(pub String);
+
+impl std::fmt::Display for BadValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadValue {}
+
 /// Parses a size: a number with an optional unit. `K M G T` and `KiB MiB
 /// GiB TiB` are powers of 1024, `KB MB GB TB` powers of 1000, `B` or no unit
 /// bytes. `10G`, `512MiB`, `1.5GB`, `0`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, BadValue> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -88,7 +100,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let (num, unit) = t.split_at(split);
     let n: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 10G, 512MiB, 0)"))?;
+        .map_err(|_| BadValue(format!("{s:?} is not a size (e.g. 10G, 512MiB, 0)")))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -100,9 +112,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "gb" => 1e9,
         "tb" => 1e12,
         other => {
-            return Err(format!(
+            return Err(BadValue(format!(
                 "unknown size unit {other:?} in {s:?} (use B, K, M, G, T, KiB.., KB..)"
-            ))
+            )))
         }
     };
     Ok((n * mult).round() as u64)
@@ -110,8 +122,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Parses a duration: number-unit pairs, `s m h d w`; a bare number is
 /// seconds. `7d`, `12h`, `1d12h`, `90m`, `3600`.
-pub fn parse_duration(s: &str) -> Result<u64, String> {
-    let bad = || format!("{s:?} is not a duration (e.g. 7d, 12h, 30m, 45s)");
+pub fn parse_duration(s: &str) -> Result<u64, BadValue> {
+    let bad = || BadValue(format!("{s:?} is not a duration (e.g. 7d, 12h, 30m, 45s)"));
     let t = s.trim();
     if t.is_empty() {
         return Err(bad());
@@ -144,10 +156,10 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
 }
 
 /// `k=v` packer parameters, checked at parse time (a usage error).
-pub fn parse_param(s: &str) -> Result<String, String> {
+pub fn parse_param(s: &str) -> Result<String, BadValue> {
     match s.split_once('=') {
         Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
-        _ => Err(format!("{s:?} is not k=v")),
+        _ => Err(BadValue(format!("{s:?} is not k=v"))),
     }
 }
 
