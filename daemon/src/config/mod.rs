@@ -209,8 +209,8 @@ pub struct Config {
     pub max_requests_per_connection: usize,
     /// HTTP/2 streams one connection may have open.
     pub max_streams_per_connection: u32,
-    /// Longest a call may take to answer, seconds (0 = no limit); streams
-    /// already answering are not cut.
+    /// Longest a call may take to answer, seconds (at least 1: 0 is refused,
+    /// as for every bound); streams already answering are not cut.
     pub request_timeout_secs: u64,
     /// How log lines are written to stderr.
     pub log_format: LogFormat,
@@ -557,6 +557,7 @@ impl Config {
                 "max_streams_per_connection",
                 u64::from(self.max_streams_per_connection),
             ),
+            ("request_timeout_secs", self.request_timeout_secs),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1".into()));

@@ -125,7 +125,7 @@ fn bounds_have_safe_defaults_and_refuse_zero() {
     let bounds: Vec<&str> = defaults
         .lines()
         .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))
-        .filter(|k| k.starts_with("max_") || k.ends_with("_budget"))
+        .filter(|k| k.starts_with("max_") || k.ends_with("_budget") || *k == "request_timeout_secs")
         .collect();
     assert!(bounds.len() >= 17, "{bounds:?}");
     for key in bounds {

@@ -35,8 +35,8 @@ fn use_case(path: &str) -> Option<UseCase> {
 #[derive(Clone)]
 pub(crate) struct GuardLayer {
     pub trusted_uids: Arc<[u32]>,
-    /// Longest a handler may take to answer (None: no limit).
-    pub deadline: Option<Duration>,
+    /// Longest a handler may take to answer.
+    pub deadline: Duration,
 }
 
 impl<S> Layer<S> for GuardLayer {
@@ -57,7 +57,7 @@ impl<S> Layer<S> for GuardLayer {
 pub(crate) struct Guard<S> {
     inner: S,
     trusted_uids: Arc<[u32]>,
-    deadline: Option<Duration>,
+    deadline: Duration,
 }
 
 type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send>>;
@@ -80,9 +80,7 @@ where
         match who.admits(use_case(req.uri().path())) {
             Ok(()) => {
                 let answer = self.inner.call(req);
-                let Some(limit) = self.deadline else {
-                    return Box::pin(answer);
-                };
+                let limit = self.deadline;
                 Box::pin(async move {
                     match tokio::time::timeout(limit, answer).await {
                         Ok(answered) => answered,

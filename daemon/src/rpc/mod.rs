@@ -68,8 +68,7 @@ pub(crate) async fn serve(
     let cfg = &daemon.config;
     let guard = GuardLayer {
         trusted_uids: cfg.trusted_uids.clone().into(),
-        deadline: (cfg.request_timeout_secs > 0)
-            .then(|| Duration::from_secs(cfg.request_timeout_secs)),
+        deadline: Duration::from_secs(cfg.request_timeout_secs),
     };
     let open = Arc::new(Semaphore::new(cfg.max_connections));
     // TCP peers have no uid to share by: their own pool, a quarter of the
