@@ -255,18 +255,14 @@ impl Memo {
             .collect()
     }
 
-    /// The blake3 digests of `tensors` of the model at `model_path`, from the
-    /// memo when the files are unchanged, else computed (in parallel) and
-    /// remembered. Returns (digests by name, whether they were computed).
-    pub fn digests(
+    /// The blake3 digests of `tensors` of the model at `model_path`,
+    /// computed (in parallel) and remembered, whatever the memo holds.
+    pub fn compute(
         &self,
         model_path: &Path,
         model: &Model,
         tensors: &[TensorRef],
-    ) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
-        if let Some(known) = self.remembered(model_path, model, tensors) {
-            return Ok((known, false));
-        }
+    ) -> ctcache::Result<HashMap<String, SourceDigest>> {
         let files = identity(model, tensors);
         let computed = ctcache::digest::digest_all(model, tensors, Algorithm::Blake3);
         let mut out = HashMap::new();
@@ -276,7 +272,7 @@ impl Memo {
         // Without stamps (a model in memory, an unreadable external file)
         // nothing is remembered.
         let Some(files) = files else {
-            return Ok((out, true));
+            return Ok(out);
         };
         let record = Record {
             files,
@@ -284,7 +280,7 @@ impl Memo {
             written_ms: crate::events::now_ms(),
         };
         self.remember(model_path, record);
-        Ok((out, true))
+        Ok(out)
     }
 
     /// Forgets a model (deleted or replaced).
@@ -300,6 +296,23 @@ impl Memo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Memo {
+        /// The blake3 digests of `tensors` of the model at `model_path`, from the
+        /// memo when the files are unchanged, else computed (in parallel) and
+        /// remembered. Returns (digests by name, whether they were computed).
+        fn digests(
+            &self,
+            model_path: &Path,
+            model: &Model,
+            tensors: &[TensorRef],
+        ) -> ctcache::Result<(HashMap<String, SourceDigest>, bool)> {
+            if let Some(known) = self.remembered(model_path, model, tensors) {
+                return Ok((known, false));
+            }
+            Ok((self.compute(model_path, model, tensors)?, true))
+        }
+    }
 
     fn store_in(dir: &Path) -> Arc<Store> {
         Arc::new(Store::open(dir.join("cache"), Default::default()).unwrap())

@@ -257,7 +257,8 @@ pub(crate) fn digests(
             .charge(uid, declared)
             .map_err(|e| Error::exhausted(e.to_string()))?;
     }
-    let (digests, _) = d.memo.digests(path, model, &tensors)?;
+    // Looked up once above: a miss is hashed here without a second look.
+    let digests = d.memo.compute(path, model, &tensors)?;
     Ok((tensors, digests))
 }
 
