@@ -201,12 +201,17 @@ def updated_block(block: str, rs: list[list[str]], measured: set[str], note: str
     return (f"\n{note}\n\n" if note else "\n") + "\n".join(lines) + "\n"
 
 
-def readme_block(readme: Path) -> tuple[str, int, int]:
-    text = readme.read_text()
-    b, e = text.find(BEGIN), text.find(END)
+def marked(path: Path, begin: str, end: str) -> tuple[str, int, int]:
+    """PATH's text and the span between its markers BEGIN and END."""
+    text = path.read_text()
+    b, e = text.find(begin), text.find(end)
     if b < 0 or e < b:
-        raise Bad(f"{readme}: no block between the markers {BEGIN!r} and {END!r}")
-    return text, b + len(BEGIN), e
+        raise Bad(f"{path}: no block between the markers {begin!r} and {end!r}")
+    return text, b + len(begin), e
+
+
+def readme_block(readme: Path) -> tuple[str, int, int]:
+    return marked(readme, BEGIN, END)
 
 
 def table_rows(doc: Path) -> dict[str, list[str]]:
@@ -233,11 +238,7 @@ def summary_block(doc: Path) -> str:
 
 
 def summary_span(readme: Path) -> tuple[str, int, int]:
-    text = readme.read_text()
-    b, e = text.find(SUMMARY_BEGIN), text.find(SUMMARY_END)
-    if b < 0 or e < b:
-        raise Bad(f"{readme}: no block between the markers {SUMMARY_BEGIN!r} and {SUMMARY_END!r}")
-    return text, b + len(SUMMARY_BEGIN), e
+    return marked(readme, SUMMARY_BEGIN, SUMMARY_END)
 
 
 def check(declared: list[str], readme: Path) -> list[str]:

@@ -176,12 +176,6 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
     let mut items = Vec::new();
     let mut gone: HashSet<KeyBytes> = HashSet::new();
     let mut leased_kept = 0u64;
-    let entry_item = |c: &Cand, reason, bytes_freed| GcItem {
-        target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
-        reason,
-        bytes_freed,
-        about: None,
-    };
     for c in &s.cands {
         let missing = s.files.as_ref().is_some_and(|f| !f.contains(&c.blob));
         if missing {
@@ -286,6 +280,16 @@ pub(crate) fn plan(s: &Snapshot, p: &GcPolicy, now_ms: u64) -> (Vec<GcItem>, u64
     (items, before, total, leased_kept)
 }
 
+/// The plan's item removing candidate `c`.
+fn entry_item(c: &Cand, reason: GcReason, bytes_freed: u64) -> GcItem {
+    GcItem {
+        target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
+        reason,
+        bytes_freed,
+        about: None,
+    }
+}
+
 /// The removals of a plan in progress.
 struct Removal<'p> {
     s: &'p Snapshot,
@@ -332,12 +336,7 @@ impl<'p> Removal<'p> {
             if let Some(h) = held.as_mut() {
                 *h = h.saturating_sub(c.len);
             }
-            self.items.push(GcItem {
-                target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
-                reason: reason.clone(),
-                bytes_freed: freed,
-                about: None,
-            });
+            self.items.push(entry_item(c, reason.clone(), freed));
             self.gone.insert(c.kb);
         }
     }
