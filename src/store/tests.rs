@@ -1,6 +1,7 @@
 //! Unit tests of the store as a whole (integration tests live in
 //! tests/store_*.rs).
 
+use std::fs;
 use std::time::Duration;
 
 use super::*;
