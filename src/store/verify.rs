@@ -314,7 +314,22 @@ impl Store {
         r.entries_checked = entries.len() as u64;
 
         // Index consistency: every entry has its blob ref, no record points nowhere.
-        for (kb, blob) in &entries {
+        r.refs_added = self.add_missing_refs(&entries)?;
+        r.records_removed = self.remove_stale_refs(&entries)?;
+        r.source_lists_fixed = self.reconcile_sources(&entries)?;
+        r.records_removed += self.remove_stale_access(&entries)?;
+        self.remove_dead_leases(&entries, &mut r)?;
+
+        // Files against entries.
+        self.reconcile_files(&referenced, &mut r)?;
+        Ok(r)
+    }
+
+    /// Re-creates the blob reference of every entry that lacks one;
+    /// returns how many.
+    fn add_missing_refs(&self, entries: &HashMap<KeyBytes, [u8; 32]>) -> StoreResult<u64> {
+        let mut added = 0;
+        for (kb, blob) in entries {
             let rk = blob_ref_key(blob, kb);
             if self.index.get(Tree::BlobRefs, &rk)?.is_none() {
                 let Some(v) = self.index.get(Tree::Entries, kb)? else {
@@ -326,10 +341,16 @@ impl Store {
                         &[Op::Put(Tree::BlobRefs, rk, Vec::new())],
                     )?
                 {
-                    r.refs_added += 1;
+                    added += 1;
                 }
             }
         }
+        Ok(added)
+    }
+
+    /// Removes the blob references naming no entry, or another payload
+    /// than the entry's; returns how many.
+    fn remove_stale_refs(&self, entries: &HashMap<KeyBytes, [u8; 32]>) -> StoreResult<u64> {
         let mut stale_refs = Vec::new();
         self.index.scan(Tree::BlobRefs, &[], None, &mut |k, _| {
             let ok = k.len() == 32 + super::KEY_LEN
@@ -342,6 +363,7 @@ impl Store {
             }
             true
         })?;
+        let mut removed = 0;
         for rk in stale_refs {
             // Re-read: the entry may have been put since the walk.
             let kb = rk.get(32..).unwrap_or(&[]);
@@ -360,10 +382,15 @@ impl Store {
                 .index
                 .commit(&when, &[Op::Delete(Tree::BlobRefs, rk)])?
             {
-                r.records_removed += 1;
+                removed += 1;
             }
         }
-        r.source_lists_fixed = self.reconcile_sources(&entries)?;
+        Ok(removed)
+    }
+
+    /// Removes the access records of entries that do not exist; returns
+    /// how many.
+    fn remove_stale_access(&self, entries: &HashMap<KeyBytes, [u8; 32]>) -> StoreResult<u64> {
         let mut stale_access = Vec::new();
         self.index.scan(Tree::Access, &[], None, &mut |k, _| {
             if KeyBytes::try_from(k)
@@ -374,45 +401,58 @@ impl Store {
             }
             true
         })?;
+        let mut removed = 0;
         for k in stale_access {
             if self.commit(
                 &[Precondition::new(Tree::Entries, &k, Expect::Absent)],
                 &[Op::Delete(Tree::Access, k.clone())],
             )? {
-                r.records_removed += 1;
+                removed += 1;
             }
         }
-        {
-            let mut gate = self.lease_gate()?;
-            let now = self.now();
-            let mut ops = Vec::new();
-            self.index.scan(Tree::Leases, &[], None, &mut |k, v| {
-                match lease::decode(k, v) {
-                    Some(l) if l.expires_ms > now => {
-                        if !entries.contains_key(&l.key.to_bytes()) {
-                            r.records_removed += 1;
-                            ops.push(Op::Delete(Tree::Leases, k.to_vec()));
-                        }
-                    }
-                    _ => {
-                        r.expired_leases_removed += 1;
+        Ok(removed)
+    }
+
+    /// Removes, under the lease gate, the lease records past their end and
+    /// those of entries that do not exist, and forgets them in the book.
+    fn remove_dead_leases(
+        &self,
+        entries: &HashMap<KeyBytes, [u8; 32]>,
+        r: &mut ReconcileReport,
+    ) -> StoreResult<()> {
+        let mut gate = self.lease_gate()?;
+        let now = self.now();
+        let mut ops = Vec::new();
+        self.index.scan(Tree::Leases, &[], None, &mut |k, v| {
+            match lease::decode(k, v) {
+                Some(l) if l.expires_ms > now => {
+                    if !entries.contains_key(&l.key.to_bytes()) {
+                        r.records_removed += 1;
                         ops.push(Op::Delete(Tree::Leases, k.to_vec()));
                     }
                 }
-                true
-            })?;
-            self.commit(&[], &ops)?;
-            // Every record the book knows as dead was expired by `now`.
-            gate.take_dead();
-            for op in &ops {
-                if let Op::Delete(_, id) = op {
-                    gate.forget(id);
+                _ => {
+                    r.expired_leases_removed += 1;
+                    ops.push(Op::Delete(Tree::Leases, k.to_vec()));
                 }
             }
+            true
+        })?;
+        self.commit(&[], &ops)?;
+        // Every record the book knows as dead was expired by `now`.
+        gate.take_dead();
+        for op in &ops {
+            if let Op::Delete(_, id) = op {
+                gate.forget(id);
+            }
         }
+        Ok(())
+    }
 
-        // Files against entries.
-        for (blob, (len, _)) in &referenced {
+    /// Condemns the payload files missing or of the wrong length, and
+    /// removes orphan and stray files in blobs/ and stale temp files.
+    fn reconcile_files(&self, referenced: &Referenced, r: &mut ReconcileReport) -> StoreResult<()> {
+        for (blob, (len, _)) in referenced {
             if self.check_file(blob, *len, false, false)?.is_some() {
                 if let Some(p) = self.condemn(blob, *len, false)? {
                     r.damaged.push(p);
@@ -439,6 +479,6 @@ impl Store {
                 r.temp_files_removed.push(path);
             }
         }
-        Ok(r)
+        Ok(())
     }
 }
