@@ -36,17 +36,6 @@ pub enum Tree {
 }
 
 impl Tree {
-    /// Every tree, in the order `open` creates them.
-    pub const ALL: [Tree; 7] = [
-        Tree::Entries,
-        Tree::BlobRefs,
-        Tree::Access,
-        Tree::Leases,
-        Tree::Sources,
-        Tree::Memo,
-        Tree::Counters,
-    ];
-
     /// The sled tree's name on disk.
     pub fn name(self) -> &'static str {
         match self {

@@ -1,7 +1,7 @@
 //! The local store of compiled payloads (D7).
 //!
-//! A cache dir (see `layout.rs`) holds an index (sled, behind the [`Index`]
-//! trait) of entries keyed by (source digest, device key, physical type
+//! A cache dir (see `layout.rs`) holds an index (sled, behind the `Index`
+//! trait, `index.rs`) of entries keyed by (source digest, device key, physical type
 //! key), and immutable payload files named by their blake3. One process
 //! owns a cache dir at a time (an flock on `LOCK`); inside it a [`Store`] is
 //! shared by any number of threads.
@@ -75,11 +75,10 @@ use std::sync::Mutex;
 use prost::Message;
 
 pub use entry::{AccessStats, Entry, NewEntry, PayloadInfo, Producer};
-pub use error::{StoreError, StoreResult};
+pub use error::StoreError;
 pub use gc::{EntryAbout, GcItem, GcPolicy, GcReason, GcReport, GcTarget};
-pub use index::{Expect, Index, Op, Precondition, Tree};
 pub use integrity::Rotted;
-pub use key::{source_prefix, EntryKey, KEY_LEN, SOURCE_PREFIX_LEN};
+pub use key::{EntryKey, KEY_LEN};
 pub use layout::LAYOUT_VERSION;
 pub use lease::{Lease, LeaseAuthority, LeaseId};
 pub use lookup::{Accept, Filter, Hit, HostFilter};
@@ -91,8 +90,13 @@ pub use shared::SharedEntry;
 pub use stats::{Stats, Usage};
 pub use verify::{Damage, ReconcileReport, VerifyProblem, VerifyReport};
 
+// Used only inside this crate: the index trait and its vocabulary (nothing
+// outside implements or calls it) and the result alias.
+pub(crate) use error::StoreResult;
+pub(crate) use index::{Expect, Index, Op, Precondition, Tree};
+
 use entry::Access;
-use key::KeyBytes;
+use key::{KeyBytes, SOURCE_PREFIX_LEN};
 use layout::Paths;
 
 /// The result of a put.

@@ -13,7 +13,7 @@ use super::blobs;
 use super::entry;
 use super::error::StoreResult;
 use super::index::{Expect, Op, Precondition, Tree};
-use super::key::{EntryKey, KeyBytes};
+use super::key::{EntryKey, KeyBytes, KEY_LEN, SOURCE_PREFIX_LEN};
 use super::lease;
 use super::sources;
 use super::{blob_ref_key, Store};
@@ -124,17 +124,17 @@ impl Store {
         let mut fixed = 0;
         for (prefix, expected) in want {
             let list = self.index.get(Tree::Sources, &prefix)?;
-            let mut kb = [0u8; super::KEY_LEN];
-            kb[..prefix.len().min(super::SOURCE_PREFIX_LEN)]
-                .copy_from_slice(&prefix[..prefix.len().min(super::SOURCE_PREFIX_LEN)]);
+            let mut kb = [0u8; KEY_LEN];
+            kb[..prefix.len().min(SOURCE_PREFIX_LEN)]
+                .copy_from_slice(&prefix[..prefix.len().min(SOURCE_PREFIX_LEN)]);
             let mut keep = Vec::new();
             let candidates: BTreeSet<Vec<u8>> = sources::suffixes(list.as_deref().unwrap_or(&[]))
                 .map(<[u8]>::to_vec)
                 .chain(expected)
                 .collect();
             for suffix in candidates {
-                kb[super::SOURCE_PREFIX_LEN..].copy_from_slice(&suffix);
-                if prefix.len() == super::SOURCE_PREFIX_LEN
+                kb[SOURCE_PREFIX_LEN..].copy_from_slice(&suffix);
+                if prefix.len() == SOURCE_PREFIX_LEN
                     && self.index.get(Tree::Entries, &kb)?.is_some()
                 {
                     keep.push(suffix);
@@ -353,7 +353,7 @@ impl Store {
     fn remove_stale_refs(&self, entries: &HashMap<KeyBytes, [u8; 32]>) -> StoreResult<u64> {
         let mut stale_refs = Vec::new();
         self.index.scan(Tree::BlobRefs, &[], None, &mut |k, _| {
-            let ok = k.len() == 32 + super::KEY_LEN
+            let ok = k.len() == 32 + KEY_LEN
                 && KeyBytes::try_from(&k[32..])
                     .ok()
                     .and_then(|kb| entries.get(&kb))
