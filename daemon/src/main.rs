@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ctcache_remote::config::FetchMode;
-use ctcached::config::{config_file, Config, LogFormat, Overrides, RemoteOverrides};
+use ctcached::config::{config_file, Config, LogFormat, Overrides, RemoteFlags};
 use ctcached::{logging, Listeners};
 
 mod transport;
@@ -45,9 +44,9 @@ struct Args {
     /// CPU pack threads (default: cores - 1, at least 1).
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
-    /// Log format: auto (journald when stderr is the journal, else human), human, json, journald.
-    #[arg(long, value_name = "FORMAT", value_parser = ["auto", "human", "json", "journald"])]
-    log_format: Option<String>,
+    /// Log format (auto: journald when stderr is the journal, else human).
+    #[arg(long, value_name = "FORMAT", value_enum)]
+    log_format: Option<LogFormat>,
     #[command(flatten)]
     remote: RemoteFlags,
     /// Print the effective config as TOML and exit.
@@ -56,72 +55,6 @@ struct Args {
     /// Print the man page (roff) and exit (scripts/install.sh installs it).
     #[arg(long, hide = true)]
     print_man: bool,
-}
-
-/// The `[remote]` keys as flags (docs/OPERATIONS.md, "Fleet"); each
-/// replaces its key, and any of them turns the section on.
-#[derive(Debug, clap::Args)]
-#[command(next_help_heading = "Fleet tier ([remote])")]
-struct RemoteFlags {
-    /// The bucket and prefix entries are shared under: s3://bucket/prefix.
-    #[arg(long, value_name = "URL")]
-    remote_url: Option<String>,
-    /// The S3 endpoint, e.g. http://127.0.0.1:9000 (default: AWS, or $AWS_ENDPOINT).
-    #[arg(long, value_name = "URL")]
-    remote_endpoint: Option<String>,
-    /// The S3 region (default: $AWS_REGION, else us-east-1).
-    #[arg(long, value_name = "REGION")]
-    remote_region: Option<String>,
-    /// Allow a plain-HTTP endpoint (local servers only).
-    #[arg(long, value_name = "BOOL")]
-    remote_allow_http: Option<bool>,
-    /// Ask the remote on a local miss.
-    #[arg(long, value_name = "BOOL")]
-    remote_read: Option<bool>,
-    /// Upload what this host packs (needs a signing key).
-    #[arg(long, value_name = "BOOL")]
-    remote_write: Option<bool>,
-    /// Each remote request's deadline, ms (default 3000; at most one retry within it).
-    #[arg(long, value_name = "MS")]
-    remote_timeout_ms: Option<u64>,
-    /// Uploads queued at most; more are dropped and counted (default 256).
-    #[arg(long, value_name = "N")]
-    remote_upload_queue: Option<usize>,
-    /// Largest payload fetched or uploaded, bytes.
-    #[arg(long, value_name = "BYTES")]
-    remote_max_object_bytes: Option<u64>,
-    /// Ed25519 key (`ctcachectl remote keygen`) that signs this host's uploads.
-    #[arg(long, value_name = "FILE")]
-    remote_signing_key_file: Option<PathBuf>,
-    /// A public key (name:base64) whose manifests are accepted (repeatable; replaces the config's list).
-    #[arg(long, value_name = "KEY")]
-    remote_trusted_key: Vec<String>,
-    /// When a local miss asks the remote: auto (the cost rule), always, never.
-    #[arg(long, value_name = "MODE", value_parser = clap::value_parser!(FetchMode))]
-    remote_fetch: Option<FetchMode>,
-    /// Fraction (0 to 1) of fetched entries packed again and compared byte for byte.
-    #[arg(long, value_name = "RATE")]
-    remote_audit_rate: Option<f64>,
-}
-
-impl From<RemoteFlags> for RemoteOverrides {
-    fn from(f: RemoteFlags) -> RemoteOverrides {
-        RemoteOverrides {
-            url: f.remote_url,
-            endpoint: f.remote_endpoint,
-            region: f.remote_region,
-            allow_http: f.remote_allow_http,
-            read: f.remote_read,
-            write: f.remote_write,
-            timeout_ms: f.remote_timeout_ms,
-            upload_queue: f.remote_upload_queue,
-            max_object_bytes: f.remote_max_object_bytes,
-            signing_key_file: f.remote_signing_key_file,
-            trusted_keys: f.remote_trusted_key,
-            fetch: f.remote_fetch,
-            audit_rate: f.remote_audit_rate,
-        }
-    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -155,13 +88,8 @@ fn start(args: Args) -> Result<()> {
         listen_tcp: args.listen_tcp,
         metrics_addr: args.metrics_addr,
         workers: args.workers,
-        log_format: args.log_format.map(|f| match f.as_str() {
-            "human" => LogFormat::Human,
-            "json" => LogFormat::Json,
-            "journald" => LogFormat::Journald,
-            _ => LogFormat::Auto,
-        }),
-        remote: args.remote.into(),
+        log_format: args.log_format,
+        remote: args.remote,
     };
     let file = config_file(args.config.as_deref(), &env);
     let config = Config::load(file.as_deref(), &env, &flags)?;
@@ -241,9 +169,9 @@ mod tests {
     }
 
     #[test]
-    fn remote_flags_reach_the_overrides() {
+    fn remote_flags_reach_the_config() {
         use ctcache_remote::config::FetchMode;
-        use ctcached::config::RemoteOverrides;
+        use ctcached::config::{Config, Overrides};
         let args = <super::Args as clap::Parser>::try_parse_from([
             "ctcached",
             "--remote-url",
@@ -260,12 +188,17 @@ mod tests {
             "0.5",
         ])
         .unwrap();
-        let o = RemoteOverrides::from(args.remote);
-        assert_eq!(o.url.as_deref(), Some("s3://b-1/p"));
-        assert_eq!((o.read, o.fetch), (Some(false), Some(FetchMode::Never)));
-        assert_eq!(o.trusted_keys, ["a:x", "b:y"]);
-        assert_eq!(o.audit_rate, Some(0.5));
-        assert_eq!(o.write, None);
+        let flags = Overrides {
+            remote: args.remote,
+            ..Default::default()
+        };
+        let c = Config::load(None, &|_| None, &flags).unwrap();
+        let r = c.remote.unwrap();
+        assert_eq!(r.url, "s3://b-1/p");
+        assert_eq!((r.read, r.fetch), (false, FetchMode::Never));
+        assert_eq!(r.trusted_keys, ["a:x", "b:y"]);
+        assert_eq!(r.audit_rate, 0.5);
+        assert!(r.write, "a key without its flag keeps its default");
         let bad = <super::Args as clap::Parser>::try_parse_from([
             "ctcached",
             "--remote-fetch",

@@ -2,13 +2,14 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::{PublicKey, SecretKey};
 use crate::manifest::Trust;
 
 /// When a local miss asks the remote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FetchMode {
     /// The cost rule: per entry, the path measured faster for its format
@@ -41,36 +42,26 @@ impl SettingError {
     }
 }
 
-impl std::str::FromStr for FetchMode {
-    type Err = SettingError;
-
-    fn from_str(s: &str) -> Result<FetchMode, SettingError> {
-        match s {
-            "auto" => Ok(FetchMode::Auto),
-            "always" => Ok(FetchMode::Always),
-            "never" => Ok(FetchMode::Never),
-            _ => Err(SettingError::new(
-                "fetch",
-                format!("{s:?}: expected auto, always or never"),
-            )),
-        }
-    }
-}
-
 /// `[remote]`: the fleet tier on S3-compatible object storage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// This declaration is the one list of the section's keys: the daemon's
+/// `--remote-*` flags and their help (doc comments, defaults) are made from
+/// its schema.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RemoteConfig {
-    /// `s3://bucket/prefix` (the prefix may be empty).
+    /// The bucket and prefix entries are shared under: `s3://bucket/prefix`
+    /// (the prefix may be empty).
     pub url: String,
-    /// The S3 endpoint (`http://127.0.0.1:9000` for a local server); empty:
-    /// AWS, or `AWS_ENDPOINT` from the environment.
+    /// The S3 endpoint, e.g. `http://127.0.0.1:9000` for a local server;
+    /// empty: AWS, or `AWS_ENDPOINT` from the environment.
     pub endpoint: String,
-    /// Empty: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    /// The S3 region; empty: `AWS_REGION` / `AWS_DEFAULT_REGION`, else
+    /// `us-east-1`.
     pub region: String,
     /// Allow plain HTTP endpoints (local servers only).
     pub allow_http: bool,
-    /// Fetch on a local miss.
+    /// Ask the remote on a local miss.
     pub read: bool,
     /// Upload what this host packs.
     pub write: bool,
@@ -84,8 +75,8 @@ pub struct RemoteConfig {
     /// Ed25519 key (`ctcachectl remote keygen`) that signs uploads; without
     /// one this host does not upload.
     pub signing_key_file: Option<PathBuf>,
-    /// Public keys (`name:base64`) whose manifests this host accepts; its
-    /// own signing key is always trusted.
+    /// A public key (`name:base64`) whose manifests this host accepts (its
+    /// own signing key is always trusted).
     pub trusted_keys: Vec<String>,
     /// When a local miss asks the remote.
     pub fetch: FetchMode,

@@ -3,17 +3,14 @@
 //! copied (a full entry is a few kilobytes, mostly its struct type, and a
 //! batch of lookups answers thousands).
 //!
-//! A server answering hits derives things from an entry (its wire
-//! encoding); [`SharedEntry::derived`] keeps one such value beside the
-//! entry. It lives exactly as long as this decoded entry: when a commit
+//! A decoded entry lives as long as its record is unchanged: when a commit
 //! changes the record, the lookup cache drops the entry and the next read
-//! makes a new one with an empty slot, so a derived value is never older
-//! than the entry it was made from.
+//! makes a new one. A server may key what it derives from an entry by the
+//! entry's allocation (`Arc::as_ptr`, held with a `Weak`), as ctcached's
+//! encoded answers are.
 
-use std::any::Any;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::OnceLock;
 
 use super::entry::{Entry, Record};
 use super::error::StoreResult;
@@ -26,7 +23,6 @@ pub struct SharedEntry {
     pub(crate) key_bytes: KeyBytes,
     /// The record named a device (an entry without one is never a hit).
     pub(crate) device_recorded: bool,
-    derived: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 impl SharedEntry {
@@ -37,22 +33,12 @@ impl SharedEntry {
             entry: record.into_entry(EntryKey::from_bytes(&key_bytes)?, None),
             key_bytes,
             device_recorded,
-            derived: OnceLock::new(),
         })
     }
 
     /// The entry, owned (a copy).
     pub fn to_entry(&self) -> Entry {
         self.entry.clone()
-    }
-
-    /// The value of type `T` kept beside this entry, made by `make` on
-    /// first use. `None` when the slot already holds a value of another
-    /// type (one user per store: the server that embeds it).
-    pub fn derived<T: Any + Send + Sync>(&self, make: impl FnOnce(&Entry) -> T) -> Option<&T> {
-        self.derived
-            .get_or_init(|| Box::new(make(&self.entry)))
-            .downcast_ref()
     }
 }
 

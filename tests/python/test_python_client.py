@@ -329,7 +329,7 @@ def test_resolve_prepack_and_payload_bytes(ctcache, client, daemon):
 
 def test_resolve_on_miss_wait_packs(ctcache, client, daemon):
     model = daemon.root / "wait.onnx"
-    make_matmul(model, seed=11)
+    make_matmul(model, k=1024, seed=11)
     r = client.resolve_model(str(model), on_miss="wait")
     assert r.jobs_started == 2
     t = r.tensors[0]
@@ -363,6 +363,37 @@ def test_watched_folder_is_packed(ctcache, client, daemon):
             break
         time.sleep(0.2)
     assert {ctcache.entry_format(e) for e in entries} == {"gemm.pack_b.f32", "ort.matmul_nbits"}
+
+
+def test_checked_reads_refuse_bytes_changed_on_disk(ctcache, client, daemon):
+    """Payload.checked hashes the groups a read touches, every read: a byte
+    changed on disk under a live mapping is an error for its group, never
+    returned, while the other groups still read."""
+    from ctcache.payload import GROUP
+
+    model = daemon.root / "checked.onnx"
+    make_matmul(model, k=1024, seed=11)
+    client.prepack(model, wait=True)
+    [e] = [e for e in client.resolve_model(model).tensors[0].entries
+           if ctcache.entry_format(e) == "gemm.pack_b.f32"]
+    assert e.payload_len > 2 * GROUP
+    with client.open_payload(e) as p:
+        whole = p.tobytes()
+        assert p.checked().tobytes() == whole
+        assert p.checked(GROUP + 5, 10).tobytes() == whole[GROUP + 5:GROUP + 15]
+        with pytest.raises(ValueError):
+            p.checked(len(whole) - 1, 2)
+        fd = os.open(e.payload_path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, bytes([whole[GROUP + 100] ^ 1]), GROUP + 100)
+            with pytest.raises(ctcache.PayloadMismatch, match=f"bytes {GROUP}..{2 * GROUP} changed"):
+                p.checked(GROUP + 90, 20)
+            assert p.checked(0, GROUP).tobytes() == whole[:GROUP]
+            assert not p.verify()
+        finally:
+            os.pwrite(fd, whole[GROUP + 100:GROUP + 101], GROUP + 100)
+            os.close(fd)
+        assert p.checked(GROUP + 90, 20).tobytes() == whole[GROUP + 90:GROUP + 110]
 
 
 def test_lease_keeps_payload_through_gc(ctcache, client, daemon):

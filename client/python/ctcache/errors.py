@@ -54,6 +54,16 @@ class PermissionDenied(RequestFailed):
     """PERMISSION_DENIED: the daemon checked the caller's uid and refused."""
 
 
+class PayloadMismatch(CtcacheError):
+    """A payload's bytes differ from the digests they were checked against
+    (:meth:`ctcache.Payload.checked`): changed on disk since."""
+
+    def __init__(self, key: str, detail: str):
+        self.key = key
+        self.detail = detail
+        super().__init__(f"payload of {key} does not match its digest: {detail}")
+
+
 class PrepackError(CtcacheError):
     """At least one pack job failed; ``progress`` holds the final state of every job."""
 

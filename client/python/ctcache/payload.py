@@ -11,6 +11,16 @@ import grpc
 
 from . import layout
 from ._pb import ctcache_v1_pb2 as pb
+from .errors import PayloadMismatch
+
+# The bytes one digest of :meth:`Payload.checked` covers (the daemon's group).
+GROUP = 256 * 1024
+
+
+def _digest(group) -> bytes:
+    import blake3
+
+    return blake3.blake3(group).digest()
 
 
 class Payload:
@@ -29,8 +39,11 @@ class Payload:
     rehashed if it changed) and refuses damaged bytes (``DATA_LOSS``); a
     streamed copy was checked group by group as the daemon sent it. A mapped
     file whose bytes change on disk *after* the lease was granted (a failing
-    disk under a live mapping) is not noticed by itself: :meth:`verify`
-    rehashes the whole payload now and says whether it still matches.
+    disk under a live mapping) is not noticed by :attr:`memoryview`,
+    :meth:`numpy` or :meth:`tobytes`: :meth:`checked` hashes the 256 KiB
+    groups each read touches, every time, and raises
+    :class:`ctcache.PayloadMismatch` instead of returning changed bytes;
+    :meth:`verify` rehashes the whole payload now.
     """
 
     def __init__(self, client, lease: pb.LeaseResponse, entry: pb.Entry, ttl_s: float, allow_mmap: bool = True):
@@ -47,6 +60,7 @@ class Payload:
         self._stop = threading.Event()
         self._state = {"error": None, "renewals": 0, "expires_unix_ms": lease.expires_unix_ms}
         self._thread = None
+        self._group_digests = None
         try:
             if allow_mmap:
                 self._view = self._map()
@@ -146,6 +160,47 @@ class Payload:
 
     def __len__(self) -> int:
         return len(self.memoryview)
+
+    def checked(self, offset: int = 0, length: int | None = None) -> memoryview:
+        """Bytes ``offset`` to ``offset + length`` (default: to the end), each
+        256 KiB group they touch hashed now and compared with its digest.
+
+        The first checked read hashes the whole payload once, compares it
+        with the entry's ``payload_blake3`` and keeps one digest per group;
+        later reads hash only the groups they touch. Bytes that differ raise
+        :class:`ctcache.PayloadMismatch` naming the group, and are never
+        returned. The view is of the mapping: bytes read from it later are
+        not checked again (needs the ``blake3`` package).
+        """
+        view = self.memoryview
+        end = len(view) if length is None else offset + length
+        if offset < 0 or end < offset or end > len(view):
+            raise ValueError(f"bytes {offset}..{end} of a payload of {len(view)} bytes")
+        digests = self._digests(view)
+        for group in range(offset // GROUP, (end + GROUP - 1) // GROUP):
+            start = group * GROUP
+            if _digest(view[start : start + GROUP]) != digests[group]:
+                raise PayloadMismatch(
+                    self.key, f"bytes {start}..{min(start + GROUP, len(view))} changed since they were checked"
+                )
+        return view[offset:end]
+
+    def _digests(self, view) -> list:
+        if self._group_digests is None:
+            import blake3
+
+            whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            digests = []
+            for start in range(0, len(view), GROUP):
+                group = view[start : start + GROUP]
+                whole.update(group)
+                digests.append(_digest(group))
+            if whole.hexdigest() != self.entry.payload_blake3.lower():
+                raise PayloadMismatch(
+                    self.key, f"its blake3 is {whole.hexdigest()}, the entry says {self.entry.payload_blake3}"
+                )
+            self._group_digests = digests
+        return self._group_digests
 
     def verify(self) -> bool:
         """True when the bytes, hashed now, match the entry's ``payload_blake3`` (needs the ``blake3`` package)."""

@@ -2,11 +2,19 @@
 //! TOML file, `CTCACHE_*` environment variables and flags, in that order of
 //! increasing precedence (D8). Unknown keys are rejected by name.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ctcache_remote::config::{FetchMode, RemoteConfig};
+use ctcache_remote::config::RemoteConfig;
 use serde::{Deserialize, Serialize};
+
+mod policy;
+mod remote_flags;
+mod sources;
+mod validate;
+
+pub use policy::{default_policy, PolicyRule};
+pub use remote_flags::RemoteFlags;
+pub use sources::config_file;
 
 /// Where the settings came from when a value is invalid.
 #[derive(Debug, thiserror::Error)]
@@ -37,29 +45,6 @@ pub enum ConfigError {
     },
 }
 
-/// A policy rule: which initializers get which format.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyRule {
-    /// Packer id, e.g. `ort.matmul_nbits`.
-    pub format: String,
-    /// Packer parameters.
-    #[serde(default)]
-    pub params: BTreeMap<String, String>,
-    /// Source data types (ONNX names); empty = FLOAT.
-    #[serde(default = "default_types")]
-    pub data_types: Vec<String>,
-    /// Required rank (0 = any).
-    #[serde(default = "default_rank")]
-    pub rank: usize,
-    /// Smallest element count that qualifies (fewer: not worth packing).
-    #[serde(default = "default_min_elements")]
-    pub min_elements: u64,
-    /// Uses that qualify: `MatMul.B`, `Gemm.B`; empty = any initializer.
-    #[serde(default = "default_used_as")]
-    pub used_as: Vec<String>,
-}
-
 /// A gc limit from the file: a positive number (no limit is the key left out).
 fn nonzero_limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     match u64::deserialize(d)? {
@@ -75,46 +60,8 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-fn default_types() -> Vec<String> {
-    vec!["FLOAT".into()]
-}
-fn default_rank() -> usize {
-    2
-}
-fn default_min_elements() -> u64 {
-    ctcache::onnx::graph::DEFAULT_MIN_ELEMENTS
-}
-fn default_used_as() -> Vec<String> {
-    ctcache::onnx::graph::DEFAULT_USED_AS
-        .map(String::from)
-        .to_vec()
-}
-
-/// The default policy: MatMul/Gemm weights of at least 65,536 FLOAT elements
-/// get the host's SGEMM B-panel layout and onnxruntime's 4-bit format.
-pub fn default_policy() -> Vec<PolicyRule> {
-    let rule = |format: &str, params: &[(&str, &str)]| PolicyRule {
-        format: format.into(),
-        params: params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        data_types: default_types(),
-        rank: 2,
-        min_elements: default_min_elements(),
-        used_as: default_used_as(),
-    };
-    vec![
-        rule("gemm.pack_b.f32", &[]),
-        rule(
-            "ort.matmul_nbits",
-            &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")],
-        ),
-    ]
-}
-
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Journald when `JOURNAL_STREAM` says stderr is the journal, else human.
@@ -304,92 +251,7 @@ pub struct Overrides {
     /// `--log-format`.
     pub log_format: Option<LogFormat>,
     /// The `--remote-*` flags.
-    pub remote: RemoteOverrides,
-}
-
-/// `--remote-*` flags: each replaces its `[remote]` key (and turns the
-/// section on when the file has none).
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct RemoteOverrides {
-    /// `--remote-url` (`s3://bucket/prefix`).
-    pub url: Option<String>,
-    /// `--remote-endpoint`.
-    pub endpoint: Option<String>,
-    /// `--remote-region`.
-    pub region: Option<String>,
-    /// `--remote-allow-http`.
-    pub allow_http: Option<bool>,
-    /// `--remote-read`.
-    pub read: Option<bool>,
-    /// `--remote-write`.
-    pub write: Option<bool>,
-    /// `--remote-timeout-ms`.
-    pub timeout_ms: Option<u64>,
-    /// `--remote-upload-queue`.
-    pub upload_queue: Option<usize>,
-    /// `--remote-max-object-bytes`.
-    pub max_object_bytes: Option<u64>,
-    /// `--remote-signing-key-file`.
-    pub signing_key_file: Option<PathBuf>,
-    /// `--remote-trusted-key` (repeatable); replaces the list when not empty.
-    pub trusted_keys: Vec<String>,
-    /// `--remote-fetch`.
-    pub fetch: Option<FetchMode>,
-    /// `--remote-audit-rate`.
-    pub audit_rate: Option<f64>,
-}
-
-impl RemoteOverrides {
-    fn apply(&self, remote: &mut Option<Box<RemoteConfig>>) {
-        if *self == RemoteOverrides::default() {
-            return;
-        }
-        let r = remote.get_or_insert_with(Default::default);
-        fn set<T: Clone>(field: &mut T, flag: &Option<T>) {
-            if let Some(v) = flag {
-                *field = v.clone();
-            }
-        }
-        set(&mut r.url, &self.url);
-        set(&mut r.endpoint, &self.endpoint);
-        set(&mut r.region, &self.region);
-        set(&mut r.allow_http, &self.allow_http);
-        set(&mut r.read, &self.read);
-        set(&mut r.write, &self.write);
-        set(&mut r.timeout_ms, &self.timeout_ms);
-        set(&mut r.upload_queue, &self.upload_queue);
-        set(&mut r.max_object_bytes, &self.max_object_bytes);
-        if let Some(k) = &self.signing_key_file {
-            r.signing_key_file = Some(k.clone());
-        }
-        if !self.trusted_keys.is_empty() {
-            r.trusted_keys = self.trusted_keys.clone();
-        }
-        set(&mut r.fetch, &self.fetch);
-        set(&mut r.audit_rate, &self.audit_rate);
-    }
-}
-
-/// The config file to read: `--config`, else `CTCACHE_CONFIG`, else the
-/// system file when it exists (only under systemd or for root), else the
-/// user's `$XDG_CONFIG_HOME/ctcache/ctcached.toml` when it exists.
-pub fn config_file(flag: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    if let Some(f) = flag {
-        return Some(f.to_path_buf());
-    }
-    if let Some(f) = env("CTCACHE_CONFIG").filter(|s| !s.is_empty()) {
-        return Some(PathBuf::from(f));
-    }
-    let system = PathBuf::from(ctcache::paths::SYSTEM_CONFIG);
-    if env("INVOCATION_ID").is_some() && system.exists() {
-        return Some(system);
-    }
-    let user = env("XDG_CONFIG_HOME")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".config")))?
-        .join("ctcache/ctcached.toml");
-    user.exists().then_some(user)
+    pub remote: RemoteFlags,
 }
 
 impl Config {
@@ -413,7 +275,7 @@ impl Config {
             None => Config::default(),
         };
         cfg.apply_env(env)?;
-        cfg.apply_flags(flags);
+        cfg.apply_flags(flags)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -421,215 +283,6 @@ impl Config {
     /// Parses a TOML document over the defaults; errors name the bad key.
     pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
         toml::from_str::<Config>(text)
-    }
-
-    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        let bad = |var: &str, message: String| ConfigError::Env {
-            var: var.to_string(),
-            message,
-        };
-        if let Some(v) = env("CTCACHE_CACHE_DIR") {
-            self.cache_dir = v.into();
-        }
-        if let Some(v) = env("CTCACHE_SOCKET") {
-            self.socket = v.into();
-        }
-        if let Some(v) = env("CTCACHE_SOCKET_GROUP") {
-            self.socket_group = v;
-        }
-        if let Some(v) = env("CTCACHE_LISTEN_TCP") {
-            self.listen_tcp = Some(v).filter(|s| !s.is_empty());
-        }
-        if let Some(v) = env("CTCACHE_METRICS_ADDR") {
-            self.metrics_addr = Some(v).filter(|s| !s.is_empty());
-        }
-        if let Some(v) = env("CTCACHE_WATCH") {
-            self.watch = std::env::split_paths(&v).collect();
-        }
-        if let Some(v) = env("CTCACHE_WORKERS") {
-            self.workers = v
-                .parse()
-                .map_err(|_| bad("CTCACHE_WORKERS", format!("{v:?} is not a number")))?;
-        }
-        if let Some(v) = env("CTCACHE_LOG_FORMAT") {
-            self.log_format = toml::Value::String(v.clone()).try_into().map_err(|_| {
-                bad(
-                    "CTCACHE_LOG_FORMAT",
-                    format!("{v:?}: expected auto, human, json or journald"),
-                )
-            })?;
-        }
-        if let Some(v) = env("CTCACHE_LOG_LEVEL") {
-            self.log_level = v;
-        }
-        if let Some(v) = env("CTCACHE_REMOTE_URL").filter(|s| !s.is_empty()) {
-            self.remote.get_or_insert_with(Default::default).url = v;
-        }
-        if let Some(v) = env("CTCACHE_GPU") {
-            self.gpu = matches!(v.as_str(), "1" | "true" | "yes" | "on");
-        }
-        Ok(())
-    }
-
-    fn apply_flags(&mut self, f: &Overrides) {
-        if let Some(v) = &f.cache_dir {
-            self.cache_dir = v.clone();
-        }
-        if let Some(v) = &f.socket {
-            self.socket = v.clone();
-        }
-        if !f.watch.is_empty() {
-            self.watch = f.watch.clone();
-        }
-        if let Some(v) = &f.listen_tcp {
-            self.listen_tcp = Some(v.clone());
-        }
-        if let Some(v) = &f.metrics_addr {
-            self.metrics_addr = Some(v.clone());
-        }
-        if let Some(v) = f.workers {
-            self.workers = v;
-        }
-        if let Some(v) = f.log_format {
-            self.log_format = v;
-        }
-        f.remote.apply(&mut self.remote);
-    }
-
-    /// Checks the settings together; [`Config::load`] and `ctcached::run`
-    /// call it.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.into(),
-            message,
-        };
-        if self.cache_dir.as_os_str().is_empty() {
-            return Err(invalid("cache_dir", "empty path".into()));
-        }
-        if self.socket.as_os_str().len() > 100 {
-            return Err(invalid(
-                "socket",
-                "Unix socket paths are limited to about 100 bytes".into(),
-            ));
-        }
-        for (key, addr) in [
-            ("listen_tcp", &self.listen_tcp),
-            ("metrics_addr", &self.metrics_addr),
-        ] {
-            if let Some(a) = addr {
-                a.parse::<std::net::SocketAddr>()
-                    .map_err(|_| invalid(key, format!("{a:?} is not host:port")))?;
-            }
-        }
-        self.validate_tls()?;
-        for (key, v) in [
-            ("memory_budget", self.memory_budget),
-            ("max_message_bytes", self.max_message_bytes as u64),
-            ("max_payload_bytes", self.max_payload_bytes),
-            ("max_tensor_bytes", self.max_tensor_bytes),
-            ("max_model_bytes", self.max_model_bytes),
-            (
-                "max_hashed_bytes_per_uid_per_hour",
-                self.max_hashed_bytes_per_uid_per_hour,
-            ),
-            ("max_stored_bytes_per_uid", self.max_stored_bytes_per_uid),
-            ("max_leases_per_uid", self.max_leases_per_uid as u64),
-            ("max_lease_ttl_secs", self.max_lease_ttl_secs),
-            ("max_lease_lifetime_secs", self.max_lease_lifetime_secs),
-            (
-                "max_queued_jobs_per_uid",
-                self.max_queued_jobs_per_uid as u64,
-            ),
-            ("max_watches_per_uid", self.max_watches_per_uid as u64),
-            ("max_event_subscribers", self.max_event_subscribers as u64),
-            ("max_memo_entries", self.max_memo_entries as u64),
-            ("max_memo_bytes", self.max_memo_bytes),
-            ("max_connections", self.max_connections as u64),
-            (
-                "max_connections_per_uid",
-                self.max_connections_per_uid as u64,
-            ),
-            (
-                "max_requests_per_connection",
-                self.max_requests_per_connection as u64,
-            ),
-            (
-                "max_streams_per_connection",
-                u64::from(self.max_streams_per_connection),
-            ),
-            ("request_timeout_secs", self.request_timeout_secs),
-        ] {
-            if v == 0 {
-                return Err(invalid(key, "must be at least 1".into()));
-            }
-        }
-        if self.stable_secs < 0.0 || !self.stable_secs.is_finite() {
-            return Err(invalid(
-                "stable_secs",
-                "must be a non-negative number".into(),
-            ));
-        }
-        if let Some(r) = &self.remote {
-            r.check()
-                .map_err(|e| invalid(&format!("remote.{}", e.key), e.message))?;
-        }
-        for (i, rule) in self.policy.iter().enumerate() {
-            if ctcache_kernels::find(&rule.format).is_none() {
-                return Err(invalid(
-                    &format!("policy[{i}].format"),
-                    format!("unknown format {:?}", rule.format),
-                ));
-            }
-            for t in &rule.data_types {
-                if ctcache::dtype::DataType::from_name(t).is_none() {
-                    return Err(invalid(
-                        &format!("policy[{i}].data_types"),
-                        format!("unknown data type {t:?}"),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// TCP off a loopback address only with TLS; TLS files come in pairs.
-    fn validate_tls(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.into(),
-            message,
-        };
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(_), None) => return Err(invalid("tls_key", "tls_cert needs tls_key".into())),
-            (None, Some(_)) => return Err(invalid("tls_cert", "tls_key needs tls_cert".into())),
-            _ => {}
-        }
-        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
-            return Err(invalid(
-                "tls_client_ca",
-                "client certificates need TLS: set tls_cert and tls_key".into(),
-            ));
-        }
-        let Some(addr) = &self.listen_tcp else {
-            if self.tls_cert.is_some() {
-                return Err(invalid(
-                    "tls_cert",
-                    "TLS is for listen_tcp, which is not set".into(),
-                ));
-            }
-            return Ok(());
-        };
-        let addr: std::net::SocketAddr = addr
-            .parse()
-            .map_err(|_| invalid("listen_tcp", format!("{addr:?} is not host:port")))?;
-        if !addr.ip().is_loopback() && self.tls_cert.is_none() {
-            return Err(invalid(
-                "listen_tcp",
-                format!(
-                    "{addr} is not a loopback address: TCP beyond this host needs TLS (set tls_cert and tls_key; tls_client_ca to require client certificates)"
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// The largest payload a pack or Put may produce.

@@ -1,6 +1,7 @@
 //! Tests of the config.
 
 use super::*;
+use std::collections::BTreeMap;
 
 fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let m: BTreeMap<String, String> = pairs
@@ -157,18 +158,23 @@ fn remote_flags_override_the_file() {
         "[remote]\nurl = \"s3://file-bucket/a\"\ntimeout_ms = 2000\nfetch = \"always\"\ntrusted_keys = [\"a:x\"]\nregion = \"eu-west-1\"\n",
     )
     .unwrap();
-    let flags = Overrides {
-        remote: RemoteOverrides {
-            url: Some("s3://flag-bucket/b".into()),
-            timeout_ms: Some(500),
-            fetch: Some(FetchMode::Never),
-            read: Some(false),
-            trusted_keys: vec!["b:y".into()],
-            audit_rate: Some(0.25),
-            ..Default::default()
-        },
+    let remote_flags = |args: &[&str]| Overrides {
+        remote: RemoteFlags::parse_from(std::iter::once(&"ctcached").chain(args)).unwrap(),
         ..Default::default()
     };
+    let given = [
+        "--remote-url",
+        "s3://flag-bucket/b",
+        "--remote-timeout-ms",
+        "500",
+        "--remote-fetch",
+        "never",
+        "--remote-read",
+        "false",
+        "--remote-trusted-key",
+        "b:y",
+    ];
+    let flags = remote_flags(&[&given[..], &["--remote-audit-rate", "0.25"]].concat());
     let env = env_of(&[("CTCACHE_REMOTE_URL", "s3://env-bucket/c")]);
     let r = Config::load(Some(&f), &env, &flags)
         .unwrap()
@@ -191,13 +197,7 @@ fn remote_flags_override_the_file() {
     let none = Config::load(None, &env_of(&[]), &Overrides::default()).unwrap();
     assert!(none.remote.is_none());
     // A flag is checked like the file's key.
-    let bad = Overrides {
-        remote: RemoteOverrides {
-            audit_rate: Some(1.5),
-            ..flags.remote.clone()
-        },
-        ..Default::default()
-    };
+    let bad = remote_flags(&[&given[..], &["--remote-audit-rate", "1.5"]].concat());
     let e = Config::load(Some(&f), &env, &bad).unwrap_err().to_string();
     assert!(e.contains("remote.audit_rate"), "{e}");
 }

@@ -1,7 +1,7 @@
 //! The use cases' answers -> API messages (core types through
 //! `ctcache_convert`).
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ctcache::store::{Entry, SharedEntry};
@@ -21,6 +21,8 @@ use crate::ops::status::StatusReport;
 use crate::ops::Miss;
 use crate::state::Daemon;
 
+use super::wire_cache::WireCache;
+
 pub(crate) fn entry(d: &Daemon, e: Entry) -> api::Entry {
     let path = d.store.blob_path(&e.payload.blake3);
     convert::entry(e, path, false)
@@ -30,38 +32,33 @@ pub(crate) fn miss(m: &Miss) -> api::Miss {
     convert::miss(m.code(), m.detail.clone())
 }
 
-/// The wire forms of one stored entry, kept beside it in the store's
-/// lookup cache (see `SharedEntry::derived`): a hit is answered with a
-/// copy of these bytes, made the first time the entry is answered.
-#[derive(Default)]
-struct Encoded {
-    full: OnceLock<Bytes>,
-    brief: OnceLock<Bytes>,
-}
-
-/// An entry as Lookup answers it, full or brief.
-fn lookup_entry(d: &Daemon, e: &SharedEntry, brief: bool) -> Bytes {
-    let make = |e: &Entry| {
-        if brief {
+/// An entry as Lookup answers it, full or brief: encoded once per decoded
+/// entry, then copied (see [`WireCache`]).
+fn lookup_entry(d: &Daemon, wire: &WireCache, e: &Arc<SharedEntry>, brief: bool) -> Bytes {
+    wire.get_or_encode(e, brief, |e| {
+        let e = e.to_entry();
+        let m = if brief {
             let path = d.store.blob_path(&e.payload.blake3);
-            convert::entry_brief(e.clone(), path, false)
+            convert::entry_brief(e, path, false)
         } else {
-            entry(d, e.clone())
-        }
-    };
-    match e.derived(|_| Encoded::default()) {
-        Some(enc) => {
-            let slot = if brief { &enc.brief } else { &enc.full };
-            slot.get_or_init(|| served::encode_entry(&make(e))).clone()
-        }
-        None => served::encode_entry(&make(e)),
-    }
+            entry(d, e)
+        };
+        served::encode_entry(&m)
+    })
 }
 
-pub(crate) fn lookup(d: &Daemon, o: LookupOutcome, brief: bool) -> served::LookupResponse {
+pub(crate) fn lookup(
+    d: &Daemon,
+    wire: &WireCache,
+    o: LookupOutcome,
+    brief: bool,
+) -> served::LookupResponse {
     match o {
         LookupOutcome::Hits(hits) => served::LookupResponse {
-            entries: hits.iter().map(|e| lookup_entry(d, e, brief)).collect(),
+            entries: hits
+                .iter()
+                .map(|e| lookup_entry(d, wire, e, brief))
+                .collect(),
             miss: None,
         },
         LookupOutcome::Miss(m) => served::LookupResponse {

@@ -13,6 +13,7 @@ mod guard;
 mod peer;
 mod service;
 mod status;
+mod wire_cache;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +63,7 @@ pub(crate) async fn serve(
     let svc = CompiledTensorCacheServer::new(Service {
         daemon: daemon.clone(),
         shutdown: shutdown.clone(),
+        wire: Default::default(),
     })
     .max_decoding_message_size(limit)
     .max_encoding_message_size(limit);

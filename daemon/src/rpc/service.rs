@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::wire_cache::WireCache;
 use super::{caller, decode, encode};
 use crate::caller::Caller;
 use crate::ops::{self, blocking, Error};
@@ -33,6 +34,8 @@ pub(crate) struct Service {
     /// Turns true at shutdown: open Events streams end then, so that the
     /// server's graceful shutdown does not wait for followers.
     pub shutdown: watch::Receiver<bool>,
+    /// Lookup answers' encoded entries.
+    pub wire: Arc<WireCache>,
 }
 
 impl Service {
@@ -87,7 +90,7 @@ impl CompiledTensorCache for Service {
         // (two thread wakeups) cost more than the lookup itself. Batches
         // still go to the pool: a large one takes milliseconds.
         let outcome = ops::lookup::lookup(&self.daemon, &q)?;
-        ok(encode::lookup(&self.daemon, outcome, brief))
+        ok(encode::lookup(&self.daemon, &self.wire, outcome, brief))
     }
 
     async fn batch_lookup(
@@ -97,13 +100,14 @@ impl CompiledTensorCache for Service {
         let r = req.into_inner();
         let brief: Vec<bool> = r.requests.iter().map(|q| q.brief).collect();
         let qs: Vec<_> = r.requests.into_iter().map(decode::lookup).collect();
+        let wire = self.wire.clone();
         self.run(
             move |d| ops::lookup::batch(d, &qs),
             move |d, outcomes| served::BatchLookupResponse {
                 responses: outcomes
                     .into_iter()
                     .zip(brief)
-                    .map(|(o, b)| encode::lookup(d, o, b))
+                    .map(|(o, b)| encode::lookup(d, &wire, o, b))
                     .collect(),
             },
         )

@@ -1,0 +1,67 @@
+//! `[[policy]]`: which initializers get which formats, and the default
+//! rules.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A policy rule: which initializers get which format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    /// Packer id, e.g. `ort.matmul_nbits`.
+    pub format: String,
+    /// Packer parameters.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// Source data types (ONNX names); empty = FLOAT.
+    #[serde(default = "default_types")]
+    pub data_types: Vec<String>,
+    /// Required rank (0 = any).
+    #[serde(default = "default_rank")]
+    pub rank: usize,
+    /// Smallest element count that qualifies (fewer: not worth packing).
+    #[serde(default = "default_min_elements")]
+    pub min_elements: u64,
+    /// Uses that qualify: `MatMul.B`, `Gemm.B`; empty = any initializer.
+    #[serde(default = "default_used_as")]
+    pub used_as: Vec<String>,
+}
+
+fn default_types() -> Vec<String> {
+    vec!["FLOAT".into()]
+}
+fn default_rank() -> usize {
+    2
+}
+fn default_min_elements() -> u64 {
+    ctcache::onnx::graph::DEFAULT_MIN_ELEMENTS
+}
+fn default_used_as() -> Vec<String> {
+    ctcache::onnx::graph::DEFAULT_USED_AS
+        .map(String::from)
+        .to_vec()
+}
+
+/// The default policy: MatMul/Gemm weights of at least 65,536 FLOAT elements
+/// get the host's SGEMM B-panel layout and onnxruntime's 4-bit format.
+pub fn default_policy() -> Vec<PolicyRule> {
+    let rule = |format: &str, params: &[(&str, &str)]| PolicyRule {
+        format: format.into(),
+        params: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        data_types: default_types(),
+        rank: 2,
+        min_elements: default_min_elements(),
+        used_as: default_used_as(),
+    };
+    vec![
+        rule("gemm.pack_b.f32", &[]),
+        rule(
+            "ort.matmul_nbits",
+            &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")],
+        ),
+    ]
+}
