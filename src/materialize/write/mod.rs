@@ -4,8 +4,8 @@
 //! the source mapping, and the payload files placed in `<out>.weights/`.
 //!
 //! This module runs the steps; each target's initializers and nodes are
-//! [`nbits`], [`int8`] and [`fp16`]'s, the splice [`splice`]'s, the data
-//! folder [`external`]'s.
+//! `nbits`, `int8` and `fp16`'s, the splice `splice`'s, the data folder
+//! `external`'s.
 
 mod external;
 mod fp16;
