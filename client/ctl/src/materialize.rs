@@ -242,43 +242,82 @@ fn report(
     elapsed: std::time::Duration,
 ) -> Result<(), Failure> {
     if ctx.json {
-        return print_json(&json!({
-            "via": via,
-            "output": r.output_path,
-            "data_dir": r.data_dir,
-            "nodes_rewritten": r.nodes_rewritten,
-            "initializers_removed": r.initializers_removed,
-            "skipped": r.skipped.iter().map(|s| json!({
-                "node": s.node, "op_type": s.op_type, "reason": s.reason, "detail": s.detail,
-            })).collect::<Vec<_>>(),
-            "packed": r.packed,
-            "cached": r.cached,
-            "link": link_name(r.link),
-            "files": r.files.iter().map(|f| json!({
-                "path": f.path, "method": ctcache_convert::materialize::place_method_name(f.method()), "bytes_copied": f.bytes_copied,
-            })).collect::<Vec<_>>(),
-            "files_reflinked": r.files_reflinked,
-            "files_linked": r.files_linked,
-            "files_copied": r.files_copied,
-            "bytes_copied": r.bytes_copied,
-            "model_bytes": r.model_bytes,
-            "payload_bytes": r.payload_bytes,
-            "target": r.target,
-            "bits": r.bits,
-            "block_size": r.block_size,
-            "symmetric": r.symmetric,
-            "accuracy_level": r.accuracy_level,
-            "weight_type": r.weight_type,
-            "per_channel": r.per_channel,
-            "reduce_range": r.reduce_range,
-            "op_types": r.op_types,
-            "elapsed_us": elapsed.as_micros() as u64,
-        }));
+        return print_json(&report_json(via, r, elapsed));
     }
     if ctx.quiet {
         return Ok(());
     }
-    let what = if r.target == mat::TARGET_ORT_FP16 {
+    say(&format!(
+        "{}: {} node(s) -> {}, {} weight(s) from the cache, {} packed now",
+        r.output_path,
+        r.nodes_rewritten,
+        rewritten_to(r),
+        r.cached,
+        r.packed,
+    ))?;
+    say(&format!(
+        "  {} of weights in {} (--link {}): {}; wrote {} in {}",
+        format::size(r.payload_bytes),
+        r.data_dir,
+        link_name(r.link),
+        placed_summary(&r.files),
+        format::size(r.model_bytes + r.bytes_copied),
+        format::duration_us(elapsed.as_micros() as u64),
+    ))?;
+    if r.files_linked > 0 {
+        say(&format!(
+            "  note: {} file(s) hard-linked into the cache: onnxruntime loads this model, \
+             onnx >= 1.21 (onnx.load, onnx.checker) refuses it; --link auto gives files of their own",
+            r.files_linked
+        ))?;
+    }
+    say_skipped(r, a.verbose)
+}
+
+/// The answer as `--json` prints it.
+fn report_json(
+    via: &str,
+    r: &api::MaterializeResponse,
+    elapsed: std::time::Duration,
+) -> serde_json::Value {
+    json!({
+        "via": via,
+        "output": r.output_path,
+        "data_dir": r.data_dir,
+        "nodes_rewritten": r.nodes_rewritten,
+        "initializers_removed": r.initializers_removed,
+        "skipped": r.skipped.iter().map(|s| json!({
+            "node": s.node, "op_type": s.op_type, "reason": s.reason, "detail": s.detail,
+        })).collect::<Vec<_>>(),
+        "packed": r.packed,
+        "cached": r.cached,
+        "link": link_name(r.link),
+        "files": r.files.iter().map(|f| json!({
+            "path": f.path, "method": ctcache_convert::materialize::place_method_name(f.method()), "bytes_copied": f.bytes_copied,
+        })).collect::<Vec<_>>(),
+        "files_reflinked": r.files_reflinked,
+        "files_linked": r.files_linked,
+        "files_copied": r.files_copied,
+        "bytes_copied": r.bytes_copied,
+        "model_bytes": r.model_bytes,
+        "payload_bytes": r.payload_bytes,
+        "target": r.target,
+        "bits": r.bits,
+        "block_size": r.block_size,
+        "symmetric": r.symmetric,
+        "accuracy_level": r.accuracy_level,
+        "weight_type": r.weight_type,
+        "per_channel": r.per_channel,
+        "reduce_range": r.reduce_range,
+        "op_types": r.op_types,
+        "elapsed_us": elapsed.as_micros() as u64,
+    })
+}
+
+/// What the nodes became, with the target's settings:
+/// "MatMulNBits (4 bits, block 32, symmetric)".
+fn rewritten_to(r: &api::MaterializeResponse) -> String {
+    if r.target == mat::TARGET_ORT_FP16 {
         "FLOAT16 (float inputs and outputs kept)".to_string()
     } else if r.target == mat::TARGET_ORT_INT8 {
         format!(
@@ -306,29 +345,12 @@ fn report(
                 "asymmetric"
             },
         )
-    };
-    say(&format!(
-        "{}: {} node(s) -> {what}, {} weight(s) from the cache, {} packed now",
-        r.output_path, r.nodes_rewritten, r.cached, r.packed,
-    ))?;
-    say(&format!(
-        "  {} of weights in {} (--link {}): {}; wrote {} in {}",
-        format::size(r.payload_bytes),
-        r.data_dir,
-        link_name(r.link),
-        placed_summary(&r.files),
-        format::size(r.model_bytes + r.bytes_copied),
-        format::duration_us(elapsed.as_micros() as u64),
-    ))?;
-    if r.files_linked > 0 {
-        say(&format!(
-            "  note: {} file(s) hard-linked into the cache: onnxruntime loads this model, \
-             onnx >= 1.21 (onnx.load, onnx.checker) refuses it; --link auto gives files of their own",
-            r.files_linked
-        ))?;
     }
-    // Nodes left as they are (expected for attention MatMuls): a summary
-    // after the result, one line per reason (-v: one per node).
+}
+
+/// Nodes left as they are (expected for attention MatMuls): a summary
+/// after the result, one line per reason (`verbose`: one per node).
+fn say_skipped(r: &api::MaterializeResponse, verbose: bool) -> Result<(), Failure> {
     let groups = mat::group_skips(
         r.skipped
             .iter()
@@ -336,7 +358,7 @@ fn report(
     );
     for g in &groups {
         say(&format!("  {g}"))?;
-        if a.verbose {
+        if verbose {
             for s in r
                 .skipped
                 .iter()

@@ -12,6 +12,9 @@
 //! rewritten too when their B is a top-level initializer that nothing in
 //! the enclosing subgraphs shadows (as the quantizer's graph stack does);
 //! initializers of subgraphs themselves are left alone.
+//!
+//! This module walks the graphs; the rules for one node are `target`'s,
+//! the `onnxruntime-fp16` plan `fp16`'s.
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,11 +22,17 @@ use prost::Message;
 
 use crate::dtype::DataType;
 use crate::error::Result;
-use crate::onnx::graph::{attr, is_default_domain};
+use crate::onnx::graph::is_default_domain;
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
 use super::{Recipe, Settings};
+
+mod fp16;
+mod target;
+
+use fp16::plan_fp16;
+use target::target;
 
 /// What kind of node a target replaces.
 #[derive(Debug, Clone, PartialEq)]
@@ -313,257 +322,6 @@ fn visit(
             }
         }
     }
-}
-
-/// Why a node is not a target: the rule (the same words for every node it
-/// stops) and this node's case.
-type Refusal = (&'static str, String);
-
-fn target(
-    index: usize,
-    n: &pb::NodeProto,
-    ctx: &Context<'_>,
-    shadow: &HashSet<String>,
-) -> std::result::Result<Target, Refusal> {
-    let gemm = n.op_type == "Gemm";
-    let b = n
-        .input
-        .get(1)
-        .filter(|b| !b.is_empty())
-        .ok_or(("no input B", String::from("the node has no second input")))?;
-    if n.input.first().is_none_or(|a| a.is_empty()) || n.output.first().is_none_or(|y| y.is_empty())
-    {
-        return Err(("input A or output Y missing", String::new()));
-    }
-    if shadow.contains(b) {
-        return Err((
-            "B is defined inside a subgraph",
-            format!(
-                "input B {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
-            ),
-        ));
-    }
-    let t = ctx.inits.get(b).ok_or_else(|| {
-        (
-            "B is not a constant",
-            format!("input B {b:?} is not an initializer (not a constant weight)"),
-        )
-    })?;
-    if ctx.inputs.contains(b) {
-        return Err((
-            "B is also a graph input",
-            format!("initializer {b:?} is also a graph input, so a caller may override it"),
-        ));
-    }
-    let int8 = matches!(ctx.recipe, Recipe::Int8(_));
-    if int8 && ctx.inits.contains_key(&n.input[0]) {
-        return Err((
-            "A is a constant",
-            format!(
-                "input A {:?} is an initializer (only computed inputs are quantized dynamically)",
-                n.input[0]
-            ),
-        ));
-    }
-    if int8 && t.data_type != DataType::FLOAT {
-        return Err((
-            "B is not FLOAT",
-            format!(
-                "weight {b:?} is {}; the int8 target quantizes FLOAT weights",
-                t.data_type
-            ),
-        ));
-    }
-    if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
-        return Err((
-            "B is not FLOAT or FLOAT16",
-            format!(
-                "weight {b:?} is {}; MatMulNBits weights must be FLOAT or FLOAT16",
-                t.data_type
-            ),
-        ));
-    }
-    if int8 && !gemm && !t.dims.is_empty() {
-        // quantize_dynamic quantizes MatMul weights of any rank.
-        if t.dims.contains(&0) {
-            return Err((
-                "B is empty",
-                format!("weight {b:?} is empty ({:?})", t.dims),
-            ));
-        }
-        let n_cols = *t.dims.last().expect("not empty");
-        let k = if t.dims.len() >= 2 {
-            t.dims[t.dims.len() - 2]
-        } else {
-            1
-        };
-        return Ok(Target {
-            scope: Vec::new(),
-            node_index: index,
-            node: n.clone(),
-            op: Op::MatMul,
-            weight: b.clone(),
-            transposed: false,
-            data_type: t.data_type,
-            k,
-            n: n_cols,
-            dims: t.dims.clone(),
-        });
-    }
-    let [d0, d1] = *t.dims.as_slice() else {
-        return Err((
-            "B is not 2-D",
-            format!(
-                "weight {b:?} has shape {:?}; only 2-D weights are rewritten",
-                t.dims
-            ),
-        ));
-    };
-    if d0 == 0 || d1 == 0 {
-        return Err(("B is empty", format!("weight {b:?} is empty ({d0} x {d1})")));
-    }
-    let mut transposed = false;
-    let op = if gemm {
-        let int = |name: &str| attr(n, name).map_or(0, |a| a.i);
-        let float = |name: &str| attr(n, name).map_or(1.0, |a| a.f);
-        if int("transA") != 0 {
-            return Err(("transA = 1", "Gemm with transA = 1 is not rewritten".into()));
-        }
-        if float("alpha") != 1.0 {
-            return Err((
-                "alpha is not 1",
-                format!("Gemm alpha = {} (only 1 is rewritten)", float("alpha")),
-            ));
-        }
-        let bias = n.input.get(2).filter(|c| !c.is_empty()).cloned();
-        // quantize_dynamic takes beta = 1 only, with or without C.
-        if (bias.is_some() || int8) && float("beta") != 1.0 {
-            return Err((
-                "beta is not 1",
-                format!("Gemm beta = {} (only 1 is rewritten)", float("beta")),
-            ));
-        }
-        transposed = int("transB") != 0;
-        Op::Gemm { bias }
-    } else {
-        Op::MatMul
-    };
-    let (k, n_cols) = if transposed { (d1, d0) } else { (d0, d1) };
-    Ok(Target {
-        scope: Vec::new(),
-        node_index: index,
-        node: n.clone(),
-        op,
-        weight: b.clone(),
-        transposed,
-        data_type: t.data_type,
-        k,
-        n: n_cols,
-        dims: t.dims.clone(),
-    })
-}
-
-/// Op types the float16 converter keeps in FLOAT behind Casts (its
-/// `DEFAULT_OP_BLOCK_LIST`), or treats specially (FLOAT-only inputs,
-/// `dtype` attributes): this target refuses models with them rather than
-/// guess the value types it would need shape inference for.
-const FP16_REFUSED_OPS: &[&str] = &[
-    "ArrayFeatureExtractor",
-    "Binarizer",
-    "CastMap",
-    "CategoryMapper",
-    "DictVectorizer",
-    "FeatureVectorizer",
-    "Imputer",
-    "LabelEncoder",
-    "LinearClassifier",
-    "LinearRegressor",
-    "Normalizer",
-    "OneHotEncoder",
-    "RandomUniformLike",
-    "SVMClassifier",
-    "SVMRegressor",
-    "Scaler",
-    "TreeEnsembleClassifier",
-    "TreeEnsembleRegressor",
-    "TreeEnsemble",
-    "ZipMap",
-    "NonMaxSuppression",
-    "TopK",
-    "RoiAlign",
-    "Range",
-    "CumSum",
-    "Min",
-    "Max",
-    "Upsample",
-    "Resize",
-    "GroupNorm",
-    "SkipGroupNorm",
-    "EyeLike",
-    "Multinomial",
-    "RandomNormal",
-    "RandomNormalLike",
-    "RandomUniform",
-    "SequenceEmpty",
-    "Bernoulli",
-    "ConstantOfShape",
-];
-
-/// The `onnxruntime-fp16` plan: every FLOAT top-level initializer a
-/// top-level node reads (the converter leaves unread ones FLOAT). Refused,
-/// naming the node: ops of [`FP16_REFUSED_OPS`], subgraphs, and a FLOAT
-/// initializer that is also a graph input.
-fn plan_fp16(model: &Model) -> Result<Plan> {
-    let refuse = |what: String| Err(crate::Error::Rewrite(format!("materialize: {what}")));
-    let nodes = model.nodes()?;
-    let mut read: HashSet<&str> = HashSet::new();
-    for (i, n) in nodes.iter().enumerate() {
-        let name = if n.name.is_empty() {
-            format!("#{i}")
-        } else {
-            n.name.clone()
-        };
-        if FP16_REFUSED_OPS.contains(&n.op_type.as_str()) {
-            return refuse(format!(
-                "node {name} is a {}, which the float16 converter keeps in FLOAT or treats specially;                  onnxruntime-fp16 does not take it",
-                n.op_type
-            ));
-        }
-        if n.attribute
-            .iter()
-            .any(|a| a.g.is_some() || !a.graphs.is_empty())
-        {
-            return refuse(format!(
-                "node {name} ({}) holds a subgraph; onnxruntime-fp16 converts top-level graphs only",
-                n.op_type
-            ));
-        }
-        read.extend(n.input.iter().map(String::as_str));
-    }
-    let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
-    let mut tensors = Vec::new();
-    for t in model.initializers()? {
-        if t.data_type != DataType::FLOAT || !read.contains(t.name.as_str()) {
-            continue;
-        }
-        if inputs.contains(&t.name) {
-            return refuse(format!(
-                "FLOAT initializer {:?} is also a graph input; onnxruntime-fp16 does not take it",
-                t.name
-            ));
-        }
-        tensors.push(t.name.clone());
-    }
-    if tensors.is_empty() {
-        return refuse(
-            "nothing to materialize: the model has no FLOAT initializer that a node reads".into(),
-        );
-    }
-    Ok(Plan {
-        targets: Vec::new(),
-        skipped: Vec::new(),
-        tensors,
-    })
 }
 
 /// Every value name the graph reads, subgraphs included (outer-scope

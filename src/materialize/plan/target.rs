@@ -1,0 +1,207 @@
+//! Whether one MatMul or Gemm is a target, and if not why: the rules on
+//! its inputs, on its weight B (a top-level constant of a type and shape
+//! the target takes) and, for Gemm, on its attributes.
+
+use std::collections::HashSet;
+
+use super::{Context, Op, Target};
+use crate::dtype::DataType;
+use crate::materialize::Recipe;
+use crate::onnx::graph::attr;
+use crate::onnx::TensorRef;
+use crate::pb;
+
+/// Why a node is not a target: the rule (the same words for every node it
+/// stops) and this node's case.
+pub(super) type Refusal = (&'static str, String);
+
+/// A rule's outcome: what it found, or why the node is not a target.
+type Decided<T> = std::result::Result<T, Refusal>;
+
+/// How a target reads its weight.
+struct Reading {
+    op: Op,
+    /// B is stored W[N, K].
+    transposed: bool,
+    /// Rows of the logical B.
+    k: u64,
+    /// Columns of the logical B.
+    n: u64,
+}
+
+/// Node `n` (at `index` in its graph) as a target, or why it is not one;
+/// `shadow` holds the names the enclosing subgraphs define.
+pub(super) fn target(
+    index: usize,
+    n: &pb::NodeProto,
+    ctx: &Context<'_>,
+    shadow: &HashSet<String>,
+) -> Decided<Target> {
+    let b = input_b(n)?;
+    let t = constant_weight(ctx, b, shadow)?;
+    let int8 = matches!(ctx.recipe, Recipe::Int8(_));
+    if int8 && ctx.inits.contains_key(&n.input[0]) {
+        return Err((
+            "A is a constant",
+            format!(
+                "input A {:?} is an initializer (only computed inputs are quantized dynamically)",
+                n.input[0]
+            ),
+        ));
+    }
+    weight_type(b, t, int8)?;
+    let reading = if int8 && n.op_type != "Gemm" && !t.dims.is_empty() {
+        any_rank_matmul(b, &t.dims)?
+    } else {
+        two_d(n, b, &t.dims, int8)?
+    };
+    Ok(Target {
+        scope: Vec::new(),
+        node_index: index,
+        node: n.clone(),
+        op: reading.op,
+        weight: b.clone(),
+        transposed: reading.transposed,
+        data_type: t.data_type,
+        k: reading.k,
+        n: reading.n,
+        dims: t.dims.clone(),
+    })
+}
+
+/// The node's input B, with A and Y present.
+fn input_b(n: &pb::NodeProto) -> Decided<&String> {
+    let b = n
+        .input
+        .get(1)
+        .filter(|b| !b.is_empty())
+        .ok_or(("no input B", String::from("the node has no second input")))?;
+    if n.input.first().is_none_or(|a| a.is_empty()) || n.output.first().is_none_or(|y| y.is_empty())
+    {
+        return Err(("input A or output Y missing", String::new()));
+    }
+    Ok(b)
+}
+
+/// B's top-level initializer, which no subgraph shadows and no caller may
+/// override as a graph input.
+fn constant_weight<'c>(
+    ctx: &Context<'c>,
+    b: &str,
+    shadow: &HashSet<String>,
+) -> Decided<&'c TensorRef> {
+    if shadow.contains(b) {
+        return Err((
+            "B is defined inside a subgraph",
+            format!(
+                "input B {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
+            ),
+        ));
+    }
+    let t = ctx.inits.get(b).ok_or_else(|| {
+        (
+            "B is not a constant",
+            format!("input B {b:?} is not an initializer (not a constant weight)"),
+        )
+    })?;
+    if ctx.inputs.contains(b) {
+        return Err((
+            "B is also a graph input",
+            format!("initializer {b:?} is also a graph input, so a caller may override it"),
+        ));
+    }
+    Ok(t)
+}
+
+/// B's element type: FLOAT for the int8 target, else FLOAT or FLOAT16.
+fn weight_type(b: &str, t: &TensorRef, int8: bool) -> Decided<()> {
+    if int8 && t.data_type != DataType::FLOAT {
+        return Err((
+            "B is not FLOAT",
+            format!(
+                "weight {b:?} is {}; the int8 target quantizes FLOAT weights",
+                t.data_type
+            ),
+        ));
+    }
+    if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
+        return Err((
+            "B is not FLOAT or FLOAT16",
+            format!(
+                "weight {b:?} is {}; MatMulNBits weights must be FLOAT or FLOAT16",
+                t.data_type
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An int8 MatMul's B, which quantize_dynamic quantizes at any rank (not
+/// 0): K and N are its last two dims (K = 1 for 1-D).
+fn any_rank_matmul(b: &str, dims: &[u64]) -> Decided<Reading> {
+    if dims.contains(&0) {
+        return Err(("B is empty", format!("weight {b:?} is empty ({dims:?})")));
+    }
+    let n_cols = *dims.last().expect("not empty");
+    let k = if dims.len() >= 2 {
+        dims[dims.len() - 2]
+    } else {
+        1
+    };
+    Ok(Reading {
+        op: Op::MatMul,
+        transposed: false,
+        k,
+        n: n_cols,
+    })
+}
+
+/// A 2-D, non-empty B, read as the node reads it.
+fn two_d(n: &pb::NodeProto, b: &str, dims: &[u64], int8: bool) -> Decided<Reading> {
+    let [d0, d1] = *dims else {
+        return Err((
+            "B is not 2-D",
+            format!("weight {b:?} has shape {dims:?}; only 2-D weights are rewritten"),
+        ));
+    };
+    if d0 == 0 || d1 == 0 {
+        return Err(("B is empty", format!("weight {b:?} is empty ({d0} x {d1})")));
+    }
+    let (op, transposed) = if n.op_type == "Gemm" {
+        gemm(n, int8)?
+    } else {
+        (Op::MatMul, false)
+    };
+    let (k, n_cols) = if transposed { (d1, d0) } else { (d0, d1) };
+    Ok(Reading {
+        op,
+        transposed,
+        k,
+        n: n_cols,
+    })
+}
+
+/// A Gemm with transA = 0, alpha = 1 and beta = 1 (with C, or always for
+/// int8, which takes beta = 1 only): its C, and whether B is W[N, K].
+fn gemm(n: &pb::NodeProto, int8: bool) -> Decided<(Op, bool)> {
+    let int = |name: &str| attr(n, name).map_or(0, |a| a.i);
+    let float = |name: &str| attr(n, name).map_or(1.0, |a| a.f);
+    if int("transA") != 0 {
+        return Err(("transA = 1", "Gemm with transA = 1 is not rewritten".into()));
+    }
+    if float("alpha") != 1.0 {
+        return Err((
+            "alpha is not 1",
+            format!("Gemm alpha = {} (only 1 is rewritten)", float("alpha")),
+        ));
+    }
+    let bias = n.input.get(2).filter(|c| !c.is_empty()).cloned();
+    // quantize_dynamic takes beta = 1 only, with or without C.
+    if (bias.is_some() || int8) && float("beta") != 1.0 {
+        return Err((
+            "beta is not 1",
+            format!("Gemm beta = {} (only 1 is rewritten)", float("beta")),
+        ));
+    }
+    Ok((Op::Gemm { bias }, int("transB") != 0))
+}

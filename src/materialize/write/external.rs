@@ -1,0 +1,221 @@
+//! The files the new model's external data lives in: the payload files
+//! placed in `<out>.weights/` (reflinked, copied or linked), and the data of
+//! the initializers it keeps copied there when the model changes folder.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+
+use prost::Message;
+
+use super::{weights_name, PackedWeight, Report, Source};
+use crate::error::{Error, Result};
+use crate::materialize::place::{place, LinkMode, Method, Placed};
+use crate::onnx::fields::GRAPH_INITIALIZER;
+use crate::onnx::rewrite::encoded_field;
+use crate::onnx::{ExternalRef, Storage};
+use crate::outdir::{OutDir, OutFile};
+use crate::pb;
+
+/// Name of the file holding kept initializers' external data (below).
+const KEPT_DATA: &str = "kept.data";
+
+/// Alignment of kept tensors in `kept.data` (any element type reads aligned).
+const KEPT_ALIGN: u64 = 64;
+
+/// The folder beside the output model that its external data lives in.
+pub(super) struct DataFolder<'a> {
+    output: &'a OutFile,
+    /// `<out>.weights`: the new model's locations start with it.
+    name: String,
+}
+
+/// A data folder with every file the new model points into.
+pub(super) struct Filled {
+    dir: OutDir,
+    /// Kept initializers re-encoded to point into `kept.data`, by
+    /// initializer index.
+    pub(super) relocated: HashMap<usize, Vec<u8>>,
+    /// The files that belong to the new model.
+    keep: Vec<OsString>,
+}
+
+impl Filled {
+    /// Removes files an earlier materialize to this path left behind.
+    pub(super) fn prune(&self) {
+        let keep: Vec<&OsStr> = self.keep.iter().map(OsString::as_os_str).collect();
+        let _ = self.dir.prune(&keep);
+    }
+}
+
+/// The kept initializers' data as laid out in `kept.data`.
+struct KeptData {
+    /// Each tensor's data at its offset.
+    parts: Vec<(u64, bytes::Bytes)>,
+    /// The file's length.
+    len: u64,
+    /// The initializers re-encoded to point there, by initializer index.
+    encoded: HashMap<usize, Vec<u8>>,
+}
+
+impl<'a> DataFolder<'a> {
+    /// The data folder of `output`.
+    pub(super) fn of(output: &'a OutFile) -> Self {
+        DataFolder {
+            output,
+            name: weights_name(&output.name),
+        }
+    }
+
+    /// Its name, as locations in the new model start.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its path, as reports and errors show it.
+    pub(super) fn shown(&self) -> PathBuf {
+        self.output.dir.shown(self.name.as_ref())
+    }
+
+    /// Places the payload `files` and the data of the kept initializers
+    /// (those not `dropped`), noting each file in `report`. What a failure
+    /// leaves half done is removed: only what this call made.
+    pub(super) fn fill(
+        &self,
+        src: &Source<'_>,
+        files: &[&PackedWeight],
+        dropped: &HashSet<&str>,
+        mode: LinkMode,
+        report: &mut Report,
+    ) -> Result<Filled> {
+        let (dir, made_dir) = self
+            .output
+            .dir
+            .subdir(self.name.as_ref())
+            .map_err(|e| Error::write(self.shown(), e))?;
+        let placed = place_all(files, &dir, mode, report)
+            .and_then(|()| self.relocate_external(src, dropped, &dir, report));
+        let relocated = match placed {
+            Ok(r) => r,
+            Err(e) => {
+                if made_dir {
+                    for f in &report.files {
+                        let _ = dir.remove(f.path.file_name().unwrap_or_default());
+                    }
+                    let _ = self.output.dir.remove_dir(self.name.as_ref());
+                }
+                return Err(e);
+            }
+        };
+        let mut keep: Vec<OsString> = files.iter().map(|w| (&w.file_name).into()).collect();
+        if !relocated.is_empty() {
+            keep.push(KEPT_DATA.into());
+        }
+        dir.sync().map_err(|e| Error::write(self.shown(), e))?;
+        Ok(Filled {
+            dir,
+            relocated,
+            keep,
+        })
+    }
+
+    /// External data of the initializers the new model keeps, when it
+    /// lives in another folder (locations are relative to the model's
+    /// folder). Their bytes are copied into `<out>.weights/kept.data` and
+    /// the initializers re-encoded to point there: linking the user's own
+    /// data file instead would tie the new model to a mutable file and give
+    /// that file a second link (which onnx.load then refuses, for the
+    /// original model too). Returns the re-encoded initializer fields by
+    /// initializer index.
+    fn relocate_external(
+        &self,
+        src: &Source<'_>,
+        dropped: &HashSet<&str>,
+        dir: &OutDir,
+        report: &mut Report,
+    ) -> Result<HashMap<usize, Vec<u8>>> {
+        if fs::canonicalize(src.model.dir()).ok() == fs::canonicalize(self.output.dir.path()).ok() {
+            return Ok(HashMap::new());
+        }
+        let kept = kept_data(src, dropped, &format!("{}/{KEPT_DATA}", self.name))?;
+        if kept.parts.is_empty() {
+            return Ok(kept.encoded);
+        }
+        let path = dir.shown(KEPT_DATA.as_ref());
+        dir.write(KEPT_DATA.as_ref(), |w| {
+            let mut pos = 0u64;
+            for (offset, data) in &kept.parts {
+                w.write_all(&vec![0u8; (offset - pos) as usize])?;
+                w.write_all(data)?;
+                pos = offset + data.len() as u64;
+            }
+            crate::onnx::ensure_intact(kept.parts.iter().map(|(_, d)| &d[..]))
+        })
+        .map_err(|e| Error::write(&path, e))?;
+        report.files.push(Placed {
+            path,
+            method: Method::Copy,
+            bytes_copied: kept.len,
+        });
+        report.bytes_copied += kept.len;
+        Ok(kept.encoded)
+    }
+}
+
+/// Places every payload file in the weights folder, noting each in `report`.
+fn place_all(
+    files: &[&PackedWeight],
+    dir: &OutDir,
+    mode: LinkMode,
+    report: &mut Report,
+) -> Result<()> {
+    for w in files {
+        let p = place(
+            &w.payload_path,
+            w.checked.as_deref(),
+            dir,
+            OsStr::new(&w.file_name),
+            mode,
+        )?;
+        report.bytes_copied += p.bytes_copied;
+        report.files.push(p);
+    }
+    Ok(())
+}
+
+/// The data of every kept initializer with external data, laid out
+/// aligned, and the initializer re-encoded to point at `location`.
+fn kept_data(src: &Source<'_>, dropped: &HashSet<&str>, location: &str) -> Result<KeptData> {
+    let model = src.model;
+    let ranges = model.graph_fields(GRAPH_INITIALIZER)?;
+    let mut kept = KeptData {
+        parts: Vec::new(),
+        len: 0,
+        encoded: HashMap::new(),
+    };
+    for (i, t) in src.initializers.iter().enumerate() {
+        if dropped.contains(t.name.as_str()) || !matches!(t.storage, Storage::External(_)) {
+            continue;
+        }
+        let data = model
+            .mapped_data(t)?
+            .ok_or_else(|| Error::external(&t.name, "no data"))?;
+        let offset = kept.len.next_multiple_of(KEPT_ALIGN);
+        kept.len = offset + data.len() as u64;
+        let mut proto = pb::TensorProto::decode(&model.bytes()[ranges[i].clone()])
+            .map_err(|e| Error::decode("TensorProto", e))?;
+        proto.external_data = ExternalRef {
+            location: location.into(),
+            offset,
+            length: Some(data.len() as u64),
+        }
+        .to_entries();
+        let mut field = Vec::new();
+        encoded_field(&mut field, GRAPH_INITIALIZER, &proto);
+        kept.encoded.insert(i, field);
+        kept.parts.push((offset, data));
+    }
+    Ok(kept)
+}

@@ -1,0 +1,333 @@
+//! Writing a materialized model: the graph is spliced at the wire level
+//! (rewritten nodes re-encoded in place, replaced weights dropped, the new
+//! initializers appended as external data), every other byte copied from
+//! the source mapping, and the payload files placed in `<out>.weights/`.
+//!
+//! This module runs the steps; each target's initializers and nodes are
+//! `nbits`, `int8` and `fp16`'s, the splice `splice`'s, the data folder
+//! `external`'s.
+
+mod external;
+mod fp16;
+mod int8;
+mod names;
+mod nbits;
+mod payload;
+mod proto;
+mod splice;
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use super::place::{LinkMode, Method, Placed};
+use super::plan::{used_names, Plan};
+use super::Recipe;
+use crate::error::{Error, Result};
+use crate::onnx::fields::MODEL_GRAPH;
+use crate::onnx::{Model, TensorRef};
+use crate::outdir::OutFile;
+use crate::pb;
+use external::DataFolder;
+use names::Names;
+use payload::Field;
+use splice::{Edits, Replacements};
+
+/// A packed weight: (initializer name, read transposed).
+pub type WeightKey = (String, bool);
+
+/// A cached `ort.matmul_nbits` payload for one weight.
+#[derive(Debug, Clone)]
+pub struct PackedWeight {
+    /// The cache's payload file (what is reflinked, copied or linked).
+    pub payload_path: PathBuf,
+    /// The store's payload, when it comes from one: a copy then sends only
+    /// checked bytes, and a link or reflink must be of the file hashed.
+    pub checked: Option<std::sync::Arc<crate::store::Payload>>,
+    /// Its name in the data folder; equal payloads share one name.
+    pub file_name: String,
+    /// The entry's physical type and dims (where B, scales and zero points lie).
+    pub struct_type: pb::StructTypeProto,
+    /// `StructProto.dims` of the entry.
+    pub dims: Vec<u64>,
+}
+
+/// What a materialize wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// MatMul / Gemm nodes replaced by MatMulNBits.
+    pub nodes_rewritten: usize,
+    /// Float weights no node uses any more, dropped from the model.
+    pub initializers_removed: usize,
+    /// The folder beside the model that holds the payload files.
+    pub data_dir: PathBuf,
+    /// How files were asked to be placed.
+    pub link: LinkMode,
+    /// Every file placed in the data folder, and how.
+    pub files: Vec<Placed>,
+    /// Bytes copied into files (0 when every file is a reflink or a link).
+    pub bytes_copied: u64,
+    /// Size of the written model file.
+    pub model_bytes: u64,
+    /// Bytes of payload the new model references.
+    pub payload_bytes: u64,
+}
+
+impl Report {
+    /// How many files were placed by `method`.
+    pub fn count(&self, method: Method) -> usize {
+        self.files.iter().filter(|f| f.method == method).count()
+    }
+}
+
+/// The data folder of `out`: `model.onnx` -> `model.onnx.weights`.
+pub fn data_dir_name(out: &Path) -> Result<String> {
+    out.file_name()
+        .map(weights_name)
+        .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
+}
+
+fn weights_name(model_name: &OsStr) -> String {
+    format!("{}.weights", model_name.to_string_lossy())
+}
+
+/// The model being materialized and what was decided for it: what every
+/// step reads.
+struct Source<'a> {
+    model: &'a Model,
+    plan: &'a Plan,
+    initializers: Vec<TensorRef>,
+    top_nodes: Vec<pb::NodeProto>,
+}
+
+/// The new inputs of the nodes replacing a target (MatMulNBits or
+/// MatMulInteger), as initializer names.
+struct NewInputs {
+    b: String,
+    scales: String,
+    zero_points: Option<String>,
+}
+
+/// What the materialize adds to the graph: the initializers it appends
+/// (external data in the payload files), those files, and fresh names.
+struct Additions<'a> {
+    names: Names,
+    /// The data folder's name, which locations start with.
+    data_name: &'a str,
+    initializers: Vec<pb::TensorProto>,
+    /// The payload files, once each (equal payloads share one name).
+    files: Vec<&'a PackedWeight>,
+    /// Bytes of payload the appended initializers reference.
+    payload_bytes: u64,
+}
+
+impl<'a> Additions<'a> {
+    /// Appends the initializer `name`: `field` of `w`'s payload file.
+    fn append(&mut self, name: &str, w: &'a PackedWeight, field: Field) {
+        if !self.files.iter().any(|f| f.file_name == w.file_name) {
+            self.files.push(w);
+        }
+        let location = format!("{}/{}", self.data_name, w.file_name);
+        self.initializers.push(proto::external_tensor(
+            name,
+            field.data_type,
+            &field.shape,
+            &location,
+            field.span,
+        ));
+        self.payload_bytes += field.span.len;
+    }
+
+    /// Appends `field` of `w`'s payload file under a fresh name from
+    /// `base`; returns the name.
+    fn append_fresh(&mut self, base: String, w: &'a PackedWeight, field: Field) -> String {
+        let name = self.names.fresh(base);
+        self.append(&name, w, field);
+        name
+    }
+}
+
+/// The payload packed for a weight.
+fn packed<'a>(
+    weights: &'a HashMap<WeightKey, PackedWeight>,
+    name: &str,
+    transposed: bool,
+) -> Result<&'a PackedWeight> {
+    weights
+        .get(&(name.to_string(), transposed))
+        .ok_or_else(|| Error::Rewrite(format!("materialize: no packed payload for {name:?}")))
+}
+
+/// Writes the materialized model to `out` with its payload files in
+/// `<out>.weights/`. Nothing is written when the plan has no target.
+pub fn write(
+    model: &Model,
+    plan: &Plan,
+    recipe: impl Into<Recipe>,
+    weights: &HashMap<WeightKey, PackedWeight>,
+    output: &OutFile,
+    mode: LinkMode,
+) -> Result<Report> {
+    let recipe: Recipe = recipe.into();
+    let graph = graph_to_splice(model, plan, &recipe, output)?;
+    let src = Source {
+        model,
+        plan,
+        initializers: model.initializers()?,
+        top_nodes: model.nodes()?,
+    };
+    let folder = DataFolder::of(output);
+    let mut add = Additions {
+        names: Names::free_in(&src)?,
+        data_name: folder.name(),
+        initializers: Vec::new(),
+        files: Vec::new(),
+        payload_bytes: 0,
+    };
+    let inputs = new_inputs(&src, &recipe, weights, &mut add)?;
+    fp16::add_initializers(&src, weights, &mut add)?;
+    let nodes = new_nodes(&src, &recipe, &inputs, &mut add.names)?;
+    let dropped = dropped(&src, &nodes)?;
+    let mut report = Report {
+        nodes_rewritten: nodes.rewritten,
+        initializers_removed: dropped.len(),
+        data_dir: folder.shown(),
+        link: mode,
+        payload_bytes: add.payload_bytes,
+        ..Default::default()
+    };
+    // Payload files first, then the model that refers to them.
+    let filled = folder.fill(&src, &add.files, &dropped, mode, &mut report)?;
+    let edits = Edits {
+        replaced: &nodes.top,
+        dropped: &dropped,
+        relocated: &filled.relocated,
+        new_inits: &add.initializers,
+        to_fp16: matches!(recipe, Recipe::Fp16(_)),
+        import_ms_domain: matches!(recipe, Recipe::Nbits(_)),
+    };
+    report.model_bytes = splice::write_model(&src, graph, &edits, output)?;
+    filled.prune();
+    Ok(report)
+}
+
+/// Refuses, before anything is read or written, what cannot be
+/// materialized; returns the span of the model's one graph field.
+fn graph_to_splice(
+    model: &Model,
+    plan: &Plan,
+    recipe: &Recipe,
+    output: &OutFile,
+) -> Result<Range<usize>> {
+    recipe.validate()?;
+    if let Some(why) = plan.why_nothing() {
+        return Err(Error::Rewrite(format!("nothing to materialize: {why}")));
+    }
+    output.refuse_input(model.stamp(), "model", None)?;
+    if let Recipe::Int8(_) = recipe {
+        int8::require_opset(model)?;
+    }
+    let graphs: Vec<_> = model
+        .top_fields()
+        .iter()
+        .filter(|f| f.number == MODEL_GRAPH)
+        .collect();
+    let [graph] = graphs.as_slice() else {
+        return Err(Error::Rewrite(
+            "the model's graph field occurs more than once; re-save it with onnx first".into(),
+        ));
+    };
+    Ok(graph.value.clone())
+}
+
+/// The new initializers of every (weight, transposed) pair the targets
+/// read, appended to `add`; the new inputs by pair.
+fn new_inputs<'a>(
+    src: &Source<'_>,
+    recipe: &Recipe,
+    weights: &'a HashMap<WeightKey, PackedWeight>,
+    add: &mut Additions<'a>,
+) -> Result<HashMap<WeightKey, NewInputs>> {
+    let mut inputs: HashMap<WeightKey, NewInputs> = HashMap::new();
+    for t in &src.plan.targets {
+        let key = (t.weight.clone(), t.transposed);
+        if inputs.contains_key(&key) {
+            continue;
+        }
+        let w = packed(weights, &t.weight, t.transposed)?;
+        let new = match recipe {
+            Recipe::Nbits(s) => nbits::inputs(t, w, s, add)?,
+            Recipe::Int8(s) => int8::inputs(t, w, s, add)?,
+            Recipe::Fp16(_) => {
+                return Err(Error::Rewrite(
+                    "materialize: onnxruntime-fp16 rewrites no MatMul node".into(),
+                ))
+            }
+        };
+        inputs.insert(key, new);
+    }
+    Ok(inputs)
+}
+
+/// The nodes a materialize changes.
+struct NodeEdits {
+    /// Replacement nodes by top-level node index.
+    top: HashMap<usize, Vec<pb::NodeProto>>,
+    /// How many nodes were rewritten.
+    rewritten: usize,
+    /// int8: weights that later readers read dequantized (their FLOAT
+    /// initializer goes).
+    dequantized: HashSet<String>,
+}
+
+/// Every target's replacement nodes, put in place among the top-level
+/// nodes, and the target's other node edits.
+fn new_nodes(
+    src: &Source<'_>,
+    recipe: &Recipe,
+    inputs: &HashMap<WeightKey, NewInputs>,
+    names: &mut Names,
+) -> Result<NodeEdits> {
+    let mut inner: Replacements = HashMap::new();
+    let mut quantized_inputs = HashMap::new();
+    for t in &src.plan.targets {
+        let ins = &inputs[&(t.weight.clone(), t.transposed)];
+        let nodes = match recipe {
+            Recipe::Nbits(settings) => nbits::replacement(t, ins, settings, names),
+            Recipe::Int8(_) => int8::replacement(t, ins, &mut quantized_inputs, names),
+            Recipe::Fp16(_) => Vec::new(),
+        };
+        inner.insert((t.scope.clone(), t.node_index), nodes);
+    }
+    let mut rewritten = inner.len();
+    let mut top = splice::top_level(&src.plan.targets, &inner, &src.top_nodes);
+    // int8: a quantized weight that later nodes still read as FLOAT is
+    // dequantized for them, as quantize_dynamic does.
+    let dequantized = match recipe {
+        Recipe::Int8(s) => int8::dequantize_later_uses(src, s, inputs, &mut top, names)?,
+        Recipe::Nbits(_) | Recipe::Fp16(_) => HashSet::new(),
+    };
+    if let Recipe::Fp16(s) = recipe {
+        rewritten = fp16::nodes(src, s, &mut top, names)?;
+    }
+    Ok(NodeEdits {
+        top,
+        rewritten,
+        dequantized,
+    })
+}
+
+/// The initializers the new model drops: replaced weights nothing else
+/// reads any more (or that is read dequantized), and the converted ones.
+fn dropped<'p>(src: &Source<'p>, nodes: &NodeEdits) -> Result<HashSet<&'p str>> {
+    let still_used = used_names(src.model, &src.top_nodes, &nodes.top)?;
+    Ok(src
+        .plan
+        .targets
+        .iter()
+        .map(|t| t.weight.as_str())
+        .filter(|w| !still_used.contains(*w) || nodes.dequantized.contains(*w))
+        .chain(src.plan.tensors.iter().map(String::as_str))
+        .collect())
+}
