@@ -34,9 +34,10 @@ pub struct TopField {
     pub value: Range<usize>,
 }
 
-/// Why an external-data file cannot be used. The texts name only what the
-/// caller gave (the location, the path under the model folder) or what it
-/// opened: a caller that cannot see a file learns nothing more of it.
+/// Why an external-data file cannot be used. The file is opened first,
+/// with the rights the model was opened with, and judged on where it
+/// really is: a refusal says what that opener says, never what other
+/// rights would find (the daemon's read-as-caller rule relies on it).
 #[derive(Debug, thiserror::Error)]
 pub enum ExternalFileError {
     /// The reference's location is refused.
