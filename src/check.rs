@@ -3,17 +3,18 @@
 //! and the field; none depends on the host's hardware.
 
 use std::cell::{Cell, RefCell};
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::error::Result;
-use bytes::Bytes;
-use prost::Message;
 
-use crate::onnx::{Extension, ExternalRef, Model, TensorRef};
+use crate::onnx::{Extension, Model, TensorRef};
 use crate::pb;
 use crate::structs::{self, Limits, PhysicalTypeKey, StructError, ValueLayout};
+
+mod model_rules;
+mod payload;
+pub use payload::{payload_bytes, payload_ref, PayloadError};
 
 /// Which compiled entry an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +53,20 @@ impl fmt::Display for CheckError {
 pub struct CheckOptions {
     /// Size and depth limits for the structured types and payloads.
     pub limits: Limits,
+}
+
+/// Why an entry's source initializer cannot be had ([`Checked::source`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The initializer of that name does not parse.
+    #[error("the source initializer cannot be read: {0}")]
+    Unreadable(String),
+    /// The graph's initializers cannot be walked at all.
+    #[error("the graph's initializers cannot be read: {0}")]
+    GraphUnreadable(String),
+    /// No top-level initializer has that name.
+    #[error("no top-level initializer has this name")]
+    Missing,
 }
 
 /// A value's layout, or why its type does not walk.
@@ -127,7 +142,7 @@ impl<'m> Checked<'m> {
         let mut model_errors = Vec::new();
         let mut undecodable = HashMap::new();
         let ext = if let Err(over) = model.extension_counts().within(&limits) {
-            model_errors.push(err("model.limits", None, "ModelProto", over));
+            model_errors.push(err("model.limits", None, "ModelProto", over.to_string()));
             Extension::default()
         } else {
             let l = model.extension_lenient();
@@ -184,74 +199,25 @@ impl<'m> Checked<'m> {
             walk_budget: Cell::new(opts.limits.max_model_nodes),
             layouts: RefCell::default(),
         };
-        c.model_errors.extend(c.model_rules());
+        c.model_errors
+            .extend(model_rules::broken(&c.ext, &c.limits));
         c
     }
 
     /// The parsed source initializer of entry `i` (after `source_rule`
     /// passed), or why it cannot be read.
-    pub fn source(&self, i: usize) -> std::result::Result<&TensorRef, String> {
+    pub fn source(&self, i: usize) -> std::result::Result<&TensorRef, SourceError> {
         let name = &self.ext.compiled_tensors[i].source_name;
         if let Some(t) = self.initializers.get(name) {
             return Ok(t);
         }
         if let Some(e) = self.bad_initializers.get(name) {
-            return Err(format!("the source initializer cannot be read: {e}"));
+            return Err(SourceError::Unreadable(e.clone()));
         }
         Err(match &self.graph_error {
-            Some(e) => format!("the graph's initializers cannot be read: {e}"),
-            None => "no top-level initializer has this name".into(),
+            Some(e) => SourceError::GraphUnreadable(e.clone()),
+            None => SourceError::Missing,
         })
-    }
-
-    fn model_rules(&self) -> Vec<CheckError> {
-        let mut out = Vec::new();
-        if let Err(e) = structs::validate_table(&self.ext.struct_types, &self.limits) {
-            out.push(from_struct(e, None, ""));
-        }
-        for (i, t) in self.ext.struct_types.iter().enumerate() {
-            if let Some(k) = duplicate_key(&t.metadata_props) {
-                out.push(err(
-                    "metadata.unique",
-                    None,
-                    format!("struct_types[{i}].metadata_props"),
-                    format!("duplicated key {k:?}"),
-                ));
-            }
-        }
-        // Equal devices encode equally (prost writes fields in order), so
-        // the first index of each encoding finds duplicates in linear time.
-        let mut first_of: HashMap<Vec<u8>, usize> = HashMap::new();
-        for (i, d) in self.ext.devices.iter().enumerate() {
-            match first_of.entry(d.encode_to_vec()) {
-                Entry::Occupied(j) => out.push(err(
-                    "device.unique",
-                    None,
-                    format!("devices[{i}]"),
-                    format!("duplicates devices[{}]", j.get()),
-                )),
-                Entry::Vacant(v) => {
-                    v.insert(i);
-                }
-            }
-            if let Some(k) = duplicate_key(&d.metadata_props) {
-                out.push(err(
-                    "metadata.unique",
-                    None,
-                    format!("devices[{i}].metadata_props"),
-                    format!("duplicated key {k:?}"),
-                ));
-            }
-            if d.r#type.is_empty() {
-                out.push(err(
-                    "device.type",
-                    None,
-                    format!("devices[{i}].type"),
-                    "device type is empty",
-                ));
-            }
-        }
-        out
     }
 
     /// Names compiled entry `i` for an error.
@@ -374,9 +340,14 @@ impl<'m> Checked<'m> {
         let layout = self
             .layout(root, &value.dims)
             .map_err(|e| from_struct(e, Some(&r), "value."))?;
-        let len = self
-            .payload_len(value)
-            .map_err(|m| err("payload.external", Some(&r), "value.external_data", m))?;
+        let len = self.payload_len(value).map_err(|m| {
+            err(
+                "payload.external",
+                Some(&r),
+                "value.external_data",
+                m.to_string(),
+            )
+        })?;
         if len != layout.byte_len {
             return Err(err(
                 "payload.size",
@@ -409,7 +380,7 @@ impl<'m> Checked<'m> {
     }
 
     /// Payload length: inline bytes, or the external range (checked in the file).
-    fn payload_len(&self, value: &pb::StructProto) -> std::result::Result<u64, String> {
+    fn payload_len(&self, value: &pb::StructProto) -> std::result::Result<u64, PayloadError> {
         payload_bytes(self.model, value).map(|b| b.len() as u64)
     }
 
@@ -450,35 +421,6 @@ impl<'m> Checked<'m> {
     }
 }
 
-/// The external reference of a structured payload (`length` is mandatory).
-pub fn payload_ref(value: &pb::StructProto) -> std::result::Result<ExternalRef, String> {
-    let ext = ExternalRef::from_entries(
-        value
-            .external_data
-            .iter()
-            .map(|p| (p.key.as_str(), p.value.as_str())),
-    )?;
-    if ext.length.is_none() {
-        return Err("external payloads need a \"length\" key".into());
-    }
-    Ok(ext)
-}
-
-/// The payload bytes of a structured value: inline, or its external range
-/// (mapped, not copied; location, length and range checked).
-pub fn payload_bytes(model: &Model, value: &pb::StructProto) -> std::result::Result<Bytes, String> {
-    if value.external_data.is_empty() {
-        return Ok(value.raw_data.clone());
-    }
-    if !value.raw_data.is_empty() {
-        return Err("both raw_data and external_data are set".into());
-    }
-    let ext = payload_ref(value)?;
-    let file = model.external_file(&ext)?;
-    let range = ext.range(file.len() as u64)?;
-    Ok(file.slice(range.start as usize..range.end as usize))
-}
-
 /// Checks a model: every structural rule, all errors collected.
 pub fn check_model(model: &Model, opts: &CheckOptions) -> Result<Vec<CheckError>> {
     let c = Checked::new(model, opts);
@@ -508,7 +450,7 @@ pub fn check_model(model: &Model, opts: &CheckOptions) -> Result<Vec<CheckError>
                     "source.readable",
                     Some(&c.entry_ref(i)),
                     "source_name",
-                    m,
+                    m.to_string(),
                 ));
             }
         }

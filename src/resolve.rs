@@ -197,7 +197,8 @@ type Judged<'c> = Result<(Embedded<'c>, hit::Usable), MissReason>;
 /// Source digests computed once per (source, algorithm).
 struct Digests<'k> {
     known: &'k HashMap<String, SourceDigest>,
-    computed: HashMap<(String, Algorithm), Result<SourceDigest, String>>,
+    /// A failure is shared by every entry of the same source.
+    computed: HashMap<(String, Algorithm), Result<SourceDigest, Arc<crate::Error>>>,
 }
 
 impl<'k> Digests<'k> {
@@ -213,13 +214,13 @@ impl<'k> Digests<'k> {
         model: &Model,
         t: &crate::onnx::TensorRef,
         alg: Algorithm,
-    ) -> Result<SourceDigest, String> {
+    ) -> Result<SourceDigest, Arc<crate::Error>> {
         if let Some(d) = self.known.get(&t.name).filter(|d| d.algorithm == alg) {
             return Ok(*d);
         }
         self.computed
             .entry((t.name.clone(), alg))
-            .or_insert_with(|| digest::digest_tensor(model, t, alg).map_err(|e| e.to_string()))
+            .or_insert_with(|| digest::digest_tensor(model, t, alg).map_err(Arc::new))
             .clone()
     }
 }
@@ -243,11 +244,11 @@ fn judge_entry<'c>(
     let source = c.source(i);
     if let Some(err) = c.source_rule(i) {
         return Err(match (&c.graph_error, source) {
-            (Some(_), Err(why)) => MissReason::NotASource(why),
+            (Some(_), Err(why)) => MissReason::NotASource(why.to_string()),
             _ => MissReason::invalid(err),
         });
     }
-    let t = source.map_err(MissReason::NotASource)?;
+    let t = source.map_err(|why| MissReason::NotASource(why.to_string()))?;
     // 2. The digest is well-formed, its algorithm known, its value current.
     if let Some(err) = c.digest_rule(i) {
         return Err(MissReason::invalid(err));
@@ -258,7 +259,7 @@ fn judge_entry<'c>(
         .map_err(|_| MissReason::UnknownDigestAlgorithm(e.digest_algorithm.clone()))?;
     let actual = digests
         .of(c.model, t, alg)
-        .map_err(MissReason::NotASource)?;
+        .map_err(|why| MissReason::NotASource(why.to_string()))?;
     if e.source_digest.as_ref() != actual.bytes {
         return Err(MissReason::StaleDigest);
     }

@@ -10,13 +10,14 @@
 //! DTYPE is an ONNX type name (FLOAT, FLOAT16), DIMS comma-separated (empty
 //! string for a scalar). Prints `name=`, `dims=`, `payload_len=` lines.
 
+use std::error::Error;
 use std::process::ExitCode;
 
 use ctcache::dtype::DataType;
 use ctcache_kernels::{find, Isa, Params, SourceTensor};
 use prost::Message;
 
-fn run(args: Vec<String>) -> Result<(), String> {
+fn run(args: Vec<String>) -> Result<(), Box<dyn Error>> {
     if args.first().map(String::as_str) == Some("--list-isa") {
         let names: Vec<&str> = Isa::available_all().into_iter().map(Isa::name).collect();
         println!("{}", names.join(","));
@@ -57,19 +58,15 @@ fn run(args: Vec<String>) -> Result<(), String> {
             kv.push(a.clone());
         }
     }
-    let params = Params::parse(&kv).map_err(|e| e.to_string())?;
-    let layout = packer
-        .output(dt, &dims, &params)
-        .map_err(|e| e.to_string())?;
+    let params = Params::parse(&kv)?;
+    let layout = packer.output(dt, &dims, &params)?;
     let mut out = vec![0u8; layout.payload_len as usize];
     let src = SourceTensor {
         data_type: dt,
         dims: &dims,
         data: &data,
     };
-    packer
-        .pack_with(&src, &params, &mut out, isa)
-        .map_err(|e| e.to_string())?;
+    packer.pack_with(&src, &params, &mut out, isa)?;
     std::fs::write(&args[4], &out).map_err(|e| format!("{}: {e}", args[4]))?;
     if let Some(path) = type_out {
         std::fs::write(&path, layout.struct_type.encode_to_vec())

@@ -15,12 +15,68 @@ pub struct ExternalRef {
     pub length: Option<u64>,
 }
 
+/// Why an external-data reference is unusable: its entries do not parse,
+/// its location is refused, or its range does not fit the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExternalRefError {
+    /// A known key (`location`, `offset`, `length`) given twice.
+    #[error("duplicated key {0:?}")]
+    DuplicatedKey(String),
+    /// No `location` entry.
+    #[error("missing key \"location\"")]
+    MissingLocation,
+    /// An `offset` or `length` that is not a non-negative integer.
+    #[error("{key} {value:?} is not a non-negative integer")]
+    NotANumber {
+        /// `offset` or `length`.
+        key: &'static str,
+        /// The value as written.
+        value: String,
+    },
+    /// An empty `location`.
+    #[error("empty location")]
+    EmptyLocation,
+    /// A `location` with a NUL byte.
+    #[error("location contains a NUL byte")]
+    NulInLocation,
+    /// An absolute `location`.
+    #[error("absolute location {0:?} refused")]
+    Absolute(String),
+    /// A `location` with `..` or a prefix.
+    #[error("location {0:?} leaves the model folder (`..` or a prefix)")]
+    LeavesFolder(String),
+    /// An `offset` past the end of the file.
+    #[error("offset {offset} is past the end of {location:?} ({file_len} bytes)")]
+    OffsetPastEnd {
+        /// The reference's offset.
+        offset: u64,
+        /// The reference's location.
+        location: String,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// An `offset + length` past the end of the file.
+    #[error(
+        "offset {offset} + length {length} is past the end of {location:?} ({file_len} bytes)"
+    )]
+    RangePastEnd {
+        /// The reference's offset.
+        offset: u64,
+        /// The length asked for (the rest of the file when not given).
+        length: u64,
+        /// The reference's location.
+        location: String,
+        /// The file's length.
+        file_len: u64,
+    },
+}
+
 impl ExternalRef {
     /// Builds a reference from `(key, value)` entries; unknown keys (such as
     /// `checksum`) are ignored, duplicated known keys are refused.
     pub fn from_entries<'a>(
         entries: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<ExternalRef, String> {
+    ) -> Result<ExternalRef, ExternalRefError> {
         let (mut location, mut offset, mut length) = (None, None, None);
         for (key, value) in entries {
             let slot = match key {
@@ -30,18 +86,22 @@ impl ExternalRef {
                 _ => continue,
             };
             if slot.replace(value).is_some() {
-                return Err(format!("duplicated key {key:?}"));
+                return Err(ExternalRefError::DuplicatedKey(key.to_string()));
             }
         }
-        let location = location.ok_or("missing key \"location\"")?;
-        let number = |key: &str, v: Option<&str>| -> Result<Option<u64>, String> {
-            v.map(|s| {
-                s.trim()
-                    .parse::<u64>()
-                    .map_err(|_| format!("{key} {s:?} is not a non-negative integer"))
-            })
-            .transpose()
-        };
+        let location = location.ok_or(ExternalRefError::MissingLocation)?;
+        let number =
+            |key: &'static str, v: Option<&str>| -> Result<Option<u64>, ExternalRefError> {
+                v.map(|s| {
+                    s.trim()
+                        .parse::<u64>()
+                        .map_err(|_| ExternalRefError::NotANumber {
+                            key,
+                            value: s.to_string(),
+                        })
+                })
+                .transpose()
+            };
         Ok(ExternalRef {
             location: location.to_string(),
             offset: number("offset", offset)?.unwrap_or(0),
@@ -57,26 +117,21 @@ impl ExternalRef {
         self.path_in(dir).ok()
     }
 
-    pub(crate) fn path_in(&self, dir: &Path) -> Result<PathBuf, String> {
+    pub(crate) fn path_in(&self, dir: &Path) -> Result<PathBuf, ExternalRefError> {
         let loc = Path::new(&self.location);
         if self.location.is_empty() {
-            return Err("empty location".into());
+            return Err(ExternalRefError::EmptyLocation);
         }
         if self.location.contains('\0') {
-            return Err("location contains a NUL byte".into());
+            return Err(ExternalRefError::NulInLocation);
         }
         if loc.is_absolute() || self.location.starts_with(['/', '\\']) {
-            return Err(format!("absolute location {:?} refused", self.location));
+            return Err(ExternalRefError::Absolute(self.location.clone()));
         }
         for c in loc.components() {
             match c {
                 Component::Normal(_) | Component::CurDir => {}
-                _ => {
-                    return Err(format!(
-                        "location {:?} leaves the model folder (`..` or a prefix)",
-                        self.location
-                    ))
-                }
+                _ => return Err(ExternalRefError::LeavesFolder(self.location.clone())),
             }
         }
         Ok(dir.join(loc))
@@ -98,23 +153,24 @@ impl ExternalRef {
     }
 
     /// The byte range inside a file of `file_len` bytes, checked.
-    pub fn range(&self, file_len: u64) -> Result<std::ops::Range<u64>, String> {
+    pub fn range(&self, file_len: u64) -> Result<std::ops::Range<u64>, ExternalRefError> {
         if self.offset > file_len {
-            return Err(format!(
-                "offset {} is past the end of {:?} ({} bytes)",
-                self.offset, self.location, file_len
-            ));
+            return Err(ExternalRefError::OffsetPastEnd {
+                offset: self.offset,
+                location: self.location.clone(),
+                file_len,
+            });
         }
         let length = self.length.unwrap_or(file_len - self.offset);
         let end = self
             .offset
             .checked_add(length)
             .filter(|&end| end <= file_len)
-            .ok_or_else(|| {
-                format!(
-                    "offset {} + length {} is past the end of {:?} ({} bytes)",
-                    self.offset, length, self.location, file_len
-                )
+            .ok_or_else(|| ExternalRefError::RangePastEnd {
+                offset: self.offset,
+                length,
+                location: self.location.clone(),
+                file_len,
             })?;
         Ok(self.offset..end)
     }

@@ -172,33 +172,59 @@ struct Consumer {
 /// Analyses the model's top-level graph. Nodes are decoded one at a time;
 /// only the MatMul / Gemm inputs and the producers a walk can pass are kept.
 pub fn weight_uses(model: &Model) -> Result<WeightUses> {
-    let initializers: HashSet<String> = model.initializers()?.into_iter().map(|t| t.name).collect();
-    let mut producers: HashMap<String, Producer> = HashMap::new();
-    let mut consumers = Vec::new();
-    let mut in_subgraphs = Vec::new();
+    let mut scan = NodeScan {
+        initializers: model.initializers()?.into_iter().map(|t| t.name).collect(),
+        ..NodeScan::default()
+    };
     for (idx, n) in model.nodes_one_by_one()?.enumerate() {
-        let n = n?;
+        scan.note(idx, &n?);
+    }
+    let mut out = WeightUses::default();
+    for c in std::mem::take(&mut scan.consumers) {
+        out.uses.extend(scan.trace(c, &mut out.not_sources));
+    }
+    out.not_sources.extend(scan.in_subgraphs);
+    Ok(out)
+}
+
+/// What the walk back from a weight input needs of the graph, gathered
+/// node by node.
+#[derive(Default)]
+struct NodeScan {
+    /// The top-level initializers' names.
+    initializers: HashSet<String>,
+    /// Each output's producer, when the walk can pass it.
+    producers: HashMap<String, Producer>,
+    /// The MatMul / Gemm weight inputs, in node order.
+    consumers: Vec<Consumer>,
+    /// Initializers of subgraphs, which are not sources.
+    in_subgraphs: Vec<NotASource>,
+}
+
+impl NodeScan {
+    /// Keeps what node `n` (the `idx`th) tells the walk.
+    fn note(&mut self, idx: usize, n: &pb::NodeProto) {
         // The last node naming an output is its producer; one the walk
         // cannot pass stops it, as no producer does.
-        let producer = Producer::of(&n);
+        let producer = Producer::of(n);
         for o in &n.output {
             match &producer {
                 Some(p) => {
-                    producers.insert(o.clone(), p.clone());
+                    self.producers.insert(o.clone(), p.clone());
                 }
                 None => {
-                    producers.remove(o);
+                    self.producers.remove(o);
                 }
             }
         }
         let site = match n.op_type.as_str() {
-            "MatMul" if is_default_domain(&n) => Some(UseSite::MatMulB),
-            "Gemm" if is_default_domain(&n) => Some(UseSite::GemmB),
+            "MatMul" if is_default_domain(n) => Some(UseSite::MatMulB),
+            "Gemm" if is_default_domain(n) => Some(UseSite::GemmB),
             _ => None,
         };
         if let Some(input) = site.and_then(|_| n.input.get(1)) {
             let site = site.expect("matched above");
-            consumers.push(Consumer {
+            self.consumers.push(Consumer {
                 node: if n.name.is_empty() {
                     format!("#{idx}")
                 } else {
@@ -206,14 +232,14 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
                 },
                 site,
                 input: input.clone(),
-                transposed: site == UseSite::GemmB && attr_int(&n, "transB") == Some(1),
+                transposed: site == UseSite::GemmB && attr_int(n, "transB") == Some(1),
             });
         }
         // Weights inside subgraphs (If / Loop / Scan bodies) are not sources in v1.
         for a in &n.attribute {
             for g in a.g.iter().chain(a.graphs.iter()) {
                 for t in &g.initializer {
-                    in_subgraphs.push(NotASource {
+                    self.in_subgraphs.push(NotASource {
                         name: t.name.clone(),
                         reason: format!("initializer of a subgraph of node {:?} (v1 compiles top-level initializers only)", n.name),
                     });
@@ -221,19 +247,25 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
             }
         }
     }
-    let mut out = WeightUses::default();
-    for c in consumers {
+
+    /// Walks back from weight input `c` through value-preserving ops to an
+    /// initializer: its use, if found; a Constant or computed weight met on
+    /// the way goes to `not_sources`.
+    fn trace(&self, c: Consumer, not_sources: &mut Vec<NotASource>) -> Option<WeightUse> {
         let mut transposed = c.transposed;
         let mut via = Vec::new();
         let mut name = c.input.as_str();
-        // Walk back through value-preserving ops to an initializer.
-        let mut found = None;
         for _ in 0..8 {
-            if initializers.contains(name) {
-                found = Some(name);
-                break;
+            if self.initializers.contains(name) {
+                return Some(WeightUse {
+                    initializer: name.to_string(),
+                    site: c.site,
+                    node: c.node,
+                    transposed,
+                    via,
+                });
             }
-            let Some(p) = producers.get(name) else { break };
+            let p = self.producers.get(name)?;
             match p {
                 Producer::PassThrough {
                     op,
@@ -243,42 +275,29 @@ pub fn weight_uses(model: &Model) -> Result<WeightUses> {
                     if *op == "Transpose" {
                         // Only a 2-D swap (perm absent or [1, 0]) keeps the weight 2-D transposed.
                         if !swaps {
-                            break;
+                            return None;
                         }
                         transposed = !transposed;
                     }
                     via.push(op.to_string());
-                    match first_input {
-                        Some(i) => name = i.as_str(),
-                        None => break,
-                    }
+                    name = first_input.as_deref()?;
                 }
                 Producer::Constant => {
-                    out.not_sources.push(NotASource {
+                    not_sources.push(NotASource {
                         name: name.to_string(),
                         reason: format!("{} input is a Constant node, not an initializer (v1 compiles initializers only)", c.site.name()),
                     });
-                    break;
+                    return None;
                 }
                 Producer::Computed(op) => {
-                    out.not_sources.push(NotASource {
+                    not_sources.push(NotASource {
                         name: name.to_string(),
                         reason: format!("{} input is computed by {op} (dequantize-in-graph); v1 compiles initializers used directly", c.site.name()),
                     });
-                    break;
+                    return None;
                 }
             }
         }
-        if let Some(init) = found {
-            out.uses.push(WeightUse {
-                initializer: init.to_string(),
-                site: c.site,
-                node: c.node,
-                transposed,
-                via,
-            });
-        }
+        None
     }
-    out.not_sources.extend(in_subgraphs);
-    Ok(out)
 }

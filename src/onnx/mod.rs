@@ -9,9 +9,12 @@ mod model;
 pub mod rewrite;
 mod tensor;
 
-pub use external::ExternalRef;
+pub use external::{ExternalRef, ExternalRefError};
 pub use guarded::{ensure_intact, intact, CUT_SHORT};
-pub use model::{BadInitializer, Extension, ExtensionCounts, LenientExtension, Model, TopField};
+pub use model::{
+    BadInitializer, Extension, ExtensionCounts, ExternalFileError, LenientExtension, Model,
+    OverLimits, TopField,
+};
 pub use tensor::{Storage, TensorRef, Typed};
 
 /// `ModelProto` field numbers that ctcache reads or splices.

@@ -14,11 +14,14 @@ use prost::Message;
 use crate::access::{Opener, OwnRights};
 use crate::error::{Error, Result};
 use crate::fsutil::FileStamp;
-use crate::onnx::external::ExternalRef;
+use crate::onnx::external::{ExternalRef, ExternalRefError};
 use crate::onnx::fields::*;
 use crate::onnx::tensor::{Storage, TensorRef};
 use crate::pb;
 use crate::wire::{Fields, Value, WireError};
+
+mod extension;
+pub use extension::{Extension, ExtensionCounts, LenientExtension, OverLimits};
 
 /// One top-level `ModelProto` field occurrence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,49 +34,54 @@ pub struct TopField {
     pub value: Range<usize>,
 }
 
-/// The compiled-tensor extension of a model (fields 1000-1002), decoded.
-/// Inline payloads borrow from the model mapping.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Extension {
-    /// `ModelProto.struct_types`: the declared structured types.
-    pub struct_types: Vec<pb::StructTypeProto>,
-    /// `ModelProto.devices`: the devices entries refer to by index.
-    pub devices: Vec<pb::DeviceProto>,
-    /// `ModelProto.compiled_tensors`: the compiled entries.
-    pub compiled_tensors: Vec<pb::CompiledTensorProto>,
+/// Why an external-data file cannot be used. The file is opened first,
+/// with the rights the model was opened with, and judged on where it
+/// really is: a refusal says what that opener says, never what other
+/// rights would find (the daemon's read-as-caller rule relies on it).
+#[derive(Debug, thiserror::Error)]
+pub enum ExternalFileError {
+    /// The reference's location is refused.
+    #[error(transparent)]
+    Location(#[from] ExternalRefError),
+    /// The model folder cannot be resolved.
+    #[error("model folder {}: {source}", dir.display())]
+    ModelFolder {
+        /// The model folder.
+        dir: PathBuf,
+        /// Why it cannot be resolved.
+        source: std::io::Error,
+    },
+    /// The file cannot be opened or inspected.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file as opened (or as asked for, when it did not open).
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file opened lies outside the model folder.
+    #[error("location {location:?} resolves outside the model folder (symbolic link?)")]
+    OutsideFolder {
+        /// The reference's location.
+        location: String,
+    },
+    /// The location names something other than a regular file.
+    #[error("{} is not a regular file", path.display())]
+    NotAFile {
+        /// The file as opened.
+        path: PathBuf,
+    },
+    /// The file cannot be mapped.
+    #[error(transparent)]
+    Map(Box<Error>),
 }
 
-/// How many fields of each extension kind a model has (counted from the
-/// index of its top-level fields, nothing decoded).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExtensionCounts {
-    /// `ModelProto.struct_types` fields.
-    pub struct_types: usize,
-    /// `ModelProto.devices` fields.
-    pub devices: usize,
-    /// `ModelProto.compiled_tensors` fields.
-    pub compiled_tensors: usize,
-}
-
-impl ExtensionCounts {
-    /// Refuses counts over `limits` (4096 struct types, 1M devices and 1M
-    /// compiled tensors by default): checked before anything is decoded,
-    /// since a field of a few bytes decodes to a message many times larger.
-    pub fn within(&self, limits: &crate::structs::Limits) -> std::result::Result<(), String> {
-        if self.struct_types > limits.max_struct_types
-            || self.devices.max(self.compiled_tensors) > limits.max_entries
-        {
-            return Err(format!(
-                "{} struct types, {} devices, {} compiled tensors exceed the limits ({}, {}, {})",
-                self.struct_types,
-                self.devices,
-                self.compiled_tensors,
-                limits.max_struct_types,
-                limits.max_entries,
-                limits.max_entries
-            ));
+impl ExternalFileError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        ExternalFileError::Io {
+            path: path.to_path_buf(),
+            source,
         }
-        Ok(())
     }
 }
 
@@ -84,19 +92,6 @@ pub struct BadInitializer {
     pub name: Option<String>,
     /// Why it does not parse.
     pub error: Error,
-}
-
-/// The extension decoded field by field ([`Model::extension_lenient`]).
-#[derive(Debug, Clone, Default)]
-pub struct LenientExtension {
-    /// What decoded; an undecodable compiled tensor keeps its slot (a
-    /// default entry), so indices stay those of the file.
-    pub ext: Extension,
-    /// Why the struct type or device table is unusable (a field of it does
-    /// not decode: entries refer to them by index, so none can be trusted).
-    pub table_error: Option<String>,
-    /// Compiled tensors that do not decode: (index, error).
-    pub entry_errors: Vec<(usize, String)>,
 }
 
 /// Graph fields of one kind (nodes, initializers) read at most: each is
@@ -370,128 +365,19 @@ impl Model {
             .map(|r| decode(self.bytes.slice(r), "NodeProto").map_err(|e| self.named(e))))
     }
 
-    /// How many extension fields of each kind the model has.
-    pub fn extension_counts(&self) -> ExtensionCounts {
-        let mut n = ExtensionCounts::default();
-        for f in &self.top {
-            match f.number {
-                MODEL_STRUCT_TYPES => n.struct_types += 1,
-                MODEL_DEVICES => n.devices += 1,
-                MODEL_COMPILED_TENSORS => n.compiled_tensors += 1,
-                _ => {}
-            }
-        }
-        n
-    }
-
-    /// The compiled-tensor extension, decoded (payloads borrowed); refused
-    /// when it has more fields of a kind than the default limits allow.
-    pub fn extension(&self) -> Result<Extension> {
-        let (struct_types, devices) = self.extension_tables()?;
-        let compiled_tensors = self
-            .compiled_tensors()
-            .map(|(_, c)| c)
-            .collect::<Result<_>>()?;
-        Ok(Extension {
-            struct_types,
-            devices,
-            compiled_tensors,
-        })
-    }
-
-    /// The struct type and device tables that compiled tensors refer to by
-    /// index, decoded; refused when the extension has more fields of a kind
-    /// than the default limits allow.
-    pub fn extension_tables(&self) -> Result<(Vec<pb::StructTypeProto>, Vec<pb::DeviceProto>)> {
-        self.extension_counts()
-            .within(&crate::structs::Limits::default())
-            .map_err(|e| self.named(Error::Model(e)))?;
-        let (mut types, mut devices) = (Vec::new(), Vec::new());
-        for f in &self.top {
-            let bytes = || self.bytes.slice(f.value.clone());
-            match f.number {
-                MODEL_STRUCT_TYPES => types.push(decode(bytes(), "ModelProto.struct_types")),
-                MODEL_DEVICES => devices.push(decode(bytes(), "ModelProto.devices")),
-                _ => {}
-            }
-        }
-        let named = |e| self.named(e);
-        Ok((
-            types.into_iter().collect::<Result<_>>().map_err(named)?,
-            devices.into_iter().collect::<Result<_>>().map_err(named)?,
-        ))
-    }
-
-    /// The compiled tensors, each decoded only when the iterator reaches it
-    /// (a caller that handles one at a time never holds them all): the
-    /// index of its top-level field and the entry. Call
-    /// [`Model::extension_tables`] first, which checks the counts.
-    pub fn compiled_tensors(
-        &self,
-    ) -> impl Iterator<Item = (usize, Result<pb::CompiledTensorProto>)> + '_ {
-        self.top
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| f.number == MODEL_COMPILED_TENSORS)
-            .map(|(i, f)| {
-                let c = decode(
-                    self.bytes.slice(f.value.clone()),
-                    "ModelProto.compiled_tensors",
-                );
-                (i, c.map_err(|e| self.named(e)))
-            })
-    }
-
-    /// The extension, decoded field by field (see [`LenientExtension`]):
-    /// never fails, so one bad field does not make the model unloadable.
-    pub fn extension_lenient(&self) -> LenientExtension {
-        let mut out = LenientExtension::default();
-        for f in &self.top {
-            let bytes = || self.bytes.slice(f.value.clone());
-            match f.number {
-                MODEL_STRUCT_TYPES => match decode(bytes(), "ModelProto.struct_types") {
-                    Ok(t) => out.ext.struct_types.push(t),
-                    Err(e) => {
-                        out.table_error.get_or_insert(e.to_string());
-                    }
-                },
-                MODEL_DEVICES => match decode(bytes(), "ModelProto.devices") {
-                    Ok(d) => out.ext.devices.push(d),
-                    Err(e) => {
-                        out.table_error.get_or_insert(e.to_string());
-                    }
-                },
-                MODEL_COMPILED_TENSORS => {
-                    let c = decode(bytes(), "ModelProto.compiled_tensors").unwrap_or_else(|e| {
-                        out.entry_errors
-                            .push((out.ext.compiled_tensors.len(), e.to_string()));
-                        pb::CompiledTensorProto::default()
-                    });
-                    out.ext.compiled_tensors.push(c);
-                }
-                _ => {}
-            }
-        }
-        out
-    }
-
-    /// True when the model has any compiled-tensor extension field.
-    pub fn has_extension(&self) -> bool {
-        self.top.iter().any(|f| is_compiled_field(f.number))
-    }
-
     /// Maps an external-data file relative to the model folder (cached per
     /// path), refusing paths that leave the folder.
-    pub fn external_file(&self, location: &ExternalRef) -> std::result::Result<Bytes, String> {
+    pub fn external_file(&self, location: &ExternalRef) -> Result<Bytes, ExternalFileError> {
         self.external(location).map(|(bytes, _)| bytes)
     }
 
     /// The stamp of an external-data file when it was opened.
-    pub fn external_stamp(&self, location: &ExternalRef) -> std::result::Result<FileStamp, String> {
+    pub fn external_stamp(&self, location: &ExternalRef) -> Result<FileStamp, ExternalFileError> {
         self.external(location).map(|(_, stamp)| stamp)
     }
 
-    fn external(&self, location: &ExternalRef) -> std::result::Result<(Bytes, FileStamp), String> {
+    fn external(&self, location: &ExternalRef) -> Result<(Bytes, FileStamp), ExternalFileError> {
+        use ExternalFileError as E;
         let path = location.path_in(&self.dir)?;
         // One file per location for the model's life, whatever the path
         // leads to later.
@@ -499,33 +385,26 @@ impl Model {
         if let Some(b) = cache.get(&path) {
             return Ok(b.clone());
         }
-        let dir = self
-            .dir
-            .canonicalize()
-            .map_err(|e| format!("model folder {}: {e}", self.dir.display()))?;
+        let dir = self.dir.canonicalize().map_err(|source| E::ModelFolder {
+            dir: self.dir.clone(),
+            source,
+        })?;
         // Opened first, with the opener's rights, and judged on where the
         // file opened really is: resolving the path with other rights would
         // tell a caller about files it may not see.
-        let file = self
-            .opener
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let real =
-            crate::access::real_path(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+        let file = self.opener.open(&path).map_err(|e| E::io(&path, e))?;
+        let real = crate::access::real_path(&file).map_err(|e| E::io(&path, e))?;
         if !real.starts_with(&dir) {
-            return Err(format!(
-                "location {:?} resolves outside the model folder (symbolic link?)",
-                location.location
-            ));
+            return Err(E::OutsideFolder {
+                location: location.location.clone(),
+            });
         }
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", real.display()))?;
+        let meta = file.metadata().map_err(|e| E::io(&real, e))?;
         if !meta.is_file() {
-            return Err(format!("{} is not a regular file", real.display()));
+            return Err(E::NotAFile { path: real });
         }
-        let stamp = FileStamp::of_file(&file).map_err(|e| format!("{}: {e}", real.display()))?;
-        let bytes = map_file(&file, &real).map_err(|e| e.to_string())?;
+        let stamp = FileStamp::of_file(&file).map_err(|e| E::io(&real, e))?;
+        let bytes = map_file(&file, &real).map_err(|e| E::Map(Box::new(e)))?;
         cache.insert(path, (bytes.clone(), stamp));
         Ok((bytes, stamp))
     }
@@ -539,10 +418,10 @@ impl Model {
             Storage::External(ext) => {
                 let file = self
                     .external_file(ext)
-                    .map_err(|p| Error::external(&t.name, p))?;
+                    .map_err(|p| Error::external(&t.name, p.to_string()))?;
                 let range = ext
                     .range(file.len() as u64)
-                    .map_err(|p| Error::external(&t.name, p))?;
+                    .map_err(|p| Error::external(&t.name, p.to_string()))?;
                 let want = t
                     .raw_size()
                     .ok_or_else(|| Error::tensor(&t.name, "size overflows"))?;

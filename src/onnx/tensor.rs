@@ -200,8 +200,8 @@ impl Parser {
         }
     }
 
-    fn finish(self, model: &[u8]) -> Result<TensorRef> {
-        let name = self.name.unwrap_or_default();
+    fn finish(mut self, model: &[u8]) -> Result<TensorRef> {
+        let name = self.name.take().unwrap_or_default();
         let err = |p: String| Error::tensor(&name, p);
         let code = self.data_type.unwrap_or(0);
         let data_type = DataType::from_i32(code).map_err(|_| {
@@ -225,6 +225,26 @@ impl Parser {
                 .ok_or_else(|| err("dims product overflows 64 bits".into()))?;
             dims.push(d);
         }
+        let storage = self.storage(model, data_type, elements, &name)?;
+        Ok(TensorRef {
+            name,
+            data_type,
+            dims,
+            storage,
+            elements,
+        })
+    }
+
+    /// Where the tensor's data is (inline raw bytes, typed fields or
+    /// external data), checked against its type and element count.
+    fn storage(
+        &self,
+        model: &[u8],
+        data_type: DataType,
+        elements: u64,
+        name: &str,
+    ) -> Result<Storage> {
+        let err = |p: String| Error::tensor(name, p);
         let expected_field = data_type.typed_field();
         if let Some((tf, _, _)) = self.typed.iter().find(|(tf, _, _)| *tf != expected_field) {
             return Err(err(format!(
@@ -235,14 +255,14 @@ impl Parser {
             )));
         }
         let has_typed = !self.typed.is_empty();
-        let storage = match self.location {
+        Ok(match self.location {
             0 => {
                 if !self.external.is_empty() {
                     return Err(err(
                         "external_data entries without data_location = EXTERNAL".into(),
                     ));
                 }
-                match (self.raw, has_typed) {
+                match (self.raw.clone(), has_typed) {
                     (Some(_), true) => {
                         return Err(err(format!(
                             "both raw_data and {} are set",
@@ -273,7 +293,7 @@ impl Parser {
                         expected_field,
                         data_type,
                         elements,
-                        &name,
+                        name,
                     )?),
                 }
             }
@@ -289,17 +309,10 @@ impl Parser {
                 let r = ExternalRef::from_entries(
                     self.external.iter().map(|(k, v)| (k.as_str(), v.as_str())),
                 )
-                .map_err(|p| Error::external(&name, p))?;
+                .map_err(|p| Error::external(name, p.to_string()))?;
                 Storage::External(r)
             }
             other => return Err(err(format!("unknown data_location {other}"))),
-        };
-        Ok(TensorRef {
-            name,
-            data_type,
-            dims,
-            storage,
-            elements,
         })
     }
 }

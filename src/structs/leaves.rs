@@ -93,6 +93,10 @@ fn err(msg: &str) -> StructError {
     StructError::new("struct.leaf", "value", msg)
 }
 
+fn overflow() -> StructError {
+    StructError::new("struct.size_overflow", "value", "size overflows")
+}
+
 impl Reader<'_> {
     fn push(&mut self, leaves: &mut Vec<Leaf>, leaf: Leaf) -> Result<(), StructError> {
         self.count += 1;
@@ -128,94 +132,10 @@ impl Reader<'_> {
                 "nesting too deep",
             ));
         }
-        let overflow = || StructError::new("struct.size_overflow", "value", "size overflows");
         match kind {
-            Kind::Array(a) => {
-                let (dim, idx) = match a.count {
-                    Some(st::array::Count::Dimension(n)) => (Some(n), None),
-                    Some(st::array::Count::DimsIndex(k)) => (None, Some(k)),
-                    None => (None, None),
-                };
-                let count = self.count_of(dim, idx)?;
-                let elem = a
-                    .element_type
-                    .as_ref()
-                    .ok_or_else(|| err("array without element_type"))?;
-                let (esize, mut inner) = self.type_proto(elem, depth + 1)?;
-                for leaf in &mut inner {
-                    if leaf.constant.is_none() {
-                        leaf.shape.insert(0, count);
-                        leaf.strides_bits.insert(0, esize);
-                    }
-                }
-                Ok((count.checked_mul(esize).ok_or_else(overflow)?, inner))
-            }
-            Kind::PackedArray(pa) => {
-                let (dim, idx) = match pa.count {
-                    Some(st::packed_array::Count::Dimension(n)) => (Some(n), None),
-                    Some(st::packed_array::Count::DimsIndex(k)) => (None, Some(k)),
-                    None => (None, None),
-                };
-                let count = self.count_of(dim, idx)?;
-                let width: u64 = pa.component.iter().map(|c| u64::from(c.bit_width)).sum();
-                let mut out = Vec::new();
-                let mut offset = 0;
-                for (i, c) in pa.component.iter().enumerate() {
-                    let path = if c.name.is_empty() {
-                        format!("component{i}")
-                    } else {
-                        c.name.clone()
-                    };
-                    self.push(
-                        &mut out,
-                        Leaf {
-                            path,
-                            elem: LeafType::Bits(c.bit_width),
-                            shape: vec![count],
-                            strides_bits: vec![width],
-                            offset_bits: offset,
-                            constant: None,
-                        },
-                    )?;
-                    offset += u64::from(c.bit_width);
-                }
-                Ok((count.checked_mul(width).ok_or_else(overflow)?, out))
-            }
-            Kind::Structure(s) => {
-                let mut out = Vec::new();
-                let mut offset = 0u64;
-                for f in &s.field {
-                    match &f.content {
-                        Some(st::field::Content::Type(tp)) => {
-                            let (size, inner) = self.type_proto(tp, depth + 1)?;
-                            for mut leaf in inner {
-                                leaf.path = join(&f.name, &leaf.path);
-                                leaf.offset_bits =
-                                    leaf.offset_bits.checked_add(offset).ok_or_else(overflow)?;
-                                out.push(leaf);
-                            }
-                            offset = offset.checked_add(size).ok_or_else(overflow)?;
-                        }
-                        Some(st::field::Content::Constant(c)) => {
-                            let elem = DataType::from_i32(c.data_type)
-                                .map_err(|_| err("constant data type"))?;
-                            self.push(
-                                &mut out,
-                                Leaf {
-                                    path: f.name.clone(),
-                                    elem: LeafType::Tensor(elem),
-                                    shape: c.dims.iter().map(|&d| d.max(0) as u64).collect(),
-                                    strides_bits: Vec::new(),
-                                    offset_bits: 0,
-                                    constant: Some(c.clone()),
-                                },
-                            )?;
-                        }
-                        None => return Err(err("field without content")),
-                    }
-                }
-                Ok((offset, out))
-            }
+            Kind::Array(a) => self.array(a, depth),
+            Kind::PackedArray(pa) => self.packed_array(pa),
+            Kind::Structure(s) => self.structure(s, depth),
             Kind::TypeIndex(i) => {
                 let t = usize::try_from(*i)
                     .ok()
@@ -228,6 +148,105 @@ impl Reader<'_> {
                 self.kind(kind, depth + 1)
             }
         }
+    }
+
+    /// An array: its element's leaves, each with the array's dimension
+    /// in front (constants stay as they are).
+    fn array(&mut self, a: &st::Array, depth: u32) -> Result<(u64, Vec<Leaf>), StructError> {
+        let (dim, idx) = match a.count {
+            Some(st::array::Count::Dimension(n)) => (Some(n), None),
+            Some(st::array::Count::DimsIndex(k)) => (None, Some(k)),
+            None => (None, None),
+        };
+        let count = self.count_of(dim, idx)?;
+        let elem = a
+            .element_type
+            .as_ref()
+            .ok_or_else(|| err("array without element_type"))?;
+        let (esize, mut inner) = self.type_proto(elem, depth + 1)?;
+        for leaf in &mut inner {
+            if leaf.constant.is_none() {
+                leaf.shape.insert(0, count);
+                leaf.strides_bits.insert(0, esize);
+            }
+        }
+        Ok((count.checked_mul(esize).ok_or_else(overflow)?, inner))
+    }
+
+    /// A packed array: one leaf of bits per component, strided by the
+    /// packed element's width.
+    fn packed_array(&mut self, pa: &st::PackedArray) -> Result<(u64, Vec<Leaf>), StructError> {
+        let (dim, idx) = match pa.count {
+            Some(st::packed_array::Count::Dimension(n)) => (Some(n), None),
+            Some(st::packed_array::Count::DimsIndex(k)) => (None, Some(k)),
+            None => (None, None),
+        };
+        let count = self.count_of(dim, idx)?;
+        let width: u64 = pa.component.iter().map(|c| u64::from(c.bit_width)).sum();
+        let mut out = Vec::new();
+        let mut offset = 0;
+        for (i, c) in pa.component.iter().enumerate() {
+            let path = if c.name.is_empty() {
+                format!("component{i}")
+            } else {
+                c.name.clone()
+            };
+            self.push(
+                &mut out,
+                Leaf {
+                    path,
+                    elem: LeafType::Bits(c.bit_width),
+                    shape: vec![count],
+                    strides_bits: vec![width],
+                    offset_bits: offset,
+                    constant: None,
+                },
+            )?;
+            offset += u64::from(c.bit_width);
+        }
+        Ok((count.checked_mul(width).ok_or_else(overflow)?, out))
+    }
+
+    /// A structure: its fields' leaves one after the other, named under
+    /// the field; a constant field is a leaf of its own, taking no bits.
+    fn structure(
+        &mut self,
+        s: &st::Structure,
+        depth: u32,
+    ) -> Result<(u64, Vec<Leaf>), StructError> {
+        let mut out = Vec::new();
+        let mut offset = 0u64;
+        for f in &s.field {
+            match &f.content {
+                Some(st::field::Content::Type(tp)) => {
+                    let (size, inner) = self.type_proto(tp, depth + 1)?;
+                    for mut leaf in inner {
+                        leaf.path = join(&f.name, &leaf.path);
+                        leaf.offset_bits =
+                            leaf.offset_bits.checked_add(offset).ok_or_else(overflow)?;
+                        out.push(leaf);
+                    }
+                    offset = offset.checked_add(size).ok_or_else(overflow)?;
+                }
+                Some(st::field::Content::Constant(c)) => {
+                    let elem =
+                        DataType::from_i32(c.data_type).map_err(|_| err("constant data type"))?;
+                    self.push(
+                        &mut out,
+                        Leaf {
+                            path: f.name.clone(),
+                            elem: LeafType::Tensor(elem),
+                            shape: c.dims.iter().map(|&d| d.max(0) as u64).collect(),
+                            strides_bits: Vec::new(),
+                            offset_bits: 0,
+                            constant: Some(c.clone()),
+                        },
+                    )?;
+                }
+                None => return Err(err("field without content")),
+            }
+        }
+        Ok((offset, out))
     }
 
     fn type_proto(

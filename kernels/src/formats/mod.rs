@@ -10,6 +10,7 @@ mod ggml_kernel;
 pub mod matmul_nbits;
 mod nbits_kernel;
 mod nbits_rows;
+mod nbits_tile;
 pub mod quantize_dynamic;
 mod quantize_dynamic_kernel;
 

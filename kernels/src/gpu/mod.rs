@@ -22,6 +22,8 @@ mod backend;
 #[cfg(feature = "wgpu")]
 mod cast;
 #[cfg(feature = "wgpu")]
+mod chunk;
+#[cfg(feature = "wgpu")]
 mod ggml;
 #[cfg(feature = "wgpu")]
 mod nbits;

@@ -16,15 +16,11 @@
 //! Last, for 4 bits and odd K, the padding nibble of each column's last
 //! byte is set as the CPU does (see `nbits_kernel`).
 
-use ctcache::dtype::DataType;
-
 use super::backend::{GpuBackend, Kernel};
+use super::chunk::{block_stats, cpu_pack, set_nibble, to_bytes, u32_at, SKIP};
 use super::session::{Cfg, Session};
 use super::GpuError;
 use crate::{Packer, Params, SourceTensor};
-
-/// Block parameter word: the CPU packs the block.
-const SKIP: u32 = u32::MAX;
 
 /// The output layout of one weight.
 struct Geometry {
@@ -57,12 +53,7 @@ impl Geometry {
         if self.bits == 8 {
             out[zps + n * self.zpb + b] = zp;
         } else {
-            let z = &mut out[zps + n * self.zpb + b / 2];
-            *z = if b.is_multiple_of(2) {
-                (*z & 0xf0) | zp
-            } else {
-                (*z & 0x0f) | (zp << 4)
-            };
+            set_nibble(&mut out[zps + n * self.zpb + b / 2], b % 2 == 1, zp);
         }
     }
 }
@@ -137,7 +128,14 @@ pub(super) fn pack(
                 cols: cols_per.min(n - n0),
                 rows: (k - b0 * bs).min(nb * bs),
             };
-            chunk_pack(&s, &g, packer, src, params, out, &c)?;
+            let chunk = ChunkPack {
+                g: &g,
+                packer,
+                params,
+                src,
+                c,
+            };
+            chunk.pack(&s, out)?;
         }
     }
     s.finish()?;
@@ -147,234 +145,213 @@ pub(super) fn pack(
     Ok(())
 }
 
-fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+/// Packing one chunk: the weight's layout, the packer and the source.
+struct ChunkPack<'a> {
+    g: &'a Geometry,
+    packer: &'a dyn Packer,
+    params: &'a Params,
+    src: &'a SourceTensor<'a>,
+    c: Chunk,
 }
 
-fn to_bytes(words: &[u32]) -> Vec<u8> {
-    words.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
+impl ChunkPack<'_> {
+    /// Source element (chunk row `r`, chunk column `j`) as bits.
+    fn elem(&self, r: usize, j: usize) -> u32 {
+        let (g, c) = (self.g, &self.c);
+        u32_at(self.src.data, (c.b0 * g.bs + r) * g.n + c.n0 + j)
+    }
 
-/// Packs a FLOAT matrix W[rows, cols] (u32 bits) with the CPU packer.
-fn cpu_pack(
-    packer: &dyn Packer,
-    params: &Params,
-    rows: usize,
-    cols: usize,
-    bits: &[u32],
-) -> Result<Vec<u8>, GpuError> {
-    let data = to_bytes(bits);
-    let src = SourceTensor {
-        data_type: DataType::FLOAT,
-        dims: &[rows as u64, cols as u64],
-        data: &data,
-    };
-    Ok(crate::pack_to_vec(packer, &src, params)?.1)
-}
+    /// Packs a FLOAT matrix W[rows, cols] (u32 bits) with the CPU packer.
+    fn cpu_pack(&self, rows: usize, cols: usize, bits: &[u32]) -> Result<Vec<u8>, GpuError> {
+        let dims = [rows as u64, cols as u64];
+        cpu_pack(self.packer, self.params, &dims, &to_bytes(bits))
+    }
 
-fn chunk_pack(
-    s: &Session<'_>,
-    g: &Geometry,
-    packer: &dyn Packer,
-    src: &SourceTensor<'_>,
-    params: &Params,
-    out: &mut [u8],
-    c: &Chunk,
-) -> Result<(), GpuError> {
-    let k0 = c.b0 * g.bs;
-    // Source element (chunk row r, chunk column j) as bits.
-    let elem = |r: usize, j: usize| u32_at(src.data, (k0 + r) * g.n + c.n0 + j);
-    if c.cols == g.n {
-        s.write_src(&src.data[k0 * g.n * 4..(k0 + c.rows) * g.n * 4]);
-    } else {
-        let mut words = Vec::with_capacity(c.rows * c.cols);
-        for r in 0..c.rows {
-            words.extend((0..c.cols).map(|j| elem(r, j)));
-        }
-        s.write_src(&to_bytes(&words));
-    }
-    let cfg = Cfg {
-        cols: c.cols as u32,
-        rows: c.rows as u32,
-        bs: g.bs as u32,
-        blocks: c.nb as u32,
-        bits: g.bits as u32,
-    };
-    // Cell i = (block i / cols, column i % cols), as in the shaders.
-    let m = c.nb * c.cols;
-    let stats: Vec<u32> = s.run(Kernel::NbitsStats, cfg, m as u32, 12 * m as u64, |b, _| {
-        (0..3 * m).map(|i| u32_at(b, i)).collect()
-    })?;
-    let mut special: Vec<bool> = stats.chunks_exact(3).map(|t| t[2] != 0).collect();
-    let mut minmax = vec![0u32; 2 * m];
-    for i in (0..m).filter(|&i| !special[i]) {
-        minmax[i] = stats[3 * i];
-        minmax[m + i] = stats[3 * i + 1];
-    }
-    let p2 = cpu_pack(packer, params, 2, m, &minmax)?;
-    // W[2, m] has one block per column: blob code bytes, scale, zp byte.
-    let (scales2, zps2) = (m * g.blob, m * g.blob + m * 4);
-    let mut aux = vec![0u32; 2 * m];
-    let mid = 1u32 << (g.bits - 1);
-    for i in 0..m {
-        let scale = u32_at(&p2[scales2..], i);
-        let sf = f32::from_bits(scale);
-        let recip = if sf != 0.0 { 1.0 / sf } else { 0.0 };
-        // A GPU may flush a denormal or mishandle an infinite reciprocal.
-        special[i] |= !(recip == 0.0 || recip.is_normal());
-        if special[i] {
-            aux[2 * i + 1] = SKIP;
-            continue;
-        }
-        let zp = match (g.sym, g.bits) {
-            (true, _) => mid,
-            (false, 4) => u32::from(p2[zps2 + i] & 0x0f),
-            (false, _) => u32::from(p2[zps2 + i]),
-        };
-        aux[2 * i] = recip.to_bits();
-        aux[2 * i + 1] = zp;
-        let (b, n) = (c.b0 + i / c.cols, c.n0 + i % c.cols);
-        let at = g.scales_at(n, b);
-        out[at..at + 4].copy_from_slice(&scale.to_le_bytes());
-        if !g.sym {
-            g.set_zp(out, n, b, zp as u8);
-        }
-    }
-    s.write_aux(&to_bytes(&aux));
-    let blob_run = c.nb * g.blob;
-    let words = (c.cols * c.nb * g.blob / 4) as u32;
-    let fixes = s.run(
-        Kernel::NbitsCodes,
-        cfg,
-        words,
-        (c.cols * blob_run) as u64,
-        |b, fixes| {
-            for j in 0..c.cols {
-                let at = g.code_at(c.n0 + j, c.b0);
-                out[at..at + blob_run].copy_from_slice(&b[j * blob_run..(j + 1) * blob_run]);
-            }
-            fixes
-        },
-    )?;
-    if fixes.overflow {
-        super::note_assist(0, 0, 1);
-        special.fill(true);
-    } else {
-        fix_codes(
-            g,
-            packer,
-            params,
-            out,
-            c,
-            &fixes.list,
-            &special,
-            &minmax,
-            elem,
-        )?;
-    }
-    special_blocks(g, packer, params, out, c, &special, elem)
-}
-
-/// Redoes the flagged elements with the CPU packer: column (min, max, v)
-/// of a W[3, f] has its block's parameters, so its third code is v's.
-#[allow(clippy::too_many_arguments)]
-fn fix_codes(
-    g: &Geometry,
-    packer: &dyn Packer,
-    params: &Params,
-    out: &mut [u8],
-    c: &Chunk,
-    list: &[u32],
-    special: &[bool],
-    minmax: &[u32],
-    elem: impl Fn(usize, usize) -> u32,
-) -> Result<(), GpuError> {
-    let m = c.nb * c.cols;
-    // (chunk row, chunk column) of each element to redo.
-    let todo: Vec<(usize, usize)> = list
-        .iter()
-        .map(|&e| (e as usize / c.cols, e as usize % c.cols))
-        .filter(|&(r, j)| !special[(r / g.bs) * c.cols + j])
-        .collect();
-    if todo.is_empty() {
-        return Ok(());
-    }
-    let f = todo.len();
-    super::note_assist(f, 0, 0);
-    let mut w = vec![0u32; 3 * f];
-    for (x, &(r, j)) in todo.iter().enumerate() {
-        let i = (r / g.bs) * c.cols + j;
-        w[x] = minmax[i];
-        w[f + x] = minmax[m + i];
-        w[2 * f + x] = elem(r, j);
-    }
-    let p = cpu_pack(packer, params, 3, f, &w)?;
-    for (x, &(r, j)) in todo.iter().enumerate() {
-        let (bl, kk) = (r / g.bs, r % g.bs);
-        let at = g.code_at(c.n0 + j, c.b0 + bl);
-        if g.bits == 8 {
-            out[at + kk] = p[x * g.blob + 2];
+    /// Packs the chunk into its blocks of `out`.
+    fn pack(&self, s: &Session<'_>, out: &mut [u8]) -> Result<(), GpuError> {
+        let (g, c) = (self.g, &self.c);
+        let k0 = c.b0 * g.bs;
+        if c.cols == g.n {
+            s.write_src(&self.src.data[k0 * g.n * 4..(k0 + c.rows) * g.n * 4]);
         } else {
-            // Element 2 of the column: low nibble of its byte 1.
-            let code = p[x * g.blob + 1] & 0x0f;
-            let byte = &mut out[at + kk / 2];
-            *byte = if kk % 2 == 0 {
-                (*byte & 0xf0) | code
-            } else {
-                (*byte & 0x0f) | (code << 4)
-            };
+            let mut words = Vec::with_capacity(c.rows * c.cols);
+            for r in 0..c.rows {
+                words.extend((0..c.cols).map(|j| self.elem(r, j)));
+            }
+            s.write_src(&to_bytes(&words));
         }
+        let cfg = Cfg {
+            cols: c.cols as u32,
+            rows: c.rows as u32,
+            bs: g.bs as u32,
+            blocks: c.nb as u32,
+            bits: g.bits as u32,
+        };
+        // Cell i = (block i / cols, column i % cols), as in the shaders.
+        let m = c.nb * c.cols;
+        let stats = block_stats(s, Kernel::NbitsStats, cfg, m, 3)?;
+        let mut special: Vec<bool> = stats.chunks_exact(3).map(|t| t[2] != 0).collect();
+        let mut minmax = vec![0u32; 2 * m];
+        for i in (0..m).filter(|&i| !special[i]) {
+            minmax[i] = stats[3 * i];
+            minmax[m + i] = stats[3 * i + 1];
+        }
+        let aux = self.block_params(&minmax, &mut special, out)?;
+        s.write_aux(&to_bytes(&aux));
+        let blob_run = c.nb * g.blob;
+        let words = (c.cols * c.nb * g.blob / 4) as u32;
+        let fixes = s.run(
+            Kernel::NbitsCodes,
+            cfg,
+            words,
+            (c.cols * blob_run) as u64,
+            |b, fixes| {
+                for j in 0..c.cols {
+                    let at = g.code_at(c.n0 + j, c.b0);
+                    out[at..at + blob_run].copy_from_slice(&b[j * blob_run..(j + 1) * blob_run]);
+                }
+                fixes
+            },
+        )?;
+        if fixes.overflow {
+            super::note_assist(0, 0, 1);
+            special.fill(true);
+        } else {
+            self.fix_codes(out, &fixes.list, &special, &minmax)?;
+        }
+        self.special_blocks(out, &special)
     }
-    Ok(())
-}
 
-/// Packs the special blocks with the CPU packer from their own values, one
-/// W[len, blocks] per block length (the last block row may be short).
-fn special_blocks(
-    g: &Geometry,
-    packer: &dyn Packer,
-    params: &Params,
-    out: &mut [u8],
-    c: &Chunk,
-    special: &[bool],
-    elem: impl Fn(usize, usize) -> u32,
-) -> Result<(), GpuError> {
-    let cells: Vec<usize> = (0..special.len()).filter(|&i| special[i]).collect();
-    super::note_assist(0, cells.len(), 0);
-    for full in [true, false] {
-        let group: Vec<usize> = cells
-            .iter()
-            .copied()
-            .filter(|&i| ((i / c.cols + 1) * g.bs <= c.rows) == full)
-            .collect();
-        if group.is_empty() {
-            continue;
-        }
-        let len = if full { g.bs } else { c.rows % g.bs };
-        let f = group.len();
-        let mut w = vec![0u32; len * f];
-        for (x, &i) in group.iter().enumerate() {
-            let (bl, j) = (i / c.cols, i % c.cols);
-            for r in 0..len {
-                w[r * f + x] = elem(bl * g.bs + r, j);
+    /// The block parameters from each cell's (min, max) (`minmax`: W[2, m]
+    /// of min then max rows): the CPU packer on W[2, m] gives each column
+    /// its block's scale and zero point, which go to `out`. Returns the
+    /// codes kernel's words per cell (reciprocal and zero point, or
+    /// [`SKIP`]); a cell whose reciprocal is not normal becomes special.
+    fn block_params(
+        &self,
+        minmax: &[u32],
+        special: &mut [bool],
+        out: &mut [u8],
+    ) -> Result<Vec<u32>, GpuError> {
+        let (g, c) = (self.g, &self.c);
+        let m = special.len();
+        let p2 = self.cpu_pack(2, m, minmax)?;
+        // W[2, m] has one block per column: blob code bytes, scale, zp byte.
+        let (scales2, zps2) = (m * g.blob, m * g.blob + m * 4);
+        let mut aux = vec![0u32; 2 * m];
+        let mid = 1u32 << (g.bits - 1);
+        for i in 0..m {
+            let scale = u32_at(&p2[scales2..], i);
+            let sf = f32::from_bits(scale);
+            let recip = if sf != 0.0 { 1.0 / sf } else { 0.0 };
+            // A GPU may flush a denormal or mishandle an infinite reciprocal.
+            special[i] |= !(recip == 0.0 || recip.is_normal());
+            if special[i] {
+                aux[2 * i + 1] = SKIP;
+                continue;
             }
-        }
-        let p = cpu_pack(packer, params, len, f, &w)?;
-        let (scales, zps) = (f * g.blob, f * g.blob + f * 4);
-        let zpb = if g.sym { 0 } else { g.bits.div_ceil(8) };
-        for (x, &i) in group.iter().enumerate() {
+            let zp = match (g.sym, g.bits) {
+                (true, _) => mid,
+                (false, 4) => u32::from(p2[zps2 + i] & 0x0f),
+                (false, _) => u32::from(p2[zps2 + i]),
+            };
+            aux[2 * i] = recip.to_bits();
+            aux[2 * i + 1] = zp;
             let (b, n) = (c.b0 + i / c.cols, c.n0 + i % c.cols);
-            let at = g.code_at(n, b);
-            out[at..at + g.blob].copy_from_slice(&p[x * g.blob..(x + 1) * g.blob]);
-            let s = g.scales_at(n, b);
-            out[s..s + 4].copy_from_slice(&p[scales + 4 * x..scales + 4 * x + 4]);
+            let at = g.scales_at(n, b);
+            out[at..at + 4].copy_from_slice(&scale.to_le_bytes());
             if !g.sym {
-                let z = p[zps + x * zpb];
-                g.set_zp(out, n, b, if g.bits == 4 { z & 0x0f } else { z });
+                g.set_zp(out, n, b, zp as u8);
             }
         }
+        Ok(aux)
     }
-    Ok(())
+
+    /// Redoes the flagged elements with the CPU packer: column (min, max, v)
+    /// of a W[3, f] has its block's parameters, so its third code is v's.
+    fn fix_codes(
+        &self,
+        out: &mut [u8],
+        list: &[u32],
+        special: &[bool],
+        minmax: &[u32],
+    ) -> Result<(), GpuError> {
+        let (g, c) = (self.g, &self.c);
+        let m = c.nb * c.cols;
+        // (chunk row, chunk column) of each element to redo.
+        let todo: Vec<(usize, usize)> = list
+            .iter()
+            .map(|&e| (e as usize / c.cols, e as usize % c.cols))
+            .filter(|&(r, j)| !special[(r / g.bs) * c.cols + j])
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let f = todo.len();
+        super::note_assist(f, 0, 0);
+        let mut w = vec![0u32; 3 * f];
+        for (x, &(r, j)) in todo.iter().enumerate() {
+            let i = (r / g.bs) * c.cols + j;
+            w[x] = minmax[i];
+            w[f + x] = minmax[m + i];
+            w[2 * f + x] = self.elem(r, j);
+        }
+        let p = self.cpu_pack(3, f, &w)?;
+        for (x, &(r, j)) in todo.iter().enumerate() {
+            let (bl, kk) = (r / g.bs, r % g.bs);
+            let at = g.code_at(c.n0 + j, c.b0 + bl);
+            if g.bits == 8 {
+                out[at + kk] = p[x * g.blob + 2];
+            } else {
+                // Element 2 of the column: low nibble of its byte 1.
+                let code = p[x * g.blob + 1] & 0x0f;
+                set_nibble(&mut out[at + kk / 2], kk % 2 == 1, code);
+            }
+        }
+        Ok(())
+    }
+
+    /// Packs the special blocks with the CPU packer from their own values, one
+    /// W[len, blocks] per block length (the last block row may be short).
+    fn special_blocks(&self, out: &mut [u8], special: &[bool]) -> Result<(), GpuError> {
+        let (g, c) = (self.g, &self.c);
+        let cells: Vec<usize> = (0..special.len()).filter(|&i| special[i]).collect();
+        super::note_assist(0, cells.len(), 0);
+        for full in [true, false] {
+            let group: Vec<usize> = cells
+                .iter()
+                .copied()
+                .filter(|&i| ((i / c.cols + 1) * g.bs <= c.rows) == full)
+                .collect();
+            if group.is_empty() {
+                continue;
+            }
+            let len = if full { g.bs } else { c.rows % g.bs };
+            let f = group.len();
+            let mut w = vec![0u32; len * f];
+            for (x, &i) in group.iter().enumerate() {
+                let (bl, j) = (i / c.cols, i % c.cols);
+                for r in 0..len {
+                    w[r * f + x] = self.elem(bl * g.bs + r, j);
+                }
+            }
+            let p = self.cpu_pack(len, f, &w)?;
+            let (scales, zps) = (f * g.blob, f * g.blob + f * 4);
+            let zpb = if g.sym { 0 } else { g.bits.div_ceil(8) };
+            for (x, &i) in group.iter().enumerate() {
+                let (b, n) = (c.b0 + i / c.cols, c.n0 + i % c.cols);
+                let at = g.code_at(n, b);
+                out[at..at + g.blob].copy_from_slice(&p[x * g.blob..(x + 1) * g.blob]);
+                let s = g.scales_at(n, b);
+                out[s..s + 4].copy_from_slice(&p[scales + 4 * x..scales + 4 * x + 4]);
+                if !g.sym {
+                    let z = p[zps + x * zpb];
+                    g.set_zp(out, n, b, if g.bits == 4 { z & 0x0f } else { z });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// 4 bits, odd K: the unpaired last element's byte takes as high nibble the
