@@ -136,15 +136,12 @@ pub(crate) fn unix(
     listener: std::os::unix::net::UnixListener,
     cfg: &Config,
 ) -> Result<Incoming<UnixStream, PeerInfo>, RunError> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| RunError::io("the unix listener", e))?;
-    let listener = Arc::new(
-        tokio::net::UnixListener::from_std(listener)
-            .map_err(|e| RunError::io("the unix listener", e))?,
-    );
     let shares = Shares::new(cfg.max_connections_per_uid);
     let trusted_uids = cfg.trusted_uids.clone();
+    let listener = on_tokio("the unix listener", || {
+        listener.set_nonblocking(true)?;
+        tokio::net::UnixListener::from_std(listener)
+    })?;
     let accept = move || {
         let (l, shares, trusted_uids) = (listener.clone(), shares.clone(), trusted_uids.clone());
         async move {
@@ -177,13 +174,10 @@ pub(crate) fn tcp(
     listener: std::net::TcpListener,
     cfg: &Config,
 ) -> Result<Incoming<TcpStream, TcpConnectInfo>, RunError> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| RunError::io("the tcp listener", e))?;
-    let listener = Arc::new(
+    let listener = on_tokio("the tcp listener", || {
+        listener.set_nonblocking(true)?;
         tokio::net::TcpListener::from_std(listener)
-            .map_err(|e| RunError::io("the tcp listener", e))?,
-    );
+    })?;
     let accept = move || {
         let l = listener.clone();
         async move {
@@ -194,6 +188,12 @@ pub(crate) fn tcp(
     };
     let open = Semaphore::new(tcp_connections(cfg.max_connections));
     Ok(incoming(accept, Arc::new(open)))
+}
+
+/// A std listener handed to tokio's reactor by `take` (non-blocking
+/// first); `what` names it in errors.
+fn on_tokio<T>(what: &str, take: impl FnOnce() -> io::Result<T>) -> Result<Arc<T>, RunError> {
+    take().map(Arc::new).map_err(|e| RunError::io(what, e))
 }
 
 /// Open TCP connections allowed beside `max_connections` on the socket.
