@@ -66,7 +66,30 @@ pub struct MappedPayload {
     lease: Option<LeaseGuard>,
     /// The group digests, taken (and checked against `payload_blake3`) at
     /// the first [`MappedPayload::checked`] read.
-    digests: OnceLock<std::result::Result<ChunkDigests, String>>,
+    digests: OnceLock<std::result::Result<ChunkDigests, RootMismatch>>,
+}
+
+/// The whole payload does not hash to its entry's `payload_blake3`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("its blake3 is {found}, the entry says {expected}")]
+struct RootMismatch {
+    found: String,
+    expected: String,
+}
+
+/// The group digests of `bytes`, when their root is `expected` (the
+/// entry's `payload_blake3`, hex).
+fn group_digests(bytes: &[u8], expected: &str) -> std::result::Result<ChunkDigests, RootMismatch> {
+    let d = ChunkDigests::of(bytes, true);
+    let root = blake3::Hash::from(d.root()).to_hex();
+    if root.as_str().eq_ignore_ascii_case(expected) {
+        Ok(d)
+    } else {
+        Err(RootMismatch {
+            found: root.to_string(),
+            expected: expected.to_string(),
+        })
+    }
 }
 
 impl MappedPayload {
@@ -112,23 +135,9 @@ impl MappedPayload {
         }
         let digests = self
             .digests
-            .get_or_init(|| {
-                let d = ChunkDigests::of(bytes, true);
-                let root = blake3::Hash::from(d.root()).to_hex();
-                if root
-                    .as_str()
-                    .eq_ignore_ascii_case(&self.entry.payload_blake3)
-                {
-                    Ok(d)
-                } else {
-                    Err(format!(
-                        "its blake3 is {root}, the entry says {}",
-                        self.entry.payload_blake3
-                    ))
-                }
-            })
+            .get_or_init(|| group_digests(bytes, &self.entry.payload_blake3))
             .as_ref()
-            .map_err(|e| mismatch(e.clone()))?;
+            .map_err(|e| mismatch(e.to_string()))?;
         if range.is_empty() {
             return Ok(&bytes[range]);
         }

@@ -22,6 +22,33 @@ pub fn due(rate: f64) -> bool {
     }
 }
 
+/// Where the fetched payload parted from the local pack.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    /// The fetched payload ended at another length than the pack's.
+    #[error("the remote's payload has {fetched} bytes, the local pack {packed}")]
+    Length {
+        /// Bytes fetched.
+        fetched: u64,
+        /// Bytes of the local pack.
+        packed: u64,
+    },
+    /// A byte differs.
+    #[error("the remote's payload differs from the local pack at byte {at} of {packed}")]
+    Byte {
+        /// The offset of the first differing byte.
+        at: u64,
+        /// Bytes of the local pack.
+        packed: u64,
+    },
+    /// The fetched payload goes on past the pack's end.
+    #[error("the remote's payload is longer than the local pack's {packed} bytes")]
+    Longer {
+        /// Bytes of the local pack.
+        packed: u64,
+    },
+}
+
 /// A reader over the fetched payload that compares it with the local pack
 /// as it passes. It sits outside the blake3 check, so a payload damaged in
 /// storage fails that check first and never blames its signer; bytes that
@@ -30,7 +57,7 @@ pub struct Matching<R> {
     inner: R,
     packed: Bytes,
     seen: u64,
-    mismatch: Option<String>,
+    mismatch: Option<Mismatch>,
 }
 
 impl<R: Read> Matching<R> {
@@ -45,8 +72,8 @@ impl<R: Read> Matching<R> {
     }
 
     /// Where the fetched bytes parted from the local pack.
-    pub fn mismatch(&self) -> Option<&str> {
-        self.mismatch.as_deref()
+    pub fn mismatch(&self) -> Option<&Mismatch> {
+        self.mismatch.as_ref()
     }
 }
 
@@ -56,10 +83,10 @@ impl<R: Read> Read for Matching<R> {
         let total = self.packed.len() as u64;
         if n == 0 {
             if self.mismatch.is_none() && self.seen != total {
-                self.mismatch = Some(format!(
-                    "the remote's payload has {} bytes, the local pack {total}",
-                    self.seen
-                ));
+                self.mismatch = Some(Mismatch::Length {
+                    fetched: self.seen,
+                    packed: total,
+                });
             }
             return match &self.mismatch {
                 Some(m) => Err(io::Error::new(io::ErrorKind::InvalidData, m.clone())),
@@ -73,13 +100,9 @@ impl<R: Read> Read for Matching<R> {
             let got = &buf[..n];
             if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
                 let at = self.seen + i as u64;
-                self.mismatch = Some(format!(
-                    "the remote's payload differs from the local pack at byte {at} of {total}"
-                ));
+                self.mismatch = Some(Mismatch::Byte { at, packed: total });
             } else if got.len() > want.len() {
-                self.mismatch = Some(format!(
-                    "the remote's payload is longer than the local pack's {total} bytes"
-                ));
+                self.mismatch = Some(Mismatch::Longer { packed: total });
             }
         }
         self.seen = self.seen.saturating_add(n as u64);
@@ -102,7 +125,7 @@ mod tests {
     }
 
     /// Reads `fetched` through a `Matching` in chunks of `chunk` bytes.
-    fn matched(fetched: &[u8], packed: &[u8], chunk: usize) -> Result<Vec<u8>, String> {
+    fn matched(fetched: &[u8], packed: &[u8], chunk: usize) -> Result<Vec<u8>, Mismatch> {
         struct Chunks<'a>(&'a [u8], usize);
         impl Read for Chunks<'_> {
             fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -120,8 +143,12 @@ mod tests {
                 Ok(out)
             }
             Err(e) => {
-                assert_eq!(m.mismatch(), Some(e.to_string().as_str()));
-                Err(e.to_string())
+                let mismatch = m
+                    .mismatch()
+                    .cloned()
+                    .expect("a failed read names its mismatch");
+                assert_eq!(mismatch.to_string(), e.to_string());
+                Err(mismatch)
             }
         }
     }
@@ -130,11 +157,15 @@ mod tests {
     fn equal_bytes_pass_and_the_first_difference_is_named_at_the_end() {
         for chunk in [1, 3, 64] {
             assert_eq!(matched(b"abcdefg", b"abcdefg", chunk).unwrap(), b"abcdefg");
-            let e = matched(b"abcdeXg", b"abcdefg", chunk).unwrap_err();
+            let e = matched(b"abcdeXg", b"abcdefg", chunk)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("byte 5 of 7"), "{e}");
-            let e = matched(b"abc", b"abcdefg", chunk).unwrap_err();
+            let e = matched(b"abc", b"abcdefg", chunk).unwrap_err().to_string();
             assert!(e.contains("3 bytes") && e.contains("local pack 7"), "{e}");
-            let e = matched(b"abcdefgh", b"abcdefg", chunk).unwrap_err();
+            let e = matched(b"abcdefgh", b"abcdefg", chunk)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("longer"), "{e}");
         }
         assert!(matched(b"", b"", 1).is_ok());

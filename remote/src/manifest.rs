@@ -8,7 +8,7 @@ use bytes::Bytes;
 use ctcache::digest::{Algorithm, SourceDigest};
 use ctcache::hit::SourceShape;
 use ctcache::pb;
-use ctcache::store::{Entry, EntryKey, NewEntry, PayloadInfo, Producer};
+use ctcache::store::{Entry, EntryKey, NewEntry, PayloadInfo, Producer, StoreError};
 use ctcache::structs::{check_value, Limits};
 use ctcache_api::v1::{ManifestSignature, RemoteEntry, RemoteManifest};
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -94,13 +94,14 @@ impl Trust {
     }
 }
 
-/// The remote record of a stored entry.
+/// The remote record of a stored entry; fails when the entry's physical
+/// type does not decode.
 pub fn describe(
     e: &Entry,
     params: &BTreeMap<String, String>,
     producer_version: &str,
-) -> Result<RemoteEntry, String> {
-    let physical_type = e.physical_type().map_err(|e| e.to_string())?;
+) -> Result<RemoteEntry, StoreError> {
+    let physical_type = e.physical_type()?;
     Ok(RemoteEntry {
         version: ENTRY_VERSION,
         digest_algorithm: e.key.source.algorithm.name().to_string(),

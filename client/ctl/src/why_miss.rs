@@ -15,7 +15,7 @@ use crate::ctx::Ctx;
 use crate::format::{self, Style, Table};
 use crate::json;
 use crate::output::{print_json, say, Failure};
-use ctcache_client::{api, ResolveOptions};
+use ctcache_client::{api, Client, ResolveOptions};
 
 /// A stored entry close to what was wanted, and the component that differs.
 struct Candidate {
@@ -24,21 +24,23 @@ struct Candidate {
     detail: String,
 }
 
+/// What why-miss found out about one initializer: the daemon's answers
+/// and the verdict read from them.
+struct Finding {
+    model_path: String,
+    tensor: api::TensorResolution,
+    lookup_miss: Option<api::Miss>,
+    candidates: Vec<Candidate>,
+    /// The miss reason (`None`: a hit) and the sentence explaining it.
+    reason: Option<String>,
+    detail: String,
+    hint: Option<String>,
+}
+
 pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Failure> {
     let c = ctx.connect().await?;
     let res = c.resolve_model(&model, &ResolveOptions::default()).await?;
-    let Some(t) = res.tensors.iter().find(|t| t.name == name) else {
-        if let Some(n) = res.not_sources.iter().find(|n| n.name == name) {
-            return Err(Failure::Failed(format!(
-                "{name} is not a compiled-tensor source: {}",
-                n.reason
-            )));
-        }
-        return Err(Failure::Failed(format!(
-            "{}: no top-level initializer named {name:?}",
-            res.model_path
-        )));
-    };
+    let t = initializer(&res, &name)?.clone();
     let lookup = c
         .lookup(api::LookupRequest {
             source_digest: t.source_digest.clone(),
@@ -46,6 +48,56 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
             ..Default::default()
         })
         .await?;
+    let candidates = candidates(&c, &res.model_path, &t).await?;
+    let formats = c.list_formats().await?;
+    let (reason, detail) = verdict(&t, lookup.miss.as_ref(), &candidates);
+    let hint = match reason {
+        None => None,
+        Some(_) => prepack_hint(ctx, &res.model_path, &t, &formats),
+    };
+    let f = Finding {
+        model_path: res.model_path,
+        tensor: t,
+        lookup_miss: lookup.miss,
+        candidates,
+        reason,
+        detail,
+        hint,
+    };
+    if ctx.json {
+        return print_json(&f.json());
+    }
+    f.print(ctx)
+}
+
+/// The initializer `name` of the resolved model, or why there is none.
+fn initializer<'r>(
+    res: &'r api::ResolveModelResponse,
+    name: &str,
+) -> Result<&'r api::TensorResolution, Failure> {
+    if let Some(t) = res.tensors.iter().find(|t| t.name == name) {
+        return Ok(t);
+    }
+    if let Some(n) = res.not_sources.iter().find(|n| n.name == name) {
+        return Err(Failure::Failed(format!(
+            "{name} is not a compiled-tensor source: {}",
+            n.reason
+        )));
+    }
+    Err(Failure::Failed(format!(
+        "{}: no top-level initializer named {name:?}",
+        res.model_path
+    )))
+}
+
+/// The stored entries close to what `t` wants: those of its digest, each
+/// judged on the daemon's host, and those of the model packed from the
+/// initializer's former contents.
+async fn candidates(
+    c: &Client,
+    model_path: &str,
+    t: &api::TensorResolution,
+) -> Result<Vec<Candidate>, Failure> {
     let same = c
         .list(api::ListRequest {
             source_digest: t.source_digest.clone(),
@@ -54,7 +106,7 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
         .await?;
     let by_model = c
         .list(api::ListRequest {
-            model_path: res.model_path.clone(),
+            model_path: model_path.to_string(),
             ..Default::default()
         })
         .await?;
@@ -63,22 +115,21 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
         None,
         Accept::Known(ctcache_kernels::registry::known_types()),
     );
-    let formats = c.list_formats().await?;
     let source = ctcache::dtype::DataType::from_i32(t.data_type)
         .ok()
         .map(|data_type| SourceShape {
             data_type,
             dims: t.dims.clone(),
         });
-
     let mut candidates: Vec<Candidate> = same
         .into_iter()
         .map(|e| classify(e, &host, source.as_ref()))
         .collect();
+    let name = &t.name;
     let digest_hex = hex::encode(&t.source_digest);
     for e in by_model
         .into_iter()
-        .filter(|e| e.source_names.contains(&name) && e.source_digest != t.source_digest)
+        .filter(|e| e.source_names.contains(name) && e.source_digest != t.source_digest)
     {
         let detail = format!(
             "packed from other contents ({} digest {}…); {name} now has {}…",
@@ -92,19 +143,25 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
             detail,
         });
     }
+    Ok(candidates)
+}
 
-    let hit = t.misses.is_empty() && !t.entries.is_empty();
-    let (reason, detail) = if hit {
+/// The miss reason of `t` (`None`: a hit) and the sentence explaining it:
+/// the daemon's own lookup miss when nothing is usable, a stale digest
+/// when only former contents have entries, else the resolution's misses.
+fn verdict(
+    t: &api::TensorResolution,
+    lookup_miss: Option<&api::Miss>,
+    candidates: &[Candidate],
+) -> (Option<String>, String) {
+    if t.misses.is_empty() && !t.entries.is_empty() {
         (
             None,
             format::count(t.entries.len() as u64, "usable entry", "usable entries"),
         )
     } else if let (true, Some(m)) = (
         t.entries.is_empty(),
-        lookup
-            .miss
-            .as_ref()
-            .filter(|m| m.reason != MissReason::NoEntry.code()),
+        lookup_miss.filter(|m| m.reason != MissReason::NoEntry.code()),
     ) {
         (Some(m.reason.clone()), m.detail.clone())
     } else if t.entries.is_empty() && candidates.iter().any(|c| c.differs == Some("digest")) {
@@ -123,78 +180,89 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
         )
     } else {
         (Some(MissReason::NoEntry.code().to_string()), "nothing is wanted or stored for this initializer (the policy selects none of its formats)".to_string())
-    };
-    let hint = if hit {
-        None
-    } else {
-        prepack_hint(ctx, &res.model_path, t, &formats)
-    };
+    }
+}
 
-    if ctx.json {
-        return print_json(&json!({
-            "model_path": res.model_path,
-            "initializer": name,
-            "source_digest": digest_hex,
+impl Finding {
+    /// The `--json` document.
+    fn json(&self) -> Value {
+        let t = &self.tensor;
+        json!({
+            "model_path": self.model_path,
+            "initializer": t.name,
+            "source_digest": hex::encode(&t.source_digest),
             "digest_algorithm": t.digest_algorithm,
-            "hit": hit,
-            "reason": reason,
-            "detail": detail,
+            "hit": self.reason.is_none(),
+            "reason": self.reason,
+            "detail": self.detail,
             "wanted_formats": t.wanted_formats,
             "usable": t.entries.iter().map(|e| e.key.clone()).collect::<Vec<_>>(),
             "misses": t.misses.iter().map(json::miss).collect::<Vec<_>>(),
-            "lookup_miss": lookup.miss.as_ref().map(json::miss),
-            "candidates": candidates.iter().map(candidate_json).collect::<Vec<_>>(),
-            "hint": hint,
-        }));
+            "lookup_miss": self.lookup_miss.as_ref().map(json::miss),
+            "candidates": self.candidates.iter().map(candidate_json).collect::<Vec<_>>(),
+            "hint": self.hint,
+        })
     }
-    let verdict = match &reason {
-        None => ctx.paint("hit", Style::Green),
-        Some(r) => ctx.paint(&format!("miss ({r})"), Style::Red),
-    };
-    say(&format!("{name} in {}: {verdict}", res.model_path))?;
-    say(&format!("  {detail}"))?;
-    say(&format!(
-        "  digest {}:{digest_hex}; wanted: {}",
-        t.digest_algorithm,
-        if t.wanted_formats.is_empty() {
-            "-".into()
-        } else {
-            t.wanted_formats.join(", ")
+
+    /// The verdict, the digest and wanted formats, the candidates' table
+    /// and the hint, for people.
+    fn print(&self, ctx: &Ctx) -> Result<(), Failure> {
+        let t = &self.tensor;
+        let verdict = match &self.reason {
+            None => ctx.paint("hit", Style::Green),
+            Some(r) => ctx.paint(&format!("miss ({r})"), Style::Red),
+        };
+        say(&format!("{} in {}: {verdict}", t.name, self.model_path))?;
+        say(&format!("  {}", self.detail))?;
+        say(&format!(
+            "  digest {}:{}; wanted: {}",
+            t.digest_algorithm,
+            hex::encode(&t.source_digest),
+            if t.wanted_formats.is_empty() {
+                "-".into()
+            } else {
+                t.wanted_formats.join(", ")
+            }
+        ))?;
+        if !self.candidates.is_empty() {
+            candidates_table(&self.candidates).print(ctx.color)?;
         }
-    ))?;
-    if !candidates.is_empty() {
-        let mut tab = Table::new(&[
-            "ENTRY",
-            "PHYSICAL TYPE",
-            "VERSION",
-            "DEVICE",
-            "DIFFERS",
-            "DETAIL",
+        if let (Some(h), false) = (&self.hint, ctx.quiet) {
+            say(&format!("hint: {h}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The candidates as a table: each entry and the component that differs.
+fn candidates_table(candidates: &[Candidate]) -> Table {
+    let mut tab = Table::new(&[
+        "ENTRY",
+        "PHYSICAL TYPE",
+        "VERSION",
+        "DEVICE",
+        "DIFFERS",
+        "DETAIL",
+    ]);
+    for c in candidates {
+        let e = &c.entry;
+        tab.row(vec![
+            (format::short_key(&e.key), Style::Plain),
+            (e.physical_type.clone(), Style::Plain),
+            (e.format_version.to_string(), Style::Plain),
+            (json::describe_device(e.device.as_ref()), Style::Plain),
+            (
+                c.differs.unwrap_or("-").to_string(),
+                if c.differs.is_some() {
+                    Style::Yellow
+                } else {
+                    Style::Green
+                },
+            ),
+            (c.detail.clone(), Style::Plain),
         ]);
-        for c in &candidates {
-            let e = &c.entry;
-            tab.row(vec![
-                (format::short_key(&e.key), Style::Plain),
-                (e.physical_type.clone(), Style::Plain),
-                (e.format_version.to_string(), Style::Plain),
-                (json::describe_device(e.device.as_ref()), Style::Plain),
-                (
-                    c.differs.unwrap_or("-").to_string(),
-                    if c.differs.is_some() {
-                        Style::Yellow
-                    } else {
-                        Style::Green
-                    },
-                ),
-                (c.detail.clone(), Style::Plain),
-            ]);
-        }
-        tab.print(ctx.color)?;
     }
-    if let (Some(h), false) = (&hint, ctx.quiet) {
-        say(&format!("hint: {h}"))?;
-    }
-    Ok(())
+    tab
 }
 
 /// A command that packs what the initializer misses, as it can be pasted

@@ -5,34 +5,28 @@
 
 mod costs;
 mod counters;
+mod fetch;
 mod upload;
 
 use std::collections::HashSet;
-use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ctcache::store::{Entry, EntryKey, Payload, Store, StoreError};
-use ctcache_remote::audit::{self, Matching};
-use ctcache_remote::client::{Client, PayloadStream, RemoteError};
+use ctcache_remote::client::{Client, RemoteError};
 use ctcache_remote::config::{RemoteConfig, Settings};
 use ctcache_remote::guard::{Breaker, NegativeCache};
-use ctcache_remote::manifest::{self, Rejected};
-use ctcache_remote::payload::Checked;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use crate::error::RunError;
+use crate::error::{Error, RunError};
 
 pub(crate) use counters::Snapshot;
 
 use costs::Costs;
 use counters::Counters;
-
-/// Quarantined keys remembered at most (then forgotten all at once).
-const QUARANTINE_MAX: usize = 65_536;
 
 /// What the fleet tier shares between the pack jobs and the upload task.
 struct Shared {
@@ -67,7 +61,7 @@ pub(crate) struct Fleet {
 }
 
 /// What `status` shows of the fleet tier.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Report {
     pub remote: String,
     pub read: bool,
@@ -82,7 +76,7 @@ pub(crate) struct Report {
     pub pack_rates: Vec<(String, String, f64)>,
     pub remote_rate: Option<f64>,
     /// Whether the remote answered a probe (`None`: not probed).
-    pub reachable: Option<Result<(), String>>,
+    pub reachable: Option<Result<(), RemoteError>>,
 }
 
 /// How this host would pack an entry: the cost rule weighs the measured
@@ -93,8 +87,12 @@ pub(crate) struct Packing<'a> {
     /// The backend the job would pack on (`cpu`, `wgpu`).
     pub backend: &'a str,
     /// Packs the entry here; its payload bytes.
-    pub repack: &'a dyn Fn() -> Result<Bytes, String>,
+    pub repack: &'a Repack<'a>,
 }
+
+/// Packs an entry on this host (for an audit): its payload bytes, or why
+/// the pack failed.
+pub(crate) type Repack<'a> = dyn Fn() -> Result<Bytes, Error> + 'a;
 
 /// Who decides whether a local miss asks the remote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,24 +111,6 @@ pub(crate) enum Pushed {
     Present,
     /// Over `max_object_bytes`.
     TooLarge,
-}
-
-/// Why one fetch did not produce an entry.
-enum Failed {
-    /// The remote does not have it.
-    Absent,
-    Rejected(&'static str, String),
-    /// Signed by a trusted key, intact, and not what this host's packer
-    /// produces.
-    AuditMismatch {
-        signer: String,
-        detail: String,
-    },
-    Remote(&'static str, RemoteError),
-    /// The local store did not take it.
-    Store(StoreError),
-    /// Something of this host went wrong (an audit that could not pack).
-    Local(String),
 }
 
 /// Why `remote push` did not upload an entry.
@@ -192,214 +172,6 @@ impl Fleet {
             uploads,
             last_drop_log: Mutex::new(None),
         })
-    }
-
-    /// Read-through for a local miss of `key`, from a blocking thread (a
-    /// pack job's, or a `remote pull`'s): the entry, stored exactly as a
-    /// local pack would store it, or `None` (then the job packs); an error
-    /// only when the local store is out of space. `ask` says whether the
-    /// cost rule decides; `audit_rate` of the fetches are packed again with
-    /// `packing.repack` and must be equal.
-    pub fn fetch(
-        &self,
-        store: &Store,
-        key: &EntryKey,
-        ask: Ask,
-        source: Source,
-        packing: Packing<'_>,
-    ) -> Result<Option<Entry>, StoreError> {
-        let s = &self.shared;
-        if !s.settings.config.read {
-            return Ok(None);
-        }
-        if lock(&self.quarantined).contains(key) {
-            s.counters.miss();
-            return Ok(None);
-        }
-        if ask == Ask::CostRule {
-            let fetch = lock(&self.costs).should_fetch(
-                s.settings.config.fetch,
-                packing.format,
-                packing.backend,
-            );
-            s.counters.chose(fetch);
-            if !fetch {
-                return Ok(None);
-            }
-        }
-        {
-            let mut g = lock(&self.guard);
-            let now = Instant::now();
-            if g.1.known_miss(key, now) {
-                s.counters.miss();
-                return Ok(None);
-            }
-            if !g.0.allow(now) {
-                s.counters.skipped();
-                return Ok(None);
-            }
-        }
-        let started = Instant::now();
-        let mut repacking = Duration::ZERO;
-        let got = self.try_fetch(store, key, source, packing.repack, &mut repacking);
-        let mut g = lock(&self.guard);
-        match got {
-            Ok(e) => {
-                g.0.success();
-                s.answered();
-                s.counters.hit(e.payload.len);
-                let took = started.elapsed().saturating_sub(repacking);
-                lock(&self.costs).fetched(e.payload.len, took);
-                tracing::debug!(%key, bytes = e.payload.len, "remote hit");
-                Ok(Some(e))
-            }
-            Err(Failed::Absent) => {
-                g.0.success();
-                s.answered();
-                g.1.remember(*key, Instant::now());
-                s.counters.miss();
-                Ok(None)
-            }
-            Err(Failed::Rejected(reason, detail)) => {
-                // The server answered; what it holds is not for us.
-                g.0.success();
-                s.answered();
-                g.1.remember(*key, Instant::now());
-                s.counters.rejected(reason);
-                tracing::warn!(%key, reason, "remote entry rejected: {detail}");
-                Ok(None)
-            }
-            Err(Failed::AuditMismatch { signer, detail }) => {
-                g.0.success();
-                s.answered();
-                self.quarantine(*key);
-                s.counters.rejected("audit_mismatch");
-                s.counters.audit_mismatch(&signer);
-                tracing::warn!(
-                    %key,
-                    signer = %signer,
-                    object = %s.client.payload_path(key),
-                    "remote entry failed its audit, quarantined (not fetched again until restart): \
-                     signed by trusted key {signer:?}, {detail}"
-                );
-                Ok(None)
-            }
-            Err(Failed::Remote(during, e)) => {
-                s.counters.error(during);
-                let opened = g.0.failure(Instant::now());
-                s.failed(&format!("remote {during} of {key} failed: {e}"));
-                if opened {
-                    tracing::warn!(
-                        cooldown_s = ctcache_remote::guard::BREAKER_COOLDOWN.as_secs(),
-                        "remote: too many failures in a row; skipping it for a while"
-                    );
-                }
-                Ok(None)
-            }
-            Err(Failed::Store(e)) => {
-                s.counters.error("store");
-                // A full disk is the caller's answer (RESOURCE_EXHAUSTED), not
-                // a miss to pack instead: packing would fill it the same way.
-                if matches!(
-                    e,
-                    StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. }
-                ) {
-                    return Err(e);
-                }
-                tracing::warn!(%key, "storing a fetched entry failed: {e}");
-                Ok(None)
-            }
-            Err(Failed::Local(e)) => {
-                s.counters.error("store");
-                tracing::warn!(%key, "storing a fetched entry failed: {e}");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Keeps `key` from being fetched again (bounded: when full, the list
-    /// starts over).
-    fn quarantine(&self, key: EntryKey) {
-        let mut q = lock(&self.quarantined);
-        if q.len() >= QUARANTINE_MAX {
-            q.clear();
-        }
-        q.insert(key);
-    }
-
-    fn try_fetch(
-        &self,
-        store: &Store,
-        key: &EntryKey,
-        source: Source,
-        repack: &dyn Fn() -> Result<Bytes, String>,
-        repacking: &mut Duration,
-    ) -> Result<Entry, Failed> {
-        let s = &self.shared;
-        let bytes = self
-            .rt
-            .block_on(s.client.manifest(key))
-            .map_err(|e| Failed::Remote("manifest", e))?
-            .ok_or(Failed::Absent)?;
-        let max = s.settings.config.max_object_bytes;
-        let accepted = manifest::open(&bytes, &s.settings.trust, key, max)
-            .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))?;
-        // Packed before the download: the payload is compared as it streams
-        // and never published when it differs.
-        let audit = if audit::due(s.settings.config.audit_rate) {
-            let t = Instant::now();
-            let packed = repack();
-            *repacking = t.elapsed();
-            s.counters.audited(packed.is_ok());
-            Some(packed.map_err(|e| Failed::Local(format!("cannot audit: {e}")))?)
-        } else {
-            None
-        };
-        let stream = self
-            .rt
-            .block_on(s.client.payload(key, accepted.payload.len))
-            .map_err(|e| match e {
-                RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
-                e => Failed::Remote("payload", e),
-            })?;
-        let new = manifest::new_entry(&accepted, source.shape, source.names, source.model_paths);
-        let mut reader = Streamed {
-            rt: &self.rt,
-            stream,
-            chunk: Bytes::new(),
-            failed: None,
-        };
-        let mut checked = Checked::new(&mut reader, accepted.payload);
-        let (put, audit_mismatch) = match audit {
-            None => (store.put(&new, &mut checked), None),
-            Some(packed) => {
-                let mut matching = Matching::new(&mut checked, packed);
-                let put = store.put(&new, &mut matching);
-                (put, matching.mismatch().map(str::to_string))
-            }
-        };
-        if let Some(m) = checked.mismatch() {
-            return Err(Failed::Rejected("bad_checksum", m.to_string()));
-        }
-        if let Some(e) = reader.failed.take() {
-            return Err(Failed::Remote("payload", e));
-        }
-        if let Some(detail) = audit_mismatch {
-            return Err(Failed::AuditMismatch {
-                signer: accepted.signer,
-                detail,
-            });
-        }
-        let stored = put.map_err(Failed::Store)?;
-        if stored.entry.key != *key {
-            // `open` checked the key the record derives; `put` derived the
-            // same. A difference is a bug, never a hit.
-            return Err(Failed::Local(format!(
-                "stored under {} instead of {key}",
-                stored.entry.key
-            )));
-        }
-        Ok(stored.entry)
     }
 
     /// After a local pack: measures it and queues the upload (dropped and
@@ -486,10 +258,7 @@ impl Fleet {
     /// (within the timeout; from a blocking thread).
     pub fn report(&self, probe: bool) -> Report {
         let c = &self.shared.settings.config;
-        let reachable = probe.then(|| {
-            let answer = self.rt.block_on(self.shared.client.reachable());
-            answer.map_err(|e| e.to_string())
-        });
+        let reachable = probe.then(|| self.rt.block_on(self.shared.client.reachable()));
         let breaker = lock(&self.guard).0.state(Instant::now());
         let (pack_rates, remote_rate) = lock(&self.costs).rates();
         Report {
@@ -527,35 +296,6 @@ impl Shared {
     fn answered(&self) {
         self.warned.store(false, Ordering::Relaxed);
         lock(&self.last_error).clear();
-    }
-}
-
-/// The payload stream as a blocking reader (for `Store::put`, on a pack
-/// job's thread, never an async one). A transport failure is kept apart
-/// from the bytes' check.
-struct Streamed<'a> {
-    rt: &'a Handle,
-    stream: PayloadStream,
-    chunk: Bytes,
-    failed: Option<RemoteError>,
-}
-
-impl Read for Streamed<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.chunk.is_empty() {
-            match self.rt.block_on(self.stream.next()) {
-                None => return Ok(0),
-                Some(Ok(c)) => self.chunk = c,
-                Some(Err(e)) => {
-                    let msg = e.to_string();
-                    self.failed = Some(e);
-                    return Err(io::Error::other(msg));
-                }
-            }
-        }
-        let n = buf.len().min(self.chunk.len());
-        buf[..n].copy_from_slice(&self.chunk.split_to(n));
-        Ok(n)
     }
 }
 

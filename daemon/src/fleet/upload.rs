@@ -60,7 +60,7 @@ pub(super) async fn upload(s: &Shared, job: Job) -> Result<Option<u64>, RemoteEr
         return Ok(None);
     }
     let record = manifest::describe(&job.entry, &job.params, env!("CARGO_PKG_VERSION"))
-        .map_err(RemoteError::Config)?;
+        .map_err(|e| RemoteError::Config(e.to_string()))?;
     let sealed = manifest::seal(&record, Some(key_file));
     let key = job.entry.key;
     s.client

@@ -395,11 +395,7 @@ pub(crate) fn fetch_remote(
     };
     let model_path = spec.model.path.display().to_string();
     // The CPU packers are the reference an audit compares with.
-    let repack = || {
-        compile(spec, BackendChoice::Cpu)
-            .map(|c| c.payload)
-            .map_err(|e| e.message)
-    };
+    let repack = || compile(spec, BackendChoice::Cpu).map(|c| c.payload);
     let entry = fleet.fetch(
         &d.store,
         key,

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use ctcache::hit::{Accept, KnownLayout};
+use ctcache::hit::{Accept, KnownLayout, MissReason};
 use ctcache::store::{Entry, Payload, Rotted, StoreError};
 use ctcache_kernels::Params;
 
@@ -151,24 +151,32 @@ fn repack(d: &Arc<Daemon>, caller: &Caller, e: &Entry) {
     });
 }
 
+/// Why a rotted entry's layout is unknown here (it is not packed again).
+#[derive(Debug, thiserror::Error)]
+enum UnknownLayout {
+    #[error("the daemon judges no layouts")]
+    NotJudged,
+    #[error("the entry records no source shape")]
+    NoSourceShape,
+    /// The hit rule's registry does not know the type over that shape.
+    #[error("{}", .0.detail())]
+    Refused(MissReason),
+}
+
 /// The layout (packer and parameters) this build knows the entry as.
-fn layout_of(d: &Daemon, e: &Entry) -> std::result::Result<Arc<KnownLayout>, String> {
+fn layout_of(d: &Daemon, e: &Entry) -> std::result::Result<Arc<KnownLayout>, UnknownLayout> {
     let Accept::Known(types) = d.host.accept() else {
-        return Err("the daemon judges no layouts".into());
+        return Err(UnknownLayout::NotJudged);
     };
-    let shape = e
-        .source_shape
-        .as_ref()
-        .ok_or("the entry records no source shape")?;
+    let shape = (e.source_shape.as_ref()).ok_or(UnknownLayout::NoSourceShape)?;
     types
         .layout(&e.key.physical_type, shape, || {
-            e.physical_type()
-                .map_err(|err| ctcache::hit::MissReason::Invalid {
-                    rule: "store.record",
-                    message: err.to_string(),
-                })
+            e.physical_type().map_err(|err| MissReason::Invalid {
+                rule: "store.record",
+                message: err.to_string(),
+            })
         })
-        .map_err(|m| m.detail())
+        .map_err(UnknownLayout::Refused)
 }
 
 /// Opens `path` for `caller` and submits the job that packs `e` again

@@ -14,7 +14,7 @@ use crate::state::Daemon;
 use crate::view::View;
 
 /// What `ctcachectl status` shows.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct StatusReport {
     pub uptime: Duration,
     pub stats: Stats,

@@ -237,7 +237,9 @@ pub(crate) fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
         audit_mismatches: c.audit_mismatches,
         probed: r.reachable.is_some(),
         reachable: matches!(r.reachable, Some(Ok(()))),
-        probe_error: r.reachable.and_then(Result::err).unwrap_or_default(),
+        probe_error: (r.reachable.and_then(Result::err))
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
     }
 }
 

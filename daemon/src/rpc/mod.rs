@@ -19,8 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctcache_api::served::compiled_tensor_cache_server::CompiledTensorCacheServer;
-use tokio::sync::{watch, Semaphore};
-use tonic::transport::server::Connected;
+use tokio::sync::watch;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::Config;
@@ -72,10 +71,6 @@ pub(crate) async fn serve(
         trusted_uids: cfg.trusted_uids.clone().into(),
         deadline: Duration::from_secs(cfg.request_timeout_secs),
     };
-    let open = Arc::new(Semaphore::new(cfg.max_connections));
-    // TCP peers have no uid to share by: their own pool, a quarter of the
-    // socket's, so that TCP can never take the socket's places.
-    let tcp_open = Arc::new(Semaphore::new(tcp_connections(cfg.max_connections)));
     let server = |tls: Option<ServerTlsConfig>| -> Result<_, RunError> {
         let mut b = Server::builder();
         if let Some(tls) = tls {
@@ -94,59 +89,12 @@ pub(crate) async fn serve(
             .add_service(svc.clone());
         Ok(routes)
     };
-    unix.set_nonblocking(true)
-        .map_err(|e| RunError::io("the unix listener", e))?;
-    let unix = Arc::new(
-        tokio::net::UnixListener::from_std(unix)
-            .map_err(|e| RunError::io("the unix listener", e))?,
-    );
-    // A connection whose peer cannot be read is dropped, not served; so is
-    // one over its uid's share (closed at once, so the hog sees it).
-    let shares = crate::shares::Shares::new(cfg.max_connections_per_uid);
-    let trusted_uids = cfg.trusted_uids.clone();
-    let unix_incoming = accept::incoming(
-        move || {
-            let (l, shares, trusted_uids) = (unix.clone(), shares.clone(), trusted_uids.clone());
-            async move {
-                loop {
-                    let (s, _) = l.accept().await?;
-                    let peer = peer::peer_of(&s).inspect_err(|e| {
-                        tracing::warn!(error = %e, "cannot read a connection's peer credentials");
-                    })?;
-                    let uid = peer.identity.uid;
-                    match shares.take(crate::caller::bounded_uid(uid, &trusted_uids)) {
-                        Some(share) => return Ok((s, peer, share)),
-                        None => {
-                            metrics::counter!("ctcache_connections_refused_total").increment(1);
-                            tracing::debug!(uid, "connection over the uid's share closed");
-                        }
-                    }
-                }
-            }
-        },
-        open.clone(),
-    );
+    let unix_incoming = accept::unix(unix, cfg)?;
     let unix_server =
         server(None)?.serve_with_incoming_shutdown(unix_incoming, turned_true(shutdown.clone()));
     let tcp_server = match tcp {
         Some(l) => {
-            l.set_nonblocking(true)
-                .map_err(|e| RunError::io("the tcp listener", e))?;
-            let l = Arc::new(
-                tokio::net::TcpListener::from_std(l)
-                    .map_err(|e| RunError::io("the tcp listener", e))?,
-            );
-            let incoming = accept::incoming(
-                move || {
-                    let l = l.clone();
-                    async move {
-                        let (s, _) = l.accept().await?;
-                        let info = s.connect_info();
-                        Ok((s, info, None))
-                    }
-                },
-                tcp_open,
-            );
+            let incoming = accept::tcp(l, cfg)?;
             Some(tokio::spawn(
                 server(tls(cfg)?)?
                     .serve_with_incoming_shutdown(incoming, turned_true(shutdown.clone())),
@@ -174,11 +122,6 @@ pub(crate) async fn serve(
     turned_true(shutdown).await;
     drain(&daemon).await;
     Ok(())
-}
-
-/// Open TCP connections allowed beside `max_connections` on the socket.
-pub(crate) fn tcp_connections(max_connections: usize) -> usize {
-    (max_connections / 4).max(1)
 }
 
 /// The TLS settings of the TCP listener, from the configured PEM files.

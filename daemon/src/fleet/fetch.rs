@@ -1,0 +1,302 @@
+//! Read-through on a local miss: whether the miss asks the remote, one
+//! fetch (signed manifest, the audit's own pack, the payload checked as it
+//! streams into the store), and what its outcome does to the breaker, the
+//! counters and the logs.
+
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ctcache::store::{Entry, EntryKey, Store, StoreError};
+use ctcache_remote::audit::{self, Matching};
+use ctcache_remote::client::{PayloadStream, RemoteError};
+use ctcache_remote::manifest::{self, Rejected};
+use ctcache_remote::payload::Checked;
+use tokio::runtime::Handle;
+
+use super::{lock, Ask, Fleet, Packing, Repack, Source};
+
+/// Quarantined keys remembered at most (then forgotten all at once).
+const QUARANTINE_MAX: usize = 65_536;
+
+/// Why one fetch did not produce an entry.
+enum Failed {
+    /// The remote does not have it.
+    Absent,
+    Rejected(&'static str, String),
+    /// Signed by a trusted key, intact, and not what this host's packer
+    /// produces.
+    AuditMismatch {
+        signer: String,
+        detail: String,
+    },
+    Remote(&'static str, RemoteError),
+    /// The local store did not take it.
+    Store(StoreError),
+    /// Something of this host went wrong (an audit that could not pack).
+    Local(String),
+}
+
+impl Fleet {
+    /// Read-through for a local miss of `key`, from a blocking thread (a
+    /// pack job's, or a `remote pull`'s): the entry, stored exactly as a
+    /// local pack would store it, or `None` (then the job packs); an error
+    /// only when the local store is out of space. `ask` says whether the
+    /// cost rule decides; `audit_rate` of the fetches are packed again with
+    /// `packing.repack` and must be equal.
+    pub fn fetch(
+        &self,
+        store: &Store,
+        key: &EntryKey,
+        ask: Ask,
+        source: Source,
+        packing: Packing<'_>,
+    ) -> Result<Option<Entry>, StoreError> {
+        if !self.asks_remote(key, ask, &packing) {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let mut repacking = Duration::ZERO;
+        let got = self.try_fetch(store, key, source, packing.repack, &mut repacking);
+        self.settle(key, got, started.elapsed().saturating_sub(repacking))
+    }
+
+    /// Whether a local miss of `key` asks the remote: reads are on, the key
+    /// is not quarantined, the cost rule says fetching pays (under
+    /// [`Ask::CostRule`]), the key is no known miss and the breaker is
+    /// closed. Counts the misses and skips it decides.
+    fn asks_remote(&self, key: &EntryKey, ask: Ask, packing: &Packing<'_>) -> bool {
+        let s = &self.shared;
+        if !s.settings.config.read {
+            return false;
+        }
+        if lock(&self.quarantined).contains(key) {
+            s.counters.miss();
+            return false;
+        }
+        if ask == Ask::CostRule {
+            let fetch = lock(&self.costs).should_fetch(
+                s.settings.config.fetch,
+                packing.format,
+                packing.backend,
+            );
+            s.counters.chose(fetch);
+            if !fetch {
+                return false;
+            }
+        }
+        let mut g = lock(&self.guard);
+        let now = Instant::now();
+        if g.1.known_miss(key, now) {
+            s.counters.miss();
+            return false;
+        }
+        if !g.0.allow(now) {
+            s.counters.skipped();
+            return false;
+        }
+        true
+    }
+
+    /// What the outcome `got` of a fetch of `key` does to the breaker, the
+    /// negative cache, the quarantine, the counters and the logs; `took`:
+    /// the fetch's time less the audit's own pack. Only a full local store
+    /// is an error: every other failure is a miss.
+    fn settle(
+        &self,
+        key: &EntryKey,
+        got: Result<Entry, Failed>,
+        took: Duration,
+    ) -> Result<Option<Entry>, StoreError> {
+        let s = &self.shared;
+        let mut g = lock(&self.guard);
+        match got {
+            Ok(e) => {
+                g.0.success();
+                s.answered();
+                s.counters.hit(e.payload.len);
+                lock(&self.costs).fetched(e.payload.len, took);
+                tracing::debug!(%key, bytes = e.payload.len, "remote hit");
+                Ok(Some(e))
+            }
+            Err(Failed::Absent) => {
+                g.0.success();
+                s.answered();
+                g.1.remember(*key, Instant::now());
+                s.counters.miss();
+                Ok(None)
+            }
+            Err(Failed::Rejected(reason, detail)) => {
+                // The server answered; what it holds is not for us.
+                g.0.success();
+                s.answered();
+                g.1.remember(*key, Instant::now());
+                s.counters.rejected(reason);
+                tracing::warn!(%key, reason, "remote entry rejected: {detail}");
+                Ok(None)
+            }
+            Err(Failed::AuditMismatch { signer, detail }) => {
+                g.0.success();
+                s.answered();
+                self.quarantine(*key);
+                s.counters.rejected("audit_mismatch");
+                s.counters.audit_mismatch(&signer);
+                tracing::warn!(
+                    %key,
+                    signer = %signer,
+                    object = %s.client.payload_path(key),
+                    "remote entry failed its audit, quarantined (not fetched again until restart): \
+                     signed by trusted key {signer:?}, {detail}"
+                );
+                Ok(None)
+            }
+            Err(Failed::Remote(during, e)) => {
+                s.counters.error(during);
+                let opened = g.0.failure(Instant::now());
+                s.failed(&format!("remote {during} of {key} failed: {e}"));
+                if opened {
+                    tracing::warn!(
+                        cooldown_s = ctcache_remote::guard::BREAKER_COOLDOWN.as_secs(),
+                        "remote: too many failures in a row; skipping it for a while"
+                    );
+                }
+                Ok(None)
+            }
+            Err(Failed::Store(e)) => {
+                s.counters.error("store");
+                // A full disk is the caller's answer (RESOURCE_EXHAUSTED), not
+                // a miss to pack instead: packing would fill it the same way.
+                if matches!(
+                    e,
+                    StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. }
+                ) {
+                    return Err(e);
+                }
+                tracing::warn!(%key, "storing a fetched entry failed: {e}");
+                Ok(None)
+            }
+            Err(Failed::Local(e)) => {
+                s.counters.error("store");
+                tracing::warn!(%key, "storing a fetched entry failed: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Keeps `key` from being fetched again (bounded: when full, the list
+    /// starts over).
+    fn quarantine(&self, key: EntryKey) {
+        let mut q = lock(&self.quarantined);
+        if q.len() >= QUARANTINE_MAX {
+            q.clear();
+        }
+        q.insert(key);
+    }
+
+    /// One fetch of `key`: its manifest opened against the trusted keys,
+    /// this host's own pack when an audit is due (its time in `repacking`),
+    /// then the payload checked as it streams into `store`.
+    fn try_fetch(
+        &self,
+        store: &Store,
+        key: &EntryKey,
+        source: Source,
+        repack: &Repack<'_>,
+        repacking: &mut Duration,
+    ) -> Result<Entry, Failed> {
+        let s = &self.shared;
+        let bytes = self
+            .rt
+            .block_on(s.client.manifest(key))
+            .map_err(|e| Failed::Remote("manifest", e))?
+            .ok_or(Failed::Absent)?;
+        let max = s.settings.config.max_object_bytes;
+        let accepted = manifest::open(&bytes, &s.settings.trust, key, max)
+            .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))?;
+        // Packed before the download: the payload is compared as it streams
+        // and never published when it differs.
+        let audit = if audit::due(s.settings.config.audit_rate) {
+            let t = Instant::now();
+            let packed = repack();
+            *repacking = t.elapsed();
+            s.counters.audited(packed.is_ok());
+            Some(packed.map_err(|e| Failed::Local(format!("cannot audit: {e}")))?)
+        } else {
+            None
+        };
+        let stream = self
+            .rt
+            .block_on(s.client.payload(key, accepted.payload.len))
+            .map_err(|e| match e {
+                RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
+                e => Failed::Remote("payload", e),
+            })?;
+        let new = manifest::new_entry(&accepted, source.shape, source.names, source.model_paths);
+        let mut reader = Streamed {
+            rt: &self.rt,
+            stream,
+            chunk: Bytes::new(),
+            failed: None,
+        };
+        let mut checked = Checked::new(&mut reader, accepted.payload);
+        let (put, audit_mismatch) = match audit {
+            None => (store.put(&new, &mut checked), None),
+            Some(packed) => {
+                let mut matching = Matching::new(&mut checked, packed);
+                let put = store.put(&new, &mut matching);
+                (put, matching.mismatch().map(ToString::to_string))
+            }
+        };
+        if let Some(m) = checked.mismatch() {
+            return Err(Failed::Rejected("bad_checksum", m.to_string()));
+        }
+        if let Some(e) = reader.failed.take() {
+            return Err(Failed::Remote("payload", e));
+        }
+        if let Some(detail) = audit_mismatch {
+            return Err(Failed::AuditMismatch {
+                signer: accepted.signer,
+                detail,
+            });
+        }
+        let stored = put.map_err(Failed::Store)?;
+        if stored.entry.key != *key {
+            // `open` checked the key the record derives; `put` derived the
+            // same. A difference is a bug, never a hit.
+            return Err(Failed::Local(format!(
+                "stored under {} instead of {key}",
+                stored.entry.key
+            )));
+        }
+        Ok(stored.entry)
+    }
+}
+
+/// The payload stream as a blocking reader (for `Store::put`, on a pack
+/// job's thread, never an async one). A transport failure is kept apart
+/// from the bytes' check.
+struct Streamed<'a> {
+    rt: &'a Handle,
+    stream: PayloadStream,
+    chunk: Bytes,
+    failed: Option<RemoteError>,
+}
+
+impl Read for Streamed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rt.block_on(self.stream.next()) {
+                None => return Ok(0),
+                Some(Ok(c)) => self.chunk = c,
+                Some(Err(e)) => {
+                    let msg = e.to_string();
+                    self.failed = Some(e);
+                    return Err(io::Error::other(msg));
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
+}
