@@ -83,6 +83,10 @@ pub enum Error {
         /// What differs: the bytes of a group, or the file itself.
         problem: String,
     },
+    /// The call was asked to stop ([`crate::cancel::Cancel`]); what it had
+    /// made is removed.
+    #[error("cancelled")]
+    Cancelled,
     /// A file that is not (or not wholly) what it should be, by name.
     #[error("{}: {problem}", path.display())]
     InFile {

@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod access;
+pub mod cancel;
 pub mod check;
 pub mod device;
 pub mod digest;

@@ -133,6 +133,7 @@ impl From<ctcache::Error> for Error {
             // is a bound, a refused file a permission matter.
             ctcache::Error::Io { source, .. } => caller_io_kind(source),
             ctcache::Error::PayloadChanged { .. } => ErrorKind::DataLoss,
+            ctcache::Error::Cancelled => ErrorKind::Cancelled,
             // Everything else is about the bytes of the model the caller named.
             _ => ErrorKind::InvalidInput,
         };

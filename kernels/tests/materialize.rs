@@ -10,6 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use bytes::Bytes;
+use ctcache::cancel::Cancel;
 use ctcache::dtype::DataType;
 use ctcache::materialize::{self as mat, LinkMode, PackedWeight, Settings};
 use ctcache::onnx::Model;
@@ -176,7 +177,16 @@ fn splices_the_graph_and_points_into_the_payloads() {
     assert_eq!(plan.targets.len(), 5, "{:?}", plan.skipped);
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let report = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+    let report = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Hard,
+        &Cancel::new(),
+    )
+    .unwrap();
     assert_eq!(report.nodes_rewritten, 5);
     assert_eq!(report.count(mat::Method::HardLink), 4);
     assert_eq!(report.bytes_copied, 0);
@@ -298,7 +308,16 @@ fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
     let data = f.dir.path().join("m4.onnx.weights");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("stale.bin"), b"old").unwrap();
-    let r = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Copy).unwrap();
+    let r = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Copy,
+        &Cancel::new(),
+    )
+    .unwrap();
     assert_eq!(r.count(mat::Method::Copy), 4);
     assert_eq!(r.files.len(), 4);
     assert!(!data.join("stale.bin").exists());
@@ -320,7 +339,16 @@ fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
     // Same folder as the source: a hard-link rerun links, and then reuses
     // what is there.
     for _ in 0..2 {
-        let again = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+        let again = mat::write(
+            &f.model,
+            &plan,
+            s,
+            &f.weights,
+            &at(&out),
+            LinkMode::Hard,
+            &Cancel::new(),
+        )
+        .unwrap();
         assert_eq!(again.count(mat::Method::HardLink), 4);
     }
 }
@@ -332,7 +360,16 @@ fn by_default_every_file_has_one_link_and_the_payload_bytes() {
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // Over an earlier hard-linked output: the links are replaced.
-    mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+    mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Hard,
+        &Cancel::new(),
+    )
+    .unwrap();
     let r = mat::write(
         &f.model,
         &plan,
@@ -340,6 +377,7 @@ fn by_default_every_file_has_one_link_and_the_payload_bytes() {
         &f.weights,
         &at(&out),
         LinkMode::default(),
+        &Cancel::new(),
     )
     .unwrap();
     assert_eq!(r.link, LinkMode::Auto);
@@ -376,7 +414,15 @@ fn a_refused_reflink_leaves_nothing_behind() {
     let out_dir = f.dir.path().join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("m4.onnx");
-    match mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Reflink) {
+    match mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Reflink,
+        &Cancel::new(),
+    ) {
         Ok(r) => {
             // This filesystem reflinks (btrfs, XFS): every file is one.
             assert_eq!(r.count(mat::Method::Reflink), 4, "{r:?}");
@@ -399,9 +445,17 @@ fn a_payload_of_the_wrong_shape_is_refused_before_writing() {
     let w2 = f.weights[&("W2".to_string(), true)].clone();
     f.weights.insert(("W1".to_string(), false), w2);
     let out = f.dir.path().join("bad.onnx");
-    let e = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Auto)
-        .unwrap_err()
-        .to_string();
+    let e = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Auto,
+        &Cancel::new(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("W1") && e.contains("expected"), "{e}");
     assert!(!out.exists());
     assert!(!f.dir.path().join("bad.onnx.weights").exists());
@@ -449,7 +503,16 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
     let out_dir = f.dir.path().join("elsewhere");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("m4.onnx");
-    let r = mat::write(&f.model, &plan, s, &f.weights, &at(&out), LinkMode::Hard).unwrap();
+    let r = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Hard,
+        &Cancel::new(),
+    )
+    .unwrap();
     assert_eq!(r.count(mat::Method::Copy), 1, "{r:?}");
     assert_eq!(r.bytes_copied, w3_bytes.len() as u64);
     assert_eq!(
@@ -471,7 +534,16 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
         .any(|e| e.value == "m4.onnx.weights/kept.data"));
     // Output next to the model: the model's own data file is used as is.
     let beside = f.dir.path().join("m4.onnx");
-    let r = mat::write(&f.model, &plan, s, &f.weights, &at(&beside), LinkMode::Hard).unwrap();
+    let r = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&beside),
+        LinkMode::Hard,
+        &Cancel::new(),
+    )
+    .unwrap();
     assert_eq!(r.count(mat::Method::Copy), 0);
     let g = pb::ModelProto::decode(std::fs::read(&beside).unwrap().as_slice())
         .unwrap()
@@ -479,4 +551,59 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
         .unwrap();
     let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
     assert!(w3.external_data.iter().any(|e| e.value == "m.data"));
+}
+
+/// A write asked to stop stops with `Cancelled` and leaves nothing: no
+/// model, no data folder (it made it), and an earlier output untouched.
+#[test]
+fn a_cancelled_write_leaves_nothing_of_its_own() {
+    let s = Settings::default();
+    let (f, plan) = fixture(&model(false), &s);
+    let out = f.dir.path().join("m4.onnx");
+    let cancel = Cancel::new();
+    cancel.cancel();
+    let e = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Copy,
+        &cancel,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ctcache::Error::Cancelled), "{e}");
+    assert!(!out.exists());
+    assert!(!f.dir.path().join("m4.onnx.weights").exists());
+
+    let first = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Copy,
+        &Cancel::new(),
+    )
+    .unwrap();
+    let before = std::fs::read(&out).unwrap();
+    let e = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Copy,
+        &cancel,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ctcache::Error::Cancelled), "{e}");
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        before,
+        "the earlier model stays"
+    );
+    for file in &first.files {
+        assert!(file.path.exists(), "{} stays", file.path.display());
+    }
 }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::*;
+use crate::cancel::Cancel;
 use crate::onnx::Model;
 use crate::pb;
 
@@ -226,9 +227,17 @@ fn nothing_to_materialize_writes_nothing() {
         let p = plan(m).unwrap();
         let s = Settings::default();
         let output = crate::outdir::OutFile::open(&out).unwrap();
-        write(m, &p, s, &HashMap::new(), &output, LinkMode::default())
-            .unwrap_err()
-            .to_string()
+        write(
+            m,
+            &p,
+            s,
+            &HashMap::new(),
+            &output,
+            LinkMode::default(),
+            &Cancel::new(),
+        )
+        .unwrap_err()
+        .to_string()
     };
     let none = model(vec![node("Relu", "r", &["x"], "y")], vec![], &["x"]);
     let e = refusal(&none);

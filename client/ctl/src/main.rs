@@ -8,6 +8,7 @@ mod ctx;
 mod daemon_cmds;
 mod extras;
 mod format;
+mod interrupt;
 mod jobs;
 mod json;
 mod materialize;

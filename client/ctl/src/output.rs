@@ -19,6 +19,9 @@ pub enum Failure {
     Refused(String, Refusal),
     /// Writing to stdout failed because the reader went away (exit 0, silent).
     BrokenPipe,
+    /// The user interrupted the work (Ctrl-C) and what it wrote was removed
+    /// (exit 130, as a shell reports SIGINT).
+    Interrupted(String),
 }
 
 impl Failure {
@@ -30,6 +33,7 @@ impl Failure {
             Failure::Usage(_) => 2,
             Failure::Unreachable(_) => 3,
             Failure::Refused(_, r) => r.exit_code(),
+            Failure::Interrupted(_) => 130,
         }
     }
 
@@ -39,7 +43,8 @@ impl Failure {
             Failure::Failed(m)
             | Failure::Usage(m)
             | Failure::Unreachable(m)
-            | Failure::Refused(m, _) => Some(m),
+            | Failure::Refused(m, _)
+            | Failure::Interrupted(m) => Some(m),
             Failure::BrokenPipe => None,
         }
     }
@@ -136,6 +141,9 @@ impl From<ctcache::store::StoreError> for Failure {
 
 impl From<ctcache::Error> for Failure {
     fn from(e: ctcache::Error) -> Self {
+        if let ctcache::Error::Cancelled = e.cause() {
+            return crate::interrupt::interrupted("what was written is removed");
+        }
         let refusal = match e.cause() {
             ctcache::Error::Io { source, .. } => Refusal::of_io(source),
             ctcache::Error::PayloadChanged { .. } => Some(Refusal::DataLoss),

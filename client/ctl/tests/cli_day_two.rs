@@ -6,7 +6,7 @@ mod harness;
 
 use std::path::Path;
 
-use harness::{ctl_raw, write_model, Daemon, Out};
+use harness::{ctl_command, ctl_raw, eventually, wait_call_open, write_model, Daemon, Out};
 
 fn sha(path: &Path) -> blake3::Hash {
     blake3::hash(&std::fs::read(path).unwrap())
@@ -375,5 +375,87 @@ fn missing_output_folders_are_made_by_every_command() {
     ]);
     assert_eq!(o.code, 1, "{o:#?}");
     assert!(!d.path("work/gone").exists());
+    d.stop();
+}
+
+/// A model whose one weight takes a debug build a while to pack.
+fn slow_model(path: &Path) -> String {
+    let w = ctcache_testkit::xorshift(7).map(|x| (x % 2000) as f32 / 1000.0 - 1.0);
+    let m = ctcache_testkit::MatMul::new(4096, 1024, w)
+        .with_io()
+        .encode();
+    ctcache_testkit::write_model(path, &m);
+    path.display().to_string()
+}
+
+fn interrupt(child: &std::process::Child) {
+    // SAFETY: kill(2) on our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}
+
+fn spawn_ctl(args: &[&str]) -> std::process::Child {
+    ctl_command(args, &[])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running ctcachectl")
+}
+
+/// Ctrl-C of a materialize: exit 130 with a line saying so, and nothing of
+/// the output left (the folders it made, the payloads it packed), run
+/// here or by the daemon (which learns of it from the dropped call).
+#[test]
+fn an_interrupted_materialize_exits_130_and_leaves_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let model = slow_model(&t.path().join("m.onnx"));
+    let out = t.path().join("new/deeper/m4.onnx");
+    let child = spawn_ctl(&[
+        "materialize",
+        &model,
+        "--local",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    // Packing starts once the data folder is made.
+    eventually("the data folder", || {
+        out.with_extension("onnx.weights").exists()
+    });
+    interrupt(&child);
+    let o = Out::of(child.wait_with_output().unwrap());
+    assert_eq!(o.code, 130, "{o:#?}");
+    assert!(o.stderr.contains("ctcachectl: interrupted"), "{o:#?}");
+    assert!(!t.path().join("new").exists(), "{o:#?}");
+
+    let d = Daemon::start();
+    let model = slow_model(&d.path("work/m.onnx"));
+    let out = d.path("work/new/deeper/m4.onnx");
+    // Held (SIGSTOP) so that the call is surely open and unanswered.
+    d.signal(libc::SIGSTOP);
+    let socket = d.socket_arg();
+    let child = spawn_ctl(&[
+        "--socket",
+        &socket,
+        "materialize",
+        &model,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    wait_call_open(&child);
+    interrupt(&child);
+    let o = Out::of(child.wait_with_output().unwrap());
+    d.signal(libc::SIGCONT);
+    assert_eq!(o.code, 130, "{o:#?}");
+    assert!(
+        o.stderr
+            .contains("interrupted; the daemon removes what it wrote"),
+        "{o:#?}"
+    );
+    assert!(!d.path("work/new").exists(), "{o:#?}");
+    // The daemon, going on, writes nothing for the call that went away.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    d.ctl(&["status"]).ok();
+    assert!(!d.path("work/new").exists());
+    assert!(!out.exists());
     d.stop();
 }

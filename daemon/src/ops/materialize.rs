@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ctcache::cancel::Cancel;
 use ctcache::materialize::{
     self as mat, Int8Settings, LinkMode, PackedWeight, Plan, Recipe, Report, Settings, WeightKey,
 };
@@ -160,6 +161,16 @@ fn settings(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Settings> {
     Ok(s)
 }
 
+/// Cancels its token when dropped: an async call dropped before its
+/// blocking part ended.
+struct StopOnDrop(Cancel);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
 /// The Materialize use case.
 pub(crate) async fn materialize(
     d: &Arc<Daemon>,
@@ -208,6 +219,10 @@ pub(crate) async fn materialize(
     let cached = entries.len() as u32 - packed;
     let mode = r.link;
     let (d, caller) = (d.clone(), caller.clone());
+    // A caller that goes away (the call dropped, as on its Ctrl-C) stops
+    // the write, which removes what it made.
+    let stop = StopOnDrop(Cancel::new());
+    let cancel = stop.0.clone();
     blocking(move || {
         let store = &d.store;
         let mut leases = Vec::new();
@@ -232,16 +247,23 @@ pub(crate) async fn materialize(
                     },
                 );
             }
-            mat::write(&m.model, &plan, recipe.clone(), &weights, &out, mode).map_err(|err| {
-                match &err {
-                    ctcache::Error::PayloadChanged { path, .. } => {
-                        match served.iter().find(|(_, p)| p.path == *path) {
-                            Some((e, p)) => serve::changed(&d, &caller, e, p, &err),
-                            None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
-                        }
+            let written = mat::write(
+                &m.model,
+                &plan,
+                recipe.clone(),
+                &weights,
+                &out,
+                mode,
+                &cancel,
+            );
+            written.map_err(|err| match &err {
+                ctcache::Error::PayloadChanged { path, .. } => {
+                    match served.iter().find(|(_, p)| p.path == *path) {
+                        Some((e, p)) => serve::changed(&d, &caller, e, p, &err),
+                        None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
                     }
-                    _ => Error::from(err),
                 }
+                _ => Error::from(err),
             })
         })();
         for id in leases {

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use prost::Message;
 
 use super::{weights_name, PackedWeight, Report, Source};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::materialize::place::{place, LinkMode, Method, Placed};
 use crate::onnx::fields::GRAPH_INITIALIZER;
@@ -33,8 +34,13 @@ pub(super) struct DataFolder<'a> {
 }
 
 /// A data folder with every file the new model points into.
-pub(super) struct Filled {
+pub(super) struct Filled<'a> {
     dir: OutDir,
+    /// This call made the folder (so a failure removes it and what it holds).
+    made_dir: bool,
+    /// The folder it is in, and its name there.
+    parent: &'a OutDir,
+    name: &'a str,
     /// Kept initializers re-encoded to point into `kept.data`, by
     /// initializer index.
     pub(super) relocated: HashMap<usize, Vec<u8>>,
@@ -42,7 +48,16 @@ pub(super) struct Filled {
     keep: Vec<OsString>,
 }
 
-impl Filled {
+impl Filled<'_> {
+    /// Removes the files this call placed, and the folder when it made it:
+    /// the model that would have pointed into them was not written.
+    pub(super) fn discard(self, report: &Report) {
+        if self.made_dir {
+            remove_placed(&self.dir, report);
+            let _ = self.parent.remove_dir(self.name.as_ref());
+        }
+    }
+
     /// Removes files an earlier materialize to this path left behind.
     pub(super) fn prune(&self) {
         let keep: Vec<&OsStr> = self.keep.iter().map(OsString::as_os_str).collect();
@@ -88,22 +103,22 @@ impl<'a> DataFolder<'a> {
         files: &[&PackedWeight],
         dropped: &HashSet<&str>,
         mode: LinkMode,
+        cancel: &Cancel,
         report: &mut Report,
-    ) -> Result<Filled> {
+    ) -> Result<Filled<'_>> {
         let (dir, made_dir) = self
             .output
             .dir
             .subdir(self.name.as_ref())
             .map_err(|e| Error::write(self.shown(), e))?;
-        let placed = place_all(files, &dir, mode, report)
+        let placed = place_all(files, &dir, mode, cancel, report)
+            .and_then(|()| cancel.check())
             .and_then(|()| self.relocate_external(src, dropped, &dir, report));
         let relocated = match placed {
             Ok(r) => r,
             Err(e) => {
                 if made_dir {
-                    for f in &report.files {
-                        let _ = dir.remove(f.path.file_name().unwrap_or_default());
-                    }
+                    remove_placed(&dir, report);
                     let _ = self.output.dir.remove_dir(self.name.as_ref());
                 }
                 return Err(e);
@@ -116,6 +131,9 @@ impl<'a> DataFolder<'a> {
         dir.sync().map_err(|e| Error::write(self.shown(), e))?;
         Ok(Filled {
             dir,
+            made_dir,
+            parent: &self.output.dir,
+            name: &self.name,
             relocated,
             keep,
         })
@@ -164,14 +182,23 @@ impl<'a> DataFolder<'a> {
     }
 }
 
+/// Removes the files `report` says were placed in `dir`.
+fn remove_placed(dir: &OutDir, report: &Report) {
+    for f in &report.files {
+        let _ = dir.remove(f.path.file_name().unwrap_or_default());
+    }
+}
+
 /// Places every payload file in the weights folder, noting each in `report`.
 fn place_all(
     files: &[&PackedWeight],
     dir: &OutDir,
     mode: LinkMode,
+    cancel: &Cancel,
     report: &mut Report,
 ) -> Result<()> {
     for w in files {
+        cancel.check()?;
         let p = place(
             &w.payload_path,
             w.checked.as_deref(),

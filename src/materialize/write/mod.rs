@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use super::place::{LinkMode, Method, Placed};
 use super::plan::{used_names, Plan};
 use super::Recipe;
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::onnx::fields::MODEL_GRAPH;
 use crate::onnx::{Model, TensorRef};
@@ -160,7 +161,10 @@ fn packed<'a>(
 }
 
 /// Writes the materialized model to `out` with its payload files in
-/// `<out>.weights/`. Nothing is written when the plan has no target.
+/// `<out>.weights/`. Nothing is written when the plan has no target. Once
+/// `cancel` is set the write stops between files with [`Error::Cancelled`];
+/// a write that fails or stops removes the files it made (and the data
+/// folder, when it made it), and the model file is written last.
 pub fn write(
     model: &Model,
     plan: &Plan,
@@ -168,6 +172,7 @@ pub fn write(
     weights: &HashMap<WeightKey, PackedWeight>,
     output: &OutFile,
     mode: LinkMode,
+    cancel: &Cancel,
 ) -> Result<Report> {
     let recipe: Recipe = recipe.into();
     let graph = graph_to_splice(model, plan, &recipe, output)?;
@@ -198,7 +203,7 @@ pub fn write(
         ..Default::default()
     };
     // Payload files first, then the model that refers to them.
-    let filled = folder.fill(&src, &add.files, &dropped, mode, &mut report)?;
+    let filled = folder.fill(&src, &add.files, &dropped, mode, cancel, &mut report)?;
     let edits = Edits {
         replaced: &nodes.top,
         dropped: &dropped,
@@ -207,7 +212,16 @@ pub fn write(
         to_fp16: matches!(recipe, Recipe::Fp16(_)),
         import_ms_domain: matches!(recipe, Recipe::Nbits(_)),
     };
-    report.model_bytes = splice::write_model(&src, graph, &edits, output)?;
+    let written = cancel
+        .check()
+        .and_then(|()| splice::write_model(&src, graph, &edits, output));
+    match written {
+        Ok(n) => report.model_bytes = n,
+        Err(e) => {
+            filled.discard(&report);
+            return Err(e);
+        }
+    }
     filled.prune();
     Ok(report)
 }

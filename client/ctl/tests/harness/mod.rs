@@ -181,24 +181,23 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .expect("running ctcachectl");
-        // The call is open once ctcachectl holds a connected socket (the
-        // probe's is dropped at once; the channel's stays) and sent its
-        // request a moment later.
-        let fds = format!("/proc/{}/fd", child.id());
-        eventually("ctcachectl connects", || {
-            std::fs::read_dir(&fds).is_ok_and(|rd| {
-                rd.flatten().any(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
-                })
-            })
-        });
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        wait_call_open(&child);
         drop(d.child.take()); // SIGKILL and reap
         let out = Out::of(child.wait_with_output().expect("waiting for ctcachectl"));
         d.spawn(&[], |_| {})
             .unwrap_or_else(|e| panic!("restarting ctcached: {e:#}"));
         out
+    }
+
+    /// Sends `signal` to the daemon binary (SIGSTOP holds every call it
+    /// has unanswered; SIGCONT lets it go on).
+    pub fn signal(&self, signal: i32) {
+        let Inner::Binary(d) = &self.inner else {
+            panic!("signal needs the daemon binary (Daemon::start)");
+        };
+        let pid = d.child.as_ref().expect("running").id() as i32;
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(pid, signal) };
     }
 
     /// What the daemon binary logged since its last start.
@@ -237,6 +236,22 @@ impl Daemon {
             }
         }
     }
+}
+
+/// Waits until `child` (a ctcachectl) has its call open: it holds a
+/// connected socket (the probe's is dropped at once; the channel's stays)
+/// and sent its request a moment later.
+pub fn wait_call_open(child: &std::process::Child) {
+    let fds = format!("/proc/{}/fd", child.id());
+    eventually("ctcachectl connects", || {
+        std::fs::read_dir(&fds).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            })
+        })
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
 }
 
 /// Y = X @ W with W[512, 256] FLOAT (131,072 elements: the default policy
