@@ -189,3 +189,7 @@ step "docs check"
 # Paths README.md and docs/*.md name exist; docs/CLI.md documents exactly
 # ctcachectl's commands and only options they have; README.md is short.
 "$VENV/bin/python" tests/docs_check.py "$CTCACHECTL"
+
+step "size check"
+# No product function over 100 lines, no product file over 500.
+python3 tests/size_check.py

@@ -13,6 +13,8 @@ use ctcache::cancel::Cancel;
 use ctcache::materialize::{
     self as mat, Int8Settings, LinkMode, PackedWeight, Plan, Recipe, Report, Settings, WeightKey,
 };
+use ctcache::outdir::OutFile;
+use ctcache::store::{Entry, Payload};
 use ctcache_kernels::Params;
 
 use super::model;
@@ -198,17 +200,7 @@ pub(crate) async fn materialize(
             r.model_path
         )));
     }
-    let mut wanted: Vec<(WeightKey, Wanted)> = Vec::new();
-    for (weight, transposed) in plan.weights() {
-        let params = Params::parse(recipe.packer_params(transposed))
-            .map_err(|e| Error::internal(e.to_string()))?;
-        let w = Wanted {
-            initializer: weight.clone(),
-            format: recipe.packer().into(),
-            params,
-        };
-        wanted.push(((weight, transposed), w));
-    }
+    let wanted = wanted(&plan, &recipe)?;
     let jobs = {
         let (d, m) = (d.clone(), m.clone());
         let ws: Vec<Wanted> = wanted.iter().map(|(_, w)| w.clone()).collect();
@@ -217,24 +209,81 @@ pub(crate) async fn materialize(
     };
     let (entries, packed) = pack::finish(jobs).await?;
     let cached = entries.len() as u32 - packed;
-    let mode = r.link;
-    let (d, caller) = (d.clone(), caller.clone());
     // A caller that goes away (the call dropped, as on its Ctrl-C) stops
     // the write, which removes what it made.
     let stop = StopOnDrop(Cancel::new());
-    let cancel = stop.0.clone();
+    let job = WriteJob {
+        d: d.clone(),
+        caller: caller.clone(),
+        model: m,
+        recipe: recipe.clone(),
+        entries,
+        wanted,
+        out,
+        mode: r.link,
+        cancel: stop.0.clone(),
+    };
     blocking(move || {
-        let store = &d.store;
+        let report = job.write(&plan)?;
+        Ok(Materialized {
+            output_path: job.out.path(),
+            plan,
+            report,
+            recipe,
+            packed,
+            cached,
+        })
+    })
+    .await
+}
+
+/// The packer and parameters each (weight, transposed) of the plan needs.
+fn wanted(plan: &Plan, recipe: &Recipe) -> Result<Vec<(WeightKey, Wanted)>> {
+    plan.weights()
+        .into_iter()
+        .map(|(weight, transposed)| {
+            let params = Params::parse(recipe.packer_params(transposed))
+                .map_err(|e| Error::internal(e.to_string()))?;
+            let w = Wanted {
+                initializer: weight.clone(),
+                format: recipe.packer().into(),
+                params,
+            };
+            Ok(((weight, transposed), w))
+        })
+        .collect()
+}
+
+/// The write of a materialize, once its entries are packed.
+struct WriteJob {
+    d: Arc<Daemon>,
+    caller: Caller,
+    model: model::OpenedModel,
+    recipe: Recipe,
+    entries: Vec<(Wanted, Entry)>,
+    wanted: Vec<(WeightKey, Wanted)>,
+    out: OutFile,
+    mode: LinkMode,
+    cancel: Cancel,
+}
+
+impl WriteJob {
+    /// Writes the model with its payloads, each leased while it is placed
+    /// and checked as it is served. The model, its folder and copies go to
+    /// the caller as they are made; linked payloads keep the store's owner
+    /// (the store's inodes).
+    fn write(&self, plan: &Plan) -> Result<Report> {
+        let store = &self.d.store;
         let mut leases = Vec::new();
         let mut served = Vec::new();
         let result = (|| {
             let mut weights: HashMap<WeightKey, PackedWeight> = HashMap::new();
-            for (w, e) in &entries {
-                let Some((key, _)) = wanted.iter().find(|(_, x)| x == w) else {
+            for (w, e) in &self.entries {
+                let Some((key, _)) = self.wanted.iter().find(|(_, x)| x == w) else {
                     continue;
                 };
                 leases.push(store.acquire_lease(&e.key, LEASE_TTL)?);
-                let payload = Arc::new(serve::open(&d, &caller, e)?);
+                let payload = Arc::new(serve::open(&self.d, &self.caller, e)?);
                 served.push((e.clone(), payload.clone()));
                 weights.insert(
                     key.clone(),
@@ -247,39 +296,35 @@ pub(crate) async fn materialize(
                     },
                 );
             }
-            let written = mat::write(
-                &m.model,
-                &plan,
-                recipe.clone(),
+            let (model, recipe) = (&self.model.model, self.recipe.clone());
+            mat::write(
+                model,
+                plan,
+                recipe,
                 &weights,
-                &out,
-                mode,
-                &cancel,
-            );
-            written.map_err(|err| match &err {
-                ctcache::Error::PayloadChanged { path, .. } => {
-                    match served.iter().find(|(_, p)| p.path == *path) {
-                        Some((e, p)) => serve::changed(&d, &caller, e, p, &err),
-                        None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
-                    }
-                }
-                _ => Error::from(err),
-            })
+                &self.out,
+                self.mode,
+                &self.cancel,
+            )
+            .map_err(|err| self.write_error(err, &served))
         })();
         for id in leases {
             let _ = store.release(id);
         }
-        // The model, its folder and copies went to the caller as they were
-        // made; linked payloads keep the store's owner (the store's inodes).
-        let report = result?;
-        Ok(Materialized {
-            output_path: out.path(),
-            plan,
-            report,
-            recipe,
-            packed,
-            cached,
-        })
-    })
-    .await
+        result
+    }
+
+    /// A payload found changed while placed is the store's damage (repacked
+    /// at once); the rest are the write's errors.
+    fn write_error(&self, err: ctcache::Error, served: &[(Entry, Arc<Payload>)]) -> Error {
+        match &err {
+            ctcache::Error::PayloadChanged { path, .. } => {
+                match served.iter().find(|(_, p)| p.path == *path) {
+                    Some((e, p)) => serve::changed(&self.d, &self.caller, e, p, &err),
+                    None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
+                }
+            }
+            _ => Error::from(err),
+        }
+    }
 }
