@@ -190,6 +190,11 @@ step "docs check"
 # ctcachectl's commands and only options they have; README.md is short.
 "$VENV/bin/python" tests/docs_check.py "$CTCACHECTL"
 
-step "size check"
+step "size and error types"
 # No product function over 100 lines, no product file over 500.
 python3 tests/size_check.py
+# Errors are types until the binary's edge: no product fn returns a String error.
+if grep -rnE 'Result<[^;{]*, String>' --include='*.rs' src format/src proto/src convert/src \
+     kernels/src daemon/src client/src client/ctl/src remote/src | grep -v '/tests/\|tests\.rs'; then
+  echo "a product function returns Result<_, String> (above)"; exit 1
+fi
