@@ -28,7 +28,7 @@ impl Cancel {
     }
 
     /// True once a stop was asked for.
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 

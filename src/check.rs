@@ -310,7 +310,10 @@ impl<'m> Checked<'m> {
 
     /// The value's concrete type resolves, is valid, and its size equals the
     /// payload length. Returns the concrete type on success.
-    pub fn value_rule(&self, i: usize) -> std::result::Result<&pb::StructTypeProto, CheckError> {
+    pub(crate) fn value_rule(
+        &self,
+        i: usize,
+    ) -> std::result::Result<&pb::StructTypeProto, CheckError> {
         let e = &self.ext.compiled_tensors[i];
         let r = self.entry_ref(i);
         let value = e

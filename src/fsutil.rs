@@ -37,7 +37,7 @@ pub struct FileStamp {
 
 impl FileStamp {
     /// The stamp of an open file.
-    pub fn of_file(file: &File) -> std::io::Result<FileStamp> {
+    pub(crate) fn of_file(file: &File) -> std::io::Result<FileStamp> {
         Ok(FileStamp::of_meta(&file.metadata()?))
     }
 
@@ -65,7 +65,7 @@ pub fn fs_size(path: &Path) -> std::io::Result<u64> {
 }
 
 /// fsyncs a folder so a rename inside it is durable.
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

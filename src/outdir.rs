@@ -69,7 +69,7 @@ impl OutFile {
     /// Whether this output names the file `input` was read from: the same
     /// device and inode, however it is spelled (a symbolic or hard link,
     /// `./`, `..`). Writing it would replace what the command reads.
-    pub fn is_input(&self, input: &FileStamp) -> bool {
+    pub(crate) fn is_input(&self, input: &FileStamp) -> bool {
         rustix::fs::statat(&self.dir.fd, &self.name, AtFlags::empty())
             .is_ok_and(|st| st.st_dev == input.dev && st.st_ino == input.ino)
     }
@@ -122,7 +122,7 @@ impl OutDir {
     /// Opens the folder `path`, making the folders of it that are missing
     /// (see [`OutDir::make_path`]): the deepest existing one is opened as
     /// [`OutDir::open`] does. Returns the folder and the folders made.
-    pub fn open_or_make(path: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
+    pub(crate) fn open_or_make(path: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
         let (base, rest) = existing_ancestor(path, |p| OutDir::open(p).map(|_| ()))?;
         OutDir::open(&base)?.make_path(&rest)
     }
@@ -131,7 +131,7 @@ impl OutDir {
     /// given to the recipient when writing for someone) and every one opened
     /// without following a link ([`OutDir::subdir`]). Returns the folder and
     /// the folders made, outermost first.
-    pub fn make_path(self, rest: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
+    pub(crate) fn make_path(self, rest: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
         let mut dir = self;
         let mut made = Vec::new();
         for c in rest.components() {
@@ -316,7 +316,7 @@ impl OutDir {
     }
 
     /// Removes a temp file that will not be committed.
-    pub fn discard(&self, temp: Temp) {
+    pub(crate) fn discard(&self, temp: Temp) {
         let _ = rustix::fs::unlinkat(&self.fd, &temp.name, AtFlags::empty());
     }
 
@@ -353,7 +353,7 @@ impl OutDir {
     }
 
     /// `stat` of a temp file made here, not following links.
-    pub fn stat_temp(&self, temp: &Temp) -> io::Result<rustix::fs::Stat> {
+    pub(crate) fn stat_temp(&self, temp: &Temp) -> io::Result<rustix::fs::Stat> {
         self.stat(&temp.name)
     }
 
@@ -385,7 +385,7 @@ impl OutDir {
 /// The deepest of `path` and its ancestors that `open` opens, and the rest
 /// of `path` below it: a missing folder is the only reason to go up (any
 /// other error is returned).
-pub fn existing_ancestor(
+pub(crate) fn existing_ancestor(
     path: &Path,
     open: impl Fn(&Path) -> io::Result<()>,
 ) -> io::Result<(PathBuf, PathBuf)> {

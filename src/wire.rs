@@ -115,7 +115,7 @@ pub struct WireError {
 }
 
 /// Reads a varint at `pos`, returning the value and the position after it.
-pub fn read_varint(buf: &[u8], mut pos: usize) -> Result<(u64, usize), WireError> {
+pub(crate) fn read_varint(buf: &[u8], mut pos: usize) -> Result<(u64, usize), WireError> {
     let start = pos;
     let mut value = 0u64;
     for shift in (0..70).step_by(7) {
@@ -145,7 +145,7 @@ pub fn read_varint(buf: &[u8], mut pos: usize) -> Result<(u64, usize), WireError
 
 /// Iterates the fields of one message. Offsets are relative to `base`, so
 /// spans of a nested message can be expressed in file coordinates.
-pub struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     buf: &'a [u8],
     pos: usize,
     base: usize,
@@ -237,7 +237,7 @@ impl<'a> Iterator for Fields<'a> {
 }
 
 /// Appends a varint.
-pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;

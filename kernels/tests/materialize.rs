@@ -562,41 +562,25 @@ fn a_cancelled_write_leaves_nothing_of_its_own() {
     let out = f.dir.path().join("m4.onnx");
     let cancel = Cancel::new();
     cancel.cancel();
-    let e = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Copy,
-        &cancel,
-    )
-    .unwrap_err();
+    let write = |cancel: &Cancel| {
+        mat::write(
+            &f.model,
+            &plan,
+            s,
+            &f.weights,
+            &at(&out),
+            LinkMode::Copy,
+            cancel,
+        )
+    };
+    let e = write(&cancel).unwrap_err();
     assert!(matches!(e, ctcache::Error::Cancelled), "{e}");
     assert!(!out.exists());
     assert!(!f.dir.path().join("m4.onnx.weights").exists());
 
-    let first = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Copy,
-        &Cancel::new(),
-    )
-    .unwrap();
+    let first = write(&Cancel::new()).unwrap();
     let before = std::fs::read(&out).unwrap();
-    let e = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Copy,
-        &cancel,
-    )
-    .unwrap_err();
+    let e = write(&cancel).unwrap_err();
     assert!(matches!(e, ctcache::Error::Cancelled), "{e}");
     assert_eq!(
         std::fs::read(&out).unwrap(),

@@ -26,7 +26,10 @@ pub fn can_switch() -> bool {
 
 /// Runs `f` on this thread with `who`'s filesystem rights. `f` must not
 /// hand the thread back to a scheduler (no `.await`) before it returns.
-pub fn with_rights_of<T>(who: &Identity, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+pub(crate) fn with_rights_of<T>(
+    who: &Identity,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<T> {
     if who.is_root() {
         return f();
     }

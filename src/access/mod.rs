@@ -22,7 +22,7 @@ pub const READ: u32 = 4;
 /// Write (create and remove entries, for a folder).
 pub const WRITE: u32 = 2;
 /// Search (for a folder) or execute.
-pub const SEARCH: u32 = 1;
+pub(crate) const SEARCH: u32 = 1;
 
 /// Name of the access ACL extended attribute (Linux, POSIX.1e draft).
 const ACL_XATTR: &str = "system.posix_acl_access";

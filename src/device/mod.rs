@@ -15,9 +15,9 @@ pub const WGPU_BACKEND_KEY: &str = "wgpu.backend";
 /// Metadata key of a wgpu device: the adapter's name. Descriptive.
 pub const WGPU_NAME_KEY: &str = "wgpu.name";
 /// Metadata key that turns the runtime version rule from semver to exact.
-pub const VERSION_MATCH_KEY: &str = "ctcache.version_match";
+pub(crate) const VERSION_MATCH_KEY: &str = "ctcache.version_match";
 /// Metadata keys with this prefix must be present on the host with an equal value.
-pub const REQUIRE_PREFIX: &str = "require.";
+pub(crate) const REQUIRE_PREFIX: &str = "require.";
 
 /// The consuming runtime's identity, when a lookup names one.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -186,7 +186,7 @@ pub(crate) fn version_ok(need: &str, have: &str, exact: bool) -> bool {
 
 /// Picks the host device that fits `need`, or the most specific mismatch
 /// (from a host device of the same type when there is one).
-pub fn find_compatible<'a>(
+pub(crate) fn find_compatible<'a>(
     need: &pb::DeviceProto,
     hosts: &'a [pb::DeviceProto],
     runtime: Option<&RuntimeIdentity>,
@@ -204,7 +204,7 @@ pub fn find_compatible<'a>(
 
 /// A stable identity of a descriptor for cache keys: blake3 of its encoding
 /// with metadata sorted by key.
-pub fn device_key(d: &pb::DeviceProto) -> [u8; 32] {
+pub(crate) fn device_key(d: &pb::DeviceProto) -> [u8; 32] {
     use prost::Message;
     let mut d = d.clone();
     d.metadata_props

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 pub const PACKER: &str = "ort.matmul_nbits";
 
 /// The packer whose payloads are MatMulInteger weights.
-pub const PACKER_INT8: &str = "ort.quantize_dynamic";
+pub(crate) const PACKER_INT8: &str = "ort.quantize_dynamic";
 
 /// The 4/8-bit MatMulNBits target.
 pub const TARGET_ORT_INT4: &str = "onnxruntime-int4";
@@ -48,7 +48,7 @@ pub const TARGET_ORT_INT8: &str = "onnxruntime-int8";
 pub const TARGET_ORT_FP16: &str = "onnxruntime-fp16";
 
 /// The packer whose payloads are the float16 converter's initializers.
-pub const PACKER_FP16: &str = "ort.float16";
+pub(crate) const PACKER_FP16: &str = "ort.float16";
 
 /// Every target, as named on the command line and in requests.
 pub const TARGETS: [&str; 3] = [TARGET_ORT_INT4, TARGET_ORT_INT8, TARGET_ORT_FP16];
@@ -74,7 +74,7 @@ impl PartialEq for Fp16Settings {
 impl Eq for Fp16Settings {}
 
 /// Op types the int8 target quantizes (`op_types_to_quantize`).
-pub const INT8_OP_TYPES: [&str; 1] = ["MatMul"];
+pub(crate) const INT8_OP_TYPES: [&str; 1] = ["MatMul"];
 
 /// Settings of the `onnxruntime-int8` target: `quantize_dynamic`'s
 /// `weight_type`, `per_channel`, `reduce_range` and `op_types_to_quantize`

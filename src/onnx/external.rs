@@ -74,7 +74,7 @@ pub enum ExternalRefError {
 impl ExternalRef {
     /// Builds a reference from `(key, value)` entries; unknown keys (such as
     /// `checksum`) are ignored, duplicated known keys are refused.
-    pub fn from_entries<'a>(
+    pub(crate) fn from_entries<'a>(
         entries: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<ExternalRef, ExternalRefError> {
         let (mut location, mut offset, mut length) = (None, None, None);

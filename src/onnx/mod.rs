@@ -19,20 +19,18 @@ pub use tensor::{Storage, TensorRef, Typed};
 
 /// `ModelProto` field numbers that ctcache reads or splices.
 pub mod fields {
-    /// `ModelProto.ir_version`.
-    pub const MODEL_IR_VERSION: u32 = 1;
     /// `ModelProto.graph`.
     pub const MODEL_GRAPH: u32 = 7;
     /// `ModelProto.struct_types` (extension, D1).
     pub const MODEL_STRUCT_TYPES: u32 = 1000;
     /// `ModelProto.devices` (extension, D1).
-    pub const MODEL_DEVICES: u32 = 1001;
+    pub(crate) const MODEL_DEVICES: u32 = 1001;
     /// `ModelProto.compiled_tensors` (extension, D1).
     pub const MODEL_COMPILED_TENSORS: u32 = 1002;
     /// `GraphProto.node`.
-    pub const GRAPH_NODE: u32 = 1;
+    pub(crate) const GRAPH_NODE: u32 = 1;
     /// `GraphProto.initializer`.
-    pub const GRAPH_INITIALIZER: u32 = 5;
+    pub(crate) const GRAPH_INITIALIZER: u32 = 5;
 
     /// True for the extension fields owned by ctcache (D1).
     pub(crate) fn is_compiled_field(number: u32) -> bool {

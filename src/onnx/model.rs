@@ -358,7 +358,9 @@ impl Model {
 
     /// The graph's nodes, each decoded only when the iterator reaches it:
     /// a caller that keeps what it needs of each never holds them all.
-    pub fn nodes_one_by_one(&self) -> Result<impl Iterator<Item = Result<pb::NodeProto>> + '_> {
+    pub(crate) fn nodes_one_by_one(
+        &self,
+    ) -> Result<impl Iterator<Item = Result<pb::NodeProto>> + '_> {
         Ok(self
             .graph_fields(GRAPH_NODE)?
             .into_iter()
@@ -367,7 +369,7 @@ impl Model {
 
     /// Maps an external-data file relative to the model folder (cached per
     /// path), refusing paths that leave the folder.
-    pub fn external_file(&self, location: &ExternalRef) -> Result<Bytes, ExternalFileError> {
+    pub(crate) fn external_file(&self, location: &ExternalRef) -> Result<Bytes, ExternalFileError> {
         self.external(location).map(|(bytes, _)| bytes)
     }
 

@@ -71,7 +71,7 @@ impl Default for RewriteOptions {
 }
 
 /// Alignment of payloads in the sidecar file.
-pub const SIDECAR_ALIGN: u64 = 4096;
+pub(crate) const SIDECAR_ALIGN: u64 = 4096;
 
 /// What a rewrite wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -44,7 +44,7 @@ impl AccessLog {
     }
 
     /// Not yet written statistics of one key.
-    pub fn pending(&self, key: &KeyBytes) -> Option<Access> {
+    pub(crate) fn pending(&self, key: &KeyBytes) -> Option<Access> {
         self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -37,7 +37,7 @@ impl Stripes {
 
     /// Locks the stripes of many blobs, in stripe order (the one order every
     /// multi-stripe holder uses, so they cannot deadlock).
-    pub fn lock_many(&self, blobs: &[[u8; 32]]) -> Vec<MutexGuard<'_, ()>> {
+    pub(crate) fn lock_many(&self, blobs: &[[u8; 32]]) -> Vec<MutexGuard<'_, ()>> {
         let mut idx: Vec<usize> = blobs.iter().map(|b| b[0] as usize % STRIPES).collect();
         idx.sort_unstable();
         idx.dedup();
@@ -65,7 +65,7 @@ pub(crate) struct Written {
 }
 
 impl Written {
-    pub fn discard(self) {
+    pub(crate) fn discard(self) {
         let _ = fs::remove_file(&self.tmp);
     }
 }

@@ -71,7 +71,7 @@ impl LookupCache {
     }
 
     /// Forgets a source after a commit changed it.
-    pub fn invalidate(&self, p: &[u8]) {
+    pub(crate) fn invalidate(&self, p: &[u8]) {
         let mut s = self.shard(p);
         s.generation += 1;
         if let Ok(k) = Prefix::try_from(p) {

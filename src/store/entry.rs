@@ -306,7 +306,7 @@ impl Record {
         })
     }
 
-    pub fn into_entry(self, key: EntryKey, access: Option<Access>) -> Entry {
+    pub(crate) fn into_entry(self, key: EntryKey, access: Option<Access>) -> Entry {
         let blake3 = self.blob();
         Entry {
             key,
@@ -339,7 +339,7 @@ impl Record {
 
     /// Adds names and paths not yet recorded, up to `max` each; returns
     /// whether anything changed.
-    pub fn merge_seen(&mut self, names: &[String], paths: &[String], max: usize) -> bool {
+    pub(crate) fn merge_seen(&mut self, names: &[String], paths: &[String], max: usize) -> bool {
         let a = merge(&mut self.source_names, names, max);
         let b = merge(&mut self.model_paths, paths, max);
         a || b
@@ -350,7 +350,7 @@ impl Record {
     /// shapes were kept, when the daemon itself packed it again (a client's
     /// claim does not complete a record it did not make). Returns whether
     /// anything changed.
-    pub fn merge_put(&mut self, new: &NewEntry, max: usize) -> bool {
+    pub(crate) fn merge_put(&mut self, new: &NewEntry, max: usize) -> bool {
         let seen = self.merge_seen(&new.source_names, &new.model_paths, max);
         let heal = self.source_data_type.is_none() && new.producer.client_uid.is_none();
         if heal {

@@ -7,7 +7,7 @@ use super::key::EntryKey;
 use super::lease::LeaseId;
 
 /// The store's result type.
-pub type StoreResult<T> = Result<T, StoreError>;
+pub(crate) type StoreResult<T> = Result<T, StoreError>;
 
 /// Why a store operation failed; every variant names what it concerns.
 #[derive(Debug, thiserror::Error)]

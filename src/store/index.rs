@@ -10,7 +10,7 @@ use super::error::StoreResult;
 
 /// The trees of the index. Keys are shown as `a || b` (concatenation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tree {
+pub(crate) enum Tree {
     /// entry key (97 bytes) -> entry record.
     Entries,
     /// payload blake3 (32) || entry key -> empty. Which entries share one
@@ -61,7 +61,7 @@ pub enum Op {
 
 /// What a key must look like for a commit to apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expect {
+pub(crate) enum Expect {
     /// The key must not exist.
     Absent,
     /// The key must exist, with any value.

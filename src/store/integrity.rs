@@ -146,7 +146,7 @@ impl Payload {
 
     /// Whether (`dev`, `ino`) is the payload file as hashed (a link made of
     /// it shares them; its ctime moves with the link count).
-    pub fn is_inode(&self, dev: u64, ino: u64) -> bool {
+    pub(crate) fn is_inode(&self, dev: u64, ino: u64) -> bool {
         self.stamp.is_some_and(|s| s.dev == dev && s.ino == ino)
     }
 }

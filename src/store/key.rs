@@ -13,7 +13,7 @@ use crate::structs::PhysicalTypeKey;
 /// Bytes of an encoded key: 1 algorithm byte and three 32-byte hashes.
 pub const KEY_LEN: usize = 1 + 32 * 3;
 /// Bytes of the prefix naming one source digest.
-pub const SOURCE_PREFIX_LEN: usize = 33;
+pub(crate) const SOURCE_PREFIX_LEN: usize = 33;
 
 pub(crate) type KeyBytes = [u8; KEY_LEN];
 
@@ -45,7 +45,7 @@ fn algorithm_from_code(c: u8) -> Option<Algorithm> {
 }
 
 /// The index prefix of every entry of `source`.
-pub fn source_prefix(source: &SourceDigest) -> [u8; SOURCE_PREFIX_LEN] {
+pub(crate) fn source_prefix(source: &SourceDigest) -> [u8; SOURCE_PREFIX_LEN] {
     let mut p = [0u8; SOURCE_PREFIX_LEN];
     p[0] = algorithm_code(source.algorithm);
     p[1..].copy_from_slice(&source.bytes);

@@ -369,7 +369,12 @@ impl Store {
     }
 
     /// Extends a live lease `by` may touch (`UnknownLease` otherwise).
-    pub fn renew_as(&self, id: LeaseId, ttl: Duration, by: LeaseAuthority) -> StoreResult<Lease> {
+    pub(crate) fn renew_as(
+        &self,
+        id: LeaseId,
+        ttl: Duration,
+        by: LeaseAuthority,
+    ) -> StoreResult<Lease> {
         self.renew_within(id, ttl, by, None)
     }
 

@@ -86,7 +86,7 @@ impl Store {
     /// Makes index and record files agree (see the module comment).
     /// Concurrent puts and removals are safe: each record is judged under
     /// its payload's stripe, which they hold from record to commit.
-    pub fn sync_records(&self) -> StoreResult<RecordSync> {
+    pub(crate) fn sync_records(&self) -> StoreResult<RecordSync> {
         let mut r = RecordSync::default();
         let (keys, stray) = records::list(&self.paths)?;
         for p in stray {

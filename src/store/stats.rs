@@ -70,7 +70,7 @@ impl Counters {
 
     /// Writes the totals when `interval_ms` passed since the last write (one
     /// caller does; a failed write is retried at the next one).
-    pub fn save_if_due(&self, index: &dyn Index, now_ms: u64, interval_ms: u64) {
+    pub(crate) fn save_if_due(&self, index: &dyn Index, now_ms: u64, interval_ms: u64) {
         let last = self.saved_ms.load(Ordering::Relaxed);
         if now_ms.saturating_sub(last) < interval_ms
             || self

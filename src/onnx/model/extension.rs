@@ -115,7 +115,9 @@ impl Model {
     /// The struct type and device tables that compiled tensors refer to by
     /// index, decoded; refused when the extension has more fields of a kind
     /// than the default limits allow.
-    pub fn extension_tables(&self) -> Result<(Vec<pb::StructTypeProto>, Vec<pb::DeviceProto>)> {
+    pub(crate) fn extension_tables(
+        &self,
+    ) -> Result<(Vec<pb::StructTypeProto>, Vec<pb::DeviceProto>)> {
         self.extension_counts()
             .within(&crate::structs::Limits::default())
             .map_err(|e| self.named(Error::Model(e.to_string())))?;
@@ -157,7 +159,7 @@ impl Model {
 
     /// The extension, decoded field by field (see [`LenientExtension`]):
     /// never fails, so one bad field does not make the model unloadable.
-    pub fn extension_lenient(&self) -> LenientExtension {
+    pub(crate) fn extension_lenient(&self) -> LenientExtension {
         let mut out = LenientExtension::default();
         for f in &self.top {
             let bytes = || self.bytes.slice(f.value.clone());
@@ -186,10 +188,5 @@ impl Model {
             }
         }
         out
-    }
-
-    /// True when the model has any compiled-tensor extension field.
-    pub fn has_extension(&self) -> bool {
-        self.top.iter().any(|f| is_compiled_field(f.number))
     }
 }
