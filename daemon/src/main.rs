@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ctcached::config::{config_file, Config, LogFormat, Overrides, RemoteFlags};
+use ctcached::config::{config_file, Config, Overrides};
 use ctcached::{logging, Listeners};
 
 mod transport;
@@ -18,37 +18,17 @@ mod transport;
     about,
     long_about = "The compiled-tensor cache daemon: packs ONNX initializers into device-specific \
                   layouts, stores them once per (source digest, device, physical type) and serves \
-                  them over gRPC on a Unix socket. Flags override the config file, which overrides \
-                  the CTCACHE_* environment (docs/OPERATIONS.md, \"Configuration\").",
+                  them over gRPC on a Unix socket. Flags override the CTCACHE_* environment, which \
+                  overrides the config file (docs/OPERATIONS.md, \"Configuration\").",
     after_help = "Stops (draining open calls) on SIGTERM or SIGINT. `ctcachectl status` talks to it."
 )]
 struct Args {
     /// Config file (default: $CTCACHE_CONFIG, /etc/ctcache/ctcached.toml under systemd, ~/.config/ctcache/ctcached.toml).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The store (default: $CTCACHE_CACHE_DIR, else $XDG_CACHE_HOME/ctcache or ~/.cache/ctcache). One daemon per cache dir.
-    #[arg(long, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
-    /// The gRPC Unix socket to bind (default: $CTCACHE_SOCKET, else $XDG_RUNTIME_DIR/ctcache/ctcached.sock, else in the cache dir). Ignored with socket activation.
-    #[arg(long, value_name = "PATH")]
-    socket: Option<PathBuf>,
-    /// Model folder to watch recursively; new and changed models are packed (repeatable; replaces the config's list).
-    #[arg(long, value_name = "DIR")]
-    watch: Vec<PathBuf>,
-    /// Also serve gRPC on TCP at this IP address and port, e.g. 127.0.0.1:50051 (off by default).
-    #[arg(long, value_name = "ADDR")]
-    listen_tcp: Option<String>,
-    /// Prometheus endpoint (off by default), e.g. 127.0.0.1:9464.
-    #[arg(long, value_name = "ADDR")]
-    metrics_addr: Option<String>,
-    /// CPU pack threads (default: cores - 1, at least 1).
-    #[arg(long, value_name = "N")]
-    workers: Option<usize>,
-    /// Log format (auto: journald when stderr is the journal, else human).
-    #[arg(long, value_name = "FORMAT", value_enum)]
-    log_format: Option<LogFormat>,
+    /// Every config key with a flag (`--cache-dir`, `--watch`, `--remote-url`, ...).
     #[command(flatten)]
-    remote: RemoteFlags,
+    keys: Overrides,
     /// Print the effective config as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -81,18 +61,8 @@ fn start(args: Args) -> Result<()> {
         };
     }
     let env = |k: &str| std::env::var(k).ok();
-    let flags = Overrides {
-        cache_dir: args.cache_dir,
-        socket: args.socket,
-        watch: args.watch,
-        listen_tcp: args.listen_tcp,
-        metrics_addr: args.metrics_addr,
-        workers: args.workers,
-        log_format: args.log_format,
-        remote: args.remote,
-    };
     let file = config_file(args.config.as_deref(), &env);
-    let config = Config::load(file.as_deref(), &env, &flags)?;
+    let config = Config::load(file.as_deref(), &env, &args.keys)?;
     if args.print_config {
         print!("{}", config.to_toml());
         return Ok(());
@@ -171,7 +141,7 @@ mod tests {
     #[test]
     fn remote_flags_reach_the_config() {
         use ctcache_remote::config::FetchMode;
-        use ctcached::config::{Config, Overrides};
+        use ctcached::config::Config;
         let args = <super::Args as clap::Parser>::try_parse_from([
             "ctcached",
             "--remote-url",
@@ -188,11 +158,7 @@ mod tests {
             "0.5",
         ])
         .unwrap();
-        let flags = Overrides {
-            remote: args.remote,
-            ..Default::default()
-        };
-        let c = Config::load(None, &|_| None, &flags).unwrap();
+        let c = Config::load(None, &|_| None, &args.keys).unwrap();
         let r = c.remote.unwrap();
         assert_eq!(r.url, "s3://b-1/p");
         assert_eq!((r.read, r.fetch), (false, FetchMode::Never));

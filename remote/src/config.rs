@@ -45,13 +45,14 @@ impl SettingError {
 /// `[remote]`: the fleet tier on S3-compatible object storage.
 ///
 /// This declaration is the one list of the section's keys: the daemon's
-/// `--remote-*` flags and their help (doc comments, defaults) are made from
-/// its schema.
+/// `--remote-*` flags, `CTCACHE_REMOTE_URL` and their help (doc comments,
+/// defaults) are made from its schema.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RemoteConfig {
     /// The bucket and prefix entries are shared under: `s3://bucket/prefix`
     /// (the prefix may be empty).
+    #[schemars(extend("x-env" = "CTCACHE_REMOTE_URL"))]
     pub url: String,
     /// The S3 endpoint, e.g. `http://127.0.0.1:9000` for a local server;
     /// empty: AWS, or `AWS_ENDPOINT` from the environment.

@@ -47,15 +47,12 @@ impl InProcessDaemon {
         for d in ["models", "work", "run"] {
             std::fs::create_dir_all(t.join(d))?;
         }
-        let flags = Overrides {
-            cache_dir: Some(t.join("cache")),
-            socket: Some(t.join("run/ctcached.sock")),
-            watch: vec![t.join("models")],
-            workers: Some(2),
-            ..Default::default()
-        };
         // No environment: nothing of the caller's setup leaks in.
-        let mut config = Config::load(None, &|_| None, &flags)?;
+        let mut config = Config::load(None, &|_| None, &Overrides::default())?;
+        config.cache_dir = t.join("cache");
+        config.socket = t.join("run/ctcached.sock");
+        config.watch = vec![t.join("models")];
+        config.workers = 2;
         adjust(&mut config);
         let mut d = InProcessDaemon {
             socket: config.socket.clone(),

@@ -5,15 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use ctcache_remote::config::RemoteConfig;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod keys;
 mod policy;
-mod remote_flags;
 mod sources;
 mod validate;
 
+pub use keys::Overrides;
 pub use policy::{default_policy, PolicyRule};
-pub use remote_flags::RemoteFlags;
 pub use sources::config_file;
 
 /// Where the settings came from when a value is invalid.
@@ -61,7 +62,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Journald when `JOURNAL_STREAM` says stderr is the journal, else human.
@@ -74,18 +75,25 @@ pub enum LogFormat {
     Journald,
 }
 
-/// Every setting of the daemon, after defaults, file, environment and flags (D8).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Every setting of the daemon, after defaults, file, environment and flags
+/// (D8). This declaration is the one list of the keys: a field's doc
+/// comment is its help, and `x-env` / `x-flag` give it a `CTCACHE_*`
+/// variable and a `ctcached` flag (`keys.rs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The store's root folder (index, payloads, quarantine).
+    #[schemars(extend("x-env" = "CTCACHE_CACHE_DIR", "x-flag" = true))]
     pub cache_dir: PathBuf,
     /// The Unix socket clients connect to.
+    #[schemars(extend("x-env" = "CTCACHE_SOCKET", "x-flag" = true))]
     pub socket: PathBuf,
     /// Group that may connect to the socket (name or gid); empty = the daemon's.
+    #[schemars(extend("x-env" = "CTCACHE_SOCKET_GROUP"))]
     pub socket_group: String,
     /// Optional TCP listen address (off by default). A non-loopback address
     /// needs `tls_cert` and `tls_key`.
+    #[schemars(extend("x-env" = "CTCACHE_LISTEN_TCP", "x-flag" = true))]
     pub listen_tcp: Option<String>,
     /// PEM certificate chain the TCP listener serves TLS with.
     pub tls_cert: Option<PathBuf>,
@@ -96,14 +104,18 @@ pub struct Config {
     /// `trusted_uids`. Without it, TCP callers may only read.
     pub tls_client_ca: Option<PathBuf>,
     /// Optional Prometheus endpoint address (off by default).
+    #[schemars(extend("x-env" = "CTCACHE_METRICS_ADDR", "x-flag" = true))]
     pub metrics_addr: Option<String>,
     /// Model directories watched recursively.
+    #[schemars(extend("x-env" = "CTCACHE_WATCH", "x-flag" = true))]
     pub watch: Vec<PathBuf>,
     /// CPU pack workers (0 = cores - 1, at least 1).
+    #[schemars(extend("x-env" = "CTCACHE_WORKERS", "x-flag" = true))]
     pub workers: usize,
     /// Bytes of pack output in flight at once.
     pub memory_budget: u64,
     /// Pack on a hardware wgpu adapter when there is one (never a software one).
+    #[schemars(extend("x-env" = "CTCACHE_GPU"))]
     pub gpu: bool,
     /// uids allowed to Put, Import, Gc, Verify and RemoveWatch (the daemon's
     /// own uid and root always are).
@@ -160,8 +172,10 @@ pub struct Config {
     /// as for every bound); streams already answering are not cut.
     pub request_timeout_secs: u64,
     /// How log lines are written to stderr.
+    #[schemars(extend("x-env" = "CTCACHE_LOG_FORMAT", "x-flag" = true))]
     pub log_format: LogFormat,
     /// Tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
+    #[schemars(extend("x-env" = "CTCACHE_LOG_LEVEL"))]
     pub log_level: String,
     /// Size budget for `ctcachectl gc` and the daily gc timer (bytes). No
     /// budget: the key left out (0 here); `0` in the file is refused, as
@@ -233,27 +247,6 @@ impl Default for Config {
     }
 }
 
-/// Flags that override the file and the environment.
-#[derive(Debug, Default, Clone)]
-pub struct Overrides {
-    /// `--cache-dir`.
-    pub cache_dir: Option<PathBuf>,
-    /// `--socket`.
-    pub socket: Option<PathBuf>,
-    /// `--watch` (repeatable); non-empty replaces the configured folders.
-    pub watch: Vec<PathBuf>,
-    /// `--listen-tcp`.
-    pub listen_tcp: Option<String>,
-    /// `--metrics-addr`.
-    pub metrics_addr: Option<String>,
-    /// `--workers`.
-    pub workers: Option<usize>,
-    /// `--log-format`.
-    pub log_format: Option<LogFormat>,
-    /// The `--remote-*` flags.
-    pub remote: RemoteFlags,
-}
-
 impl Config {
     /// Loads the effective config: defaults < file < environment < flags.
     pub fn load(
@@ -274,8 +267,8 @@ impl Config {
             }
             None => Config::default(),
         };
-        cfg.apply_env(env)?;
-        cfg.apply_flags(flags)?;
+        keys::apply(&mut cfg, &keys::from_env(env)?)?;
+        keys::apply(&mut cfg, flags.given())?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -42,10 +42,7 @@ fn precedence_file_env_flags() {
     )
     .unwrap();
     let env = env_of(&[("CTCACHE_SOCKET", "/env.sock"), ("CTCACHE_WORKERS", "5")]);
-    let flags = Overrides {
-        workers: Some(7),
-        ..Default::default()
-    };
+    let flags = Overrides::parse_from(["ctcached", "--workers", "7"]).unwrap();
     let c = Config::load(Some(&f), &env, &flags).unwrap();
     assert_eq!(c.cache_dir, Path::new("/from-file"));
     assert_eq!(c.socket, Path::new("/env.sock"));
@@ -158,10 +155,8 @@ fn remote_flags_override_the_file() {
         "[remote]\nurl = \"s3://file-bucket/a\"\ntimeout_ms = 2000\nfetch = \"always\"\ntrusted_keys = [\"a:x\"]\nregion = \"eu-west-1\"\n",
     )
     .unwrap();
-    let remote_flags = |args: &[&str]| Overrides {
-        remote: RemoteFlags::parse_from(std::iter::once(&"ctcached").chain(args)).unwrap(),
-        ..Default::default()
-    };
+    let remote_flags =
+        |args: &[&str]| Overrides::parse_from(std::iter::once(&"ctcached").chain(args)).unwrap();
     let given = [
         "--remote-url",
         "s3://flag-bucket/b",
@@ -283,4 +278,45 @@ fn every_key_is_in_the_example_config_and_the_key_table() {
             );
         }
     }
+}
+
+/// Each `CTCACHE_*` variable is read by its key's type: a list split at
+/// `:`, a flag word for a bool, empty unsetting an optional key, a choice
+/// checked against the enum's names.
+#[test]
+fn environment_values_are_read_by_their_keys_types() {
+    let file = "listen_tcp = \"127.0.0.1:7000\"\ngpu = true\n";
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, file).unwrap();
+    let env = env_of(&[
+        ("CTCACHE_WATCH", "/m/a:/m/b"),
+        ("CTCACHE_GPU", "no"),
+        ("CTCACHE_LISTEN_TCP", ""),
+        ("CTCACHE_LOG_FORMAT", "json"),
+        ("CTCACHE_SOCKET_GROUP", "models"),
+    ]);
+    let c = Config::load(Some(&f), &env, &Overrides::default()).unwrap();
+    assert_eq!(c.watch, [Path::new("/m/a"), Path::new("/m/b")]);
+    assert!(!c.gpu);
+    assert_eq!(c.listen_tcp, None);
+    assert_eq!(c.log_format, LogFormat::Json);
+    assert_eq!(c.socket_group, "models");
+    let e = Config::load(
+        None,
+        &env_of(&[("CTCACHE_LOG_FORMAT", "xml")]),
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("CTCACHE_LOG_FORMAT") && e.contains("expected auto, human, json or journald"),
+        "{e}"
+    );
+    // Flags win over the environment, a list flag replacing the list.
+    let flags =
+        Overrides::parse_from(["ctcached", "--watch", "/f", "--log-format", "human"]).unwrap();
+    let c = Config::load(Some(&f), &env, &flags).unwrap();
+    assert_eq!(c.watch, [Path::new("/f")]);
+    assert_eq!(c.log_format, LogFormat::Human);
 }

@@ -29,46 +29,11 @@ impl Config {
             }
         }
         self.validate_tls()?;
-        for (key, v) in [
-            ("memory_budget", self.memory_budget),
-            ("max_message_bytes", self.max_message_bytes as u64),
-            ("max_payload_bytes", self.max_payload_bytes),
-            ("max_tensor_bytes", self.max_tensor_bytes),
-            ("max_model_bytes", self.max_model_bytes),
-            (
-                "max_hashed_bytes_per_uid_per_hour",
-                self.max_hashed_bytes_per_uid_per_hour,
-            ),
-            ("max_stored_bytes_per_uid", self.max_stored_bytes_per_uid),
-            ("max_leases_per_uid", self.max_leases_per_uid as u64),
-            ("max_lease_ttl_secs", self.max_lease_ttl_secs),
-            ("max_lease_lifetime_secs", self.max_lease_lifetime_secs),
-            (
-                "max_queued_jobs_per_uid",
-                self.max_queued_jobs_per_uid as u64,
-            ),
-            ("max_watches_per_uid", self.max_watches_per_uid as u64),
-            ("max_event_subscribers", self.max_event_subscribers as u64),
-            ("max_memo_entries", self.max_memo_entries as u64),
-            ("max_memo_bytes", self.max_memo_bytes),
-            ("max_connections", self.max_connections as u64),
-            (
-                "max_connections_per_uid",
-                self.max_connections_per_uid as u64,
-            ),
-            (
-                "max_requests_per_connection",
-                self.max_requests_per_connection as u64,
-            ),
-            (
-                "max_streams_per_connection",
-                u64::from(self.max_streams_per_connection),
-            ),
-            ("request_timeout_secs", self.request_timeout_secs),
-        ] {
-            if v == 0 {
-                return Err(invalid(key, "must be at least 1".into()));
-            }
+        if let Some(key) = self
+            .zero_bound()
+            .map_err(|e| invalid("config", e.to_string()))?
+        {
+            return Err(invalid(&key, "must be at least 1".into()));
         }
         if self.stable_secs < 0.0 || !self.stable_secs.is_finite() {
             return Err(invalid(
@@ -97,6 +62,22 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// A bound or budget set to 0, by its key. Bounds are named so: every
+    /// `max_*` key, every `*_budget` and `request_timeout_secs` (the gc
+    /// limits, where no limit is the key left out, are refused at parse).
+    fn zero_bound(&self) -> Result<Option<String>, toml::ser::Error> {
+        let table = toml::Table::try_from(self)?;
+        Ok(table
+            .iter()
+            .filter(|(key, _)| {
+                key.starts_with("max_")
+                    || key.ends_with("_budget")
+                    || *key == "request_timeout_secs"
+            })
+            .find(|(_, v)| v.as_integer() == Some(0))
+            .map(|(key, _)| key.clone()))
     }
 
     /// TCP off a loopback address only with TLS; TLS files come in pairs.
