@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use ctcache::hit::{self, Accept, EntryFacts, Host, MissReason, SourceShape};
+use ctcache::materialize as mat;
 use ctcache::pb::{DeviceProto, StructTypeProto};
 use ctcache::structs::PhysicalTypeKey;
 use serde_json::{json, Value};
@@ -49,11 +50,10 @@ pub async fn why_miss(ctx: &Ctx, model: PathBuf, name: String) -> Result<(), Fai
         })
         .await?;
     let candidates = candidates(&c, &res.model_path, &t).await?;
-    let formats = c.list_formats().await?;
     let (reason, detail) = verdict(&t, lookup.miss.as_ref(), &candidates);
     let hint = match reason {
         None => None,
-        Some(_) => prepack_hint(ctx, &res.model_path, &t, &formats),
+        Some(_) => prepack_hint(ctx, &res.model_path, &t),
     };
     let f = Finding {
         model_path: res.model_path,
@@ -267,14 +267,10 @@ fn candidates_table(candidates: &[Candidate]) -> Table {
 
 /// A command that packs what the initializer misses, as it can be pasted
 /// into a shell: the wanted formats (every miss reason is cured by packing
-/// them again for this host), or, when the policy wants none, the first of
-/// the daemon's formats that takes the tensor. None when nothing would.
-fn prepack_hint(
-    ctx: &Ctx,
-    model: &str,
-    t: &api::TensorResolution,
-    formats: &[api::FormatInfo],
-) -> Option<String> {
+/// them again for this host), or, when the policy wants none, the format
+/// `materialize` packs it into when it rewrites a node that reads it. None
+/// when nothing would use a packed form (a Gather table, a LayerNorm bias).
+fn prepack_hint(ctx: &Ctx, model: &str, t: &api::TensorResolution) -> Option<String> {
     let mut cmd = vec!["ctcachectl".to_string()];
     if let Some(s) = &ctx.socket {
         cmd.extend(["--socket".into(), shell_word(&s.display().to_string())]);
@@ -294,14 +290,24 @@ fn prepack_hint(
     if !t.refused.is_empty() {
         return None;
     }
-    let data_type = ctcache::dtype::DataType::from_i32(t.data_type).ok()?;
-    let params = ctcache_kernels::Params::new();
-    let format = formats.iter().find(|f| {
-        ctcache_kernels::find(&f.id)
-            .is_some_and(|p| p.check_source(data_type, &t.dims, &params).is_ok())
-    })?;
-    cmd.extend(["--format".into(), shell_word(&format.id)]);
+    let recipe = mat::Recipe::from(mat::Settings::default());
+    let transposed = materialized_as(model, &t.name, &recipe)?;
+    cmd.extend(["--format".into(), recipe.packer().into()]);
+    for p in recipe.packer_params(transposed) {
+        cmd.extend(["--param".into(), p]);
+    }
     Some(cmd.join(" "))
+}
+
+/// Whether `materialize` (its default target) rewrites a node reading
+/// `name`, and reads it transposed; None when it does not.
+fn materialized_as(model: &str, name: &str, recipe: &mat::Recipe) -> Option<bool> {
+    let m = ctcache::onnx::Model::open(std::path::Path::new(model)).ok()?;
+    let plan = mat::plan_for(&m, recipe).ok()?;
+    plan.weights()
+        .into_iter()
+        .find(|(w, _)| w == name)
+        .map(|(_, transposed)| transposed)
 }
 
 /// `s` as one shell word: as it is when only safe characters, else single-quoted.

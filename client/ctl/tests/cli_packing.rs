@@ -163,5 +163,25 @@ fn why_miss_hints_are_commands_that_work_when_run() {
     write_model(&d.path("work/my models/m.onnx"), 32);
     cure(&model, "stale_digest");
     cure(&small, "no_entry");
+
+    // A table nothing would read packed (a Gather's): no format is
+    // suggested for it, and the verdict says the policy selects none.
+    let mut m = MatMul::new(64, 64, xorshift(5).map(|x| (x % 7) as f32)).proto();
+    let g = m.graph.as_mut().unwrap();
+    g.node = vec![ctcache_testkit::node("Gather", "g", &["W", "I"], "Y")];
+    let table = d.path("work/my models/table.onnx");
+    ctcache_testkit::write_model(&table, &prost::Message::encode_to_vec(&m));
+    let why = d.json(&["why-miss", table.to_str().unwrap(), "W"]);
+    assert_eq!(why["reason"], "no_entry", "{why}");
+    assert_eq!(why["hint"], serde_json::Value::Null, "{why}");
+    let human = d
+        .ctl(&["why-miss", table.to_str().unwrap(), "W"])
+        .ok()
+        .stdout;
+    assert!(!human.contains("hint:"), "{human}");
+    assert!(
+        human.contains("the policy selects none of its formats"),
+        "{human}"
+    );
     d.stop();
 }
