@@ -27,7 +27,7 @@ pub use isa::Isa;
 pub use packer::{Orientation, PackError, PackedLayout, Packer, SourceTensor};
 pub use params::{ParamSpec, Params};
 
-static CATALOGUE: [&dyn Packer; 8] = [
+static CATALOGUE: [&dyn Packer; 9] = [
     &formats::matmul_nbits::MatMulNbits,
     &formats::ggml::Q8_0,
     &formats::ggml::Q4_0,
@@ -36,6 +36,7 @@ static CATALOGUE: [&dyn Packer; 8] = [
     &formats::gemm_pack_b::GemmPackB,
     &formats::quantize_dynamic::QuantizeDynamic,
     &formats::float16_clamp::Float16Clamp,
+    &formats::identity::Identity,
 ];
 
 /// Every packer of this build.

@@ -113,12 +113,24 @@ fn fixture(m: &pb::ModelProto, s: &Settings) -> (Fixture, mat::Plan) {
     let (mut weights, mut payloads) = (HashMap::new(), HashMap::new());
     let cache = dir.path().join("cache");
     std::fs::create_dir_all(&cache).unwrap();
-    for (name, transposed) in plan.weights() {
+    let identity = ctcache_kernels::find(mat::IDENTITY).unwrap();
+    let jobs = plan
+        .weights()
+        .into_iter()
+        .map(|(name, transposed)| {
+            let params = Params::parse(s.packer_params(transposed)).unwrap();
+            ((name, transposed), packer, params)
+        })
+        .chain(
+            plan.placed
+                .iter()
+                .map(|name| ((name.clone(), false), identity, Params::new())),
+        );
+    for ((name, transposed), packer, params) in jobs {
         let t = inits.iter().find(|t| t.name == name).unwrap();
         let ctcache::onnx::Storage::Raw(r) = &t.storage else {
             panic!("raw")
         };
-        let params = Params::parse(s.packer_params(transposed)).unwrap();
         let src = SourceTensor {
             data_type: t.data_type,
             dims: &t.dims,
@@ -590,4 +602,53 @@ fn a_cancelled_write_leaves_nothing_of_its_own() {
     for file in &first.files {
         assert!(file.path.exists(), "{} stays", file.path.display());
     }
+}
+
+/// A large initializer the rewrite keeps (an embedding table read by
+/// Gather) is placed beside the model like the packed weights: the new
+/// model reads it from its identity payload's file, byte for byte, and the
+/// model file no longer holds it; a small one stays inline.
+#[test]
+fn large_kept_initializers_are_placed_not_written_again() {
+    let s = Settings::default();
+    let mut m = model(false);
+    let g = m.graph.as_mut().unwrap();
+    let table = weight("table", &[1024, 256], 41);
+    let small = weight("small", &[16, 16], 42);
+    g.initializer.extend([table.clone(), small]);
+    g.node
+        .push(node("Gather", "embed", &["table", "ids"], "emb"));
+    g.node
+        .push(node("Gather", "embed2", &["small", "ids"], "emb2"));
+    let (f, plan) = fixture(&m, &s);
+    assert_eq!(plan.placed, ["table"]);
+    let out = f.dir.path().join("out").join("m4.onnx");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let r = mat::write(
+        &f.model,
+        &plan,
+        s,
+        &f.weights,
+        &at(&out),
+        LinkMode::Hard,
+        &Cancel::new(),
+    )
+    .unwrap();
+    assert!(r.model_bytes < 64 * 1024, "{r:?}");
+    let g = pb::ModelProto::decode(std::fs::read(&out).unwrap().as_slice())
+        .unwrap()
+        .graph
+        .unwrap();
+    let placed = g.initializer.iter().find(|t| t.name == "table").unwrap();
+    assert_eq!(external(placed, out.parent().unwrap()), table.raw_data);
+    assert_eq!(
+        (placed.data_type, &placed.dims),
+        (table.data_type, &table.dims)
+    );
+    let small = g.initializer.iter().find(|t| t.name == "small").unwrap();
+    assert_eq!(small.data_location, 0, "a small initializer stays inline");
+    assert_eq!(
+        g.initializer.iter().filter(|t| t.name == "table").count(),
+        1
+    );
 }

@@ -27,8 +27,10 @@ mod plan;
 mod write;
 
 pub use place::{place, LinkMode, Method, Placed};
-pub use plan::{group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target};
-pub use write::{data_dir_name, write, PackedWeight, Report, WeightKey};
+pub use plan::{
+    group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, PLACED_MIN_BYTES,
+};
+pub use write::{data_dir_name, write, PackedWeight, Report, WeightKey, IDENTITY};
 
 use crate::error::{Error, Result};
 

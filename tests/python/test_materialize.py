@@ -419,6 +419,42 @@ def test_transformer_matches_quantizer(client, tmp_path, case):
     assert_same_outputs(out, ref)
 
 
+def test_a_large_kept_table_is_placed_beside_the_model(client, tmp_path):
+    """An initializer the rewrite keeps and that holds 1 MiB or more (an
+    embedding table) is placed beside the model like the packed weights (its
+    cached identity payload, copied or linked) instead of being written into
+    the model again: the model file stays small, and onnx, onnxruntime and
+    the outputs agree with the quantizer's model, which keeps it inline."""
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((4096, 64)).astype(F32)  # 1 MiB
+    w = (rng.standard_normal((64, 256)) * 0.05).astype(F32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm"),
+         helper.make_node("Gather", ["table", "ids"], ["E"], name="embed")],
+        "placed", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 256]),
+         helper.make_tensor_value_info("E", TensorProto.FLOAT, [3, 64])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(table, "table"),
+         numpy_helper.from_array(np.array([1, 7, 4095], np.int64), "ids")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    model = tmp_path / "placed.onnx"
+    onnx.save(m, str(model))
+    ref = quantize(model, 4, 32, True)
+    for link in ("auto", "hard"):
+        out = tmp_path / link / "m.q.onnx"
+        out.parent.mkdir()
+        r = client.materialize(model, out, bits=4, block_size=32, symmetric=True, link=link)
+        assert r.nodes_rewritten == 1 and len(r.files) == 2, r
+        assert r.model_bytes == out.stat().st_size < 16 * 1024, r.model_bytes
+        placed = {t.name: t for t in load_lazy(out).graph.initializer}["table"]
+        assert placed.data_location == TensorProto.EXTERNAL
+        if link == "auto":
+            assert_files_of_their_own(r)
+            assert_opens_in_onnx(out, ref)
+        assert_same_outputs(out, ref)
+
+
 F16_CASES = [("f16-q4-b32-asym", 4, 32, False), ("f16-q4-b64-sym", 4, 64, True), ("f16-q8-b32-sym", 8, 32, True)]
 
 

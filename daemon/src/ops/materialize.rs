@@ -237,8 +237,17 @@ pub(crate) async fn materialize(
     .await
 }
 
-/// The packer and parameters each (weight, transposed) of the plan needs.
+/// The packer and parameters each (weight, transposed) of the plan needs,
+/// and the identity payload of each initializer it places.
 fn wanted(plan: &Plan, recipe: &Recipe) -> Result<Vec<(WeightKey, Wanted)>> {
+    let placed = plan.placed.iter().map(|name| {
+        let w = Wanted {
+            initializer: name.clone(),
+            format: mat::IDENTITY.into(),
+            params: Params::new(),
+        };
+        Ok(((name.clone(), false), w))
+    });
     plan.weights()
         .into_iter()
         .map(|(weight, transposed)| {
@@ -251,6 +260,7 @@ fn wanted(plan: &Plan, recipe: &Recipe) -> Result<Vec<(WeightKey, Wanted)>> {
             };
             Ok(((weight, transposed), w))
         })
+        .chain(placed)
         .collect()
 }
 

@@ -7,6 +7,7 @@ pub mod float16_clamp;
 pub mod gemm_pack_b;
 pub mod ggml;
 mod ggml_kernel;
+pub mod identity;
 pub mod matmul_nbits;
 mod nbits_kernel;
 mod nbits_rows;

@@ -105,8 +105,7 @@ pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
         );
     }
     Ok(Plan {
-        targets: Vec::new(),
-        skipped: Vec::new(),
         tensors,
+        ..Plan::default()
     })
 }

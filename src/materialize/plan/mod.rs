@@ -150,7 +150,15 @@ pub struct Plan {
     /// `onnxruntime-fp16`: the FLOAT initializers converted whole, in file
     /// order.
     pub tensors: Vec<String>,
+    /// Initializers the new model keeps as they are, large enough
+    /// ([`PLACED_MIN_BYTES`]) to be placed beside it like the packed weights
+    /// (cached with the `identity` packer, then linked or copied) rather
+    /// than written into it again, in file order.
+    pub placed: Vec<String>,
 }
+
+/// Kept initializers of at least this much data are placed beside the model.
+pub const PLACED_MIN_BYTES: u64 = 1 << 20;
 
 impl Plan {
     /// The distinct (weight, transposed) pairs the targets need, in first-use order.
@@ -226,9 +234,35 @@ pub fn plan(model: &Model) -> Result<Plan> {
 /// transposed when transB = 1); B must be FLOAT (the packer's type), and
 /// nodes inside subgraphs are left alone.
 pub fn plan_for(model: &Model, recipe: &Recipe) -> Result<Plan> {
-    if let Recipe::Fp16(_) = recipe {
-        return plan_fp16(model);
-    }
+    let mut plan = match recipe {
+        Recipe::Fp16(_) => plan_fp16(model)?,
+        _ => plan_nodes(model, recipe)?,
+    };
+    plan.placed = placed(model, &plan)?;
+    Ok(plan)
+}
+
+/// The large initializers the rewrite keeps whole: neither a target's
+/// weight nor converted, of whole-byte elements.
+fn placed(model: &Model, plan: &Plan) -> Result<Vec<String>> {
+    let rewritten: HashSet<&str> = plan
+        .targets
+        .iter()
+        .map(|t| t.weight.as_str())
+        .chain(plan.tensors.iter().map(String::as_str))
+        .collect();
+    Ok(model
+        .initializers()?
+        .into_iter()
+        .filter(|t| !rewritten.contains(t.name.as_str()))
+        .filter(|t| t.data_type.bit_width().is_some_and(|b| b % 8 == 0))
+        .filter(|t| t.raw_size().is_some_and(|bytes| bytes >= PLACED_MIN_BYTES))
+        .map(|t| t.name)
+        .collect())
+}
+
+/// The MatMul / Gemm rewrite of `recipe`.
+fn plan_nodes(model: &Model, recipe: &Recipe) -> Result<Plan> {
     let nodes = model.nodes()?;
     let inits: HashMap<String, TensorRef> = model
         .initializers()?

@@ -24,6 +24,9 @@ use std::path::{Path, PathBuf};
 use super::place::{LinkMode, Method, Placed};
 use super::plan::{used_names, Plan};
 use super::Recipe;
+
+/// The packer of placed initializers (the kernels' `identity`).
+pub const IDENTITY: &str = "identity";
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::onnx::fields::MODEL_GRAPH;
@@ -192,6 +195,7 @@ pub fn write(
     };
     let inputs = new_inputs(&src, &recipe, weights, &mut add)?;
     fp16::add_initializers(&src, weights, &mut add)?;
+    add_placed(&src, weights, &mut add)?;
     let nodes = new_nodes(&src, &recipe, &inputs, &mut add.names)?;
     let dropped = dropped(&src, &nodes)?;
     let mut report = Report {
@@ -343,5 +347,41 @@ fn dropped<'p>(src: &Source<'p>, nodes: &NodeEdits) -> Result<HashSet<&'p str>> 
         .map(|t| t.weight.as_str())
         .filter(|w| !still_used.contains(*w) || nodes.dequantized.contains(*w))
         .chain(src.plan.tensors.iter().map(String::as_str))
+        .chain(src.plan.placed.iter().map(String::as_str))
         .collect())
+}
+
+/// Each placed initializer again, its data now its identity payload's
+/// `values` field: the whole file (the original goes with the dropped ones).
+fn add_placed<'a>(
+    src: &Source<'_>,
+    weights: &'a HashMap<WeightKey, PackedWeight>,
+    add: &mut Additions<'a>,
+) -> Result<()> {
+    for name in &src.plan.placed {
+        let w = packed(weights, name, false)?;
+        let bad = |what: String| {
+            Error::Rewrite(format!(
+                "materialize: the cache entry for {name:?} is not its identity payload: {what}"
+            ))
+        };
+        let t = src
+            .initializers
+            .iter()
+            .find(|t| &t.name == name)
+            .ok_or_else(|| Error::Rewrite(format!("materialize: no initializer {name:?}")))?;
+        let field = payload::PayloadFields::read(w, &bad)?.get("values")?;
+        if w.struct_type.name != IDENTITY
+            || field.data_type != t.data_type
+            || field.shape != t.dims
+            || Some(field.span.len) != t.raw_size()
+        {
+            return Err(bad(format!(
+                "{} values {:?}",
+                w.struct_type.name, field.shape
+            )));
+        }
+        add.append(name, w, field);
+    }
+    Ok(())
 }

@@ -88,16 +88,25 @@ impl LocalRun<'_> {
     fn pack(&mut self, plan: &mat::Plan) -> Result<HashMap<WeightKey, PackedWeight>, Failure> {
         let packer =
             ctcache_kernels::find(self.recipe.packer()).expect("the target's packer is built in");
+        let identity =
+            ctcache_kernels::find(mat::IDENTITY).expect("the identity packer is built in");
         let initializers = self.model.initializers()?;
-        let mut weights = HashMap::new();
+        let mut jobs = Vec::new();
         for (name, transposed) in plan.weights() {
+            let params = Params::parse(self.recipe.packer_params(transposed))
+                .map_err(|e| Failure::Failed(e.to_string()))?;
+            jobs.push(((name, transposed), packer, params));
+        }
+        for name in &plan.placed {
+            jobs.push(((name.clone(), false), identity, Params::new()));
+        }
+        let mut weights = HashMap::new();
+        for ((name, transposed), packer, params) in jobs {
             self.cancel.check()?;
             let t = initializers
                 .iter()
                 .find(|t| t.name == name)
                 .ok_or_else(|| Failure::Failed(format!("no initializer {name:?}")))?;
-            let params = Params::parse(self.recipe.packer_params(transposed))
-                .map_err(|e| Failure::Failed(e.to_string()))?;
             let c = compile::compile(self.model, t, None, packer, &params)
                 .map_err(|e| Failure::Failed(e.to_string()))?;
             // Named by content, like the daemon's links, and written in
