@@ -37,7 +37,7 @@ bench() {
 
 # ---- the benches: one line each (brace expansion lists figures) ----
 bench digest       "bench/digest_bench.sh"                            digest.{b3sum,rss_anon,memory}
-bench pack         "bench/pack_bench.sh"                              pack.{ort.matmul_nbits,ggml.q8_0,ggml.q4_0,cast.f16}.{cpu,wgpu,scalar,avx2,avx512,neon} pack.rss
+bench pack         "bench/pack_bench.sh"                              pack.{ort.matmul_nbits,ggml.q8_0,ggml.q4_0,cast.f16}.{cpu,wgpu,scalar,avx2,avx512,neon} pack.rss pack.ort.quantize_dynamic.{qd_tensor,qd_channel} pack.ort.float16.fp16
 bench store        "cargo bench -q -p ctcache --bench store_bench"    store.{put,open,rebuild,lookups,gc_plan,gc}
 bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lookup_p50,lookup_p99,lookup_mt_p50,lookup_mt_p99,batch_full,batch_brief,resolve_p50,watched_overhead}
 bench open_payload "bench/open_payload_bench.sh"                      open_payload.{ttfb,throughput,consume,pss,first_serve}

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::quantize_dynamic_kernel::{Quant, Range};
+use super::quantize_dynamic_kernel::{quantize_one, Quant, Range};
 
 /// True in lanes that are NaN or infinite.
 #[inline(always)]
@@ -69,7 +69,8 @@ pub(crate) unsafe fn columns_row(row: &[u8], lo: &mut [f32], hi: &mut [f32]) -> 
     (n, _mm256_movemask_ps(bad) == 0)
 }
 
-/// Quantizes the leading whole groups of 8 values; returns how many.
+/// Quantizes a leading run of values; returns how many (the caller does
+/// the rest).
 ///
 /// # Safety
 /// The CPU must have AVX2; `src` holds `out.len()` FLOATs; with `step` 1,
@@ -83,33 +84,88 @@ pub(crate) unsafe fn quantize_run(
     step: usize,
     out: &mut [u8],
 ) -> usize {
-    let mut n = out.len().min(src.len() / 4) / 8 * 8;
+    let mut n = out.len().min(src.len() / 4);
     if step == 1 {
-        n = n.min(s.len().min(z.len()) / 8 * 8);
+        n = n.min(s.len().min(z.len()));
     } else if s.len() < 8 || z.len() < 8 {
         return 0;
     }
     let (lo, hi) = q.full();
-    let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
-    let mut i = 0;
-    while i < n {
-        let x = _mm256_loadu_ps(sp.add(4 * i).cast());
-        let sc = _mm256_loadu_ps(s.as_ptr().add(i * step));
-        let zp = _mm256_loadu_ps(z.as_ptr().add(i * step));
+    let codes = Codes {
+        src: src.as_ptr(),
+        s: s.as_ptr(),
+        z: z.as_ptr(),
+        step,
+        lo: _mm256_set1_ps(lo),
+        hi: _mm256_set1_ps(hi),
+    };
+    // One at a time up to a 32-byte aligned output, then 32 at a time with
+    // streaming stores (the output is not read again here: no
+    // read-for-ownership of its lines), then 8 at a time.
+    let head = ((32 - out.as_ptr() as usize % 32) % 32).min(n);
+    for i in 0..head {
+        let x = f32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]]);
+        out[i] = quantize_one(x, s[i * step], z[i * step], lo, hi);
+    }
+    let op = out.as_mut_ptr();
+    let mut i = head;
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    while i + 32 <= n {
+        let a = _mm256_packs_epi32(codes.at(i), codes.at(i + 8));
+        let b = _mm256_packs_epi32(codes.at(i + 16), codes.at(i + 24));
+        let bytes = if q.signed {
+            _mm256_packs_epi16(a, b)
+        } else {
+            _mm256_packus_epi16(a, b)
+        };
+        _mm256_stream_si256(op.add(i).cast(), _mm256_permutevar8x32_epi32(bytes, order));
+        i += 32;
+    }
+    _mm_sfence();
+    while i + 8 <= n {
+        store8(q, codes.at(i), op.add(i));
+        i += 8;
+    }
+    i
+}
+
+/// What the codes of a run are made from.
+struct Codes {
+    src: *const u8,
+    s: *const f32,
+    z: *const f32,
+    step: usize,
+    lo: __m256,
+    hi: __m256,
+}
+
+impl Codes {
+    /// Values `i..i + 8`'s codes as i32: clip(round(x / s) + z).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; the values and their scales and zero points are
+    /// in bounds (see `quantize_run`).
+    #[target_feature(enable = "avx2")]
+    unsafe fn at(&self, i: usize) -> __m256i {
+        let x = _mm256_loadu_ps(self.src.add(4 * i).cast());
+        let sc = _mm256_loadu_ps(self.s.add(i * self.step));
+        let zp = _mm256_loadu_ps(self.z.add(i * self.step));
         let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_div_ps(x, sc),
         );
-        let v = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo), hi);
-        let v = _mm256_cvtps_epi32(v);
-        let w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let b = if q.signed {
-            _mm_packs_epi16(w, w)
-        } else {
-            _mm_packus_epi16(w, w)
-        };
-        _mm_storel_epi64(op.add(i).cast(), b);
-        i += 8;
+        let v = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), self.lo), self.hi);
+        _mm256_cvtps_epi32(v)
     }
-    n
+}
+
+/// Stores the 8 codes of `v` (already in the type's range) as bytes at `to`.
+#[target_feature(enable = "avx2")]
+unsafe fn store8(q: Quant, v: __m256i, to: *mut u8) {
+    let w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let b = if q.signed {
+        _mm_packs_epi16(w, w)
+    } else {
+        _mm_packus_epi16(w, w)
+    };
+    _mm_storel_epi64(to.cast(), b);
 }
