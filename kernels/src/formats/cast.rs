@@ -5,9 +5,9 @@
 use ctcache::dtype::DataType;
 
 use super::cast_kernel::{self, Target};
-use crate::decoder::{int, Builder, OUTPUT};
+use super::elementwise::{check_fits, Elementwise};
+use crate::decoder::int;
 use crate::isa::Isa;
-use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 
@@ -80,13 +80,7 @@ impl Packer for Cast {
                 supported: "FLOAT",
             });
         }
-        crate::util::numel(dims)
-            .filter(|n| n.checked_mul(4).is_some_and(|b| usize::try_from(b).is_ok()))
-            .map(|_| ())
-            .ok_or(PackError::Overflow {
-                packer: self.id,
-                dims: dims.to_vec(),
-            })
+        check_fits(self.id, dims, 4)
     }
 
     fn output(
@@ -96,38 +90,17 @@ impl Packer for Cast {
         params: &Params,
     ) -> Result<PackedLayout, PackError> {
         self.check_source(data_type, dims, params)?;
-        let names: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
-        let dims_param: Vec<&str> = names.iter().map(String::as_str).collect();
-        let counts: Vec<Count> = (0..dims.len() as u32).map(Count::Dim).collect();
-        let mut t = root(
-            self.id.to_string(),
-            self.id,
-            self.format_version(),
-            &dims_param,
-            vec![field(
-                "values",
-                nested(leaf(self.elem()), &counts),
-                "the source shape, row-major",
-            )],
-            self.describe(),
-        );
-        let mut f = Builder::new();
-        f.op_to(
-            "Cast",
-            &["values"],
-            OUTPUT,
-            vec![int("to", DataType::FLOAT.code() as i64)],
-        );
-        t.decoder = Some(f.finish(self.id, &["values"]));
-        let bits = size_bits(&t, dims).ok_or(PackError::Overflow {
+        Elementwise {
+            name: self.id,
             packer: self.id,
-            dims: dims.to_vec(),
-        })?;
-        Ok(PackedLayout {
-            struct_type: t,
-            dims: dims.to_vec(),
-            payload_len: bits / 8,
-        })
+            version: self.format_version(),
+            elem: self.elem(),
+            values_doc: "the source shape, row-major",
+            doc: self.describe(),
+            op: "Cast",
+            attrs: vec![int("to", DataType::FLOAT.code() as i64)],
+        }
+        .layout(dims)
     }
 
     fn pack_with(

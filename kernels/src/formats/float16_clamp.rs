@@ -13,10 +13,10 @@
 use ctcache::dtype::DataType;
 use rayon::prelude::*;
 
-use crate::decoder::{int, Builder, OUTPUT};
+use super::elementwise::{check_fits, Elementwise};
+use crate::decoder::int;
 use crate::fp16::f32_to_f16_bits;
 use crate::isa::Isa;
-use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 
@@ -151,13 +151,7 @@ impl Packer for Float16Clamp {
                 supported: "FLOAT",
             });
         }
-        crate::util::numel(dims)
-            .filter(|n| n.checked_mul(4).is_some_and(|b| usize::try_from(b).is_ok()))
-            .map(|_| ())
-            .ok_or(PackError::Overflow {
-                packer: ID,
-                dims: dims.to_vec(),
-            })
+        check_fits(ID, dims, 4)
     }
 
     fn output(
@@ -168,38 +162,17 @@ impl Packer for Float16Clamp {
     ) -> Result<PackedLayout, PackError> {
         self.check_source(data_type, dims, params)?;
         let (_, name) = self.bounds(params)?;
-        let names: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
-        let dims_param: Vec<&str> = names.iter().map(String::as_str).collect();
-        let counts: Vec<Count> = (0..dims.len() as u32).map(Count::Dim).collect();
-        let mut t = root(
-            name.clone(),
-            ID,
-            self.format_version(),
-            &dims_param,
-            vec![field(
-                "values",
-                nested(leaf(DataType::FLOAT16), &counts),
-                "the source shape, row-major, clamped then rounded to nearest even",
-            )],
-            self.describe(),
-        );
-        let mut f = Builder::new();
-        f.op_to(
-            "Cast",
-            &["values"],
-            OUTPUT,
-            vec![int("to", DataType::FLOAT.code() as i64)],
-        );
-        t.decoder = Some(f.finish(&name, &["values"]));
-        let bits = size_bits(&t, dims).ok_or(PackError::Overflow {
+        Elementwise {
+            name: &name,
             packer: ID,
-            dims: dims.to_vec(),
-        })?;
-        Ok(PackedLayout {
-            struct_type: t,
-            dims: dims.to_vec(),
-            payload_len: bits / 8,
-        })
+            version: self.format_version(),
+            elem: DataType::FLOAT16,
+            values_doc: "the source shape, row-major, clamped then rounded to nearest even",
+            doc: self.describe(),
+            op: "Cast",
+            attrs: vec![int("to", DataType::FLOAT.code() as i64)],
+        }
+        .layout(dims)
     }
 
     fn pack_with(

@@ -5,9 +5,8 @@
 
 use ctcache::dtype::DataType;
 
-use crate::decoder::{Builder, OUTPUT};
+use super::elementwise::{check_fits, Elementwise};
 use crate::isa::Isa;
-use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 
@@ -41,22 +40,14 @@ impl Packer for Identity {
         params: &Params,
     ) -> Result<(), PackError> {
         params.resolve(ID, &[])?;
-        let width = data_type.bit_width().filter(|b| b % 8 == 0);
-        if width.is_none() {
+        let Some(width) = data_type.bit_width().filter(|b| b % 8 == 0) else {
             return Err(PackError::UnsupportedDataType {
                 packer: ID,
                 data_type,
                 supported: "any type of whole bytes per element",
             });
-        }
-        crate::util::numel(dims)
-            .and_then(|n| n.checked_mul(width.unwrap_or(0) / 8))
-            .filter(|b| usize::try_from(*b).is_ok())
-            .map(|_| ())
-            .ok_or(PackError::Overflow {
-                packer: ID,
-                dims: dims.to_vec(),
-            })
+        };
+        check_fits(ID, dims, width / 8)
     }
 
     fn output(
@@ -66,33 +57,17 @@ impl Packer for Identity {
         params: &Params,
     ) -> Result<PackedLayout, PackError> {
         self.check_source(data_type, dims, params)?;
-        let names: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
-        let dims_param: Vec<&str> = names.iter().map(String::as_str).collect();
-        let counts: Vec<Count> = (0..dims.len() as u32).map(Count::Dim).collect();
-        let mut t = root(
-            ID.to_string(),
-            ID,
-            self.format_version(),
-            &dims_param,
-            vec![field(
-                "values",
-                nested(leaf(data_type), &counts),
-                "the source's elements, row-major",
-            )],
-            self.describe(),
-        );
-        let mut f = Builder::new();
-        f.op_to("Identity", &["values"], OUTPUT, vec![]);
-        t.decoder = Some(f.finish(ID, &["values"]));
-        let bits = size_bits(&t, dims).ok_or(PackError::Overflow {
+        Elementwise {
+            name: ID,
             packer: ID,
-            dims: dims.to_vec(),
-        })?;
-        Ok(PackedLayout {
-            struct_type: t,
-            dims: dims.to_vec(),
-            payload_len: bits / 8,
-        })
+            version: self.format_version(),
+            elem: data_type,
+            values_doc: "the source's elements, row-major",
+            doc: self.describe(),
+            op: "Identity",
+            attrs: vec![],
+        }
+        .layout(dims)
     }
 
     fn pack_with(

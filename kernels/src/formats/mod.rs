@@ -3,6 +3,7 @@
 
 pub mod cast;
 mod cast_kernel;
+mod elementwise;
 pub mod float16_clamp;
 pub mod gemm_pack_b;
 pub mod ggml;
