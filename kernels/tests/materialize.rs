@@ -163,6 +163,25 @@ fn fixture(m: &pb::ModelProto, s: &Settings) -> (Fixture, mat::Plan) {
     )
 }
 
+/// `mat::write` of the fixture to `out`, never cancelled.
+fn write(
+    f: &Fixture,
+    plan: &mat::Plan,
+    s: Settings,
+    out: &Path,
+    mode: LinkMode,
+) -> ctcache::Result<mat::Report> {
+    mat::write(
+        &f.model,
+        plan,
+        s,
+        &f.weights,
+        &at(out),
+        mode,
+        &Cancel::new(),
+    )
+}
+
 fn external(t: &pb::TensorProto, out_dir: &Path) -> Vec<u8> {
     assert_eq!(t.data_location, 1, "{} is external", t.name);
     let get = |k: &str| {
@@ -189,16 +208,7 @@ fn splices_the_graph_and_points_into_the_payloads() {
     assert_eq!(plan.targets.len(), 5, "{:?}", plan.skipped);
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let report = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Hard,
-        &Cancel::new(),
-    )
-    .unwrap();
+    let report = write(&f, &plan, s, &out, LinkMode::Hard).unwrap();
     assert_eq!(report.nodes_rewritten, 5);
     assert_eq!(report.count(mat::Method::HardLink), 4);
     assert_eq!(report.bytes_copied, 0);
@@ -320,16 +330,7 @@ fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
     let data = f.dir.path().join("m4.onnx.weights");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("stale.bin"), b"old").unwrap();
-    let r = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Copy,
-        &Cancel::new(),
-    )
-    .unwrap();
+    let r = write(&f, &plan, s, &out, LinkMode::Copy).unwrap();
     assert_eq!(r.count(mat::Method::Copy), 4);
     assert_eq!(r.files.len(), 4);
     assert!(!data.join("stale.bin").exists());
@@ -351,16 +352,7 @@ fn rerun_replaces_stale_files_and_keeps_an_existing_ms_import() {
     // Same folder as the source: a hard-link rerun links, and then reuses
     // what is there.
     for _ in 0..2 {
-        let again = mat::write(
-            &f.model,
-            &plan,
-            s,
-            &f.weights,
-            &at(&out),
-            LinkMode::Hard,
-            &Cancel::new(),
-        )
-        .unwrap();
+        let again = write(&f, &plan, s, &out, LinkMode::Hard).unwrap();
         assert_eq!(again.count(mat::Method::HardLink), 4);
     }
 }
@@ -372,26 +364,8 @@ fn by_default_every_file_has_one_link_and_the_payload_bytes() {
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // Over an earlier hard-linked output: the links are replaced.
-    mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Hard,
-        &Cancel::new(),
-    )
-    .unwrap();
-    let r = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::default(),
-        &Cancel::new(),
-    )
-    .unwrap();
+    write(&f, &plan, s, &out, LinkMode::Hard).unwrap();
+    let r = write(&f, &plan, s, &out, LinkMode::default()).unwrap();
     assert_eq!(r.link, LinkMode::Auto);
     assert_eq!(r.files.len(), 4);
     let copied = r.count(mat::Method::Copy);
@@ -426,15 +400,7 @@ fn a_refused_reflink_leaves_nothing_behind() {
     let out_dir = f.dir.path().join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("m4.onnx");
-    match mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Reflink,
-        &Cancel::new(),
-    ) {
+    match write(&f, &plan, s, &out, LinkMode::Reflink) {
         Ok(r) => {
             // This filesystem reflinks (btrfs, XFS): every file is one.
             assert_eq!(r.count(mat::Method::Reflink), 4, "{r:?}");
@@ -457,17 +423,9 @@ fn a_payload_of_the_wrong_shape_is_refused_before_writing() {
     let w2 = f.weights[&("W2".to_string(), true)].clone();
     f.weights.insert(("W1".to_string(), false), w2);
     let out = f.dir.path().join("bad.onnx");
-    let e = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Auto,
-        &Cancel::new(),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = write(&f, &plan, s, &out, LinkMode::Auto)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("W1") && e.contains("expected"), "{e}");
     assert!(!out.exists());
     assert!(!f.dir.path().join("bad.onnx.weights").exists());
@@ -515,16 +473,7 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
     let out_dir = f.dir.path().join("elsewhere");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("m4.onnx");
-    let r = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Hard,
-        &Cancel::new(),
-    )
-    .unwrap();
+    let r = write(&f, &plan, s, &out, LinkMode::Hard).unwrap();
     assert_eq!(r.count(mat::Method::Copy), 1, "{r:?}");
     assert_eq!(r.bytes_copied, w3_bytes.len() as u64);
     assert_eq!(
@@ -546,16 +495,7 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
         .any(|e| e.value == "m4.onnx.weights/kept.data"));
     // Output next to the model: the model's own data file is used as is.
     let beside = f.dir.path().join("m4.onnx");
-    let r = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&beside),
-        LinkMode::Hard,
-        &Cancel::new(),
-    )
-    .unwrap();
+    let r = write(&f, &plan, s, &beside, LinkMode::Hard).unwrap();
     assert_eq!(r.count(mat::Method::Copy), 0);
     let g = pb::ModelProto::decode(std::fs::read(&beside).unwrap().as_slice())
         .unwrap()
@@ -624,16 +564,7 @@ fn large_kept_initializers_are_placed_not_written_again() {
     assert_eq!(plan.placed, ["table"]);
     let out = f.dir.path().join("out").join("m4.onnx");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let r = mat::write(
-        &f.model,
-        &plan,
-        s,
-        &f.weights,
-        &at(&out),
-        LinkMode::Hard,
-        &Cancel::new(),
-    )
-    .unwrap();
+    let r = write(&f, &plan, s, &out, LinkMode::Hard).unwrap();
     assert!(r.model_bytes < 64 * 1024, "{r:?}");
     let g = pb::ModelProto::decode(std::fs::read(&out).unwrap().as_slice())
         .unwrap()
