@@ -108,25 +108,14 @@ fn fixture(m: &pb::ModelProto, s: &Settings) -> (Fixture, mat::Plan) {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::from_bytes(Bytes::from(m.encode_to_vec()), dir.path()).unwrap();
     let plan = mat::plan(&model).unwrap();
-    let packer = ctcache_kernels::find(mat::PACKER).unwrap();
     let inits = model.initializers().unwrap();
     let (mut weights, mut payloads) = (HashMap::new(), HashMap::new());
     let cache = dir.path().join("cache");
     std::fs::create_dir_all(&cache).unwrap();
-    let identity = ctcache_kernels::find(mat::IDENTITY).unwrap();
-    let jobs = plan
-        .weights()
-        .into_iter()
-        .map(|(name, transposed)| {
-            let params = Params::parse(s.packer_params(transposed)).unwrap();
-            ((name, transposed), packer, params)
-        })
-        .chain(
-            plan.placed
-                .iter()
-                .map(|name| ((name.clone(), false), identity, Params::new())),
-        );
-    for ((name, transposed), packer, params) in jobs {
+    for pack in plan.packs(&s.into()) {
+        let (name, transposed) = pack.key;
+        let packer = ctcache_kernels::find(pack.packer).unwrap();
+        let params = Params::parse(pack.params).unwrap();
         let t = inits.iter().find(|t| t.name == name).unwrap();
         let ctcache::onnx::Storage::Raw(r) = &t.storage else {
             panic!("raw")

@@ -237,30 +237,19 @@ pub(crate) async fn materialize(
     .await
 }
 
-/// The packer and parameters each (weight, transposed) of the plan needs,
-/// and the identity payload of each initializer it places.
+/// The packer and parameters of each payload the plan's write reads.
 fn wanted(plan: &Plan, recipe: &Recipe) -> Result<Vec<(WeightKey, Wanted)>> {
-    let placed = plan.placed.iter().map(|name| {
-        let w = Wanted {
-            initializer: name.clone(),
-            format: mat::IDENTITY.into(),
-            params: Params::new(),
-        };
-        Ok(((name.clone(), false), w))
-    });
-    plan.weights()
+    plan.packs(recipe)
         .into_iter()
-        .map(|(weight, transposed)| {
-            let params = Params::parse(recipe.packer_params(transposed))
-                .map_err(|e| Error::internal(e.to_string()))?;
+        .map(|p| {
+            let params = Params::parse(p.params).map_err(|e| Error::internal(e.to_string()))?;
             let w = Wanted {
-                initializer: weight.clone(),
-                format: recipe.packer().into(),
+                initializer: p.key.0.clone(),
+                format: p.packer.into(),
                 params,
             };
-            Ok(((weight, transposed), w))
+            Ok((p.key, w))
         })
-        .chain(placed)
         .collect()
 }
 

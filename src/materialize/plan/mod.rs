@@ -157,6 +157,18 @@ pub struct Plan {
     pub placed: Vec<String>,
 }
 
+/// One payload a materialize reads: the initializer (and whether it is read
+/// transposed), its packer and the packer's parameters (`k=v`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pack {
+    /// (initializer, read transposed): the key of its packed payload.
+    pub key: (String, bool),
+    /// The packer id.
+    pub packer: &'static str,
+    /// The packer's parameters, `k=v`.
+    pub params: Vec<String>,
+}
+
 /// Kept initializers of at least this much data are placed beside the model.
 pub const PLACED_MIN_BYTES: u64 = 1 << 20;
 
@@ -170,6 +182,24 @@ impl Plan {
             .chain(self.tensors.iter().map(|t| (t.clone(), false)))
             .filter(|w| seen.insert(w.clone()))
             .collect()
+    }
+
+    /// Every payload the write of this plan for `recipe` reads: each
+    /// (weight, transposed) pair the targets need with the recipe's packer
+    /// and parameters, then each placed initializer with the identity
+    /// packer.
+    pub fn packs(&self, recipe: &Recipe) -> Vec<Pack> {
+        let targets = self.weights().into_iter().map(|key| Pack {
+            packer: recipe.packer(),
+            params: recipe.packer_params(key.1),
+            key,
+        });
+        let placed = self.placed.iter().map(|name| Pack {
+            key: (name.clone(), false),
+            packer: crate::materialize::IDENTITY,
+            params: Vec::new(),
+        });
+        targets.chain(placed).collect()
     }
 
     /// Why nothing can be materialized, when no node is a target: the

@@ -86,23 +86,14 @@ impl LocalRun<'_> {
     /// Packs every weight the plan reads, each payload written in the data
     /// folder under its content's name; stops between weights on Ctrl-C.
     fn pack(&mut self, plan: &mat::Plan) -> Result<HashMap<WeightKey, PackedWeight>, Failure> {
-        let packer =
-            ctcache_kernels::find(self.recipe.packer()).expect("the target's packer is built in");
-        let identity =
-            ctcache_kernels::find(mat::IDENTITY).expect("the identity packer is built in");
         let initializers = self.model.initializers()?;
-        let mut jobs = Vec::new();
-        for (name, transposed) in plan.weights() {
-            let params = Params::parse(self.recipe.packer_params(transposed))
-                .map_err(|e| Failure::Failed(e.to_string()))?;
-            jobs.push(((name, transposed), packer, params));
-        }
-        for name in &plan.placed {
-            jobs.push(((name.clone(), false), identity, Params::new()));
-        }
         let mut weights = HashMap::new();
-        for ((name, transposed), packer, params) in jobs {
+        for pack in plan.packs(self.recipe) {
             self.cancel.check()?;
+            let (name, transposed) = pack.key;
+            let packer =
+                ctcache_kernels::find(pack.packer).expect("materialize's packers are built in");
+            let params = Params::parse(pack.params).map_err(|e| Failure::Failed(e.to_string()))?;
             let t = initializers
                 .iter()
                 .find(|t| t.name == name)
