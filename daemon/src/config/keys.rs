@@ -150,14 +150,9 @@ fn one_of(names: &[String]) -> String {
 }
 
 impl Key {
-    /// `remote.url`, as errors name it.
-    fn name(&self) -> String {
-        self.path.join(".")
-    }
-
-    /// The argument id: the key's dotted name.
+    /// The key's dotted name (`remote.url`): its flag's argument id.
     fn id(&self) -> String {
-        self.name()
+        self.path.join(".")
     }
 
     fn long(&self) -> String {
