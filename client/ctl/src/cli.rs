@@ -20,7 +20,7 @@ use crate::{
     name = "ctcachectl",
     version,
     about = "Inspect, check and manage compiled ONNX tensors and the ctcached cache",
-    after_help = "Exit codes: 0 ok, 1 failure, 2 usage error, 3 daemon not reachable, 4 a bound reached or disk full, 5 permission denied, 6 damaged bytes found, 7 try again later. JSON shapes: docs/CLI.md."
+    after_help = "Exit codes: 0 ok, 1 failure, 2 usage error, 3 daemon not reachable, 4 a bound reached or disk full, 5 permission denied, 6 damaged bytes found, 7 try again later, 130 interrupted (what it wrote removed). JSON shapes: docs/CLI.md."
 )]
 pub struct Cli {
     #[command(flatten)]

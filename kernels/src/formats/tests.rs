@@ -964,3 +964,36 @@ fn neon_half_conversions_match_the_scalar_rules() {
         }
     }
 }
+
+/// `identity` keeps the source's bytes for any whole-byte type and shape,
+/// and refuses with a clear error what has no whole bytes per element
+/// (STRING, 4-bit types), a parameter it does not take, and a shape whose
+/// bytes would not fit in memory.
+#[test]
+fn identity_keeps_the_bytes_and_refuses_what_it_cannot_hold() {
+    let data: Vec<u8> = (0..48u8).collect();
+    for (dt, dims) in [
+        (DataType::INT64, vec![2u64, 3]),
+        (DataType::FLOAT16, vec![24]),
+        (DataType::UINT8, vec![4, 3, 4]),
+    ] {
+        assert_eq!(pack_all("identity", dt, &dims, &data, &Params::new()), data);
+    }
+    let p = find("identity").unwrap();
+    for dt in [DataType::STRING, DataType::UINT4] {
+        let e = p.check_source(dt, &[4], &Params::new()).unwrap_err();
+        assert!(
+            matches!(e, PackError::UnsupportedDataType { .. })
+                && e.to_string().contains("whole bytes"),
+            "{dt:?}: {e}"
+        );
+    }
+    let e = p
+        .check_source(DataType::FLOAT, &[4], &Params::new().with("bits", "4"))
+        .unwrap_err();
+    assert!(e.to_string().contains("bits"), "{e}");
+    let e = p
+        .check_source(DataType::FLOAT, &[u64::MAX / 2, 4], &Params::new())
+        .unwrap_err();
+    assert!(matches!(e, PackError::Overflow { .. }), "{e}");
+}
