@@ -82,6 +82,8 @@ impl fmt::Display for SourceDigest {
 const PARALLEL_THRESHOLD: usize = 1 << 20;
 /// Buffer size for decoding typed fields into raw form.
 const DECODE_CHUNK: usize = 64 * 1024;
+/// Mapped bytes read between two releases of their pages (`feed_mapped`).
+const RELEASE_WINDOW: usize = 32 << 20;
 
 enum Hasher {
     Blake3(Box<blake3::Hasher>),
@@ -161,13 +163,20 @@ pub(crate) fn for_each_content_chunk(
     }
 }
 
+/// Feeds mapped bytes `RELEASE_WINDOW` at a time, each window released
+/// once the sink has it (`onnx::release`): hashing or copying a model of
+/// several GiB keeps one window of it resident, not the model.
 fn feed_mapped(data: &[u8], mask: u8, sink: &mut dyn FnMut(&[u8])) {
-    match data.split_last() {
-        Some((&last, rest)) if mask != 0xff => {
-            sink(rest);
-            sink(&[last & mask]);
-        }
-        _ => sink(data),
+    let (body, last) = match data.split_last() {
+        Some((&last, rest)) if mask != 0xff => (rest, Some(last & mask)),
+        _ => (data, None),
+    };
+    for window in body.chunks(RELEASE_WINDOW) {
+        sink(window);
+        crate::onnx::release(window);
+    }
+    if let Some(last) = last {
+        sink(&[last]);
     }
 }
 

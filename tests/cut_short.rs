@@ -2,6 +2,8 @@
 //! the mapped pages past the new end would raise SIGBUS and end the process
 //! (the daemon, when a socket peer truncates its own model during a digest
 //! or a pack). The reads go on with zeros, and every reader refuses them.
+//! And a pass over mapped external data leaves none of it resident in the
+//! process (it is released as it is read), whatever the model's size.
 
 use std::path::Path;
 
@@ -16,11 +18,16 @@ const COLS: i64 = 256;
 
 /// A model whose weight `W` (FLOAT[256, 256], 256 KiB) is external data.
 fn write_model(dir: &Path) {
-    let bytes: Vec<u8> = (0..ROWS * COLS)
+    write_model_sized(dir, ROWS, COLS);
+}
+
+/// A model whose weight `W` (FLOAT[rows, cols]) is external data.
+fn write_model_sized(dir: &Path, rows: i64, cols: i64) {
+    let bytes: Vec<u8> = (0..rows * cols)
         .flat_map(|i| (i as f32).to_le_bytes())
         .collect();
     std::fs::write(dir.join("weights.bin"), &bytes).unwrap();
-    let mut m = MatMul::new(ROWS as usize, COLS as usize, std::iter::repeat(0.0)).proto();
+    let mut m = MatMul::new(rows as usize, cols as usize, std::iter::repeat(0.0)).proto();
     let w = &mut m.graph.as_mut().unwrap().initializer[0];
     w.raw_data = Default::default();
     w.data_location = pb::tensor_proto::DataLocation::External as i32;
@@ -86,4 +93,69 @@ fn a_model_truncated_while_rewritten_writes_nothing() {
     let e = ctcache::onnx::rewrite::strip(&model, &out).unwrap_err();
     assert!(e.to_string().contains("cut short"), "{e}");
     assert!(!out.exists());
+}
+
+/// Resident bytes (smaps `Rss`) of the mapping that holds `data`.
+#[cfg(target_os = "linux")]
+fn resident(data: &[u8]) -> u64 {
+    let at = data.as_ptr() as usize;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = lo <= at && at < hi;
+                continue;
+            }
+        }
+        if inside && first == "Rss:" {
+            let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+            return kib * 1024;
+        }
+    }
+    panic!("no mapping holds {at:#x}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn hashing_and_copying_mapped_data_leave_none_of_it_resident() {
+    // 48 MiB: more than one window of the readers that release as they go.
+    let (rows, cols) = (4096, 3072);
+    let dir = tempfile::tempdir().unwrap();
+    write_model_sized(dir.path(), rows, cols);
+    let m = Model::open(dir.path().join("m.onnx")).unwrap();
+    let t = m.initializers().unwrap().remove(0);
+    let data = m.mapped_data(&t).unwrap().unwrap();
+    let page = 4096 * 4;
+    let digest = digest_tensor(&m, &t, Algorithm::Blake3).unwrap();
+    assert!(
+        resident(&data) <= page,
+        "{} bytes of the data file stay resident after a digest",
+        resident(&data)
+    );
+    let raw = raw_copy(&m, &t).unwrap();
+    assert!(
+        resident(&data) <= page,
+        "{} bytes of the data file stay resident after a copy",
+        resident(&data)
+    );
+    // What was released reads the same again.
+    assert_eq!(raw, std::fs::read(dir.path().join("weights.bin")).unwrap());
+    assert_eq!(digest_tensor(&m, &t, Algorithm::Blake3).unwrap(), digest);
+
+    // Bytes held in memory rather than mapped are never released (the
+    // advice would zero them): an inline weight reads the same twice.
+    let values = (0..ROWS * COLS).map(|i| i as f32);
+    let model = MatMul::new(ROWS as usize, COLS as usize, values).proto();
+    let held = Model::from_bytes(model.encode_to_vec().into(), dir.path()).unwrap();
+    let t = held.initializers().unwrap().remove(0);
+    let first = raw_copy(&held, &t).unwrap();
+    digest_tensor(&held, &t, Algorithm::Blake3).unwrap();
+    assert_eq!(raw_copy(&held, &t).unwrap(), first);
+    assert_eq!(
+        f32::from_le_bytes(first[first.len() - 4..].try_into().unwrap()),
+        (ROWS * COLS - 1) as f32
+    );
 }

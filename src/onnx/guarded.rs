@@ -101,6 +101,34 @@ pub fn intact(data: &[u8]) -> bool {
     })
 }
 
+/// Gives back this process's hold on the whole pages inside `data` when it
+/// lies in a guarded mapping (`MADV_DONTNEED`): they stop counting toward
+/// the process's resident memory, the page cache keeps them, and a later
+/// read faults them in again from there. A reader that streams a large
+/// tensor releases each window after reading it, so a pass over a model
+/// keeps one window resident rather than the whole file. Bytes outside
+/// every guarded mapping (a model held in memory) are left alone: the advice
+/// would zero them.
+pub fn release(data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let (lo, hi) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
+    let mapped = TABLE.iter().any(|s| {
+        let start = s.start.load(Ordering::Acquire);
+        let len = s.len.load(Ordering::Acquire);
+        start != 0 && start <= lo && hi <= start + len
+    });
+    let page = PAGE.load(Ordering::Relaxed);
+    let (first, end) = (lo.next_multiple_of(page), hi & !(page - 1));
+    if mapped && first < end {
+        // SAFETY: [first, end) lies inside a live read-only file mapping
+        // (the caller's `data` borrows it): dropping its page-table entries
+        // changes no byte a reader sees, only when the page is faulted in.
+        unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_DONTNEED) };
+    }
+}
+
 /// What a reader says when [`intact`] is false.
 pub const CUT_SHORT: &str = "the file was cut short while being read (truncated under its mapping)";
 

@@ -10,7 +10,7 @@ pub mod rewrite;
 mod tensor;
 
 pub use external::{ExternalRef, ExternalRefError};
-pub use guarded::{ensure_intact, intact, CUT_SHORT};
+pub use guarded::{ensure_intact, intact, release, CUT_SHORT};
 pub use model::{
     BadInitializer, Extension, ExtensionCounts, ExternalFileError, LenientExtension, Model,
     OverLimits, TopField,
