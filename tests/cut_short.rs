@@ -10,6 +10,8 @@ use std::path::Path;
 use ctcache::digest::{digest_tensor, raw_copy, Algorithm};
 use ctcache::onnx::{intact, Model};
 use ctcache::pb;
+#[cfg(target_os = "linux")]
+use ctcache_testkit::resident;
 use ctcache_testkit::{kv, MatMul};
 use prost::Message;
 
@@ -93,29 +95,6 @@ fn a_model_truncated_while_rewritten_writes_nothing() {
     let e = ctcache::onnx::rewrite::strip(&model, &out).unwrap_err();
     assert!(e.to_string().contains("cut short"), "{e}");
     assert!(!out.exists());
-}
-
-/// Resident bytes (smaps `Rss`) of the mapping that holds `data`.
-#[cfg(target_os = "linux")]
-fn resident(data: &[u8]) -> u64 {
-    let at = data.as_ptr() as usize;
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((lo, hi)) = first.split_once('-') {
-            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-            {
-                inside = lo <= at && at < hi;
-                continue;
-            }
-        }
-        if inside && first == "Rss:" {
-            let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-            return kib * 1024;
-        }
-    }
-    panic!("no mapping holds {at:#x}");
 }
 
 #[cfg(target_os = "linux")]

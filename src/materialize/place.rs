@@ -234,7 +234,8 @@ fn put(
 }
 
 /// Writes `p`'s bytes into `to` (shown as `dst`) one checked piece at a
-/// time: a rotted piece is never written.
+/// time: a rotted piece is never written, and a written one is released
+/// (`Payload::release`: only a piece of the payload stays resident).
 fn copy_checked(p: &Payload, mut to: File, dst: &Path) -> Result<u64> {
     use std::io::Write;
     const PIECE: usize = 1 << 20;
@@ -246,6 +247,7 @@ fn copy_checked(p: &Payload, mut to: File, dst: &Path) -> Result<u64> {
             changed(&p.path, &why)
         })?;
         to.write_all(bytes).map_err(|e| Error::write(dst, e))?;
+        p.release(at..end);
         at = end;
     }
     to.sync_all().map_err(|e| Error::write(dst, e))?;

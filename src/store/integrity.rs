@@ -209,6 +209,7 @@ impl Store {
             return Ok(());
         }
         let chunks = ChunkDigests::of(p, true);
+        p.release(0..p.len());
         if chunks.root() == blob {
             let chunks = Arc::new(chunks);
             self.verified.insert(

@@ -44,6 +44,31 @@ impl std::fmt::Debug for Payload {
     }
 }
 
+impl Payload {
+    /// Gives back this process's hold on the pages of `range` of the
+    /// mapping (`MADV_DONTNEED`; the page cache keeps them, and a later read
+    /// faults them in again): a copy of a large payload releases each piece
+    /// once written, and a hash the whole payload once hashed, so a
+    /// materialize of GiBs keeps a piece resident rather than every payload.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Some(map) = &self.map else { return };
+        let end = range.end.min(map.len());
+        if range.start < end {
+            // SAFETY: a read-only mapping of an immutable file: dropping its
+            // page-table entries changes no byte a reader sees.
+            let advised = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    end - range.start,
+                )
+            };
+            // Advice only: a refusal leaves the pages resident, nothing else.
+            let _ = advised;
+        }
+    }
+}
+
 impl Store {
     /// Maps an entry's payload read-only for a client and records the use
     /// (its last use for LRU and age gc). The first time a payload file is

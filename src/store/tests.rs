@@ -447,3 +447,35 @@ fn every_serve_is_checked_not_only_the_first() {
     assert!(s.stat(&b.key).unwrap().is_none());
     assert!(s.verify(false).unwrap().problems.is_empty());
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn copying_a_payload_and_hashing_it_on_first_serve_leave_none_of_it_resident() {
+    use crate::materialize::{place, LinkMode};
+    use ctcache_testkit::resident;
+    let d = tempfile::tempdir().unwrap();
+    let bytes: Vec<u8> = (0..24u32 << 20).map(|i| (i % 251) as u8).collect();
+    let key = {
+        let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+        s.put(&new_entry(1), &bytes[..]).unwrap().entry.key
+    };
+    // Reopened: the first serve hashes the file (D12).
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let p = s.open_payload(&key).unwrap();
+    let page = 4 * 4096;
+    assert!(
+        resident(&p) <= page,
+        "{} bytes stay resident after the hash",
+        resident(&p)
+    );
+    let out = tempfile::tempdir().unwrap();
+    let dir = crate::outdir::OutDir::open(out.path()).unwrap();
+    place(&p.path, Some(&p), &dir, "copy".as_ref(), LinkMode::Copy).unwrap();
+    assert!(
+        resident(&p) <= page,
+        "{} bytes stay resident after a copy",
+        resident(&p)
+    );
+    assert_eq!(fs::read(out.path().join("copy")).unwrap(), bytes);
+    assert_eq!(&p[..], &bytes[..], "released pages read the same");
+}

@@ -12,6 +12,7 @@
 //!   ([`write_model`]), and the D3 digests of their initializers;
 //! - [`rot_payload`] / [`payload_intact`]: disk rot in a store's payload
 //!   files, and the check that a file is whole;
+//! - [`resident`]: the bytes of a mapping this process holds in memory;
 //! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`;
 //! - [`Tmpfs`]: a small file system of a test's own to fill (as root).
 
@@ -23,6 +24,8 @@ mod in_process;
 mod model;
 mod payload;
 mod poll;
+#[cfg(target_os = "linux")]
+mod resident;
 mod tmpfs;
 
 pub use bins::locate_bin;
@@ -38,4 +41,6 @@ pub use model::{
 };
 pub use payload::{payload_intact, rot_payload};
 pub use poll::{eventually, eventually_async};
+#[cfg(target_os = "linux")]
+pub use resident::resident;
 pub use tmpfs::{fill, Tmpfs};
