@@ -45,6 +45,7 @@ bench materialize  "bench/materialize_bench.sh"                       materializ
 bench minilm       "bench/materialize_bench.sh --shape minilm --warm-runs 5" materialize.minilm.cold materialize.minilm.{warm,warm_rpc,warm_bytes}.{auto,hard}
 bench int8         "bench/materialize_bench.sh --target int8"         materialize.int8.cold materialize.int8.{warm,warm_rpc,warm_bytes}.{auto,hard}
 bench fp16         "bench/materialize_bench.sh --target fp16"         materialize.fp16.cold materialize.fp16.{warm,warm_rpc,warm_bytes}.{auto,hard}
+bench large        "bench/large_model_bench.sh"                       materialize.large.{int4,int8,fp16}.{local,daemon}.{seconds,rss_mib}
 bench load         "bench/load_bench.sh"                              load.{resolve,lookup,open,release,read,gc}_{p50,p99} load.rss_growth
 bench fleet        "bench/fleet_bench.sh"                             fleet.{ort.matmul_nbits,gemm.pack_b.f32}.{remote,auto,bytes}
 bench soak         "tests/soak.sh --seconds 60"                       soak.{restart_p99,wrong_bytes,lost}

@@ -321,15 +321,20 @@ def placed(r) -> str:
     return ", ".join(f"{n} {m}" for m, n in sorted(counts.items())) or "no files"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def common_args(ap: argparse.ArgumentParser, layers: int, dim: int) -> None:
+    """The options of every materialize bench: binaries, scratch folder, model size."""
     target = Path(os.environ.get("CARGO_TARGET_DIR") or "/var/tmp/ctcache-target")
     ap.add_argument("--bin-dir", type=Path, default=target / "release")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir under /var/tmp)")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=4096)
-    ap.add_argument("--warm-runs", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--dim", type=int, default=dim)
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_args(ap, layers=8, dim=4096)
+    ap.add_argument("--warm-runs", type=int, default=3)
     ap.add_argument("--target", choices=list(TOOLS), default="int4",
                     help="the materialize target, against onnxruntime's tool for it")
     ap.add_argument("--shape", choices=["matmuls", "minilm"], default="matmuls",
