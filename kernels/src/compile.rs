@@ -127,8 +127,12 @@ pub fn compile_on(
     let device = packer.device(params).map_err(pack_err)?;
     // The bytes hashed are the bytes packed: one private copy. The model's
     // mapping shows writes made after `expected` was taken, and a pack read
-    // from it could store other bytes under that digest.
-    let mut raw = OutputBuffer::reusable(digest::raw_len(t)?);
+    // from it could store other bytes under that digest. Packs side by side
+    // hold at most the budget of such copies and their payloads
+    // (crate::copies).
+    let raw_len = digest::raw_len(t)?;
+    let _share = crate::copies::take((raw_len as u64).saturating_add(layout.payload_len));
+    let mut raw = OutputBuffer::reusable(raw_len);
     digest::raw_copy_into(model, t, &mut raw)?;
     let alg = expected.map_or(Algorithm::Blake3, |d| d.algorithm);
     let digest = digest::digest_raw(t.data_type, &t.dims, &raw, alg);

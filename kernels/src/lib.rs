@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod compile;
+pub mod copies;
 pub mod decoder;
 pub mod device;
 pub mod formats;
