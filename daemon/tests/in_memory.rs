@@ -47,23 +47,6 @@ fn in_memory(model: &Path) -> api::MaterializeRequest {
     }
 }
 
-/// Every path under `dir`, sorted.
-fn listing(dir: &Path) -> Vec<PathBuf> {
-    let mut all = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                todo.push(p.clone());
-            }
-            all.push(p);
-        }
-    }
-    all.sort();
-    all
-}
-
 async fn active_leases(c: &mut Client) -> u64 {
     c.stats(api::StatsRequest {})
         .await
@@ -102,7 +85,7 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
     let mut c = d.client().await;
     // The cache's own files (payloads, records, index) are not the answer's.
     let outside_cache = || {
-        let mut all = listing(&d.path(""));
+        let mut all = ctcache_testkit::paths_under(&d.path(""));
         all.retain(|p| !p.starts_with(&d.cache));
         all
     };
@@ -243,4 +226,26 @@ async fn in_memory_leases_count_against_the_peers_bound() {
         "the lease granted first is released"
     );
     d.stop();
+}
+
+#[tokio::test]
+async fn a_model_too_large_for_one_answer_is_refused_with_no_lease_left() {
+    let d = InProc::start_with(|c| c.max_message_bytes = (1 << 20) + 4096);
+    let model = d.path("work/m.onnx");
+    // A 64 KiB tensor the rewrite keeps inline: the model is over 4 KiB.
+    let mut m = ctcache_testkit::MatMul::new(K, N, std::iter::repeat(0.5)).proto();
+    let g = m.graph.as_mut().unwrap();
+    g.node
+        .push(ctcache_testkit::node("Add", "bias", &["Y", "C"], "Z"));
+    g.initializer.push(ctcache_testkit::f32_tensor_from(
+        "C",
+        &[16, 1024],
+        std::iter::repeat_n(0.25, 16 * 1024),
+    ));
+    write_model(&model, &m.encode_to_vec());
+    let mut c = d.client().await;
+    let e = c.materialize(in_memory(&model)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("materialize it to a file"), "{e:?}");
+    assert_eq!(active_leases(&mut c).await, 0);
 }

@@ -582,23 +582,6 @@ fn large_kept_initializers_are_placed_not_written_again() {
     );
 }
 
-/// Every path under `dir`, sorted.
-fn listing(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut all = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                todo.push(p.clone());
-            }
-            all.push(p);
-        }
-    }
-    all.sort();
-    all
-}
-
 /// The in-memory build is the model `write` writes, but for where its new
 /// initializers' bytes come from: each is a payload range the caller
 /// feeds, named in `tensors`; nothing is written.
@@ -606,9 +589,13 @@ fn listing(dir: &Path) -> Vec<std::path::PathBuf> {
 fn an_in_memory_model_is_the_written_one_and_writes_nothing() {
     let s = Settings::default();
     let (f, plan) = fixture(&model(false), &s);
-    let before = listing(f.dir.path());
+    let before = ctcache_testkit::paths_under(f.dir.path());
     let built = mat::build_in_memory(&f.model, &plan, s, &f.weights).unwrap();
-    assert_eq!(listing(f.dir.path()), before, "nothing written");
+    assert_eq!(
+        ctcache_testkit::paths_under(f.dir.path()),
+        before,
+        "nothing written"
+    );
     assert_eq!(built.report.model_bytes, built.model.len() as u64);
     let out = f.dir.path().join("m4.onnx");
     let written = write(&f, &plan, s, &out, LinkMode::Copy).unwrap();
