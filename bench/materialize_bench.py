@@ -18,12 +18,15 @@ Three ways, one run, on a model of eight 4096 x 4096 FLOAT MatMul weights
 * ctcache cold: a fresh ctcached (release build) on an empty cache dir:
   Materialize (digest, pack, place the files with the default --link auto)
   + InferenceSession on the output;
-* ctcache warm, twice over: the entries stored and the daemon's digest memo
+* ctcache warm, three ways: the entries stored and the daemon's digest memo
   warm: Materialize to a new output path + InferenceSession, with
-  ``link="auto"`` (the default: reflinks where the filesystem has them,
-  copies on ext4 / tmpfs -- the scratch folder's filesystem decides) and
-  with ``link="hard"`` (hard links: no payload byte written, but onnx >= 1.21
-  refuses such files; onnxruntime loads them).
+  ``link="auto"`` (reflinks where the filesystem has them, copies on ext4 /
+  tmpfs -- the scratch folder's filesystem decides) and with
+  ``link="hard"`` (hard links: no payload byte written, but onnx >= 1.21
+  refuses such files; onnxruntime loads them); and ``memory``, the
+  zero-write session ``ctcache.ort.inference_session`` opens by default
+  (an in-memory Materialize, then a session on the answer's bytes with the
+  leased payloads mapped and fed as external initializers).
 
 The daemon is started (and answering) before the clock starts for the cold
 run. The fp32 model is freshly written, so every way reads it from the page
@@ -32,7 +35,7 @@ cache. The same session options (onnxruntime defaults) everywhere.
 Targets: anchor / warm >= 20x, anchor / cold >= 2x, bytes written by the warm
 materialize (model_bytes + bytes_copied) < 1% of the payload bytes. A copy
 writes every payload byte, so ``auto`` meets the last two only where it
-reflinks; the summary prints both modes and which method placed the files. Each
+reflinks; the summary prints every mode and which method placed the files. Each
 figure is also printed as a RESULT line for bench/all.sh (bench/results.py).
 
 With ``--shape minilm`` the model is a MiniLM-shaped encoder instead (a
@@ -295,6 +298,22 @@ def through_daemon(client, model: Path, out: Path, dim: int, link: str = "auto",
     return {"total": t2 - t0, "rpc": t1 - t0, "session": t2 - t1, "resp": r}, y
 
 
+def in_memory(client, model: Path, dim: int, target: str = "int4"):
+    """The zero-write session (``ctcache.ort.inference_session``'s default):
+    the in-memory Materialize, then the session on its bytes with the
+    leased payloads mapped and fed as external initializers."""
+    import ctcache.ort as cort
+
+    settings = {"bits": BITS, "block_size": BLOCK, "symmetric": SYMMETRIC} if target == "int4" else {}
+    t0 = time.perf_counter()
+    r = client.materialize(model, None, in_memory=True, target=f"onnxruntime-{target}", **settings)
+    t1 = time.perf_counter()
+    sess = cort._session_in_memory(client, r, None, ["CPUExecutionProvider"], 30.0)
+    t2 = time.perf_counter()
+    y = run_check(sess, dim)
+    return {"total": t2 - t0, "rpc": t1 - t0, "session": t2 - t1, "resp": r}, y
+
+
 def result(name: str, label: str, value: float, unit: str, anchor: float | None = None,
            ratio: float | None = None, target: str = "") -> None:
     """A figure as a RESULT line (the format of ctcache_testkit::Figure)."""
@@ -392,11 +411,14 @@ def main() -> int:
         assert np.array_equal(y_cold, y_anchor), "cold outputs differ from the anchor's"
 
         warm = {}
-        for link in ("auto", "hard"):
+        for link in ("auto", "hard", "memory"):
             runs = []
             for i in range(a.warm_runs):
-                w, y_warm = through_daemon(client, model, work / f"out-{link}{i}" / "model.q.onnx", a.dim, link,
-                                          a.target)
+                if link == "memory":
+                    w, y_warm = in_memory(client, model, a.dim, a.target)
+                else:
+                    w, y_warm = through_daemon(client, model, work / f"out-{link}{i}" / "model.q.onnx", a.dim,
+                                              link, a.target)
                 runs.append(w)
                 r = w["resp"]
                 log(f"ctcache warm --link {link} #{i + 1}: {w['total']:.3f} s = materialize RPC {w['rpc']:.3f} s "
@@ -423,7 +445,8 @@ def main() -> int:
         for link, runs in warm.items():
             w = sorted(runs, key=lambda x: x["total"])[len(runs) // 2]  # the median run
             r = w["resp"]
-            written = r.model_bytes + r.bytes_copied
+            # An in-memory materialize writes nothing (model_bytes is the answer's).
+            written = 0 if link == "memory" else r.model_bytes + r.bytes_copied
             warm_total = statistics.median(x["total"] for x in runs)
             ratio_warm = an["total"] / warm_total
             bytes_pct = 100.0 * written / r.payload_bytes
@@ -431,7 +454,7 @@ def main() -> int:
                 f"(target >= 20x)  {verdict(ratio_warm >= 20)}   [median of {len(runs)}; files: {placed(r)}]")
             log(f"  split: materialize RPC {w['rpc'] * 1000:.1f} ms ({100 * w['rpc'] / w['total']:.0f}%), "
                 f"InferenceSession {w['session'] * 1000:.1f} ms ({100 * w['session'] / w['total']:.0f}%)")
-            log(f"  bytes written {written} B (model {r.model_bytes} + copied {r.bytes_copied}) "
+            log(f"  bytes written {written} B (model {0 if link == 'memory' else r.model_bytes} + copied {r.bytes_copied}) "
                 f"vs payload {mib(r.payload_bytes)} = {bytes_pct:.4f}%  (target < 1%)   {verdict(bytes_pct < 1)}")
             result(f"{prefix}.warm.{link}",
                    f"{what}, warm cache, --link {link} (files: {placed(r)}), vs {tool}",

@@ -341,14 +341,19 @@ impl Client {
         unary!(self, "Embed", embed, req)
     }
 
-    /// Writes an onnxruntime-ready 4/8-bit model whose MatMulNBits weights
-    /// are hard links to cache entries; the paths are made absolute here.
+    /// Writes an onnxruntime-ready model for the request's target, its
+    /// weights placed from cache entries (or, with `in_memory`, answers
+    /// the model's bytes and leases its payloads); the paths are made
+    /// absolute here.
     pub async fn materialize(
         &self,
         mut req: api::MaterializeRequest,
     ) -> Result<api::MaterializeResponse> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
-        req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
+        // An in-memory materialize names no output.
+        if !req.in_memory {
+            req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
+        }
         unary!(self, "Materialize", materialize, req)
     }
 

@@ -133,5 +133,10 @@ pub fn materialize_response(
         block_size: settings.block_size,
         symmetric: settings.symmetric,
         accuracy_level: settings.accuracy_level,
+        // In-memory answers: the daemon's to fill.
+        model: Default::default(),
+        tensors: Vec::new(),
+        leases: Vec::new(),
+        external_data_dir: String::new(),
     }
 }

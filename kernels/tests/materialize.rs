@@ -492,6 +492,15 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
         .unwrap();
     let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
     assert!(w3.external_data.iter().any(|e| e.value == "m.data"));
+    // In memory: kept data stays where the source's is (its folder).
+    let built = mat::build_in_memory(&f.model, &plan, s, &f.weights).unwrap();
+    let g = pb::ModelProto::decode(built.model.as_slice())
+        .unwrap()
+        .graph
+        .unwrap();
+    let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
+    assert_eq!(external(w3, f.dir.path()), w3_bytes);
+    assert!(built.tensors.iter().all(|t| t.name != "W3"));
 }
 
 /// A write asked to stop stops with `Cancelled` and leaves nothing: no
@@ -570,5 +579,67 @@ fn large_kept_initializers_are_placed_not_written_again() {
     assert_eq!(
         g.initializer.iter().filter(|t| t.name == "table").count(),
         1
+    );
+}
+
+/// The in-memory build is the model `write` writes, but for where its new
+/// initializers' bytes come from: each is a payload range the caller
+/// feeds, named in `tensors`; nothing is written.
+#[test]
+fn an_in_memory_model_is_the_written_one_and_writes_nothing() {
+    let s = Settings::default();
+    let (f, plan) = fixture(&model(false), &s);
+    let before = ctcache_testkit::paths_under(f.dir.path());
+    let built = mat::build_in_memory(&f.model, &plan, s, &f.weights).unwrap();
+    assert_eq!(
+        ctcache_testkit::paths_under(f.dir.path()),
+        before,
+        "nothing written"
+    );
+    assert_eq!(built.report.model_bytes, built.model.len() as u64);
+    let out = f.dir.path().join("m4.onnx");
+    let written = write(&f, &plan, s, &out, LinkMode::Copy).unwrap();
+    assert_eq!(built.report.nodes_rewritten, written.nodes_rewritten);
+    assert_eq!(built.report.payload_bytes, written.payload_bytes);
+    let file_model = pb::ModelProto::decode(std::fs::read(&out).unwrap().as_slice()).unwrap();
+    let mut mem_model = pb::ModelProto::decode(built.model.as_slice()).unwrap();
+    let fed: u64 = built.tensors.iter().map(|t| t.length).sum();
+    assert_eq!(fed, written.payload_bytes);
+    let g = mem_model.graph.as_mut().unwrap();
+    let mut seen = 0;
+    for t in g.initializer.iter_mut().filter(|t| t.data_location == 1) {
+        let fed = built.tensors.iter().find(|p| p.name == t.name).unwrap();
+        let (key, payload) = f
+            .weights
+            .iter()
+            .find(|(_, w)| w.file_name == fed.file_name)
+            .map(|(k, _)| (k, &f.payloads[k]))
+            .unwrap();
+        let bytes = &payload[fed.offset as usize..(fed.offset + fed.length) as usize];
+        let on_disk = file_model.graph.as_ref().unwrap().initializer.iter();
+        let same = on_disk.clone().find(|x| x.name == t.name).unwrap();
+        assert_eq!(
+            external(same, f.dir.path()),
+            bytes,
+            "{} from {key:?}",
+            t.name
+        );
+        assert_eq!(
+            (fed.data_type, fed.dims.clone()),
+            (t.data_type, t.dims.iter().map(|&d| d as u64).collect())
+        );
+        for e in t.external_data.iter_mut().filter(|e| e.key == "location") {
+            let file = e
+                .value
+                .strip_prefix(&format!("{}/", mat::IN_MEMORY_DATA))
+                .unwrap();
+            e.value = format!("m4.onnx.weights/{file}");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, built.tensors.len());
+    assert_eq!(
+        mem_model, file_model,
+        "the same model but for the locations"
     );
 }

@@ -19,7 +19,9 @@
 //! the model is copied byte for byte.
 //!
 //! - [`plan`] decides which nodes are rewritten and why others are skipped;
-//! - [`write`] splices the graph and places the payload files;
+//! - [`write`] splices the graph and places the payload files
+//!   ([`build_in_memory`]: the model's bytes alone, its new weights left to
+//!   the caller to feed from the payloads);
 //! - [`place`] reflinks, copies or links one file atomically.
 
 mod place;
@@ -30,7 +32,10 @@ pub use place::{place, LinkMode, Method, Placed};
 pub use plan::{
     group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, PLACED_MIN_BYTES,
 };
-pub use write::{data_dir_name, write, PackedWeight, Report, WeightKey, IDENTITY};
+pub use write::{
+    build_in_memory, data_dir_name, write, InMemory, PackedWeight, PayloadTensor, Report,
+    WeightKey, IDENTITY, IN_MEMORY_DATA,
+};
 
 use crate::error::{Error, Result};
 

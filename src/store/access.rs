@@ -4,8 +4,14 @@
 //! `access_interval` passed, before GC plans, on `flush` and on drop.
 //! Lookups never wait for it. A crash loses at most the unwritten batch,
 //! which only makes LRU a little less exact.
+//!
+//! A lookup hit notes its entry at most once per [`LOOKUP_WINDOW_MS`]: a
+//! hot entry looked up a million times a second would otherwise have the
+//! index rewrite its record on every batch, which costs far more than the
+//! lookup (gc orders by the last use, at a far coarser scale). Leases and
+//! resolves note every use.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -14,8 +20,13 @@ use super::error::StoreResult;
 use super::index::{Expect, Index, Op, Precondition, Tree};
 use super::key::KeyBytes;
 
+/// How long a lookup hit's use stands for the entry's later lookups.
+pub(crate) const LOOKUP_WINDOW_MS: u64 = 60_000;
+
 pub(crate) struct AccessLog {
     pending: Mutex<HashMap<KeyBytes, Access>>,
+    /// The current lookup window's start and the entries noted in it.
+    looked_up: Mutex<(u64, HashSet<KeyBytes>)>,
     /// Serializes writers so read-add-write of a record never loses counts.
     writer: Mutex<()>,
     last_write_ms: AtomicU64,
@@ -25,6 +36,7 @@ impl AccessLog {
     pub fn new(now_ms: u64) -> AccessLog {
         AccessLog {
             pending: Mutex::new(HashMap::new()),
+            looked_up: Mutex::new((now_ms, HashSet::new())),
             writer: Mutex::new(()),
             last_write_ms: AtomicU64::new(now_ms),
         }
@@ -41,6 +53,27 @@ impl AccessLog {
         };
         n >= batch
             || now_ms.saturating_sub(self.last_write_ms.load(Ordering::Relaxed)) >= interval_ms
+    }
+
+    /// [`AccessLog::record`] for a lookup hit: only the first of `key`'s
+    /// hits in the current window is noted (`false` for the others).
+    pub fn record_lookup(
+        &self,
+        key: KeyBytes,
+        now_ms: u64,
+        batch: usize,
+        interval_ms: u64,
+    ) -> bool {
+        {
+            let mut w = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
+            if now_ms.saturating_sub(w.0) >= LOOKUP_WINDOW_MS {
+                *w = (now_ms, HashSet::new());
+            }
+            if !w.1.insert(key) {
+                return false;
+            }
+        }
+        self.record(key, now_ms, batch, interval_ms)
     }
 
     /// Not yet written statistics of one key.

@@ -26,19 +26,29 @@ const CHUNK: usize = 1 << 20;
 const FIRST_CHUNK: usize = 64 << 10;
 /// Chunks at least this large are hashed in parallel with their write.
 const PARALLEL_HASH: usize = 256 << 10;
-const STRIPES: usize = 64;
+/// Locks guarding each blob's references against its deletion. Many, so
+/// that a gc batch (which locks the stripes of a few hundred blobs while it
+/// commits) rarely holds one that the threads deleting the previous batch's
+/// files need: with few stripes a batch took them all and the deletions
+/// waited for every commit.
+const STRIPES: usize = 4096;
 
-pub(crate) struct Stripes([Mutex<()>; STRIPES]);
+pub(crate) struct Stripes(Box<[Mutex<()>]>);
+
+/// The stripe of `blob` (blob names are uniform: their first bytes do).
+fn stripe(blob: &[u8; 32]) -> usize {
+    usize::from(u16::from_le_bytes([blob[0], blob[1]])) % STRIPES
+}
 
 impl Stripes {
     pub fn new() -> Stripes {
-        Stripes(std::array::from_fn(|_| Mutex::new(())))
+        Stripes((0..STRIPES).map(|_| Mutex::new(())).collect())
     }
 
     /// Locks the stripes of many blobs, in stripe order (the one order every
     /// multi-stripe holder uses, so they cannot deadlock).
     pub(crate) fn lock_many(&self, blobs: &[[u8; 32]]) -> Vec<MutexGuard<'_, ()>> {
-        let mut idx: Vec<usize> = blobs.iter().map(|b| b[0] as usize % STRIPES).collect();
+        let mut idx: Vec<usize> = blobs.iter().map(stripe).collect();
         idx.sort_unstable();
         idx.dedup();
         idx.into_iter()
@@ -48,7 +58,7 @@ impl Stripes {
 
     pub fn lock(&self, blob: &[u8; 32]) -> MutexGuard<'_, ()> {
         // A panic while holding a stripe leaves no state behind it to repair.
-        self.0[blob[0] as usize % STRIPES]
+        self.0[stripe(blob)]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -379,5 +389,24 @@ mod tests {
         .unwrap();
         assert!(matches!(e, StoreError::NoSpace { written, .. } if written == FIRST_CHUNK as u64));
         assert_eq!(fs::read_dir(&p.tmp).unwrap().count(), 0);
+    }
+
+    /// A gc batch locks the stripes of its blobs while it commits; the
+    /// threads deleting the previous batch's files must still get theirs
+    /// (with 64 stripes a batch of a few hundred held them all).
+    #[test]
+    fn a_batch_leaves_other_blobs_stripes_free() {
+        let stripes = Stripes::new();
+        let batch: Vec<[u8; 32]> = (0..=255u8)
+            .map(|i| {
+                let mut b = [7u8; 32];
+                (b[0], b[1]) = (i, 0);
+                b
+            })
+            .collect();
+        let _held = stripes.lock_many(&batch);
+        let mut other = [7u8; 32];
+        (other[0], other[1]) = (0, 1);
+        assert!(stripes.0[stripe(&other)].try_lock().is_ok());
     }
 }

@@ -118,13 +118,14 @@ pub struct Filter {
 impl Store {
     /// A client's lookup: the entries of `source` usable on `host`, best
     /// first (see module docs), counted as a hit or a miss and each hit as
-    /// a use. Unreadable records are skipped (a miss), `verify` reports
+    /// a use (the first in `access::LOOKUP_WINDOW_MS` of each entry's hits:
+    /// gc's LRU needs no finer). Unreadable records are skipped (a miss), `verify` reports
     /// them. Hits carry no access statistics (`Entry::access` is `None`).
     pub fn lookup(&self, source: &SourceDigest, host: &HostFilter) -> StoreResult<Vec<Hit>> {
         let hits = self.lookup_uncounted(source, host)?;
         self.count_lookups(u64::from(!hits.is_empty()), u64::from(hits.is_empty()));
         for h in &hits {
-            self.note_access(h.entry.key_bytes);
+            self.note_lookup_hit(h.entry.key_bytes);
         }
         Ok(hits)
     }

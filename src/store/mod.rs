@@ -389,12 +389,23 @@ impl Store {
     }
 
     fn note_access(&self, kb: KeyBytes) {
+        self.note(kb, access::AccessLog::record);
+    }
+
+    /// Notes a lookup hit's use (at most once per entry and window).
+    pub(crate) fn note_lookup_hit(&self, kb: KeyBytes) {
+        self.note(kb, access::AccessLog::record_lookup);
+    }
+
+    /// Notes a use with `record`, writing the batch when one is due.
+    fn note(
+        &self,
+        kb: KeyBytes,
+        record: fn(&access::AccessLog, KeyBytes, u64, usize, u64) -> bool,
+    ) {
         let now = self.now();
         let interval = self.opts.access_interval.as_millis() as u64;
-        if self
-            .access
-            .record(kb, now, self.opts.access_batch, interval)
-        {
+        if record(&self.access, kb, now, self.opts.access_batch, interval) {
             // Statistics only: a failed write must not fail the read.
             let _ = self.access.write(&*self.index, now);
         }

@@ -479,3 +479,35 @@ fn copying_a_payload_and_hashing_it_on_first_serve_leave_none_of_it_resident() {
     assert_eq!(fs::read(out.path().join("copy")).unwrap(), bytes);
     assert_eq!(&p[..], &bytes[..], "released pages read the same");
 }
+
+/// A lookup hit notes its entry once per window; a lease notes every use.
+#[test]
+fn lookup_hits_note_an_entry_once_per_window() {
+    let d = tempfile::tempdir().unwrap();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let opts = StoreOptions {
+        clock: Clock::manual(now.clone()),
+        ..Default::default()
+    };
+    let s = Store::open(d.path(), opts).unwrap();
+    let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
+    let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);
+    let uses = || {
+        s.flush().unwrap();
+        let a = s.access_of(&k.to_bytes()).unwrap();
+        (a.count, a.last_ms)
+    };
+    for _ in 0..3 {
+        assert_eq!(s.lookup(&k.source, &host).unwrap().len(), 1);
+    }
+    assert_eq!(uses(), (1, 1_000_000));
+    now.fetch_add(
+        super::access::LOOKUP_WINDOW_MS,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    s.lookup(&k.source, &host).unwrap();
+    assert_eq!(uses(), (2, 1_000_000 + super::access::LOOKUP_WINDOW_MS));
+    s.note_use(&k);
+    s.note_use(&k);
+    assert_eq!(uses().0, 4);
+}

@@ -11,7 +11,8 @@
 //!   [`f32_tensor`], [`tensor_info`], [`kv`]), written atomically
 //!   ([`write_model`]), and the D3 digests of their initializers;
 //! - [`rot_payload`] / [`payload_intact`]: disk rot in a store's payload
-//!   files, and the check that a file is whole;
+//!   files, and the check that a file is whole; [`paths_under`]: what a
+//!   folder holds;
 //! - [`resident`]: the bytes of a mapping this process holds in memory;
 //! - [`Figure`]: a bench's figure as a `RESULT` line for `bench/all.sh`;
 //! - [`Tmpfs`]: a small file system of a test's own to fill (as root).
@@ -39,7 +40,7 @@ pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
-pub use payload::{payload_intact, rot_payload};
+pub use payload::{paths_under, payload_intact, rot_payload};
 pub use poll::{eventually, eventually_async};
 #[cfg(target_os = "linux")]
 pub use resident::resident;

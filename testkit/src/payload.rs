@@ -23,3 +23,21 @@ pub fn payload_intact(path: impl AsRef<Path>, blake3_hex: &str) -> bool {
         .map(|b| blake3::hash(&b).to_hex().as_str() == blake3_hex)
         .unwrap_or(false)
 }
+
+/// Every path under `dir` (folders and files, at any depth), sorted: what a
+/// test compares to say that nothing was written.
+pub fn paths_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut all = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("a readable folder") {
+            let p = e.expect("a folder entry").path();
+            if p.is_dir() {
+                todo.push(p.clone());
+            }
+            all.push(p);
+        }
+    }
+    all.sort();
+    all
+}

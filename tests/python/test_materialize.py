@@ -955,9 +955,9 @@ def test_ort_inference_session_through_the_daemon(ctcache, daemon, tmp_path):  #
     model = transformer(tmp_path / "sess.onnx", 96, seed=21)
     with warnings.catch_warnings():
         warnings.simplefilter("error", cort.FallbackWarning)
-        sess = cort.inference_session(model, socket=daemon.socket, sess_options=one_thread(),
+        sess = cort.inference_session(model, socket=daemon.socket, sess_options=one_thread(), link="auto",
                                       providers=["CPUExecutionProvider"])
-    out = tmp_path / "sess.int4.onnx"  # the default output: next to the model
+    out = tmp_path / "sess.int4.onnx"  # the default output of a file materialize: next to the model
     assert out.is_file() and (tmp_path / "sess.int4.onnx.weights").is_dir()
     assert all(f.stat().st_nlink == 1 for f in bins(tmp_path / "sess.int4.onnx.weights"))
     ref = quantize(model, 4, 32, True)

@@ -322,7 +322,8 @@ class Client:
                     symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
                     copy: bool = False, target: str = "onnxruntime-int4",
                     weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
-                    op_types=None, timeout: float | None = None) -> pb.MaterializeResponse:
+                    op_types=None, in_memory: bool = False, lease_ttl_s: float = 30.0,
+                    timeout: float | None = None) -> pb.MaterializeResponse:
         """Writes an onnxruntime-ready quantized copy of a model (packs what is missing).
 
         ``target="onnxruntime-int8"``: what ``onnxruntime.quantization.quantize_dynamic``
@@ -349,14 +350,29 @@ class Client:
         rewrite raises :class:`~ctcache.errors.RequestFailed`
         (``FAILED_PRECONDITION``); bad settings raise
         :class:`~ctcache.errors.InvalidArgument`.
+
+        ``in_memory=True`` writes nothing (``output_path`` must be ``None``
+        and ``link`` left at ``"auto"``): the answer's ``model`` holds the
+        model's bytes, ``tensors`` say which payload range (entry ``key``,
+        ``offset``, ``length``) holds each new initializer's bytes, and
+        ``leases`` hold a lease of ``lease_ttl_s`` on each of those entries,
+        taken for this caller (renew or release them:
+        :func:`ctcache.ort.inference_session` does). The initializers the
+        model keeps as external data lie where the source's do, relative to
+        ``external_data_dir``.
         """
+        if in_memory:
+            if output_path is not None:
+                raise ValueError("in_memory=True writes nothing: output_path must be None")
+            output_path = ""
         if link not in LINK_MODES:
             raise ValueError(f"link must be one of {', '.join(LINK_MODES)}, not {link!r}")
         if copy and link not in ("auto", "copy"):
             raise ValueError(f"copy=True is link='copy'; it contradicts link={link!r}")
-        req = pb.MaterializeRequest(model_path=_path(model_path), output_path=_path(output_path),
+        req = pb.MaterializeRequest(model_path=_path(model_path), output_path=output_path and _path(output_path),
                                     target=target, accuracy_level=int(accuracy_level),
-                                    link=LINK_MODES["copy" if copy else link])
+                                    link=LINK_MODES["copy" if copy else link], in_memory=bool(in_memory),
+                                    lease_ttl_ms=max(int(lease_ttl_s * 1000), 1) if in_memory else 0)
         if bits is not None:
             req.bits = int(bits)
         if block_size is not None:

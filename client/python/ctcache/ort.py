@@ -18,7 +18,10 @@ a few kilobytes of model, whatever the size of the weights), else copies;
 hard links with ``link="hard"``.
 
 :func:`inference_session` is the drop-in: it returns an
-``onnxruntime.InferenceSession`` on that 4-bit form. When no daemon answers
+``onnxruntime.InferenceSession`` on that 4-bit form, by default writing no
+file at all (``link="memory"``: the model's bytes come from the daemon, the
+weights are the cache's payload files mapped into this process and fed to
+onnxruntime as external initializers). When no daemon answers
 (and ``fallback=True``) it warns (:class:`FallbackWarning`) and quantizes in
 this process with onnxruntime's own ``MatMulNBitsQuantizer`` (same settings),
 which gives the same weights, only slower.
@@ -68,6 +71,7 @@ __all__ = [
     "TARGET_FP16",
     "TARGET_INT4",
     "TARGET_INT8",
+    "LINK_MEMORY",
     "FallbackWarning",
     "default_output_path",
     "inference_session",
@@ -259,11 +263,73 @@ def _session_on_model(model, sess_options, providers):
     return sess
 
 
+#: numpy element types of the ONNX data types an in-memory session feeds
+#: (the others go through ``OrtValue.ortvalue_from_numpy_with_onnx_type``
+#: as raw integers of their width, see :data:`_RAW_TYPES`).
+_NUMPY_TYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+                9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+# bfloat16 and the float8 types: their bits, as onnxruntime takes them.
+_RAW_TYPES = {16: "uint16", 17: "uint8", 18: "uint8", 19: "uint8", 20: "uint8"}
+
+#: ``link`` of :func:`inference_session` that writes no file.
+LINK_MEMORY = "memory"
+
+
+def _ort_value(view: memoryview, t):
+    """The OrtValue over bytes ``[t.offset, t.offset + t.length)`` of a payload view, no copy."""
+    import numpy as np
+    import onnxruntime
+
+    name = _NUMPY_TYPES.get(t.data_type) or _RAW_TYPES.get(t.data_type)
+    if name is None:
+        raise errors.CtcacheError(f"{t.name}: element type {t.data_type} cannot be fed from memory")
+    dtype = np.dtype(name)
+    count = 1
+    for d in t.dims:
+        count *= d
+    if count * dtype.itemsize != t.length or t.offset + t.length > len(view):
+        raise errors.CtcacheError(f"{t.name}: {t.length} bytes at {t.offset} are not {list(t.dims)} x {name}")
+    arr = np.frombuffer(view, dtype=dtype, count=count, offset=t.offset).reshape(tuple(t.dims))
+    if t.data_type in _RAW_TYPES:
+        return onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(arr, t.data_type)
+    return onnxruntime.OrtValue.ortvalue_from_numpy(arr)
+
+
+def _session_in_memory(client, r: pb.MaterializeResponse, sess_options, providers, ttl_s: float):
+    """A session on an in-memory Materialize answer: the model from its bytes, the new
+    initializers fed from the leased payloads (mapped where this process can read
+    them); the payloads and their leases live as long as the session."""
+    import onnxruntime
+
+    from .payload import Payload
+
+    payloads = {}
+    try:
+        for lease in r.leases:
+            payloads[lease.entry.key] = Payload(client, lease, lease.entry, ttl_s)
+        names = [t.name for t in r.tensors]
+        values = [_ort_value(payloads[t.key].memoryview, t) for t in r.tensors]
+        so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
+        so.add_external_initializers(names, values)
+        if r.external_data_dir:
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
+        sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
+    except BaseException:
+        for p in payloads.values():
+            p.close()
+        raise
+    # What the session reads: kept alive (and the leases renewed) with it.
+    sess._ctcache_payloads = list(payloads.values())
+    sess._ctcache_values = values
+    sess._ctcache_client = client
+    return sess
+
+
 def inference_session(path, *, bits: int | None = None, block_size: int | None = None,
                       symmetric: bool | None = None, accuracy_level: int = 0, output_path=None, socket=None,
                       sess_options=None, providers=None, fallback: bool = True, target: str = TARGET_INT4,
                       weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
-                      op_types=None):
+                      op_types=None, link: str | None = None, lease_ttl_s: float = 30.0):
     """An ``onnxruntime.InferenceSession`` on the quantized form of an fp32/fp16 model.
 
     ``target="onnxruntime-int4"`` (the default): the MatMulNBits form;
@@ -273,9 +339,23 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     ``"onnxruntime-fp16"``: the float16 converter's form with float inputs
     and outputs (fallback: ``convert_float_to_float16(keep_io_types=True)``).
 
-    The model is materialized through the daemon (:func:`materialize`, to
-    ``output_path`` or :func:`default_output_path`) and the session is
-    opened on the written file. When no daemon answers
+    ``link="memory"`` (the default when no ``output_path`` is given) writes
+    nothing: the daemon answers the
+    model's bytes and leases its payloads to this process, which maps them
+    and feeds them to onnxruntime as external initializers
+    (``SessionOptions.add_external_initializers``); the session holds the
+    mappings, and renews the leases, for as long as it lives. A
+    ``sess_options`` given is used for this session alone (the initializers
+    are added to it). A model too large for one answer
+    (``RESOURCE_EXHAUSTED``) is materialized to a file instead, as with
+    ``link="auto"``. With an ``output_path`` (then ``link`` defaults to
+    ``"auto"``) or another ``link`` value the model is materialized to a
+    file (:func:`materialize`, to ``output_path`` or
+    :func:`default_output_path`) with that link mode and the session opened
+    on it. Leases a session no longer needs end when their time
+    (``lease_ttl_s``) runs out after the session is collected.
+
+    When no daemon answers
     (:class:`~ctcache.DaemonNotRunning`, :class:`~ctcache.SocketPermissionDenied`)
     and ``fallback`` is true, warns with :class:`FallbackWarning` and returns
     a session on the model quantized in this process by onnxruntime's
@@ -286,30 +366,56 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     """
     import onnxruntime
 
+    settings = dict(bits=bits, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
+                    target=target, weight_type=weight_type, per_channel=per_channel, reduce_range=reduce_range,
+                    op_types=op_types)
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+    if link is None:
+        link = LINK_MEMORY if output_path is None else "auto"
     try:
-        r = materialize(path, output_path, socket=socket, bits=bits, block_size=block_size, symmetric=symmetric,
-                        accuracy_level=accuracy_level, target=target, weight_type=weight_type,
-                        per_channel=per_channel, reduce_range=reduce_range, op_types=op_types)
+        if link == LINK_MEMORY:
+            if output_path is not None:
+                raise ValueError("link='memory' writes nothing: output_path must be None")
+            c = connect(socket)
+            try:
+                r = c.materialize(path, None, in_memory=True, lease_ttl_s=lease_ttl_s, **settings)
+                return _session_in_memory(c, r, sess_options, providers, lease_ttl_s)
+            except errors.RequestFailed as e:
+                c.close()
+                if getattr(e.code, "name", "") != "RESOURCE_EXHAUSTED":
+                    raise
+                link = "auto"
+            except BaseException:
+                c.close()
+                raise
+        r = materialize(path, output_path, socket=socket, link=link, **settings)
     except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
         if not fallback:
             raise
-        tool = {TARGET_INT8: "quantize_dynamic", TARGET_FP16: "convert_float_to_float16"}.get(
-            target, "MatMulNBitsQuantizer")
-        warnings.warn(
-            f"ctcache: {e} -- quantizing {os.fspath(path)} in this process with onnxruntime's "
-            f"{tool} instead (slower; same weights)",
-            FallbackWarning,
-            stacklevel=2,
-        )
-        if target == TARGET_FP16:
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
-        elif target == TARGET_INT8:
-            model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
-                                                reduce_range=reduce_range, op_types=op_types)
-        else:
-            model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
-                                        accuracy_level=accuracy_level)
-        return _session_on_model(model, sess_options, providers)
+        return _fallback_session(path, e, sess_options, providers, **settings)
     return onnxruntime.InferenceSession(r.output_path, sess_options=sess_options, providers=providers)
+
+
+def _fallback_session(path, why, sess_options, providers, *, bits, block_size, symmetric, accuracy_level, target,
+                      weight_type, per_channel, reduce_range, op_types):
+    """A session on the model quantized in this process by the reference tool for ``target``."""
+    tool = {TARGET_INT8: "quantize_dynamic", TARGET_FP16: "convert_float_to_float16"}.get(
+        target, "MatMulNBitsQuantizer")
+    warnings.warn(
+        f"ctcache: {why} -- quantizing {os.fspath(path)} in this process with onnxruntime's "
+        f"{tool} instead (slower; same weights)",
+        FallbackWarning,
+        stacklevel=3,
+    )
+    if target == TARGET_FP16:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
+    elif target == TARGET_INT8:
+        model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
+                                            reduce_range=reduce_range, op_types=op_types)
+    else:
+        model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
+                                    accuracy_level=accuracy_level)
+    return _session_on_model(model, sess_options, providers)

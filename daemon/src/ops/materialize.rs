@@ -20,6 +20,7 @@ use ctcache_kernels::Params;
 use super::model;
 use super::output::output_file;
 use super::pack::{self, BackendRequest};
+use super::payload::{self, Granted};
 use super::{blocking, serve, Error, Result};
 use crate::caller::Caller;
 use crate::config::PolicyRule;
@@ -50,6 +51,9 @@ pub(crate) struct MaterializeRequest {
     pub reduce_range: bool,
     /// onnxruntime-int8: op types to quantize (empty: MatMul).
     pub op_types: Vec<String>,
+    /// Write nothing: answer the model's bytes and lease its payloads to
+    /// the caller for this long (see [`InMemoryAnswer`]).
+    pub in_memory: Option<u64>,
 }
 
 /// What Materialize wrote.
@@ -62,6 +66,29 @@ pub(crate) struct Materialized {
     /// Entries packed for this request, and those already stored.
     pub packed: u32,
     pub cached: u32,
+    /// The model built in memory, when asked for (nothing written then).
+    pub in_memory: Option<InMemoryAnswer>,
+}
+
+/// A model built in memory and what its caller needs to feed its new
+/// initializers: the entry of each payload they read, and a lease on it.
+#[derive(Debug, Clone)]
+pub(crate) struct InMemoryAnswer {
+    pub built: mat::InMemory,
+    /// The entry behind each payload file name the tensors name.
+    pub entries: HashMap<String, Entry>,
+    /// A lease for the caller on each of those entries.
+    pub leases: Vec<Granted>,
+    /// The folder the kept external data is relative to.
+    pub external_data_dir: PathBuf,
+}
+
+/// Where a materialize puts the model.
+enum Destination {
+    /// A file, its payload files placed in its data folder.
+    File { out: OutFile, mode: LinkMode },
+    /// Nothing written; payloads leased to the caller for this long (ms).
+    Memory { lease_ttl_ms: u64 },
 }
 
 /// The target and settings of a request; settings another target takes
@@ -181,7 +208,7 @@ pub(crate) async fn materialize(
 ) -> Result<Materialized> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "materialize");
     let recipe = recipe(&d.config.policy, &r)?;
-    let out = output_file(caller, &r.output_path)?;
+    let dest = destination(caller, &r)?;
     let (d2, c2, model_path, r2) = (
         d.clone(),
         caller.clone(),
@@ -219,22 +246,55 @@ pub(crate) async fn materialize(
         recipe: recipe.clone(),
         entries,
         wanted,
-        out,
-        mode: r.link,
         cancel: stop.0.clone(),
     };
+    let external_data_dir = std::path::Path::new(&r.model_path)
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
     blocking(move || {
-        let report = job.write(&plan)?;
+        let (output_path, report, in_memory) = match dest {
+            Destination::File { out, mode } => (out.path(), job.write(&plan, &out, mode)?, None),
+            Destination::Memory { lease_ttl_ms } => {
+                let mut answer = job.build(&plan, lease_ttl_ms)?;
+                answer.external_data_dir = external_data_dir;
+                (PathBuf::new(), answer.built.report.clone(), Some(answer))
+            }
+        };
         Ok(Materialized {
-            output_path: job.out.path(),
+            output_path,
             plan,
             report,
             recipe,
             packed,
             cached,
+            in_memory,
         })
     })
     .await
+}
+
+/// Where the request wants the model: an in-memory request names no
+/// output and no link mode.
+fn destination(caller: &Caller, r: &MaterializeRequest) -> Result<Destination> {
+    let Some(lease_ttl_ms) = r.in_memory else {
+        return Ok(Destination::File {
+            out: output_file(caller, &r.output_path)?,
+            mode: r.link,
+        });
+    };
+    if !r.output_path.is_empty() {
+        return Err(Error::invalid(
+            "in_memory writes nothing: output_path must be empty",
+        ));
+    }
+    if r.link != LinkMode::default() {
+        return Err(Error::invalid(format!(
+            "in_memory writes nothing: link {} places no file",
+            r.link.name()
+        )));
+    }
+    Ok(Destination::Memory { lease_ttl_ms })
 }
 
 /// The packer and parameters of each payload the plan's write reads.
@@ -261,56 +321,139 @@ struct WriteJob {
     recipe: Recipe,
     entries: Vec<(Wanted, Entry)>,
     wanted: Vec<(WeightKey, Wanted)>,
-    out: OutFile,
-    mode: LinkMode,
     cancel: Cancel,
 }
 
-impl WriteJob {
-    /// Writes the model with its payloads, each leased while it is placed
-    /// and checked as it is served. The model, its folder and copies go to
-    /// the caller as they are made; linked payloads keep the store's owner
-    /// (the store's inodes).
-    fn write(&self, plan: &Plan) -> Result<Report> {
-        let store = &self.d.store;
-        let mut leases = Vec::new();
-        let mut served = Vec::new();
-        let result = (|| {
-            let mut weights: HashMap<WeightKey, PackedWeight> = HashMap::new();
-            for (w, e) in &self.entries {
-                let Some((key, _)) = self.wanted.iter().find(|(_, x)| x == w) else {
-                    continue;
-                };
-                leases.push(store.acquire_lease(&e.key, LEASE_TTL)?);
-                let payload = Arc::new(serve::open(&self.d, &self.caller, e)?);
-                served.push((e.clone(), payload.clone()));
-                weights.insert(
-                    key.clone(),
-                    PackedWeight {
-                        payload_path: payload.path.clone(),
-                        file_name: format!("{}.bin", hex::encode(payload.info.blake3)),
-                        struct_type: e.physical_type()?,
-                        dims: e.dims.clone(),
-                        checked: Some(payload),
-                    },
-                );
-            }
-            let (model, recipe) = (&self.model.model, self.recipe.clone());
-            mat::write(
-                model,
-                plan,
-                recipe,
-                &weights,
-                &self.out,
-                self.mode,
-                &self.cancel,
-            )
-            .map_err(|err| self.write_error(err, &served))
-        })();
-        for id in leases {
-            let _ = store.release(id);
+/// The packed weights of a write, each leased and opened (checked as it is
+/// served); the leases end when this is dropped.
+struct Served<'j> {
+    job: &'j WriteJob,
+    leases: Vec<ctcache::store::LeaseId>,
+    payloads: Vec<(Entry, Arc<Payload>)>,
+    weights: HashMap<WeightKey, PackedWeight>,
+}
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        for id in self.leases.drain(..) {
+            let _ = self.job.d.store.release(id);
         }
-        result
+    }
+}
+
+impl WriteJob {
+    /// Leases and opens every payload the write reads.
+    fn serve(&self) -> Result<Served<'_>> {
+        let store = &self.d.store;
+        let mut served = Served {
+            job: self,
+            leases: Vec::new(),
+            payloads: Vec::new(),
+            weights: HashMap::new(),
+        };
+        for (w, e) in &self.entries {
+            let Some((key, _)) = self.wanted.iter().find(|(_, x)| x == w) else {
+                continue;
+            };
+            served.leases.push(store.acquire_lease(&e.key, LEASE_TTL)?);
+            let payload = Arc::new(serve::open(&self.d, &self.caller, e)?);
+            served.payloads.push((e.clone(), payload.clone()));
+            served.weights.insert(
+                key.clone(),
+                PackedWeight {
+                    payload_path: payload.path.clone(),
+                    file_name: format!("{}.bin", hex::encode(payload.info.blake3)),
+                    struct_type: e.physical_type()?,
+                    dims: e.dims.clone(),
+                    checked: Some(payload),
+                },
+            );
+        }
+        Ok(served)
+    }
+
+    /// Writes the model to `out` with its payloads placed by `mode`. The
+    /// model, its folder and copies go to the caller as they are made;
+    /// linked payloads keep the store's owner (the store's inodes).
+    fn write(&self, plan: &Plan, out: &OutFile, mode: LinkMode) -> Result<Report> {
+        let served = self.serve()?;
+        let (model, recipe) = (&self.model.model, self.recipe.clone());
+        mat::write(
+            model,
+            plan,
+            recipe,
+            &served.weights,
+            out,
+            mode,
+            &self.cancel,
+        )
+        .map_err(|err| self.write_error(err, &served.payloads))
+    }
+
+    /// Builds the model in memory and leases to the caller, for
+    /// `lease_ttl_ms`, every payload its tensors read.
+    fn build(&self, plan: &Plan, lease_ttl_ms: u64) -> Result<InMemoryAnswer> {
+        let served = self.serve()?;
+        let built = mat::build_in_memory(
+            &self.model.model,
+            plan,
+            self.recipe.clone(),
+            &served.weights,
+        )?;
+        let limit = self.d.config.max_message_bytes.saturating_sub(1 << 20);
+        if built.model.len() > limit {
+            return Err(Error::exhausted(format!(
+                "the in-memory model is {} bytes, more than an answer may carry \
+                 (max_message_bytes less 1 MiB: {limit}); materialize it to a file",
+                built.model.len()
+            )));
+        }
+        let mut entries = HashMap::new();
+        for t in &built.tensors {
+            if entries.contains_key(&t.file_name) {
+                continue;
+            }
+            let (_, w) = served
+                .weights
+                .iter()
+                .find(|(_, w)| w.file_name == t.file_name)
+                .ok_or_else(|| Error::internal(format!("no payload {}", t.file_name)))?;
+            let (e, _) = served
+                .payloads
+                .iter()
+                .find(|(_, p)| p.path == w.payload_path)
+                .ok_or_else(|| Error::internal(format!("no entry for {}", t.file_name)))?;
+            entries.insert(t.file_name.clone(), e.clone());
+        }
+        let leases = self.lease_to_caller(entries.values(), lease_ttl_ms)?;
+        Ok(InMemoryAnswer {
+            built,
+            entries,
+            leases,
+            external_data_dir: PathBuf::new(),
+        })
+    }
+
+    /// A lease for the caller on each entry, as AcquireLease grants it; on
+    /// a refusal the ones granted are released.
+    fn lease_to_caller<'e>(
+        &self,
+        entries: impl Iterator<Item = &'e Entry>,
+        ttl_ms: u64,
+    ) -> Result<Vec<Granted>> {
+        let mut granted: Vec<Granted> = Vec::new();
+        for e in entries {
+            match payload::acquire(&self.d, &self.caller, &e.key, ttl_ms) {
+                Ok(g) => granted.push(g),
+                Err(err) => {
+                    for g in granted {
+                        let _ = payload::release(&self.d, &self.caller, g.id);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(granted)
     }
 
     /// A payload found changed while placed is the store's damage (repacked

@@ -15,7 +15,8 @@ use crate::jobs::{JobPhase, JobProgress};
 use crate::ops::embed::Embedded;
 use crate::ops::import::ImportReport;
 use crate::ops::lookup::LookupOutcome;
-use crate::ops::materialize::Materialized;
+use crate::ops::materialize::{InMemoryAnswer, Materialized};
+use crate::ops::payload::Granted;
 use crate::ops::resolve::Resolution;
 use crate::ops::status::StatusReport;
 use crate::ops::Miss;
@@ -148,11 +149,57 @@ pub(crate) fn embedded(e: Embedded) -> api::EmbedResponse {
     }
 }
 
-pub(crate) fn materialized(m: Materialized) -> api::MaterializeResponse {
-    api::MaterializeResponse {
+pub(crate) fn materialized(d: &Daemon, m: Materialized) -> api::MaterializeResponse {
+    let r = api::MaterializeResponse {
         packed: m.packed,
         cached: m.cached,
         ..convert::materialize::materialize_response(&m.output_path, &m.plan, &m.report, &m.recipe)
+    };
+    match m.in_memory {
+        Some(a) => in_memory(d, a, r),
+        None => r,
+    }
+}
+
+/// `r` with the in-memory model, its tensors and their leases.
+fn in_memory(
+    d: &Daemon,
+    a: InMemoryAnswer,
+    r: api::MaterializeResponse,
+) -> api::MaterializeResponse {
+    let key_of = |file: &str| {
+        a.entries
+            .get(file)
+            .map(|e| convert::key_to_string(&e.key))
+            .unwrap_or_default()
+    };
+    api::MaterializeResponse {
+        tensors: a
+            .built
+            .tensors
+            .iter()
+            .map(|t| api::MaterializedTensor {
+                name: t.name.clone(),
+                key: key_of(&t.file_name),
+                offset: t.offset,
+                length: t.length,
+                data_type: t.data_type,
+                dims: t.dims.clone(),
+            })
+            .collect(),
+        leases: a.leases.into_iter().map(|g| lease(d, g)).collect(),
+        external_data_dir: a.external_data_dir.display().to_string(),
+        model: a.built.model.into(),
+        ..r
+    }
+}
+
+/// A granted lease as AcquireLease answers it.
+pub(crate) fn lease(d: &Daemon, g: Granted) -> api::LeaseResponse {
+    api::LeaseResponse {
+        lease_id: g.id.0,
+        expires_unix_ms: g.expires_unix_ms,
+        entry: g.entry.map(|e| entry(d, e)),
     }
 }
 

@@ -220,11 +220,7 @@ impl CompiledTensorCache for Service {
         // The Arc: a rotted payload is packed again in the background.
         let d = self.daemon.clone();
         let g = blocking(move || ops::payload::acquire(&d, &caller, &key, r.ttl_ms)).await?;
-        ok(api::LeaseResponse {
-            lease_id: g.id.0,
-            expires_unix_ms: g.expires_unix_ms,
-            entry: g.entry.map(|e| encode::entry(&self.daemon, e)),
-        })
+        ok(encode::lease(&self.daemon, g))
     }
 
     async fn renew_lease(
@@ -271,7 +267,7 @@ impl CompiledTensorCache for Service {
         let caller = self.caller(&req);
         let r = decode::materialize(req.into_inner())?;
         let m = ops::materialize::materialize(&self.daemon, &caller, r).await?;
-        ok(encode::materialized(m))
+        ok(encode::materialized(&self.daemon, m))
     }
 
     async fn import(&self, req: Request<api::ImportRequest>) -> Answer<api::ImportResponse> {

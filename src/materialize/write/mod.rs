@@ -118,8 +118,10 @@ struct NewInputs {
 struct Additions<'a> {
     names: Names,
     /// The data folder's name, which locations start with.
-    data_name: &'a str,
+    data_name: String,
     initializers: Vec<pb::TensorProto>,
+    /// Where each appended initializer's bytes lie in its payload.
+    tensors: Vec<PayloadTensor>,
     /// The payload files, once each (equal payloads share one name).
     files: Vec<&'a PackedWeight>,
     /// Bytes of payload the appended initializers reference.
@@ -140,6 +142,14 @@ impl<'a> Additions<'a> {
             &location,
             field.span,
         ));
+        self.tensors.push(PayloadTensor {
+            name: name.into(),
+            file_name: w.file_name.clone(),
+            offset: field.span.offset,
+            length: field.span.len,
+            data_type: field.data_type.code(),
+            dims: field.shape.clone(),
+        });
         self.payload_bytes += field.span.len;
     }
 
@@ -163,6 +173,79 @@ fn packed<'a>(
         .ok_or_else(|| Error::Rewrite(format!("materialize: no packed payload for {name:?}")))
 }
 
+/// The rewrite of a model for a recipe, decided and encoded but not yet
+/// written: what both the file and the in-memory result are made from.
+struct Rewrite<'a> {
+    src: Source<'a>,
+    add: Additions<'a>,
+    nodes: NodeEdits,
+    dropped: HashSet<&'a str>,
+    to_fp16: bool,
+    import_ms_domain: bool,
+}
+
+impl<'a> Rewrite<'a> {
+    /// Decides every new initializer (located in `data_name/`), node and
+    /// dropped initializer.
+    fn new(
+        model: &'a Model,
+        plan: &'a Plan,
+        recipe: &Recipe,
+        weights: &'a HashMap<WeightKey, PackedWeight>,
+        data_name: String,
+    ) -> Result<Self> {
+        let src = Source {
+            model,
+            plan,
+            initializers: model.initializers()?,
+            top_nodes: model.nodes()?,
+        };
+        let mut add = Additions {
+            names: Names::free_in(&src)?,
+            data_name,
+            initializers: Vec::new(),
+            tensors: Vec::new(),
+            files: Vec::new(),
+            payload_bytes: 0,
+        };
+        let inputs = new_inputs(&src, recipe, weights, &mut add)?;
+        fp16::add_initializers(&src, weights, &mut add)?;
+        add_placed(&src, weights, &mut add)?;
+        let nodes = new_nodes(&src, recipe, &inputs, &mut add.names)?;
+        let dropped = dropped(&src, &nodes)?;
+        Ok(Rewrite {
+            src,
+            add,
+            nodes,
+            dropped,
+            to_fp16: matches!(recipe, Recipe::Fp16(_)),
+            import_ms_domain: matches!(recipe, Recipe::Nbits(_)),
+        })
+    }
+
+    /// What the rewrite changes, and nothing written yet.
+    fn report(&self) -> Report {
+        Report {
+            nodes_rewritten: self.nodes.rewritten,
+            initializers_removed: self.dropped.len(),
+            payload_bytes: self.add.payload_bytes,
+            ..Default::default()
+        }
+    }
+
+    /// The splice's edits, with kept initializers `relocated`.
+    fn edits<'e>(&'e self, relocated: &'e HashMap<usize, Vec<u8>>) -> Edits<'e> {
+        Edits {
+            replaced: &self.nodes.top,
+            dropped: &self.dropped,
+            relocated,
+            new_inits: &self.add.initializers,
+            to_fp16: self.to_fp16,
+            import_ms_domain: self.import_ms_domain,
+        }
+    }
+}
+
 /// Writes the materialized model to `out` with its payload files in
 /// `<out>.weights/`. Nothing is written when the plan has no target. Once
 /// `cancel` is set the write stops between files with [`Error::Cancelled`];
@@ -178,47 +261,22 @@ pub fn write(
     cancel: &Cancel,
 ) -> Result<Report> {
     let recipe: Recipe = recipe.into();
-    let graph = graph_to_splice(model, plan, &recipe, output)?;
-    let src = Source {
-        model,
-        plan,
-        initializers: model.initializers()?,
-        top_nodes: model.nodes()?,
-    };
+    let graph = graph_to_splice(model, plan, &recipe)?;
+    output.refuse_input(model.stamp(), "model", None)?;
     let folder = DataFolder::of(output);
-    let mut add = Additions {
-        names: Names::free_in(&src)?,
-        data_name: folder.name(),
-        initializers: Vec::new(),
-        files: Vec::new(),
-        payload_bytes: 0,
-    };
-    let inputs = new_inputs(&src, &recipe, weights, &mut add)?;
-    fp16::add_initializers(&src, weights, &mut add)?;
-    add_placed(&src, weights, &mut add)?;
-    let nodes = new_nodes(&src, &recipe, &inputs, &mut add.names)?;
-    let dropped = dropped(&src, &nodes)?;
+    let rewrite = Rewrite::new(model, plan, &recipe, weights, folder.name().into())?;
     let mut report = Report {
-        nodes_rewritten: nodes.rewritten,
-        initializers_removed: dropped.len(),
         data_dir: folder.shown(),
         link: mode,
-        payload_bytes: add.payload_bytes,
-        ..Default::default()
+        ..rewrite.report()
     };
     // Payload files first, then the model that refers to them.
-    let filled = folder.fill(&src, &add.files, &dropped, mode, cancel, &mut report)?;
-    let edits = Edits {
-        replaced: &nodes.top,
-        dropped: &dropped,
-        relocated: &filled.relocated,
-        new_inits: &add.initializers,
-        to_fp16: matches!(recipe, Recipe::Fp16(_)),
-        import_ms_domain: matches!(recipe, Recipe::Nbits(_)),
-    };
+    let (src, add) = (&rewrite.src, &rewrite.add);
+    let filled = folder.fill(src, &add.files, &rewrite.dropped, mode, cancel, &mut report)?;
+    let edits = rewrite.edits(&filled.relocated);
     let written = cancel
         .check()
-        .and_then(|()| splice::write_model(&src, graph, &edits, output));
+        .and_then(|()| splice::write_model(src, graph, &edits, output));
     match written {
         Ok(n) => report.model_bytes = n,
         Err(e) => {
@@ -230,19 +288,72 @@ pub fn write(
     Ok(report)
 }
 
-/// Refuses, before anything is read or written, what cannot be
-/// materialized; returns the span of the model's one graph field.
-fn graph_to_splice(
+/// A materialized model built in memory: nothing written. Its new
+/// initializers are external data whose bytes the caller feeds from the
+/// payloads (`tensors`); the initializers it keeps with external data
+/// still point where the source's do (relative to the source's folder).
+#[derive(Debug, Clone, Default)]
+pub struct InMemory {
+    /// The model's bytes.
+    pub model: Vec<u8>,
+    /// Where each payload-backed initializer's bytes lie.
+    pub tensors: Vec<PayloadTensor>,
+    /// What the rewrite changed (no files, no data folder).
+    pub report: Report,
+}
+
+/// One initializer of an in-memory model whose bytes are a range of a
+/// cached payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadTensor {
+    /// The initializer's name in the model.
+    pub name: String,
+    /// The payload's [`PackedWeight::file_name`].
+    pub file_name: String,
+    /// The byte range in the payload.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub length: u64,
+    /// `TensorProto.DataType`.
+    pub data_type: i32,
+    /// The tensor's dims.
+    pub dims: Vec<u64>,
+}
+
+/// Location prefix of the new initializers of an in-memory model: they
+/// are never read from a file (the caller supplies their bytes).
+pub const IN_MEMORY_DATA: &str = "ctcache.in-memory";
+
+/// Builds the materialized model in memory (see [`InMemory`]); refuses
+/// what [`write`] refuses.
+pub fn build_in_memory(
     model: &Model,
     plan: &Plan,
-    recipe: &Recipe,
-    output: &OutFile,
-) -> Result<Range<usize>> {
+    recipe: impl Into<Recipe>,
+    weights: &HashMap<WeightKey, PackedWeight>,
+) -> Result<InMemory> {
+    let recipe: Recipe = recipe.into();
+    let graph = graph_to_splice(model, plan, &recipe)?;
+    let rewrite = Rewrite::new(model, plan, &recipe, weights, IN_MEMORY_DATA.into())?;
+    let mut report = rewrite.report();
+    let kept_in_place = HashMap::new();
+    let edits = rewrite.edits(&kept_in_place);
+    let mut bytes = Vec::new();
+    report.model_bytes = splice::encode_model(&rewrite.src, graph, &edits, &mut bytes)?;
+    Ok(InMemory {
+        model: bytes,
+        tensors: rewrite.add.tensors,
+        report,
+    })
+}
+
+/// Refuses, before anything is read or written, what cannot be
+/// materialized; returns the span of the model's one graph field.
+fn graph_to_splice(model: &Model, plan: &Plan, recipe: &Recipe) -> Result<Range<usize>> {
     recipe.validate()?;
     if let Some(why) = plan.why_nothing() {
         return Err(Error::Rewrite(format!("nothing to materialize: {why}")));
     }
-    output.refuse_input(model.stamp(), "model", None)?;
     if let Recipe::Int8(_) = recipe {
         int8::require_opset(model)?;
     }

@@ -193,13 +193,40 @@ fn splice_graph(src: &Source<'_>, graph: Range<usize>, edits: &Edits<'_>) -> Res
     Ok(pieces)
 }
 
-/// Writes the model with `edits` to `output`; returns its size.
+/// Writes the spliced model to `output`; returns its size.
 pub(super) fn write_model(
     src: &Source<'_>,
     graph: Range<usize>,
     edits: &Edits<'_>,
     output: &OutFile,
 ) -> Result<u64> {
+    let pieces = model_pieces(src, graph, edits)?;
+    output
+        .dir
+        .write(&output.name, |w| write_pieces(src, &pieces, w))
+        .map_err(|e| Error::write(output.path(), e))?;
+    Ok(pieces.iter().map(|p| p.len() as u64).sum())
+}
+
+/// Appends the spliced model to `out`; returns its size.
+pub(super) fn encode_model(
+    src: &Source<'_>,
+    graph: Range<usize>,
+    edits: &Edits<'_>,
+    out: &mut Vec<u8>,
+) -> Result<u64> {
+    let pieces = model_pieces(src, graph, edits)?;
+    let len: usize = pieces.iter().map(Piece::len).sum();
+    out.try_reserve_exact(len)
+        .map_err(|e| Error::Rewrite(format!("materialize: {len} bytes of model: {e}")))?;
+    // Only the check that the source is intact can fail.
+    write_pieces(src, &pieces, out)
+        .map_err(|e| Error::io(src.model.path().unwrap_or(src.model.dir()), e))?;
+    Ok(len as u64)
+}
+
+/// The model's top-level fields in order, the graph spliced.
+fn model_pieces(src: &Source<'_>, graph: Range<usize>, edits: &Edits<'_>) -> Result<Vec<Piece>> {
     let model = src.model;
     let mut pieces = splice_graph(src, graph, edits)?;
     let graph_len: usize = pieces.iter().map(Piece::len).sum();
@@ -217,18 +244,18 @@ pub(super) fn write_model(
     if edits.import_ms_domain {
         top.extend(nbits::ms_domain_import(model)?.map(Piece::New));
     }
-    let bytes = model.bytes();
-    output
-        .dir
-        .write(&output.name, |w| {
-            for p in &top {
-                match p {
-                    Piece::Source(r) => w.write_all(&bytes[r.clone()])?,
-                    Piece::New(v) => w.write_all(v)?,
-                }
-            }
-            crate::onnx::ensure_intact([&bytes[..]])
-        })
-        .map_err(|e| Error::write(output.path(), e))?;
-    Ok(top.iter().map(|p| p.len() as u64).sum())
+    Ok(top)
+}
+
+/// Writes `pieces` out, then makes sure the source's bytes did not change
+/// meanwhile.
+fn write_pieces(src: &Source<'_>, pieces: &[Piece], w: &mut impl Write) -> std::io::Result<()> {
+    let bytes = src.model.bytes();
+    for p in pieces {
+        match p {
+            Piece::Source(r) => w.write_all(&bytes[r.clone()])?,
+            Piece::New(v) => w.write_all(v)?,
+        }
+    }
+    crate::onnx::ensure_intact([&bytes[..]])
 }

@@ -228,6 +228,7 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
         per_channel: a.per_channel,
         reduce_range: a.reduce_range,
         op_types: a.op_types.clone(),
+        ..Default::default()
     });
     let mut call = Box::pin(call);
     let answer = tokio::select! {

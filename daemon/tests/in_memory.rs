@@ -1,0 +1,251 @@
+//! Materialize with `in_memory`: the answer is the model's bytes and the
+//! payload ranges its new initializers read, each payload leased to the
+//! caller; nothing is written anywhere. Those ranges are the bytes the file
+//! materialize writes; a request that also names an output or a link mode
+//! is refused; the leases count against the peer's `max_leases_per_uid`
+//! (an attacker cannot use in-memory answers to hold more), and a refusal
+//! part way leaves none of them behind.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use ctcache::pb;
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use prost::Message;
+use support::*;
+use tonic::transport::Channel;
+use tonic::Code;
+
+type Client = CompiledTensorCacheClient<Channel>;
+
+const K: usize = 256;
+const N: usize = 128;
+
+/// `Y = X @ W` then `Z = Y @ W2`: two weights, two payloads.
+fn two_matmuls(seed: u32) -> Vec<u8> {
+    let values = |s: u32| ctcache_testkit::xorshift(s.max(1)).map(ctcache_testkit::unit_f32);
+    let mut m = ctcache_testkit::MatMul::new(K, N, values(seed)).proto();
+    let g = m.graph.as_mut().unwrap();
+    g.node
+        .push(ctcache_testkit::node("MatMul", "second", &["Y", "W2"], "Z"));
+    g.initializer.push(ctcache_testkit::f32_tensor_from(
+        "W2",
+        &[N as i64, N as i64],
+        values(seed.wrapping_add(7)).take(N * N),
+    ));
+    m.encode_to_vec()
+}
+
+fn in_memory(model: &Path) -> api::MaterializeRequest {
+    api::MaterializeRequest {
+        model_path: model.display().to_string(),
+        in_memory: true,
+        lease_ttl_ms: 60_000,
+        ..Default::default()
+    }
+}
+
+async fn active_leases(c: &mut Client) -> u64 {
+    c.stats(api::StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .active_leases
+}
+
+/// The bytes of initializer `name` of the model written at `out`.
+fn written_bytes(out: &Path, name: &str) -> Vec<u8> {
+    let m = pb::ModelProto::decode(std::fs::read(out).unwrap().as_slice()).unwrap();
+    let t = m
+        .graph
+        .unwrap()
+        .initializer
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap();
+    let get = |k: &str| {
+        let e = t.external_data.iter().find(|e| e.key == k).unwrap();
+        e.value.clone()
+    };
+    let file = std::fs::read(out.parent().unwrap().join(get("location"))).unwrap();
+    let (off, len): (usize, usize) = (
+        get("offset").parse().unwrap(),
+        get("length").parse().unwrap(),
+    );
+    file[off..off + len].to_vec()
+}
+
+#[tokio::test]
+async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
+    let d = InProc::start();
+    let model = d.path("work/m.onnx");
+    write_model(&model, &two_matmuls(3));
+    let mut c = d.client().await;
+    // The cache's own files (payloads, records, index) are not the answer's.
+    let outside_cache = || {
+        let mut all = ctcache_testkit::paths_under(&d.path(""));
+        all.retain(|p| !p.starts_with(&d.cache));
+        all
+    };
+    let before = outside_cache();
+    let r = c.materialize(in_memory(&model)).await.unwrap().into_inner();
+    assert_eq!(outside_cache(), before, "nothing written outside the cache");
+    assert!(r.output_path.is_empty() && r.data_dir.is_empty() && r.files.is_empty());
+    assert_eq!(r.nodes_rewritten, 2);
+    assert_eq!(
+        r.external_data_dir,
+        model.parent().unwrap().display().to_string()
+    );
+    assert_eq!(r.model_bytes, r.model.len() as u64);
+    let graph = pb::ModelProto::decode(r.model.as_ref())
+        .unwrap()
+        .graph
+        .unwrap();
+    assert_eq!(
+        graph
+            .node
+            .iter()
+            .filter(|n| n.op_type == "MatMulNBits")
+            .count(),
+        2
+    );
+    // One lease per payload, held by the caller; every tensor's key leased.
+    assert_eq!(r.leases.len(), 2, "{:?}", r.leases);
+    assert_eq!(active_leases(&mut c).await, 2);
+    let leased: Vec<&str> = r
+        .leases
+        .iter()
+        .map(|l| l.entry.as_ref().unwrap().key.as_str())
+        .collect();
+    assert!(!r.tensors.is_empty());
+    // The same bytes the file materialize writes under the same names.
+    let out = d.path("out/m4.onnx");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    c.materialize(api::MaterializeRequest {
+        output_path: out.display().to_string(),
+        in_memory: false,
+        lease_ttl_ms: 0,
+        ..in_memory(&model)
+    })
+    .await
+    .unwrap();
+    for t in &r.tensors {
+        assert!(
+            leased.contains(&t.key.as_str()),
+            "{} reads an unleased {}",
+            t.name,
+            t.key
+        );
+        let payload = read_all(&mut c, &t.key).await;
+        let range = t.offset as usize..(t.offset + t.length) as usize;
+        assert_eq!(
+            payload[range],
+            written_bytes(&out, &t.name)[..],
+            "{}",
+            t.name
+        );
+        let init = graph.initializer.iter().find(|i| i.name == t.name).unwrap();
+        assert_eq!(init.data_type, t.data_type);
+        assert_eq!(
+            init.dims,
+            t.dims.iter().map(|&d| d as i64).collect::<Vec<_>>()
+        );
+    }
+    for l in &r.leases {
+        c.release_lease(api::ReleaseLeaseRequest {
+            lease_id: l.lease_id,
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(active_leases(&mut c).await, 0);
+}
+
+#[tokio::test]
+async fn in_memory_refuses_an_output_or_a_link_mode() {
+    let d = InProc::start();
+    let model = d.path("work/m.onnx");
+    write_model(&model, &matmul_model(K, N, 5));
+    let mut c = d.client().await;
+    let with_output = api::MaterializeRequest {
+        output_path: d.path("work/out.onnx").display().to_string(),
+        ..in_memory(&model)
+    };
+    let with_link = api::MaterializeRequest {
+        link: api::LinkMode::Hard as i32,
+        ..in_memory(&model)
+    };
+    for req in [with_output, with_link] {
+        let e = c.materialize(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("in_memory writes nothing"), "{e:?}");
+    }
+    assert!(!d.path("work/out.onnx").exists());
+}
+
+/// The attacker half: an in-memory materialize of a two-payload model
+/// when one lease is all it may hold.
+#[tokio::test]
+async fn lease_bound_helper() {
+    let Some(socket) = std::env::var_os("CT_TEST_SOCKET").map(PathBuf::from) else {
+        return;
+    };
+    let model = PathBuf::from(std::env::var("CT_TEST_MODEL").unwrap());
+    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let e = c.materialize(in_memory(&model)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    println!("REFUSED");
+}
+
+#[tokio::test]
+async fn in_memory_leases_count_against_the_peers_bound() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let mut d = daemon_for_nobody("max_leases_per_uid = 1\n");
+    let dir = d.path("models");
+    std::fs::create_dir_all(&dir).unwrap();
+    open_to_all(&dir);
+    let model = dir.join("m.onnx");
+    write_model(&model, &two_matmuls(9));
+    open_to_all(&model);
+    run_as_nobody(
+        "lease_bound_helper",
+        &[
+            ("CT_TEST_SOCKET", d.socket.as_os_str()),
+            ("CT_TEST_MODEL", model.as_os_str()),
+        ],
+        "REFUSED",
+    );
+    let mut c = d.client().await;
+    assert_eq!(
+        active_leases(&mut c).await,
+        0,
+        "the lease granted first is released"
+    );
+    d.stop();
+}
+
+#[tokio::test]
+async fn a_model_too_large_for_one_answer_is_refused_with_no_lease_left() {
+    let d = InProc::start_with(|c| c.max_message_bytes = (1 << 20) + 4096);
+    let model = d.path("work/m.onnx");
+    // A 64 KiB tensor the rewrite keeps inline: the model is over 4 KiB.
+    let mut m = ctcache_testkit::MatMul::new(K, N, std::iter::repeat(0.5)).proto();
+    let g = m.graph.as_mut().unwrap();
+    g.node
+        .push(ctcache_testkit::node("Add", "bias", &["Y", "C"], "Z"));
+    g.initializer.push(ctcache_testkit::f32_tensor_from(
+        "C",
+        &[16, 1024],
+        std::iter::repeat_n(0.25, 16 * 1024),
+    ));
+    write_model(&model, &m.encode_to_vec());
+    let mut c = d.client().await;
+    let e = c.materialize(in_memory(&model)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("materialize it to a file"), "{e:?}");
+    assert_eq!(active_leases(&mut c).await, 0);
+}

@@ -1,0 +1,140 @@
+"""Zero-write sessions: ``ctcache.ort.inference_session`` with no output
+path writes no file. The daemon answers the model's bytes and leases the
+payloads; the client maps them and feeds them to onnxruntime as external
+initializers. For each target the outputs are bit-identical to the session
+on the file materialize and to the reference tool's model, on a model whose
+kept tensors are external data beside it (read where the source's are);
+the leases live as long as the session; a model too large for one answer
+falls back to a file.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from test_materialize import daemon, one_thread, random_feeds, session, transformer  # noqa: F401  (fixture)
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+
+TARGETS = ["onnxruntime-int4", "onnxruntime-int8", "onnxruntime-fp16"]
+
+
+def listing(*dirs: Path) -> list[str]:
+    return sorted(str(p) for d in dirs if d.exists() for p in d.rglob("*"))
+
+
+def external_model(tmp_path: Path, seed: int) -> Path:
+    """A transformer block whose every tensor is external data in one file beside it."""
+    inline = transformer(tmp_path / "inline.onnx", 96, seed=seed)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    out = folder / "m.onnx"
+    onnx.save_model(onnx.load(str(inline)), str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.data", size_threshold=0)
+    inline.unlink()
+    return out
+
+
+def reference(model: Path, target: str) -> onnx.ModelProto:
+    import ctcache.ort as cort
+
+    if target == "onnxruntime-int8":
+        return cort.quantize_dynamic_in_process(model)
+    if target == "onnxruntime-fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        return convert_float_to_float16(str(model), keep_io_types=True)
+    return cort.quantize_in_process(model)
+
+
+def same_outputs(a, b, seed: int) -> None:
+    feeds = random_feeds(a, seed)
+    for x, y in zip(a.run(None, feeds), b.run(None, feeds)):
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_session_writes_nothing_and_matches_the_file_and_the_reference(ctcache, daemon, tmp_path,  # noqa: F811
+                                                                          monkeypatch, target):
+    import ctcache.ort as cort
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    model = external_model(tmp_path, seed=TARGETS.index(target) + 3)
+    before = listing(tmp_path)
+    sess = cort.inference_session(model, socket=daemon.socket, target=target, sess_options=one_thread(),
+                                  providers=["CPUExecutionProvider"])
+    assert listing(tmp_path) == before, "an in-memory session wrote files"
+    payloads = sess._ctcache_payloads
+    assert payloads and all(p.source == "mmap" for p in payloads)
+    with ctcache.connect(daemon.socket) as c:
+        assert c.stats().active_leases >= len(payloads)
+    ref = session(reference(model, target))
+    same_outputs(sess, ref, seed=1)
+    on_file = cort.inference_session(model, socket=daemon.socket, target=target, link="hard",
+                                     sess_options=one_thread(), providers=["CPUExecutionProvider"])
+    same_outputs(sess, on_file, seed=2)
+    # The mappings outlive everything but the session.
+    del on_file, ref
+    gc.collect()
+    same_outputs(sess, session(reference(model, target)), seed=3)
+
+
+def test_the_answer_says_where_every_new_initializer_lies(ctcache, daemon, tmp_path):  # noqa: F811
+    model = external_model(tmp_path, seed=11)
+    with ctcache.connect(daemon.socket) as c:
+        r = c.materialize(model, None, in_memory=True, lease_ttl_s=5)
+        assert not r.output_path and not r.files and r.external_data_dir == str(model.parent)
+        m = onnx.load_from_string(r.model)
+        fed = {t.name: t for t in r.tensors}
+        leased = {lease.entry.key for lease in r.leases}
+        placeholders = [t for t in m.graph.initializer if t.name in fed]
+        assert len(placeholders) == len(fed) > 0
+        for t in placeholders:
+            f = fed[t.name]
+            assert f.key in leased and list(f.dims) == list(t.dims) and f.data_type == t.data_type
+        kept = [t for t in m.graph.initializer if t.name not in fed]
+        assert kept and all({e.key: e.value for e in t.external_data}["location"] == "m.data" for t in kept)
+        for lease in r.leases:
+            c._stub.ReleaseLease(ctcache.pb.ReleaseLeaseRequest(lease_id=lease.lease_id))
+        with pytest.raises(ValueError, match="writes nothing"):
+            c.materialize(model, tmp_path / "x.onnx", in_memory=True)
+
+
+def test_an_answer_too_large_falls_back_to_a_file(ctcache, daemon, tmp_path, monkeypatch):  # noqa: F811
+    import ctcache.ort as cort
+    from ctcache.client import Client
+
+    model = external_model(tmp_path, seed=13)
+    real = Client.materialize
+
+    def too_large(self, *args, in_memory=False, **kw):
+        if in_memory:
+            import grpc
+
+            raise ctcache.errors.RequestFailed("Materialize", grpc.StatusCode.RESOURCE_EXHAUSTED, "too large")
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Client, "materialize", too_large)
+    sess = cort.inference_session(model, socket=daemon.socket, sess_options=one_thread(),
+                                  providers=["CPUExecutionProvider"])
+    written = model.parent / "m.int4.onnx"
+    assert written.is_file() and not hasattr(sess, "_ctcache_payloads")
+    same_outputs(sess, session(reference(model, "onnxruntime-int4")), seed=4)
+    assert os.path.isdir(str(written) + ".weights")
+
+
+def test_unfeedable_ranges_are_refused(ctcache):  # noqa: F811
+    import ctcache.ort as cort
+
+    view = memoryview(np.zeros(16, np.uint8).tobytes())
+    bad = ctcache.pb.MaterializedTensor(name="t", key="k", offset=8, length=16, data_type=1, dims=[4])
+    with pytest.raises(ctcache.CtcacheError, match="are not"):
+        cort._ort_value(view, bad)
+    odd = ctcache.pb.MaterializedTensor(name="t", key="k", offset=0, length=2, data_type=8, dims=[1])
+    with pytest.raises(ctcache.CtcacheError, match="cannot be fed"):
+        cort._ort_value(view, odd)
