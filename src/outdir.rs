@@ -391,16 +391,15 @@ pub(crate) fn existing_ancestor(
 ) -> io::Result<(PathBuf, PathBuf)> {
     let mut first = None;
     for a in path.ancestors() {
-        let a = if a.as_os_str().is_empty() {
-            Path::new(".")
+        // A relative path's last ancestor is "": the current folder, below
+        // which lies the whole path.
+        let (a, rest) = if a.as_os_str().is_empty() {
+            (Path::new("."), path)
         } else {
-            a
+            (a, path.strip_prefix(a).unwrap_or(Path::new("")))
         };
         match open(a) {
-            Ok(()) => {
-                let rest = path.strip_prefix(a).unwrap_or(Path::new(""));
-                return Ok((a.to_path_buf(), rest.to_path_buf()));
-            }
+            Ok(()) => return Ok((a.to_path_buf(), rest.to_path_buf())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 first.get_or_insert(e);
             }
@@ -496,6 +495,30 @@ fn refused(msg: String) -> io::Error {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A relative path none of whose folders exists yet lies wholly below
+    /// the current folder (it once came back as "." with nothing below).
+    #[test]
+    fn a_relative_path_with_no_folder_yet_is_below_the_current_one() {
+        let only_cwd = |p: &Path| match p == Path::new(".") {
+            true => Ok(()),
+            false => Err(io::Error::from(io::ErrorKind::NotFound)),
+        };
+        let (base, rest) = existing_ancestor(Path::new("out/m.onnx"), only_cwd).unwrap();
+        assert_eq!(
+            (base, rest),
+            (PathBuf::from("."), PathBuf::from("out/m.onnx"))
+        );
+        let found = |p: &Path| match p == Path::new("out") {
+            true => Ok(()),
+            false => Err(io::Error::from(io::ErrorKind::NotFound)),
+        };
+        let (base, rest) = existing_ancestor(Path::new("out/sub/m.onnx"), found).unwrap();
+        assert_eq!(
+            (base, rest),
+            (PathBuf::from("out"), PathBuf::from("sub/m.onnx"))
+        );
+    }
 
     /// Root writing for itself (no recipient) into a shared sticky folder
     /// (of a third user) where another user made the names first: neither
