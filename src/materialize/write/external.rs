@@ -167,6 +167,8 @@ impl<'a> DataFolder<'a> {
             for (offset, data) in &kept.parts {
                 w.write_all(&vec![0u8; (offset - pos) as usize])?;
                 w.write_all(data)?;
+                // Written: its mapped pages need not stay resident.
+                crate::onnx::release(data);
                 pos = offset + data.len() as u64;
             }
             crate::onnx::ensure_intact(kept.parts.iter().map(|(_, d)| &d[..]))
