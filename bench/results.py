@@ -19,6 +19,8 @@ Subcommands (standard library only: runs without the venv):
                                        is the old name of --doc); with --update
                                        only the rows the LOGs measure are
                                        replaced, --note joins the old note
+                                       (replacing an older "The rows of X:"
+                                       note of the same X)
     results.py summary DOC README      write README's headline summary (the
                                        HEADLINE figures below) from DOC's table
     results.py check FIGURES DOC [--summary README]
@@ -186,6 +188,11 @@ def markdown_table(rs: list[list[str]]) -> str:
     return "\n".join(lines + [markdown_row(r) for r in rs])
 
 
+# The sentences of a table's note, and the "The rows of X:" that starts one.
+NOTE_SPLIT = re.compile(r"(?<=\.) (?=The rows of |Measured by )")
+NOTE_OF = re.compile(r"The rows of [^:]+:")
+
+
 def updated_block(block: str, rs: list[list[str]], measured: set[str], note: str) -> str:
     """The README's block with the rows of `measured` replaced by `rs`'s and
     every other row kept as it was (a run of some benches only); `note`
@@ -197,6 +204,10 @@ def updated_block(block: str, rs: list[list[str]], measured: set[str], note: str
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)] + table
     if head and note and not head.endswith("."):
         head += "."
+    # A note "The rows of X: ..." stands for the latest run of X: an older
+    # one of the same X goes.
+    if (m := NOTE_OF.match(note)) and head:
+        head = " ".join(t for t in NOTE_SPLIT.split(head) if not t.startswith(m.group(0)))
     note = " ".join(t for t in (head, note) if t)
     return (f"\n{note}\n\n" if note else "\n") + "\n".join(lines) + "\n"
 

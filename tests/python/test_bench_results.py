@@ -55,6 +55,13 @@ def test_a_partial_run_replaces_only_its_rows(tmp_path: Path) -> None:
     assert new_rows["`a.speed`"] != old_rows["`a.speed`"]
     assert "12.0 GB/s" in new_rows["`a.speed`"] and "| met |" in new_rows["`a.speed`"]
     assert "Whole run on day 1. Rows of a: day 2." in after
+    # A later run of the same rows replaces its note; other notes stay.
+    for day in (3, 4):
+        r = results("markdown", figures, part, "--readme", readme, "--update", "--note",
+                    f"The rows of a: day {day}.")
+        assert r.returncode == 0, r.stderr
+    assert "Whole run on day 1. Rows of a: day 2. The rows of a: day 4." in block(readme)
+    assert "day 3" not in block(readme)
     assert readme.read_text().endswith(f"{END}\n\nafter\n")
     assert results("check", figures, readme).returncode == 0
 
