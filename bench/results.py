@@ -47,7 +47,7 @@ SUMMARY_END = "<!-- bench/results.py summary: end -->"
 # figure, anchor and ratio come from the table's rows.
 HEADLINE = [
     ("materialize.cold", "fp32 model to a 4-bit onnxruntime session, empty cache, vs onnxruntime's quantizer"),
-    ("materialize.warm.auto", "the same, warm cache (`--link auto`)"),
+    ("materialize.warm.memory", "the same, warm cache, `ctcache.ort.inference_session` (no file written)"),
     ("pack.ort.matmul_nbits.cpu", "4-bit MatMulNBits pack vs onnxruntime's quantizer"),
     ("pack.ggml.q8_0.cpu", "ggml Q8_0 pack vs gguf-py"),
     ("digest.b3sum", "digest of 1 GiB of external data vs `b3sum`"),
