@@ -25,8 +25,8 @@ Three ways, one run, on a model of eight 4096 x 4096 FLOAT MatMul weights
   ``link="hard"`` (hard links: no payload byte written, but onnx >= 1.21
   refuses such files; onnxruntime loads them); and ``memory``, the
   zero-write session ``ctcache.ort.inference_session`` opens by default
-  (an in-memory Materialize, then a session on the answer's bytes with the
-  leased payloads mapped and fed as external initializers).
+  (an in-memory Materialize, then a session on the answer's bytes, whose
+  external data are the leased payload files, mapped by onnxruntime).
 
 The daemon is started (and answering) before the clock starts for the cold
 run. The fp32 model is freshly written, so every way reads it from the page
@@ -300,8 +300,8 @@ def through_daemon(client, model: Path, out: Path, dim: int, link: str = "auto",
 
 def in_memory(client, model: Path, dim: int, target: str = "int4"):
     """The zero-write session (``ctcache.ort.inference_session``'s default):
-    the in-memory Materialize, then the session on its bytes with the
-    leased payloads mapped and fed as external initializers."""
+    the in-memory Materialize, then the session on its bytes, whose external
+    data are the leased payload files."""
     import ctcache.ort as cort
 
     settings = {"bits": BITS, "block_size": BLOCK, "symmetric": SYMMETRIC} if target == "int4" else {}

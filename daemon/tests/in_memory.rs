@@ -94,10 +94,8 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
     assert_eq!(outside_cache(), before, "nothing written outside the cache");
     assert!(r.output_path.is_empty() && r.data_dir.is_empty() && r.files.is_empty());
     assert_eq!(r.nodes_rewritten, 2);
-    assert_eq!(
-        r.external_data_dir,
-        model.parent().unwrap().display().to_string()
-    );
+    // Locations are relative to the store's payload folder.
+    assert!(Path::new(&r.external_data_dir).starts_with(&d.cache));
     assert_eq!(r.model_bytes, r.model.len() as u64);
     let graph = pb::ModelProto::decode(r.model.as_ref())
         .unwrap()
@@ -137,6 +135,22 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
             "{} reads an unleased {}",
             t.name,
             t.key
+        );
+        // Its location names the leased payload's file.
+        let init = graph.initializer.iter().find(|i| i.name == t.name).unwrap();
+        let location = &init
+            .external_data
+            .iter()
+            .find(|e| e.key == "location")
+            .unwrap()
+            .value;
+        let lease = r
+            .leases
+            .iter()
+            .find(|l| l.entry.as_ref().unwrap().key == t.key);
+        assert_eq!(
+            Path::new(&r.external_data_dir).join(location),
+            Path::new(&lease.unwrap().entry.as_ref().unwrap().payload_path)
         );
         let payload = read_all(&mut c, &t.key).await;
         let range = t.offset as usize..(t.offset + t.length) as usize;

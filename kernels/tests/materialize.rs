@@ -492,14 +492,16 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
         .unwrap();
     let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
     assert!(w3.external_data.iter().any(|e| e.value == "m.data"));
-    // In memory: kept data stays where the source's is (its folder).
+    // In memory: kept data is inlined (the model reads no file of the
+    // source's; every location is a payload's).
     let built = mat::build_in_memory(&f.model, &plan, s, &f.weights).unwrap();
     let g = pb::ModelProto::decode(built.model.as_slice())
         .unwrap()
         .graph
         .unwrap();
     let w3 = g.initializer.iter().find(|t| t.name == "W3").unwrap();
-    assert_eq!(external(w3, f.dir.path()), w3_bytes);
+    assert_eq!((w3.data_location, &w3.raw_data[..]), (0, &w3_bytes[..]));
+    assert!(w3.external_data.is_empty());
     assert!(built.tensors.iter().all(|t| t.name != "W3"));
 }
 
@@ -629,11 +631,9 @@ fn an_in_memory_model_is_the_written_one_and_writes_nothing() {
             (t.data_type, t.dims.iter().map(|&d| d as u64).collect())
         );
         for e in t.external_data.iter_mut().filter(|e| e.key == "location") {
-            let file = e
-                .value
-                .strip_prefix(&format!("{}/", mat::IN_MEMORY_DATA))
-                .unwrap();
-            e.value = format!("m4.onnx.weights/{file}");
+            // In memory the location is the payload's file name.
+            assert_eq!(e.value, fed.file_name);
+            e.value = format!("m4.onnx.weights/{}", fed.file_name);
         }
         seen += 1;
     }

@@ -34,7 +34,7 @@ pub use plan::{
 };
 pub use write::{
     build_in_memory, data_dir_name, write, InMemory, PackedWeight, PayloadTensor, Report,
-    WeightKey, IDENTITY, IN_MEMORY_DATA,
+    WeightKey, IDENTITY,
 };
 
 use crate::error::{Error, Result};

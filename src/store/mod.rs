@@ -175,6 +175,18 @@ impl Store {
         self.paths.blob(blake3)
     }
 
+    /// The folder of the payload files.
+    pub fn payload_folder(&self) -> &Path {
+        &self.paths.blobs
+    }
+
+    /// Where the payload file of `blake3` lies in [`Store::payload_folder`].
+    pub fn blob_in_folder(&self, blake3: &[u8; 32]) -> PathBuf {
+        let path = self.paths.blob(blake3);
+        let rel = path.strip_prefix(&self.paths.blobs).unwrap_or(&path);
+        rel.to_path_buf()
+    }
+
     pub(crate) fn now(&self) -> u64 {
         self.opts.clock.now_ms()
     }

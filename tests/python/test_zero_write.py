@@ -1,11 +1,13 @@
 """Zero-write sessions: ``ctcache.ort.inference_session`` with no output
-path writes no file. The daemon answers the model's bytes and leases the
-payloads; the client maps them and feeds them to onnxruntime as external
-initializers. For each target the outputs are bit-identical to the session
-on the file materialize and to the reference tool's model, on a model whose
-kept tensors are external data beside it (read where the source's are);
-the leases live as long as the session; a model too large for one answer
-falls back to a file.
+path writes no file. The daemon answers the model's bytes, whose external
+data are the cache's payload files (relative to its payload folder), and
+leases the payloads; onnxruntime maps them in place, or, where this process
+cannot read them, the client feeds copies as external initializers. For
+each target the outputs are bit-identical to the session on the file
+materialize and to the reference tool's model, on a model whose kept
+tensors are external data beside it (inlined in the answer); the leases
+live as long as the session; a model too large for one answer falls back
+to a file.
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ def test_a_session_writes_nothing_and_matches_the_file_and_the_reference(ctcache
     sess = cort.inference_session(model, socket=daemon.socket, target=target, sess_options=one_thread(),
                                   providers=["CPUExecutionProvider"])
     assert listing(tmp_path) == before, "an in-memory session wrote files"
-    payloads = sess._ctcache_payloads
-    assert payloads and all(p.source == "mmap" for p in payloads)
+    leases = sess._ctcache_leases.lease_ids
+    assert leases and not hasattr(sess, "_ctcache_payloads"), "onnxruntime maps the payload files itself"
     with ctcache.connect(daemon.socket) as c:
-        assert c.stats().active_leases >= len(payloads)
+        assert c.stats().active_leases >= len(leases)
     ref = session(reference(model, target))
     same_outputs(sess, ref, seed=1)
     on_file = cort.inference_session(model, socket=daemon.socket, target=target, link="hard",
@@ -88,7 +90,7 @@ def test_the_answer_says_where_every_new_initializer_lies(ctcache, daemon, tmp_p
     model = external_model(tmp_path, seed=11)
     with ctcache.connect(daemon.socket) as c:
         r = c.materialize(model, None, in_memory=True, lease_ttl_s=5)
-        assert not r.output_path and not r.files and r.external_data_dir == str(model.parent)
+        assert not r.output_path and not r.files and os.path.isdir(r.external_data_dir)
         m = onnx.load_from_string(r.model)
         fed = {t.name: t for t in r.tensors}
         leased = {lease.entry.key for lease in r.leases}
@@ -97,8 +99,15 @@ def test_the_answer_says_where_every_new_initializer_lies(ctcache, daemon, tmp_p
         for t in placeholders:
             f = fed[t.name]
             assert f.key in leased and list(f.dims) == list(t.dims) and f.data_type == t.data_type
+        paths = {lease.entry.key: lease.entry.payload_path for lease in r.leases}
+        for t in placeholders:
+            f, loc = fed[t.name], {e.key: e.value for e in t.external_data}
+            # The location is the leased payload's file, in the answer's folder.
+            assert os.path.join(r.external_data_dir, loc["location"]) == paths[f.key]
+            assert (int(loc["offset"]), int(loc["length"])) == (f.offset, f.length)
+        # The source's external data is inlined: the model reads no file of the source's.
         kept = [t for t in m.graph.initializer if t.name not in fed]
-        assert kept and all({e.key: e.value for e in t.external_data}["location"] == "m.data" for t in kept)
+        assert kept and all(t.data_location == onnx.TensorProto.DEFAULT and t.raw_data for t in kept)
         for lease in r.leases:
             c._stub.ReleaseLease(ctcache.pb.ReleaseLeaseRequest(lease_id=lease.lease_id))
         with pytest.raises(ValueError, match="writes nothing"):
@@ -126,6 +135,19 @@ def test_an_answer_too_large_falls_back_to_a_file(ctcache, daemon, tmp_path, mon
     assert written.is_file() and not hasattr(sess, "_ctcache_payloads")
     same_outputs(sess, session(reference(model, "onnxruntime-int4")), seed=4)
     assert os.path.isdir(str(written) + ".weights")
+
+
+def test_payload_files_this_process_cannot_read_are_fed_as_copies(ctcache, daemon, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    import ctcache.ort as cort
+
+    model = external_model(tmp_path, seed=17)
+    real = os.access
+    monkeypatch.setattr(cort.os, "access", lambda p, mode: False if "blobs" in str(p) else real(p, mode))
+    sess = cort.inference_session(model, socket=daemon.socket, target="onnxruntime-int8",
+                                  sess_options=one_thread(), providers=["CPUExecutionProvider"])
+    assert sess._ctcache_payloads and not hasattr(sess, "_ctcache_leases")
+    same_outputs(sess, session(reference(model, "onnxruntime-int8")), seed=5)
 
 
 def test_unfeedable_ranges_are_refused(ctcache):  # noqa: F811

@@ -20,8 +20,8 @@ hard links with ``link="hard"``.
 :func:`inference_session` is the drop-in: it returns an
 ``onnxruntime.InferenceSession`` on that 4-bit form, by default writing no
 file at all (``link="memory"``: the model's bytes come from the daemon, the
-weights are the cache's payload files mapped into this process and fed to
-onnxruntime as external initializers). When no daemon answers
+weights are the cache's payload files, which onnxruntime maps in place).
+When no daemon answers
 (and ``fallback=True``) it warns (:class:`FallbackWarning`) and quantizes in
 this process with onnxruntime's own ``MatMulNBitsQuantizer`` (same settings),
 which gives the same weights, only slower.
@@ -295,24 +295,52 @@ def _ort_value(view: memoryview, t):
     return onnxruntime.OrtValue.ortvalue_from_numpy(arr)
 
 
+class _SessionLeases:
+    """The leases a zero-write session holds: renewed by one thread for as long
+    as the session lives (they run out ``ttl_s`` after it is collected)."""
+
+    def __init__(self, client, leases, ttl_s: float):
+        import threading
+        import weakref
+
+        from .payload import _renew_loop
+
+        self.lease_ids = [lease.lease_id for lease in leases]
+        self.state = {"error": None, "renewals": 0, "expires_unix_ms": 0}
+        stop = threading.Event()
+        threading.Thread(target=_renew_loop, args=(client._stub, self.lease_ids, ttl_s, stop, self.state),
+                         name="ctcache-session-leases", daemon=True).start()
+        weakref.finalize(self, stop.set)
+
+
 def _session_in_memory(client, r: pb.MaterializeResponse, sess_options, providers, ttl_s: float):
-    """A session on an in-memory Materialize answer: the model from its bytes, the new
-    initializers fed from the leased payloads (mapped where this process can read
-    them); the payloads and their leases live as long as the session."""
+    """A session on an in-memory Materialize answer, nothing written.
+
+    Where this process can read the payload files, onnxruntime maps them
+    itself (the model's locations are relative to the answer's
+    ``external_data_dir``, the cache's payload folder): the same path as a
+    model file with external data. Else the payloads are leased as
+    :class:`~ctcache.Payload` (streamed copies) and fed as external
+    initializers. The leases live as long as the session."""
     import onnxruntime
 
     from .payload import Payload
 
+    so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
+    if all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
+        held = _SessionLeases(client, r.leases, ttl_s)
+        sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
+        sess._ctcache_leases = held
+        sess._ctcache_client = client
+        return sess
     payloads = {}
     try:
         for lease in r.leases:
             payloads[lease.entry.key] = Payload(client, lease, lease.entry, ttl_s)
         names = [t.name for t in r.tensors]
         values = [_ort_value(payloads[t.key].memoryview, t) for t in r.tensors]
-        so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
         so.add_external_initializers(names, values)
-        if r.external_data_dir:
-            so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
         sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
     except BaseException:
         for p in payloads.values():
@@ -340,13 +368,13 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     and outputs (fallback: ``convert_float_to_float16(keep_io_types=True)``).
 
     ``link="memory"`` (the default when no ``output_path`` is given) writes
-    nothing: the daemon answers the
-    model's bytes and leases its payloads to this process, which maps them
-    and feeds them to onnxruntime as external initializers
-    (``SessionOptions.add_external_initializers``); the session holds the
-    mappings, and renews the leases, for as long as it lives. A
-    ``sess_options`` given is used for this session alone (the initializers
-    are added to it). A model too large for one answer
+    nothing: the daemon answers the model's bytes, whose external data are
+    the cache's payload files, and leases those to this process; onnxruntime
+    maps them in place (where this process cannot read them, they are
+    copied over the socket and fed as external initializers); the session
+    renews the leases for as long as it lives. A ``sess_options`` given is
+    used for this session alone (a config entry or the initializers are
+    added to it). A model too large for one answer
     (``RESOURCE_EXHAUSTED``) is materialized to a file instead, as with
     ``link="auto"``. With an ``output_path`` (then ``link`` defaults to
     ``"auto"``) or another ``link`` value the model is materialized to a

@@ -72,7 +72,7 @@ class Payload:
             raise
         self._thread = threading.Thread(
             target=_renew_loop,
-            args=(client._stub, self.lease_id, ttl_s, self._stop, self._state),
+            args=(client._stub, [self.lease_id], ttl_s, self._stop, self._state),
             name=f"ctcache-lease-{self.lease_id}",
             daemon=True,
         )
@@ -259,20 +259,24 @@ class Payload:
         return f"<ctcache.Payload {self.entry.physical_type} {self.entry.payload_len} bytes ({state})>"
 
 
-def _renew_loop(stub, lease_id: int, ttl_s: float, stop: threading.Event, state: dict) -> None:
+def _renew_loop(stub, lease_ids: list, ttl_s: float, stop: threading.Event, state: dict) -> None:
+    """Renews every lease of ``lease_ids`` each ttl/3 until ``stop`` (a lease found gone is dropped)."""
     # Holds no reference to the Payload, so an unclosed Payload can be collected.
     interval = max(ttl_s / 3.0, 0.05)
     ttl_ms = max(int(ttl_s * 1000), 1)
-    while not stop.wait(interval):
-        try:
-            r = stub.RenewLease(pb.RenewLeaseRequest(lease_id=lease_id, ttl_ms=ttl_ms), timeout=max(interval, 1.0))
-            state["renewals"] += 1
-            state["expires_unix_ms"] = r.expires_unix_ms
-            state["error"] = None
-        except grpc.RpcError as e:
-            state["error"] = f"{e.code().name}: {e.details()}"
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                return  # the lease is gone; renewing cannot bring it back
-        except ValueError as e:  # channel closed
-            state["error"] = str(e)
-            return
+    live = list(lease_ids)
+    while live and not stop.wait(interval):
+        for lease_id in list(live):
+            try:
+                r = stub.RenewLease(pb.RenewLeaseRequest(lease_id=lease_id, ttl_ms=ttl_ms),
+                                    timeout=max(interval, 1.0))
+                state["renewals"] += 1
+                state["expires_unix_ms"] = r.expires_unix_ms
+                state["error"] = None
+            except grpc.RpcError as e:
+                state["error"] = f"{e.code().name}: {e.details()}"
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    live.remove(lease_id)  # the lease is gone; renewing cannot bring it back
+            except ValueError as e:  # channel closed
+                state["error"] = str(e)
+                return

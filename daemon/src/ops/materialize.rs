@@ -79,7 +79,8 @@ pub(crate) struct InMemoryAnswer {
     pub entries: HashMap<String, Entry>,
     /// A lease for the caller on each of those entries.
     pub leases: Vec<Granted>,
-    /// The folder the kept external data is relative to.
+    /// The folder the model's external data locations are relative to:
+    /// the store's payload folder.
     pub external_data_dir: PathBuf,
 }
 
@@ -247,17 +248,13 @@ pub(crate) async fn materialize(
         entries,
         wanted,
         cancel: stop.0.clone(),
+        in_memory: matches!(dest, Destination::Memory { .. }),
     };
-    let external_data_dir = std::path::Path::new(&r.model_path)
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
     blocking(move || {
         let (output_path, report, in_memory) = match dest {
             Destination::File { out, mode } => (out.path(), job.write(&plan, &out, mode)?, None),
             Destination::Memory { lease_ttl_ms } => {
-                let mut answer = job.build(&plan, lease_ttl_ms)?;
-                answer.external_data_dir = external_data_dir;
+                let answer = job.build(&plan, lease_ttl_ms)?;
                 (PathBuf::new(), answer.built.report.clone(), Some(answer))
             }
         };
@@ -322,6 +319,8 @@ struct WriteJob {
     entries: Vec<(Wanted, Entry)>,
     wanted: Vec<(WeightKey, Wanted)>,
     cancel: Cancel,
+    /// Built in memory (payloads named by their place in the store).
+    in_memory: bool,
 }
 
 /// The packed weights of a write, each leased and opened (checked as it is
@@ -362,7 +361,7 @@ impl WriteJob {
                 key.clone(),
                 PackedWeight {
                     payload_path: payload.path.clone(),
-                    file_name: format!("{}.bin", hex::encode(payload.info.blake3)),
+                    file_name: self.file_name(&payload.info.blake3),
                     struct_type: e.physical_type()?,
                     dims: e.dims.clone(),
                     checked: Some(payload),
@@ -370,6 +369,16 @@ impl WriteJob {
             );
         }
         Ok(served)
+    }
+
+    /// The name a payload goes by in the new model: in its data folder
+    /// `<blake3>.bin`; in memory its place in the store's payload folder
+    /// (which the answer names), so that a runtime maps the file itself.
+    fn file_name(&self, blake3: &[u8; 32]) -> String {
+        match self.in_memory {
+            false => format!("{}.bin", hex::encode(blake3)),
+            true => self.d.store.blob_in_folder(blake3).display().to_string(),
+        }
     }
 
     /// Writes the model to `out` with its payloads placed by `mode`. The
@@ -430,7 +439,7 @@ impl WriteJob {
             built,
             entries,
             leases,
-            external_data_dir: PathBuf::new(),
+            external_data_dir: self.d.store.payload_folder().to_path_buf(),
         })
     }
 

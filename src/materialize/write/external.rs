@@ -214,16 +214,15 @@ fn place_all(
     Ok(())
 }
 
-/// The data of every kept initializer with external data, laid out
-/// aligned, and the initializer re-encoded to point at `location`.
-fn kept_data(src: &Source<'_>, dropped: &HashSet<&str>, location: &str) -> Result<KeptData> {
+/// Every initializer the new model keeps with external data: its index,
+/// its data (mapped) and its proto as the source has it.
+fn kept_external(
+    src: &Source<'_>,
+    dropped: &HashSet<&str>,
+) -> Result<Vec<(usize, bytes::Bytes, pb::TensorProto)>> {
     let model = src.model;
     let ranges = model.graph_fields(GRAPH_INITIALIZER)?;
-    let mut kept = KeptData {
-        parts: Vec::new(),
-        len: 0,
-        encoded: HashMap::new(),
-    };
+    let mut kept = Vec::new();
     for (i, t) in src.initializers.iter().enumerate() {
         if dropped.contains(t.name.as_str()) || !matches!(t.storage, Storage::External(_)) {
             continue;
@@ -231,10 +230,24 @@ fn kept_data(src: &Source<'_>, dropped: &HashSet<&str>, location: &str) -> Resul
         let data = model
             .mapped_data(t)?
             .ok_or_else(|| Error::external(&t.name, "no data"))?;
+        let proto = pb::TensorProto::decode(&model.bytes()[ranges[i].clone()])
+            .map_err(|e| Error::decode("TensorProto", e))?;
+        kept.push((i, data, proto));
+    }
+    Ok(kept)
+}
+
+/// The data of every kept initializer with external data, laid out
+/// aligned, and the initializer re-encoded to point at `location`.
+fn kept_data(src: &Source<'_>, dropped: &HashSet<&str>, location: &str) -> Result<KeptData> {
+    let mut kept = KeptData {
+        parts: Vec::new(),
+        len: 0,
+        encoded: HashMap::new(),
+    };
+    for (i, data, mut proto) in kept_external(src, dropped)? {
         let offset = kept.len.next_multiple_of(KEPT_ALIGN);
         kept.len = offset + data.len() as u64;
-        let mut proto = pb::TensorProto::decode(&model.bytes()[ranges[i].clone()])
-            .map_err(|e| Error::decode("TensorProto", e))?;
         proto.external_data = ExternalRef {
             location: location.into(),
             offset,
@@ -247,4 +260,26 @@ fn kept_data(src: &Source<'_>, dropped: &HashSet<&str>, location: &str) -> Resul
         kept.parts.push((offset, data));
     }
     Ok(kept)
+}
+
+/// Every kept initializer with external data re-encoded with its bytes
+/// inline (an in-memory model reads no file of the source's), by
+/// initializer index.
+pub(super) fn inline_kept(
+    src: &Source<'_>,
+    dropped: &HashSet<&str>,
+) -> Result<HashMap<usize, Vec<u8>>> {
+    let mut inlined = HashMap::new();
+    for (i, data, mut proto) in kept_external(src, dropped)? {
+        proto.external_data.clear();
+        proto.data_location = pb::tensor_proto::DataLocation::Default as i32;
+        proto.raw_data = data.to_vec().into();
+        crate::onnx::ensure_intact([&data[..]])
+            .map_err(|e| Error::io(src.model.path().unwrap_or(src.model.dir()), e))?;
+        crate::onnx::release(&data);
+        let mut field = Vec::new();
+        encoded_field(&mut field, GRAPH_INITIALIZER, &proto);
+        inlined.insert(i, field);
+    }
+    Ok(inlined)
 }

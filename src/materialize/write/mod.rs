@@ -10,6 +10,7 @@
 mod external;
 mod fp16;
 mod int8;
+mod memory;
 mod names;
 mod nbits;
 mod payload;
@@ -34,6 +35,7 @@ use crate::onnx::{Model, TensorRef};
 use crate::outdir::OutFile;
 use crate::pb;
 use external::DataFolder;
+pub use memory::{build_in_memory, InMemory, PayloadTensor};
 use names::Names;
 use payload::Field;
 use splice::{Edits, Replacements};
@@ -134,7 +136,11 @@ impl<'a> Additions<'a> {
         if !self.files.iter().any(|f| f.file_name == w.file_name) {
             self.files.push(w);
         }
-        let location = format!("{}/{}", self.data_name, w.file_name);
+        // In memory (no data folder) the file name is the location.
+        let location = match self.data_name.as_str() {
+            "" => w.file_name.clone(),
+            folder => format!("{folder}/{}", w.file_name),
+        };
         self.initializers.push(proto::external_tensor(
             name,
             field.data_type,
@@ -286,65 +292,6 @@ pub fn write(
     }
     filled.prune();
     Ok(report)
-}
-
-/// A materialized model built in memory: nothing written. Its new
-/// initializers are external data whose bytes the caller feeds from the
-/// payloads (`tensors`); the initializers it keeps with external data
-/// still point where the source's do (relative to the source's folder).
-#[derive(Debug, Clone, Default)]
-pub struct InMemory {
-    /// The model's bytes.
-    pub model: Vec<u8>,
-    /// Where each payload-backed initializer's bytes lie.
-    pub tensors: Vec<PayloadTensor>,
-    /// What the rewrite changed (no files, no data folder).
-    pub report: Report,
-}
-
-/// One initializer of an in-memory model whose bytes are a range of a
-/// cached payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PayloadTensor {
-    /// The initializer's name in the model.
-    pub name: String,
-    /// The payload's [`PackedWeight::file_name`].
-    pub file_name: String,
-    /// The byte range in the payload.
-    pub offset: u64,
-    /// Its length in bytes.
-    pub length: u64,
-    /// `TensorProto.DataType`.
-    pub data_type: i32,
-    /// The tensor's dims.
-    pub dims: Vec<u64>,
-}
-
-/// Location prefix of the new initializers of an in-memory model: they
-/// are never read from a file (the caller supplies their bytes).
-pub const IN_MEMORY_DATA: &str = "ctcache.in-memory";
-
-/// Builds the materialized model in memory (see [`InMemory`]); refuses
-/// what [`write`] refuses.
-pub fn build_in_memory(
-    model: &Model,
-    plan: &Plan,
-    recipe: impl Into<Recipe>,
-    weights: &HashMap<WeightKey, PackedWeight>,
-) -> Result<InMemory> {
-    let recipe: Recipe = recipe.into();
-    let graph = graph_to_splice(model, plan, &recipe)?;
-    let rewrite = Rewrite::new(model, plan, &recipe, weights, IN_MEMORY_DATA.into())?;
-    let mut report = rewrite.report();
-    let kept_in_place = HashMap::new();
-    let edits = rewrite.edits(&kept_in_place);
-    let mut bytes = Vec::new();
-    report.model_bytes = splice::encode_model(&rewrite.src, graph, &edits, &mut bytes)?;
-    Ok(InMemory {
-        model: bytes,
-        tensors: rewrite.add.tensors,
-        report,
-    })
 }
 
 /// Refuses, before anything is read or written, what cannot be

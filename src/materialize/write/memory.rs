@@ -1,0 +1,70 @@
+//! A materialized model built in memory: the same rewrite as the file's,
+//! its new initializers' data left in the payload files.
+
+use std::collections::HashMap;
+
+use super::{external, graph_to_splice, splice, PackedWeight, Report, Rewrite, WeightKey};
+use crate::error::Result;
+use crate::materialize::plan::Plan;
+use crate::materialize::Recipe;
+use crate::onnx::Model;
+
+/// A materialized model built in memory: nothing written. Its new
+/// initializers are external data in the payloads (`tensors` says where),
+/// which the caller maps or feeds; it keeps no other external data.
+#[derive(Debug, Clone, Default)]
+pub struct InMemory {
+    /// The model's bytes.
+    pub model: Vec<u8>,
+    /// Where each payload-backed initializer's bytes lie.
+    pub tensors: Vec<PayloadTensor>,
+    /// What the rewrite changed (no files, no data folder).
+    pub report: Report,
+}
+
+/// One initializer of an in-memory model whose bytes are a range of a
+/// cached payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadTensor {
+    /// The initializer's name in the model.
+    pub name: String,
+    /// The payload's [`PackedWeight::file_name`].
+    pub file_name: String,
+    /// The byte range in the payload.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub length: u64,
+    /// `TensorProto.DataType`.
+    pub data_type: i32,
+    /// The tensor's dims.
+    pub dims: Vec<u64>,
+}
+
+/// Builds the materialized model in memory (see [`InMemory`]); refuses
+/// what [`write`] refuses. The new initializers' locations are their
+/// payloads' [`PackedWeight::file_name`]s, so that a runtime told the folder
+/// those names are relative to (the daemon: the store's payload folder)
+/// maps the payload files itself; the initializers the model keeps with
+/// external data are inlined (every kept one under
+/// [`PLACED_MIN_BYTES`](super::PLACED_MIN_BYTES): the larger are placed),
+/// so every location in the model is a payload's.
+pub fn build_in_memory(
+    model: &Model,
+    plan: &Plan,
+    recipe: impl Into<Recipe>,
+    weights: &HashMap<WeightKey, PackedWeight>,
+) -> Result<InMemory> {
+    let recipe: Recipe = recipe.into();
+    let graph = graph_to_splice(model, plan, &recipe)?;
+    let rewrite = Rewrite::new(model, plan, &recipe, weights, String::new())?;
+    let mut report = rewrite.report();
+    let inlined = external::inline_kept(&rewrite.src, &rewrite.dropped)?;
+    let edits = rewrite.edits(&inlined);
+    let mut bytes = Vec::new();
+    report.model_bytes = splice::encode_model(&rewrite.src, graph, &edits, &mut bytes)?;
+    Ok(InMemory {
+        model: bytes,
+        tensors: rewrite.add.tensors,
+        report,
+    })
+}
