@@ -181,8 +181,12 @@ impl SledIndex {
         let Some(f) = failed.as_mut() else {
             return Ok(()); // another thread reopened it
         };
-        let too_soon = f.last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY);
-        if too_soon || (open.is_some() && !self.has_room()) {
+        let room = self.has_room();
+        // A disk that was full and has room again is tried at once: the
+        // write that finds the space back must not fail for the throttle.
+        let space_back = room && matches!(f.error, StoreError::IndexNoSpace { .. });
+        let too_soon = f.last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) && !space_back;
+        if too_soon || (open.is_some() && !room) {
             return Err(again(&f.error));
         }
         f.last_try = Some(Instant::now());
@@ -459,6 +463,22 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let i = SledIndex::open(&d.path().join("index"), &StoreOptions::default()).unwrap();
         (d, i)
+    }
+
+    /// A full disk freed: the next write reopens the index at once, even
+    /// right after a failed attempt (the throttle is for a disk still full
+    /// or a broken index).
+    #[test]
+    fn a_write_right_after_space_came_back_reopens_at_once() {
+        let (_d, i) = open();
+        *i.failed.lock().unwrap() = Some(Failed {
+            error: StoreError::IndexNoSpace { op: "commit" },
+            last_try: Some(Instant::now()),
+        });
+        i.is_failed.store(true, Ordering::SeqCst);
+        let put = Op::Put(Tree::Entries, b"k".to_vec(), b"v".to_vec());
+        assert!(i.commit(&[], &[put]).unwrap());
+        assert!(!i.is_failed.load(Ordering::SeqCst));
     }
 
     #[test]
