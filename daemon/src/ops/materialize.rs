@@ -417,20 +417,16 @@ impl WriteJob {
                 built.model.len()
             )));
         }
+        // The entry behind each payload file the tensors name.
         let mut entries = HashMap::new();
         for t in &built.tensors {
             if entries.contains_key(&t.file_name) {
                 continue;
             }
-            let (_, w) = served
-                .weights
-                .iter()
-                .find(|(_, w)| w.file_name == t.file_name)
-                .ok_or_else(|| Error::internal(format!("no payload {}", t.file_name)))?;
             let (e, _) = served
                 .payloads
                 .iter()
-                .find(|(_, p)| p.path == w.payload_path)
+                .find(|(_, p)| self.file_name(&p.info.blake3) == t.file_name)
                 .ok_or_else(|| Error::internal(format!("no entry for {}", t.file_name)))?;
             entries.insert(t.file_name.clone(), e.clone());
         }
