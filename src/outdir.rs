@@ -500,20 +500,19 @@ mod tests {
     /// the current folder (it once came back as "." with nothing below).
     #[test]
     fn a_relative_path_with_no_folder_yet_is_below_the_current_one() {
-        let only_cwd = |p: &Path| match p == Path::new(".") {
-            true => Ok(()),
-            false => Err(io::Error::from(io::ErrorKind::NotFound)),
+        // Folders where only `dir` exists.
+        let only = |dir: &'static str| {
+            move |p: &Path| match p == Path::new(dir) {
+                true => Ok(()),
+                false => Err(io::Error::from(io::ErrorKind::NotFound)),
+            }
         };
-        let (base, rest) = existing_ancestor(Path::new("out/m.onnx"), only_cwd).unwrap();
+        let (base, rest) = existing_ancestor(Path::new("out/m.onnx"), only(".")).unwrap();
         assert_eq!(
             (base, rest),
             (PathBuf::from("."), PathBuf::from("out/m.onnx"))
         );
-        let found = |p: &Path| match p == Path::new("out") {
-            true => Ok(()),
-            false => Err(io::Error::from(io::ErrorKind::NotFound)),
-        };
-        let (base, rest) = existing_ancestor(Path::new("out/sub/m.onnx"), found).unwrap();
+        let (base, rest) = existing_ancestor(Path::new("out/sub/m.onnx"), only("out")).unwrap();
         assert_eq!(
             (base, rest),
             (PathBuf::from("out"), PathBuf::from("sub/m.onnx"))

@@ -40,6 +40,21 @@ fn new_entry(n: u8) -> NewEntry {
     }
 }
 
+/// A temp dir for a store and options whose clock the test moves by hand
+/// (it starts at 1,000,000 ms).
+fn hand_clock_store() -> (
+    tempfile::TempDir,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    StoreOptions,
+) {
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let opts = StoreOptions {
+        clock: Clock::manual(now.clone()),
+        ..Default::default()
+    };
+    (tempfile::tempdir().unwrap(), now, opts)
+}
+
 #[test]
 fn put_open_remove_round_trip() {
     let d = tempfile::tempdir().unwrap();
@@ -140,12 +155,7 @@ fn reconcile_repairs_source_lists() {
 
 #[test]
 fn a_lease_lifetime_cap_lets_gc_collect_a_lease_renewed_for_ever() {
-    let d = tempfile::tempdir().unwrap();
-    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
-    let opts = StoreOptions {
-        clock: Clock::manual(now.clone()),
-        ..Default::default()
-    };
+    let (d, now, opts) = hand_clock_store();
     let s = Store::open(d.path(), opts).unwrap();
     let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
     let ttl = Duration::from_secs(60);
@@ -199,12 +209,7 @@ fn a_lease_lifetime_cap_lets_gc_collect_a_lease_renewed_for_ever() {
 
 #[test]
 fn leases_are_owned_and_bounded_per_owner() {
-    let d = tempfile::tempdir().unwrap();
-    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
-    let opts = StoreOptions {
-        clock: Clock::manual(now.clone()),
-        ..Default::default()
-    };
+    let (d, now, opts) = hand_clock_store();
     let s = Store::open(d.path(), opts.clone()).unwrap();
     let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
     let ttl = Duration::from_secs(10);
@@ -483,12 +488,7 @@ fn copying_a_payload_and_hashing_it_on_first_serve_leave_none_of_it_resident() {
 /// A lookup hit notes its entry once per window; a lease notes every use.
 #[test]
 fn lookup_hits_note_an_entry_once_per_window() {
-    let d = tempfile::tempdir().unwrap();
-    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
-    let opts = StoreOptions {
-        clock: Clock::manual(now.clone()),
-        ..Default::default()
-    };
+    let (d, now, opts) = hand_clock_store();
     let s = Store::open(d.path(), opts).unwrap();
     let k = s.put(&new_entry(1), &b"x"[..]).unwrap().entry.key;
     let host = HostFilter::new(vec![new_entry(1).device], None, Accept::Any);
