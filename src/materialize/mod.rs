@@ -5,8 +5,11 @@
 //!   `ort.matmul_nbits` payloads;
 //! - `onnxruntime-int8`: what `onnxruntime.quantization.quantize_dynamic`
 //!   writes for MatMul (and Gemm with alpha = beta = 1, transA = 0, which it
-//!   turns into MatMul): DynamicQuantizeLinear of the input, MatMulInteger
-//!   on `ort.quantize_dynamic` payloads, Cast, and the two scale Muls;
+//!   turns into MatMul), Conv and Gather, as the op types ask:
+//!   DynamicQuantizeLinear of the input, MatMulInteger / ConvInteger on
+//!   `ort.quantize_dynamic` payloads, Cast, and the two scale Muls; a
+//!   Gather on the quantized table, whose output later quantized nodes read
+//!   as it is and the others dequantized;
 //! - `onnxruntime-fp16`: what `onnxruntime.transformers.float16.
 //!   convert_float_to_float16(keep_io_types=True)` writes: every FLOAT
 //!   initializer a node reads becomes FLOAT16 (`ort.float16` payloads, same
@@ -81,7 +84,21 @@ impl PartialEq for Fp16Settings {
 impl Eq for Fp16Settings {}
 
 /// Op types the int8 target quantizes (`op_types_to_quantize`).
-pub(crate) const INT8_OP_TYPES: [&str; 1] = ["MatMul"];
+pub(crate) const INT8_OP_TYPES: [&str; 3] = ["MatMul", "Gather", "Conv"];
+
+/// How the int8 target quantizes one weight: `quantize_dynamic`'s rule for
+/// the op that reads it first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Int8Weight {
+    /// INT8 (else UINT8).
+    pub signed: bool,
+    /// A range symmetric around zero.
+    pub symmetric: bool,
+    /// One scale and zero point per index of the last axis.
+    pub per_channel: bool,
+    /// 7-bit ranges.
+    pub reduce_range: bool,
+}
 
 /// Settings of the `onnxruntime-int8` target: `quantize_dynamic`'s
 /// `weight_type`, `per_channel`, `reduce_range` and `op_types_to_quantize`
@@ -117,6 +134,32 @@ impl Int8Settings {
             "int8"
         } else {
             "uint8"
+        }
+    }
+
+    /// How a weight read first by `op` is quantized: a MatMul's as asked
+    /// (weights symmetric for int8, asymmetric for uint8); a Conv's always
+    /// per tensor (ConvInteger asks no per-channel weight); a Gather's table
+    /// as an activation: UINT8, asymmetric, per tensor, full range.
+    pub fn weight_for(&self, op: &Op) -> Int8Weight {
+        let asked = Int8Weight {
+            signed: self.signed,
+            symmetric: self.signed,
+            per_channel: self.per_channel,
+            reduce_range: self.reduce_range,
+        };
+        match op {
+            Op::MatMul | Op::Gemm { .. } => asked,
+            Op::Conv { .. } => Int8Weight {
+                per_channel: false,
+                ..asked
+            },
+            Op::Gather => Int8Weight {
+                signed: false,
+                symmetric: false,
+                per_channel: false,
+                reduce_range: false,
+            },
         }
     }
 
@@ -202,19 +245,21 @@ impl Recipe {
         }
     }
 
-    /// The packer parameters for a weight read as stored (`transposed =
-    /// false`) or as W[N, K] of a Gemm with transB = 1.
-    pub fn packer_params(&self, transposed: bool) -> Vec<String> {
+    /// The packer parameters for a weight read first by `op`, as stored
+    /// (`transposed = false`) or as W[N, K] of a Gemm with transB = 1.
+    pub fn packer_params(&self, op: &Op, transposed: bool) -> Vec<String> {
         match self {
             Recipe::Nbits(s) => s.packer_params(transposed),
-            Recipe::Int8(s) => vec![
-                format!("weight_type={}", s.weight_type()),
-                // quantize_dynamic's WeightSymmetric default.
-                format!("symmetric={}", s.signed),
-                format!("per_channel={}", s.per_channel),
-                format!("reduce_range={}", s.reduce_range),
-                format!("transposed={transposed}"),
-            ],
+            Recipe::Int8(s) => {
+                let w = s.weight_for(op);
+                vec![
+                    format!("weight_type={}", if w.signed { "int8" } else { "uint8" }),
+                    format!("symmetric={}", w.symmetric),
+                    format!("per_channel={}", w.per_channel),
+                    format!("reduce_range={}", w.reduce_range),
+                    format!("transposed={transposed}"),
+                ]
+            }
             Recipe::Fp16(_) => vec![
                 "min_positive_val=5.96e-08".into(),
                 "max_finite_val=65504".into(),

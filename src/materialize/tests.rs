@@ -404,20 +404,24 @@ fn int8_plan_follows_quantize_dynamic() {
     let p4 = plan(&m).unwrap();
     assert!(p4.targets.iter().any(|t| t.node.name == "g_beta"));
     assert!(p4.targets.iter().any(|t| t.node.name == "half"));
-    // Only MatMul is taken as an op type.
+    // MatMul, Gather and Conv are the op types taken.
     let e = Int8Settings {
-        op_types: vec!["MatMul".into(), "Gather".into()],
+        op_types: vec!["MatMul".into(), "Attention".into()],
         ..Default::default()
     }
     .validate()
     .unwrap_err();
-    assert!(e.to_string().contains("\"Gather\" is not supported"), "{e}");
+    assert!(
+        e.to_string().contains("\"Attention\" is not supported"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("MatMul, Gather, Conv"), "{e}");
     assert!(Int8Settings::parse_weight_type("int4")
         .unwrap_err()
         .to_string()
         .contains("\"int4\""));
     assert_eq!(
-        int8().packer_params(true),
+        int8().packer_params(&Op::MatMul, true),
         [
             "weight_type=int8",
             "symmetric=true",
@@ -426,6 +430,102 @@ fn int8_plan_follows_quantize_dynamic() {
             "transposed=true"
         ]
     );
+}
+
+fn int8_with(op_types: &[&str], per_channel: bool) -> Recipe {
+    Recipe::Int8(Int8Settings {
+        op_types: op_types.iter().map(|o| o.to_string()).collect(),
+        per_channel,
+        ..Default::default()
+    })
+}
+
+#[test]
+fn int8_plan_takes_gather_and_conv_as_asked() {
+    let m = model(
+        vec![
+            node("Gather", "embed", &["E", "ids"], "x"),
+            node("MatMul", "mm", &["x", "W"], "h"),
+            node("Conv", "conv", &["img", "K", "KB"], "c"),
+            node("Gather", "fp16_table", &["H", "ids"], "hx"),
+            node("Gather", "computed", &["x", "ids"], "xx"),
+        ],
+        vec![
+            tensor("E", 1, &[10, 8]),
+            tensor("W", 1, &[8, 4]),
+            tensor("K", 1, &[4, 3, 3, 3]),
+            tensor("KB", 1, &[4]),
+            tensor("H", 10, &[10, 8]),
+        ],
+        &["ids", "img"],
+    );
+    let p = plan_for(&m, &int8_with(&["MatMul", "Gather", "Conv"], false)).unwrap();
+    let got: Vec<(&str, Op)> = p
+        .targets
+        .iter()
+        .map(|t| (t.node.name.as_str(), t.op.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("embed", Op::Gather),
+            ("mm", Op::MatMul),
+            (
+                "conv",
+                Op::Conv {
+                    bias: Some("KB".into())
+                }
+            ),
+        ]
+    );
+    let why: Vec<(&str, &str)> = p
+        .skipped
+        .iter()
+        .map(|s| (s.node.as_str(), s.reason.as_str()))
+        .collect();
+    assert_eq!(
+        why,
+        [
+            ("fp16_table", "data is not FLOAT"),
+            ("computed", "data is not a constant")
+        ]
+    );
+    // Each weight is packed as the op reading it asks: the table as an
+    // activation (uint8, asymmetric), the Conv weight per tensor.
+    let params: HashMap<String, Vec<String>> = p
+        .packs(&int8_with(&["MatMul"], true))
+        .into_iter()
+        .map(|p| (p.key.0, p.params))
+        .collect();
+    assert!(params["E"].contains(&"weight_type=uint8".to_string()));
+    assert!(params["E"].contains(&"symmetric=false".to_string()));
+    assert!(params["K"].contains(&"per_channel=false".to_string()));
+    assert!(params["W"].contains(&"per_channel=true".to_string()));
+    // The default op types leave Gather and Conv alone.
+    let p = plan_for(&m, &int8()).unwrap();
+    assert_eq!(p.targets.len(), 1);
+}
+
+#[test]
+fn int8_gather_of_a_weight_quantized_per_channel_first_is_left_alone() {
+    let m = model(
+        vec![
+            node("MatMul", "mm", &["X", "T"], "h"),
+            node("Gather", "embed", &["T", "ids"], "x"),
+        ],
+        vec![tensor("T", 1, &[8, 8])],
+        &["X", "ids"],
+    );
+    let p = plan_for(&m, &int8_with(&["MatMul", "Gather"], true)).unwrap();
+    assert_eq!(p.targets.len(), 1);
+    assert_eq!(p.skipped.len(), 1);
+    assert_eq!(
+        p.skipped[0].reason,
+        "weight quantized per channel by an earlier MatMul"
+    );
+    // Per tensor, the Gather reads the MatMul's quantized weight.
+    let p = plan_for(&m, &int8_with(&["MatMul", "Gather"], false)).unwrap();
+    assert_eq!(p.targets.len(), 2);
 }
 
 #[test]

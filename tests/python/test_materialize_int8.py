@@ -76,7 +76,46 @@ def shared_model(path: Path, seed: int = 0) -> Path:
     return _save(m, path)
 
 
-def reference(model: Path, wt: str, pc: bool, rr: bool) -> Path:
+def embed_conv_model(path: Path, seed: int = 0) -> Path:
+    """Gather, MatMul and Conv for ``--op-types MatMul,Gather,Conv``: a
+    table E whose gathered rows a MatMul reads quantized and an Add and a
+    graph output read dequantized; a second table T read by a Gather and a
+    later MatMul (quantized once, as the Gather asks); a named Conv with a
+    bias and pads and an unnamed one without, on one input."""
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal((10, 16)).astype(np.float32)
+    t = (rng.standard_normal((16, 16)) * 0.3).astype(np.float32)
+    w = (rng.standard_normal((16, 16)) * 0.2).astype(np.float32)
+    k = (rng.standard_normal((4, 3, 3, 3)) * 0.2).astype(np.float32)
+    kb = rng.standard_normal((4,)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["x"], name="embed"),
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+        helper.make_node("Add", ["x", "h"], ["y1"], name="add"),
+        helper.make_node("Gather", ["T", "ids"], ["tx"], name="embed_t"),
+        helper.make_node("MatMul", ["h", "T"], ["y2"], name="mm_t"),
+        helper.make_node("Conv", ["img", "K", "KB"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["img", "K"], ["c2"]),
+    ]
+    m = _model(
+        nodes,
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [5]),
+         helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [5, 16]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 16]),
+         helper.make_tensor_value_info("tx", TensorProto.FLOAT, [5, 16]),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, [5, 16]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 8, 8]),
+         helper.make_tensor_value_info("c2", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [numpy_helper.from_array(a, n) for a, n in [(e, "E"), (t, "T"), (w, "W"), (k, "K"), (kb, "KB")]],
+    )
+    return _save(m, path)
+
+
+ALL_OPS = ["MatMul", "Gather", "Conv"]
+
+
+def reference(model: Path, wt: str, pc: bool, rr: bool, op_types=("MatMul",)) -> Path:
     out = model.with_name(model.stem + f".ref-{wt}-{pc}-{rr}.onnx")
     quantize_dynamic(
         model,
@@ -84,7 +123,7 @@ def reference(model: Path, wt: str, pc: bool, rr: bool) -> Path:
         weight_type=QuantType.QInt8 if wt == "int8" else QuantType.QUInt8,
         per_channel=pc,
         reduce_range=rr,
-        op_types_to_quantize=["MatMul"],
+        op_types_to_quantize=list(op_types),
     )
     return out
 
@@ -157,6 +196,53 @@ def test_local_is_a_drop_in_for_quantize_dynamic(tmp_path, name, wt, pc, rr):
     assert n == expect and j["nodes_rewritten"] == {"transformer": 8, "gemm": 3, "shared": 2}[name]
 
 
+@pytest.mark.parametrize("wt,pc,rr", COMBOS)
+def test_gather_and_conv_are_a_drop_in(tmp_path, wt, pc, rr):
+    model = embed_conv_model(tmp_path / "ec.onnx", seed=11)
+    ref = reference(model, wt, pc, rr, ALL_OPS)
+    out = tmp_path / "out" / "q.onnx"
+    out.parent.mkdir()
+    r = ctl("--json", "materialize", "--local", str(model), "-o", str(out), *flags(wt, pc, rr),
+            "--op-types", ",".join(ALL_OPS))
+    assert r.returncode == 0, r.describe()
+    j = json.loads(r.stdout)
+    # Both Gathers, both MatMuls, both Convs.
+    assert j["nodes_rewritten"] == 6 and j["op_types"] == ALL_OPS, j
+    # Per channel, T is quantized per tensor for the Gather that reads it first.
+    assert assert_drop_in(out, ref) == 4
+    graph = onnx.load(str(out), load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("ConvInteger") == 2 and ops.count("Gather") == 2
+    dq = sorted(n.output[0] for n in graph.node if n.op_type == "DequantizeLinear")
+    assert dq == ["tx", "x"], dq
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    assert shapes["T_scale"] == [] and shapes["E_zero_point"] == []
+
+
+def test_gather_and_conv_through_the_daemon(ctcache, daemon, tmp_path):  # noqa: F811
+    import ctcache.ort as cort
+
+    model = embed_conv_model(tmp_path / "ecd.onnx", seed=12)
+    ref = reference(model, "uint8", True, True, ALL_OPS)
+    for i in range(2):
+        out = tmp_path / f"d{i}.onnx"
+        j = daemon.json("materialize", str(model), "-o", str(out), *flags("uint8", True, True),
+                        "--op-types", ",".join(ALL_OPS))
+        assert j["nodes_rewritten"] == 6 and (j["packed"], j["cached"]) == ((4, 0) if i == 0 else (0, 4)), j
+        assert_drop_in(out, ref)
+    # A session that writes nothing: the same outputs.
+    before = sorted(p.name for p in tmp_path.iterdir())
+    sess = cort.inference_session(model, socket=daemon.socket, target="onnxruntime-int8", weight_type="uint8",
+                                  per_channel=True, reduce_range=True, op_types=ALL_OPS,
+                                  providers=["CPUExecutionProvider"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    want = ort.InferenceSession(str(ref), providers=["CPUExecutionProvider"])
+    for seed in (4, 5):
+        feeds = inputs_for(model, seed)
+        for x, y in zip(sess.run(None, feeds), want.run(None, feeds)):
+            assert x.tobytes() == y.tobytes()
+
+
 @pytest.mark.parametrize("wt,pc,rr", [("int8", False, False), ("uint8", True, False), ("int8", True, True)])
 def test_daemon_is_a_drop_in_and_caches(daemon, tmp_path, wt, pc, rr):
     model = transformer(tmp_path / "t.onnx", 96, seed=7)
@@ -190,7 +276,7 @@ def test_bad_input_is_refused_naming_it(daemon, tmp_path):
         ([str(relu), "--target", "onnxruntime-int8"], "nothing to materialize"),
         ([str(model), "--target", "onnxruntime-int8", "--weight-type", "int4"], "int4"),
         ([str(model), "--target", "onnxruntime-int9"], "onnxruntime-int9"),
-        ([str(model), "--target", "onnxruntime-int8", "--op-types", "Conv"], "\"Conv\" is not supported"),
+        ([str(model), "--target", "onnxruntime-int8", "--op-types", "Attention"], "\"Attention\" is not supported"),
         ([str(model), "--target", "onnxruntime-int8", "--bits", "8"], "--bits"),
         ([str(model), "--per-channel"], "--per-channel"),
     ]

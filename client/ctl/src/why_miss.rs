@@ -291,23 +291,23 @@ fn prepack_hint(ctx: &Ctx, model: &str, t: &api::TensorResolution) -> Option<Str
         return None;
     }
     let recipe = mat::Recipe::from(mat::Settings::default());
-    let transposed = materialized_as(model, &t.name, &recipe)?;
+    let params = materialized_as(model, &t.name, &recipe)?;
     cmd.extend(["--format".into(), recipe.packer().into()]);
-    for p in recipe.packer_params(transposed) {
+    for p in params {
         cmd.extend(["--param".into(), p]);
     }
     Some(cmd.join(" "))
 }
 
-/// Whether `materialize` (its default target) rewrites a node reading
-/// `name`, and reads it transposed; None when it does not.
-fn materialized_as(model: &str, name: &str, recipe: &mat::Recipe) -> Option<bool> {
+/// The packer parameters of `name` when `materialize` (its default target)
+/// rewrites a node reading it; None when it does not.
+fn materialized_as(model: &str, name: &str, recipe: &mat::Recipe) -> Option<Vec<String>> {
     let m = ctcache::onnx::Model::open(std::path::Path::new(model)).ok()?;
     let plan = mat::plan_for(&m, recipe).ok()?;
-    plan.weights()
+    plan.packs(recipe)
         .into_iter()
-        .find(|(w, _)| w == name)
-        .map(|(_, transposed)| transposed)
+        .find(|p| p.key.0 == name && p.packer == recipe.packer())
+        .map(|p| p.params)
 }
 
 /// `s` as one shell word: as it is when only safe characters, else single-quoted.

@@ -327,11 +327,13 @@ class Client:
         """Writes an onnxruntime-ready quantized copy of a model (packs what is missing).
 
         ``target="onnxruntime-int8"``: what ``onnxruntime.quantization.quantize_dynamic``
-        writes (DynamicQuantizeLinear + MatMulInteger, initializers
-        ``<W>_quantized`` / ``<W>_scale`` / ``<W>_zero_point``, the same bytes)
-        with ``weight_type`` (``"int8"``, the default, or ``"uint8"``),
+        writes (DynamicQuantizeLinear + MatMulInteger / ConvInteger, a Gather
+        on the quantized table, initializers ``<W>_quantized`` /
+        ``<W>_scale`` / ``<W>_zero_point``, the same bytes) with
+        ``weight_type`` (``"int8"``, the default, or ``"uint8"``),
         ``per_channel``, ``reduce_range`` and ``op_types`` (its
-        ``op_types_to_quantize``; default and only supported: ``["MatMul"]``).
+        ``op_types_to_quantize``: any of ``"MatMul"``, ``"Gather"``,
+        ``"Conv"``; default ``["MatMul"]``).
         The rest of this text is about the default target, ``"onnxruntime-int4"``.
 
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and

@@ -26,7 +26,7 @@ use crate::onnx::graph::is_default_domain;
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
-use super::{Recipe, Settings};
+use super::{Int8Settings, Int8Weight, Recipe, Settings};
 
 mod fp16;
 mod target;
@@ -44,6 +44,14 @@ pub enum Op {
         /// The initializer name of input C.
         bias: Option<String>,
     },
+    /// Conv (int8 target) with the weight as input W; `bias` is its input
+    /// B, when present.
+    Conv {
+        /// The name of input B.
+        bias: Option<String>,
+    },
+    /// Gather (int8 target) with the weight as its data (the table).
+    Gather,
 }
 
 /// One step down into a subgraph: the node (by index in its graph), its
@@ -186,13 +194,20 @@ impl Plan {
 
     /// Every payload the write of this plan for `recipe` reads: each
     /// (weight, transposed) pair the targets need with the recipe's packer
-    /// and parameters, then each placed initializer with the identity
-    /// packer.
+    /// and parameters (those of the first node that reads it), then each
+    /// placed initializer with the identity packer.
     pub fn packs(&self, recipe: &Recipe) -> Vec<Pack> {
-        let targets = self.weights().into_iter().map(|key| Pack {
-            packer: recipe.packer(),
-            params: recipe.packer_params(key.1),
-            key,
+        let targets = self.weights().into_iter().map(|key| {
+            let op = self
+                .targets
+                .iter()
+                .find(|t| t.weight == key.0 && t.transposed == key.1)
+                .map_or(Op::MatMul, |t| t.op.clone());
+            Pack {
+                packer: recipe.packer(),
+                params: recipe.packer_params(&op, key.1),
+                key,
+            }
         });
         let placed = self.placed.iter().map(|name| Pack {
             key: (name.clone(), false),
@@ -204,13 +219,15 @@ impl Plan {
 
     /// Why nothing can be materialized, when no node is a target: the
     /// skipped nodes counted per reason, each with its first node's case;
-    /// or that there is no MatMul or Gemm.
+    /// or that there is no node of the op types the target rewrites.
     pub fn why_nothing(&self) -> Option<String> {
         if !self.targets.is_empty() || !self.tensors.is_empty() {
             return None;
         }
         if self.skipped.is_empty() {
-            return Some("the model has no MatMul or Gemm node".into());
+            return Some(
+                "the model has no MatMul or Gemm node (nor one of the other op types asked)".into(),
+            );
         }
         let groups = group_skips(
             self.skipped
@@ -307,7 +324,46 @@ fn plan_nodes(model: &Model, recipe: &Recipe) -> Result<Plan> {
         recipe,
     };
     visit(&ctx, &nodes, &mut Vec::new(), &HashSet::new(), &mut out);
+    if let Recipe::Int8(s) = recipe {
+        skip_per_tensor_readers_of_per_channel_weights(&mut out, s);
+    }
     Ok(out)
+}
+
+/// A node's name, or `#index` when it has none.
+fn node_label(n: &pb::NodeProto, index: usize) -> String {
+    if n.name.is_empty() {
+        format!("#{index}")
+    } else {
+        n.name.clone()
+    }
+}
+
+/// quantize_dynamic quantizes a weight once, as the first node that reads
+/// it asks, and later nodes read that quantized weight: a Gather or Conv
+/// would then read per-channel scales as one per tensor, so such a node is
+/// left alone (and reads the weight dequantized).
+fn skip_per_tensor_readers_of_per_channel_weights(plan: &mut Plan, s: &Int8Settings) {
+    let mut first: HashMap<(String, bool), Int8Weight> = HashMap::new();
+    let mut kept = Vec::new();
+    for t in std::mem::take(&mut plan.targets) {
+        let key = (t.weight.clone(), t.transposed);
+        let q = *first.entry(key).or_insert_with(|| s.weight_for(&t.op));
+        if q.per_channel && matches!(t.op, Op::Gather | Op::Conv { .. }) {
+            plan.skipped.push(Skipped {
+                node: node_label(&t.node, t.node_index),
+                op_type: t.node.op_type.clone(),
+                reason: "weight quantized per channel by an earlier MatMul".into(),
+                detail: format!(
+                    "{:?} is quantized per channel for an earlier MatMul; a {} reads one scale",
+                    t.weight, t.node.op_type
+                ),
+            });
+        } else {
+            kept.push(t);
+        }
+    }
+    plan.targets = kept;
 }
 
 struct Context<'a> {
@@ -324,7 +380,11 @@ impl Context<'_> {
             Recipe::Fp16(_) => false,
             // quantize_dynamic turns Gemm into MatMul before quantizing.
             Recipe::Int8(s) => {
-                matches!(op_type, "MatMul" | "Gemm") && s.op_types.iter().any(|o| o == "MatMul")
+                let asked = |o: &str| s.op_types.iter().any(|t| t == o);
+                match op_type {
+                    "MatMul" | "Gemm" => asked("MatMul"),
+                    other => matches!(other, "Gather" | "Conv") && asked(other),
+                }
             }
         }
     }
@@ -344,7 +404,7 @@ fn visit(
         if is_target_op {
             let found = if !scope.is_empty() && matches!(ctx.recipe, Recipe::Int8(_)) {
                 Err((
-                    "inside a subgraph",
+                    "inside a subgraph".to_string(),
                     format!(
                         "{} nodes inside subgraphs are not rewritten for this target",
                         n.op_type
@@ -359,13 +419,9 @@ fn visit(
                     out.targets.push(t);
                 }
                 Err((reason, detail)) => out.skipped.push(Skipped {
-                    node: if n.name.is_empty() {
-                        format!("#{i}")
-                    } else {
-                        n.name.clone()
-                    },
+                    node: node_label(n, i),
                     op_type: n.op_type.clone(),
-                    reason: reason.into(),
+                    reason,
                     detail,
                 }),
             }

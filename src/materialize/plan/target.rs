@@ -1,6 +1,7 @@
-//! Whether one MatMul or Gemm is a target, and if not why: the rules on
-//! its inputs, on its weight B (a top-level constant of a type and shape
-//! the target takes) and, for Gemm, on its attributes.
+//! Whether one MatMul or Gemm (or, for the int8 target, Conv or Gather) is
+//! a target, and if not why: the rules on its inputs, on its weight (B; a
+//! Conv's W; a Gather's data: a top-level constant of a type and shape the
+//! target takes) and, for Gemm, on its attributes.
 
 use std::collections::HashSet;
 
@@ -13,7 +14,7 @@ use crate::pb;
 
 /// Why a node is not a target: the rule (the same words for every node it
 /// stops) and this node's case.
-pub(super) type Refusal = (&'static str, String);
+pub(super) type Refusal = (String, String);
 
 /// A rule's outcome: what it found, or why the node is not a target.
 type Decided<T> = std::result::Result<T, Refusal>;
@@ -37,23 +38,35 @@ pub(super) fn target(
     ctx: &Context<'_>,
     shadow: &HashSet<String>,
 ) -> Decided<Target> {
-    let b = input_b(n)?;
-    let t = constant_weight(ctx, b, shadow)?;
     let int8 = matches!(ctx.recipe, Recipe::Int8(_));
-    if int8 && ctx.inits.contains_key(&n.input[0]) {
+    // The weight's input and name, the computed input quantized with it.
+    let (w_index, role, data) = match n.op_type.as_str() {
+        "Gather" => (0, "data", None),
+        "Conv" => (1, "W", Some("X")),
+        _ => (1, "B", Some("A")),
+    };
+    let b = present(n, w_index, role)?;
+    if let Some(data) = data {
+        present(n, 0, data)?;
+    }
+    if n.output.first().is_none_or(|y| y.is_empty()) {
+        return Err(("output missing".into(), String::new()));
+    }
+    let t = constant_weight(ctx, role, b, shadow)?;
+    if let Some(data) = data.filter(|_| int8 && ctx.inits.contains_key(&n.input[0])) {
         return Err((
-            "A is a constant",
+            format!("{data} is a constant"),
             format!(
-                "input A {:?} is an initializer (only computed inputs are quantized dynamically)",
+                "input {data} {:?} is an initializer (only computed inputs are quantized dynamically)",
                 n.input[0]
             ),
         ));
     }
-    weight_type(b, t, int8)?;
-    let reading = if int8 && n.op_type != "Gemm" && !t.dims.is_empty() {
-        any_rank_matmul(b, &t.dims)?
-    } else {
-        two_d(n, b, &t.dims, int8)?
+    weight_type(role, b, t, int8)?;
+    let reading = match n.op_type.as_str() {
+        "Gather" | "Conv" => whole_weight(n, role, b, &t.dims)?,
+        _ if int8 && n.op_type != "Gemm" && !t.dims.is_empty() => any_rank_matmul(b, &t.dims)?,
+        _ => two_d(n, b, &t.dims, int8)?,
     };
     Ok(Target {
         scope: Vec::new(),
@@ -69,55 +82,53 @@ pub(super) fn target(
     })
 }
 
-/// The node's input B, with A and Y present.
-fn input_b(n: &pb::NodeProto) -> Decided<&String> {
-    let b = n
-        .input
-        .get(1)
-        .filter(|b| !b.is_empty())
-        .ok_or(("no input B", String::from("the node has no second input")))?;
-    if n.input.first().is_none_or(|a| a.is_empty()) || n.output.first().is_none_or(|y| y.is_empty())
-    {
-        return Err(("input A or output Y missing", String::new()));
-    }
-    Ok(b)
+/// The node's input `i` (the operator's `role`), present.
+fn present<'n>(n: &'n pb::NodeProto, i: usize, role: &str) -> Decided<&'n String> {
+    n.input.get(i).filter(|v| !v.is_empty()).ok_or_else(|| {
+        (
+            format!("no input {role}"),
+            format!("the node has no input {role}"),
+        )
+    })
 }
 
-/// B's top-level initializer, which no subgraph shadows and no caller may
-/// override as a graph input.
+/// The weight's top-level initializer, which no subgraph shadows and no
+/// caller may override as a graph input.
 fn constant_weight<'c>(
     ctx: &Context<'c>,
+    role: &str,
     b: &str,
     shadow: &HashSet<String>,
 ) -> Decided<&'c TensorRef> {
     if shadow.contains(b) {
         return Err((
-            "B is defined inside a subgraph",
+            format!("{role} is defined inside a subgraph"),
             format!(
-                "input B {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
+                "input {role} {b:?} is defined inside the subgraph (only top-level initializers are rewritten)"
             ),
         ));
     }
     let t = ctx.inits.get(b).ok_or_else(|| {
         (
-            "B is not a constant",
-            format!("input B {b:?} is not an initializer (not a constant weight)"),
+            format!("{role} is not a constant"),
+            format!("input {role} {b:?} is not an initializer (not a constant weight)"),
         )
     })?;
     if ctx.inputs.contains(b) {
         return Err((
-            "B is also a graph input",
+            format!("{role} is also a graph input"),
             format!("initializer {b:?} is also a graph input, so a caller may override it"),
         ));
     }
     Ok(t)
 }
 
-/// B's element type: FLOAT for the int8 target, else FLOAT or FLOAT16.
-fn weight_type(b: &str, t: &TensorRef, int8: bool) -> Decided<()> {
+/// The weight's element type: FLOAT for the int8 target, else FLOAT or
+/// FLOAT16.
+fn weight_type(role: &str, b: &str, t: &TensorRef, int8: bool) -> Decided<()> {
     if int8 && t.data_type != DataType::FLOAT {
         return Err((
-            "B is not FLOAT",
+            format!("{role} is not FLOAT"),
             format!(
                 "weight {b:?} is {}; the int8 target quantizes FLOAT weights",
                 t.data_type
@@ -126,7 +137,7 @@ fn weight_type(b: &str, t: &TensorRef, int8: bool) -> Decided<()> {
     }
     if t.data_type != DataType::FLOAT && t.data_type != DataType::FLOAT16 {
         return Err((
-            "B is not FLOAT or FLOAT16",
+            format!("{role} is not FLOAT or FLOAT16"),
             format!(
                 "weight {b:?} is {}; MatMulNBits weights must be FLOAT or FLOAT16",
                 t.data_type
@@ -136,11 +147,38 @@ fn weight_type(b: &str, t: &TensorRef, int8: bool) -> Decided<()> {
     Ok(())
 }
 
+/// A Gather table or Conv weight, quantized whole (per tensor): any shape
+/// with at least one element; a Conv's bias is its input B.
+fn whole_weight(n: &pb::NodeProto, role: &str, b: &str, dims: &[u64]) -> Decided<Reading> {
+    if dims.is_empty() || dims.contains(&0) {
+        return Err((
+            format!("{role} is empty or a scalar"),
+            format!("weight {b:?} has shape {dims:?}"),
+        ));
+    }
+    let op = if n.op_type == "Conv" {
+        Op::Conv {
+            bias: n.input.get(2).filter(|c| !c.is_empty()).cloned(),
+        }
+    } else {
+        Op::Gather
+    };
+    Ok(Reading {
+        op,
+        transposed: false,
+        k: 1,
+        n: *dims.last().expect("not empty"),
+    })
+}
+
 /// An int8 MatMul's B, which quantize_dynamic quantizes at any rank (not
 /// 0): K and N are its last two dims (K = 1 for 1-D).
 fn any_rank_matmul(b: &str, dims: &[u64]) -> Decided<Reading> {
     if dims.contains(&0) {
-        return Err(("B is empty", format!("weight {b:?} is empty ({dims:?})")));
+        return Err((
+            "B is empty".into(),
+            format!("weight {b:?} is empty ({dims:?})"),
+        ));
     }
     let n_cols = *dims.last().expect("not empty");
     let k = if dims.len() >= 2 {
@@ -160,12 +198,15 @@ fn any_rank_matmul(b: &str, dims: &[u64]) -> Decided<Reading> {
 fn two_d(n: &pb::NodeProto, b: &str, dims: &[u64], int8: bool) -> Decided<Reading> {
     let [d0, d1] = *dims else {
         return Err((
-            "B is not 2-D",
+            "B is not 2-D".into(),
             format!("weight {b:?} has shape {dims:?}; only 2-D weights are rewritten"),
         ));
     };
     if d0 == 0 || d1 == 0 {
-        return Err(("B is empty", format!("weight {b:?} is empty ({d0} x {d1})")));
+        return Err((
+            "B is empty".into(),
+            format!("weight {b:?} is empty ({d0} x {d1})"),
+        ));
     }
     let (op, transposed) = if n.op_type == "Gemm" {
         gemm(n, int8)?
@@ -187,11 +228,14 @@ fn gemm(n: &pb::NodeProto, int8: bool) -> Decided<(Op, bool)> {
     let int = |name: &str| attr(n, name).map_or(0, |a| a.i);
     let float = |name: &str| attr(n, name).map_or(1.0, |a| a.f);
     if int("transA") != 0 {
-        return Err(("transA = 1", "Gemm with transA = 1 is not rewritten".into()));
+        return Err((
+            "transA = 1".into(),
+            "Gemm with transA = 1 is not rewritten".into(),
+        ));
     }
     if float("alpha") != 1.0 {
         return Err((
-            "alpha is not 1",
+            "alpha is not 1".into(),
             format!("Gemm alpha = {} (only 1 is rewritten)", float("alpha")),
         ));
     }
@@ -199,7 +243,7 @@ fn gemm(n: &pb::NodeProto, int8: bool) -> Decided<(Op, bool)> {
     // quantize_dynamic takes beta = 1 only, with or without C.
     if (bias.is_some() || int8) && float("beta") != 1.0 {
         return Err((
-            "beta is not 1",
+            "beta is not 1".into(),
             format!("Gemm beta = {} (only 1 is rewritten)", float("beta")),
         ));
     }

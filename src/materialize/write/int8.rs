@@ -1,8 +1,9 @@
 //! The `onnxruntime-int8` target, as `quantize_dynamic` writes it: the
 //! quantized weight, scale and zero point of a weight (read from its
 //! `ort.quantize_dynamic` payload), the DynamicQuantizeLinear /
-//! MatMulInteger / Cast / Mul nodes replacing each target, and the
-//! DequantizeLinear that later readers of a quantized weight read.
+//! MatMulInteger or ConvInteger / Cast / Mul nodes replacing each MatMul,
+//! Gemm or Conv, the Gather on a quantized table, and the DequantizeLinear
+//! that later float readers of a quantized weight or table row read.
 
 use std::collections::{HashMap, HashSet};
 
@@ -13,7 +14,9 @@ use super::{Additions, NewInputs, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::materialize::plan::{graph_value_names, GRAPH_OUTPUT};
-use crate::materialize::{Int8Settings, Op, Step, Target, PACKER_INT8, TARGET_ORT_INT8};
+use crate::materialize::{
+    Int8Settings, Int8Weight, Op, Step, Target, PACKER_INT8, TARGET_ORT_INT8,
+};
 use crate::onnx::Model;
 use crate::pb;
 
@@ -40,7 +43,7 @@ struct Layout {
     zero_point: Field,
 }
 
-fn layout(t: &Target, w: &PackedWeight, s: &Int8Settings) -> Result<Layout> {
+fn layout(t: &Target, w: &PackedWeight, s: Int8Weight) -> Result<Layout> {
     let bad = |what: String| not_a_payload(t, PACKER_INT8, what);
     let fields = PayloadFields::read(w, &bad)?;
     let qt = if s.signed {
@@ -85,14 +88,15 @@ fn layout(t: &Target, w: &PackedWeight, s: &Int8Settings) -> Result<Layout> {
 
 /// The `quantize_dynamic` initializers of one weight, named as it names
 /// them: `<W>_quantized`, `<W>_scale`, `<W>_zero_point`, with `<W>` =
-/// `<B>_Transposed` for a Gemm B read transposed.
+/// `<B>_Transposed` for a Gemm B read transposed; quantized as `t` (the
+/// first node that reads it) asks.
 pub(super) fn inputs<'a>(
     t: &Target,
     w: &'a PackedWeight,
     s: &Int8Settings,
     add: &mut Additions<'a>,
 ) -> Result<NewInputs> {
-    let l = layout(t, w, s)?;
+    let l = layout(t, w, s.weight_for(&t.op))?;
     let base = if t.transposed {
         add.names.fresh(format!("{}_Transposed", t.weight))
     } else {
@@ -108,31 +112,71 @@ pub(super) fn inputs<'a>(
     })
 }
 
-/// The outputs of a DynamicQuantizeLinear of one input.
+/// A value in its quantized form, as later quantized nodes read it: the
+/// outputs of a DynamicQuantizeLinear, or a quantized Gather's output with
+/// its table's scale and zero point.
 #[derive(Debug, Clone)]
-pub(super) struct DynamicInput {
+pub(super) struct QuantizedValue {
     quantized: String,
     scale: String,
     zero_point: String,
 }
 
-/// `quantize_dynamic`'s nodes for one MatMul (or Gemm): the input's
-/// DynamicQuantizeLinear (once per input and graph), then
-/// `Y = Cast(MatMulInteger(A_q, W_q, A_zp, W_zp)) * (A_scale * W_scale)`
-/// (and, for a Gemm with C, `+ C`).
+/// The quantized form of each value by (graph, name): quantize_dynamic's
+/// value map.
+pub(super) type QuantizedValues = HashMap<(Vec<Step>, String), QuantizedValue>;
+
+/// quantize_dynamic's nodes for one target.
 pub(super) fn replacement(
     t: &Target,
     ins: &NewInputs,
-    quantized: &mut HashMap<(Vec<Step>, String), DynamicInput>,
-    names: &mut Names,
+    values: &mut QuantizedValues,
+    add: &mut Additions<'_>,
 ) -> Vec<pb::NodeProto> {
-    let a = t.node.input[0].clone();
-    let y = t.node.output[0].clone();
-    let mut nodes = Vec::new();
-    let q = quantized
-        .entry((t.scope.clone(), a.clone()))
+    match t.op {
+        Op::Gather => vec![gather(t, ins, values, &mut add.names)],
+        _ => integer_op(t, ins, values, add),
+    }
+}
+
+/// The Gather on the quantized table; its output, `<Y>_quantized`, is the
+/// quantized form of Y, with the table's scale and zero point.
+fn gather(
+    t: &Target,
+    ins: &NewInputs,
+    values: &mut QuantizedValues,
+    names: &mut Names,
+) -> pb::NodeProto {
+    let y = &t.node.output[0];
+    let quantized = names.fresh(format!("{y}_quantized"));
+    values.insert(
+        (t.scope.clone(), y.clone()),
+        QuantizedValue {
+            quantized: quantized.clone(),
+            scale: ins.scales.clone(),
+            zero_point: ins.zero_points.clone().unwrap_or_default(),
+        },
+    );
+    let mut g = t.node.clone();
+    g.input[0].clone_from(&ins.b);
+    g.output[0] = quantized;
+    g
+}
+
+/// The quantized form of input `a` of a node in `scope`: known already (a
+/// quantized Gather's output, an input quantized for an earlier node), or a
+/// new DynamicQuantizeLinear of it, pushed to `nodes`.
+fn quantized_input(
+    scope: &[Step],
+    a: &str,
+    values: &mut QuantizedValues,
+    names: &mut Names,
+    nodes: &mut Vec<pb::NodeProto>,
+) -> QuantizedValue {
+    values
+        .entry((scope.to_vec(), a.to_string()))
         .or_insert_with(|| {
-            let d = DynamicInput {
+            let d = QuantizedValue {
                 quantized: names.fresh(format!("{a}_quantized")),
                 scale: names.fresh(format!("{a}_scale")),
                 zero_point: names.fresh(format!("{a}_zero_point")),
@@ -140,18 +184,40 @@ pub(super) fn replacement(
             nodes.push(node(
                 "DynamicQuantizeLinear",
                 names.fresh(format!("{a}_QuantizeLinear")),
-                vec![a.clone()],
+                vec![a.to_string()],
                 vec![d.quantized.clone(), d.scale.clone(), d.zero_point.clone()],
             ));
             d
         })
-        .clone();
+        .clone()
+}
+
+/// The nodes of one MatMul, Gemm or Conv: its input quantized, then
+/// `Y = Cast(MatMulInteger(A_q, W_q, A_zp, W_zp)) * (A_scale * W_scale)`
+/// (ConvInteger with the Conv's attributes for a Conv), and its bias
+/// added: a Gemm's C as it is, a Conv's B reshaped to [1, -1, 1, ...].
+fn integer_op(
+    t: &Target,
+    ins: &NewInputs,
+    values: &mut QuantizedValues,
+    add: &mut Additions<'_>,
+) -> Vec<pb::NodeProto> {
+    let names = &mut add.names;
+    let y = t.node.output[0].clone();
+    let mut nodes = Vec::new();
+    let q = quantized_input(&t.scope, &t.node.input[0], values, names, &mut nodes);
     // Gemm -> MatMul as the reference renames it.
-    let base_name = match (&t.op, t.node.name.is_empty()) {
-        (_, true) => String::new(),
-        (Op::Gemm { .. }, false) => format!("{}_MatMul", t.node.name),
-        (Op::MatMul, false) => t.node.name.clone(),
+    let (op_type, base_name, bias) = match &t.op {
+        Op::Conv { bias } => ("ConvInteger", t.node.name.clone(), bias.clone()),
+        Op::Gemm { bias } if !t.node.name.is_empty() => (
+            "MatMulInteger",
+            format!("{}_MatMul", t.node.name),
+            bias.clone(),
+        ),
+        Op::Gemm { bias } => ("MatMulInteger", String::new(), bias.clone()),
+        Op::MatMul | Op::Gather => ("MatMulInteger", t.node.name.clone(), None),
     };
+    let conv = matches!(t.op, Op::Conv { .. });
     let named = |suffix: &str, names: &mut Names| {
         if base_name.is_empty() {
             String::new()
@@ -159,20 +225,17 @@ pub(super) fn replacement(
             names.fresh(format!("{base_name}{suffix}"))
         }
     };
-    let bias = match &t.op {
-        Op::Gemm { bias: Some(c) } => Some(c.clone()),
-        _ => None,
-    };
-    let out = match bias {
-        Some(_) => names.fresh(format!("{y}_MatMul")),
-        None => y.clone(),
+    let out = match (&bias, conv) {
+        (None, _) => y.clone(),
+        (Some(_), true) => names.fresh(format!("{y}quant_scaled_output")),
+        (Some(_), false) => names.fresh(format!("{y}_MatMul")),
     };
     let zp = ins.zero_points.clone().unwrap_or_default();
-    let mm_name = named("_quant", names);
-    let scales_out = if mm_name.is_empty() {
+    let int_name = named("_quant", names);
+    let scales_out = if int_name.is_empty() {
         names.fresh(format!("{}_{}_mul:0", q.scale, ins.scales))
     } else {
-        names.fresh(format!("{mm_name}_scales_mul:0"))
+        names.fresh(format!("{int_name}_scales_mul:0"))
     };
     nodes.push(node(
         "Mul",
@@ -180,18 +243,22 @@ pub(super) fn replacement(
         vec![q.scale.clone(), ins.scales.clone()],
         vec![scales_out.clone()],
     ));
-    let mm_out = names.fresh(format!("{out}_output_quantized"));
-    nodes.push(node(
-        "MatMulInteger",
-        mm_name,
+    let int_out = names.fresh(format!("{out}_output_quantized"));
+    let mut integer = node(
+        op_type,
+        int_name,
         vec![q.quantized, ins.b.clone(), q.zero_point, zp],
-        vec![mm_out.clone()],
-    ));
-    let cast_out = names.fresh(format!("{mm_out}_cast_output"));
+        vec![int_out.clone()],
+    );
+    if conv {
+        integer.attribute.clone_from(&t.node.attribute);
+    }
+    nodes.push(integer);
+    let cast_out = names.fresh(format!("{int_out}_cast_output"));
     let mut cast = node(
         "Cast",
-        names.fresh(format!("{mm_out}_cast")),
-        vec![mm_out],
+        names.fresh(format!("{int_out}_cast")),
+        vec![int_out],
         vec![cast_out.clone()],
     );
     cast.attribute
@@ -203,87 +270,198 @@ pub(super) fn replacement(
         vec![cast_out, scales_out],
         vec![out.clone()],
     ));
-    if let Some(c) = bias {
-        nodes.push(node(
-            "Add",
-            if t.node.name.is_empty() {
+    match bias {
+        Some(c) if conv => nodes.extend(conv_bias(t, &out, c, add)),
+        Some(c) => {
+            let add_name = if t.node.name.is_empty() {
                 String::new()
             } else {
                 names.fresh(format!("{}_Add", t.node.name))
-            },
-            vec![out, c],
-            vec![y],
-        ));
+            };
+            nodes.push(node("Add", add_name, vec![out, c], vec![y]));
+        }
+        None => {}
     }
     nodes
 }
 
-/// quantize_dynamic's DequantizeLinear of a quantized weight: once a MatMul
-/// has quantized W, every later top-level node that reads W (and a graph
-/// output named W) reads `DequantizeLinear(W_quantized, W_scale,
-/// W_zero_point)` instead, put before the first of them (after the last
-/// node for an output only). Returns the weights so replaced (their FLOAT
-/// initializer goes). A weight some node reads before it is quantized
-/// keeps its FLOAT initializer for every reader (the reference would then
-/// define W twice).
+/// A Conv's bias `c` added to its scaled output `out`: reshaped to
+/// `[1, -1, 1, ...]` (the weight's rank) by a new INT64 initializer
+/// `<Y>_bias_reshape_shape`, as quantize_dynamic adds it.
+fn conv_bias(t: &Target, out: &str, c: String, add: &mut Additions<'_>) -> Vec<pb::NodeProto> {
+    let y = &t.node.output[0];
+    let names = &mut add.names;
+    let shape_name = names.fresh(format!("{y}_bias_reshape_shape"));
+    let reshaped = names.fresh(format!("{y}_bias_reshape_output"));
+    let shape: Vec<i64> = (0..t.dims.len())
+        .map(|i| if i == 1 { -1 } else { 1 })
+        .collect();
+    add.initializers.push(pb::TensorProto {
+        name: shape_name.clone(),
+        data_type: DataType::INT64.code(),
+        dims: vec![shape.len() as i64],
+        int64_data: shape,
+        ..Default::default()
+    });
+    vec![
+        node(
+            "Reshape",
+            String::new(),
+            vec![c, shape_name],
+            vec![reshaped.clone()],
+        ),
+        node(
+            "Add",
+            names.fresh(format!("{y}_bias_add")),
+            vec![out.to_string(), reshaped],
+            vec![y.clone()],
+        ),
+    ]
+}
+
+/// quantize_dynamic's DequantizeLinear of a quantized value for the nodes
+/// that read it as FLOAT:
+/// - a weight: once a target has quantized W, every later top-level node
+///   that reads W (and a graph output named W) reads
+///   `DequantizeLinear(W_quantized, W_scale, W_zero_point)` instead. A
+///   weight some node reads before it is quantized keeps its FLOAT
+///   initializer for every reader (the reference would then define W
+///   twice).
+/// - a quantized Gather's output Y: every node that reads Y other than as
+///   the quantized input of a MatMul, Gemm or Conv target (inside its
+///   subgraphs too), and a graph output named Y, reads
+///   `DequantizeLinear(Y_quantized, table scale, table zero point)`.
+///
+/// Each is put before the first such node (after the last node for an
+/// output only). Returns the weights so replaced (their FLOAT initializer
+/// goes).
 pub(super) fn dequantize_later_uses(
     src: &Source<'_>,
     s: &Int8Settings,
     inputs: &HashMap<WeightKey, NewInputs>,
+    values: &QuantizedValues,
     new_top: &mut HashMap<usize, Vec<pb::NodeProto>>,
     names: &mut Names,
 ) -> Result<HashSet<String>> {
     let top_nodes = &src.top_nodes;
-    let mut first: HashMap<&str, usize> = HashMap::new();
-    let mut rank: HashMap<&str, usize> = HashMap::new();
-    let mut targets: HashSet<usize> = HashSet::new();
-    for t in src.plan.targets.iter().filter(|t| t.scope.is_empty()) {
-        targets.insert(t.node_index);
-        if t.transposed {
-            continue;
+    let targets: HashMap<usize, &Target> = src
+        .plan
+        .targets
+        .iter()
+        .filter(|t| t.scope.is_empty())
+        .map(|t| (t.node_index, t))
+        .collect();
+    let mut first: HashMap<&str, &Target> = HashMap::new();
+    for t in targets.values().filter(|t| !t.transposed) {
+        let f = first.entry(t.weight.as_str()).or_insert(t);
+        if t.node_index < f.node_index {
+            *f = t;
         }
-        let f = first.entry(t.weight.as_str()).or_insert(t.node_index);
-        *f = (*f).min(t.node_index);
-        rank.insert(t.weight.as_str(), t.dims.len());
     }
     let outputs: HashSet<String> = graph_value_names(src.model, GRAPH_OUTPUT)?
         .into_iter()
         .collect();
+    let mut at = Placing {
+        top_nodes,
+        outputs: &outputs,
+        new_top,
+        names,
+    };
     let mut done = HashSet::new();
-    let mut weights: Vec<(&str, usize)> = first.into_iter().collect();
-    weights.sort();
-    for (w, q) in weights {
-        let reads = |n: &pb::NodeProto| n.input.iter().any(|i| i == w);
+    let mut weights: Vec<(&str, &Target)> = first.into_iter().collect();
+    weights.sort_by_key(|(w, _)| *w);
+    for (w, t) in weights {
         let readers: Vec<usize> = (0..top_nodes.len())
-            .filter(|i| !targets.contains(i) && reads(&top_nodes[*i]))
+            .filter(|i| !targets.contains_key(i) && top_nodes[*i].input.iter().any(|v| v == w))
             .collect();
-        if readers.iter().any(|&i| i < q) {
+        if readers.iter().any(|&i| i < t.node_index) {
             continue;
         }
-        let at = match (readers.first(), outputs.contains(w)) {
+        let ins = &inputs[&(w.to_string(), false)];
+        let weight = QuantizedValue {
+            quantized: ins.b.clone(),
+            scale: ins.scales.clone(),
+            zero_point: ins.zero_points.clone().unwrap_or_default(),
+        };
+        let axis = s
+            .weight_for(&t.op)
+            .per_channel
+            .then(|| t.dims.len().saturating_sub(1) as i64);
+        if at.dequantize(w, &weight, axis, &readers) {
+            done.insert(w.to_string());
+        }
+    }
+    let mut gathers: Vec<&&Target> = targets.values().filter(|t| t.op == Op::Gather).collect();
+    gathers.sort_by_key(|t| t.node_index);
+    for g in gathers {
+        let y = &g.node.output[0];
+        let Some(rows) = values.get(&(Vec::new(), y.clone())) else {
+            continue;
+        };
+        let readers: Vec<usize> = (0..top_nodes.len())
+            .filter(|&i| reads_as_float(&top_nodes[i], targets.get(&i).copied(), y))
+            .collect();
+        at.dequantize(y, rows, None, &readers);
+    }
+    Ok(done)
+}
+
+/// Whether `n` (the node of `target`, when it is one) reads `y` as FLOAT:
+/// anywhere but as the quantized input of a MatMul, Gemm or Conv target.
+fn reads_as_float(n: &pb::NodeProto, target: Option<&Target>, y: &str) -> bool {
+    let quantizes_input = target.is_some_and(|t| t.op != Op::Gather);
+    let skip = usize::from(quantizes_input);
+    n.input.iter().skip(skip).any(|v| v == y) || reads_inside(n, y)
+}
+
+/// Whether a subgraph of `n` reads `y` (an outer-scope value).
+fn reads_inside(n: &pb::NodeProto, y: &str) -> bool {
+    n.attribute
+        .iter()
+        .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+        .flat_map(|g| g.node.iter())
+        .any(|inner| inner.input.iter().any(|v| v == y) || reads_inside(inner, y))
+}
+
+/// Where DequantizeLinear nodes go among the top-level nodes.
+struct Placing<'a> {
+    top_nodes: &'a [pb::NodeProto],
+    outputs: &'a HashSet<String>,
+    new_top: &'a mut HashMap<usize, Vec<pb::NodeProto>>,
+    names: &'a mut Names,
+}
+
+impl Placing<'_> {
+    /// `y = DequantizeLinear(q)` (along `axis`, when per channel) before the
+    /// first of `readers`, or after the last node when only a graph output
+    /// reads `y`; whether it was placed.
+    fn dequantize(
+        &mut self,
+        y: &str,
+        q: &QuantizedValue,
+        axis: Option<i64>,
+        readers: &[usize],
+    ) -> bool {
+        let at = match (readers.first(), self.outputs.contains(y)) {
             (Some(&i), _) => Some((i, true)),
-            (None, true) => top_nodes.len().checked_sub(1).map(|i| (i, false)),
+            (None, true) => self.top_nodes.len().checked_sub(1).map(|i| (i, false)),
             (None, false) => None,
         };
         let Some((i, before)) = at else {
-            continue;
+            return false;
         };
-        let ins = &inputs[&(w.to_string(), false)];
         let mut dq = node(
             "DequantizeLinear",
-            names.fresh(format!("{w}_DequantizeLinear")),
-            vec![
-                ins.b.clone(),
-                ins.scales.clone(),
-                ins.zero_points.clone().unwrap_or_default(),
-            ],
-            vec![w.to_string()],
+            self.names.fresh(format!("{y}_DequantizeLinear")),
+            vec![q.quantized.clone(), q.scale.clone(), q.zero_point.clone()],
+            vec![y.to_string()],
         );
-        if s.per_channel {
-            dq.attribute
-                .push(int_attr("axis", rank[w].saturating_sub(1) as i64));
+        if let Some(axis) = axis {
+            dq.attribute.push(int_attr("axis", axis));
         }
-        let list = new_top
+        let top_nodes = self.top_nodes;
+        let list = self
+            .new_top
             .entry(i)
             .or_insert_with(|| vec![top_nodes[i].clone()]);
         if before {
@@ -291,7 +469,6 @@ pub(super) fn dequantize_later_uses(
         } else {
             list.push(dq);
         }
-        done.insert(w.to_string());
+        true
     }
-    Ok(done)
 }

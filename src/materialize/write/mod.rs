@@ -217,7 +217,7 @@ impl<'a> Rewrite<'a> {
         let inputs = new_inputs(&src, recipe, weights, &mut add)?;
         fp16::add_initializers(&src, weights, &mut add)?;
         add_placed(&src, weights, &mut add)?;
-        let nodes = new_nodes(&src, recipe, &inputs, &mut add.names)?;
+        let nodes = new_nodes(&src, recipe, &inputs, &mut add)?;
         let dropped = dropped(&src, &nodes)?;
         Ok(Rewrite {
             src,
@@ -363,25 +363,28 @@ fn new_nodes(
     src: &Source<'_>,
     recipe: &Recipe,
     inputs: &HashMap<WeightKey, NewInputs>,
-    names: &mut Names,
+    add: &mut Additions<'_>,
 ) -> Result<NodeEdits> {
     let mut inner: Replacements = HashMap::new();
-    let mut quantized_inputs = HashMap::new();
+    let mut quantized_values = HashMap::new();
     for t in &src.plan.targets {
         let ins = &inputs[&(t.weight.clone(), t.transposed)];
         let nodes = match recipe {
-            Recipe::Nbits(settings) => nbits::replacement(t, ins, settings, names),
-            Recipe::Int8(_) => int8::replacement(t, ins, &mut quantized_inputs, names),
+            Recipe::Nbits(settings) => nbits::replacement(t, ins, settings, &mut add.names),
+            Recipe::Int8(_) => int8::replacement(t, ins, &mut quantized_values, add),
             Recipe::Fp16(_) => Vec::new(),
         };
         inner.insert((t.scope.clone(), t.node_index), nodes);
     }
     let mut rewritten = inner.len();
     let mut top = splice::top_level(&src.plan.targets, &inner, &src.top_nodes);
-    // int8: a quantized weight that later nodes still read as FLOAT is
-    // dequantized for them, as quantize_dynamic does.
+    // int8: a quantized weight or Gather output that later nodes still read
+    // as FLOAT is dequantized for them, as quantize_dynamic does.
+    let names = &mut add.names;
     let dequantized = match recipe {
-        Recipe::Int8(s) => int8::dequantize_later_uses(src, s, inputs, &mut top, names)?,
+        Recipe::Int8(s) => {
+            int8::dequantize_later_uses(src, s, inputs, &quantized_values, &mut top, names)?
+        }
         Recipe::Nbits(_) | Recipe::Fp16(_) => HashSet::new(),
     };
     if let Recipe::Fp16(s) = recipe {

@@ -45,7 +45,7 @@ pub struct MaterializeArgs {
     #[arg(long)]
     reduce_range: bool,
     /// onnxruntime-int8: op types to quantize, comma-separated
-    /// (op_types_to_quantize; supported: MatMul, the default).
+    /// (op_types_to_quantize; supported: MatMul (the default), Gather, Conv).
     #[arg(long, value_delimiter = ',', value_name = "OPS")]
     op_types: Vec<String>,
     /// Bits per weight (default: the daemon's policy, else 4).
