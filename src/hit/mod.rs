@@ -231,7 +231,11 @@ pub fn judge(e: &dyn EntryFacts, host: &Host) -> Result<Usable, MissReason> {
         return Err(MissReason::NotDaemonProduced { uid });
     }
     if let Some(want) = e.payload_checksum() {
-        check_payload(want, &e.payload()?)?;
+        let payload = e.payload()?;
+        let checked = check_payload(want, &payload);
+        // Hashed once: a mapped payload's pages need not stay resident.
+        crate::onnx::release(&payload);
+        checked?;
     }
     Ok(Usable {
         host_device,

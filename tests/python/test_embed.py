@@ -115,6 +115,27 @@ def test_embed_refuses_unsupported_initializer(tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_external_data_is_only_embedded_beside_its_model(tmp_path):
+    """The output keeps the model's external-data locations: written in
+    another folder it could not find the data, so that is refused, nothing
+    written; beside the model it loads in onnx and onnxruntime."""
+    src = tmp_path / "model.onnx"
+    make_model(src, with_unknown=False)
+    m = onnx.load(str(src))
+    onnx.save(m, str(src), save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data",
+              size_threshold=0)
+    elsewhere = tmp_path / "other" / "e.onnx"
+    r = ctl.run("embed", str(src), "-o", str(elsewhere), "--format", "cast.f16")
+    assert r.returncode != 0 and "model.onnx.data" in r.stderr and "model's folder" in r.stderr, r.describe()
+    assert not elsewhere.parent.exists()
+    beside = tmp_path / "e.onnx"
+    r = ctl.run("embed", str(src), "-o", str(beside), "--format", "cast.f16", "--sidecar")
+    assert r.returncode == 0, r.describe()
+    onnx.checker.check_model(str(beside), full_check=True)
+    x = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)
+    assert run_model(beside, x).tobytes() == run_model(src, x).tobytes()
+
+
 def test_embed_twice_needs_replace(tmp_path):
     src = tmp_path / "model.onnx"
     make_model(src)

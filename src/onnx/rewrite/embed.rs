@@ -15,8 +15,8 @@ use crate::check::{self, PayloadError};
 use crate::error::{Error, Result};
 use crate::hit::{payload_checksum, PAYLOAD_BLAKE3_KEY};
 use crate::onnx::fields::{self, MODEL_COMPILED_TENSORS, MODEL_DEVICES, MODEL_STRUCT_TYPES};
-use crate::onnx::Model;
-use crate::outdir::OutFile;
+use crate::onnx::{Model, Storage};
+use crate::outdir::{OutDir, OutFile};
 use crate::pb;
 use crate::structs::{self, PhysicalTypeKey};
 
@@ -82,6 +82,7 @@ pub fn embed_into(
     mode: Mode,
     opts: &RewriteOptions,
 ) -> Result<Report> {
+    refuse_moved_external_data(model, &output.dir)?;
     let mut splice = Splice::start(model, output.path(), mode)?;
     if mode == Mode::Add {
         splice.carry_existing()?;
@@ -90,6 +91,31 @@ pub fn embed_into(
         splice.add(e, opts)?;
     }
     splice.write(output, mode)
+}
+
+/// The output keeps the model's bytes, external-data locations included
+/// (relative to the model's folder): refuses an output in another folder
+/// when an initializer's data lies in a file beside the model, which the
+/// new model would not find.
+fn refuse_moved_external_data(model: &Model, dir: &OutDir) -> Result<()> {
+    if dir.is_folder(model.dir()) {
+        return Ok(());
+    }
+    let moved = model
+        .initializers()?
+        .into_iter()
+        .find_map(|t| match t.storage {
+            Storage::External(r) => Some((t.name, r.location)),
+            _ => None,
+        });
+    match moved {
+        None => Ok(()),
+        Some((name, location)) => Err(Error::Rewrite(format!(
+            "embed: initializer {name:?} keeps its data in {location:?} beside the model; \
+             an output in {} would not find it (write the output in the model's folder)",
+            dir.path().display()
+        ))),
+    }
 }
 
 /// Why the model's own entries stop an embed that keeps them.

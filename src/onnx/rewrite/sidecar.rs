@@ -64,13 +64,17 @@ impl Sidecar {
     pub(super) fn write(&self, dir: &OutDir) -> Result<()> {
         dir.write(self.name.as_ref(), |w| {
             let mut pos = 0u64;
+            // Mapped payloads give their pages back once written, so a
+            // large model does not stay resident.
             if let Some(p) = &self.prefix {
                 w.write_all(p)?;
+                crate::onnx::release(p);
                 pos = p.len() as u64;
             }
             for (offset, payload) in &self.pieces {
                 std::io::copy(&mut std::io::repeat(0).take(offset - pos), w)?;
                 w.write_all(payload)?;
+                crate::onnx::release(payload);
                 pos = offset + payload.len() as u64;
             }
             let copied = self.prefix.iter().chain(self.pieces.iter().map(|(_, p)| p));
