@@ -41,10 +41,10 @@ bench pack         "bench/pack_bench.sh"                              pack.{ort.
 bench store        "cargo bench -q -p ctcache --bench store_bench"    store.{put,open,rebuild,lookups,gc_plan,gc}
 bench daemon       "cargo bench -q -p ctcached --bench daemon_bench"  daemon.{lookup_p50,lookup_p99,lookup_mt_p50,lookup_mt_p99,batch_full,batch_brief,resolve_p50,watched_overhead}
 bench open_payload "bench/open_payload_bench.sh"                      open_payload.{ttfb,throughput,consume,pss,first_serve}
-bench materialize  "bench/materialize_bench.sh"                       materialize.cold materialize.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
-bench minilm       "bench/materialize_bench.sh --shape minilm --warm-runs 5" materialize.minilm.cold materialize.minilm.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
-bench int8         "bench/materialize_bench.sh --target int8"         materialize.int8.cold materialize.int8.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
-bench fp16         "bench/materialize_bench.sh --target fp16"         materialize.fp16.cold materialize.fp16.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
+bench materialize  "bench/materialize_bench.sh"                       materialize.cold{,.memory} materialize.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
+bench minilm       "bench/materialize_bench.sh --shape minilm --warm-runs 5" materialize.minilm.cold{,.memory} materialize.minilm.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
+bench int8         "bench/materialize_bench.sh --target int8"         materialize.int8.cold{,.memory} materialize.int8.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
+bench fp16         "bench/materialize_bench.sh --target fp16"         materialize.fp16.cold{,.memory} materialize.fp16.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
 bench large        "bench/large_model_bench.sh"                       materialize.large.{int4,int8,fp16}.{local,daemon}.{seconds,rss_mib}
 bench load         "bench/load_bench.sh"                              load.{resolve,lookup,open,release,read,gc}_{p50,p99} load.rss_growth
 bench fleet        "bench/fleet_bench.sh"                             fleet.{ort.matmul_nbits,gemm.pack_b.f32}.{remote,auto,bytes}

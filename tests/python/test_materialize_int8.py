@@ -79,7 +79,8 @@ def shared_model(path: Path, seed: int = 0) -> Path:
 def embed_conv_model(path: Path, seed: int = 0) -> Path:
     """Gather, MatMul and Conv for ``--op-types MatMul,Gather,Conv``: a
     table E whose gathered rows a MatMul reads quantized and an Add and a
-    graph output read dequantized; a second table T read by a Gather and a
+    graph output read dequantized, gathered again by an unnamed Gather for
+    a Relu; a second table T read by a Gather and a
     later MatMul (quantized once, as the Gather asks); a named Conv with a
     bias and pads and an unnamed one without, on one input."""
     rng = np.random.default_rng(seed)
@@ -92,6 +93,8 @@ def embed_conv_model(path: Path, seed: int = 0) -> Path:
         helper.make_node("Gather", ["E", "ids"], ["x"], name="embed"),
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
         helper.make_node("Add", ["x", "h"], ["y1"], name="add"),
+        helper.make_node("Gather", ["E", "ids"], ["x2"]),
+        helper.make_node("Relu", ["x2"], ["r2"], name="relu2"),
         helper.make_node("Gather", ["T", "ids"], ["tx"], name="embed_t"),
         helper.make_node("MatMul", ["h", "T"], ["y2"], name="mm_t"),
         helper.make_node("Conv", ["img", "K", "KB"], ["c"], name="conv", pads=[1, 1, 1, 1]),
@@ -103,6 +106,7 @@ def embed_conv_model(path: Path, seed: int = 0) -> Path:
          helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [5, 16]),
          helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 16]),
+         helper.make_tensor_value_info("r2", TensorProto.FLOAT, [5, 16]),
          helper.make_tensor_value_info("tx", TensorProto.FLOAT, [5, 16]),
          helper.make_tensor_value_info("y2", TensorProto.FLOAT, [5, 16]),
          helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 8, 8]),
@@ -206,15 +210,15 @@ def test_gather_and_conv_are_a_drop_in(tmp_path, wt, pc, rr):
             "--op-types", ",".join(ALL_OPS))
     assert r.returncode == 0, r.describe()
     j = json.loads(r.stdout)
-    # Both Gathers, both MatMuls, both Convs.
-    assert j["nodes_rewritten"] == 6 and j["op_types"] == ALL_OPS, j
+    # The three Gathers, both MatMuls, both Convs.
+    assert j["nodes_rewritten"] == 7 and j["op_types"] == ALL_OPS, j
     # Per channel, T is quantized per tensor for the Gather that reads it first.
     assert assert_drop_in(out, ref) == 4
     graph = onnx.load(str(out), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
-    assert ops.count("ConvInteger") == 2 and ops.count("Gather") == 2
+    assert ops.count("ConvInteger") == 2 and ops.count("Gather") == 3
     dq = sorted(n.output[0] for n in graph.node if n.op_type == "DequantizeLinear")
-    assert dq == ["tx", "x"], dq
+    assert dq == ["tx", "x", "x2"], dq
     shapes = {t.name: list(t.dims) for t in graph.initializer}
     assert shapes["T_scale"] == [] and shapes["E_zero_point"] == []
 
@@ -228,7 +232,7 @@ def test_gather_and_conv_through_the_daemon(ctcache, daemon, tmp_path):  # noqa:
         out = tmp_path / f"d{i}.onnx"
         j = daemon.json("materialize", str(model), "-o", str(out), *flags("uint8", True, True),
                         "--op-types", ",".join(ALL_OPS))
-        assert j["nodes_rewritten"] == 6 and (j["packed"], j["cached"]) == ((4, 0) if i == 0 else (0, 4)), j
+        assert j["nodes_rewritten"] == 7 and (j["packed"], j["cached"]) == ((4, 0) if i == 0 else (0, 4)), j
         assert_drop_in(out, ref)
     # A session that writes nothing: the same outputs.
     before = sorted(p.name for p in tmp_path.iterdir())
