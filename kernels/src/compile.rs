@@ -114,6 +114,24 @@ pub fn compile_on(
     params: &Params,
     choice: BackendChoice,
 ) -> Result<Compiled, CompileError> {
+    compile_held(model, t, expected, packer, params, choice).map(|(c, _share)| c)
+}
+
+/// [`compile_on`], the pack's share of the budget (crate::copies), shrunk
+/// to the payload, handed to the caller with it: a caller that stores the
+/// payload before
+/// it packs again (the daemon's workers) keeps the payload counted until it
+/// is stored by dropping the share then. A caller that keeps payloads of
+/// several packs must not hold their shares: the next pack would wait for
+/// them.
+pub fn compile_held(
+    model: &Model,
+    t: &TensorRef,
+    expected: Option<SourceDigest>,
+    packer: &dyn Packer,
+    params: &Params,
+    choice: BackendChoice,
+) -> Result<(Compiled, crate::copies::Share), CompileError> {
     let pack_err = |source| CompileError::Pack {
         name: t.name.clone(),
         source,
@@ -131,7 +149,7 @@ pub fn compile_on(
     // hold at most the budget of such copies and their payloads
     // (crate::copies).
     let raw_len = digest::raw_len(t)?;
-    let _share = crate::copies::take((raw_len as u64).saturating_add(layout.payload_len));
+    let mut share = crate::copies::take((raw_len as u64).saturating_add(layout.payload_len));
     let mut raw = OutputBuffer::reusable(raw_len);
     digest::raw_copy_into(model, t, &mut raw)?;
     let alg = expected.map_or(Algorithm::Blake3, |d| d.algorithm);
@@ -181,7 +199,10 @@ pub fn compile_on(
             crate::Backend::Cpu
         }
     };
-    Ok(Compiled {
+    // The source copy goes now; a caller holding the share holds the payload.
+    drop(raw);
+    share.shrink_to(layout.payload_len);
+    let compiled = Compiled {
         source_name: t.name.clone(),
         digest,
         source_shape: SourceShape {
@@ -195,7 +216,8 @@ pub fn compile_on(
         packer_version: packer.format_version(),
         duration: started.elapsed(),
         backend,
-    })
+    };
+    Ok((compiled, share))
 }
 
 impl Compiled {

@@ -10,7 +10,8 @@
 //! in progress would pass it; turns are first come, first served, and a
 //! pack larger than the whole budget waits until no other is in progress,
 //! then runs alone. A payload handed back to the caller (to store or write)
-//! no longer counts.
+//! no longer counts, unless the caller keeps the pack's share until it has
+//! stored it (`compile::compile_held`, the daemon's workers).
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -60,6 +61,19 @@ pub fn take(bytes: u64) -> Share {
     // The next turn may fit beside this one.
     CHANGED.notify_all();
     Share(bytes)
+}
+
+impl Share {
+    /// Gives back all but `bytes` of the share (what the pack still holds
+    /// once its source copy is freed: the payload).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        let freed = self.0.saturating_sub(bytes);
+        if freed > 0 {
+            state().held -= freed;
+            self.0 -= freed;
+            CHANGED.notify_all();
+        }
+    }
 }
 
 impl Drop for Share {

@@ -9,7 +9,7 @@ use ctcache::digest::SourceDigest;
 use ctcache::onnx::{Model, Storage, TensorRef};
 use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
 use ctcache_kernels::compile::{BackendChoice, Compiled};
-use ctcache_kernels::{Packer, Params};
+use ctcache_kernels::{copies, Packer, Params};
 
 use super::model::{self, FormatRequest, OpenedModel};
 use super::{Error, Result};
@@ -289,9 +289,10 @@ fn existing(
 
 /// Packs `spec` on `choice`, refusing the result when the bytes packed are
 /// not the ones `spec.digest` was taken of (the model was written since; a
-/// watched model is picked up again).
-fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<Compiled> {
-    ctcache_kernels::compile::compile_on(
+/// watched model is picked up again). The pack's share of the kernels'
+/// memory budget comes with it, to be dropped once the payload is stored.
+fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<(Compiled, copies::Share)> {
+    ctcache_kernels::compile::compile_held(
         &spec.model.model,
         &spec.tensor,
         Some(spec.digest),
@@ -327,7 +328,9 @@ fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) 
             backend: None,
         });
     }
-    let c = compile(&spec, choice)?;
+    // The payload counts toward the pack budget until it is stored, so
+    // workers waiting on the store do not hold payloads beyond it.
+    let (c, _share) = compile(&spec, choice)?;
     if cancel.cancelled() {
         return Err(Error::cancelled("every waiter went away"));
     }
@@ -395,7 +398,7 @@ pub(crate) fn fetch_remote(
     };
     let model_path = spec.model.path.display().to_string();
     // The CPU packers are the reference an audit compares with.
-    let repack = || compile(spec, BackendChoice::Cpu).map(|c| c.payload);
+    let repack = || compile(spec, BackendChoice::Cpu).map(|(c, _share)| c.payload);
     let entry = fleet.fetch(
         &d.store,
         key,
