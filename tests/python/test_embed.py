@@ -9,6 +9,8 @@ back the original bytes.
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -128,12 +130,16 @@ def test_external_data_is_only_embedded_beside_its_model(tmp_path):
     r = ctl.run("embed", str(src), "-o", str(elsewhere), "--format", "cast.f16")
     assert r.returncode != 0 and "model.onnx.data" in r.stderr and "model's folder" in r.stderr, r.describe()
     assert not elsewhere.parent.exists()
-    beside = tmp_path / "e.onnx"
-    r = ctl.run("embed", str(src), "-o", str(beside), "--format", "cast.f16", "--sidecar")
-    assert r.returncode == 0, r.describe()
-    onnx.checker.check_model(str(beside), full_check=True)
     x = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)
-    assert run_model(beside, x).tobytes() == run_model(src, x).tobytes()
+    beside = tmp_path / "e.onnx"
+    # Beside the model, or where a copy of its data file was put first.
+    elsewhere.parent.mkdir()
+    shutil.copyfile(tmp_path / "model.onnx.data", elsewhere.parent / "model.onnx.data")
+    for out in (beside, elsewhere):
+        r = ctl.run("embed", str(src), "-o", str(out), "--format", "cast.f16", "--sidecar")
+        assert r.returncode == 0, r.describe()
+        onnx.checker.check_model(str(out), full_check=True)
+        assert run_model(out, x).tobytes() == run_model(src, x).tobytes()
 
 
 def test_embed_twice_needs_replace(tmp_path):

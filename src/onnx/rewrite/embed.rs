@@ -95,24 +95,26 @@ pub fn embed_into(
 
 /// The output keeps the model's bytes, external-data locations included
 /// (relative to the model's folder): refuses an output in another folder
-/// when an initializer's data lies in a file beside the model, which the
-/// new model would not find.
+/// that lacks a file an initializer's data lies in, which the new model
+/// would not find (a folder given copies of the data files is fine).
 fn refuse_moved_external_data(model: &Model, dir: &OutDir) -> Result<()> {
     if dir.is_folder(model.dir()) {
         return Ok(());
     }
-    let moved = model
+    let missing = model
         .initializers()?
         .into_iter()
         .find_map(|t| match t.storage {
-            Storage::External(r) => Some((t.name, r.location)),
+            Storage::External(r) if dir.stat(r.location.as_ref()).is_err() => {
+                Some((t.name, r.location))
+            }
             _ => None,
         });
-    match moved {
+    match missing {
         None => Ok(()),
         Some((name, location)) => Err(Error::Rewrite(format!(
-            "embed: initializer {name:?} keeps its data in {location:?} beside the model; \
-             an output in {} would not find it (write the output in the model's folder)",
+            "embed: initializer {name:?} keeps its data in {location:?} beside the model, \
+             which {} does not have: write the output in the model's folder, or copy the file there first",
             dir.path().display()
         ))),
     }
