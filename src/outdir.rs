@@ -357,20 +357,6 @@ impl OutDir {
         self.stat(&temp.name)
     }
 
-    /// Whether this open folder is the folder at `path` (the same inode);
-    /// an empty `path` is the current folder.
-    pub(crate) fn is_folder(&self, path: &Path) -> bool {
-        let path = if path.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            path
-        };
-        match (rustix::fs::fstat(&self.fd), rustix::fs::stat(path)) {
-            (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
-            _ => false,
-        }
-    }
-
     /// Flushes the folder's entries to disk.
     pub fn sync(&self) -> io::Result<()> {
         Ok(rustix::fs::fsync(&self.fd)?)

@@ -94,13 +94,10 @@ pub fn embed_into(
 }
 
 /// The output keeps the model's bytes, external-data locations included
-/// (relative to the model's folder): refuses an output in another folder
-/// that lacks a file an initializer's data lies in, which the new model
-/// would not find (a folder given copies of the data files is fine).
+/// (relative to the model's folder): refuses an output folder that lacks a
+/// file an initializer's data lies in, which the new model would not find
+/// (the model's own folder has them; another may be given copies).
 fn refuse_moved_external_data(model: &Model, dir: &OutDir) -> Result<()> {
-    if dir.is_folder(model.dir()) {
-        return Ok(());
-    }
     let missing = model
         .initializers()?
         .into_iter()
