@@ -144,3 +144,26 @@ fn computed_and_constant_weights_and_subgraph_initializers_are_not_sources() {
         ]
     );
 }
+
+#[test]
+fn gather_tables_and_conv_weights_are_uses_and_never_reported_as_not_sources() {
+    let out = analyse(vec![
+        node("Gather", &["w0", "ids"], &["e"]),
+        node("Conv", &["img", "w1", "w2"], &["c"]),
+        node("Constant", &[], &["k"]),
+        node("Gather", &["k", "ids"], &["e2"]),
+        node("DequantizeLinear", &["w3", "s"], &["dq"]),
+        node("Conv", &["img", "dq"], &["c2"]),
+    ]);
+    let got: Vec<_> = out
+        .uses
+        .iter()
+        .map(|u| (u.initializer.as_str(), u.site.name(), u.transposed))
+        .collect();
+    assert_eq!(
+        got,
+        [("w0", "Gather.data", false), ("w1", "Conv.W", false)],
+        "the Conv bias is no weight use"
+    );
+    assert!(out.not_sources.is_empty(), "{:?}", out.not_sources);
+}

@@ -121,7 +121,14 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
                     continue;
                 }
             };
-            let used: Vec<bool> = uses.of(&t.name).map(|u| u.transposed).collect();
+            // The uses this rule is for (all of them when it names none).
+            let used: Vec<bool> = uses
+                .of(&t.name)
+                .filter(|u| {
+                    rule.used_as.is_empty() || rule.used_as.iter().any(|w| w == u.site.name())
+                })
+                .map(|u| u.transposed)
+                .collect();
             // Orientations the graph reads the weight in (none known, or a
             // format that does not care: as stored).
             let mut orientations = Vec::new();
@@ -250,6 +257,63 @@ mod tests {
         let sel = select(&model(), &[rule("ort.matmul_nbits", &["FLOAT16"])]).unwrap();
         let names: Vec<_> = wanted(&sel).into_iter().map(|w| w.0).collect();
         assert_eq!(names, ["h"]);
+    }
+
+    #[test]
+    fn a_rule_for_gather_tables_takes_them_as_stored_and_only_them() {
+        // E: a Gather's table, also read transposed by a Gemm; W: a MatMul's.
+        let mut gemm = pb::NodeProto {
+            op_type: "Gemm".into(),
+            input: vec!["x".into(), "E".into()],
+            output: vec!["logits".into()],
+            ..Default::default()
+        };
+        gemm.attribute.push(pb::AttributeProto {
+            name: "transB".into(),
+            i: 1,
+            r#type: 2,
+            ..Default::default()
+        });
+        let node = |op: &str, inputs: [&str; 2], y: &str| pb::NodeProto {
+            op_type: op.into(),
+            input: inputs.map(String::from).to_vec(),
+            output: vec![y.into()],
+            ..Default::default()
+        };
+        let m = pb::ModelProto {
+            ir_version: 9,
+            graph: Some(pb::GraphProto {
+                node: vec![
+                    node("Gather", ["E", "ids"], "e"),
+                    node("MatMul", ["e", "W"], "h"),
+                    gemm,
+                ],
+                initializer: vec![weight("E", 1, &[300, 256]), weight("W", 1, &[256, 256])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap();
+        let mut tables = rule("ort.quantize_dynamic", &[]);
+        tables.used_as = vec!["Gather.data".into()];
+        tables.params = [("weight_type", "uint8"), ("symmetric", "false")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into_iter()
+            .collect();
+        let mut matrices = rule("ort.matmul_nbits", &[]);
+        matrices.used_as = vec!["MatMul.B".into(), "Gemm.B".into()];
+        let sel = select(&m, &[tables, matrices]).unwrap();
+        let s = |v: &str| v.to_string();
+        // The table once as stored for the Gather rule; for the Gemm only
+        // transposed (its Gather use is not the nbits rule's).
+        assert_eq!(
+            wanted(&sel),
+            [
+                (s("E"), s("ort.matmul_nbits"), Some(s("true"))),
+                (s("E"), s("ort.quantize_dynamic"), None),
+                (s("W"), s("ort.matmul_nbits"), None),
+            ]
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Weight-use analysis of the top-level graph: which initializers feed the B
-//! input of MatMul / Gemm (directly or through Identity / Transpose), whether
-//! that use sees them transposed, and which weight-like inputs are not
-//! compiled-tensor sources in v1 (Constant nodes, Cast / Mul chains).
+//! input of MatMul / Gemm, a Gather's table or a Conv's W (directly or
+//! through Identity / Transpose), whether that use sees them transposed, and
+//! which MatMul / Gemm weight inputs are not compiled-tensor sources in v1
+//! (Constant nodes, Cast / Mul chains).
 
 use std::collections::{HashMap, HashSet};
 
@@ -16,15 +17,44 @@ pub enum UseSite {
     MatMulB,
     /// Input B of a `Gemm`.
     GemmB,
+    /// Input data (the table) of a `Gather`.
+    GatherData,
+    /// Input W of a `Conv`.
+    ConvW,
 }
 
 impl UseSite {
-    /// The name used in policies and reports: `MatMul.B` or `Gemm.B`.
+    /// The name used in policies and reports: `MatMul.B`, `Gemm.B`,
+    /// `Gather.data` or `Conv.W`.
     pub fn name(self) -> &'static str {
         match self {
             UseSite::MatMulB => "MatMul.B",
             UseSite::GemmB => "Gemm.B",
+            UseSite::GatherData => "Gather.data",
+            UseSite::ConvW => "Conv.W",
         }
+    }
+
+    /// The site's consumer: node `n`'s op type and the input index the
+    /// weight feeds, when `n` is one.
+    fn of(n: &pb::NodeProto) -> Option<(UseSite, usize)> {
+        if !is_default_domain(n) {
+            return None;
+        }
+        Some(match n.op_type.as_str() {
+            "MatMul" => (UseSite::MatMulB, 1),
+            "Gemm" => (UseSite::GemmB, 1),
+            "Gather" => (UseSite::GatherData, 0),
+            "Conv" => (UseSite::ConvW, 1),
+            _ => return None,
+        })
+    }
+
+    /// Whether a weight computed in the graph or held in a Constant at this
+    /// site is worth reporting as not compiled (the matrix weights; tables
+    /// and convolution weights are found when they are initializers).
+    fn reports_not_sources(self) -> bool {
+        matches!(self, UseSite::MatMulB | UseSite::GemmB)
     }
 }
 
@@ -161,7 +191,7 @@ impl Producer {
     }
 }
 
-/// A MatMul or Gemm node's weight input, as the walk starts from it.
+/// A node's weight input (a [`UseSite`]), as the walk starts from it.
 struct Consumer {
     node: String,
     site: UseSite,
@@ -170,7 +200,7 @@ struct Consumer {
 }
 
 /// Analyses the model's top-level graph. Nodes are decoded one at a time;
-/// only the MatMul / Gemm inputs and the producers a walk can pass are kept.
+/// only the weight inputs and the producers a walk can pass are kept.
 pub fn weight_uses(model: &Model) -> Result<WeightUses> {
     let mut scan = NodeScan {
         initializers: model.initializers()?.into_iter().map(|t| t.name).collect(),
@@ -195,7 +225,7 @@ struct NodeScan {
     initializers: HashSet<String>,
     /// Each output's producer, when the walk can pass it.
     producers: HashMap<String, Producer>,
-    /// The MatMul / Gemm weight inputs, in node order.
+    /// The weight inputs, in node order.
     consumers: Vec<Consumer>,
     /// Initializers of subgraphs, which are not sources.
     in_subgraphs: Vec<NotASource>,
@@ -217,13 +247,8 @@ impl NodeScan {
                 }
             }
         }
-        let site = match n.op_type.as_str() {
-            "MatMul" if is_default_domain(n) => Some(UseSite::MatMulB),
-            "Gemm" if is_default_domain(n) => Some(UseSite::GemmB),
-            _ => None,
-        };
-        if let Some(input) = site.and_then(|_| n.input.get(1)) {
-            let site = site.expect("matched above");
+        let consumer = UseSite::of(n).and_then(|(site, i)| Some((site, n.input.get(i)?)));
+        if let Some((site, input)) = consumer.filter(|(_, input)| !input.is_empty()) {
             self.consumers.push(Consumer {
                 node: if n.name.is_empty() {
                     format!("#{idx}")
@@ -281,6 +306,9 @@ impl NodeScan {
                     }
                     via.push(op.to_string());
                     name = first_input.as_deref()?;
+                }
+                Producer::Constant | Producer::Computed(_) if !c.site.reports_not_sources() => {
+                    return None;
                 }
                 Producer::Constant => {
                     not_sources.push(NotASource {

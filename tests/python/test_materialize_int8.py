@@ -247,6 +247,42 @@ def test_gather_and_conv_through_the_daemon(ctcache, daemon, tmp_path):  # noqa:
             assert x.tobytes() == y.tobytes()
 
 
+# docs/OPERATIONS.md's rules for the int8 target (with min_elements = 1 for these small weights).
+INT8_POLICY = """
+[[policy]]
+format = "ort.quantize_dynamic"
+used_as = ["MatMul.B"]
+min_elements = 1
+[[policy]]
+format = "ort.quantize_dynamic"
+params = { weight_type = "uint8", symmetric = "false" }
+used_as = ["Gather.data"]
+min_elements = 1
+[[policy]]
+format = "ort.quantize_dynamic"
+rank = 0
+used_as = ["Conv.W"]
+min_elements = 1
+"""
+
+
+def test_the_policy_prepacks_what_materialize_reads(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "ctcached.toml").write_text(INT8_POLICY)
+    d = Daemon(root).start()
+    try:
+        model = embed_conv_model(tmp_path / "p.onnx", seed=13)
+        r = d.ctl("prepack", str(model), "--wait")
+        assert r.returncode == 0, r.describe()
+        j = d.json("materialize", str(model), "-o", str(tmp_path / "o.onnx"), "--target", "onnxruntime-int8",
+                   "--op-types", ",".join(ALL_OPS))
+        assert j["nodes_rewritten"] == 7 and (j["packed"], j["cached"]) == (0, 4), j
+        assert_drop_in(tmp_path / "o.onnx", reference(model, "int8", False, False, ALL_OPS))
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("wt,pc,rr", [("int8", False, False), ("uint8", True, False), ("int8", True, True)])
 def test_daemon_is_a_drop_in_and_caches(daemon, tmp_path, wt, pc, rr):
     model = transformer(tmp_path / "t.onnx", 96, seed=7)

@@ -24,7 +24,8 @@ pub struct PolicyRule {
     /// Smallest element count that qualifies (fewer: not worth packing).
     #[serde(default = "default_min_elements")]
     pub min_elements: u64,
-    /// Uses that qualify: `MatMul.B`, `Gemm.B`; empty = any initializer.
+    /// Uses that qualify: `MatMul.B`, `Gemm.B`, `Gather.data`, `Conv.W`;
+    /// empty = any initializer.
     #[serde(default = "default_used_as")]
     pub used_as: Vec<String>,
 }
