@@ -176,6 +176,14 @@ def assert_drop_in(ours: Path, ref: Path, seeds=(1, 2)):
     return len(quantized)
 
 
+def assert_same_nodes(ours: Path, ref: Path):
+    """The reference's nodes, names included (its order is sorted differently)."""
+    def nodes(model: Path):
+        g = onnx.load(str(model), load_external_data=False).graph
+        return sorted((n.op_type, n.name, tuple(n.input), tuple(n.output)) for n in g.node)
+    assert nodes(ours) == nodes(ref)
+
+
 MODELS = {
     "transformer": lambda p: transformer(p, 64, seed=3),
     "gemm": lambda p: gemm_model(p, seed=4),
@@ -196,6 +204,7 @@ def test_local_is_a_drop_in_for_quantize_dynamic(tmp_path, name, wt, pc, rr):
     assert j["via"] == "local" and j["target"] == "onnxruntime-int8"
     assert (j["weight_type"], j["per_channel"], j["reduce_range"]) == (wt, pc, rr)
     n = assert_drop_in(out, ref)
+    assert_same_nodes(out, ref)
     expect = {"transformer": 8, "gemm": 3, "shared": 1}[name]
     assert n == expect and j["nodes_rewritten"] == {"transformer": 8, "gemm": 3, "shared": 2}[name]
 
@@ -221,6 +230,7 @@ def test_gather_and_conv_are_a_drop_in(tmp_path, wt, pc, rr):
     assert dq == ["tx", "x", "x2"], dq
     shapes = {t.name: list(t.dims) for t in graph.initializer}
     assert shapes["T_scale"] == [] and shapes["E_zero_point"] == []
+    assert_same_nodes(out, ref)
 
 
 def test_gather_and_conv_through_the_daemon(ctcache, daemon, tmp_path):  # noqa: F811

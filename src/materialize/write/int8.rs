@@ -232,18 +232,22 @@ fn integer_op(
     };
     let zp = ins.zero_points.clone().unwrap_or_default();
     let int_name = named("_quant", names);
-    let scales_out = if int_name.is_empty() {
-        names.fresh(format!("{}_{}_mul:0", q.scale, ins.scales))
+    // The scales Mul is named even for an unnamed node, as the reference does.
+    let scales_mul = if int_name.is_empty() {
+        format!("{}_{}_mul", q.scale, ins.scales)
     } else {
-        names.fresh(format!("{int_name}_scales_mul:0"))
+        format!("{int_name}_scales_mul")
     };
+    let scales_out = names.fresh(format!("{scales_mul}:0"));
     nodes.push(node(
         "Mul",
-        named("_quant_scales_mul", names),
+        names.fresh(scales_mul),
         vec![q.scale.clone(), ins.scales.clone()],
         vec![scales_out.clone()],
     ));
-    let int_out = names.fresh(format!("{out}_output_quantized"));
+    // ConvInteger's output is named after the Conv's, MatMulInteger's after
+    // the (Gemm's) MatMul output.
+    let int_out = names.fresh(format!("{}_output_quantized", if conv { &y } else { &out }));
     let mut integer = node(
         op_type,
         int_name,
