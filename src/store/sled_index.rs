@@ -249,6 +249,66 @@ impl SledIndex {
             error
         }
     }
+
+    /// One try of [`Index::commit`].
+    fn commit_once(&self, when: &[Precondition], ops: &[Op]) -> StoreResult<bool> {
+        let single_tree = match ops.first() {
+            Some(Op::Put(t, ..)) | Some(Op::Delete(t, _)) => Some(*t),
+            None => return Ok(when.is_empty()),
+        };
+        let single_tree = single_tree.filter(|t| {
+            when.is_empty()
+                && ops.iter().all(|o| match o {
+                    Op::Put(u, ..) | Op::Delete(u, _) => u == t,
+                })
+        });
+        let open = self.writable()?;
+        let _no_wait = WAITS.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = single_tree {
+            // Unconditional writes to one tree: a batch is atomic and cheaper
+            // than a transaction.
+            let mut b = sled::Batch::default();
+            for o in ops {
+                match o {
+                    Op::Put(_, k, v) => b.insert(k.as_slice(), v.as_slice()),
+                    Op::Delete(_, k) => b.remove(k.as_slice()),
+                }
+            }
+            open.tree(t).apply_batch(b).map_err(self.fail("commit"))?;
+            return Ok(true);
+        }
+        let [a, b, c, d, e, f, g] = &open.trees;
+        let result = (a, b, c, d, e, f, g).transaction(|(a, b, c, d, e, f, g)| {
+            let txs = [a, b, c, d, e, f, g];
+            for p in when {
+                let cur = txs[slot(p.tree)].get(&p.key)?;
+                let ok = match (&p.expect, &cur) {
+                    (Expect::Absent, None) | (Expect::Present, Some(_)) => true,
+                    (Expect::Equals(want), Some(v)) => v.as_ref() == want.as_slice(),
+                    _ => false,
+                };
+                if !ok {
+                    return Err(ConflictableTransactionError::Abort(()));
+                }
+            }
+            for o in ops {
+                match o {
+                    Op::Put(t, k, v) => {
+                        txs[slot(*t)].insert(k.as_slice(), v.as_slice())?;
+                    }
+                    Op::Delete(t, k) => {
+                        txs[slot(*t)].remove(k.as_slice())?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => Ok(true),
+            Err(TransactionError::Abort(())) => Ok(false),
+            Err(TransactionError::Storage(e)) => Err(self.fail("commit")(e)),
+        }
+    }
 }
 
 impl Open {
@@ -360,61 +420,16 @@ impl Index for SledIndex {
     }
 
     fn commit(&self, when: &[Precondition], ops: &[Op]) -> StoreResult<bool> {
-        let single_tree = match ops.first() {
-            Some(Op::Put(t, ..)) | Some(Op::Delete(t, _)) => Some(*t),
-            None => return Ok(when.is_empty()),
-        };
-        let single_tree = single_tree.filter(|t| {
-            when.is_empty()
-                && ops.iter().all(|o| match o {
-                    Op::Put(u, ..) | Op::Delete(u, _) => u == t,
-                })
-        });
-        let open = self.writable()?;
-        let _no_wait = WAITS.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = single_tree {
-            // Unconditional writes to one tree: a batch is atomic and cheaper
-            // than a transaction.
-            let mut b = sled::Batch::default();
-            for o in ops {
-                match o {
-                    Op::Put(_, k, v) => b.insert(k.as_slice(), v.as_slice()),
-                    Op::Delete(_, k) => b.remove(k.as_slice()),
-                }
+        match self.commit_once(when, ops) {
+            // Once a write failed, also one of sled's own in the background
+            // while the disk was full, sled fails every later one: a commit
+            // refused for space on a disk with room again reopens the index
+            // and tries once more (the refused one was not made).
+            Err(StoreError::IndexNoSpace { .. }) if self.has_room() => {
+                self.reopen()?;
+                self.commit_once(when, ops)
             }
-            open.tree(t).apply_batch(b).map_err(self.fail("commit"))?;
-            return Ok(true);
-        }
-        let [a, b, c, d, e, f, g] = &open.trees;
-        let result = (a, b, c, d, e, f, g).transaction(|(a, b, c, d, e, f, g)| {
-            let txs = [a, b, c, d, e, f, g];
-            for p in when {
-                let cur = txs[slot(p.tree)].get(&p.key)?;
-                let ok = match (&p.expect, &cur) {
-                    (Expect::Absent, None) | (Expect::Present, Some(_)) => true,
-                    (Expect::Equals(want), Some(v)) => v.as_ref() == want.as_slice(),
-                    _ => false,
-                };
-                if !ok {
-                    return Err(ConflictableTransactionError::Abort(()));
-                }
-            }
-            for o in ops {
-                match o {
-                    Op::Put(t, k, v) => {
-                        txs[slot(*t)].insert(k.as_slice(), v.as_slice())?;
-                    }
-                    Op::Delete(t, k) => {
-                        txs[slot(*t)].remove(k.as_slice())?;
-                    }
-                }
-            }
-            Ok(())
-        });
-        match result {
-            Ok(()) => Ok(true),
-            Err(TransactionError::Abort(())) => Ok(false),
-            Err(TransactionError::Storage(e)) => Err(self.fail("commit")(e)),
+            other => other,
         }
     }
 
