@@ -117,6 +117,10 @@ def assert_drop_in(ours: Path, ref: Path, seeds=(1, 2)):
     assert any(v.dtype == np.float16 for v in b.values())
     g = onnx.load(str(ours), load_external_data=False).graph
     assert all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in list(g.input) + list(g.output))
+    def nodes(model: Path):
+        g = onnx.load(str(model), load_external_data=False).graph
+        return sorted((n.op_type, n.name, tuple(n.input), tuple(n.output)) for n in g.node)
+    assert nodes(ours) == nodes(ref)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     s1 = ort.InferenceSession(str(ours), so, providers=["CPUExecutionProvider"])
