@@ -241,7 +241,10 @@ fn nothing_to_materialize_writes_nothing() {
     };
     let none = model(vec![node("Relu", "r", &["x"], "y")], vec![], &["x"]);
     let e = refusal(&none);
-    assert!(e.contains("no MatMul or Gemm"), "{e}");
+    assert!(
+        e.contains("no node of the op types rewritten (MatMul, Gemm)"),
+        "{e}"
+    );
     let dynamic = model(
         vec![node("MatMul", "mm", &["x", "x2"], "y")],
         vec![],
@@ -504,6 +507,20 @@ fn int8_plan_takes_gather_and_conv_as_asked() {
     // The default op types leave Gather and Conv alone.
     let p = plan_for(&m, &int8()).unwrap();
     assert_eq!(p.targets.len(), 1);
+    // Asked for Conv only, a model without one says so (not "no MatMul").
+    let matmul = model(
+        vec![node("MatMul", "mm", &["X", "W"], "h")],
+        vec![tensor("W", 1, &[8, 4])],
+        &["X"],
+    );
+    let why = plan_for(&matmul, &int8_with(&["Conv"], false))
+        .unwrap()
+        .why_nothing()
+        .unwrap();
+    assert_eq!(
+        why,
+        "the model has no node of the op types rewritten (Conv)"
+    );
 }
 
 #[test]

@@ -827,7 +827,7 @@ def _good(path: Path) -> Path:
 
 BAD = [
     # id, model, request kwargs, error class name, status code, substrings of the message
-    ("no-matmul", _no_matmul, {}, "RequestFailed", "FAILED_PRECONDITION", ["nothing to materialize", "no MatMul or Gemm"]),
+    ("no-matmul", _no_matmul, {}, "RequestFailed", "FAILED_PRECONDITION", ["nothing to materialize", "no node of the op types rewritten (MatMul, Gemm)"]),
     ("b-graph-input", _b_is_graph_input, {}, "RequestFailed", "FAILED_PRECONDITION",
      ["nothing to materialize", "MatMul mm", "not an initializer"]),
     ("b-overridable", _b_is_overridable_initializer, {}, "RequestFailed", "FAILED_PRECONDITION",

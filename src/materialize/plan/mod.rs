@@ -158,6 +158,9 @@ pub struct Plan {
     /// `onnxruntime-fp16`: the FLOAT initializers converted whole, in file
     /// order.
     pub tensors: Vec<String>,
+    /// The op types whose nodes the recipe rewrites (`MatMul`, `Gemm`, and
+    /// for the int8 target the other op types asked), for messages.
+    pub op_types: Vec<String>,
     /// Initializers the new model keeps as they are, large enough
     /// ([`PLACED_MIN_BYTES`]) to be placed beside it like the packed weights
     /// (cached with the `identity` packer, then linked or copied) rather
@@ -219,15 +222,16 @@ impl Plan {
 
     /// Why nothing can be materialized, when no node is a target: the
     /// skipped nodes counted per reason, each with its first node's case;
-    /// or that there is no node of the op types the target rewrites.
+    /// or that there is no node of the op types the recipe rewrites.
     pub fn why_nothing(&self) -> Option<String> {
         if !self.targets.is_empty() || !self.tensors.is_empty() {
             return None;
         }
         if self.skipped.is_empty() {
-            return Some(
-                "the model has no MatMul or Gemm node (nor one of the other op types asked)".into(),
-            );
+            return Some(format!(
+                "the model has no node of the op types rewritten ({})",
+                self.op_types.join(", ")
+            ));
         }
         let groups = group_skips(
             self.skipped
@@ -317,11 +321,18 @@ fn plan_nodes(model: &Model, recipe: &Recipe) -> Result<Plan> {
         .map(|t| (t.name.clone(), t))
         .collect();
     let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
-    let mut out = Plan::default();
     let ctx = Context {
         inits: &inits,
         inputs: &inputs,
         recipe,
+    };
+    let mut out = Plan {
+        op_types: ["MatMul", "Gemm", "Gather", "Conv"]
+            .into_iter()
+            .filter(|o| ctx.takes(o))
+            .map(String::from)
+            .collect(),
+        ..Plan::default()
     };
     visit(&ctx, &nodes, &mut Vec::new(), &HashSet::new(), &mut out);
     if let Recipe::Int8(s) = recipe {
