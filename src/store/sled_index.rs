@@ -75,6 +75,10 @@ pub(crate) struct SledIndex {
     failed: Mutex<Option<Failed>>,
     is_failed: AtomicBool,
     reopened: AtomicBool,
+    /// Tests: the open `Db` fails every write for space until reopened, as
+    /// sled does after a background flush failed on a full disk.
+    #[cfg(test)]
+    db_failed_for_space: AtomicBool,
 }
 
 /// One opened sled `Db` and its trees.
@@ -136,6 +140,8 @@ impl SledIndex {
             failed: Mutex::new(None),
             is_failed: AtomicBool::new(false),
             reopened: AtomicBool::new(false),
+            #[cfg(test)]
+            db_failed_for_space: AtomicBool::new(false),
         })
     }
 
@@ -194,6 +200,8 @@ impl SledIndex {
         *open = None;
         match Open::new(&self.path, &self.config) {
             Ok(o) => {
+                #[cfg(test)]
+                self.db_failed_for_space.store(false, Ordering::SeqCst);
                 *open = Some(Arc::new(o));
                 *failed = None;
                 self.is_failed.store(false, Ordering::SeqCst);
@@ -264,6 +272,11 @@ impl SledIndex {
         });
         let open = self.writable()?;
         let _no_wait = WAITS.read().unwrap_or_else(|p| p.into_inner());
+        #[cfg(test)]
+        if self.db_failed_for_space.load(Ordering::SeqCst) {
+            let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(self.fail("commit")(sled::Error::Io(full)));
+        }
         if let Some(t) = single_tree {
             // Unconditional writes to one tree: a batch is atomic and cheaper
             // than a transaction.
@@ -494,6 +507,21 @@ mod tests {
         let put = Op::Put(Tree::Entries, b"k".to_vec(), b"v".to_vec());
         assert!(i.commit(&[], &[put]).unwrap());
         assert!(!i.is_failed.load(Ordering::SeqCst));
+    }
+
+    /// sled failed in the background while the disk was full (no commit
+    /// of ours saw it): the first commit once there is room again succeeds.
+    #[test]
+    fn a_commit_refused_by_a_db_failed_in_the_background_is_made_after_a_reopen() {
+        let (_d, i) = open();
+        i.db_failed_for_space.store(true, Ordering::SeqCst);
+        let put = Op::Put(Tree::Entries, b"k".to_vec(), b"v".to_vec());
+        assert!(i.commit(&[], &[put]).unwrap());
+        assert_eq!(
+            i.get(Tree::Entries, b"k").unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+        assert!(i.take_reopened(), "the store is told to reconcile");
     }
 
     #[test]
