@@ -123,10 +123,7 @@ pub fn select(model: &Model, rules: &[PolicyRule]) -> ctcache::Result<Selection>
             };
             // The uses this rule is for (all of them when it names none).
             let used: Vec<bool> = uses
-                .of(&t.name)
-                .filter(|u| {
-                    rule.used_as.is_empty() || rule.used_as.iter().any(|w| w == u.site.name())
-                })
+                .of_kinds(&t.name, &rule.used_as)
                 .map(|u| u.transposed)
                 .collect();
             // Orientations the graph reads the weight in (none known, or a

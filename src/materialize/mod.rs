@@ -86,6 +86,16 @@ impl Eq for Fp16Settings {}
 /// Op types the int8 target quantizes (`op_types_to_quantize`).
 pub(crate) const INT8_OP_TYPES: [&str; 3] = ["MatMul", "Gather", "Conv"];
 
+/// `int8` or `uint8`: the weight type's name, as flags and packer
+/// parameters spell it.
+fn weight_type_name(signed: bool) -> &'static str {
+    if signed {
+        "int8"
+    } else {
+        "uint8"
+    }
+}
+
 /// How the int8 target quantizes one weight: `quantize_dynamic`'s rule for
 /// the op that reads it first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,11 +140,7 @@ impl Default for Int8Settings {
 impl Int8Settings {
     /// `int8` or `uint8`.
     pub fn weight_type(&self) -> &'static str {
-        if self.signed {
-            "int8"
-        } else {
-            "uint8"
-        }
+        weight_type_name(self.signed)
     }
 
     /// How a weight read first by `op` is quantized: a MatMul's as asked
@@ -253,7 +259,7 @@ impl Recipe {
             Recipe::Int8(s) => {
                 let w = s.weight_for(op);
                 vec![
-                    format!("weight_type={}", if w.signed { "int8" } else { "uint8" }),
+                    format!("weight_type={}", weight_type_name(w.signed)),
                     format!("symmetric={}", w.symmetric),
                     format!("per_channel={}", w.per_channel),
                     format!("reduce_range={}", w.reduce_range),

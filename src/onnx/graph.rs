@@ -98,15 +98,25 @@ impl WeightUses {
         self.uses.iter().filter(move |u| u.initializer == name)
     }
 
+    /// Uses of one initializer that a rule's `used_as` names
+    /// (`UseSite::name`: `MatMul.B`, `Gemm.B`, ...); all of them when it is
+    /// empty.
+    pub fn of_kinds<'a, S: AsRef<str>>(
+        &'a self,
+        name: &'a str,
+        used_as: &'a [S],
+    ) -> impl Iterator<Item = &'a WeightUse> + 'a {
+        self.of(name).filter(move |u| {
+            used_as.is_empty() || used_as.iter().any(|w| w.as_ref() == u.site.name())
+        })
+    }
+
     /// Whether `t` passes a packing rule's size and use filters: at least
     /// `min_elements` elements and, unless `used_as` is empty, one of those
-    /// uses (`UseSite::name`: `MatMul.B`, `Gemm.B`).
+    /// uses.
     pub fn admits<S: AsRef<str>>(&self, t: &TensorRef, min_elements: u64, used_as: &[S]) -> bool {
         t.elements >= min_elements
-            && (used_as.is_empty()
-                || self
-                    .of(&t.name)
-                    .any(|u| used_as.iter().any(|w| w.as_ref() == u.site.name())))
+            && (used_as.is_empty() || self.of_kinds(&t.name, used_as).next().is_some())
     }
 }
 
@@ -141,6 +151,15 @@ pub(crate) fn attr<'a>(n: &'a pb::NodeProto, name: &str) -> Option<&'a pb::Attri
 
 fn attr_int(n: &pb::NodeProto, name: &str) -> Option<i64> {
     attr(n, name).map(|a| a.i)
+}
+
+/// A node's name for messages: its name, or `#index` when it has none.
+pub(crate) fn node_label(n: &pb::NodeProto, index: usize) -> String {
+    if n.name.is_empty() {
+        format!("#{index}")
+    } else {
+        n.name.clone()
+    }
 }
 
 /// The node is in the standard ONNX domain.
@@ -250,11 +269,7 @@ impl NodeScan {
         let consumer = UseSite::of(n).and_then(|(site, i)| Some((site, n.input.get(i)?)));
         if let Some((site, input)) = consumer.filter(|(_, input)| !input.is_empty()) {
             self.consumers.push(Consumer {
-                node: if n.name.is_empty() {
-                    format!("#{idx}")
-                } else {
-                    n.name.clone()
-                },
+                node: node_label(n, idx),
                 site,
                 input: input.clone(),
                 transposed: site == UseSite::GemmB && attr_int(n, "transB") == Some(1),

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use super::{graph_value_names, Plan, GRAPH_INPUT};
 use crate::dtype::DataType;
 use crate::error::Result;
+use crate::onnx::graph::node_label;
 use crate::onnx::Model;
 
 /// Op types the float16 converter keeps in FLOAT behind Casts (its
@@ -63,11 +64,7 @@ pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
     let nodes = model.nodes()?;
     let mut read: HashSet<&str> = HashSet::new();
     for (i, n) in nodes.iter().enumerate() {
-        let name = if n.name.is_empty() {
-            format!("#{i}")
-        } else {
-            n.name.clone()
-        };
+        let name = node_label(n, i);
         if FP16_REFUSED_OPS.contains(&n.op_type.as_str()) {
             return refuse(format!(
                 "node {name} is a {}, which the float16 converter keeps in FLOAT or treats specially;                  onnxruntime-fp16 does not take it",

@@ -22,7 +22,7 @@ use prost::Message;
 
 use crate::dtype::DataType;
 use crate::error::Result;
-use crate::onnx::graph::is_default_domain;
+use crate::onnx::graph::{is_default_domain, node_label};
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
@@ -195,6 +195,14 @@ impl Plan {
             .collect()
     }
 
+    /// The first target reading `weight` (transposed or not): the one whose
+    /// packing every later reader of it shares.
+    pub fn first_reader(&self, weight: &str, transposed: bool) -> Option<&Target> {
+        self.targets
+            .iter()
+            .find(|t| t.weight == weight && t.transposed == transposed)
+    }
+
     /// Every payload the write of this plan for `recipe` reads: each
     /// (weight, transposed) pair the targets need with the recipe's packer
     /// and parameters (those of the first node that reads it), then each
@@ -202,9 +210,7 @@ impl Plan {
     pub fn packs(&self, recipe: &Recipe) -> Vec<Pack> {
         let targets = self.weights().into_iter().map(|key| {
             let op = self
-                .targets
-                .iter()
-                .find(|t| t.weight == key.0 && t.transposed == key.1)
+                .first_reader(&key.0, key.1)
                 .map_or(Op::MatMul, |t| t.op.clone());
             Pack {
                 packer: recipe.packer(),
@@ -339,15 +345,6 @@ fn plan_nodes(model: &Model, recipe: &Recipe) -> Result<Plan> {
         skip_per_tensor_readers_of_per_channel_weights(&mut out, s);
     }
     Ok(out)
-}
-
-/// A node's name, or `#index` when it has none.
-fn node_label(n: &pb::NodeProto, index: usize) -> String {
-    if n.name.is_empty() {
-        format!("#{index}")
-    } else {
-        n.name.clone()
-    }
 }
 
 /// quantize_dynamic quantizes a weight once, as the first node that reads

@@ -355,13 +355,19 @@ pub(super) fn dequantize_later_uses(
         .filter(|t| t.scope.is_empty())
         .map(|t| (t.node_index, t))
         .collect();
-    let mut first: HashMap<&str, &Target> = HashMap::new();
-    for t in targets.values().filter(|t| !t.transposed) {
-        let f = first.entry(t.weight.as_str()).or_insert(t);
-        if t.node_index < f.node_index {
-            *f = t;
-        }
-    }
+    // Each weight read as stored, with the target that quantized it.
+    let mut weights: Vec<&Target> = targets
+        .values()
+        .copied()
+        .filter(|t| {
+            !t.transposed
+                && src
+                    .plan
+                    .first_reader(&t.weight, false)
+                    .is_some_and(|f| f.node_index == t.node_index)
+        })
+        .collect();
+    weights.sort_by_key(|t| t.weight.as_str());
     let outputs: HashSet<String> = graph_value_names(src.model, GRAPH_OUTPUT)?
         .into_iter()
         .collect();
@@ -372,9 +378,8 @@ pub(super) fn dequantize_later_uses(
         names,
     };
     let mut done = HashSet::new();
-    let mut weights: Vec<(&str, &Target)> = first.into_iter().collect();
-    weights.sort_by_key(|(w, _)| *w);
-    for (w, t) in weights {
+    for t in weights {
+        let w = t.weight.as_str();
         let readers: Vec<usize> = (0..top_nodes.len())
             .filter(|i| !targets.contains_key(i) && top_nodes[*i].input.iter().any(|v| v == w))
             .collect();
