@@ -561,3 +561,85 @@ fn events_show_a_user_only_models_it_may_list() {
     assert!(out.contains("last.onnx"), "{out}");
     assert_eq!(d.stop(), Some(0));
 }
+
+/// The peer half of `embed_probes_no_file_outside_the_callers_folder`.
+#[tokio::test]
+async fn probing_helper() {
+    let (Some(socket), Some(dir)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_DIR")) else {
+        return;
+    };
+    let mut c = client_at(&socket).await;
+    let err = c
+        .embed(api::EmbedRequest {
+            model_path: dir.join("m/probe.onnx").display().to_string(),
+            output_path: dir.join("o/out.onnx").display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an external-data location out of the folder is no file there");
+    assert!(err.message().contains("does not have"), "{err:?}");
+    println!("PROBE-REFUSED-OK");
+}
+
+/// A model's external-data location is the caller's to write: the root
+/// daemon, checking that an embed output's folder has the model's data
+/// files, looks for them beneath that folder only. Else a location through
+/// a link the caller planted (`sub/secret`, `sub` -> a root-only folder)
+/// would tell uid 65534 whether a file exists in a folder it cannot search
+/// (the embed would be accepted or refused).
+#[test]
+fn embed_probes_no_file_outside_the_callers_folder() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let mut d = daemon_for_nobody("");
+    let (top, dir) = nobodys_folder();
+    let private = top.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(private.join("secret"), b"root's").unwrap();
+    let mut m = ctcache_testkit::MatMul::new(
+        512,
+        256,
+        ctcache_testkit::xorshift(9).map(ctcache_testkit::unit_f32),
+    )
+    .proto();
+    let g = m.graph.as_mut().unwrap();
+    let entry = |k: &str, v: &str| ctcache::pb::StringStringEntryProto {
+        key: k.into(),
+        value: v.into(),
+    };
+    g.initializer.push(ctcache::pb::TensorProto {
+        name: "probe".into(),
+        data_type: 1,
+        dims: vec![1],
+        data_location: ctcache::pb::tensor_proto::DataLocation::External as i32,
+        external_data: vec![entry("location", "sub/secret"), entry("length", "4")],
+        ..Default::default()
+    });
+    // The model's own data file beside it; in the output folder, uid
+    // 65534's link of the same name out to the folder it cannot search.
+    let (model_dir, out_dir) = (dir.join("m"), dir.join("o"));
+    std::fs::create_dir_all(model_dir.join("sub")).unwrap();
+    std::fs::write(model_dir.join("sub/secret"), b"mine").unwrap();
+    std::fs::create_dir(&out_dir).unwrap();
+    std::os::unix::fs::symlink(&private, out_dir.join("sub")).unwrap();
+    let model = model_dir.join("probe.onnx");
+    write_model(&model, &prost::Message::encode_to_vec(&m));
+    for p in [
+        &model_dir,
+        &model_dir.join("sub"),
+        &model_dir.join("sub/secret"),
+        &model,
+        &out_dir,
+    ] {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    run_as_nobody(
+        "probing_helper",
+        &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_DIR", &dir)],
+        "PROBE-REFUSED-OK",
+    );
+    assert!(!out_dir.join("out.onnx").exists());
+    assert_eq!(d.stop(), Some(0));
+}

@@ -140,6 +140,22 @@ def test_external_data_is_only_embedded_beside_its_model(tmp_path):
         assert r.returncode == 0, r.describe()
         onnx.checker.check_model(str(out), full_check=True)
         assert run_model(out, x).tobytes() == run_model(src, x).tobytes()
+    # A location leaving the folder names no file there, even one that exists
+    # (the daemon, embedding for a caller, probes nothing outside the folder).
+    m = onnx.load(str(src), load_external_data=False)
+    ext = next(t for t in m.graph.initializer if t.name == "B")
+    for e in ext.external_data:
+        if e.key == "location":
+            e.value = "../model.onnx.data"
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    shutil.copyfile(tmp_path / "model.onnx.data", inner / "model.onnx.data")
+    escaping = inner / "m.onnx"
+    onnx.save(m, str(escaping))
+    out = inner / "e.onnx"
+    r = ctl.run("embed", str(escaping), "-o", str(out), "--format", "cast.f16", "--initializer", "W1")
+    assert r.returncode != 0 and "../model.onnx.data" in r.stderr, r.describe()
+    assert not out.exists()
 
 
 def test_embed_twice_needs_replace(tmp_path):

@@ -15,7 +15,7 @@ use crate::check::{self, PayloadError};
 use crate::error::{Error, Result};
 use crate::hit::{payload_checksum, PAYLOAD_BLAKE3_KEY};
 use crate::onnx::fields::{self, MODEL_COMPILED_TENSORS, MODEL_DEVICES, MODEL_STRUCT_TYPES};
-use crate::onnx::{Model, Storage};
+use crate::onnx::{ExternalRef, Model, Storage};
 use crate::outdir::{OutDir, OutFile};
 use crate::pb;
 use crate::structs::{self, PhysicalTypeKey};
@@ -102,9 +102,7 @@ fn refuse_moved_external_data(model: &Model, dir: &OutDir) -> Result<()> {
         .initializers()?
         .into_iter()
         .find_map(|t| match t.storage {
-            Storage::External(r) if dir.stat(r.location.as_ref()).is_err() => {
-                Some((t.name, r.location))
-            }
+            Storage::External(r) if !has_data_file(dir, &r) => Some((t.name, r.location)),
             _ => None,
         });
     match missing {
@@ -114,6 +112,31 @@ fn refuse_moved_external_data(model: &Model, dir: &OutDir) -> Result<()> {
              which {} does not have: write the output in the model's folder, or copy the file there first",
             dir.path().display()
         ))),
+    }
+}
+
+/// Whether the output folder has the file `r` names, looked for beneath
+/// it only: the location is the model's and the folder may be a caller's,
+/// so nothing outside it is probed (a location leaving the folder, or a
+/// link out of it, is no file there).
+fn has_data_file(dir: &OutDir, r: &ExternalRef) -> bool {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let Ok(rel) = r.path_in(Path::new("")) else {
+        return false;
+    };
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(
+        dir,
+        &rel,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        how,
+    ) {
+        // Kernels before 5.6: a file right in the folder only.
+        Err(rustix::io::Errno::NOSYS) => {
+            rel.components().count() == 1 && dir.stat(rel.as_os_str()).is_ok()
+        }
+        found => found.is_ok(),
     }
 }
 
