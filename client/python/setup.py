@@ -60,11 +60,16 @@ class BuildPyWithStubs(build_py):
             self.announce(f"generated {p}", level=2)
 
 
+ORT_EXTRA = ["onnxruntime>=1.24", "onnx>=1.21", "onnx-ir"]
+
 setup(
     cmdclass={"build_py": BuildPyWithStubs},
     install_requires=_runtime_requirements(),
     extras_require={
         "health": ["grpcio-health-checking"],
-        "all": ["grpcio-health-checking"],
+        # ctcache.ort: onnxruntime's session, and its reference tools (the
+        # MatMulNBits quantizer imports onnx_ir) for the no-daemon fallback.
+        "ort": ORT_EXTRA,
+        "all": ["grpcio-health-checking", *ORT_EXTRA],
     },
 )

@@ -19,9 +19,13 @@ pub(crate) enum ErrorKind {
     OutOfRange,
     /// The caller may not do this (or read or write that).
     PermissionDenied,
-    /// The request is well formed but the state does not allow it (nothing
-    /// to materialize, no GPU for a wgpu request).
+    /// The request is well formed but the state does not allow it (no GPU
+    /// for a wgpu request, no `[remote]`).
     Precondition,
+    /// The model has nothing the target rewrites: a client may open it as
+    /// it is (a precondition that clients tell apart by
+    /// the `ctcache-error-kind` trailer of `rpc/status.rs`).
+    NothingToRewrite,
     /// A bound was reached (disk full, too many leases or jobs).
     Exhausted,
     /// The caller's share of the pack queue is full: asking again once some

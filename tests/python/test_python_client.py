@@ -452,6 +452,10 @@ def test_package_declares_its_dependencies_and_types(installed):
     requires = {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in PathDistribution(info).requires or []
                 if "extra ==" not in r}
     assert {"grpcio", "protobuf", "numpy", "blake3"} <= requires, requires
+    # The no-daemon fallback's reference tools: the MatMulNBits quantizer imports onnx_ir.
+    ort_extra = {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in PathDistribution(info).requires or []
+                 if 'extra == "ort"' in r}
+    assert {"onnxruntime", "onnx", "onnx-ir"} <= ort_extra, ort_extra
     assert (installed / "ctcache" / "py.typed").is_file()
 
 

@@ -7,8 +7,11 @@
 * ``ctcachectl digest`` agrees with the independent D3 implementation on
   every initializer of every model.
 * The int4 target is a drop-in for onnxruntime's MatMulNBitsQuantizer on the
-  real models that have MatMuls: same initializers, bit-identical outputs
-  under default session options.
+  real models that have MatMuls: bit-identical outputs under default session
+  options.
+* ``ctcache.ort.inference_session`` opens a model with nothing to rewrite as
+  it is (a warning; ``strict=True`` raises), reports what came from the
+  cache, and its no-daemon fallback is quiet.
 
 The corpus is fetched (and its sha256 checked) by ``tests/run.sh``; run
 alone, this module fetches it the same way. A missing model fails the test.
@@ -16,6 +19,9 @@ alone, this module fetches it the same way. A missing model fails the test.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +34,9 @@ import ctl
 import d3
 import real_models
 from real_models import CORPUS, RealModel
+from e2e.harness import Daemon
 from test_materialize import quantize
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 
 BY_NAME = {m.name: m for m in CORPUS}
 
@@ -131,3 +139,76 @@ def test_int4_is_bit_identical_with_the_quantizer_under_default_options(name, tm
         for x, y in zip(got.run(None, feeds), want.run(None, feeds)):
             assert x.dtype == y.dtype and x.shape == y.shape
             assert np.array_equal(x, y), f"max |diff| {np.max(np.abs(x.astype(np.float64) - y))}"
+
+
+# ---------------------------------------------------------------- sessions
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("real-daemon"))
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+
+
+def _same_outputs(a, b, m: RealModel) -> None:
+    feeds = real_models.feeds(m)
+    for x, y in zip(a.run(None, feeds), b.run(None, feeds)):
+        assert np.array_equal(x, y)
+
+
+def test_a_session_opens_a_model_with_nothing_to_rewrite_as_it_is(ctcache, daemon):  # noqa: F811
+    import ctcache.ort
+
+    conv = real_models.fetch(BY_NAME["ddddocr-det"])
+    with pytest.warns(ctcache.ort.AsIsWarning, match="no node of the op types rewritten") as caught:
+        sess = ctcache.ort.inference_session(conv, socket=str(daemon.socket))
+    assert len(caught) == 1
+    report = sess.ctcache_report
+    assert report.source == "as-is" and "nothing to materialize" in report.why
+    assert report.seconds > 0 and "as-is" in str(report)
+    _same_outputs(sess, ort.InferenceSession(str(conv)), BY_NAME["ddddocr-det"])
+    with pytest.raises(ctcache.NothingToRewrite, match="nothing to materialize"):
+        ctcache.ort.inference_session(conv, socket=str(daemon.socket), strict=True)
+
+
+def test_a_session_reports_what_came_from_the_cache(ctcache, daemon):  # noqa: F811
+    import ctcache.ort
+
+    enc = real_models.fetch(BY_NAME["minilm-l3"])
+    first = ctcache.ort.inference_session(enc, socket=str(daemon.socket)).ctcache_report
+    again = ctcache.ort.inference_session(enc, socket=str(daemon.socket)).ctcache_report
+    assert first.source == again.source == "daemon"
+    assert first.rewritten == again.rewritten == 18
+    assert first.packed + first.cached == again.cached and again.packed == 0
+    # The attention MatMuls (both inputs computed) are left, and said so.
+    assert len(again.skipped) == 6 and all(op == "MatMul" for _, op, _ in again.skipped)
+    assert "18 node(s) rewritten" in str(again) and f"{again.cached} weight(s) from the cache" in str(again)
+
+
+FALLBACK_SCRIPT = """
+import logging, sys, warnings
+import ctcache.ort
+before = list(logging.getLogger().handlers)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    sess = ctcache.ort.inference_session(sys.argv[1], socket=sys.argv[2], target=sys.argv[3])
+assert [x.category.__name__ for x in w] == ["FallbackWarning"], [str(x.message) for x in w]
+assert sess.ctcache_report.source == "fallback", sess.ctcache_report
+assert logging.getLogger().handlers == before, logging.getLogger().handlers
+print("ok", sess.ctcache_report.source)
+"""
+
+
+@pytest.mark.parametrize("target", ["onnxruntime-int4", "onnxruntime-int8"])
+def test_the_fallback_is_quiet(installed, tmp_path, target):  # noqa: F811
+    """No daemon: one warning, none of the reference tools' INFO lines, the root logger untouched."""
+    enc = real_models.fetch(BY_NAME["magika"])
+    env = dict(os.environ, PYTHONPATH=f"{installed}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT, str(enc), str(tmp_path / "none.sock"), target],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok fallback"
+    assert "INFO" not in r.stderr, r.stderr[:2000]

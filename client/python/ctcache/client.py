@@ -49,6 +49,9 @@ LINK_MODES = {"auto": pb.LINK_MODE_AUTO, "reflink": pb.LINK_MODE_REFLINK, "copy"
 PLACE_METHODS = {pb.PLACE_METHOD_REFLINK: "reflink", pb.PLACE_METHOD_COPY: "copy",
                  pb.PLACE_METHOD_HARD_LINK: "hard_link", pb.PLACE_METHOD_IN_PLACE: "in_place"}
 
+#: The trailer by which the daemon names an error kind the code alone does not.
+_KIND_KEY = "ctcache-error-kind"
+
 _ERRORS = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
@@ -207,6 +210,9 @@ class Client:
         code = e.code()
         if code == grpc.StatusCode.UNAVAILABLE:
             return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
+        kind = dict(e.trailing_metadata() or ()).get(_KIND_KEY)
+        if kind == "nothing-to-rewrite":
+            return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
 
     def _renew(self, stub) -> None:

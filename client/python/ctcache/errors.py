@@ -54,6 +54,12 @@ class PermissionDenied(RequestFailed):
     """PERMISSION_DENIED: the daemon checked the caller's uid and refused."""
 
 
+class NothingToRewrite(RequestFailed):
+    """FAILED_PRECONDITION: the model has nothing the target rewrites (no
+    node of the op types it converts, or every one skipped); the model can
+    be used as it is."""
+
+
 class PayloadMismatch(CtcacheError):
     """A payload's bytes differ from the digests they were checked against
     (:meth:`ctcache.Payload.checked`): changed on disk since."""

@@ -38,10 +38,14 @@ gives every file one link, which onnx loads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import tempfile
+import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import errors
@@ -72,7 +76,9 @@ __all__ = [
     "TARGET_INT4",
     "TARGET_INT8",
     "LINK_MEMORY",
+    "AsIsWarning",
     "FallbackWarning",
+    "SessionReport",
     "default_output_path",
     "inference_session",
     "materialize",
@@ -83,6 +89,44 @@ __all__ = [
 
 class FallbackWarning(RuntimeWarning):
     """No daemon answered: the model was quantized in this process instead."""
+
+
+class AsIsWarning(RuntimeWarning):
+    """The target rewrites nothing in this model: the session runs it as it is."""
+
+
+_log = logging.getLogger("ctcache")
+
+
+@dataclass
+class SessionReport:
+    """What :func:`inference_session` did, as ``session.ctcache_report``.
+
+    ``source``: ``"daemon"`` (the target's model from the cache),
+    ``"as-is"`` (nothing to rewrite: the model itself) or ``"fallback"``
+    (no daemon: the reference tool in this process). ``cached`` and
+    ``packed`` count the weights served from the cache and packed for this
+    call; ``skipped`` lists ``(node, op type, reason)`` of the nodes left as
+    they are; ``why`` says why the source is not the daemon's model;
+    ``seconds`` is the whole call, session creation included."""
+
+    path: str
+    target: str
+    source: str
+    rewritten: int = 0
+    cached: int = 0
+    packed: int = 0
+    skipped: list = field(default_factory=list)
+    why: str = ""
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        if self.source == "daemon":
+            what = (f"{self.rewritten} node(s) rewritten, {self.cached} weight(s) from the cache, "
+                    f"{self.packed} packed now, {len(self.skipped)} node(s) left as they are")
+        else:
+            what = f"{self.source}: {self.why}"
+        return f"ctcache {self.target} session of {self.path}: {what} ({self.seconds:.3f} s)"
 
 
 def _cache_home() -> Path:
@@ -198,6 +242,25 @@ def _load_model(path):
         t.data_location = onnx.TensorProto.DEFAULT
         del t.external_data[:]
     return model
+
+
+@contextlib.contextmanager
+def _quiet_reference_tools():
+    """onnxruntime's quantizers log every node at INFO (and one module calls
+    ``logging.basicConfig`` on import): silenced for the call, the root
+    logger's handlers and level as they were after it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    disabled = logging.root.manager.disable
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(disabled)
+        for h in root.handlers[:]:
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
 
 
 def quantize_in_process(path, *, bits: int | None = None, block_size: int | None = None,
@@ -357,7 +420,8 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
                       symmetric: bool | None = None, accuracy_level: int = 0, output_path=None, socket=None,
                       sess_options=None, providers=None, fallback: bool = True, target: str = TARGET_INT4,
                       weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
-                      op_types=None, link: str | None = None, lease_ttl_s: float = 30.0):
+                      op_types=None, link: str | None = None, lease_ttl_s: float = 30.0,
+                      strict: bool = False):
     """An ``onnxruntime.InferenceSession`` on the quantized form of an fp32/fp16 model.
 
     ``target="onnxruntime-int4"`` (the default): the MatMulNBits form;
@@ -389,14 +453,49 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     a session on the model quantized in this process by onnxruntime's
     ``MatMulNBitsQuantizer`` with the same settings (unset: 4 bits, block
     32, symmetric); nothing is written then, except a temporary file for a
-    quantized model of 2 GiB or more. Other daemon errors (nothing to
-    materialize, bad settings) are raised.
+    quantized model of 2 GiB or more.
+
+    A model in which the target rewrites nothing (a conv net under int4, a
+    model quantized already) is opened as it is, with an
+    :class:`AsIsWarning` that says why; ``strict=True`` raises
+    :class:`~ctcache.NothingToRewrite` instead. Other daemon errors (bad
+    settings, a model the target refuses) are raised.
+
+    The session's ``ctcache_report`` (a :class:`SessionReport`, also logged
+    at INFO on the ``ctcache`` logger) says what came from the cache, what
+    was packed, what was left as it is and why, and how long it took.
     """
+    start = time.monotonic()
+    try:
+        sess, report = _session(path, output_path, socket, sess_options, providers, fallback, link, lease_ttl_s,
+                                bits=bits, block_size=block_size, symmetric=symmetric,
+                                accuracy_level=accuracy_level, target=target, weight_type=weight_type,
+                                per_channel=per_channel, reduce_range=reduce_range, op_types=op_types)
+    except errors.NothingToRewrite as e:
+        if strict:
+            raise
+        warnings.warn(f"ctcache: {e.details}; opening the model as it is", AsIsWarning, stacklevel=2)
+        import onnxruntime
+
+        sess = onnxruntime.InferenceSession(os.fspath(path), sess_options=sess_options, providers=providers)
+        report = SessionReport(os.fspath(path), target, "as-is", why=e.details)
+    report.seconds = time.monotonic() - start
+    sess.ctcache_report = report
+    _log.info("%s", report)
+    return sess
+
+
+def _report(path, target: str, r: pb.MaterializeResponse) -> SessionReport:
+    return SessionReport(os.fspath(path), target, "daemon", rewritten=r.nodes_rewritten, cached=r.cached,
+                         packed=r.packed, skipped=[(s.node, s.op_type, s.reason) for s in r.skipped])
+
+
+def _session(path, output_path, socket, sess_options, providers, fallback, link, lease_ttl_s, *, target,
+             **tool_settings):
+    """:func:`inference_session` less the as-is case and the timing: (session, report)."""
     import onnxruntime
 
-    settings = dict(bits=bits, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
-                    target=target, weight_type=weight_type, per_channel=per_channel, reduce_range=reduce_range,
-                    op_types=op_types)
+    settings = dict(tool_settings, target=target)
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
     if link is None:
@@ -408,7 +507,7 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
             c = connect(socket)
             try:
                 r = c.materialize(path, None, in_memory=True, lease_ttl_s=lease_ttl_s, **settings)
-                return _session_in_memory(c, r, sess_options, providers, lease_ttl_s)
+                return _session_in_memory(c, r, sess_options, providers, lease_ttl_s), _report(path, target, r)
             except errors.RequestFailed as e:
                 c.close()
                 if getattr(e.code, "name", "") != "RESOURCE_EXHAUSTED":
@@ -421,8 +520,10 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
         if not fallback:
             raise
-        return _fallback_session(path, e, sess_options, providers, **settings)
-    return onnxruntime.InferenceSession(r.output_path, sess_options=sess_options, providers=providers)
+        report = SessionReport(os.fspath(path), target, "fallback", why=str(e))
+        return _fallback_session(path, e, sess_options, providers, **settings), report
+    sess = onnxruntime.InferenceSession(r.output_path, sess_options=sess_options, providers=providers)
+    return sess, _report(path, target, r)
 
 
 def _fallback_session(path, why, sess_options, providers, *, bits, block_size, symmetric, accuracy_level, target,
@@ -434,16 +535,17 @@ def _fallback_session(path, why, sess_options, providers, *, bits, block_size, s
         f"ctcache: {why} -- quantizing {os.fspath(path)} in this process with onnxruntime's "
         f"{tool} instead (slower; same weights)",
         FallbackWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
-    if target == TARGET_FP16:
-        from onnxruntime.transformers.float16 import convert_float_to_float16
+    with _quiet_reference_tools():
+        if target == TARGET_FP16:
+            from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
-    elif target == TARGET_INT8:
-        model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
-                                            reduce_range=reduce_range, op_types=op_types)
-    else:
-        model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
-                                    accuracy_level=accuracy_level)
+            model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
+        elif target == TARGET_INT8:
+            model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
+                                                reduce_range=reduce_range, op_types=op_types)
+        else:
+            model = quantize_in_process(path, bits=bits, block_size=block_size, symmetric=symmetric,
+                                        accuracy_level=accuracy_level)
     return _session_on_model(model, sess_options, providers)

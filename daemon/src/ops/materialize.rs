@@ -24,6 +24,7 @@ use super::payload::{self, Granted};
 use super::{blocking, serve, Error, Result};
 use crate::caller::Caller;
 use crate::config::PolicyRule;
+use crate::error::ErrorKind;
 use crate::policy::Wanted;
 use crate::scheduler::Priority;
 use crate::state::Daemon;
@@ -223,10 +224,10 @@ pub(crate) async fn materialize(
     })
     .await?;
     if let Some(why) = plan.why_nothing() {
-        return Err(Error::precondition(format!(
-            "nothing to materialize in {}: {why}",
-            r.model_path
-        )));
+        return Err(Error::new(
+            ErrorKind::NothingToRewrite,
+            format!("nothing to materialize in {}: {why}", r.model_path),
+        ));
     }
     let wanted = wanted(&plan, &recipe)?;
     let jobs = {

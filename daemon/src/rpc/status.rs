@@ -1,12 +1,22 @@
 //! The one mapping from a use case's error to a gRPC status.
 
+use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
 use crate::error::{Error, ErrorKind};
 
+/// The trailing metadata key that names an error kind a client acts on
+/// where the code alone is ambiguous (`nothing-to-rewrite`).
+pub(crate) const KIND_KEY: &str = "ctcache-error-kind";
+
 /// The gRPC status of a use case's error.
 pub(crate) fn status(e: Error) -> Status {
-    Status::new(code(e.kind), e.message)
+    let mut s = Status::new(code(e.kind), e.message);
+    if e.kind == ErrorKind::NothingToRewrite {
+        s.metadata_mut()
+            .insert(KIND_KEY, MetadataValue::from_static("nothing-to-rewrite"));
+    }
+    s
 }
 
 /// The gRPC code of an error kind.
@@ -16,7 +26,7 @@ pub(crate) fn code(kind: ErrorKind) -> Code {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::OutOfRange => Code::OutOfRange,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
-        ErrorKind::Precondition => Code::FailedPrecondition,
+        ErrorKind::Precondition | ErrorKind::NothingToRewrite => Code::FailedPrecondition,
         ErrorKind::Exhausted | ErrorKind::QueueFull => Code::ResourceExhausted,
         ErrorKind::DataLoss => Code::DataLoss,
         ErrorKind::Cancelled => Code::Aborted,
@@ -34,5 +44,23 @@ pub(crate) fn code_name(kind: ErrorKind) -> &'static str {
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         status(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_to_rewrite_is_a_precondition_named_in_a_trailer() {
+        let s = status(Error::new(
+            ErrorKind::NothingToRewrite,
+            "nothing to materialize",
+        ));
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(s.metadata().get(KIND_KEY).unwrap(), "nothing-to-rewrite");
+        let other = status(Error::precondition("no [remote]"));
+        assert_eq!(other.code(), Code::FailedPrecondition);
+        assert!(other.metadata().get(KIND_KEY).is_none());
     }
 }
