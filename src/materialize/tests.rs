@@ -16,7 +16,7 @@ fn tensor(name: &str, data_type: i32, dims: &[i64]) -> pb::TensorProto {
     let elems: i64 = dims.iter().product();
     let width = match data_type {
         10 | 16 => 2,
-        11 => 8,
+        7 | 11 | 13 => 8,
         _ => 4,
     };
     pb::TensorProto {
@@ -563,21 +563,77 @@ fn fp16_plan_takes_read_float_initializers_and_refuses_what_it_cannot_convert() 
     assert_eq!(p.tensors, ["W"]);
     assert_eq!(p.weights(), [("W".to_string(), false)]);
     assert!(p.why_nothing().is_none());
-    let m = model(
+}
+
+/// A model whose inputs are FLOAT tensors.
+fn float_model(nodes: Vec<pb::NodeProto>, inits: Vec<pb::TensorProto>, inputs: &[&str]) -> Model {
+    use pb::type_proto::{Tensor, Value};
+    let mut p = pb::ModelProto::decode(model(nodes, inits, inputs).bytes().clone()).unwrap();
+    for vi in &mut p.graph.as_mut().unwrap().input {
+        vi.r#type = Some(pb::TypeProto {
+            value: Some(Value::TensorType(Tensor {
+                elem_type: 1,
+                shape: None,
+            })),
+            ..Default::default()
+        });
+    }
+    Model::from_bytes(Bytes::from(p.encode_to_vec()), ".").unwrap()
+}
+
+#[test]
+fn fp16_plan_keeps_block_list_nodes_and_float_inputs_as_the_converter_does() {
+    let mut resize = node("Resize", "rs", &["h", "", "S"], "r");
+    resize.output = vec!["r".into()];
+    let m = float_model(
         vec![
             node("MatMul", "mm", &["X", "W"], "h"),
-            node("TopK", "top", &["h", "K"], "Y"),
+            node("Max", "max", &["h", "M"], "m"),
+            node("TopK", "top", &["m", "K"], "Y"),
+            resize,
+            node("Shape", "shape", &["r"], "s"),
         ],
-        vec![tensor("W", 1, &[8, 4]), tensor("K", 6, &[1])],
+        vec![
+            tensor("W", 1, &[8, 4]),
+            tensor("M", 1, &[4]),
+            tensor("K", 7, &[1]),
+            tensor("S", 1, &[2]),
+        ],
+        &["X"],
+    );
+    let p = plan_for(&m, &fp16()).unwrap();
+    // M is read by a kept node only, S as Resize's scales: both stay FLOAT.
+    assert_eq!(p.tensors, ["W"]);
+    let f = p.fp16.unwrap();
+    for v in ["X", "W", "h", "m", "r"] {
+        assert!(
+            f.float16.contains(v),
+            "{v} is FLOAT16 in the converter's model"
+        );
+    }
+    for v in ["M", "S", "K", "s"] {
+        assert!(!f.float16.contains(v), "{v} stays as it is");
+    }
+}
+
+#[test]
+fn fp16_plan_refuses_what_onnxruntime_would_refuse_of_the_converters_model() {
+    let m = float_model(
+        vec![node("DynamicQuantizeLinear", "q", &["X"], "xq")],
+        vec![],
         &["X"],
     );
     let e = plan_for(&m, &fp16()).unwrap_err().to_string();
-    assert!(e.contains("node top is a TopK"), "{e}");
+    assert!(
+        e.contains("node q (DynamicQuantizeLinear) reads \"X\""),
+        "{e}"
+    );
+    assert!(e.contains("takes FLOAT only"), "{e}");
     let m = model(
         vec![node("Add", "add", &["X", "I"], "Y")],
         vec![tensor("I", 6, &[4])],
         &["X"],
     );
     let e = plan_for(&m, &fp16()).unwrap_err().to_string();
-    assert!(e.contains("no FLOAT initializer"), "{e}");
+    assert!(e.contains("no FLOAT value or weight"), "{e}");
 }

@@ -2,6 +2,7 @@
 //! initializers borrowed from the mapping, external data, and the
 //! byte-preserving rewrite of the compiled-tensor fields.
 
+pub mod elem_types;
 mod external;
 pub mod graph;
 mod guarded;
@@ -21,6 +22,8 @@ pub use tensor::{Storage, TensorRef, Typed};
 pub mod fields {
     /// `ModelProto.graph`.
     pub const MODEL_GRAPH: u32 = 7;
+    /// `ModelProto.opset_import`.
+    pub(crate) const MODEL_OPSET_IMPORT: u32 = 8;
     /// `ModelProto.struct_types` (extension, D1).
     pub const MODEL_STRUCT_TYPES: u32 = 1000;
     /// `ModelProto.devices` (extension, D1).

@@ -351,6 +351,32 @@ impl Model {
             .collect())
     }
 
+    /// The model's first opset import that `wanted` accepts.
+    pub(crate) fn opset_import(
+        &self,
+        wanted: impl Fn(&pb::OperatorSetIdProto) -> bool,
+    ) -> Result<Option<pb::OperatorSetIdProto>> {
+        for f in self
+            .top
+            .iter()
+            .filter(|f| f.number == super::fields::MODEL_OPSET_IMPORT)
+        {
+            let o: pb::OperatorSetIdProto =
+                decode(self.bytes.slice(f.value.clone()), "OperatorSetIdProto")?;
+            if wanted(&o) {
+                return Ok(Some(o));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The version of the ai.onnx opset the model imports, if it imports it.
+    pub(crate) fn default_opset(&self) -> Result<Option<i64>> {
+        Ok(self
+            .opset_import(|o| o.domain.is_empty() || o.domain == "ai.onnx")?
+            .map(|o| o.version))
+    }
+
     /// The graph's nodes, decoded (initializer payloads are not touched).
     pub fn nodes(&self) -> Result<Vec<pb::NodeProto>> {
         self.nodes_one_by_one()?.collect()

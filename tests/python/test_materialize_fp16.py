@@ -2,13 +2,16 @@
 ``onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)``.
 
 On the synthetic transformer block of test_materialize, an MLP with a Gemm
-transB=1 and a model whose weights hold subnormals, values past 65504, NaN
+transB=1, a model whose weights hold subnormals, values past 65504, NaN
 and infinities (with a Constant node, a Cast to FLOAT and a weight shared by
-two nodes), through the daemon and with ``--local``: every initializer the
+two nodes) and a model of the nodes the converter keeps FLOAT behind Casts
+(Max, TopK, Resize's scales, ConstantOfShape, Constant weights in If
+branches), through the daemon and with ``--local``: every initializer the
 reference writes exists in ours under the same name with the same dtype,
-dims and bytes; onnxruntime gives bit-identical outputs on the same float32
-inputs; the result passes ``onnx.checker``. Ops the converter keeps in FLOAT
-are refused naming the node, and nothing is written.
+dims and bytes; the same nodes; onnxruntime gives bit-identical outputs on
+the same inputs; the result passes ``onnx.checker``. Models whose converted
+form onnxruntime refuses are refused naming the node, and nothing is
+written. The real models are test_real_models.py's.
 """
 
 from __future__ import annotations
@@ -85,10 +88,49 @@ def specials_model(path: Path, seed: int = 0) -> Path:
     return _save(m, path)
 
 
+def kept_model(path: Path, seed: int = 0) -> Path:
+    """Nodes the converter keeps FLOAT behind Casts (Max with a weight only it
+    reads, TopK writing a graph output), Resize with FLOAT scales from a
+    Constant, a ConstantOfShape without a value, and Constant weights in If
+    branches."""
+    rng = np.random.default_rng(seed)
+    f = TensorProto.FLOAT
+
+    def branch(name, op):
+        c = numpy_helper.from_array(rng.standard_normal(8).astype(F32), f"{name}_w")
+        return helper.make_graph(
+            [helper.make_node("Constant", [], [f"{name}_c"], name=f"{name}_const", value=c),
+             helper.make_node(op, ["h", f"{name}_c"], [f"{name}_out"], name=f"{name}_op")],
+            name, [], [helper.make_tensor_value_info(f"{name}_out", f, [2, 8])])
+
+    scales = numpy_helper.from_array(np.array([1, 2], F32), "scales_value")
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h"], name="mm"),
+        helper.make_node("Max", ["h", "M"], ["mx"], name="max"),
+        helper.make_node("TopK", ["mx", "k"], ["Y", "I"], name="top"),
+        helper.make_node("Shape", ["X"], ["sx"], name="shape"),
+        helper.make_node("ConstantOfShape", ["sx"], ["z"], name="zeros"),
+        helper.make_node("Add", ["h", "z"], ["hz"], name="addz"),
+        helper.make_node("Constant", [], ["scales"], name="scales_const", value=scales),
+        helper.make_node("Resize", ["hz", "", "scales"], ["R"], name="resize", mode="nearest"),
+        helper.make_node("If", ["C"], ["F"], name="branch", then_branch=branch("then", "Mul"),
+                         else_branch=branch("else", "Add")),
+    ]
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(F32), "W"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(F32), "M"),
+             numpy_helper.from_array(np.array([2], np.int64), "k")]
+    m = _model(nodes, [helper.make_tensor_value_info("X", f, [2, 8]),
+                       helper.make_tensor_value_info("C", TensorProto.BOOL, [])],
+               [helper.make_tensor_value_info("Y", f, [2, 2]), helper.make_tensor_value_info("I", TensorProto.INT64, [2, 2]),
+                helper.make_tensor_value_info("R", f, [2, 16]), helper.make_tensor_value_info("F", f, [2, 8])], inits)
+    return _save(m, path)
+
+
 MODELS = {
     "transformer": lambda p: transformer(p, 64, seed=5),
     "gemm": lambda p: gemm_model(p, seed=6),
     "specials": lambda p: specials_model(p, seed=7),
+    "kept": lambda p: kept_model(p, seed=8),
 }
 
 
@@ -101,7 +143,8 @@ def reference(model: Path) -> Path:
 def feeds_for(path: Path, seed: int):
     rng = np.random.default_rng(seed)
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return {i.name: (rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]) * 3).astype(F32)
+    return {i.name: np.array(seed % 2 == 0) if i.type == "tensor(bool)" else
+            (rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]) * 3).astype(F32)
             for i in s.get_inputs()}
 
 
@@ -128,7 +171,7 @@ def assert_drop_in(ours: Path, ref: Path, seeds=(1, 2)):
     for seed in seeds:
         feeds = feeds_for(ref, seed)
         for x, y in zip(s1.run(None, feeds), s2.run(None, feeds)):
-            assert x.dtype == y.dtype == np.float32 and x.shape == y.shape
+            assert x.dtype == y.dtype and x.shape == y.shape
             assert x.tobytes() == y.tobytes(), f"outputs differ (seed {seed})"
 
 
@@ -150,7 +193,7 @@ def test_local_is_a_drop_in_for_the_float16_converter(tmp_path, name):
         assert "unused" in {t.name: 0 for t in onnx.load(str(out)).graph.initializer}
 
 
-@pytest.mark.parametrize("name", ["transformer", "specials"])
+@pytest.mark.parametrize("name", ["transformer", "specials", "kept"])
 def test_daemon_is_a_drop_in_and_caches(daemon, tmp_path, name):
     model = MODELS[name](tmp_path / f"{name}.onnx")
     ref = reference(model)
@@ -164,14 +207,10 @@ def test_daemon_is_a_drop_in_and_caches(daemon, tmp_path, name):
 
 
 def test_refusals_name_the_problem(daemon, tmp_path):
-    topk = tmp_path / "topk.onnx"
-    _save(_model([helper.make_node("MatMul", ["X", "W"], ["h"], name="mm"),
-                  helper.make_node("TopK", ["h", "k"], ["Y", "I"], name="top")],
+    quantized = tmp_path / "q.onnx"
+    _save(_model([helper.make_node("DynamicQuantizeLinear", ["X"], ["q", "s", "z"], name="dq")],
                  [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])],
-                 [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 2]),
-                  helper.make_tensor_value_info("I", TensorProto.INT64, [2, 2])],
-                 [numpy_helper.from_array(np.ones((4, 4), F32), "W"),
-                  numpy_helper.from_array(np.array([2], np.int64), "k")]), topk)
+                 [helper.make_tensor_value_info("q", TensorProto.UINT8, [2, 4])], []), quantized)
     ints = tmp_path / "ints.onnx"
     _save(_model([helper.make_node("Add", ["X", "C"], ["Y"])],
                  [helper.make_tensor_value_info("X", TensorProto.INT64, [2])],
@@ -179,8 +218,8 @@ def test_refusals_name_the_problem(daemon, tmp_path):
                  [numpy_helper.from_array(np.ones(2, np.int64), "C")]), ints)
     model = transformer(tmp_path / "t.onnx", 64, seed=1)
     cases = [
-        ([str(topk)], "node top is a TopK"),
-        ([str(ints)], "no FLOAT initializer"),
+        ([str(quantized)], "node dq (DynamicQuantizeLinear) reads \"X\""),
+        ([str(ints)], "no FLOAT value or weight"),
         ([str(model), "--per-channel"], "--per-channel is not a setting of --target onnxruntime-fp16"),
     ]
     for i, (args, needle) in enumerate(cases):

@@ -32,6 +32,8 @@ mod fp16;
 mod target;
 
 use fp16::plan_fp16;
+pub use fp16::Fp16Plan;
+pub(crate) use fp16::{fp16_node, Fp16Node};
 use target::target;
 
 /// What kind of node a target replaces.
@@ -158,6 +160,8 @@ pub struct Plan {
     /// `onnxruntime-fp16`: the FLOAT initializers converted whole, in file
     /// order.
     pub tensors: Vec<String>,
+    /// `onnxruntime-fp16`: the rest of the converter's decisions.
+    pub fp16: Option<Fp16Plan>,
     /// The op types whose nodes the recipe rewrites (`MatMul`, `Gemm`, and
     /// for the int8 target the other op types asked), for messages.
     pub op_types: Vec<String>,
@@ -230,7 +234,7 @@ impl Plan {
     /// skipped nodes counted per reason, each with its first node's case;
     /// or that there is no node of the op types the recipe rewrites.
     pub fn why_nothing(&self) -> Option<String> {
-        if !self.targets.is_empty() || !self.tensors.is_empty() {
+        if !self.targets.is_empty() || self.fp16.is_some() {
             return None;
         }
         if self.skipped.is_empty() {

@@ -1,8 +1,9 @@
 //! The `onnxruntime-fp16` target, as `convert_float_to_float16
 //! (keep_io_types=True)` writes it: FLOAT initializers appended as FLOAT16
 //! (from their `ort.float16` payloads), FLOAT tensors and Casts in nodes
-//! made FLOAT16, FLOAT graph inputs and outputs kept behind Casts, and
-//! FLOAT value_info made FLOAT16.
+//! and their subgraphs made FLOAT16, FLOAT graph inputs and outputs kept
+//! behind Casts, nodes the converter keeps FLOAT behind Casts, and FLOAT
+//! value_info made FLOAT16. The plan (`plan/fp16.rs`) decides which.
 
 use std::collections::HashMap;
 
@@ -14,7 +15,7 @@ use super::proto::{int_attr, node};
 use super::{packed, Additions, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::materialize::plan::{GRAPH_INPUT, GRAPH_OUTPUT};
+use crate::materialize::plan::{fp16_node, Fp16Node, Fp16Plan, GRAPH_INPUT, GRAPH_OUTPUT};
 use crate::materialize::{Fp16Settings, PACKER_FP16};
 use crate::onnx::graph::is_default_domain;
 use crate::onnx::Model;
@@ -162,56 +163,202 @@ fn io_casts(model: &Model, names: &mut Names) -> Result<IoCasts> {
     Ok(c)
 }
 
-/// A node as the converter writes it: graph inputs and outputs read and
-/// written through their Casts, Cast-to-FLOAT made Cast-to-FLOAT16, FLOAT
-/// tensors in attributes made FLOAT16.
-fn converted(
-    n: &pb::NodeProto,
-    rename: &HashMap<String, String>,
-    s: &Fp16Settings,
-) -> pb::NodeProto {
-    let mut m = n.clone();
-    for v in m.input.iter_mut().chain(m.output.iter_mut()) {
-        if let Some(r) = rename.get(v.as_str()) {
-            v.clone_from(r);
-        }
-    }
-    let is_cast = m.op_type == "Cast" && is_default_domain(&m);
-    for a in &mut m.attribute {
-        if is_cast && a.name == "to" && a.i == i64::from(DataType::FLOAT.code()) {
-            a.i = i64::from(DataType::FLOAT16.code());
-        }
-        if let Some(t) = a.t.as_mut() {
-            tensor_to_fp16(t, s);
-        }
-        for t in &mut a.tensors {
-            tensor_to_fp16(t, s);
-        }
-    }
-    m
+/// The converter's node edits, with the Casts it adds around the nodes it
+/// keeps FLOAT. The converter appends those Casts to the graph's end; here
+/// each goes just before the top-level node that first reads it, or just
+/// after the one that writes its input, so the graph stays sorted.
+struct Converter<'a> {
+    plan: &'a Fp16Plan,
+    settings: &'a Fp16Settings,
+    rename: &'a HashMap<String, String>,
+    names: &'a mut Names,
+    /// A FLOAT16 value -> its Cast to FLOAT, made once and shared.
+    to_float: HashMap<String, String>,
+    /// Casts the current top-level node reads (made while converting it).
+    before: Vec<pb::NodeProto>,
+    /// Casts of what the current top-level node writes.
+    after: Vec<pb::NodeProto>,
 }
 
+impl Converter<'_> {
+    /// A node as the converter writes it: graph inputs and outputs read and
+    /// written through their Casts; a kept node behind Casts; a converted
+    /// node with Cast-to-FLOAT made Cast-to-FLOAT16, FLOAT tensors in
+    /// attributes made FLOAT16, and its subgraphs converted.
+    fn node(&mut self, n: &pb::NodeProto) -> pb::NodeProto {
+        let mut m = n.clone();
+        for v in m.input.iter_mut().chain(m.output.iter_mut()) {
+            if let Some(r) = self.rename.get(v.as_str()) {
+                v.clone_from(r);
+            }
+        }
+        match fp16_node(n, self.plan.opset) {
+            Fp16Node::Kept => {
+                for (k, v) in n.input.iter().enumerate() {
+                    if self.plan.float16.contains(v) {
+                        m.input[k] = self.cast_to_float(&m.input[k]);
+                    }
+                }
+                for (k, v) in n.output.iter().enumerate() {
+                    if self.plan.float16.contains(v) {
+                        m.output[k] = self.cast_from_float(&m.output[k]);
+                    }
+                }
+            }
+            Fp16Node::FloatInputs(ins) => {
+                for &k in ins {
+                    if n.input
+                        .get(k)
+                        .is_some_and(|v| self.plan.float16.contains(v))
+                    {
+                        m.input[k] = self.cast_to_float(&m.input[k]);
+                    }
+                }
+            }
+            Fp16Node::Converted => self.convert(&mut m),
+        }
+        m
+    }
+
+    fn convert(&mut self, m: &mut pb::NodeProto) {
+        let float = i64::from(DataType::FLOAT.code());
+        let float16 = i64::from(DataType::FLOAT16.code());
+        let is_cast = m.op_type == "Cast";
+        let typed = RANDOM_OPS.contains(&m.op_type.as_str());
+        for a in &mut m.attribute {
+            if (is_cast && a.name == "to" || typed && a.name == "dtype") && a.i == float {
+                a.i = float16;
+            }
+            if let Some(t) = a.t.as_mut() {
+                tensor_to_fp16(t, self.settings);
+            }
+            for t in &mut a.tensors {
+                tensor_to_fp16(t, self.settings);
+            }
+            for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                self.graph(g);
+            }
+        }
+        let has = |m: &pb::NodeProto, name: &str| m.attribute.iter().any(|a| a.name == name);
+        if matches!(
+            m.op_type.as_str(),
+            "RandomNormal" | "RandomUniform" | "SequenceEmpty"
+        ) && !has(m, "dtype")
+        {
+            m.attribute.push(int_attr("dtype", float16));
+        }
+        if m.op_type == "ConstantOfShape" && is_default_domain(m) && !has(m, "value") {
+            m.attribute.push(pb::AttributeProto {
+                name: "value".into(),
+                r#type: pb::attribute_proto::AttributeType::Tensor as i32,
+                t: Some(pb::TensorProto {
+                    name: "value".into(),
+                    data_type: DataType::FLOAT16.code(),
+                    dims: vec![1],
+                    int32_data: vec![0],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// A subgraph of a converted node: its nodes, its FLOAT inputs,
+    /// outputs and value_info, and the initializers the plan converts.
+    fn graph(&mut self, g: &mut pb::GraphProto) {
+        let nodes = std::mem::take(&mut g.node);
+        g.node = nodes.iter().map(|n| self.node(n)).collect();
+        for vi in g
+            .input
+            .iter_mut()
+            .chain(&mut g.output)
+            .chain(&mut g.value_info)
+        {
+            float_to_fp16(vi);
+        }
+        for t in &mut g.initializer {
+            if self.plan.sub_tensors.contains(&t.name) {
+                tensor_to_fp16(t, self.settings);
+            }
+        }
+    }
+
+    /// `<v>_cast_to_fp32`, the FLOAT Cast of FLOAT16 `v`, made once.
+    fn cast_to_float(&mut self, v: &str) -> String {
+        if let Some(out) = self.to_float.get(v) {
+            return out.clone();
+        }
+        let out = self.names.fresh(format!("{v}_cast_to_fp32"));
+        let name = self.names.fresh(format!("{v}_cast_to_fp32_node"));
+        self.before
+            .push(cast(name, v.into(), out.clone(), DataType::FLOAT));
+        self.to_float.insert(v.into(), out.clone());
+        out
+    }
+
+    /// `<v>_cast_to_fp16`, what a kept node writes for `v`, Cast to
+    /// FLOAT16 as `v`.
+    fn cast_from_float(&mut self, v: &str) -> String {
+        let out = self.names.fresh(format!("{v}_cast_to_fp16"));
+        let name = self.names.fresh(format!("{v}_cast_to_fp16_node"));
+        self.after
+            .push(cast(name, out.clone(), v.into(), DataType::FLOAT16));
+        out
+    }
+}
+
+/// Ops whose `dtype` attribute the converter makes FLOAT16.
+const RANDOM_OPS: &[&str] = &[
+    "EyeLike",
+    "Multinomial",
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+    "SequenceEmpty",
+    "Bernoulli",
+];
+
 /// The float16 converter's node edits (keep_io_types): every top-level
-/// node [`converted`], the input Casts before the first and the output
-/// Casts after the last (see [`io_casts`]). Returns how many nodes changed.
+/// node as [`Converter::node`] writes it with the Casts around it, the
+/// input Casts before the first and the output Casts after the last (see
+/// [`io_casts`]). Returns how many nodes changed.
 pub(super) fn nodes(
     src: &Source<'_>,
     s: &Fp16Settings,
     new_top: &mut HashMap<usize, Vec<pb::NodeProto>>,
     names: &mut Names,
 ) -> Result<usize> {
+    let plan = src
+        .plan
+        .fp16
+        .as_ref()
+        .ok_or_else(|| Error::Rewrite("materialize: no onnxruntime-fp16 plan".into()))?;
     let top_nodes = &src.top_nodes;
     let IoCasts {
         rename,
         mut head,
         mut tail,
     } = io_casts(src.model, names)?;
+    let mut conv = Converter {
+        plan,
+        settings: s,
+        rename: &rename,
+        names,
+        to_float: HashMap::new(),
+        before: Vec::new(),
+        after: Vec::new(),
+    };
     let mut changed = 0;
     for (i, n) in top_nodes.iter().enumerate() {
-        let m = converted(n, &rename, s);
-        if &m != n {
-            changed += 1;
-            new_top.insert(i, vec![m]);
+        let m = conv.node(n);
+        let edited = &m != n;
+        changed += usize::from(edited);
+        if edited || !conv.before.is_empty() || !conv.after.is_empty() {
+            let mut here = std::mem::take(&mut conv.before);
+            here.push(m);
+            here.append(&mut conv.after);
+            new_top.insert(i, here);
         }
     }
     if !head.is_empty() {

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::names::Names;
 use super::payload::{not_a_payload, Field, PayloadFields};
-use super::proto::{find_opset_import, int_attr, node};
+use super::proto::{int_attr, node};
 use super::{Additions, NewInputs, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -23,8 +23,7 @@ use crate::pb;
 /// Refuses a model whose ai.onnx opset (1 when it imports none, as onnx
 /// reads it) has no DynamicQuantizeLinear.
 pub(super) fn require_opset(model: &Model) -> Result<()> {
-    let opset = find_opset_import(model, |o| o.domain.is_empty() || o.domain == "ai.onnx")?
-        .map_or(1, |o| o.version);
+    let opset = model.default_opset()?.unwrap_or(1);
     if opset < 11 {
         return Err(Error::Rewrite(format!(
             "materialize: the model imports ai.onnx opset {opset}; {TARGET_ORT_INT8} needs 11 or later (DynamicQuantizeLinear)"

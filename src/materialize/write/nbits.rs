@@ -5,11 +5,12 @@
 
 use super::names::Names;
 use super::payload::{not_a_payload, Field, PayloadFields};
-use super::proto::{find_opset_import, int_attr, MODEL_OPSET_IMPORT};
+use super::proto::int_attr;
 use super::{Additions, NewInputs, PackedWeight};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::materialize::{Op, Settings, Target, PACKER};
+use crate::onnx::fields::MODEL_OPSET_IMPORT;
 use crate::onnx::rewrite::encoded_field;
 use crate::onnx::Model;
 use crate::pb;
@@ -151,7 +152,7 @@ pub(super) fn replacement(
 /// The encoded `com.microsoft` opset import (version 1) the model needs
 /// for MatMulNBits; `None` when it imports that domain already.
 pub(super) fn ms_domain_import(model: &Model) -> Result<Option<Vec<u8>>> {
-    if find_opset_import(model, |o| o.domain == MS_DOMAIN)?.is_some() {
+    if model.opset_import(|o| o.domain == MS_DOMAIN)?.is_some() {
         return Ok(None);
     }
     let mut v = Vec::new();

@@ -1,17 +1,10 @@
 //! The ONNX protos the rewrites share: node and int-attribute builders,
-//! tensors whose data lies at a payload's span, and the model's opset
-//! imports.
-
-use prost::Message;
+//! tensors whose data lies at a payload's span.
 
 use super::payload::Span;
 use crate::dtype::DataType;
-use crate::error::{Error, Result};
-use crate::onnx::{ExternalRef, Model};
+use crate::onnx::ExternalRef;
 use crate::pb;
-
-/// `ModelProto.opset_import`.
-pub(super) const MODEL_OPSET_IMPORT: u32 = 8;
 
 /// An INT attribute.
 pub(super) fn int_attr(name: &str, i: i64) -> pb::AttributeProto {
@@ -60,23 +53,4 @@ pub(super) fn external_tensor(
         data_location: pb::tensor_proto::DataLocation::External as i32,
         ..Default::default()
     }
-}
-
-/// The model's first opset import that `wanted` accepts.
-pub(super) fn find_opset_import(
-    model: &Model,
-    wanted: impl Fn(&pb::OperatorSetIdProto) -> bool,
-) -> Result<Option<pb::OperatorSetIdProto>> {
-    for f in model
-        .top_fields()
-        .iter()
-        .filter(|f| f.number == MODEL_OPSET_IMPORT)
-    {
-        let o = pb::OperatorSetIdProto::decode(&model.bytes()[f.value.clone()])
-            .map_err(|e| Error::decode("OperatorSetIdProto", e))?;
-        if wanted(&o) {
-            return Ok(Some(o));
-        }
-    }
-    Ok(None)
 }
