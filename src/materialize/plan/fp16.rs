@@ -188,7 +188,7 @@ impl<'a> Walk<'a> {
 
 /// The `onnxruntime-fp16` plan of `model` (see the module's text).
 pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
-    let refuse = |what: String| Err(crate::Error::Rewrite(format!("materialize: {what}")));
+    let refuse = |what: String| Err(crate::Error::Rewrite(what));
     let nodes = model.nodes()?;
     let initializers = model.initializers()?;
     let value_infos = |field| -> Result<Vec<pb::ValueInfoProto>> {
@@ -296,7 +296,7 @@ pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
 
 /// Refuses what makes the converter's model one onnxruntime does not load.
 fn refuse_broken(walk: &Walk<'_>) -> Result<()> {
-    let refuse = |what: String| Err(crate::Error::Rewrite(format!("materialize: {what}")));
+    let refuse = |what: String| Err(crate::Error::Rewrite(what));
     for (n, label) in &walk.nested_kept {
         let cast_in = n
             .input
