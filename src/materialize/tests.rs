@@ -164,7 +164,7 @@ fn skip_rules_name_their_reason() {
         let s = p.skipped.iter().find(|s| s.node == n).unwrap();
         format!("{}: {}", s.reason, s.detail)
     };
-    assert!(reason("dynamic").contains("not an initializer"));
+    assert!(reason("dynamic").contains("is a graph input (fed by the caller)"));
     assert!(reason("double").contains("DOUBLE"));
     assert!(reason("rank3").contains("2-D"));
     assert!(reason("overridable").contains("graph input"));
@@ -182,26 +182,27 @@ fn skip_rules_name_their_reason() {
     assert_eq!(groups.len(), 7, "DOUBLE and BFLOAT16 share a reason");
     assert_eq!(
         groups[0].to_string(),
-        "1 MatMul skipped: B is not a constant"
+        "1 MatMul left as they are: B is a graph input, not a weight"
     );
     let twice = group_skips([
-        ("MatMul", "B is not a constant"),
-        ("Gemm", "B is not a constant"),
-        ("MatMul", "B is not a constant"),
+        ("MatMul", "B is computed, not a weight"),
+        ("Gemm", "B is computed, not a weight"),
+        ("MatMul", "B is computed, not a weight"),
     ]);
     assert_eq!(
         twice.iter().map(ToString::to_string).collect::<Vec<_>>(),
         [
-            "2 MatMul skipped: B is not a constant",
-            "1 Gemm skipped: B is not a constant"
+            "2 MatMul left as they are: B is computed, not a weight",
+            "1 Gemm left as they are: B is computed, not a weight"
         ]
     );
     let why = plan(&m).unwrap().why_nothing().unwrap();
     assert!(
-        why.starts_with("1 MatMul skipped: B is not a constant (MatMul dynamic: input B \"x2\"")
-            && why
-                .contains("; 2 MatMul skipped: B is not FLOAT or FLOAT16 (first: MatMul double: ")
-            && why.matches(" skipped: ").count() == 7,
+        why.starts_with(
+            "1 MatMul left as they are: B is a graph input, not a weight (MatMul dynamic: input B \"x2\""
+        ) && why.contains(
+            "; 2 MatMul left as they are: B is not FLOAT or FLOAT16 (first: MatMul double: "
+        ) && why.matches(" left as they are: ").count() == 7,
         "{why}"
     );
 }
@@ -216,6 +217,34 @@ fn fp16_weights_are_targets() {
     assert_eq!(
         plan(&m).unwrap().targets[0].data_type,
         crate::dtype::DataType::FLOAT16
+    );
+}
+
+#[test]
+fn skip_reasons_tell_constant_nodes_from_computed_inputs_and_name_the_int8_target() {
+    let m = model(
+        vec![
+            node("Constant", "k", &[], "kw"),
+            node("MatMul", "mm", &["x", "kw"], "y"),
+            node("MatMul", "att", &["x", "y"], "s"),
+            node("Conv", "c", &["x", "W"], "z"),
+        ],
+        vec![tensor("W", 1, &[4, 4, 1, 1])],
+        &["x"],
+    );
+    let p = plan(&m).unwrap();
+    let reasons: Vec<&str> = p.skipped.iter().map(|s| s.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "B is a Constant node, not an initializer",
+            "B is computed, not a weight"
+        ]
+    );
+    let why = p.why_nothing().unwrap();
+    assert!(
+        why.ends_with("; --target onnxruntime-int8 --op-types Conv quantizes its 1 Conv"),
+        "{why}"
     );
 }
 
@@ -251,7 +280,10 @@ fn nothing_to_materialize_writes_nothing() {
         &["x", "x2"],
     );
     let e = refusal(&dynamic);
-    assert!(e.contains("1 MatMul skipped: B is not a constant"), "{e}");
+    assert!(
+        e.contains("1 MatMul left as they are: B is a graph input, not a weight"),
+        "{e}"
+    );
     assert!(!out.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
@@ -490,7 +522,7 @@ fn int8_plan_takes_gather_and_conv_as_asked() {
         why,
         [
             ("fp16_table", "data is not FLOAT"),
-            ("computed", "data is not a constant")
+            ("computed", "data is computed, not a weight")
         ]
     );
     // Each weight is packed as the op reading it asks: the table as an

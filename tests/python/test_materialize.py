@@ -405,7 +405,7 @@ def test_transformer_matches_quantizer(client, tmp_path, case):
     assert r.nodes_rewritten == 8 and r.initializers_removed == 8
     assert r.packed + r.cached == 8
     assert sorted(s.node for s in r.skipped) == ["attend", "scores"]
-    assert all(s.op_type == "MatMul" and s.reason == "B is not a constant" and "not an initializer" in s.detail
+    assert all(s.op_type == "MatMul" and s.reason == "B is computed, not a weight" and "computed" in s.detail
                for s in r.skipped)
     assert len(r.files) == len(bins(r.data_dir)) == 8 and r.link == api().LINK_MODE_AUTO
     assert_files_of_their_own(r)
@@ -829,7 +829,7 @@ BAD = [
     # id, model, request kwargs, error class name, status code, substrings of the message
     ("no-matmul", _no_matmul, {}, "RequestFailed", "FAILED_PRECONDITION", ["nothing to materialize", "no node of the op types rewritten (MatMul, Gemm)"]),
     ("b-graph-input", _b_is_graph_input, {}, "RequestFailed", "FAILED_PRECONDITION",
-     ["nothing to materialize", "MatMul mm", "not an initializer"]),
+     ["nothing to materialize", "MatMul mm", "B is a graph input, not a weight", "not an initializer"]),
     ("b-overridable", _b_is_overridable_initializer, {}, "RequestFailed", "FAILED_PRECONDITION",
      ["nothing to materialize", "also a graph input"]),
     ("double-weight", _double_weight, {}, "RequestFailed", "FAILED_PRECONDITION",
@@ -906,7 +906,7 @@ def test_ctcachectl_materialize(daemon, small_model, tmp_path):
     assert "(--link hard): 8 file(s) hard-linked;" in r.stdout, r.describe()
     assert "onnx >= 1.21 (onnx.load, onnx.checker) refuses it" in r.stdout, r.describe()
     # Skipped nodes: one line per reason; -v adds each node and its case.
-    assert "2 MatMul skipped: B is not a constant\n" in r.stdout and "scores" not in r.stdout, r.describe()
+    assert "2 MatMul left as they are: B is computed, not a weight\n" in r.stdout and "scores" not in r.stdout, r.describe()
     rv = daemon.ctl("materialize", str(small_model), "-o", str(tmp_path / "cli2v.onnx"), "-v")
     assert rv.returncode == 0, rv.describe()
     assert "  MatMul scores: input B" in rv.stdout and "  MatMul attend: input B" in rv.stdout, rv.describe()

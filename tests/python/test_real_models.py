@@ -212,3 +212,37 @@ def test_the_fallback_is_quiet(installed, tmp_path, target):  # noqa: F811
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok fallback"
     assert "INFO" not in r.stderr, r.stderr[:2000]
+
+
+def test_the_default_output_is_outside_watched_folders(ctcache, tmp_path, monkeypatch):  # noqa: F811
+    """A model in a watched folder is materialized under the cache home: the
+    watcher would take an output beside it for a new model."""
+    watch = tmp_path / "watched"
+    d = Daemon(tmp_path / "d", watch=watch)
+    d.start()
+    try:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-home"))
+        model = watch / "magika.onnx"
+        model.write_bytes(real_models.fetch(BY_NAME["magika"]).read_bytes())
+        r = ctcache.materialize(model, socket=str(d.socket))
+        out = Path(r.output_path)
+        assert watch not in out.parents and (tmp_path / "cache-home") in out.parents, out
+        elsewhere = tmp_path / "plain" / "magika.onnx"
+        elsewhere.parent.mkdir()
+        elsewhere.write_bytes(model.read_bytes())
+        assert Path(ctcache.materialize(elsewhere, socket=str(d.socket)).output_path).parent == elsewhere.parent
+    finally:
+        d.stop()
+
+
+def test_messages_on_a_conv_net_name_what_it_becomes_and_what_would_take_it(tmp_path):
+    conv = real_models.fetch(BY_NAME["ddddocr-det"])
+    r = ctl.run("materialize", "--local", str(conv), "-o", str(tmp_path / "int4.onnx"))
+    assert r.returncode != 0
+    assert r.stderr.strip().endswith(
+        "(MatMul, Gemm); --target onnxruntime-int8 --op-types Conv quantizes its 83 Conv"), r.describe()
+    assert "  " not in r.stderr, r.describe()
+    r = ctl.run("materialize", "--local", "--target", "onnxruntime-int8", "--op-types", "Conv", str(conv),
+                "-o", str(tmp_path / "int8.onnx"))
+    assert r.returncode == 0, r.describe()
+    assert ": 83 node(s) -> ConvInteger (int8, per tensor)," in r.stdout, r.describe()

@@ -93,7 +93,7 @@ pub enum Command {
     },
     /// Write a copy of a model with compiled tensors embedded (through the daemon when it runs).
     Embed(jobs::EmbedArgs),
-    /// Write an onnxruntime-ready 4/8-bit copy of a model (MatMulNBits fed by cache entries).
+    /// Write an onnxruntime-ready int4, int8 or fp16 copy of a model from cached packs.
     Materialize(materialize::MaterializeArgs),
     /// Store the compiled tensors a model carries.
     Import {

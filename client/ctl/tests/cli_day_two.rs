@@ -381,7 +381,7 @@ fn missing_output_folders_are_made_by_every_command() {
 /// A model whose one weight takes a debug build a while to pack.
 fn slow_model(path: &Path) -> String {
     let w = ctcache_testkit::xorshift(7).map(|x| (x % 2000) as f32 / 1000.0 - 1.0);
-    let m = ctcache_testkit::MatMul::new(4096, 1024, w)
+    let m = ctcache_testkit::MatMul::new(8192, 2048, w)
         .with_io()
         .encode();
     ctcache_testkit::write_model(path, &m);

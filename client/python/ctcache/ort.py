@@ -135,13 +135,16 @@ def _cache_home() -> Path:
     return Path.home() / ".cache"
 
 
-def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4, weight_type: str | None = None) -> Path:
+def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4, weight_type: str | None = None,
+                        watched=()) -> Path:
     """Where :func:`materialize` writes when given no output path.
 
     ``<folder>/<stem>.int4.onnx`` next to the model (``.int8.onnx`` with
     ``bits=8``; ``bits=None`` names it int4 though the daemon's policy has
     the last word), its weights in ``<stem>.int4.onnx.weights/``. When the
-    model's folder is not writable: ``$XDG_CACHE_HOME/ctcache/materialized/
+    model's folder is not writable, or lies in one of the ``watched``
+    folders (where the daemon would take the output for a new model to
+    pack): ``$XDG_CACHE_HOME/ctcache/materialized/
     <hash of the model's absolute path>/<stem>.int4.onnx`` (``~/.cache`` when
     ``XDG_CACHE_HOME`` is unset). ``target="onnxruntime-int8"``:
     ``<stem>.dynamic-int8.onnx`` (``dynamic-uint8`` with ``weight_type="uint8"``);
@@ -155,7 +158,9 @@ def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4
         name = f"{stem}.fp16.onnx"
     else:
         name = f"{stem}.int{bits or DEFAULT_BITS}.onnx"
-    if os.access(src.parent, os.W_OK | os.X_OK):
+    folder = Path(os.path.realpath(src.parent))
+    inside_watched = any(folder == w or w in folder.parents for w in (Path(os.path.realpath(d)) for d in watched))
+    if os.access(src.parent, os.W_OK | os.X_OK) and not inside_watched:
         return src.parent / name
     key = hashlib.blake2b(str(src).encode(), digest_size=8).hexdigest()
     out = _cache_home() / "ctcache" / "materialized" / key
@@ -174,7 +179,8 @@ def materialize(path, output_path=None, *, socket=None, bits: int | None = None,
     ``"onnxruntime-int4"``, takes the MatMulNBits settings below.
 
     ``output_path=None``: :func:`default_output_path` (``<stem>.int4.onnx``
-    next to the model). ``socket=None``: :func:`ctcache.default_socket`.
+    next to the model, or under ``$XDG_CACHE_HOME/ctcache/materialized/``
+    when the daemon watches the model's folder). ``socket=None``: :func:`ctcache.default_socket`.
     Unset ``bits`` / ``block_size`` / ``symmetric``: the daemon's policy,
     else 4 / 32 / symmetric. ``link``: how the weight files are made
     (``"auto"``, ``"reflink"``, ``"copy"``, ``"hard"``; ``copy=True`` is
@@ -183,8 +189,10 @@ def materialize(path, output_path=None, *, socket=None, bits: int | None = None,
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
-    out = default_output_path(path, bits, target, weight_type) if output_path is None else output_path
     with connect(socket) as c:
+        out = output_path
+        if out is None:
+            out = default_output_path(path, bits, target, weight_type, watched=c.watches())
         return c.materialize(path, out, bits=bits, block_size=block_size, symmetric=symmetric,
                              accuracy_level=accuracy_level, link=link, copy=copy, target=target,
                              weight_type=weight_type, per_channel=per_channel, reduce_range=reduce_range,

@@ -121,11 +121,11 @@ pub struct SkipGroup<'a> {
 }
 
 impl std::fmt::Display for SkipGroup<'_> {
-    /// `6 MatMul skipped: B is not a constant`.
+    /// `6 MatMul left as they are: B is computed, not a weight`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} {} skipped: {}",
+            "{} {} left as they are: {}",
             self.nodes, self.op_type, self.reason
         )
     }
@@ -162,6 +162,9 @@ pub struct Plan {
     pub tensors: Vec<String>,
     /// `onnxruntime-fp16`: the rest of the converter's decisions.
     pub fp16: Option<Fp16Plan>,
+    /// Op types of nodes this recipe leaves and the int8 target quantizes
+    /// when asked (`--op-types`), with how many: (op type, nodes).
+    pub int8_elsewhere: Vec<(String, usize)>,
     /// The op types whose nodes the recipe rewrites (`MatMul`, `Gemm`, and
     /// for the int8 target the other op types asked), for messages.
     pub op_types: Vec<String>,
@@ -239,8 +242,9 @@ impl Plan {
         }
         if self.skipped.is_empty() {
             return Some(format!(
-                "the model has no node of the op types rewritten ({})",
-                self.op_types.join(", ")
+                "the model has no node of the op types rewritten ({}){}",
+                self.op_types.join(", "),
+                self.int8_hint()
             ));
         }
         let groups = group_skips(
@@ -263,7 +267,29 @@ impl Plan {
                 )
             })
             .collect();
-        Some(lines.join("; "))
+        Some(format!("{}{}", lines.join("; "), self.int8_hint()))
+    }
+
+    /// "; the int8 target quantizes its 83 Conv with --op-types Conv".
+    fn int8_hint(&self) -> String {
+        if self.int8_elsewhere.is_empty() {
+            return String::new();
+        }
+        let nodes: Vec<String> = self
+            .int8_elsewhere
+            .iter()
+            .map(|(op, n)| format!("{n} {op}"))
+            .collect();
+        let ops: Vec<&str> = self
+            .int8_elsewhere
+            .iter()
+            .map(|(op, _)| op.as_str())
+            .collect();
+        format!(
+            "; --target onnxruntime-int8 --op-types {} quantizes its {}",
+            ops.join(","),
+            nodes.join(" and ")
+        )
     }
 }
 
@@ -331,8 +357,14 @@ fn plan_nodes(model: &Model, recipe: &Recipe) -> Result<Plan> {
         .map(|t| (t.name.clone(), t))
         .collect();
     let inputs: HashSet<String> = graph_value_names(model, GRAPH_INPUT)?.into_iter().collect();
+    let constants: HashSet<String> = nodes
+        .iter()
+        .filter(|n| n.op_type == "Constant" && is_default_domain(n))
+        .flat_map(|n| n.output.iter().cloned())
+        .collect();
     let ctx = Context {
         inits: &inits,
+        constants: &constants,
         inputs: &inputs,
         recipe,
     };
@@ -344,11 +376,40 @@ fn plan_nodes(model: &Model, recipe: &Recipe) -> Result<Plan> {
             .collect(),
         ..Plan::default()
     };
-    visit(&ctx, &nodes, &mut Vec::new(), &HashSet::new(), &mut out);
+    visit(&ctx, &nodes, &mut Vec::new(), &mut HashSet::new(), &mut out);
     if let Recipe::Int8(s) = recipe {
         skip_per_tensor_readers_of_per_channel_weights(&mut out, s);
     }
+    out.int8_elsewhere = int8_elsewhere(&ctx, &nodes);
     Ok(out)
+}
+
+/// Top-level Conv and Gather nodes with an initializer weight that the
+/// recipe does not rewrite and the int8 target does with `--op-types`:
+/// (op type, nodes), for the "nothing to materialize" hint.
+fn int8_elsewhere(ctx: &Context<'_>, nodes: &[pb::NodeProto]) -> Vec<(String, usize)> {
+    let mut found: Vec<(String, usize)> = Vec::new();
+    for n in nodes
+        .iter()
+        .filter(|n| is_default_domain(n) && !ctx.takes(&n.op_type))
+    {
+        let weight = match n.op_type.as_str() {
+            "Conv" => n.input.get(1),
+            "Gather" => n.input.first(),
+            _ => None,
+        };
+        if weight.is_some_and(|w| {
+            ctx.inits
+                .get(w)
+                .is_some_and(|t| t.data_type == DataType::FLOAT)
+        }) {
+            match found.iter_mut().find(|(o, _)| *o == n.op_type) {
+                Some((_, count)) => *count += 1,
+                None => found.push((n.op_type.clone(), 1)),
+            }
+        }
+    }
+    found
 }
 
 /// quantize_dynamic quantizes a weight once, as the first node that reads
@@ -380,6 +441,8 @@ fn skip_per_tensor_readers_of_per_channel_weights(plan: &mut Plan, s: &Int8Setti
 
 struct Context<'a> {
     inits: &'a HashMap<String, TensorRef>,
+    /// Outputs of top-level Constant nodes.
+    constants: &'a HashSet<String>,
     inputs: &'a HashSet<String>,
     recipe: &'a Recipe,
 }
@@ -403,12 +466,14 @@ impl Context<'_> {
 }
 
 /// Plans the nodes of one graph; `shadow` holds the names the enclosing
-/// subgraphs define (so they are not the top-level initializers).
+/// subgraphs define (so they are not the top-level initializers). A
+/// subgraph's names are added for its visit and taken out after it, so the
+/// walk stays linear in the model's size however deep subgraphs nest.
 fn visit(
     ctx: &Context<'_>,
     nodes: &[pb::NodeProto],
     scope: &mut Vec<Step>,
-    shadow: &HashSet<String>,
+    shadow: &mut HashSet<String>,
     out: &mut Plan,
 ) {
     for (i, n) in nodes.iter().enumerate() {
@@ -440,17 +505,23 @@ fn visit(
         }
         for (a, attr) in n.attribute.iter().enumerate() {
             for (k, g) in attr.g.iter().chain(attr.graphs.iter()).enumerate() {
-                let mut inner = shadow.clone();
-                inner.extend(g.input.iter().map(|v| v.name.clone()));
-                inner.extend(g.initializer.iter().map(|t| t.name.clone()));
-                inner.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+                let defined = g.input.iter().map(|v| &v.name);
+                let defined = defined.chain(g.initializer.iter().map(|t| &t.name));
+                let defined = defined.chain(g.node.iter().flat_map(|n| n.output.iter()));
+                let added: Vec<String> = defined
+                    .filter(|name| shadow.insert((*name).clone()))
+                    .cloned()
+                    .collect();
                 scope.push(Step {
                     node: i,
                     attribute: a,
                     graph: k,
                 });
-                visit(ctx, &g.node, scope, &inner, out);
+                visit(ctx, &g.node, scope, shadow, out);
                 scope.pop();
+                for name in &added {
+                    shadow.remove(name);
+                }
             }
         }
     }

@@ -109,10 +109,27 @@ fn constant_weight<'c>(
         ));
     }
     let t = ctx.inits.get(b).ok_or_else(|| {
-        (
-            format!("{role} is not a constant"),
-            format!("input {role} {b:?} is not an initializer (not a constant weight)"),
-        )
+        if ctx.constants.contains(b) {
+            (
+                format!("{role} is a Constant node, not an initializer"),
+                format!(
+                    "input {role} {b:?} is the output of a Constant node; weights are read from \
+                     initializers, as the reference tools read them"
+                ),
+            )
+        } else if ctx.inputs.contains(b) {
+            (
+                format!("{role} is a graph input, not a weight"),
+                format!(
+                    "input {role} {b:?} is a graph input (fed by the caller), not an initializer"
+                ),
+            )
+        } else {
+            (
+                format!("{role} is computed, not a weight"),
+                format!("input {role} {b:?} is computed by the graph (as attention scores are)"),
+            )
+        }
     })?;
     if ctx.inputs.contains(b) {
         return Err((

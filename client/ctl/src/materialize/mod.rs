@@ -339,7 +339,8 @@ fn rewritten_to(r: &api::MaterializeResponse) -> String {
         "FLOAT16 (float inputs and outputs kept)".to_string()
     } else if r.target == mat::TARGET_ORT_INT8 {
         format!(
-            "MatMulInteger ({}, {}{})",
+            "{} ({}, {}{})",
+            int8_ops(&r.op_types),
             r.weight_type,
             if r.per_channel {
                 "per channel"
@@ -363,6 +364,24 @@ fn rewritten_to(r: &api::MaterializeResponse) -> String {
                 "asymmetric"
             },
         )
+    }
+}
+
+/// What quantize_dynamic makes of the op types asked: "MatMulInteger,
+/// ConvInteger".
+fn int8_ops(op_types: &[String]) -> String {
+    let made: Vec<&str> = op_types
+        .iter()
+        .map(|o| match o.as_str() {
+            "Conv" => "ConvInteger",
+            "Gather" => "Gather of a quantized table",
+            _ => "MatMulInteger",
+        })
+        .collect();
+    if made.is_empty() {
+        "MatMulInteger".into()
+    } else {
+        made.join(", ")
     }
 }
 
