@@ -43,6 +43,11 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// The request is over a bound this reader keeps (external-data files
+    /// per model, bytes an answer may carry): asking the same way fails the
+    /// same way, a smaller request may not.
+    #[error("{0}")]
+    Limit(String),
     /// An initializer's external data cannot be resolved or read.
     #[error("tensor {name:?}: external data: {problem}")]
     External {

@@ -23,8 +23,8 @@ pub(crate) enum ErrorKind {
     /// for a wgpu request, no `[remote]`).
     Precondition,
     /// The model has nothing the target rewrites: a client may open it as
-    /// it is (a precondition that clients tell apart by
-    /// the `ctcache-error-kind` trailer of `rpc/status.rs`).
+    /// it is (a precondition that clients tell apart by the
+    /// `ctcache-error-kind` trailer every status carries, `rpc/status.rs`).
     NothingToRewrite,
     /// A bound was reached (disk full, too many leases or jobs).
     Exhausted,
@@ -138,6 +138,7 @@ impl From<ctcache::Error> for Error {
             ctcache::Error::Io { source, .. } => caller_io_kind(source),
             ctcache::Error::PayloadChanged { .. } => ErrorKind::DataLoss,
             ctcache::Error::Cancelled => ErrorKind::Cancelled,
+            ctcache::Error::Limit(_) => ErrorKind::Exhausted,
             // Everything else is about the bytes of the model the caller named.
             _ => ErrorKind::InvalidInput,
         };

@@ -643,3 +643,57 @@ fn embed_probes_no_file_outside_the_callers_folder() {
     assert!(!out_dir.join("out.onnx").exists());
     assert_eq!(d.stop(), Some(0));
 }
+
+/// The peer half of `a_peer_gets_copies_not_hard_links_of_the_store`.
+#[tokio::test]
+async fn hard_link_helper() {
+    let (Some(socket), Some(dir)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_LINKS")) else {
+        return;
+    };
+    let mut c = client_at(&socket).await;
+    let s = |p: PathBuf| p.display().to_string();
+    let r = c
+        .materialize(api::MaterializeRequest {
+            model_path: s(dir.join("m.onnx")),
+            output_path: s(dir.join("out.onnx")),
+            link: api::LinkMode::Hard as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("materialize with --link hard")
+        .into_inner();
+    assert!(r.nodes_rewritten > 0 && r.files_linked == 0, "{r:?}");
+    assert!(r.files_copied > 0, "{r:?}");
+    println!("HARD-LINKS-COPIED-OK");
+}
+
+/// A socket peer asking for hard links gets copies: a link of the store's
+/// payload in the peer's folder would keep the payload's bytes on disk
+/// after gc evicts it, outside the peer's quota and gc's reach (the kernel
+/// itself refuses that user such a link under `fs.protected_hardlinks`).
+#[test]
+fn a_peer_gets_copies_not_hard_links_of_the_store() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let mut d = daemon_for_nobody("");
+    let (_top, dir) = nobodys_folder();
+    let model = dir.join("m.onnx");
+    write_model(&model, &matmul_model(512, 256, 3));
+    std::os::unix::fs::chown(&model, Some(NOBODY), Some(NOBODY)).unwrap();
+    run_as_nobody(
+        "hard_link_helper",
+        &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_LINKS", &dir)],
+        "HARD-LINKS-COPIED-OK",
+    );
+    let weights = dir.join("out.onnx.weights");
+    for e in std::fs::read_dir(&weights).unwrap() {
+        let m = e.unwrap().metadata().unwrap();
+        assert_eq!(
+            m.nlink(),
+            1,
+            "a payload of the store linked into the peer's folder"
+        );
+    }
+    assert_eq!(d.stop(), Some(0));
+}

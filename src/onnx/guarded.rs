@@ -15,9 +15,10 @@ use std::sync::OnceLock;
 
 use memmap2::Mmap;
 
-/// Mappings guarded at once; past this a mapping is left unguarded (its
-/// SIGBUS ends the process, as for any mapping).
-const SLOTS: usize = 4096;
+/// Mappings guarded at once; past this a mapping is refused (an unguarded
+/// one's SIGBUS would end the process). Four models at the per-model bound
+/// of external-data files fit.
+const SLOTS: usize = 4 * super::model::MAX_EXTERNAL_FILES;
 
 struct Slot {
     /// First byte of the range; 0 when the slot is free.
@@ -49,22 +50,22 @@ static PREVIOUS: OnceLock<Previous> = OnceLock::new();
 /// process, once the file is cut short under it.
 pub(crate) struct Guarded {
     map: Mmap,
-    slot: Option<usize>,
+    slot: usize,
 }
 
 impl Guarded {
-    pub(crate) fn new(map: Mmap) -> Guarded {
+    /// The mapping, guarded; `None` (and unmapped) when every slot is
+    /// taken.
+    pub(crate) fn new(map: Mmap) -> Option<Guarded> {
         install();
         let start = map.as_ptr() as usize;
         let slot = TABLE.iter().position(|s| {
             s.start
                 .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
-        });
-        if let Some(i) = slot {
-            TABLE[i].len.store(map.len(), Ordering::Release);
-        }
-        Guarded { map, slot }
+        })?;
+        TABLE[slot].len.store(map.len(), Ordering::Release);
+        Some(Guarded { map, slot })
     }
 }
 
@@ -76,14 +77,13 @@ impl AsRef<[u8]> for Guarded {
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
-            // Unregistered before the unmap (the field drops after this).
-            if TABLE[i].cut.swap(false, Ordering::AcqRel) {
-                CUTS.fetch_sub(1, Ordering::AcqRel);
-            }
-            TABLE[i].len.store(0, Ordering::Release);
-            TABLE[i].start.store(0, Ordering::Release);
+        let i = self.slot;
+        // Unregistered before the unmap (the field drops after this).
+        if TABLE[i].cut.swap(false, Ordering::AcqRel) {
+            CUTS.fetch_sub(1, Ordering::AcqRel);
         }
+        TABLE[i].len.store(0, Ordering::Release);
+        TABLE[i].start.store(0, Ordering::Release);
     }
 }
 
@@ -218,8 +218,8 @@ mod tests {
         let mut kept = tempfile::tempfile().unwrap();
         kept.write_all(&vec![9u8; page]).unwrap();
         // SAFETY: test files, read-only mappings.
-        let a = Guarded::new(unsafe { Mmap::map(&cut) }.unwrap());
-        let b = Guarded::new(unsafe { Mmap::map(&kept) }.unwrap());
+        let a = Guarded::new(unsafe { Mmap::map(&cut) }.unwrap()).unwrap();
+        let b = Guarded::new(unsafe { Mmap::map(&kept) }.unwrap()).unwrap();
         assert!(intact(a.as_ref()) && intact(b.as_ref()));
         cut.set_len(page as u64).unwrap();
         let data = a.as_ref();
@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(b.as_ref()[0], 9);
         drop(a);
         // The slot is free again, and a new mapping starts intact.
-        let c = Guarded::new(unsafe { Mmap::map(&kept) }.unwrap());
+        let c = Guarded::new(unsafe { Mmap::map(&kept) }.unwrap()).unwrap();
         assert!(intact(c.as_ref()));
     }
 }

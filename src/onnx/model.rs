@@ -65,6 +65,15 @@ pub enum ExternalFileError {
         /// The reference's location.
         location: String,
     },
+    /// The model's external data lies in more files than a model may map.
+    #[error(
+        "the model's external data lies in more than {limit} files, more than one model may \
+         map at once"
+    )]
+    TooManyFiles {
+        /// The bound.
+        limit: usize,
+    },
     /// The location names something other than a regular file.
     #[error("{} is not a regular file", path.display())]
     NotAFile {
@@ -99,6 +108,10 @@ pub struct BadInitializer {
 /// small file could otherwise ask for gigabytes. Large real graphs have some
 /// hundred thousand nodes.
 const MAX_GRAPH_FIELDS: usize = 1 << 20;
+
+/// External-data files one model maps at most: each mapping takes a slot of
+/// the process's truncation guard, which every request shares.
+pub const MAX_EXTERNAL_FILES: usize = 4096;
 
 /// Top-level fields indexed at most: the extension's limits (1M devices, 1M
 /// compiled tensors, 4096 struct types) and the few fields of ONNX's own.
@@ -139,7 +152,14 @@ fn map_file(file: &File, path: &Path) -> Result<Bytes> {
     // under it reads as zeros instead of ending the process (guarded), and
     // readers check `intact` after reading.
     let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Bytes::from_owner(super::guarded::Guarded::new(map)))
+    let guarded = super::guarded::Guarded::new(map).ok_or_else(|| {
+        Error::Limit(format!(
+            "{}: every slot of the truncation guard is taken by other mappings; try again when \
+             fewer models are being read",
+            path.display()
+        ))
+    })?;
+    Ok(Bytes::from_owner(guarded))
 }
 
 fn wire_err(context: &str, e: WireError) -> Error {
@@ -413,6 +433,11 @@ impl Model {
         if let Some(b) = cache.get(&path) {
             return Ok(b.clone());
         }
+        if cache.len() >= MAX_EXTERNAL_FILES {
+            return Err(E::TooManyFiles {
+                limit: MAX_EXTERNAL_FILES,
+            });
+        }
         let dir = self.dir.canonicalize().map_err(|source| E::ModelFolder {
             dir: self.dir.clone(),
             source,
@@ -444,9 +469,10 @@ impl Model {
             Storage::Raw(r) => Ok(Some(self.bytes.slice(r.clone()))),
             Storage::Typed(_) => Ok(None),
             Storage::External(ext) => {
-                let file = self
-                    .external_file(ext)
-                    .map_err(|p| Error::external(&t.name, p.to_string()))?;
+                let file = self.external_file(ext).map_err(|p| match p {
+                    ExternalFileError::TooManyFiles { .. } => Error::Limit(p.to_string()),
+                    p => Error::external(&t.name, p.to_string()),
+                })?;
                 let range = ext
                     .range(file.len() as u64)
                     .map_err(|p| Error::external(&t.name, p.to_string()))?;

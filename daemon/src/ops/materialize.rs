@@ -272,13 +272,26 @@ pub(crate) async fn materialize(
     .await
 }
 
+/// The link mode the daemon uses for `caller`: hard links only for a caller
+/// the kernel would let link the store's files itself (root, or the
+/// store's owner: `fs.protected_hardlinks`); anyone else gets copies, as a
+/// refused link gives. A hard link of another user's payload would live on
+/// outside gc and the user's quota.
+fn link_for(caller: &Caller, asked: LinkMode) -> LinkMode {
+    if asked == LinkMode::Hard && !caller.is_self_or_root() {
+        tracing::info!(caller = %caller.describe(), "hard links refused: copies");
+        return LinkMode::Copy;
+    }
+    asked
+}
+
 /// Where the request wants the model: an in-memory request names no
 /// output and no link mode.
 fn destination(caller: &Caller, r: &MaterializeRequest) -> Result<Destination> {
     let Some(lease_ttl_ms) = r.in_memory else {
         return Ok(Destination::File {
             out: output_file(caller, &r.output_path)?,
-            mode: r.link,
+            mode: link_for(caller, r.link),
         });
     };
     if !r.output_path.is_empty() {
@@ -404,13 +417,14 @@ impl WriteJob {
     /// `lease_ttl_ms`, every payload its tensors read.
     fn build(&self, plan: &Plan, lease_ttl_ms: u64) -> Result<InMemoryAnswer> {
         let served = self.serve()?;
+        let limit = self.d.config.max_message_bytes.saturating_sub(1 << 20);
         let built = mat::build_in_memory(
             &self.model.model,
             plan,
             self.recipe.clone(),
             &served.weights,
+            limit as u64,
         )?;
-        let limit = self.d.config.max_message_bytes.saturating_sub(1 << 20);
         if built.model.len() > limit {
             return Err(Error::exhausted(format!(
                 "the in-memory model is {} bytes, more than an answer may carry \

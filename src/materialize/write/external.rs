@@ -237,6 +237,22 @@ fn kept_external(
     Ok(kept)
 }
 
+/// The bytes the kept initializers with external data declare (what
+/// inlining them would copy), read from their sizes, not their data.
+pub(super) fn kept_external_len(src: &Source<'_>, dropped: &HashSet<&str>) -> Result<u64> {
+    let mut total = 0u64;
+    for t in &src.initializers {
+        if dropped.contains(t.name.as_str()) || !matches!(t.storage, Storage::External(_)) {
+            continue;
+        }
+        let size = t
+            .raw_size()
+            .ok_or_else(|| Error::tensor(&t.name, "size overflows"))?;
+        total = total.saturating_add(size);
+    }
+    Ok(total)
+}
+
 /// The data of every kept initializer with external data, laid out
 /// aligned, and the initializer re-encoded to point at `location`.
 fn kept_data(src: &Source<'_>, dropped: &HashSet<&str>, location: &str) -> Result<KeptData> {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::{external, graph_to_splice, splice, PackedWeight, Report, Rewrite, WeightKey};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::materialize::plan::Plan;
 use crate::materialize::Recipe;
 use crate::onnx::Model;
@@ -47,17 +47,30 @@ pub struct PayloadTensor {
 /// maps the payload files itself; the initializers the model keeps with
 /// external data are inlined (every kept one under
 /// [`PLACED_MIN_BYTES`](super::PLACED_MIN_BYTES): the larger are placed),
-/// so every location in the model is a payload's.
+/// so every location in the model is a payload's. A model whose bytes and
+/// kept external data declare more than `max_bytes` is refused
+/// ([`Error::Limit`]) before anything is copied.
 pub fn build_in_memory(
     model: &Model,
     plan: &Plan,
     recipe: impl Into<Recipe>,
     weights: &HashMap<WeightKey, PackedWeight>,
+    max_bytes: u64,
 ) -> Result<InMemory> {
     let recipe: Recipe = recipe.into();
     let graph = graph_to_splice(model, plan, &recipe)?;
     let rewrite = Rewrite::new(model, plan, &recipe, weights, String::new())?;
     let mut report = rewrite.report();
+    // Charged before a byte is copied: the kept data is declared by the
+    // model, and a model may declare far more than it holds.
+    let kept = external::kept_external_len(&rewrite.src, &rewrite.dropped)?;
+    let declared = (model.bytes().len() as u64).saturating_add(kept);
+    if declared > max_bytes {
+        return Err(Error::Limit(format!(
+            "the in-memory model would carry {declared} bytes ({kept} of them the model's kept \
+             external data), more than an answer may carry ({max_bytes}); materialize it to a file"
+        )));
+    }
     let inlined = external::inline_kept(&rewrite.src, &rewrite.dropped)?;
     let edits = rewrite.edits(&inlined);
     let mut bytes = Vec::new();

@@ -1,0 +1,99 @@
+"""What one request can make the daemon hold is charged to a bound before
+it is taken (#41 point 3): each attack ends in a clear status, the daemon's
+peak memory stays low, and it serves the next caller.
+
+* An in-memory Materialize of a model whose 4,096 kept initializers all
+  name one sparse 1 MiB range declares 4 GiB: refused RESOURCE_EXHAUSTED
+  before a byte is copied (the daemon used to copy it first).
+* A model whose external data lies in 4,200 files: refused
+  RESOURCE_EXHAUSTED naming the bound (the truncation guard had 4,096
+  slots; past them a mapping went unguarded, and a file cut short under it
+  ended the daemon with SIGBUS).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from e2e.harness import Daemon
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("bounds"))
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+
+
+def vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def external(name: str, elems: int, location: str, offset: int = 0) -> TensorProto:
+    t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[elems])
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(elems * 4))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def model_with(path: Path, extra: list[TensorProto]) -> Path:
+    """A MatMul worth materializing, and the initializers of the attack."""
+    w = np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 128])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 64])],
+                          [numpy_helper.from_array(w, "W"), *extra])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def test_inlined_data_is_charged_before_it_is_copied(ctcache, daemon, tmp_path):  # noqa: F811
+    data = tmp_path / "data.bin"
+    with open(data, "wb") as f:
+        f.truncate(MIB)  # sparse: 1 MiB on paper, nothing on disk
+    elems = (MIB - 4096) // 4  # under 1 MiB each: inlined, not placed
+    model = model_with(tmp_path / "m.onnx", [external(f"t{i}", elems, "data.bin") for i in range(4096)])
+    before = vm_hwm_kib(daemon.pid)
+    with ctcache.connect(str(daemon.socket)) as c:
+        with pytest.raises(ctcache.RequestFailed) as e:
+            c.materialize(str(model), None, in_memory=True)
+    assert e.value.code.name == "RESOURCE_EXHAUSTED", e.value
+    assert "more than an answer may carry" in e.value.details and "materialize it to a file" in e.value.details
+    grown = vm_hwm_kib(daemon.pid) - before
+    assert grown < 256 * 1024, f"the daemon's peak grew by {grown} KiB"
+    assert daemon.running() and daemon.ctl("status").returncode == 0
+
+
+def test_a_model_of_too_many_data_files_is_a_bound_not_a_crash(daemon, tmp_path):
+    files = tmp_path / "many"
+    files.mkdir()
+    extra = []
+    for i in range(4200):
+        (files / f"d{i}.bin").write_bytes(np.full(4, i, np.float32).tobytes())
+        extra.append(external(f"t{i}", 4, f"d{i}.bin"))
+    model = model_with(files / "m.onnx", extra)
+    r = daemon.ctl("resolve", str(model))
+    assert r.returncode != 0, r.describe()
+    assert "more than 4096 files" in r.stderr, r.describe()
+    assert daemon.running() and daemon.ctl("status").returncode == 0
+    # A model under the bound resolves.
+    ok = model_with(files / "ok.onnx", extra[:100])
+    assert daemon.ctl("resolve", str(ok)).returncode == 0
+    os.remove(ok)
