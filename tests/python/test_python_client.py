@@ -146,6 +146,50 @@ def test_daemon_not_running_is_explained(ctcache, tmp_path):
         shutil.rmtree(stale.parent, ignore_errors=True)
 
 
+class _Status(Exception):
+    """A grpc error as the channel hands it over: a code, details and the
+    daemon's trailer (absent when nobody answered)."""
+
+    def __init__(self, code, kind):
+        self._code, self._kind = code, kind
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "what the daemon said"
+
+    def trailing_metadata(self):
+        return (("ctcache-error-kind", self._kind),) if self._kind else ()
+
+
+def test_every_status_maps_to_its_own_exception(ctcache):
+    import types
+
+    import grpc
+
+    codes = grpc.StatusCode
+    client = types.SimpleNamespace(socket="/run/ctcache/ctcached.sock")
+
+    def raised(code, kind="x"):
+        return type(ctcache.Client._error(client, "Method", _Status(code, kind)))
+
+    # UNAVAILABLE without the daemon's trailer: the channel's own (nobody
+    # answered); with it: the daemon's passing fault (a source that changed).
+    assert raised(codes.UNAVAILABLE, None) is ctcache.DaemonNotRunning
+    assert raised(codes.UNAVAILABLE, "unavailable") is ctcache.Unavailable
+    assert raised(codes.FAILED_PRECONDITION, "nothing-to-rewrite") is ctcache.NothingToRewrite
+    assert issubclass(ctcache.NothingToRewrite, ctcache.FailedPrecondition)
+    for code, cls in [(codes.NOT_FOUND, ctcache.NotFound), (codes.INVALID_ARGUMENT, ctcache.InvalidArgument),
+                      (codes.PERMISSION_DENIED, ctcache.PermissionDenied),
+                      (codes.FAILED_PRECONDITION, ctcache.FailedPrecondition),
+                      (codes.RESOURCE_EXHAUSTED, ctcache.ResourceExhausted), (codes.OUT_OF_RANGE, ctcache.OutOfRange),
+                      (codes.DATA_LOSS, ctcache.DataLoss), (codes.ABORTED, ctcache.Aborted),
+                      (codes.INTERNAL, ctcache.Internal)]:
+        assert raised(code) is cls, code
+        assert issubclass(cls, ctcache.RequestFailed)
+
+
 # ---- the daemon ----
 
 

@@ -26,16 +26,23 @@ from ._pb import ctcache_v1_pb2 as pb
 from ._pb import onnx_pb2 as onnx_pb
 from .client import Client, connect, default_socket, entry_format, state_name
 from .errors import (
+    Aborted,
     CtcacheError,
     DaemonNotRunning,
+    DataLoss,
+    FailedPrecondition,
+    Internal,
     InvalidArgument,
     NothingToRewrite,
     NotFound,
+    OutOfRange,
     PayloadMismatch,
     PermissionDenied,
     PrepackError,
     RequestFailed,
+    ResourceExhausted,
     SocketPermissionDenied,
+    Unavailable,
 )
 from .ort import materialize
 from .payload import Payload
@@ -43,18 +50,25 @@ from .payload import Payload
 __version__ = "0.1.0"
 
 __all__ = [
+    "Aborted",
     "Client",
     "CtcacheError",
     "DaemonNotRunning",
+    "DataLoss",
+    "FailedPrecondition",
+    "Internal",
     "InvalidArgument",
     "NotFound",
     "NothingToRewrite",
+    "OutOfRange",
     "Payload",
     "PayloadMismatch",
     "PermissionDenied",
     "PrepackError",
     "RequestFailed",
+    "ResourceExhausted",
     "SocketPermissionDenied",
+    "Unavailable",
     "connect",
     "default_socket",
     "entry_format",

@@ -49,13 +49,20 @@ LINK_MODES = {"auto": pb.LINK_MODE_AUTO, "reflink": pb.LINK_MODE_REFLINK, "copy"
 PLACE_METHODS = {pb.PLACE_METHOD_REFLINK: "reflink", pb.PLACE_METHOD_COPY: "copy",
                  pb.PLACE_METHOD_HARD_LINK: "hard_link", pb.PLACE_METHOD_IN_PLACE: "in_place"}
 
-#: The trailer by which the daemon names an error kind the code alone does not.
+#: The trailer by which the daemon names the kind of every error it answers.
 _KIND_KEY = "ctcache-error-kind"
 
 _ERRORS = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
     grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.OUT_OF_RANGE: errors.OutOfRange,
+    grpc.StatusCode.DATA_LOSS: errors.DataLoss,
+    grpc.StatusCode.ABORTED: errors.Aborted,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.INTERNAL: errors.Internal,
 }
 
 
@@ -208,9 +215,10 @@ class Client:
 
     def _error(self, method: str, e: grpc.RpcError) -> errors.CtcacheError:
         code = e.code()
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
         kind = dict(e.trailing_metadata() or ()).get(_KIND_KEY)
+        if code == grpc.StatusCode.UNAVAILABLE and kind is None:
+            # No trailer: the channel's own UNAVAILABLE, nobody answered.
+            return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
         if kind == "nothing-to-rewrite":
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())

@@ -54,10 +54,42 @@ class PermissionDenied(RequestFailed):
     """PERMISSION_DENIED: the daemon checked the caller's uid and refused."""
 
 
-class NothingToRewrite(RequestFailed):
+class FailedPrecondition(RequestFailed):
+    """FAILED_PRECONDITION: well formed, but the daemon's state does not allow it
+    (no GPU for a wgpu request, no ``[remote]``, a lease past its lifetime)."""
+
+
+class NothingToRewrite(FailedPrecondition):
     """FAILED_PRECONDITION: the model has nothing the target rewrites (no
     node of the op types it converts, or every one skipped); the model can
     be used as it is."""
+
+
+class ResourceExhausted(RequestFailed):
+    """RESOURCE_EXHAUSTED: a bound was reached (disk, quota, leases, jobs, the
+    size of an answer); the message names it."""
+
+
+class OutOfRange(RequestFailed):
+    """OUT_OF_RANGE: the request reads past the end of what it names."""
+
+
+class DataLoss(RequestFailed):
+    """DATA_LOSS: stored bytes are damaged; they were not served."""
+
+
+class Aborted(RequestFailed):
+    """ABORTED: the work was abandoned (the daemon shut down, every waiter left)."""
+
+
+class Unavailable(RequestFailed):
+    """UNAVAILABLE from the daemon itself: a passing fault (a source file that
+    changed while it was read, a busy resource); asking again may succeed.
+    A daemon that does not answer at all is :class:`DaemonNotRunning`."""
+
+
+class Internal(RequestFailed):
+    """INTERNAL: a fault of the daemon or its host; its log says more."""
 
 
 class PayloadMismatch(CtcacheError):

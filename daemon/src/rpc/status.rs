@@ -5,18 +5,36 @@ use tonic::{Code, Status};
 
 use crate::error::{Error, ErrorKind};
 
-/// The trailing metadata key that names an error kind a client acts on
-/// where the code alone is ambiguous (`nothing-to-rewrite`).
+/// The trailing metadata key that names the error kind, which clients act
+/// on where the code alone is ambiguous: `nothing-to-rewrite` among the
+/// preconditions, and any kind at all to tell the daemon's UNAVAILABLE
+/// (retry) from a daemon that is not there.
 pub(crate) const KIND_KEY: &str = "ctcache-error-kind";
 
 /// The gRPC status of a use case's error.
 pub(crate) fn status(e: Error) -> Status {
     let mut s = Status::new(code(e.kind), e.message);
-    if e.kind == ErrorKind::NothingToRewrite {
-        s.metadata_mut()
-            .insert(KIND_KEY, MetadataValue::from_static("nothing-to-rewrite"));
-    }
+    s.metadata_mut()
+        .insert(KIND_KEY, MetadataValue::from_static(kind_name(e.kind)));
     s
+}
+
+/// The kind as the trailer names it.
+fn kind_name(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidInput => "invalid-input",
+        ErrorKind::NotFound => "not-found",
+        ErrorKind::OutOfRange => "out-of-range",
+        ErrorKind::PermissionDenied => "permission-denied",
+        ErrorKind::Precondition => "precondition",
+        ErrorKind::NothingToRewrite => "nothing-to-rewrite",
+        ErrorKind::Exhausted => "exhausted",
+        ErrorKind::QueueFull => "queue-full",
+        ErrorKind::DataLoss => "data-loss",
+        ErrorKind::Cancelled => "cancelled",
+        ErrorKind::Unavailable => "unavailable",
+        ErrorKind::Internal => "internal",
+    }
 }
 
 /// The gRPC code of an error kind.
@@ -52,7 +70,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nothing_to_rewrite_is_a_precondition_named_in_a_trailer() {
+    fn every_status_names_its_kind_in_a_trailer() {
         let s = status(Error::new(
             ErrorKind::NothingToRewrite,
             "nothing to materialize",
@@ -61,6 +79,9 @@ mod tests {
         assert_eq!(s.metadata().get(KIND_KEY).unwrap(), "nothing-to-rewrite");
         let other = status(Error::precondition("no [remote]"));
         assert_eq!(other.code(), Code::FailedPrecondition);
-        assert!(other.metadata().get(KIND_KEY).is_none());
+        assert_eq!(other.metadata().get(KIND_KEY).unwrap(), "precondition");
+        let retry = status(Error::new(ErrorKind::Unavailable, "the source changed"));
+        assert_eq!(retry.code(), Code::Unavailable);
+        assert_eq!(retry.metadata().get(KIND_KEY).unwrap(), "unavailable");
     }
 }
