@@ -104,6 +104,16 @@ pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerS
                 .with_context(|| format!("creating socket folder {}", parent.display()))?;
         }
     }
+    // The folders made here are the socket group's to search (whatever
+    // the umask): its members must reach the socket through them.
+    for dir in &made {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+            .with_context(|| format!("chmod 0750 {}", dir.display()))?;
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(dir, None, Some(gid))
+                .with_context(|| format!("chgrp {} to gid {gid}", dir.display()))?;
+        }
+    }
     if path.exists() {
         match std::os::unix::net::UnixStream::connect(path) {
             Ok(_) => bail!(
@@ -153,4 +163,41 @@ pub(crate) fn resolve_group(group: &str) -> Result<Option<u32>> {
         .next()
         .map(Some)
         .with_context(|| format!("socket_group {group:?} does not exist"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn folders_made_for_the_socket_belong_to_its_group() {
+        let t = tempfile::tempdir().unwrap();
+        let root = nix_is_root();
+        // Root can give them any group; anyone else, their own.
+        let gid = if root {
+            65534
+        } else {
+            t.path().metadata().unwrap().gid()
+        };
+        let path = t.path().join("run/ctcache/s.sock");
+        let spec = bind_unix(&path, Some(gid)).unwrap();
+        for dir in [
+            t.path().join("run"),
+            t.path().join("run/ctcache"),
+            path.clone(),
+        ] {
+            let m = dir.metadata().unwrap();
+            assert_eq!(m.gid(), gid, "{}", dir.display());
+        }
+        let m = t.path().join("run/ctcache").metadata().unwrap();
+        assert_eq!(m.mode() & 0o777, 0o750);
+        drop(spec);
+    }
+
+    fn nix_is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
 }

@@ -153,6 +153,34 @@ fn write_layout(root: &Path, version: u32) -> StoreResult<()> {
     })
 }
 
+/// The store's folders as only its owner may see them, whatever the umask
+/// it was made under: the index, the records (whose names are entry keys
+/// and whose contents name models), temp files and quarantine are the
+/// owner's alone; payload folders can be searched but not listed, so a
+/// payload file is reached only by its name (the blake3 of its bytes),
+/// which the daemon hands out after its checks. A non-owner opening the
+/// store (a read-only tool) leaves the modes as they are.
+pub(crate) fn restrict(paths: &Paths) -> StoreResult<()> {
+    for d in [&paths.index, &paths.records, &paths.tmp, &paths.quarantine] {
+        chmod(d, 0o700)?;
+    }
+    chmod(&paths.blobs, 0o711)?;
+    for b in 0..=255u8 {
+        chmod(&paths.blobs.join(hex::encode([b])), 0o711)?;
+    }
+    Ok(())
+}
+
+fn chmod(p: &Path, mode: u32) -> StoreResult<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match fs::set_permissions(p, fs::Permissions::from_mode(mode)) {
+        Err(e) if !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied) => {
+            Err(StoreError::io("chmod", p, e))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn mkdir(p: &Path) -> StoreResult<()> {
     match fs::create_dir(p) {
         Ok(()) => Ok(()),

@@ -89,6 +89,7 @@ impl Store {
         let temp_removed = layout::clean_tmp(&paths)?;
         let clean = layout::take_clean_mark(&paths)?;
         let (index, index_reset) = open_index(&paths, &opts)?;
+        layout::restrict(&paths)?;
         let must_sync = !clean || index_reset.is_some() || !index.recovered();
         let now = opts.clock.now_ms();
         let counters = stats::Counters::load(&index, now)?;

@@ -79,6 +79,30 @@ fn put_open_remove_round_trip() {
 }
 
 #[test]
+fn the_store_is_its_owners_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let a = s.put(&new_entry(1), &b"hello"[..]).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for private in ["index", "records", "tmp", "quarantine"] {
+        assert_eq!(mode(&d.path().join(private)), 0o700, "{private}");
+    }
+    let blob = s.blob_path(&a.entry.payload.blake3);
+    assert_eq!(mode(&d.path().join("blobs")), 0o711);
+    assert_eq!(mode(blob.parent().unwrap()), 0o711);
+    // A store made under a loose umask is tightened when it opens again.
+    drop(s);
+    std::fs::set_permissions(
+        d.path().join("records"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let _s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    assert_eq!(mode(&d.path().join("records")), 0o700);
+}
+
+#[test]
 fn empty_payload() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(d.path(), StoreOptions::default()).unwrap();
