@@ -137,6 +137,9 @@ pub async fn run(
     .await
     .map_err(|e| RunError::Serve(format!("start-up failed: {e}")))??;
     ops::scan::start(&daemon).map_err(|e| RunError::Serve(e.message))?;
+    if daemon.config.metrics_addr.is_some() {
+        metrics::watch_state(&daemon, rx.clone()).await;
+    }
     // Repair file/index mismatches in the background; lookups go on meanwhile.
     let d = daemon.clone();
     tokio::task::spawn_blocking(move || match d.store.reconcile() {

@@ -1,7 +1,17 @@
 //! The optional Prometheus endpoint (off by default). Counters and
-//! histograms are recorded with the `metrics` macros where things happen.
+//! histograms are recorded with the `metrics` macros where things happen;
+//! the gauges of the daemon's state (build, store, leases, watches) are set
+//! before the first request and refreshed every few seconds, so a scrape
+//! always finds them.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::RunError;
+use crate::state::Daemon;
+
+/// How often the state gauges are refreshed.
+const STATE_PERIOD: Duration = Duration::from_secs(5);
 
 /// Starts the endpoint at `addr` (host:port) and describes the metrics.
 pub(crate) fn install(addr: &str) -> Result<(), RunError> {
@@ -36,5 +46,43 @@ pub(crate) fn install(addr: &str) -> Result<(), RunError> {
         "ctcache_watcher_events_total",
         "file system events seen by the watcher"
     );
+    metrics::describe_gauge!(
+        "ctcache_build_info",
+        "1, with the daemon's version as a label"
+    );
+    metrics::describe_gauge!("ctcache_store_bytes", "bytes of the store's payload files");
+    metrics::describe_gauge!("ctcache_store_entries", "entries in the store");
+    metrics::describe_gauge!("ctcache_leases", "live leases");
+    metrics::describe_gauge!("ctcache_watches", "watched folders");
     Ok(())
+}
+
+/// Sets the state gauges now, then every [`STATE_PERIOD`] until `stop`.
+pub(crate) async fn watch_state(d: &Arc<Daemon>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    metrics::gauge!("ctcache_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    let first = d.clone();
+    let _ = tokio::task::spawn_blocking(move || set_state(&first)).await;
+    let d = d.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(STATE_PERIOD) => {}
+                _ = stop.changed() => break,
+            }
+            let now = d.clone();
+            let _ = tokio::task::spawn_blocking(move || set_state(&now)).await;
+        }
+    });
+}
+
+fn set_state(d: &Daemon) {
+    match crate::ops::status::stats(d) {
+        Ok((stats, leases)) => {
+            metrics::gauge!("ctcache_store_bytes").set(stats.stored_bytes as f64);
+            metrics::gauge!("ctcache_store_entries").set(stats.entries as f64);
+            metrics::gauge!("ctcache_leases").set(leases as f64);
+        }
+        Err(e) => tracing::warn!(error = %e.message, "store statistics for /metrics"),
+    }
+    metrics::gauge!("ctcache_watches").set(d.watcher.dirs_with_uids().len() as f64);
 }

@@ -380,3 +380,17 @@ def test_a_name_or_label_the_daemon_does_not_export_fails(pages):
     assert len(bad) == 1 and "has no label 'reason'" in bad[0], bad
     bad = problems("x", [("expr", "sum by (phase) (rate(ctcache_remote_errors_total[5m]))")], metrics)
     assert len(bad) == 1 and "groups by 'phase'" in bad[0], bad
+
+
+def test_state_gauges_are_on_the_first_scrape(root):
+    """Before any request: the build, the store, leases and watches."""
+    d = configure(Daemon(root / "fresh"))
+    d.start()
+    try:
+        text = scrape(d.metrics)
+        assert {"ctcache_build_info", "ctcache_store_bytes", "ctcache_store_entries", "ctcache_leases",
+                "ctcache_watches"} <= set(exported([text])), text
+        assert re.search(r'^ctcache_build_info\{version="\d+\.\d+\.\d+"\} 1$', text, re.M), text
+        assert re.search(r"^ctcache_store_entries 0$", text, re.M), text
+    finally:
+        d.stop()
