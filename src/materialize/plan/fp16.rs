@@ -22,7 +22,7 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::onnx::elem_types::{subgraphs, ElemTypes};
 use crate::onnx::graph::node_label;
-use crate::onnx::Model;
+use crate::onnx::{Model, TensorRef};
 use crate::pb;
 
 /// The converter's `DEFAULT_OP_BLOCK_LIST`: op types kept in FLOAT (by
@@ -186,6 +186,65 @@ impl<'a> Walk<'a> {
     }
 }
 
+impl<'a> Walk<'a> {
+    /// The top-level graph, then the subgraphs of its converted nodes,
+    /// level by level.
+    fn run(
+        &mut self,
+        nodes: &'a [pb::NodeProto],
+        initializers: &'a [TensorRef],
+        values: impl Iterator<Item = &'a pb::ValueInfoProto>,
+    ) {
+        let mut level = Vec::new();
+        let inits = initializers
+            .iter()
+            .map(|t| (t.name.as_str(), t.data_type.code()));
+        self.graph(nodes, inits, values, false, &mut level);
+        while !level.is_empty() {
+            let mut next = Vec::new();
+            for g in level {
+                self.graph(
+                    &g.node,
+                    g.initializer.iter().map(|t| (t.name.as_str(), t.data_type)),
+                    g.input.iter().chain(&g.output).chain(&g.value_info),
+                    true,
+                    &mut next,
+                );
+            }
+            level = next;
+        }
+    }
+
+    /// The FLOAT initializers a converted use reads, now held FLOAT16:
+    /// the top-level ones (converted from payloads) and the subgraphs'
+    /// (converted in place). One that is also a graph input is refused.
+    fn converted_initializers(
+        &mut self,
+        inputs: &[pb::ValueInfoProto],
+    ) -> Result<(Vec<String>, BTreeSet<String>)> {
+        let graph_inputs: HashSet<&str> = inputs.iter().map(|v| v.name.as_str()).collect();
+        let (mut top, mut sub) = (Vec::new(), BTreeSet::new());
+        for name in &self.inits {
+            let u = &self.uses[name];
+            if !u.float16 {
+                continue;
+            }
+            if u.top && graph_inputs.contains(name.as_str()) {
+                return Err(crate::Error::Rewrite(format!(
+                    "FLOAT initializer {name:?} is also a graph input; onnxruntime-fp16 does not take it"
+                )));
+            }
+            self.float16.insert(name.clone());
+            if u.top {
+                top.push(name.clone());
+            } else {
+                sub.insert(name.clone());
+            }
+        }
+        Ok((top, sub))
+    }
+}
+
 /// The `onnxruntime-fp16` plan of `model` (see the module's text).
 pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
     let refuse = |what: String| Err(crate::Error::Rewrite(what));
@@ -233,50 +292,12 @@ pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
         nested_kept: Vec::new(),
         float_only: Vec::new(),
     };
-    let mut level = Vec::new();
-    walk.graph(
+    walk.run(
         &nodes,
-        initializers
-            .iter()
-            .map(|t| (t.name.as_str(), t.data_type.code())),
+        &initializers,
         inputs.iter().chain(&outputs).chain(&declared),
-        false,
-        &mut level,
     );
-    while !level.is_empty() {
-        let mut next = Vec::new();
-        for g in level {
-            walk.graph(
-                &g.node,
-                g.initializer.iter().map(|t| (t.name.as_str(), t.data_type)),
-                g.input.iter().chain(&g.output).chain(&g.value_info),
-                true,
-                &mut next,
-            );
-        }
-        level = next;
-    }
-
-    let graph_inputs: HashSet<&str> = inputs.iter().map(|v| v.name.as_str()).collect();
-    let mut tensors = Vec::new();
-    let mut sub_tensors = BTreeSet::new();
-    for name in &walk.inits {
-        let u = &walk.uses[name];
-        if !u.float16 {
-            continue;
-        }
-        if u.top && graph_inputs.contains(name.as_str()) {
-            return refuse(format!(
-                "FLOAT initializer {name:?} is also a graph input; onnxruntime-fp16 does not take it"
-            ));
-        }
-        walk.float16.insert(name.clone());
-        if u.top {
-            tensors.push(name.clone());
-        } else {
-            sub_tensors.insert(name.clone());
-        }
-    }
+    let (tensors, sub_tensors) = walk.converted_initializers(&inputs)?;
     refuse_broken(&walk)?;
     if walk.float16.is_empty() {
         return refuse(
