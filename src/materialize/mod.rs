@@ -21,16 +21,19 @@
 //! can, else copies (hard links on request; see [`LinkMode`]). The rest of
 //! the model is copied byte for byte.
 //!
+//! - [`Ask`] turns a request's target and settings into a [`Recipe`];
 //! - [`plan`] decides which nodes are rewritten and why others are skipped;
 //! - [`write`] splices the graph and places the payload files
 //!   ([`build_in_memory`]: the model's bytes alone, its new weights left to
 //!   the caller to feed from the payloads);
 //! - [`place`] reflinks, copies or links one file atomically.
 
+mod ask;
 mod place;
 mod plan;
 mod write;
 
+pub use ask::{Ask, AskError, Setting};
 pub use place::{place, LinkMode, Method, Placed};
 pub use plan::{
     group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, PLACED_MIN_BYTES,

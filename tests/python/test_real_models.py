@@ -246,3 +246,12 @@ def test_messages_on_a_conv_net_name_what_it_becomes_and_what_would_take_it(tmp_
                 "-o", str(tmp_path / "int8.onnx"))
     assert r.returncode == 0, r.describe()
     assert ": 83 node(s) -> ConvInteger (int8, per tensor)," in r.stdout, r.describe()
+
+
+def test_an_fp16_model_of_constant_weights_says_they_are_in_the_model(tmp_path):
+    vad = real_models.fetch(BY_NAME["silero-vad"])
+    out = tmp_path / "vad16.onnx"
+    r = ctl.run("materialize", "--local", "--target", "onnxruntime-fp16", str(vad), "-o", str(out))
+    assert r.returncode == 0, r.describe()
+    assert "every weight is in the model; wrote" in r.stdout, r.describe()
+    assert not out.with_name("vad16.onnx.weights").exists()

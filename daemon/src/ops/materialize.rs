@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ctcache::cancel::Cancel;
 use ctcache::materialize::{
-    self as mat, Int8Settings, LinkMode, PackedWeight, Plan, Recipe, Report, Settings, WeightKey,
+    self as mat, LinkMode, PackedWeight, Plan, Recipe, Report, Settings, WeightKey,
 };
 use ctcache::outdir::OutFile;
 use ctcache::store::{Entry, Payload};
@@ -93,84 +93,56 @@ enum Destination {
     Memory { lease_ttl_ms: u64 },
 }
 
-/// The target and settings of a request; settings another target takes
-/// are refused, naming them.
+/// The target and settings of a request (the core's rule, `mat::Ask`);
+/// a setting another target takes is refused, naming it.
 fn recipe(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Recipe> {
-    let invalid = |e: ctcache::Error| Error::invalid(e.to_string());
-    match r.target.as_str() {
-        "" | mat::TARGET_ORT_INT4 => {
-            let int8_only = [
-                ("weight_type", !r.weight_type.is_empty()),
-                ("per_channel", r.per_channel),
-                ("reduce_range", r.reduce_range),
-                ("op_types", !r.op_types.is_empty()),
-            ];
-            if let Some((name, _)) = int8_only.iter().find(|(_, set)| *set) {
-                return Err(Error::invalid(format!(
-                    "{name} is a setting of {}, not of {}",
-                    mat::TARGET_ORT_INT8,
-                    mat::TARGET_ORT_INT4
-                )));
+    let ask = mat::Ask {
+        target: r.target.clone(),
+        bits: r.bits,
+        block_size: r.block_size,
+        symmetric: r.symmetric,
+        accuracy_level: r.accuracy_level,
+        weight_type: (!r.weight_type.is_empty()).then(|| r.weight_type.clone()),
+        per_channel: r.per_channel,
+        reduce_range: r.reduce_range,
+        op_types: r.op_types.clone(),
+    };
+    let convert = ctcache_kernels::formats::float16_clamp::convert_default;
+    ask.recipe(policy_settings(policy), convert)
+        .map_err(|e| match e {
+            mat::AskError::Misplaced { setting, target } => {
+                let name = field_name(setting);
+                Error::invalid(if target == mat::TARGET_ORT_FP16 {
+                    format!("{name} is not a setting of {target}")
+                } else {
+                    format!(
+                        "{name} is a setting of {}, not of {target}",
+                        setting.target()
+                    )
+                })
             }
-            Ok(Recipe::Nbits(settings(policy, r)?))
-        }
-        mat::TARGET_ORT_INT8 => {
-            let int4_only = [
-                ("bits", r.bits.is_some()),
-                ("block_size", r.block_size.is_some()),
-                ("symmetric", r.symmetric.is_some()),
-                ("accuracy_level", r.accuracy_level != 0),
-            ];
-            if let Some((name, _)) = int4_only.iter().find(|(_, set)| *set) {
-                return Err(Error::invalid(format!(
-                    "{name} is a setting of {}, not of {}",
-                    mat::TARGET_ORT_INT4,
-                    mat::TARGET_ORT_INT8
-                )));
-            }
-            let mut s = Int8Settings::default();
-            if !r.weight_type.is_empty() {
-                s.signed = Int8Settings::parse_weight_type(&r.weight_type).map_err(invalid)?;
-            }
-            s.per_channel = r.per_channel;
-            s.reduce_range = r.reduce_range;
-            if !r.op_types.is_empty() {
-                s.op_types = r.op_types.clone();
-            }
-            let recipe = Recipe::Int8(s);
-            recipe.validate().map_err(invalid)?;
-            Ok(recipe)
-        }
-        mat::TARGET_ORT_FP16 => {
-            let set = [
-                ("bits", r.bits.is_some()),
-                ("block_size", r.block_size.is_some()),
-                ("symmetric", r.symmetric.is_some()),
-                ("accuracy_level", r.accuracy_level != 0),
-                ("weight_type", !r.weight_type.is_empty()),
-                ("per_channel", r.per_channel),
-                ("reduce_range", r.reduce_range),
-                ("op_types", !r.op_types.is_empty()),
-            ];
-            if let Some((name, _)) = set.iter().find(|(_, set)| *set) {
-                return Err(Error::invalid(format!(
-                    "{name} is not a setting of {}",
-                    mat::TARGET_ORT_FP16
-                )));
-            }
-            Ok(Recipe::Fp16(mat::Fp16Settings {
-                convert: ctcache_kernels::formats::float16_clamp::convert_default,
-            }))
-        }
-        other => Err(Error::invalid(format!(
-            "unknown target {other:?} (known: {})",
-            mat::TARGETS.join(", ")
-        ))),
+            e => Error::invalid(e.to_string()),
+        })
+}
+
+/// A setting as the request's field names it.
+fn field_name(s: mat::Setting) -> &'static str {
+    use mat::Setting as S;
+    match s {
+        S::Bits => "bits",
+        S::BlockSize => "block_size",
+        S::Symmetric => "symmetric",
+        S::AccuracyLevel => "accuracy_level",
+        S::WeightType => "weight_type",
+        S::PerChannel => "per_channel",
+        S::ReduceRange => "reduce_range",
+        S::OpTypes => "op_types",
     }
 }
 
-/// The int4 settings of a request over the policy's and the packer's defaults.
-fn settings(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Settings> {
+/// The int4 settings of the policy's `ort.matmul_nbits` rule over the
+/// packer's defaults: what a request leaves unset.
+fn policy_settings(policy: &[PolicyRule]) -> Settings {
     let mut s = Settings::default();
     if let Some(rule) = policy.iter().find(|p| p.format == mat::PACKER) {
         let get = |k: &str| rule.params.get(k).map(String::as_str);
@@ -184,12 +156,7 @@ fn settings(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Settings> {
             s.symmetric = b;
         }
     }
-    s.bits = r.bits.unwrap_or(s.bits);
-    s.block_size = r.block_size.unwrap_or(s.block_size);
-    s.symmetric = r.symmetric.unwrap_or(s.symmetric);
-    s.accuracy_level = r.accuracy_level;
-    s.validate().map_err(|e| Error::invalid(e.to_string()))?;
-    Ok(s)
+    s
 }
 
 /// Cancels its token when dropped: an async call dropped before its

@@ -62,6 +62,10 @@ impl Filled<'_> {
     pub(super) fn prune(&self) {
         let keep: Vec<&OsStr> = self.keep.iter().map(OsString::as_os_str).collect();
         let _ = self.dir.prune(&keep);
+        // Nothing placed (every weight is in the model): no folder of none.
+        if keep.is_empty() {
+            let _ = self.parent.remove_dir(self.name.as_ref());
+        }
     }
 }
 

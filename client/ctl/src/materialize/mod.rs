@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use ctcache::materialize::{self as mat, Int8Settings, LinkMode, Recipe, Settings};
+use ctcache::materialize::{self as mat, LinkMode, Recipe, Settings};
 use serde_json::json;
 
 use crate::ctx::Ctx;
@@ -115,80 +115,52 @@ impl MaterializeArgs {
         v.as_deref().and_then(|b| b.parse().ok())
     }
 
-    /// The target and its settings for a local run; flags of another
-    /// target are refused, naming them.
+    /// The target and its settings for a local run (the core's rule,
+    /// `mat::Ask`); flags of another target are refused, naming them.
     fn recipe(&self) -> Result<Recipe, Failure> {
-        let misplaced = |flag: &str, of: &str| {
-            Failure::Usage(format!(
-                "{flag} is a setting of --target {of}, not of --target {}",
-                self.target
-            ))
-        };
-        if self.target == mat::TARGET_ORT_FP16 {
-            for (flag, set) in [
-                ("--bits", self.bits.is_some()),
-                ("--block-size", self.block_size.is_some()),
-                ("--symmetric/--asymmetric", self.symmetric().is_some()),
-                ("--accuracy-level", self.accuracy_level != 0),
-                ("--weight-type", self.weight_type.is_some()),
-                ("--per-channel", self.per_channel),
-                ("--reduce-range", self.reduce_range),
-                ("--op-types", !self.op_types.is_empty()),
-            ] {
-                if set {
-                    return Err(Failure::Usage(format!(
-                        "{flag} is not a setting of --target {}",
-                        mat::TARGET_ORT_FP16
-                    )));
-                }
-            }
-            return Ok(Recipe::Fp16(mat::Fp16Settings {
-                convert: ctcache_kernels::formats::float16_clamp::convert_default,
-            }));
-        }
-        if self.target == mat::TARGET_ORT_INT8 {
-            for (flag, set) in [
-                ("--bits", self.bits.is_some()),
-                ("--block-size", self.block_size.is_some()),
-                ("--symmetric/--asymmetric", self.symmetric().is_some()),
-                ("--accuracy-level", self.accuracy_level != 0),
-            ] {
-                if set {
-                    return Err(misplaced(flag, mat::TARGET_ORT_INT4));
-                }
-            }
-            let mut s = Int8Settings::default();
-            if let Some(w) = &self.weight_type {
-                s.signed = Int8Settings::parse_weight_type(w)?;
-            }
-            s.per_channel = self.per_channel;
-            s.reduce_range = self.reduce_range;
-            if !self.op_types.is_empty() {
-                s.op_types = self.op_types.clone();
-            }
-            let r = Recipe::Int8(s);
-            r.validate()?;
-            return Ok(r);
-        }
-        for (flag, set) in [
-            ("--weight-type", self.weight_type.is_some()),
-            ("--per-channel", self.per_channel),
-            ("--reduce-range", self.reduce_range),
-            ("--op-types", !self.op_types.is_empty()),
-        ] {
-            if set {
-                return Err(misplaced(flag, mat::TARGET_ORT_INT8));
-            }
-        }
-        let defaults = Settings::default();
-        let settings = Settings {
-            bits: MaterializeArgs::number(&self.bits).unwrap_or(defaults.bits),
-            block_size: MaterializeArgs::number(&self.block_size).unwrap_or(defaults.block_size),
-            symmetric: self.symmetric().unwrap_or(defaults.symmetric),
+        let ask = mat::Ask {
+            target: self.target.clone(),
+            bits: MaterializeArgs::number(&self.bits),
+            block_size: MaterializeArgs::number(&self.block_size),
+            symmetric: self.symmetric(),
             accuracy_level: self.accuracy_level,
+            weight_type: self.weight_type.clone(),
+            per_channel: self.per_channel,
+            reduce_range: self.reduce_range,
+            op_types: self.op_types.clone(),
         };
-        settings.validate()?;
-        Ok(Recipe::Nbits(settings))
+        let convert = ctcache_kernels::formats::float16_clamp::convert_default;
+        ask.recipe(Settings::default(), convert)
+            .map_err(|e| match e {
+                mat::AskError::Misplaced { setting, target } => {
+                    let flag = flag_name(setting);
+                    Failure::Usage(if target == mat::TARGET_ORT_FP16 {
+                        format!("{flag} is not a setting of --target {target}")
+                    } else {
+                        format!(
+                            "{flag} is a setting of --target {}, not of --target {target}",
+                            setting.target()
+                        )
+                    })
+                }
+                mat::AskError::Invalid(e) => e.into(),
+                e => Failure::Usage(e.to_string()),
+            })
+    }
+}
+
+/// A setting as its flag names it.
+fn flag_name(s: mat::Setting) -> &'static str {
+    use mat::Setting as S;
+    match s {
+        S::Bits => "--bits",
+        S::BlockSize => "--block-size",
+        S::Symmetric => "--symmetric/--asymmetric",
+        S::AccuracyLevel => "--accuracy-level",
+        S::WeightType => "--weight-type",
+        S::PerChannel => "--per-channel",
+        S::ReduceRange => "--reduce-range",
+        S::OpTypes => "--op-types",
     }
 }
 
@@ -273,15 +245,24 @@ fn report(
         r.cached,
         r.packed,
     ))?;
-    say(&format!(
-        "  {} of weights in {} (--link {}): {}; wrote {} in {}",
-        format::size(r.payload_bytes),
-        r.data_dir,
-        link_name(r.link),
-        placed_summary(&r.files),
+    let wrote = format!(
+        "wrote {} in {}",
         format::size(r.model_bytes + r.bytes_copied),
         format::duration_us(elapsed.as_micros() as u64),
-    ))?;
+    );
+    if r.files.is_empty() {
+        // Every weight is in the model itself (an fp16 model whose weights
+        // are Constant nodes): no weights folder to speak of.
+        say(&format!("  every weight is in the model; {wrote}"))?;
+    } else {
+        say(&format!(
+            "  {} of weights in {} (--link {}): {}; {wrote}",
+            format::size(r.payload_bytes),
+            r.data_dir,
+            link_name(r.link),
+            placed_summary(&r.files),
+        ))?;
+    }
     if r.files_linked > 0 {
         say(&format!(
             "  note: {} file(s) hard-linked into the cache: onnxruntime loads this model, \
@@ -428,9 +409,5 @@ fn placed_summary(files: &[api::MaterializeFile]) -> String {
             parts.push(format!("{n} file(s) {said}"));
         }
     }
-    if parts.is_empty() {
-        "no files".into()
-    } else {
-        parts.join(", ")
-    }
+    parts.join(", ")
 }
