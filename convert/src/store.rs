@@ -151,6 +151,7 @@ pub fn gc(r: &GcReport) -> api::GcResponse {
         max_age_s: r.max_age.map(|a| a.as_secs()),
         bytes_before: r.bytes_before,
         bytes_after: r.bytes_after,
+        bytes_still_linked: r.bytes_still_linked,
     }
 }
 

@@ -245,15 +245,34 @@ pub(crate) fn present(paths: &Paths, blob: &[u8; 32], len: u64) -> bool {
         .unwrap_or(false)
 }
 
-/// Unlinks a file; returns its size, or `None` when it was already gone.
-pub(crate) fn delete_path(p: &Path) -> StoreResult<Option<u64>> {
-    let len = match fs::symlink_metadata(p) {
-        Ok(m) => m.len(),
+/// What unlinking a payload file did: the bytes it freed, and the bytes that
+/// stay on disk because the file has other links (a `--link hard` model
+/// outside the store), which no unlink of the store frees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Unlinked {
+    pub freed: u64,
+    pub still_linked: u64,
+}
+
+/// Unlinks a file; returns what that freed, or `None` when it was already
+/// gone.
+pub(crate) fn delete_path(p: &Path) -> StoreResult<Option<Unlinked>> {
+    use std::os::unix::fs::MetadataExt;
+    let gone = match fs::symlink_metadata(p) {
+        // Other links keep the inode: its bytes stay on disk.
+        Ok(m) if m.nlink() > 1 => Unlinked {
+            freed: 0,
+            still_linked: m.len(),
+        },
+        Ok(m) => Unlinked {
+            freed: m.len(),
+            still_linked: 0,
+        },
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::io("stat", p, e)),
     };
     match fs::remove_file(p) {
-        Ok(()) => Ok(Some(len)),
+        Ok(()) => Ok(Some(gone)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(StoreError::io("remove", p, e)),
     }
@@ -360,7 +379,14 @@ mod tests {
         let (good, stray) = list(&p).unwrap();
         assert_eq!(good, vec![(blob, path.clone())]);
         assert!(stray.is_empty());
-        assert_eq!(delete_path(&path).unwrap(), Some(data.len() as u64));
+        let linked = p.tmp.join("elsewhere");
+        fs::hard_link(&path, &linked).unwrap();
+        let gone = delete_path(&path).unwrap().unwrap();
+        assert_eq!((gone.freed, gone.still_linked), (0, data.len() as u64));
+        fs::hard_link(&linked, &path).unwrap();
+        fs::remove_file(&linked).unwrap();
+        let gone = delete_path(&path).unwrap().unwrap();
+        assert_eq!((gone.freed, gone.still_linked), (data.len() as u64, 0));
         assert_eq!(delete_path(&path).unwrap(), None);
         assert_eq!(fs::read_dir(&p.tmp).unwrap().count(), 0);
     }

@@ -99,6 +99,9 @@ pub struct GcItem {
     /// Bytes of files deleted with it (0 when an entry's payload file is
     /// still referenced by other entries).
     pub bytes_freed: u64,
+    /// Bytes of files unlinked with it that stay on disk through hard links
+    /// outside the store (never counted as freed).
+    pub bytes_still_linked: u64,
     /// What an entry was packed from, for people reading the report
     /// (`None` for files).
     pub about: Option<EntryAbout>,
@@ -134,6 +137,9 @@ pub struct GcReport {
     pub items: Vec<GcItem>,
     /// Total bytes of the files removed.
     pub bytes_freed: u64,
+    /// Bytes of the files unlinked that stay on disk through hard links
+    /// outside the store: out of gc's reach, never counted as freed.
+    pub bytes_still_linked: u64,
     /// Bytes of referenced payload files before and after (as planned).
     pub bytes_before: u64,
     /// Bytes of referenced payload files after the run (as planned in a dry run).
@@ -207,15 +213,17 @@ impl Store {
                 _ => blobs::delete_path(path)?,
             };
             // Gone already (another collector or a remove got there first).
-            let Some(freed) = freed else {
+            let Some(gone) = freed else {
                 continue;
             };
             report.items.push(GcItem {
-                bytes_freed: freed,
+                bytes_freed: gone.freed,
+                bytes_still_linked: gone.still_linked,
                 ..item
             });
         }
         report.bytes_freed = report.items.iter().map(|i| i.bytes_freed).sum();
+        report.bytes_still_linked = report.items.iter().map(|i| i.bytes_still_linked).sum();
         Ok(report)
     }
 
@@ -259,7 +267,7 @@ impl Store {
         leased_kept: &mut u64,
     ) -> StoreResult<Vec<GcItem>> {
         let mut removed: Vec<(GcItem, [u8; 32])> = Vec::with_capacity(entries.len());
-        let freed: Mutex<HashMap<[u8; 32], u64>> = Mutex::new(HashMap::new());
+        let freed: Mutex<HashMap<[u8; 32], blobs::Unlinked>> = Mutex::new(HashMap::new());
         let failed: Mutex<Option<StoreError>> = Mutex::new(None);
         let (send, recv) = std::sync::mpsc::channel::<[u8; 32]>();
         let recv = Mutex::new(recv);
@@ -274,10 +282,12 @@ impl Store {
                     match self.delete_unreferenced(&blob) {
                         // Another batch may have this blob too: the one that
                         // deleted the file counts its bytes.
-                        Ok(bytes) => {
+                        Ok(gone) => {
+                            let gone = gone.unwrap_or_default();
                             let mut freed = lock(&freed);
-                            let b = freed.entry(blob).or_insert(0);
-                            *b = (*b).max(bytes.unwrap_or(0));
+                            let b = freed.entry(blob).or_default();
+                            b.freed = b.freed.max(gone.freed);
+                            b.still_linked = b.still_linked.max(gone.still_linked);
                         }
                         Err(e) => {
                             lock(&failed).get_or_insert(e);
@@ -314,12 +324,13 @@ impl Store {
         let mut out = Vec::with_capacity(removed.len());
         let mut seen = HashSet::new();
         for (item, blob) in removed.into_iter().rev() {
-            let bytes_freed = match seen.insert(blob) {
-                true => freed.get(&blob).copied().unwrap_or(0),
-                false => 0,
+            let gone = match seen.insert(blob) {
+                true => freed.get(&blob).copied().unwrap_or_default(),
+                false => blobs::Unlinked::default(),
             };
             out.push(GcItem {
-                bytes_freed,
+                bytes_freed: gone.freed,
+                bytes_still_linked: gone.still_linked,
                 ..item
             });
         }

@@ -41,8 +41,11 @@ impl Store {
     /// Deletes `blob`'s file if no entry references it, after making sure
     /// the commit that dropped its last reference is durable, so that no
     /// crash can bring back an entry whose file is gone. Caller holds the
-    /// stripe. Returns the bytes freed (`None`: kept, or already gone).
-    pub(crate) fn delete_unreferenced(&self, blob: &[u8; 32]) -> StoreResult<Option<u64>> {
+    /// stripe. Returns what the unlink did (`None`: kept, or already gone).
+    pub(crate) fn delete_unreferenced(
+        &self,
+        blob: &[u8; 32],
+    ) -> StoreResult<Option<blobs::Unlinked>> {
         if self.blob_referenced(blob)? {
             return Ok(None);
         }

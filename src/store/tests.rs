@@ -103,6 +103,27 @@ fn the_store_is_its_owners_whatever_the_umask() {
 }
 
 #[test]
+fn gc_never_counts_bytes_kept_by_hard_links_as_freed() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let linked = s.put(&new_entry(1), &b"linked payload"[..]).unwrap().entry;
+    let alone = s.put(&new_entry(2), &b"alone"[..]).unwrap().entry;
+    let outside = d.path().join("model.onnx.weights.bin");
+    fs::hard_link(s.blob_path(&linked.payload.blake3), &outside).unwrap();
+    let r = s
+        .gc(&GcPolicy {
+            max_bytes: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.items.len(), 2, "{r:?}");
+    assert_eq!(r.bytes_freed, b"alone".len() as u64);
+    assert_eq!(r.bytes_still_linked, b"linked payload".len() as u64);
+    assert!(s.stat(&linked.key).unwrap().is_none() && s.stat(&alone.key).unwrap().is_none());
+    assert!(outside.exists());
+}
+
+#[test]
 fn empty_payload() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(d.path(), StoreOptions::default()).unwrap();

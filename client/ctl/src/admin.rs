@@ -183,6 +183,7 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
             "bytes_freed": r.bytes_freed,
             "bytes_before": r.bytes_before,
             "bytes_after": r.bytes_after,
+            "bytes_still_linked": r.bytes_still_linked,
             "skipped_leased": r.skipped_leased,
         }));
     }
@@ -241,6 +242,12 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
         line.push_str(&format!(
             "; {}",
             format::count(files.len() as u64, "leftover file", "leftover files")
+        ));
+    }
+    if r.bytes_still_linked > 0 {
+        line.push_str(&format!(
+            "; {} stay on disk through hard links outside the store (--link hard models)",
+            format::size(r.bytes_still_linked)
         ));
     }
     if r.skipped_leased > 0 {

@@ -83,13 +83,17 @@ pub(crate) fn gc(d: &Daemon, caller: &Caller, r: &GcRequest) -> Result<GcReport>
         .count();
     tracing::info!(
         caller = %caller.describe(),
-        "gc{}: {} {entries} entries and {} leftover files, {} bytes freed, store {} -> {} bytes{}{}",
+        "gc{}: {} {entries} entries and {} leftover files, {} bytes freed, store {} -> {} bytes{}{}{}",
         if r.dry_run { " (dry run)" } else { "" },
         if r.dry_run { "would remove" } else { "removed" },
         report.items.len() - entries,
         report.bytes_freed,
         report.bytes_before,
         report.bytes_after,
+        match report.bytes_still_linked {
+            0 => String::new(),
+            n => format!(", {n} bytes still on disk through hard links outside the store"),
+        },
         match report.leased_kept {
             0 => String::new(),
             n => format!(", {n} leased entries kept"),

@@ -69,6 +69,7 @@ fn entry_item(c: &Cand, reason: GcReason, bytes_freed: u64) -> GcItem {
         target: GcTarget::Entry(EntryKey::from_bytes(&c.kb).expect("own key")),
         reason,
         bytes_freed,
+        bytes_still_linked: 0,
         about: None,
     }
 }
@@ -227,6 +228,7 @@ impl<'s> Planner<'s> {
             target: GcTarget::File(path.clone()),
             reason: reason.clone(),
             bytes_freed: *len,
+            bytes_still_linked: 0,
             about: None,
         }));
     }
