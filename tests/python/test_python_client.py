@@ -105,11 +105,27 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+def test_ort_imports_neither_grpc_nor_protobuf(installed):
+    """`import ctcache.ort` costs Python and the package's errors only; the
+    client's grpc and protobuf load when a call needs the daemon."""
+    code = (
+        "import sys, ctcache.ort\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'grpc' or m.startswith('google.protobuf'))\n"
+        "assert not heavy, heavy\n"
+        "import ctcache\n"
+        "assert ctcache.connect and ctcache.pb.Entry and ctcache.client.PLACE_METHODS\n"
+        "assert 'grpc' in sys.modules\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(installed))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+
+
 def test_source_checkout_generates_stubs_lazily(tmp_path):
     """From a checkout (client/python on sys.path, no install) the stubs are generated once into
     $XDG_CACHE_HOME/ctcache/python-stubs/KEY, never into the source tree."""
     pytest.importorskip("grpc_tools")
-    code = "import ctcache, onnx; print(ctcache._pb.ctcache_v1_pb2.__file__)"
+    code = "import ctcache, onnx; print(ctcache.pb.__file__)"
     env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"), XDG_CACHE_HOME=str(tmp_path))
     env.pop("CTCACHE_PROTO_DIR", None)
     for _ in range(2):  # the second import reuses the cache

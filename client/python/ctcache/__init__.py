@@ -22,9 +22,6 @@ devices and struct types are ``ctcache.onnx_pb`` messages (protobuf package
 ``ctcache_onnx``, so ``import onnx`` can live in the same process).
 """
 
-from ._pb import ctcache_v1_pb2 as pb
-from ._pb import onnx_pb2 as onnx_pb
-from .client import Client, connect, default_socket, entry_format, state_name
 from .errors import (
     Aborted,
     CtcacheError,
@@ -44,10 +41,40 @@ from .errors import (
     SocketPermissionDenied,
     Unavailable,
 )
-from .ort import materialize
-from .payload import Payload
 
 __version__ = "0.1.0"
+
+# What needs grpc or protobuf is imported on first use, so that `import
+# ctcache.ort` (or `import ctcache` for its errors) loads neither.
+_LAZY = {
+    "pb": ("._pb.ctcache_v1_pb2", None),
+    "onnx_pb": ("._pb.onnx_pb2", None),
+    "Client": (".client", "Client"),
+    "connect": (".client", "connect"),
+    "default_socket": (".client", "default_socket"),
+    "entry_format": (".client", "entry_format"),
+    "state_name": (".client", "state_name"),
+    "materialize": (".ort", "materialize"),
+    "Payload": (".payload", "Payload"),
+    "client": (".client", None),
+    "payload": (".payload", None),
+    "ort": (".ort", None),
+    "layout": (".layout", None),
+    "_pb": ("._pb", None),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ctcache' has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LAZY[name]
+    value = importlib.import_module(module, __name__)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "Aborted",

@@ -47,10 +47,15 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import errors
-from ._pb import ctcache_v1_pb2 as pb
-from .client import connect
+
+if TYPE_CHECKING:
+    from ._pb import ctcache_v1_pb2 as pb
+
+# grpc and protobuf (the client) are imported where a call needs the
+# daemon: `import ctcache.ort` stays as light as the package's errors.
 
 #: Settings used when a call leaves them unset and no daemon decides
 #: (the daemon's own default policy for ``ort.matmul_nbits``).
@@ -189,6 +194,8 @@ def materialize(path, output_path=None, *, socket=None, bits: int | None = None,
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+    from .client import connect
+
     with connect(socket) as c:
         out = output_path
         if out is None:
@@ -512,6 +519,8 @@ def _session(path, output_path, socket, sess_options, providers, fallback, link,
         if link == LINK_MEMORY:
             if output_path is not None:
                 raise ValueError("link='memory' writes nothing: output_path must be None")
+            from .client import connect
+
             c = connect(socket)
             try:
                 r = c.materialize(path, None, in_memory=True, lease_ttl_s=lease_ttl_s, **settings)
