@@ -27,6 +27,8 @@ pub enum Setting {
     ReduceRange,
     /// int8: `op_types_to_quantize`.
     OpTypes,
+    /// fp16: the converter's `op_block_list`.
+    OpBlockList,
 }
 
 impl Setting {
@@ -36,6 +38,7 @@ impl Setting {
             Setting::Bits | Setting::BlockSize | Setting::Symmetric | Setting::AccuracyLevel => {
                 TARGET_ORT_INT4
             }
+            Setting::OpBlockList => TARGET_ORT_FP16,
             _ => TARGET_ORT_INT8,
         }
     }
@@ -63,6 +66,8 @@ pub struct Ask {
     pub reduce_range: bool,
     /// int8 settings (empty: MatMul).
     pub op_types: Vec<String>,
+    /// fp16 settings (`None`: the converter's default list).
+    pub op_block_list: Option<Vec<String>>,
 }
 
 /// Why a request's recipe is refused.
@@ -99,6 +104,7 @@ impl Ask {
             (Setting::PerChannel, self.per_channel),
             (Setting::ReduceRange, self.reduce_range),
             (Setting::OpTypes, !self.op_types.is_empty()),
+            (Setting::OpBlockList, self.op_block_list.is_some()),
         ]
         .into_iter()
         .filter_map(|(s, set)| set.then_some(s))
@@ -142,6 +148,7 @@ impl Ask {
             }
             _ => Recipe::Fp16(Fp16Settings {
                 convert: fp16_convert,
+                op_block_list: self.op_block_list.clone(),
             }),
         };
         recipe.validate()?;
@@ -196,6 +203,25 @@ mod tests {
                 ..
             }
         ));
+        let keep = Ask {
+            op_block_list: Some(vec!["Resize".into()]),
+            ..Ask::default()
+        };
+        assert!(matches!(
+            keep.recipe(defaults, none).unwrap_err(),
+            AskError::Misplaced {
+                setting: Setting::OpBlockList,
+                target: TARGET_ORT_INT4
+            }
+        ));
+        let fp16 = Ask {
+            target: TARGET_ORT_FP16.into(),
+            ..keep
+        };
+        let Recipe::Fp16(s) = fp16.recipe(defaults, none).unwrap() else {
+            panic!("fp16");
+        };
+        assert!(s.keeps("Resize") && !s.keeps("TopK"));
         let bad = Ask {
             block_size: Some(48),
             ..Ask::default()

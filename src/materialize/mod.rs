@@ -71,20 +71,43 @@ pub const TARGETS: [&str; 3] = [TARGET_ORT_INT4, TARGET_ORT_INT8, TARGET_ORT_FP1
 /// and the clamped cast itself for the FLOAT tensors held in nodes
 /// (Constant values), which are not cache entries: FLOAT raw bytes in,
 /// FLOAT16 raw bytes out (the `ort.float16` kernel, given by the caller).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Fp16Settings {
     /// The clamped cast of `ort.float16` with the default parameters.
     pub convert: fn(&[u8]) -> Vec<u8>,
+    /// The converter's `op_block_list`: op types kept in FLOAT behind
+    /// Casts (`None`: its `DEFAULT_OP_BLOCK_LIST`).
+    pub op_block_list: Option<Vec<String>>,
 }
 
-/// One setting only: the cast is the packer's, whoever passes it.
+impl Fp16Settings {
+    /// Whether nodes of `op_type` stay FLOAT.
+    pub fn keeps(&self, op_type: &str) -> bool {
+        match &self.op_block_list {
+            Some(list) => list.iter().any(|o| o == op_type),
+            None => plan::FP16_OP_BLOCK_LIST.contains(&op_type),
+        }
+    }
+}
+
+/// The cast is the packer's, whoever passes it: the block list is the one
+/// setting.
 impl PartialEq for Fp16Settings {
-    fn eq(&self, _: &Self) -> bool {
-        true
+    fn eq(&self, other: &Self) -> bool {
+        self.op_block_list == other.op_block_list
     }
 }
 
 impl Eq for Fp16Settings {}
+
+/// A comma-separated list of op types as a request gives it ("" is none).
+pub fn op_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(String::from)
+        .collect()
+}
 
 /// Op types the int8 target quantizes (`op_types_to_quantize`).
 pub(crate) const INT8_OP_TYPES: [&str; 3] = ["MatMul", "Gather", "Conv"];

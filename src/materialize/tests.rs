@@ -385,7 +385,10 @@ fn fp16() -> Recipe {
     fn no_cast(b: &[u8]) -> Vec<u8> {
         vec![0; b.len() / 2]
     }
-    Recipe::Fp16(Fp16Settings { convert: no_cast })
+    Recipe::Fp16(Fp16Settings {
+        convert: no_cast,
+        op_block_list: None,
+    })
 }
 
 #[test]
@@ -646,6 +649,34 @@ fn fp16_plan_keeps_block_list_nodes_and_float_inputs_as_the_converter_does() {
     for v in ["M", "S", "K", "s"] {
         assert!(!f.float16.contains(v), "{v} stays as it is");
     }
+}
+
+#[test]
+fn fp16_plan_keeps_the_op_block_list_asked() {
+    let m = float_model(
+        vec![
+            node("MatMul", "mm", &["X", "W"], "h"),
+            node("Relu", "relu", &["h"], "r"),
+            node("TopK", "top", &["r", "K"], "Y"),
+        ],
+        vec![tensor("W", 1, &[8, 4]), tensor("K", 7, &[1])],
+        &["X"],
+    );
+    let Recipe::Fp16(mut only_relu) = fp16() else {
+        unreachable!("fp16() is the fp16 recipe")
+    };
+    only_relu.op_block_list = Some(vec!["Relu".into()]);
+    let p = plan_for(&m, &Recipe::Fp16(only_relu.clone())).unwrap();
+    assert_eq!(p.tensors, ["W"]);
+    let f = p.fp16.unwrap();
+    // Relu is kept: h is cast back to FLOAT for it and r is FLOAT16 after
+    // its Cast; TopK is converted like any other node.
+    assert!(f.float16.contains("h") && f.float16.contains("r"));
+    let top = node("TopK", "t", &[], "x");
+    assert_eq!(
+        plan::fp16_node(&top, 17, &only_relu),
+        plan::Fp16Node::Converted
+    );
 }
 
 #[test]

@@ -71,10 +71,12 @@ def _dynamic(weight_type: str, per_channel: bool, reduce_range: bool, ops: list[
     return convert
 
 
-def _fp16(path: Path) -> onnx.ModelProto:
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+def _fp16(block: list[str] | None = None):
+    def convert(path: Path) -> onnx.ModelProto:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    return convert_float_to_float16(str(path), keep_io_types=True)
+        return convert_float_to_float16(str(path), keep_io_types=True, op_block_list=block)
+    return convert
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,10 @@ CONFIGS = (
            ("--weight-type", "uint8", "--per-channel", "--reduce-range"), _dynamic("uint8", True, True, ["MatMul"])),
     Config("onnxruntime-int8", "int8, op types MatMul, Gather, Conv", ("--op-types", "MatMul,Gather,Conv"),
            _dynamic("int8", False, False, ["MatMul", "Gather", "Conv"])),
-    Config("onnxruntime-fp16", "keep_io_types, default op block list", (), _fp16),
+    Config("onnxruntime-fp16", "keep_io_types, default op block list", (), _fp16()),
+    Config("onnxruntime-fp16", "keep_io_types, op block list Resize, Max", ("--op-block-list", "Resize,Max"),
+           _fp16(["Resize", "Max"])),
+    Config("onnxruntime-fp16", "keep_io_types, empty op block list", ("--op-block-list", ""), _fp16([])),
 )
 
 
@@ -125,7 +130,7 @@ def _ops(m: onnx.ModelProto) -> Counter:
 
 
 def cell(m: RealModel, c: Config, work: Path) -> str:
-    out = work / f"{m.name}.{c.target}.{len(c.options)}.onnx"
+    out = work / f"{m.name}.{c.target}.{CONFIGS.index(c)}.onnx"
     ours = ctl.run("materialize", "--local", "--target", c.target, *c.flags, str(m.path), "-o", str(out))
     logging.disable(logging.INFO)
     try:

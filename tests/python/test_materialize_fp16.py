@@ -249,3 +249,34 @@ def test_python_client_and_fallback(ctcache, daemon, tmp_path):  # noqa: F811
                                     providers=["CPUExecutionProvider"])
     for x, y in zip(fb.run(None, feeds), want):
         assert x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("block", [["TopK", "Resize"], ["TopK", "Max", "ConstantOfShape"]])
+def test_the_op_block_list_is_the_converters(daemon, tmp_path, block):
+    """--op-block-list keeps those op types FLOAT behind Casts, as the
+    converter's op_block_list does (the default list no longer applies)."""
+    model = MODELS["kept"](tmp_path / "k.onnx")
+    ref = tmp_path / "ref.onnx"
+    onnx.save(convert_float_to_float16(str(model), keep_io_types=True, op_block_list=block), str(ref))
+    for local in ([], ["--local"]):
+        out = tmp_path / f"o{len(local)}.onnx"
+        r = daemon.ctl("materialize", *local, str(model), "-o", str(out), "--target", "onnxruntime-fp16",
+                       "--op-block-list", ",".join(block))
+        assert r.returncode == 0, r.describe()
+        assert_drop_in(out, ref)
+    r = daemon.ctl("materialize", str(model), "-o", str(tmp_path / "bad.onnx"), "--op-block-list", "TopK")
+    assert r.returncode == 2 and "--op-block-list is a setting of --target onnxruntime-fp16" in r.stderr, r.describe()
+
+
+def test_a_kept_node_in_a_subgraph_is_refused_as_onnxruntime_refuses_the_converters_model(daemon, tmp_path):
+    """Add kept FLOAT inside an If branch: the converter puts the Cast of the
+    branch's own value in the top-level graph, and onnxruntime refuses that
+    model; the target refuses, naming the node."""
+    model = MODELS["kept"](tmp_path / "k.onnx")
+    ref = convert_float_to_float16(str(model), keep_io_types=True, op_block_list=["Add"])
+    with pytest.raises(Exception, match="invalid model"):
+        ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = tmp_path / "o.onnx"
+    r = daemon.ctl("materialize", str(model), "-o", str(out), "--target", "onnxruntime-fp16", "--op-block-list", "Add")
+    assert r.returncode == 1 and "node else_op (Add) inside a subgraph stays FLOAT" in r.stderr, r.describe()
+    assert not out.exists()

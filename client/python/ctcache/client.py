@@ -336,7 +336,7 @@ class Client:
                     symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
                     copy: bool = False, target: str = "onnxruntime-int4",
                     weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
-                    op_types=None, in_memory: bool = False, lease_ttl_s: float = 30.0,
+                    op_types=None, op_block_list=None, in_memory: bool = False, lease_ttl_s: float = 30.0,
                     timeout: float | None = None) -> pb.MaterializeResponse:
         """Writes an onnxruntime-ready quantized copy of a model (packs what is missing).
 
@@ -348,6 +348,9 @@ class Client:
         ``per_channel``, ``reduce_range`` and ``op_types`` (its
         ``op_types_to_quantize``: any of ``"MatMul"``, ``"Gather"``,
         ``"Conv"``; default ``["MatMul"]``).
+        ``target="onnxruntime-fp16"`` takes ``op_block_list`` (the
+        converter's: op types kept in FLOAT behind Casts; ``None``, the
+        default, is its ``DEFAULT_OP_BLOCK_LIST``, ``[]`` keeps none).
         The rest of this text is about the default target, ``"onnxruntime-int4"``.
 
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
@@ -400,6 +403,8 @@ class Client:
         req.per_channel = bool(per_channel)
         req.reduce_range = bool(reduce_range)
         req.op_types.extend(op_types or [])
+        if op_block_list is not None:
+            req.op_block_list = ",".join(op_block_list)
         return self._call("Materialize", req, timeout)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:

@@ -176,12 +176,14 @@ def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4
 def materialize(path, output_path=None, *, socket=None, bits: int | None = None, block_size: int | None = None,
                 symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto", copy: bool = False,
                 target: str = TARGET_INT4, weight_type: str | None = None, per_channel: bool = False,
-                reduce_range: bool = False, op_types=None, timeout: float | None = None) -> pb.MaterializeResponse:
+                reduce_range: bool = False, op_types=None, op_block_list=None,
+                timeout: float | None = None) -> pb.MaterializeResponse:
     """Has the daemon write the quantized form of a model for ``target`` (see :meth:`Client.materialize`).
 
     ``target="onnxruntime-int8"`` takes ``weight_type`` / ``per_channel`` /
-    ``reduce_range`` / ``op_types`` (``quantize_dynamic``'s); the default,
-    ``"onnxruntime-int4"``, takes the MatMulNBits settings below.
+    ``reduce_range`` / ``op_types`` (``quantize_dynamic``'s),
+    ``"onnxruntime-fp16"`` takes ``op_block_list`` (the converter's); the
+    default, ``"onnxruntime-int4"``, takes the MatMulNBits settings below.
 
     ``output_path=None``: :func:`default_output_path` (``<stem>.int4.onnx``
     next to the model, or under ``$XDG_CACHE_HOME/ctcache/materialized/``
@@ -203,7 +205,7 @@ def materialize(path, output_path=None, *, socket=None, bits: int | None = None,
         return c.materialize(path, out, bits=bits, block_size=block_size, symmetric=symmetric,
                              accuracy_level=accuracy_level, link=link, copy=copy, target=target,
                              weight_type=weight_type, per_channel=per_channel, reduce_range=reduce_range,
-                             op_types=op_types, timeout=timeout)
+                             op_types=op_types, op_block_list=op_block_list, timeout=timeout)
 
 
 def _tensors(graph):
@@ -435,7 +437,7 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
                       symmetric: bool | None = None, accuracy_level: int = 0, output_path=None, socket=None,
                       sess_options=None, providers=None, fallback: bool = True, target: str = TARGET_INT4,
                       weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
-                      op_types=None, link: str | None = None, lease_ttl_s: float = 30.0,
+                      op_types=None, op_block_list=None, link: str | None = None, lease_ttl_s: float = 30.0,
                       strict: bool = False):
     """An ``onnxruntime.InferenceSession`` on the quantized form of an fp32/fp16 model.
 
@@ -444,7 +446,8 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     ``quantize_dynamic`` itself, with the same ``weight_type`` /
     ``per_channel`` / ``reduce_range`` / ``op_types``);
     ``"onnxruntime-fp16"``: the float16 converter's form with float inputs
-    and outputs (fallback: ``convert_float_to_float16(keep_io_types=True)``).
+    and outputs (fallback: ``convert_float_to_float16(keep_io_types=True)``,
+    with the same ``op_block_list``).
 
     ``link="memory"`` (the default when no ``output_path`` is given) writes
     nothing: the daemon answers the model's bytes, whose external data are
@@ -485,7 +488,8 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
         sess, report = _session(path, output_path, socket, sess_options, providers, fallback, link, lease_ttl_s,
                                 bits=bits, block_size=block_size, symmetric=symmetric,
                                 accuracy_level=accuracy_level, target=target, weight_type=weight_type,
-                                per_channel=per_channel, reduce_range=reduce_range, op_types=op_types)
+                                per_channel=per_channel, reduce_range=reduce_range, op_types=op_types,
+                                op_block_list=op_block_list)
     except errors.NothingToRewrite as e:
         if strict:
             raise
@@ -544,7 +548,7 @@ def _session(path, output_path, socket, sess_options, providers, fallback, link,
 
 
 def _fallback_session(path, why, sess_options, providers, *, bits, block_size, symmetric, accuracy_level, target,
-                      weight_type, per_channel, reduce_range, op_types):
+                      weight_type, per_channel, reduce_range, op_types, op_block_list):
     """A session on the model quantized in this process by the reference tool for ``target``."""
     tool = {TARGET_INT8: "quantize_dynamic", TARGET_FP16: "convert_float_to_float16"}.get(
         target, "MatMulNBitsQuantizer")
@@ -558,7 +562,7 @@ def _fallback_session(path, why, sess_options, providers, *, bits, block_size, s
         if target == TARGET_FP16:
             from onnxruntime.transformers.float16 import convert_float_to_float16
 
-            model = convert_float_to_float16(os.fspath(path), keep_io_types=True)
+            model = convert_float_to_float16(os.fspath(path), keep_io_types=True, op_block_list=op_block_list)
         elif target == TARGET_INT8:
             model = quantize_dynamic_in_process(path, weight_type=weight_type, per_channel=per_channel,
                                                 reduce_range=reduce_range, op_types=op_types)

@@ -52,6 +52,9 @@ pub(crate) struct MaterializeRequest {
     pub reduce_range: bool,
     /// onnxruntime-int8: op types to quantize (empty: MatMul).
     pub op_types: Vec<String>,
+    /// onnxruntime-fp16: op types kept FLOAT, comma-separated (`None`: the
+    /// converter's default list).
+    pub op_block_list: Option<String>,
     /// Write nothing: answer the model's bytes and lease its payloads to
     /// the caller for this long (see [`InMemoryAnswer`]).
     pub in_memory: Option<u64>,
@@ -106,6 +109,7 @@ fn recipe(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Recipe> {
         per_channel: r.per_channel,
         reduce_range: r.reduce_range,
         op_types: r.op_types.clone(),
+        op_block_list: r.op_block_list.as_deref().map(mat::op_list),
     };
     let convert = ctcache_kernels::formats::float16_clamp::convert_default;
     ask.recipe(policy_settings(policy), convert)
@@ -137,6 +141,7 @@ fn field_name(s: mat::Setting) -> &'static str {
         S::PerChannel => "per_channel",
         S::ReduceRange => "reduce_range",
         S::OpTypes => "op_types",
+        S::OpBlockList => "op_block_list",
     }
 }
 

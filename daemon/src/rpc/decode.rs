@@ -136,6 +136,7 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeReque
         per_channel: r.per_channel,
         reduce_range: r.reduce_range,
         op_types: r.op_types,
+        op_block_list: r.op_block_list,
         in_memory: r.in_memory.then_some(r.lease_ttl_ms),
     })
 }

@@ -20,6 +20,7 @@ use prost::Message;
 use super::{Plan, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO};
 use crate::dtype::DataType;
 use crate::error::Result;
+use crate::materialize::Fp16Settings;
 use crate::onnx::elem_types::{subgraphs, ElemTypes};
 use crate::onnx::graph::node_label;
 use crate::onnx::{Model, TensorRef};
@@ -81,9 +82,9 @@ pub(crate) enum Fp16Node {
 }
 
 /// The converter's treatment of `n` in a model of ai.onnx opset `opset`.
-pub(crate) fn fp16_node(n: &pb::NodeProto, opset: i64) -> Fp16Node {
+pub(crate) fn fp16_node(n: &pb::NodeProto, opset: i64, s: &Fp16Settings) -> Fp16Node {
     let op = n.op_type.as_str();
-    if FP16_OP_BLOCK_LIST.contains(&op) {
+    if s.keeps(op) {
         return Fp16Node::Kept;
     }
     match op {
@@ -118,6 +119,7 @@ struct Uses {
 /// The converter's walk, breadth first as it goes (each graph's nodes,
 /// then the subgraphs of its converted nodes).
 struct Walk<'a> {
+    settings: &'a Fp16Settings,
     opset: i64,
     types: ElemTypes,
     /// FLOAT initializers (all graphs), in the order met.
@@ -154,7 +156,7 @@ impl<'a> Walk<'a> {
             }
         }
         for (i, n) in nodes.iter().enumerate() {
-            let class = fp16_node(n, self.opset);
+            let class = fp16_node(n, self.opset, self.settings);
             for (k, input) in n.input.iter().enumerate() {
                 let keeps_float = match class {
                     Fp16Node::Kept => true,
@@ -246,7 +248,7 @@ impl<'a> Walk<'a> {
 }
 
 /// The `onnxruntime-fp16` plan of `model` (see the module's text).
-pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
+pub(super) fn plan_fp16(model: &Model, settings: &Fp16Settings) -> Result<Plan> {
     let refuse = |what: String| Err(crate::Error::Rewrite(what));
     let nodes = model.nodes()?;
     let initializers = model.initializers()?;
@@ -283,6 +285,7 @@ pub(super) fn plan_fp16(model: &Model) -> Result<Plan> {
     top_defined.extend(inputs.iter().map(|v| v.name.clone()));
     top_defined.extend(nodes.iter().flat_map(|n| n.output.iter().cloned()));
     let mut walk = Walk {
+        settings,
         opset: model.default_opset()?.unwrap_or(11),
         types,
         inits: Vec::new(),
@@ -323,7 +326,7 @@ fn refuse_broken(walk: &Walk<'_>) -> Result<()> {
             .input
             .iter()
             .find(|v| walk.float16.contains(*v) && !walk.top_defined.contains(*v) && !v.is_empty());
-        let cast_out = match fp16_node(n, walk.opset) {
+        let cast_out = match fp16_node(n, walk.opset, walk.settings) {
             Fp16Node::Kept => n.output.iter().find(|v| walk.float16.contains(*v)),
             _ => None,
         };

@@ -34,7 +34,7 @@ mod target;
 
 use fp16::plan_fp16;
 pub use fp16::Fp16Plan;
-pub(crate) use fp16::{fp16_node, Fp16Node};
+pub(crate) use fp16::{fp16_node, Fp16Node, FP16_OP_BLOCK_LIST};
 pub use skips::{group_skips, SkipGroup, Skipped};
 use target::target;
 
@@ -210,7 +210,7 @@ pub fn plan(model: &Model) -> Result<Plan> {
 /// nodes inside subgraphs are left alone.
 pub fn plan_for(model: &Model, recipe: &Recipe) -> Result<Plan> {
     let mut plan = match recipe {
-        Recipe::Fp16(_) => plan_fp16(model)?,
+        Recipe::Fp16(s) => plan_fp16(model, s)?,
         _ => plan_nodes(model, recipe)?,
     };
     plan.placed = placed(model, &plan)?;

@@ -192,7 +192,7 @@ impl Converter<'_> {
                 v.clone_from(r);
             }
         }
-        match fp16_node(n, self.plan.opset) {
+        match fp16_node(n, self.plan.opset, self.settings) {
             Fp16Node::Kept => {
                 for (k, v) in n.input.iter().enumerate() {
                     if self.plan.float16.contains(v) {

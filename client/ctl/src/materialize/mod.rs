@@ -48,6 +48,11 @@ pub struct MaterializeArgs {
     /// (op_types_to_quantize; supported: MatMul (the default), Gather, Conv).
     #[arg(long, value_delimiter = ',', value_name = "OPS")]
     op_types: Vec<String>,
+    /// onnxruntime-fp16: op types kept in FLOAT behind Casts,
+    /// comma-separated (the converter's op_block_list; '' keeps none;
+    /// default: its DEFAULT_OP_BLOCK_LIST).
+    #[arg(long, value_name = "OPS")]
+    op_block_list: Option<String>,
     /// Bits per weight (default: the daemon's policy, else 4).
     #[arg(long, value_parser = ["4", "8"])]
     bits: Option<String>,
@@ -128,6 +133,7 @@ impl MaterializeArgs {
             per_channel: self.per_channel,
             reduce_range: self.reduce_range,
             op_types: self.op_types.clone(),
+            op_block_list: self.op_block_list.as_deref().map(mat::op_list),
         };
         let convert = ctcache_kernels::formats::float16_clamp::convert_default;
         ask.recipe(Settings::default(), convert)
@@ -161,6 +167,7 @@ fn flag_name(s: mat::Setting) -> &'static str {
         S::PerChannel => "--per-channel",
         S::ReduceRange => "--reduce-range",
         S::OpTypes => "--op-types",
+        S::OpBlockList => "--op-block-list",
     }
 }
 
@@ -200,6 +207,7 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
         per_channel: a.per_channel,
         reduce_range: a.reduce_range,
         op_types: a.op_types.clone(),
+        op_block_list: a.op_block_list.clone(),
         ..Default::default()
     });
     let mut call = Box::pin(call);
