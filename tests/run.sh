@@ -33,6 +33,8 @@ ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need+=(libvulkan1)
 command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 # npm: the real-model corpus has a model that ships in an npm tarball.
 command -v npm >/dev/null || need+=(npm)
+# A real Prometheus scrapes a daemon, and promtool checks the alert rules.
+command -v promtool >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}"

@@ -7,8 +7,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics_exporter_prometheus::Matcher;
+
 use crate::error::RunError;
 use crate::state::Daemon;
+
+/// Upper bounds of the pack-time histogram, in seconds: a small tensor on a
+/// fast core to a multi-GiB one on a slow GPU driver.
+const PACK_SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
 
 /// How often the state gauges are refreshed.
 const STATE_PERIOD: Duration = Duration::from_secs(5);
@@ -18,8 +26,13 @@ pub(crate) fn install(addr: &str) -> Result<(), RunError> {
     let addr: std::net::SocketAddr = addr
         .parse()
         .map_err(|_| RunError::Metrics(format!("metrics_addr {addr:?} is not host:port")))?;
+    let pack_seconds = Matcher::Full("ctcache_pack_seconds".into());
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
+        // A histogram, not the exporter's default summary, whose quantiles
+        // cover a sliding minute and read 0 after one without packs.
+        .set_buckets_for_metric(pack_seconds, PACK_SECONDS_BUCKETS)
+        .map_err(|e| RunError::Metrics(format!("pack-time buckets: {e}")))?
         .install()
         .map_err(|e| RunError::Metrics(format!("starting the Prometheus endpoint: {e}")))?;
     metrics::describe_counter!(

@@ -16,8 +16,8 @@ Running daemons are driven until every metric they can export is on their
 
 Every metric name in the dashboard's queries (panel targets and template
 variables) and the rules' ``expr`` must then be on one of the pages (exact
-names: ``ctcache_pack_seconds`` is a summary, so ``_sum``, ``_count`` and
-``quantile`` exist and ``_bucket`` does not), and each label a selector
+names: ``ctcache_pack_seconds`` is a histogram, so ``_bucket`` (with
+``le``), ``_sum`` and ``_count`` exist), and each label a selector
 filters on, or an aggregation groups by, (other than the scrape's ``job`` and
 ``instance``) must be a label of that metric. ``up`` is Prometheus's own.
 
@@ -367,15 +367,15 @@ def test_every_metric_they_name_is_exported(pages):
 
 def test_a_name_or_label_the_daemon_does_not_export_fails(pages):
     """The check can fail: a copy of the files with a misspelt metric, a
-    histogram suffix on the summary, and a label the metric lacks."""
+    suffix the histogram lacks, and a label the metric lacks."""
     metrics = exported(pages)
     rules = RULES.read_text().replace("ctcache_remote_upload_drops_total", "ctcache_remote_upload_dropped_total")
     bad = problems("ctcache-alerts.yml (copy)", rules_exprs(rules), metrics, NEEDS_ROOT)
     assert bad == ["ctcache-alerts.yml (copy): alert CtcacheRemoteUploadDrops: metric "
                    "ctcache_remote_upload_dropped_total is not exported by the daemon"], bad
-    dash = DASHBOARD.read_text().replace("ctcache_pack_seconds_count", "ctcache_pack_seconds_bucket")
+    dash = DASHBOARD.read_text().replace("ctcache_pack_seconds_count", "ctcache_pack_seconds_total")
     bad = problems("dashboard (copy)", dashboard_exprs(dash), metrics, NEEDS_ROOT)
-    assert len(bad) == 1 and "ctcache_pack_seconds_bucket is not exported" in bad[0], bad
+    assert len(bad) == 1 and "ctcache_pack_seconds_total is not exported" in bad[0], bad
     bad = problems("x", [("expr", 'rate(ctcache_gc_evictions_total{reason="x", job="j"}[5m])')], metrics)
     assert len(bad) == 1 and "has no label 'reason'" in bad[0], bad
     bad = problems("x", [("expr", "sum by (phase) (rate(ctcache_remote_errors_total[5m]))")], metrics)
@@ -394,3 +394,14 @@ def test_state_gauges_are_on_the_first_scrape(root):
         assert re.search(r"^ctcache_store_entries 0$", text, re.M), text
     finally:
         d.stop()
+
+
+def test_pack_times_are_a_histogram_with_the_packs_in_it(pages):
+    """The pack-time quantiles read 0 once a summary's sliding minute had no
+    pack; the buckets keep every pack, and Prometheus takes the quantiles."""
+    text = "\n".join(pages)
+    inf = [float(v) for v in re.findall(r'^ctcache_pack_seconds_bucket\{[^}]*le="\+Inf"[^}]*\} (\S+)$', text, re.M)]
+    assert inf and max(inf) >= 1, text[:2000]
+    assert not re.search(r"^ctcache_pack_seconds\{[^}]*quantile=", text, re.M)
+    sums = [float(v) for v in re.findall(r"^ctcache_pack_seconds_sum\{[^}]*\} (\S+)$", text, re.M)]
+    assert sums and max(sums) > 0
