@@ -48,6 +48,20 @@ pub(crate) fn bounded_uid(uid: u32, trusted_uids: &[u32]) -> Option<u32> {
 }
 
 /// The daemon's effective uid.
+/// Without root the daemon opens callers' files with its own rights as well
+/// as theirs: a refusal may be its user's, not the caller's. The clause a
+/// refusal then adds, naming both and the ways out.
+pub(crate) fn own_rights_clause(what: &str) -> String {
+    if ctcache::access::creds::can_switch() {
+        return String::new();
+    }
+    format!(
+        " (or by ctcached itself, uid {}: not running as root, it {what} with its own user's \
+         rights too; give that user access, or use ctcachectl --local)",
+        own_uid()
+    )
+}
+
 pub(crate) fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }

@@ -65,8 +65,9 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
     // may not read get the same answer: no probing for other users' files.
     let hidden = || {
         Error::denied(format!(
-            "{path}: not found, or not readable by {}",
-            caller.describe()
+            "{path}: not found, or not readable by {}{}",
+            caller.describe(),
+            crate::caller::own_rights_clause("reads models")
         ))
     };
     if caller.is_self_or_root() {

@@ -24,9 +24,10 @@ pub(crate) fn output_file(caller: &Caller, path: &str) -> Result<OutFile> {
     let opened = identity.open_dir(dir, access::WRITE).map_err(|e| {
         if e.kind() == std::io::ErrorKind::PermissionDenied {
             Error::denied(format!(
-                "{} may not write in {}",
+                "{} may not write in {}{}",
                 caller.describe(),
-                dir.display()
+                dir.display(),
+                crate::caller::own_rights_clause("writes outputs")
             ))
         } else {
             Error::invalid(format!("cannot open {}: {e}", dir.display()))
