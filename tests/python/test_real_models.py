@@ -255,3 +255,21 @@ def test_an_fp16_model_of_constant_weights_says_they_are_in_the_model(tmp_path):
     assert r.returncode == 0, r.describe()
     assert "every weight is in the model; wrote" in r.stdout, r.describe()
     assert not out.with_name("vad16.onnx.weights").exists()
+
+
+def test_the_default_policy_packs_what_the_default_target_reads(ctcache, tmp_path):  # noqa: F811
+    """What the policy packs for an encoder (as a watched folder's model gets
+    it) is all its first int4 materialize reads: the MatMul weights in 4
+    bits and the embedding table it places whole beside the model."""
+    d = Daemon(tmp_path / "d")
+    d.start()
+    try:
+        model = tmp_path / "enc.onnx"
+        model.write_bytes(real_models.fetch(BY_NAME["minilm-l3"]).read_bytes())
+        r = d.ctl("prepack", str(model), "--wait")
+        assert r.returncode == 0, r.describe()
+        r = d.ctl("materialize", str(model), "-o", str(tmp_path / "out" / "enc.onnx"))
+        assert r.returncode == 0, r.describe()
+        assert "19 weight(s) from the cache, 0 packed now" in r.stdout, r.describe()
+    finally:
+        d.stop()

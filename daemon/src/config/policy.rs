@@ -46,7 +46,10 @@ fn default_used_as() -> Vec<String> {
 }
 
 /// The default policy: MatMul/Gemm weights of at least 65,536 FLOAT elements
-/// get the host's SGEMM B-panel layout and onnxruntime's 4-bit format.
+/// get the host's SGEMM B-panel layout and onnxruntime's 4-bit format, and
+/// embedding tables that the int4 target keeps and places beside the model
+/// (1 MiB and more) are stored whole (`identity`), so that a watched
+/// model's first materialize finds everything it reads.
 pub fn default_policy() -> Vec<PolicyRule> {
     let rule = |format: &str, params: &[(&str, &str)]| PolicyRule {
         format: format.into(),
@@ -65,5 +68,10 @@ pub fn default_policy() -> Vec<PolicyRule> {
             "ort.matmul_nbits",
             &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")],
         ),
+        PolicyRule {
+            min_elements: ctcache::materialize::PLACED_MIN_BYTES / 4,
+            used_as: vec!["Gather.data".into()],
+            ..rule("identity", &[])
+        },
     ]
 }
