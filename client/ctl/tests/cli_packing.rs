@@ -33,7 +33,7 @@ fn nothing_to_pack_is_said_the_same_way_by_prepack_and_embed() {
     .iter()
     .map(|args| d.ctl(args))
     .collect();
-    let expected = format!("ctcachectl: {model}: nothing to pack: no initializer passes the filters (at least 65536 elements, used as MatMul.B or Gemm.B)");
+    let expected = format!("ctcachectl: {model}: nothing to pack: no initializer passes the filters (at least 65536 elements, used as MatMul.B or Gemm.B; or at least 262144 elements, used as Gather.data)");
     for o in &runs {
         assert_eq!(o.code, 1, "{o:#?}");
         assert!(o.stderr.starts_with(&expected), "{o:#?}");
