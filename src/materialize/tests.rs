@@ -680,6 +680,36 @@ fn fp16_plan_keeps_the_op_block_list_asked() {
 }
 
 #[test]
+fn fp16_plan_takes_a_resize_in_a_subgraph_whose_scales_are_the_top_graphs() {
+    // Only Resize's scales are cast back to FLOAT (at the top level, where
+    // they are defined); its data input, made in the branch, is not.
+    let mut resize = node("Resize", "rs", &["h", "", "S"], "r");
+    resize.output = vec!["r".into()];
+    let branch = pb::GraphProto {
+        name: "then".into(),
+        node: vec![node("Relu", "relu", &["X"], "h"), resize],
+        output: values(&["r"]),
+        ..Default::default()
+    };
+    let mut iff = node("If", "if", &["C"], "Y");
+    iff.attribute.push(pb::AttributeProto {
+        name: "then_branch".into(),
+        r#type: pb::attribute_proto::AttributeType::Graph as i32,
+        g: Some(branch.clone()),
+        ..Default::default()
+    });
+    iff.attribute.push(pb::AttributeProto {
+        name: "else_branch".into(),
+        r#type: pb::attribute_proto::AttributeType::Graph as i32,
+        g: Some(branch),
+        ..Default::default()
+    });
+    let m = float_model(vec![iff], vec![tensor("S", 1, &[2])], &["X", "C"]);
+    let p = plan_for(&m, &fp16()).unwrap();
+    assert!(p.fp16.unwrap().float16.contains("h"));
+}
+
+#[test]
 fn fp16_plan_refuses_what_onnxruntime_would_refuse_of_the_converters_model() {
     let m = float_model(
         vec![node("DynamicQuantizeLinear", "q", &["X"], "xq")],

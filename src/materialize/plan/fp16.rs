@@ -322,11 +322,17 @@ pub(super) fn plan_fp16(model: &Model, settings: &Fp16Settings) -> Result<Plan> 
 fn refuse_broken(walk: &Walk<'_>) -> Result<()> {
     let refuse = |what: String| Err(crate::Error::Rewrite(what));
     for (n, label) in &walk.nested_kept {
-        let cast_in = n
-            .input
-            .iter()
-            .find(|v| walk.float16.contains(*v) && !walk.top_defined.contains(*v) && !v.is_empty());
-        let cast_out = match fp16_node(n, walk.opset, walk.settings) {
+        // The inputs the converter casts back to FLOAT: all of a kept
+        // node's, only the FLOAT ones (Resize's scales) of the others.
+        let class = fp16_node(n, walk.opset, walk.settings);
+        let cast = |k: usize| match class {
+            Fp16Node::FloatInputs(ins) => ins.contains(&k),
+            _ => true,
+        };
+        let cast_in = n.input.iter().enumerate().find_map(|(k, v)| {
+            (cast(k) && walk.float16.contains(v) && !walk.top_defined.contains(v)).then_some(v)
+        });
+        let cast_out = match class {
             Fp16Node::Kept => n.output.iter().find(|v| walk.float16.contains(*v)),
             _ => None,
         };
