@@ -44,6 +44,23 @@ impl Setting {
     }
 }
 
+impl Setting {
+    /// Why this setting is refused for `asked`, in the caller's words:
+    /// `name` is how it names the setting, `quote` how it names a target
+    /// (`onnxruntime-fp16`, `--target onnxruntime-fp16`).
+    pub fn refused_for(self, asked: &str, name: &str, quote: impl Fn(&str) -> String) -> String {
+        if asked == TARGET_ORT_FP16 {
+            format!("{name} is not a setting of {}", quote(asked))
+        } else {
+            format!(
+                "{name} is a setting of {}, not of {}",
+                quote(self.target()),
+                quote(asked)
+            )
+        }
+    }
+}
+
 /// A materialize request's target and settings (unset: `None`, `false`,
 /// `0`, empty).
 #[derive(Debug, Clone, Default)]

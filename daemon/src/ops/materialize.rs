@@ -115,15 +115,7 @@ fn recipe(policy: &[PolicyRule], r: &MaterializeRequest) -> Result<Recipe> {
     ask.recipe(policy_settings(policy), convert)
         .map_err(|e| match e {
             mat::AskError::Misplaced { setting, target } => {
-                let name = field_name(setting);
-                Error::invalid(if target == mat::TARGET_ORT_FP16 {
-                    format!("{name} is not a setting of {target}")
-                } else {
-                    format!(
-                        "{name} is a setting of {}, not of {target}",
-                        setting.target()
-                    )
-                })
+                Error::invalid(setting.refused_for(target, field_name(setting), |t| t.to_string()))
             }
             e => Error::invalid(e.to_string()),
         })

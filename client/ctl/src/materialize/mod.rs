@@ -138,17 +138,9 @@ impl MaterializeArgs {
         let convert = ctcache_kernels::formats::float16_clamp::convert_default;
         ask.recipe(Settings::default(), convert)
             .map_err(|e| match e {
-                mat::AskError::Misplaced { setting, target } => {
-                    let flag = flag_name(setting);
-                    Failure::Usage(if target == mat::TARGET_ORT_FP16 {
-                        format!("{flag} is not a setting of --target {target}")
-                    } else {
-                        format!(
-                            "{flag} is a setting of --target {}, not of --target {target}",
-                            setting.target()
-                        )
-                    })
-                }
+                mat::AskError::Misplaced { setting, target } => Failure::Usage(
+                    setting.refused_for(target, flag_name(setting), |t| format!("--target {t}")),
+                ),
                 mat::AskError::Invalid(e) => e.into(),
                 e => Failure::Usage(e.to_string()),
             })
