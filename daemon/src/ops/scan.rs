@@ -6,7 +6,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +19,7 @@ use crate::error::ErrorKind;
 use crate::events::EventKind;
 use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;
-use crate::watcher::Owner;
+use crate::watcher::{Changes, Owner};
 
 fn is_model(p: &Path) -> bool {
     p.extension().is_some_and(|e| e == "onnx")
@@ -29,16 +28,40 @@ fn is_model(p: &Path) -> bool {
 /// Starts the watcher over the configured folders and the thread that
 /// scans what it reports (it ends when the watcher stops).
 pub(crate) fn start(d: &Arc<Daemon>) -> Result<()> {
-    let (tx, rx) = mpsc::channel::<PathBuf>();
-    let daemon = d.clone();
+    let changes = Arc::new(Changes::default());
+    let (daemon, taken) = (d.clone(), changes.clone());
     // The jobs' ends are awaited on the daemon's runtime.
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| Error::internal(format!("the watcher needs the daemon's runtime: {e}")))?;
     std::thread::Builder::new()
         .name("ctcache-watch".into())
-        .spawn(move || scan_loop(daemon, rx, runtime))
+        .spawn(move || scan_loop(daemon, taken, runtime))
         .map_err(|e| Error::internal(e.to_string()))?;
-    d.watcher.start(tx)
+    d.watcher.start(changes)
+}
+
+/// How long the rest of a burst of changes is gathered before a scan: in an
+/// event storm, folders are scanned at most this often.
+const GATHER: Duration = Duration::from_millis(50);
+
+/// The paths changed since the last call, waiting at most `wait` (without
+/// end for `None`) for a first one; every watched folder where the watcher
+/// lost changes. `None` once the watcher stopped.
+fn next_changes(d: &Daemon, changes: &Changes, wait: Option<Duration>) -> Option<Vec<PathBuf>> {
+    let mut changed = changes.take(wait)?;
+    if !changed.paths.is_empty() || changed.rescan {
+        std::thread::sleep(GATHER);
+        let more = changes.take(Some(Duration::ZERO))?;
+        changed.paths.extend(more.paths);
+        changed.rescan |= more.rescan;
+    }
+    if changed.rescan {
+        tracing::info!("the watcher lost changes; every watched folder is scanned");
+        changed
+            .paths
+            .extend(d.watcher.dirs_with_uids().into_iter().map(|(dir, _)| dir));
+    }
+    Some(changed.paths)
 }
 
 /// A model seen changing: considered once its stamp has held for the
@@ -63,7 +86,7 @@ const MAX_RETRIES: u32 = 20;
 /// prepacks for each once it is stable. Models settle side by side: one
 /// that keeps changing (a slow copy, or a user touching a file on purpose)
 /// holds up no other.
-fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtime::Handle) {
+fn scan_loop(d: Arc<Daemon>, changes: Arc<Changes>, runtime: tokio::runtime::Handle) {
     let stable = Duration::from_secs_f64(d.config.stable_secs).max(Duration::from_millis(20));
     let retry_after = stable * RETRY_PERIODS;
     let mut settling: HashMap<PathBuf, Settling> = HashMap::new();
@@ -80,25 +103,9 @@ fn scan_loop(d: Arc<Daemon>, rx: mpsc::Receiver<PathBuf>, runtime: tokio::runtim
                 .map(|(at, _)| at.saturating_duration_since(Instant::now()))
                 .min()
         };
-        let first = match wait {
-            None => match rx.recv() {
-                Ok(p) => Some(p),
-                Err(_) => return,
-            },
-            Some(wait) => match rx.recv_timeout(wait) {
-                Ok(p) => Some(p),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            },
+        let Some(paths) = next_changes(&d, &changes, wait) else {
+            return;
         };
-        let mut paths = Vec::new();
-        if let Some(p) = first {
-            // Gather the rest of a burst.
-            paths.push(p);
-            while let Ok(p) = rx.recv_timeout(Duration::from_millis(50)) {
-                paths.push(p);
-            }
-        }
         let now = Instant::now();
         for m in models_of(&d, paths) {
             if let Ok(stamp) = FileStamp::of_path(&m) {

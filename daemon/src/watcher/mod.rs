@@ -1,30 +1,26 @@
-//! The watched model folders and the notify watcher over them (notify +
-//! notify-debouncer-full, symbolic links not followed): changed paths are
-//! sent to a queue that the watch use case (`ops/scan.rs`) turns into
-//! prepacks. The admin's folders are watched with their subfolders; a
-//! user's folder alone (one inotify watch, held as the daemon's user: a
-//! user's tree of many folders must not use up those), and a uid adds at
-//! most `max_watches_per_uid` folders.
+//! The watched model folders and the notify watcher over them (symbolic
+//! links not followed): changed paths are gathered in [`Changes`], which
+//! the watch use case (`ops/scan.rs`) turns into prepacks (it waits for a
+//! model to hold still itself, so events are not debounced here). The
+//! admin's folders are watched with their subfolders; a user's folder alone
+//! (one inotify watch, held as the daemon's user: a user's tree of many
+//! folders must not use up those), and a uid adds at most
+//! `max_watches_per_uid` folders.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
-use notify::{EventKind as FsEvent, RecursiveMode};
-use notify_debouncer_full::{new_debouncer_opt, DebounceEventResult, Debouncer, RecommendedCache};
+use notify::{EventKind as FsEvent, RecommendedWatcher, RecursiveMode, Watcher as _};
 
 use ctcache::access::Identity;
 
 use crate::error::{Error, Result};
 
-type Debounced = Debouncer<notify::RecommendedWatcher, RecommendedCache>;
-
-/// How long a burst of file events is gathered before it is reported.
-const DEBOUNCE: Duration = Duration::from_millis(300);
+mod changes;
+pub(crate) use changes::Changes;
 
 /// Who added a watched folder, and so with whose rights what it finds is
 /// read.
@@ -36,11 +32,17 @@ pub(crate) enum Owner {
     User(Identity),
 }
 
-/// The live notify watcher and the queue it feeds; dropping it closes the
-/// queue.
+/// The live notify watcher and the changes it feeds; dropping it closes
+/// them.
 struct Live {
-    debouncer: Debounced,
-    queue: mpsc::Sender<PathBuf>,
+    notify: RecommendedWatcher,
+    changes: Arc<Changes>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.changes.close();
+    }
 }
 
 /// A watched folder: who added it and, for a user's, the folder as it was
@@ -127,41 +129,37 @@ impl Watcher {
     }
 
     /// Starts watching every folder known so far; changed paths (and each
-    /// folder itself, to scan what is already there) go to `queue`.
-    pub fn start(&self, queue: mpsc::Sender<PathBuf>) -> Result<()> {
-        let events = queue.clone();
+    /// folder itself, to scan what is already there) go to `changes`. The
+    /// notify thread only notes paths: an event storm costs it a set
+    /// insert each, and holds up no AddWatch.
+    pub fn start(&self, changes: Arc<Changes>) -> Result<()> {
+        let noted = changes.clone();
         let labels = self.labels.clone();
         let config = notify::Config::default().with_follow_symlinks(false);
-        let handler = move |res: DebounceEventResult| match res {
-            Ok(batch) => {
-                for e in batch {
-                    if matches!(e.kind, FsEvent::Access(_)) {
-                        continue;
-                    }
-                    metrics::counter!("ctcache_watcher_events_total").increment(1);
-                    for p in &e.paths {
-                        // A handle path with no label is of a watch removed
-                        // meanwhile (the fd may be another file's now).
-                        if let Some(p) = relabel(&lock(&labels), p) {
-                            let _ = events.send(p);
-                        }
+        let handler = move |res: notify::Result<notify::Event>| match res {
+            Ok(e) if e.need_rescan() => noted.rescan(),
+            Ok(e) if matches!(e.kind, FsEvent::Access(_)) => {}
+            Ok(e) => {
+                metrics::counter!("ctcache_watcher_events_total").increment(1);
+                let labels = lock(&labels);
+                for p in &e.paths {
+                    // A handle path with no label is of a watch removed
+                    // meanwhile (the fd may be another file's now).
+                    if let Some(p) = relabel(&labels, p) {
+                        noted.note(p);
                     }
                 }
             }
-            Err(errors) => {
-                for e in errors {
-                    tracing::warn!(error = %e, "watcher error");
-                }
-            }
+            Err(e) => tracing::warn!(error = %e, "watcher error"),
         };
-        let debouncer = new_debouncer_opt(DEBOUNCE, None, handler, RecommendedCache::new(), config)
+        let notify = RecommendedWatcher::new(handler, config)
             .map_err(|e| Error::internal(format!("cannot start the watcher: {e}")))?;
         {
             let mut live = lock(&self.live);
             if live.is_some() {
                 return Err(Error::internal("the watcher is already running"));
             }
-            *live = Some(Live { debouncer, queue });
+            *live = Some(Live { notify, changes });
         }
         let known: Vec<(PathBuf, Owner, PathBuf)> = lock(&self.dirs)
             .iter()
@@ -198,16 +196,16 @@ impl Watcher {
         if reach != dir {
             lock(&self.labels).insert(reach.to_path_buf(), dir.to_path_buf());
         }
-        if let Err(e) = w.debouncer.watch(reach, mode) {
+        if let Err(e) = w.notify.watch(reach, mode) {
             // A recursive watch may have been placed on part of the tree.
-            let _ = w.debouncer.unwatch(reach);
+            let _ = w.notify.unwatch(reach);
             return Err(Error::invalid(format!(
                 "cannot watch {}: {e}",
                 dir.display()
             )));
         }
         // Existing models are scanned too (start-up and new watches).
-        let _ = w.queue.send(dir.to_path_buf());
+        w.changes.note(dir.to_path_buf());
         Ok(())
     }
 
@@ -345,7 +343,7 @@ impl Watcher {
         };
         let reach = watched.reach(key);
         if let Some(w) = lock(&self.live).as_mut() {
-            let _ = w.debouncer.unwatch(&reach);
+            let _ = w.notify.unwatch(&reach);
         }
         lock(&self.labels).remove(&reach);
         // The handle closes only now, after its watch is gone.
@@ -436,8 +434,7 @@ mod tests {
         let inner = top_path.join("u");
         std::fs::create_dir(&inner).unwrap();
         let w = Watcher::new(&[], 16);
-        let (tx, _rx) = mpsc::channel();
-        w.start(tx).unwrap();
+        w.start(Arc::default()).unwrap();
         let user = Owner::User(Identity {
             uid: 65534,
             gid: 65534,
