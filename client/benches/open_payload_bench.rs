@@ -583,6 +583,7 @@ async fn prepack(client: &Client, model: &Path) -> Result<api::Entry> {
             params: Default::default(),
         }],
         backend: api::Backend::Cpu.into(),
+        handout: String::new(),
     };
     let mut stream = client.prepack(req).await?;
     let mut last = None;

@@ -27,6 +27,7 @@
 mod channel;
 mod conn;
 mod error;
+mod handout;
 mod payload;
 mod socket;
 mod stream;
@@ -40,6 +41,8 @@ use conn::{Conn, Repeat};
 pub use channel::{channel_to, lazy_channel_to};
 pub use ctcache_api::v1 as api;
 pub use error::{Error, Result};
+use handout::handout_name;
+pub use handout::Handout;
 pub use payload::{MappedPayload, OpenOptions};
 pub use socket::{default_socket, default_socket_with};
 pub use stream::MessageStream;
@@ -208,12 +211,15 @@ impl Client {
         model: impl AsRef<Path>,
         opts: &ResolveOptions,
     ) -> Result<api::ResolveModelResponse> {
+        let model_path = absolute(model.as_ref())?.display().to_string();
+        let handout = self.hand_over(&model_path).await?;
         let req = api::ResolveModelRequest {
-            model_path: absolute(model.as_ref())?.display().to_string(),
+            model_path,
             on_miss: opts.on_miss as i32,
             formats: opts.formats.clone(),
             devices: opts.devices.clone(),
             runtime: opts.runtime.clone(),
+            handout: handout_name(&handout),
         };
         unary!(safe self, "ResolveModel", resolve_model, req)
     }
@@ -225,6 +231,8 @@ impl Client {
         mut req: api::PrepackRequest,
     ) -> Result<MessageStream<api::PrepackProgress>> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
+        let handout = self.hand_over(&req.model_path).await?;
+        req.handout = handout_name(&handout);
         let s = unary!(safe self, "Prepack", prepack, req)?;
         Ok(MessageStream::new(s, "Prepack", self.socket.clone()))
     }
@@ -338,6 +346,8 @@ impl Client {
     pub async fn embed(&self, mut req: api::EmbedRequest) -> Result<api::EmbedResponse> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
         req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
+        let handout = self.hand_over(&req.model_path).await?;
+        req.handout = handout_name(&handout);
         unary!(self, "Embed", embed, req)
     }
 
@@ -354,13 +364,20 @@ impl Client {
         if !req.in_memory {
             req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
         }
+        let handout = self.hand_over(&req.model_path).await?;
+        req.handout = handout_name(&handout);
         unary!(self, "Materialize", materialize, req)
     }
 
     /// Copies the compiled tensors a model carries into the store.
     pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
         let model_path = absolute(model.as_ref())?.display().to_string();
-        unary!(self, "Import", import, api::ImportRequest { model_path })
+        let handout = self.hand_over(&model_path).await?;
+        let req = api::ImportRequest {
+            model_path,
+            handout: handout_name(&handout),
+        };
+        unary!(self, "Import", import, req)
     }
 
     /// Entry counts, bytes per format and device, hits, misses and leases.

@@ -16,6 +16,7 @@ mod caller;
 mod error;
 mod events;
 mod fleet;
+mod handouts;
 mod hash_budget;
 mod jobs;
 mod memo;
@@ -48,6 +49,8 @@ pub struct Listeners {
     pub socket_path: Option<PathBuf>,
     /// The optional TCP listener.
     pub tcp: Option<std::net::TcpListener>,
+    /// The descriptor channel's listening SOCK_SEQPACKET socket.
+    pub handouts: Option<std::os::fd::OwnedFd>,
 }
 
 /// Raises the soft limit on open files to the hard one (systemd's advice
@@ -156,6 +159,9 @@ pub async fn run(
         tracing::info!(socket = %where_, "ctcached ready");
         systemd::ready(&format!("serving on {where_}"));
     };
+    if let Some(channel) = listeners.handouts {
+        tokio::spawn(rpc::handout::serve(daemon.clone(), channel, rx.clone()));
+    }
     let served = rpc::serve(daemon.clone(), listeners.unix, listeners.tcp, rx, ready).await;
     daemon.watcher.stop();
     release(daemon).await;

@@ -85,12 +85,22 @@ async fn serve(config: Config) -> Result<()> {
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     };
     let env = |k: &str| std::env::var(k).ok();
-    let spec = match transport::from_systemd(&env)? {
+    let group = transport::resolve_group(&config.socket_group)?;
+    let mut spec = match transport::from_systemd(&env)? {
         Some(s) => s,
-        None => transport::bind_unix(
-            &config.socket,
-            transport::resolve_group(&config.socket_group)?,
-        )?,
+        None => transport::bind_unix(&config.socket, group)?,
+    };
+    // Beside a socket this process bound: removed again when it exits.
+    let mut channel_path = None;
+    let channel = match (spec.channel.take(), &spec.files.path) {
+        (Some(fd), _) => Some(fd),
+        (None, Some(p)) if !spec.files.activated => {
+            let path = ctcache_api::handout::socket_path(p);
+            let fd = transport::bind_channel(&path, group)?;
+            channel_path = Some(path);
+            Some(fd)
+        }
+        _ => None,
     };
     let tcp = match &config.listen_tcp {
         Some(a) => {
@@ -107,9 +117,13 @@ async fn serve(config: Config) -> Result<()> {
         unix: spec.listener,
         socket_path,
         tcp,
+        handouts: channel,
     };
     let served = ctcached::run(config, listeners, shutdown).await;
     spec.files.remove(served.is_err());
+    if let Some(p) = channel_path {
+        let _ = std::fs::remove_file(p);
+    }
     Ok(served?)
 }
 

@@ -12,6 +12,7 @@ use ctcache::store::{HostFilter, Store};
 use crate::config::Config;
 use crate::events::Events;
 use crate::fleet::Fleet;
+use crate::handouts::Handouts;
 use crate::hash_budget::HashBudget;
 use crate::jobs::{JobKey, Packed};
 use crate::memo::Memo;
@@ -38,6 +39,8 @@ pub(crate) struct Daemon {
     pub socket: Option<PathBuf>,
     /// The fleet tier, when `[remote]` is configured.
     pub fleet: Option<Fleet>,
+    /// The models callers handed over on the descriptor channel.
+    pub handouts: Handouts,
 }
 
 impl Daemon {
@@ -87,6 +90,7 @@ impl Daemon {
             started: Instant::now(),
             socket,
             fleet,
+            handouts: Handouts::new(crate::handouts::files_per_uid()),
         }
     }
 }

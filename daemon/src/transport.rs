@@ -1,7 +1,10 @@
 //! Listening sockets: the Unix socket at the configured path (parent 0750,
 //! socket 0660, optional group), a stale socket replaced, a live daemon
-//! detected; systemd socket activation (LISTEN_FDS / LISTEN_PID); optional TCP.
+//! detected; systemd socket activation (LISTEN_FDS / LISTEN_PID); the
+//! descriptor channel's SOCK_SEQPACKET socket beside it (systemd's second
+//! socket, or `<socket>.fds`); optional TCP.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::io::FromRawFd;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,8 @@ const SD_LISTEN_FDS_START: i32 = 3;
 pub(crate) struct UnixListenerSpec {
     pub listener: std::os::unix::net::UnixListener,
     pub files: SocketFiles,
+    /// The descriptor channel's socket systemd passed (its second).
+    pub channel: Option<OwnedFd>,
 }
 
 /// Where a Unix socket lives, and what of it this process made.
@@ -76,7 +81,15 @@ pub(crate) fn from_systemd(
         .local_addr()
         .ok()
         .and_then(|a| a.as_pathname().map(Path::to_path_buf));
+    let channel = (fds >= 2).then(|| {
+        // SAFETY: with LISTEN_FDS >= 2, fd 4 is the second listening socket
+        // the service manager passed, owned by nothing else here.
+        let fd = unsafe { OwnedFd::from_raw_fd(SD_LISTEN_FDS_START + 1) };
+        let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
+        fd
+    });
     Ok(Some(UnixListenerSpec {
+        channel,
         listener,
         files: SocketFiles {
             path,
@@ -135,6 +148,7 @@ pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerS
     }
     listener.set_nonblocking(true)?;
     Ok(UnixListenerSpec {
+        channel: None,
         listener,
         files: SocketFiles {
             path: Some(path.to_path_buf()),
@@ -142,6 +156,28 @@ pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerS
             made,
         },
     })
+}
+
+/// Binds the descriptor channel's socket at `path` (0660, `group`'s),
+/// replacing a stale one: the gRPC socket beside it was bound first, so no
+/// live daemon holds it.
+pub(crate) fn bind_channel(path: &Path, group: Option<u32>) -> Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    if path.exists() {
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)?;
+    let addr = SocketAddrUnix::new(path)?;
+    rustix::net::bind(&fd, &addr).with_context(|| format!("binding {}", path.display()))?;
+    rustix::net::listen(&fd, 128)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("chgrp {} to gid {gid}", path.display()))?;
+    }
+    Ok(fd)
 }
 
 /// Resolves a group name or number to a gid.

@@ -590,6 +590,7 @@ async fn untrusted_client_helper() {
     denied("put", c.put(tokio_stream::iter(msgs)).await.map(drop));
     let import = api::ImportRequest {
         model_path: socket.clone(),
+        ..Default::default()
     };
     denied("import", c.import(import).await.map(drop));
     let gc = api::GcRequest {

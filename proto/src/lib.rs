@@ -10,6 +10,7 @@ pub mod v1 {
     tonic::include_proto!("ctcache.v1");
 }
 
+pub mod handout;
 pub mod served;
 mod struct_type;
 

@@ -231,6 +231,14 @@ impl Identity {
 pub trait Opener: Send + Sync + std::fmt::Debug {
     /// Opens `path` for reading.
     fn open(&self, path: &Path) -> io::Result<File>;
+
+    /// Whether a model's data file it opens must really lie in the model's
+    /// folder: true for opens by path (a link there must not lead the reader
+    /// elsewhere); false where the caller opened each file itself, with its
+    /// own rights, and handed it over.
+    fn confines(&self) -> bool {
+        true
+    }
 }
 
 /// The process's own rights.

@@ -14,7 +14,7 @@ pub use external::{ExternalRef, ExternalRefError};
 pub use guarded::{ensure_intact, intact, release, CUT_SHORT};
 pub use model::{
     BadInitializer, Extension, ExtensionCounts, ExternalFileError, LenientExtension, Model,
-    OverLimits, TopField,
+    OverLimits, TopField, MAX_EXTERNAL_FILES,
 };
 pub use tensor::{Storage, TensorRef, Typed};
 

@@ -92,6 +92,7 @@ impl InProcessDaemon {
             unix,
             socket_path: Some(self.socket.clone()),
             tcp,
+            handouts: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let config = self.config.clone();

@@ -1,9 +1,9 @@
 """The daemon as a user of its own, as the shipped unit runs it (uid 65534
 here, through ``setpriv``), and a caller of another uid in its socket
-group: a refusal to read the caller's private model names both who may
-lack the right (the caller, or the daemon's own user) and the ways out.
-Without root the daemon cannot take on a caller's rights; until callers
-pass descriptors (#41) it reads with its own as well.
+group: the caller's private model (0600 in a 0700 folder) is read through
+the descriptors its client hands over, so ``ctcachectl`` and the Python
+client work on it though the daemon could not open its path; a model the
+caller may not read itself is refused by the caller's own open.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import bin_dir
+from test_python_client import installed  # noqa: F401 (a fixture)
 from test_request_bounds import model_with
 
 DAEMON_UID, CALLER_UID = 65534, 12345
@@ -71,15 +73,42 @@ def as_its_own_user(root_dir):
         log.close()
 
 
-def test_a_refusal_names_the_daemons_user_as_well_as_the_caller(as_its_own_user, root_dir):
+def _private_model(root_dir: Path) -> Path:
+    """The caller's model, in a folder only the caller may enter."""
     home = root_dir / "home"
     home.mkdir(mode=0o700)
     model = model_with(home / "m.onnx", [])
+    os.chmod(model, 0o600)
     for p in (home, model):
         os.chown(p, CALLER_UID, CALLER_UID)
-    env = dict(os.environ, HOME=str(home))
+    return model
+
+
+def test_a_user_works_on_its_private_model_through_handed_descriptors(as_its_own_user, root_dir, installed):  # noqa: F811
+    model = _private_model(root_dir)
+    # The client package where the caller can read it (pytest's folders are root's).
+    shutil.copytree(installed / "ctcache", root_dir / "py" / "ctcache")
+    env = dict(os.environ, HOME=str(model.parent), PYTHONPATH=str(root_dir / "py"))
     r = subprocess.run([*setpriv(CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user),
                         "resolve", str(model)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"{model}: nothing wanted" in r.stdout, r.stdout  # read: its one initializer judged
+    # The Python client too: an in-memory materialize (what inference_session asks).
+    script = ("import sys, ctcache\n"
+              "with ctcache.connect(sys.argv[1]) as c:\n"
+              "    r = c.materialize(sys.argv[2], None, in_memory=True)\n"
+              "print('MATERIALIZED', r.nodes_rewritten, len(r.model) > 0)\n")
+    r = subprocess.run([*setpriv(CALLER_UID), sys.executable, "-c", script, str(as_its_own_user), str(model)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "MATERIALIZED 1 True" in r.stdout, r.stdout
+
+
+def test_a_model_the_caller_may_not_read_is_refused_by_its_own_open(as_its_own_user, root_dir):
+    model = _private_model(root_dir)
+    other = 23456
+    r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user),
+                        "resolve", str(model)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, HOME=str(root_dir)))
     assert r.returncode != 0, r.stdout
-    assert f"not readable by uid {CALLER_UID}" in r.stderr, r.stderr
-    assert f"or by ctcached itself, uid {DAEMON_UID}" in r.stderr and "ctcachectl --local" in r.stderr, r.stderr
+    assert "Permission denied" in r.stderr and str(model) in r.stderr, r.stderr

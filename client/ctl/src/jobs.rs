@@ -172,6 +172,7 @@ fn prepack_request(model: &std::path::Path, a: &PrepackArgs) -> api::PrepackRequ
         backend: api::Backend::from_name(&a.backend)
             .unwrap_or_default()
             .into(),
+        handout: String::new(),
     }
 }
 
@@ -300,6 +301,7 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
             sidecar: a.sidecar,
             replace: a.replace,
             force: a.force,
+            handout: String::new(),
         })
         .await?;
     made.keep();

@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 import grpc
 
-from . import errors
+from . import errors, handout
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import ctcache_v1_pb2_grpc as pb_grpc
 from ._pb import onnx_pb2 as onnx_pb
@@ -177,6 +177,31 @@ def _digest(d) -> bytes:
     return bytes.fromhex(d) if isinstance(d, str) else bytes(d)
 
 
+class _Held:
+    """A handout (or none) held for the length of a ``with`` block."""
+
+    def __init__(self, h):
+        self._h = h
+
+    def close(self) -> None:
+        if self._h is not None:
+            self._h.close()
+
+    def __enter__(self) -> "_Held":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _holding(stream, held: _Held):
+    """``stream``, with ``held`` closed once it ends or is abandoned."""
+    try:
+        yield from stream
+    finally:
+        held.close()
+
+
 def _path(p) -> str:
     return os.path.abspath(os.fspath(p))
 
@@ -222,6 +247,18 @@ class Client:
         if kind == "nothing-to-rewrite":
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
+
+    def _handed(self, req) -> "_Held":
+        """Hands ``req.model_path`` over the descriptor channel and names
+        the handout in ``req`` (nothing for a daemon without the channel);
+        the handout lasts until the value is closed."""
+        try:
+            h = handout.hand_over(self.socket, req.model_path)
+        except handout.HandoutRefused as e:
+            raise _ERRORS.get(e.code, errors.RequestFailed)("Handout", e.code, e.message) from None
+        if h is not None:
+            req.handout = h.name
+        return _Held(h)
 
     def _renew(self, stub) -> None:
         """A new channel in place of the one ``stub`` used, unless another
@@ -294,7 +331,8 @@ class Client:
         req = pb.ResolveModelRequest(model_path=_path(path), on_miss=ON_MISS[on_miss],
                                      formats=_format_specs(formats), devices=list(devices or []),
                                      runtime=_runtime(runtime))
-        return self._call("ResolveModel", req, timeout)
+        with self._handed(req) as _:
+            return self._call("ResolveModel", req, timeout)
 
     def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "auto",
                 timeout: float | None = None):
@@ -313,7 +351,8 @@ class Client:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         req = pb.PrepackRequest(model_path=_path(path), initializers=list(initializers or []),
                                 formats=_format_specs(formats), backend=BACKENDS[backend])
-        stream = self._stream("Prepack", req, timeout)
+        held = self._handed(req)
+        stream = _holding(self._stream("Prepack", req, timeout), held)
         if not wait:
             return stream
         final = {}
@@ -330,7 +369,8 @@ class Client:
         """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
         req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
                               formats=_format_specs(formats), sidecar=sidecar, replace=replace)
-        return self._call("Embed", req, timeout)
+        with self._handed(req) as _:
+            return self._call("Embed", req, timeout)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
                     symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
@@ -405,11 +445,14 @@ class Client:
         req.op_types.extend(op_types or [])
         if op_block_list is not None:
             req.op_block_list = ",".join(op_block_list)
-        return self._call("Materialize", req, timeout)
+        with self._handed(req) as _:
+            return self._call("Materialize", req, timeout)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""
-        return self._call("Import", pb.ImportRequest(model_path=_path(path)), timeout)
+        req = pb.ImportRequest(model_path=_path(path))
+        with self._handed(req) as _:
+            return self._call("Import", req, timeout)
 
     # ---- entries ----
 

@@ -19,6 +19,8 @@ use crate::state::Daemon;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct EmbedRequest {
     pub model_path: String,
+    /// A descriptor channel handout to read the model from instead.
+    pub handout: String,
     pub output_path: String,
     /// Empty: the daemon's policy.
     pub formats: Vec<FormatRequest>,
@@ -46,7 +48,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
     let out = output_file(caller, &r.output_path)?;
     let (d2, c2, r2) = (d.clone(), caller.clone(), r.clone());
     let (m, jobs, out) = blocking(move || {
-        let m = model::open(&d2, &r2.model_path, &c2)?;
+        let m = model::open(&d2, &r2.model_path, &r2.handout, &c2)?;
         if !r2.force {
             out.refuse_input(
                 m.model.stamp(),

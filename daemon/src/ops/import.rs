@@ -32,11 +32,16 @@ pub(crate) struct ImportReport {
     pub skipped: Vec<ImportSkip>,
 }
 
-/// Imports the compiled tensors of the model at `path` (trusted callers
-/// only).
-pub(crate) fn import(d: &Daemon, caller: &Caller, path: &str) -> Result<ImportReport> {
+/// Imports the compiled tensors of the model at `path`, or of the one
+/// `handout` names (trusted callers only).
+pub(crate) fn import(
+    d: &Daemon,
+    caller: &Caller,
+    path: &str,
+    handout: &str,
+) -> Result<ImportReport> {
     caller.require_trusted("import models")?;
-    let m = model::open(d, path, caller)?;
+    let m = model::open(d, path, handout, caller)?;
     let (canonical, model) = (&m.path, &*m.model);
     // The memo's digests when it can give them; a model with an unreadable
     // initializer still imports its other entries (digests computed here).

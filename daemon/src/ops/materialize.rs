@@ -37,6 +37,8 @@ const LEASE_TTL: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub(crate) struct MaterializeRequest {
     pub model_path: String,
+    /// A descriptor channel handout to read the model from instead.
+    pub handout: String,
     pub output_path: String,
     /// Empty: onnxruntime 4-bit.
     pub target: String,
@@ -175,14 +177,14 @@ pub(crate) async fn materialize(
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "materialize");
     let recipe = recipe(&d.config.policy, &r)?;
     let dest = destination(caller, &r)?;
-    let (d2, c2, model_path, r2) = (
+    let (d2, c2, named, r2) = (
         d.clone(),
         caller.clone(),
-        r.model_path.clone(),
+        (r.model_path.clone(), r.handout.clone()),
         recipe.clone(),
     );
     let (m, plan) = blocking(move || {
-        let m = model::open(&d2, &model_path, &c2)?;
+        let m = model::open(&d2, &named.0, &named.1, &c2)?;
         let plan = mat::plan_for(&m.model, &r2).map_err(|e| Error::invalid(e.to_string()))?;
         Ok((m, plan))
     })

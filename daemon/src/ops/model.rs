@@ -50,8 +50,14 @@ pub(crate) enum Reader {
 /// (an admin-watched folder gives the daemon's packing its rights, never a
 /// peer): see `ctcache::access`. Over TCP, where no uid is known, only a
 /// client with a verified certificate may name a model, and only one under
-/// a watched folder of the config file.
-pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedModel> {
+/// a watched folder of the config file. With a `handout`, no path is
+/// opened: the model is the one the caller handed over (`path`, when set,
+/// must be the path it was handed under).
+pub(crate) fn open(d: &Daemon, path: &str, handout: &str, caller: &Caller) -> Result<OpenedModel> {
+    if !handout.is_empty() {
+        let (path, model) = d.handouts.model(handout, path, caller)?;
+        return Ok(OpenedModel { path, model });
+    }
     if path.is_empty() {
         return Err(Error::invalid("model_path is empty"));
     }
@@ -71,7 +77,15 @@ pub(crate) fn open(d: &Daemon, path: &str, caller: &Caller) -> Result<OpenedMode
         ))
     };
     if caller.is_self_or_root() {
-        return open_as(p, &Reader::Daemon);
+        return open_as(p, &Reader::Daemon).map_err(|mut e| {
+            if e.kind == ErrorKind::PermissionDenied && !access::creds::can_switch() {
+                e.message.push_str(&format!(
+                    " (ctcached runs as uid {}, not root, and reads a path with that user's                      rights; a client that hands the model over on the descriptor channel, as                      ctcachectl and the client libraries do, is read with its own)",
+                    crate::caller::own_uid()
+                ));
+            }
+            e
+        });
     }
     let reader = match &caller.identity {
         Some(who) => Reader::As(who.clone()),

@@ -36,6 +36,8 @@ pub(crate) enum BackendRequest {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PrepackRequest {
     pub model_path: String,
+    /// A descriptor channel handout to read the model from instead.
+    pub handout: String,
     pub initializers: Vec<String>,
     pub formats: Vec<FormatRequest>,
     pub backend: BackendRequest,
@@ -47,7 +49,7 @@ pub(crate) type Jobs = Vec<(Wanted, JobHandle<Packed>)>;
 /// The Prepack use case: starts (or joins) the jobs of the wanted pairs.
 pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> Result<Jobs> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, "prepack");
-    let m = model::open(d, &r.model_path, caller)?;
+    let m = model::open(d, &r.model_path, &r.handout, caller)?;
     let sel = model::wanted(d, &m.model, &r.formats, &r.initializers)?;
     if sel.wanted.is_empty() {
         return Err(model::nothing_to_pack(d, &m.path, &sel, &r.formats));

@@ -36,7 +36,7 @@ fn fleet(d: &Daemon) -> Result<&Fleet> {
 pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Transfer> {
     fleet(d)?;
     tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
-    let m = model::open(d, model_path, caller)?;
+    let m = model::open(d, model_path, "", caller)?;
     let sel = model::wanted(d, &m.model, &[], &[])?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let mut t = Transfer::default();

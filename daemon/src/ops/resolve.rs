@@ -37,6 +37,8 @@ pub(crate) enum OnMiss {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ResolveRequest {
     pub model_path: String,
+    /// A descriptor channel handout to read the model from instead.
+    pub handout: String,
     pub on_miss: OnMiss,
     /// Empty: the daemon's policy.
     pub formats: Vec<FormatRequest>,
@@ -109,7 +111,7 @@ pub(crate) async fn resolve(
 
 /// Resolves from the store and starts the jobs `on_miss` asks for.
 fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(Resolution, Jobs)> {
-    let m = model::open(d, &r.model_path, caller)?;
+    let m = model::open(d, &r.model_path, &r.handout, caller)?;
     let sel = model::wanted(d, &m.model, &r.formats, &[])?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let filter = r.target.filter(d);

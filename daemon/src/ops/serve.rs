@@ -188,7 +188,7 @@ fn submit_from(
     layout: &KnownLayout,
     path: &str,
 ) -> Result<pack::Jobs> {
-    let m = model::open(d, path, caller)?;
+    let m = model::open(d, path, "", caller)?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let same_source = |name: &String| digests.get(name) == Some(&e.key.source);
     let t = e

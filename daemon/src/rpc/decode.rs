@@ -66,6 +66,7 @@ pub(crate) fn lookup(r: api::LookupRequest) -> LookupRequest {
 pub(crate) fn resolve(r: api::ResolveModelRequest) -> ResolveRequest {
     ResolveRequest {
         model_path: r.model_path,
+        handout: r.handout,
         on_miss: match api::OnMiss::try_from(r.on_miss) {
             Ok(api::OnMiss::Background) => OnMiss::Background,
             Ok(api::OnMiss::Wait) => OnMiss::Wait,
@@ -83,6 +84,7 @@ pub(crate) fn resolve(r: api::ResolveModelRequest) -> ResolveRequest {
 pub(crate) fn prepack(r: api::PrepackRequest) -> Result<PrepackRequest, Error> {
     Ok(PrepackRequest {
         model_path: r.model_path,
+        handout: r.handout,
         initializers: r.initializers,
         formats: formats(r.formats),
         backend: backend(r.backend)?,
@@ -112,6 +114,7 @@ pub(crate) fn put_header(h: api::PutHeader) -> Result<PutHeader, Error> {
 pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
     EmbedRequest {
         model_path: r.model_path,
+        handout: r.handout,
         output_path: r.output_path,
         formats: formats(r.formats),
         sidecar: r.sidecar,
@@ -125,6 +128,7 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeReque
         .map_err(|e| Error::invalid(e.to_string()))?;
     Ok(MaterializeRequest {
         model_path: r.model_path,
+        handout: r.handout,
         output_path: r.output_path,
         target: r.target,
         bits: r.bits,

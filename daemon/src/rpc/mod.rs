@@ -10,6 +10,7 @@ mod caller;
 mod decode;
 mod encode;
 mod guard;
+pub(crate) mod handout;
 mod peer;
 mod service;
 mod status;

@@ -32,8 +32,23 @@ pub(crate) fn peer_of(s: &UnixStream) -> io::Result<PeerInfo> {
     })
 }
 
+/// The peer of an accepted descriptor-channel connection.
+pub(crate) fn peer_of_fd(s: &impl AsRawFd) -> io::Result<PeerInfo> {
+    // SAFETY: the caller owns the open socket `s` for this call's length.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(s.as_raw_fd()) };
+    let cred = rustix::net::sockopt::socket_peercred(fd)?;
+    Ok(PeerInfo {
+        identity: Identity {
+            uid: cred.uid.as_raw(),
+            gid: cred.gid.as_raw(),
+            groups: peer_groups(s)?,
+        },
+        pid: Some(cred.pid.as_raw_nonzero().get()),
+    })
+}
+
 /// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
-fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
+fn peer_groups(s: &impl AsRawFd) -> io::Result<Vec<u32>> {
     let mut groups: Vec<libc::gid_t> = vec![0; 64];
     loop {
         let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;

@@ -272,9 +272,9 @@ impl CompiledTensorCache for Service {
 
     async fn import(&self, req: Request<api::ImportRequest>) -> Answer<api::ImportResponse> {
         let caller = self.caller(&req);
-        let path = req.into_inner().model_path;
+        let r = req.into_inner();
         self.run(
-            move |d| ops::import::import(d, &caller, &path),
+            move |d| ops::import::import(d, &caller, &r.model_path, &r.handout),
             |_, r| encode::imported(r),
         )
         .await

@@ -222,6 +222,7 @@ pub async fn import(
 ) -> api::ImportResponse {
     c.import(api::ImportRequest {
         model_path: path.display().to_string(),
+        ..Default::default()
     })
     .await
     .unwrap()

@@ -1,0 +1,137 @@
+//! The descriptor channel's client side: the model and the data files the
+//! daemon asks for are opened here, with this process's rights, and handed
+//! over as descriptors; the daemon reads those and no path. A handout lasts
+//! as long as its [`Handout`].
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use ctcache_api::handout as wire;
+use ctcache_api::v1::{self as api, handout_reply, handout_request};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use crate::error::{Error, Result};
+use crate::Client;
+
+/// A model handed to the daemon; dropping it ends the handout.
+#[derive(Debug)]
+pub struct Handout {
+    _conn: OwnedFd,
+    name: String,
+}
+
+impl Handout {
+    /// The name a request gives in its `handout` field.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Client {
+    /// Hands the model at the absolute `model_path` to the daemon over its
+    /// descriptor channel, opened with this process's rights (the daemon
+    /// then reads those files, never the path); `None` from a daemon
+    /// without the channel. The handout lasts until the value is dropped.
+    pub async fn hand_over(&self, model_path: &str) -> Result<Option<Handout>> {
+        let (socket, model) = (self.socket().to_path_buf(), PathBuf::from(model_path));
+        tokio::task::spawn_blocking(move || hand_over(&socket, &model))
+            .await
+            .map_err(|e| Error::InvalidArgument(format!("handing the model over: {e}")))?
+    }
+}
+
+/// The `handout` field of a request: the handout's name, or empty.
+pub(crate) fn handout_name(h: &Option<Handout>) -> String {
+    h.as_ref().map(|h| h.name().to_string()).unwrap_or_default()
+}
+
+/// Hands `model` (an absolute path) to the daemon whose gRPC socket is
+/// `grpc`; `None` when that daemon has no descriptor channel (an older
+/// one): requests then name the path.
+pub(crate) fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
+    let path = wire::socket_path(grpc);
+    let io = |source: std::io::Error| Error::Io {
+        path: path.clone(),
+        source,
+    };
+    let conn = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| io(e.into()))?;
+    let addr = SocketAddrUnix::new(&path).map_err(|e| io(e.into()))?;
+    match rustix::net::connect(&conn, &addr) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED) => return Ok(None),
+        Err(e) => return Err(io(e.into())),
+    }
+    let file = File::open(model).map_err(|source| Error::Io {
+        path: model.to_path_buf(),
+        source,
+    })?;
+    // Data locations are relative to the folder the model file really is in.
+    let dir = std::fs::canonicalize(model)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| model.parent().unwrap_or(Path::new("/")).to_path_buf());
+    let first = api::HandoutRequest {
+        step: Some(handout_request::Step::Model(api::HandoutModel {
+            model_path: model.display().to_string(),
+        })),
+    };
+    wire::send(&conn, &first, &[file.as_fd()]).map_err(io)?;
+    loop {
+        let Some((reply, _)) = wire::recv::<api::HandoutReply>(&conn).map_err(io)? else {
+            return Err(io(std::io::Error::other(
+                "the daemon closed the descriptor channel",
+            )));
+        };
+        match reply.step {
+            Some(handout_reply::Step::Needs(needs)) => {
+                let answer = open_asked(&dir, needs.names);
+                let fds: Vec<BorrowedFd<'_>> = answer.1.iter().map(|f| f.as_fd()).collect();
+                wire::send(&conn, &answer.0, &fds).map_err(io)?;
+            }
+            Some(handout_reply::Step::Ready(ready)) => {
+                return Ok(Some(Handout {
+                    _conn: conn,
+                    name: ready.handout,
+                }))
+            }
+            Some(handout_reply::Step::Error(e)) => {
+                return Err(Error::Rpc {
+                    rpc: "Handout",
+                    code: ctcache_api::code_named(&e.code).unwrap_or(tonic::Code::Unknown),
+                    message: e.message,
+                })
+            }
+            None => return Err(io(std::io::Error::other("an empty answer on the channel"))),
+        }
+    }
+}
+
+/// The files the daemon asked for, opened in `dir`: those that open, and
+/// the names of those that do not (or that would leave `dir`).
+fn open_asked(dir: &Path, names: Vec<String>) -> (api::HandoutRequest, Vec<File>) {
+    let mut files = api::HandoutFiles::default();
+    let mut opened = Vec::new();
+    for name in names {
+        let inside = Path::new(&name)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        match inside.then(|| File::open(dir.join(PathBuf::from(&name)))) {
+            Some(Ok(f)) => {
+                files.names.push(name);
+                opened.push(f);
+            }
+            _ => files.missing.push(name),
+        }
+    }
+    let msg = api::HandoutRequest {
+        step: Some(handout_request::Step::Files(files)),
+    };
+    (msg, opened)
+}

@@ -1,0 +1,285 @@
+//! Handouts: the models callers hand over on the descriptor channel (the
+//! model and its data files as the caller opened them, with its rights
+//! alone), named by 128 random bits and bound to the uid that sent them. A
+//! request naming a handout reads those files and no path. Each uid holds a
+//! bounded number of handouts and of handed files; a handout ends when its
+//! connection closes.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ctcache::access::Opener;
+use ctcache::onnx::Model;
+use rustix::fs::OFlags;
+
+use crate::caller::Caller;
+use crate::error::{Error, Result};
+
+/// Handouts one uid holds at once (connections of the channel included,
+/// from their first byte).
+pub(crate) const MAX_HANDOUTS_PER_UID: usize = 64;
+
+/// The data files of one handed model: what its data locations lead to,
+/// by location relative to the model's folder. Opening anything else is
+/// NotFound: the daemon reads no path of the caller's.
+#[derive(Debug)]
+pub(crate) struct HandedFiles {
+    dir: PathBuf,
+    files: Mutex<HashMap<PathBuf, File>>,
+}
+
+impl HandedFiles {
+    pub fn new(dir: &Path) -> HandedFiles {
+        HandedFiles {
+            dir: dir.to_path_buf(),
+            files: Mutex::default(),
+        }
+    }
+
+    /// Takes the file handed for `name`.
+    pub fn insert(&self, name: PathBuf, file: File) {
+        lock(&self.files).insert(name, file);
+    }
+}
+
+impl Opener for HandedFiles {
+    fn open(&self, path: &Path) -> io::Result<File> {
+        let not_handed = || {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{}: not handed over by the caller", path.display()),
+            )
+        };
+        let name = path.strip_prefix(&self.dir).map_err(|_| not_handed())?;
+        lock(&self.files)
+            .get(name)
+            .ok_or_else(not_handed)?
+            .try_clone()
+    }
+
+    fn confines(&self) -> bool {
+        false
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A received descriptor as a file the daemon may read: a regular file
+/// open for reading, not an O_PATH handle (a FIFO would hang a read, a
+/// device would never end).
+pub(crate) fn readable_file(fd: OwnedFd, name: &str) -> Result<File> {
+    let refuse = |why: &str| Error::invalid(format!("{name}: {why}"));
+    let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| refuse(&e.to_string()))?;
+    if flags.contains(OFlags::PATH) {
+        return Err(refuse(
+            "an O_PATH descriptor cannot be read; open the file itself",
+        ));
+    }
+    if flags & OFlags::RWMODE == OFlags::WRONLY {
+        return Err(refuse("the descriptor is not open for reading"));
+    }
+    let st = rustix::fs::fstat(&fd).map_err(|e| refuse(&e.to_string()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(refuse("not a regular file"));
+    }
+    Ok(File::from(fd))
+}
+
+/// One live handout.
+struct Handout {
+    uid: u32,
+    /// The model's path as the client named it.
+    named: String,
+    /// The model's real path (its descriptor's) and the model.
+    path: PathBuf,
+    model: Arc<Model>,
+    /// The channel connection: the handout ends when its peer closes it.
+    conn: Arc<OwnedFd>,
+}
+
+/// Whether the peer of `conn` has closed it (a handout then ends, even
+/// before its connection's task has seen the close).
+fn closed(conn: &OwnedFd) -> bool {
+    use rustix::net::RecvFlags;
+    let mut byte = [0u8; 1];
+    matches!(
+        rustix::net::recv(
+            conn.as_fd(),
+            &mut byte,
+            RecvFlags::PEEK | RecvFlags::DONTWAIT
+        ),
+        Ok((0, _))
+    )
+}
+
+/// The live handouts and what each uid holds.
+#[derive(Default)]
+pub(crate) struct Handouts {
+    live: Mutex<HashMap<String, Handout>>,
+    /// uid -> (connections, handed files) held.
+    held: Mutex<HashMap<u32, (usize, usize)>>,
+    /// The most files one uid may have handed at once.
+    max_files_per_uid: usize,
+}
+
+/// What a bounded uid holds on the channel; given back when dropped.
+pub(crate) struct Charge<'a> {
+    handouts: &'a Handouts,
+    uid: Option<u32>,
+    files: usize,
+}
+
+impl Charge<'_> {
+    /// Charges `n` more handed files, RESOURCE_EXHAUSTED past the bound.
+    pub fn files(&mut self, n: usize) -> Result<()> {
+        let Some(uid) = self.uid else {
+            return Ok(());
+        };
+        let mut held = lock(&self.handouts.held);
+        let entry = held.entry(uid).or_default();
+        if entry.1 + n > self.handouts.max_files_per_uid {
+            return Err(Error::exhausted(format!(
+                "uid {uid} has {} files handed over, and {n} more would pass the {} allowed; \
+                 close some sessions first",
+                entry.1, self.handouts.max_files_per_uid
+            )));
+        }
+        entry.1 += n;
+        self.files += n;
+        Ok(())
+    }
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        let Some(uid) = self.uid else {
+            return;
+        };
+        let mut held = lock(&self.handouts.held);
+        if let Some(entry) = held.get_mut(&uid) {
+            entry.0 = entry.0.saturating_sub(1);
+            entry.1 = entry.1.saturating_sub(self.files);
+            if *entry == (0, 0) {
+                held.remove(&uid);
+            }
+        }
+    }
+}
+
+impl Handouts {
+    /// A table whose uids hand over at most `max_files_per_uid` files each.
+    pub fn new(max_files_per_uid: usize) -> Handouts {
+        Handouts {
+            max_files_per_uid,
+            ..Handouts::default()
+        }
+    }
+
+    /// Charges a new connection to `uid` (`None`: a trusted one, not
+    /// bounded); RESOURCE_EXHAUSTED when it holds the most already.
+    pub fn connect(&self, uid: Option<u32>) -> Result<Charge<'_>> {
+        if let Some(uid) = uid {
+            let mut held = lock(&self.held);
+            let entry = held.entry(uid).or_default();
+            if entry.0 >= MAX_HANDOUTS_PER_UID {
+                return Err(Error::exhausted(format!(
+                    "uid {uid} holds {MAX_HANDOUTS_PER_UID} handouts, the most allowed; close \
+                     some sessions first"
+                )));
+            }
+            entry.0 += 1;
+        }
+        Ok(Charge {
+            handouts: self,
+            uid,
+            files: 0,
+        })
+    }
+
+    /// Makes a handout of `model` (at real path `path`, named `named` by
+    /// the client) for `uid`, live while `conn` is open; returns its name.
+    pub fn add(
+        &self,
+        uid: u32,
+        named: String,
+        (path, model): (PathBuf, Arc<Model>),
+        conn: Arc<OwnedFd>,
+    ) -> String {
+        let mut bytes = [0u8; 16];
+        let mut filled = 0;
+        while filled < bytes.len() {
+            match rustix::rand::getrandom(
+                &mut bytes[filled..],
+                rustix::rand::GetRandomFlags::empty(),
+            ) {
+                Ok(n) => filled += n,
+                Err(rustix::io::Errno::INTR) => {}
+                // The kernel's generator does not fail once seeded.
+                Err(e) => panic!("getrandom failed: {e}"),
+            }
+        }
+        let name = ctcache_api::hex_string(&bytes);
+        let handout = Handout {
+            uid,
+            named,
+            path,
+            model,
+            conn,
+        };
+        lock(&self.live).insert(name.clone(), handout);
+        name
+    }
+
+    /// Ends the handout `name`.
+    pub fn remove(&self, name: &str) {
+        lock(&self.live).remove(name);
+    }
+
+    /// The model (real path, model) of the handout `name` for `caller`, who must be the uid
+    /// that handed it over; `model_path`, when set, must be the path it
+    /// was handed under. One answer for a handout unknown, ended or another
+    /// uid's.
+    pub fn model(
+        &self,
+        name: &str,
+        model_path: &str,
+        caller: &Caller,
+    ) -> Result<(PathBuf, Arc<Model>)> {
+        let gone = || {
+            Error::not_found(format!(
+                "handout {name}: unknown to {}, or ended (its connection closed)",
+                caller.describe()
+            ))
+        };
+        let uid = caller.identity.as_ref().map(|i| i.uid).ok_or_else(gone)?;
+        let mut live = lock(&self.live);
+        let h = live.get(name).filter(|h| h.uid == uid).ok_or_else(gone)?;
+        if closed(&h.conn) {
+            live.remove(name);
+            return Err(gone());
+        }
+        if !model_path.is_empty() && model_path != h.named {
+            return Err(Error::invalid(format!(
+                "model_path {model_path:?} is not the model of handout {name} ({:?})",
+                h.named
+            )));
+        }
+        Ok((h.path.clone(), h.model.clone()))
+    }
+}
+
+/// The most files one uid may have handed over at once: an eighth of the
+/// daemon's open-file limit (so that a few uids cannot use it up for
+/// everyone), at most 16384.
+pub(crate) fn files_per_uid() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    usize::try_from(limit / 8).unwrap_or(usize::MAX).min(16384)
+}

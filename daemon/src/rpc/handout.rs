@@ -1,0 +1,237 @@
+//! The descriptor channel's server (protocol: `HandoutRequest` in the proto
+//! file): takes a caller's model and data files as descriptors it opened,
+//! checks each one (a regular file open for reading), charges them to its
+//! uid, and makes a handout of them that lives while the connection does.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctcache::onnx::{Model, Storage, MAX_EXTERNAL_FILES};
+use ctcache_api::handout::{self as wire, MAX_FDS, MAX_PACKET};
+use ctcache_api::v1::{self as api, handout_reply, handout_request};
+use prost::Message;
+use rustix::net::SocketFlags;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::handouts::{readable_file, Charge, HandedFiles};
+use crate::state::Daemon;
+
+/// How long the daemon waits for each message until a handout is made.
+const STEP: Duration = Duration::from_secs(60);
+
+type Conn = AsyncFd<Arc<OwnedFd>>;
+
+/// Accepts connections on `listener` until `shutdown`.
+pub(crate) async fn serve(d: Arc<Daemon>, listener: OwnedFd, mut shutdown: watch::Receiver<bool>) {
+    // SAFETY: the AsyncFd owns the OwnedFd: the descriptor stays open, and
+    // the same, for the AsyncFd's whole life.
+    let listener = match unsafe { AsyncFd::register(listener) } {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "the descriptor channel cannot be served");
+            return;
+        }
+    };
+    loop {
+        let ready = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = listener.readable() => r,
+        };
+        let Ok(mut ready) = ready else {
+            return;
+        };
+        let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+        match rustix::net::accept_with(listener.get_ref(), flags) {
+            Ok(conn) => {
+                tokio::spawn(connection(d.clone(), Arc::new(conn)));
+            }
+            Err(rustix::io::Errno::AGAIN) => ready.clear_ready(),
+            Err(e) => {
+                // Out of descriptors, say: the pending connection stays
+                // readable, so wait before trying again.
+                tracing::warn!(error = %e, "descriptor channel: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// One connection: a handout made, then held until the peer closes.
+async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
+    let Ok(peer) = super::peer::peer_of_fd(&conn) else {
+        return;
+    };
+    // SAFETY: the AsyncFd holds its own Arc of the OwnedFd: the descriptor
+    // stays open, and the same, for the AsyncFd's whole life.
+    let Ok(afd) = (unsafe { AsyncFd::register(conn.clone()) }) else {
+        return;
+    };
+    let uid = peer.identity.uid;
+    let bounded = crate::caller::bounded_uid(uid, &d.config.trusted_uids);
+    let mut charge = match d.handouts.connect(bounded) {
+        Ok(c) => c,
+        Err(e) => return refuse(&afd, &e).await,
+    };
+    let handed = match handshake(&afd, &mut charge).await {
+        Ok(h) => h,
+        Err(e) => return refuse(&afd, &e).await,
+    };
+    let (named, path, model) = handed;
+    tracing::debug!(uid, model = %path.display(), "handout made");
+    let name = d.handouts.add(uid, named, (path, model), conn);
+    let ready = api::HandoutReply {
+        step: Some(handout_reply::Step::Ready(api::HandoutReady {
+            handout: name.clone(),
+        })),
+    };
+    if send(&afd, &ready, &[]).await.is_ok() {
+        // Anything but the close is out of protocol: the handout ends.
+        let _ = recv::<api::HandoutRequest>(&afd).await;
+    }
+    d.handouts.remove(&name);
+    drop(charge);
+}
+
+/// The model's message and descriptor, then its data files, chunk by
+/// chunk: the client's name, the model's real path, the model.
+async fn handshake(afd: &Conn, charge: &mut Charge<'_>) -> Result<(String, PathBuf, Arc<Model>)> {
+    let (first, mut fds) = step::<api::HandoutRequest>(afd).await?;
+    let Some(handout_request::Step::Model(asked)) = first.step else {
+        return Err(Error::invalid("the first message must be HandoutModel"));
+    };
+    if fds.len() != 1 {
+        return Err(Error::invalid(format!(
+            "HandoutModel carries one descriptor, the model's, not {}",
+            fds.len()
+        )));
+    }
+    charge.files(1)?;
+    let file = readable_file(fds.remove(0), &asked.model_path)?;
+    let shown = asked.model_path.clone();
+    let (model, files, needs, real) = crate::ops::blocking(move || {
+        let real = ctcache::access::real_path(&file).map_err(|e| Error::from_io(e, &shown))?;
+        let dir = real.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let files = Arc::new(HandedFiles::new(&dir));
+        let model = Model::from_file(file, &real, files.clone())?;
+        let needs = data_files(&model)?;
+        Ok((model, files, needs, real))
+    })
+    .await?;
+    for chunk in chunks(&needs) {
+        charge.files(chunk.len())?;
+        let ask = api::HandoutReply {
+            step: Some(handout_reply::Step::Needs(api::HandoutNeeds {
+                names: chunk.to_vec(),
+            })),
+        };
+        send(afd, &ask, &[]).await?;
+        let (answer, fds) = step::<api::HandoutRequest>(afd).await?;
+        let Some(handout_request::Step::Files(got)) = answer.step else {
+            return Err(Error::invalid(
+                "HandoutNeeds must be answered by HandoutFiles",
+            ));
+        };
+        let mut given: Vec<&String> = got.names.iter().chain(&got.missing).collect();
+        let mut asked: Vec<&String> = chunk.iter().collect();
+        given.sort();
+        asked.sort();
+        if given != asked || got.names.len() != fds.len() {
+            return Err(Error::invalid(
+                "HandoutFiles must name each file asked for once, with one descriptor per name \
+                 in `names`",
+            ));
+        }
+        for (name, fd) in got.names.iter().zip(fds) {
+            files.insert(PathBuf::from(name), readable_file(fd, name)?);
+        }
+    }
+    Ok((asked.model_path, real, Arc::new(model)))
+}
+
+/// The data files a model's initializers read, relative to its folder;
+/// RESOURCE_EXHAUSTED past [`MAX_EXTERNAL_FILES`].
+fn data_files(model: &Model) -> Result<Vec<String>> {
+    let mut names = BTreeSet::new();
+    for t in model.initializers()? {
+        if let Storage::External(loc) = &t.storage {
+            if let Some(p) = loc.file_in(Path::new("")) {
+                names.insert(p.to_string_lossy().into_owned());
+            }
+        }
+        if names.len() > MAX_EXTERNAL_FILES {
+            return Err(Error::exhausted(format!(
+                "the model reads data from more than {MAX_EXTERNAL_FILES} files, the most one \
+                 model may"
+            )));
+        }
+    }
+    Ok(names.into_iter().collect())
+}
+
+/// `names` in chunks of at most [`MAX_FDS`] names and half a packet.
+fn chunks(names: &[String]) -> Vec<&[String]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, n) in names.iter().enumerate() {
+        if i > start && (i - start == MAX_FDS || bytes + n.len() > MAX_PACKET / 2) {
+            out.push(&names[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += n.len() + 8;
+    }
+    if start < names.len() {
+        out.push(&names[start..]);
+    }
+    out
+}
+
+/// Answers the error and ends the connection.
+async fn refuse(afd: &Conn, e: &Error) {
+    let reply = api::HandoutReply {
+        step: Some(handout_reply::Step::Error(api::HandoutError {
+            code: super::status::code_name(e.kind).to_string(),
+            message: e.message.clone(),
+        })),
+    };
+    let _ = send(afd, &reply, &[]).await;
+}
+
+/// The next message within [`STEP`]; a close or a bad message is an error.
+async fn step<M: Message + Default>(afd: &Conn) -> Result<(M, Vec<OwnedFd>)> {
+    match tokio::time::timeout(STEP, recv::<M>(afd)).await {
+        Err(_) => Err(Error::new(
+            ErrorKind::Cancelled,
+            format!("no message from the client for {} s", STEP.as_secs()),
+        )),
+        Ok(Ok(Some(m))) => Ok(m),
+        Ok(Ok(None)) => Err(Error::new(ErrorKind::Cancelled, "the client went away")),
+        Ok(Err(e)) => Err(Error::invalid(format!("descriptor channel: {e}"))),
+    }
+}
+
+async fn recv<M: Message + Default>(afd: &Conn) -> io::Result<Option<(M, Vec<OwnedFd>)>> {
+    loop {
+        let mut ready = afd.readable().await?;
+        if let Ok(got) = ready.try_io(|c| wire::recv::<M>(c.get_ref().as_fd())) {
+            return got;
+        }
+    }
+}
+
+async fn send(afd: &Conn, msg: &impl Message, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<()> {
+    loop {
+        let mut ready = afd
+            .writable()
+            .await
+            .map_err(|e| Error::new(ErrorKind::Cancelled, e.to_string()))?;
+        if let Ok(sent) = ready.try_io(|c| wire::send(c.get_ref().as_fd(), msg, fds)) {
+            return sent.map_err(|e| Error::new(ErrorKind::Cancelled, e.to_string()));
+        }
+    }
+}

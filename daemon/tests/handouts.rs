@@ -1,0 +1,340 @@
+//! The descriptor channel (#41 point 1): the daemon reads a caller's model
+//! and data files only through descriptors the caller opened and handed
+//! over, so a daemon that runs as its own user reads a user's private model
+//! and nothing of anyone else's; every descriptor that is not a readable
+//! regular file is a clear refusal at once (no hang on a FIFO, no endless
+//! read of a device); a handout is its uid's alone and ends with its
+//! connection; a model of more data files than allowed is a bound, not a
+//! crash.
+
+mod support;
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ctcache::pb::tensor_proto::DataLocation;
+use ctcache_api::handout as wire;
+use ctcache_api::v1 as api;
+use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
+use ctcache_api::v1::{handout_reply, handout_request};
+use support::*;
+use tonic::Code;
+
+/// The daemon runs as uid 65534, as the unit runs it as its own user: its
+/// folders are made its own before it starts.
+fn as_own_user(c: &mut Command) {
+    let args: Vec<PathBuf> = c.get_args().map(PathBuf::from).collect();
+    let after = |flag: &str| {
+        let i = args.iter().position(|a| a == Path::new(flag)).unwrap();
+        args[i + 1].clone()
+    };
+    let (cache, socket) = (after("--cache-dir"), after("--socket"));
+    let top = cache.parent().unwrap().to_path_buf();
+    open_to_all(&top);
+    for d in [
+        cache,
+        socket.parent().unwrap().to_path_buf(),
+        top.join("models"),
+    ] {
+        std::fs::create_dir_all(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    c.uid(NOBODY).gid(NOBODY);
+}
+
+/// A root-only folder (0700) holding a 0600 model whose weight is external
+/// data in `w.bin`: the model's path.
+fn private_model(top: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = top.join("private");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (k, n) = (64, 32);
+    let values: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.25).collect();
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut m = ctcache_testkit::MatMul::new(k, n, values).proto();
+    let w = &mut m.graph.as_mut().unwrap().initializer[0];
+    w.float_data.clear();
+    w.raw_data = Default::default();
+    w.data_location = DataLocation::External as i32;
+    w.external_data = vec![
+        ctcache_testkit::kv("location", "w.bin"),
+        ctcache_testkit::kv("length", &raw.len().to_string()),
+    ];
+    let path = dir.join("m.onnx");
+    std::fs::write(dir.join("w.bin"), &raw).unwrap();
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    for p in [&path, &dir.join("w.bin")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    path
+}
+
+/// A connection to the daemon's descriptor channel; a read waits at most
+/// 20 s, so a daemon that hangs fails the test instead of holding it.
+fn connect(socket: &Path) -> OwnedFd {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let conn = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let addr = SocketAddrUnix::new(wire::socket_path(socket)).unwrap();
+    rustix::net::connect(&conn, &addr).unwrap();
+    rustix::net::sockopt::set_socket_timeout(
+        &conn,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(20)),
+    )
+    .unwrap();
+    conn
+}
+
+fn send_model(conn: &OwnedFd, path: &Path, fds: &[BorrowedFd<'_>]) {
+    let msg = api::HandoutRequest {
+        step: Some(handout_request::Step::Model(api::HandoutModel {
+            model_path: path.display().to_string(),
+        })),
+    };
+    wire::send(conn, &msg, fds).unwrap();
+}
+
+fn reply(conn: &OwnedFd) -> handout_reply::Step {
+    let (r, _) = wire::recv::<api::HandoutReply>(conn)
+        .expect("an answer within 20 s")
+        .expect("an answer, not a close");
+    r.step.unwrap()
+}
+
+/// The gRPC code name of the refusal that ends the exchange.
+fn refusal(step: handout_reply::Step) -> String {
+    match step {
+        handout_reply::Step::Error(e) => {
+            assert!(!e.message.is_empty());
+            e.code
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Hands `model` over, answering the daemon's request for `w.bin` with
+/// `data`: the handout's name and its connection.
+fn hand_over(socket: &Path, model: &Path, data: BorrowedFd<'_>) -> (String, OwnedFd) {
+    let conn = connect(socket);
+    let file = File::open(model).unwrap();
+    send_model(&conn, model, &[file.as_fd()]);
+    match reply(&conn) {
+        handout_reply::Step::Needs(n) => assert_eq!(n.names, ["w.bin"]),
+        other => panic!("{other:?}"),
+    }
+    let files = api::HandoutRequest {
+        step: Some(handout_request::Step::Files(api::HandoutFiles {
+            names: vec!["w.bin".into()],
+            missing: vec![],
+        })),
+    };
+    wire::send(&conn, &files, &[data]).unwrap();
+    match reply(&conn) {
+        handout_reply::Step::Ready(r) => (r.handout, conn),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn resolve(
+    socket: &Path,
+    model: &Path,
+    handout: &str,
+) -> Result<api::ResolveModelResponse, tonic::Status> {
+    let mut c = CompiledTensorCacheClient::new(channel(socket).await);
+    c.resolve_model(api::ResolveModelRequest {
+        model_path: model.display().to_string(),
+        handout: handout.into(),
+        ..Default::default()
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[test]
+fn a_daemon_as_its_own_user_reads_a_private_model_only_through_handed_descriptors() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let d = Daemon::start_with(&[], as_own_user);
+    let top = tempfile::tempdir().unwrap();
+    let model = private_model(top.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // By path the daemon, not root, cannot read it.
+    let by_path = rt.block_on(resolve(&d.socket, &model, "")).unwrap_err();
+    assert_eq!(by_path.code(), Code::PermissionDenied, "{by_path:?}");
+    assert!(by_path.message().contains("65534"), "{by_path:?}");
+    // The client library hands it over and the daemon reads those files.
+    let answer = rt.block_on(async {
+        let c = ctcache_client::Client::connect_to(&d.socket).await.unwrap();
+        c.resolve_model(&model, &Default::default()).await.unwrap()
+    });
+    let t = &answer.tensors[0];
+    assert_eq!(t.source_digest.to_vec(), digest_of(&model, &t.name));
+    assert_eq!(answer.model_path, model.display().to_string());
+}
+
+#[test]
+fn descriptors_that_are_no_readable_file_are_refused_at_once() {
+    let d = Daemon::start();
+    let top = tempfile::tempdir().unwrap();
+    let model = private_model(top.path());
+    let fifo = top.path().join("fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    // Opened without blocking: no writer will ever come.
+    let open = |p: &Path, flags: rustix::fs::OFlags| {
+        rustix::fs::open(
+            p,
+            flags | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap()
+    };
+    use rustix::fs::OFlags;
+    let bad: Vec<(&str, OwnedFd)> = vec![
+        ("a FIFO", open(&fifo, OFlags::RDONLY | OFlags::NONBLOCK)),
+        ("/dev/zero", open(Path::new("/dev/zero"), OFlags::RDONLY)),
+        ("an O_PATH handle", open(&model, OFlags::PATH)),
+        ("a write-only file", open(&model, OFlags::WRONLY)),
+        (
+            "a folder",
+            open(top.path(), OFlags::RDONLY | OFlags::DIRECTORY),
+        ),
+    ];
+    for (what, fd) in &bad {
+        // As the model itself.
+        let conn = connect(&d.socket);
+        send_model(&conn, &model, &[fd.as_fd()]);
+        assert_eq!(
+            refusal(reply(&conn)),
+            "INVALID_ARGUMENT",
+            "{what} as the model"
+        );
+        // As its data file.
+        let conn = connect(&d.socket);
+        let file = File::open(&model).unwrap();
+        send_model(&conn, &model, &[file.as_fd()]);
+        assert!(matches!(reply(&conn), handout_reply::Step::Needs(_)));
+        let files = api::HandoutRequest {
+            step: Some(handout_request::Step::Files(api::HandoutFiles {
+                names: vec!["w.bin".into()],
+                missing: vec![],
+            })),
+        };
+        wire::send(&conn, &files, &[fd.as_fd()]).unwrap();
+        assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT", "{what} as data");
+    }
+    // No descriptor, or two, for the model.
+    for fds in [
+        vec![],
+        vec![File::open(&model).unwrap(), File::open(&model).unwrap()],
+    ] {
+        let conn = connect(&d.socket);
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        send_model(&conn, &model, &borrowed);
+        assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT");
+    }
+    // The daemon serves on.
+    let data = File::open(model.parent().unwrap().join("w.bin")).unwrap();
+    let (name, _conn) = hand_over(&d.socket, &model, data.as_fd());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(resolve(&d.socket, &model, &name)).unwrap();
+}
+
+/// The other uid's half of `a_handout_is_its_uids_and_ends_with_its_connection`.
+#[tokio::test]
+async fn foreign_handout_helper() {
+    let (Some(socket), Ok(name)) = (
+        std::env::var_os("CT_TEST_SOCKET").map(PathBuf::from),
+        std::env::var("CT_TEST_HANDOUT"),
+    ) else {
+        return;
+    };
+    let e = resolve(&socket, Path::new(""), &name).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    println!("FOREIGN-HANDOUT-REFUSED");
+}
+
+#[test]
+fn a_handout_is_its_uids_and_ends_with_its_connection() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let d = daemon_for_nobody("");
+    let top = tempfile::tempdir().unwrap();
+    let model = private_model(top.path());
+    let data = File::open(model.parent().unwrap().join("w.bin")).unwrap();
+    let (name, conn) = hand_over(&d.socket, &model, data.as_fd());
+    run_as_nobody(
+        "foreign_handout_helper",
+        &[
+            ("CT_TEST_SOCKET", d.socket.display().to_string()),
+            ("CT_TEST_HANDOUT", name.clone()),
+        ],
+        "FOREIGN-HANDOUT-REFUSED",
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(resolve(&d.socket, &model, &name)).unwrap();
+    // Another path than the one handed over is refused.
+    let other = rt
+        .block_on(resolve(&d.socket, Path::new("/elsewhere.onnx"), &name))
+        .unwrap_err();
+    assert_eq!(other.code(), Code::InvalidArgument, "{other:?}");
+    drop(conn);
+    let gone = rt.block_on(resolve(&d.socket, &model, &name)).unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+}
+
+#[test]
+fn a_model_of_too_many_data_files_is_refused_and_the_daemon_serves_on() {
+    let d = Daemon::start_with(&[], |c| {
+        if can_switch_uid() {
+            as_own_user(c)
+        }
+    });
+    let top = tempfile::tempdir().unwrap();
+    open_to_all(top.path());
+    let mut m = ctcache_testkit::MatMul::new(2, 2, [0.0; 4]).proto();
+    let g = m.graph.as_mut().unwrap();
+    for i in 0..4200 {
+        g.initializer.push(ctcache::pb::TensorProto {
+            name: format!("t{i}"),
+            data_type: 1,
+            dims: vec![1],
+            data_location: DataLocation::External as i32,
+            external_data: vec![
+                ctcache_testkit::kv("location", &format!("f{i}.bin")),
+                ctcache_testkit::kv("length", "4"),
+            ],
+            ..Default::default()
+        });
+    }
+    let path = top.path().join("many.onnx");
+    std::fs::write(&path, prost::Message::encode_to_vec(&m)).unwrap();
+    let conn = connect(&d.socket);
+    let file = File::open(&path).unwrap();
+    send_model(&conn, &path, &[file.as_fd()]);
+    assert_eq!(refusal(reply(&conn)), "RESOURCE_EXHAUSTED");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+        c.status(api::StatusRequest {}).await.unwrap();
+    });
+}
