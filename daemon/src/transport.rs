@@ -86,6 +86,7 @@ pub(crate) fn from_systemd(
         // the service manager passed, owned by nothing else here.
         let fd = unsafe { OwnedFd::from_raw_fd(SD_LISTEN_FDS_START + 1) };
         let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
+        let _ = rustix::io::ioctl_fionbio(&fd, true);
         fd
     });
     Ok(Some(UnixListenerSpec {

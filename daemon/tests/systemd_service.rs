@@ -3,7 +3,8 @@
 //! watchdog) and checks the daemon keeps its side of that contract.
 //!
 //! The test plays the service manager: it binds the listening Unix socket
-//! itself and hands it to the child as fd 3 with `LISTEN_FDS=1` and
+//! and the descriptor channel's SOCK_SEQPACKET socket itself and hands them
+//! to the child as fds 3 and 4 with `LISTEN_FDS=2` and
 //! `LISTEN_PID` = the child's pid, listens on a `NOTIFY_SOCKET` datagram
 //! socket, and sets `WATCHDOG_USEC` / `WATCHDOG_PID`. The pids are only known
 //! in the child, so they are set between fork and exec (`pre_exec`).
@@ -150,7 +151,12 @@ fn env_entry(buf: &mut [u8; 40], name: &[u8], mut n: u32) -> *const libc::c_char
 /// (seen in /proc/<pid>/environ). The child therefore execs the daemon itself,
 /// with an environment block prepared before the fork plus the two pid
 /// entries formatted into fixed buffers.
-fn spawn_activated(listener: &UnixListener, dir: &Path, notify: &Path) -> Child {
+fn spawn_activated(
+    listener: &UnixListener,
+    channel: &std::os::fd::OwnedFd,
+    dir: &Path,
+    notify: &Path,
+) -> Child {
     let config = dir.join("ctcached.toml");
     std::fs::write(&config, "# empty: defaults, paths from the environment\n").unwrap();
     let mut vars: Vec<(String, String)> = vec![
@@ -173,8 +179,11 @@ fn spawn_activated(listener: &UnixListener, dir: &Path, notify: &Path) -> Child 
             "INVOCATION_ID".into(),
             "0123456789abcdef0123456789abcdef".into(),
         ),
-        ("LISTEN_FDS".into(), "1".into()),
-        ("LISTEN_FDNAMES".into(), "ctcached.socket".into()),
+        ("LISTEN_FDS".into(), "2".into()),
+        (
+            "LISTEN_FDNAMES".into(),
+            "ctcached.socket:ctcached.socket".into(),
+        ),
         ("NOTIFY_SOCKET".into(), notify.display().to_string()),
         ("WATCHDOG_USEC".into(), WATCHDOG_USEC.to_string()),
     ];
@@ -191,7 +200,7 @@ fn spawn_activated(listener: &UnixListener, dir: &Path, notify: &Path) -> Child 
     let prog = CString::new(support::bin().into_os_string().into_encoded_bytes()).unwrap();
     let mut listen_pid = [0u8; 40];
     let mut watchdog_pid = [0u8; 40];
-    let fd = listener.as_raw_fd();
+    let (fd, channel) = (listener.as_raw_fd(), channel.as_raw_fd());
 
     let mut cmd = Command::new(support::bin());
     cmd.stdin(Stdio::null())
@@ -202,14 +211,17 @@ fn spawn_activated(listener: &UnixListener, dir: &Path, notify: &Path) -> Child 
     // into buffers it owns; nothing allocates or takes a lock.
     unsafe {
         cmd.pre_exec(move || {
-            if fd == 3 {
-                // Already in place: only clear close-on-exec.
-                let flags = libc::fcntl(3, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(fd, 3) < 0 {
-                // dup2 leaves the new fd 3 without close-on-exec.
+            // Both out of the way first (either may be 3 or 4 now), then
+            // into place: dup2 leaves fds 3 and 4 without close-on-exec.
+            let (high, high_channel) = (
+                libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100),
+                libc::fcntl(channel, libc::F_DUPFD_CLOEXEC, 100),
+            );
+            if high < 0
+                || high_channel < 0
+                || libc::dup2(high, 3) < 0
+                || libc::dup2(high_channel, 4) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             let pid = libc::getpid() as u32;
@@ -226,6 +238,22 @@ fn spawn_activated(listener: &UnixListener, dir: &Path, notify: &Path) -> Child 
         });
     }
     cmd.spawn().expect("spawning ctcached")
+}
+
+/// What the socket unit's ListenSequentialPacket= does.
+fn bind_channel(sock_path: &Path) -> std::os::fd::OwnedFd {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let path = ctcache_api::handout::socket_path(sock_path);
+    rustix::net::bind(&fd, &SocketAddrUnix::new(path).unwrap()).unwrap();
+    rustix::net::listen(&fd, 16).unwrap();
+    fd
 }
 
 #[test]
@@ -249,13 +277,15 @@ async fn runs_under_systemd_socket_activation_notify_and_watchdog() {
 
     // What ctcached.socket does: bind and listen before the daemon exists.
     let listener = UnixListener::bind(&sock_path).unwrap();
+    let channel = bind_channel(&sock_path);
     let rx = notifications(UnixDatagram::bind(&notify_path).unwrap());
-    let mut child = spawn_activated(&listener, dir.path(), &notify_path);
+    let mut child = spawn_activated(&listener, &channel, dir.path(), &notify_path);
     let log = Log::default();
     log.drain(child.stderr.take().unwrap());
     // The daemon holds its own copy now (systemd would keep one too; this test
     // drops its so that only the daemon can accept).
     drop(listener);
+    drop(channel);
 
     // Type=notify: READY=1 once it serves, with a STATUS= line.
     let before_ready = wait_for(&rx, "READY=1", Duration::from_secs(120), &mut child, &log);
@@ -326,6 +356,14 @@ async fn runs_under_systemd_socket_activation_notify_and_watchdog() {
         !dir.path().join("not-bound.sock").exists(),
         "an activated daemon binds no socket of its own"
     );
+    // The second socket is the descriptor channel: a model is handed over.
+    let model = dir.path().join("m.onnx");
+    support::write_model(&model, &support::matmul_model(8, 4, 1));
+    let c = ctcache_client::Client::connect_to(&sock_path)
+        .await
+        .unwrap();
+    let handout = c.hand_over(model.to_str().unwrap()).await.unwrap();
+    assert!(handout.is_some(), "the activated channel answers");
     let environ = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap();
     let pid_line = format!("LISTEN_PID={}", child.id());
     assert!(
