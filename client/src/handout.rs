@@ -10,6 +10,7 @@ use std::path::{Component, Path, PathBuf};
 use ctcache_api::handout as wire;
 use ctcache_api::v1::{self as api, handout_reply, handout_request};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use tokio::io::unix::AsyncFd;
 
 use crate::error::{Error, Result};
 use crate::Client;
@@ -33,11 +34,10 @@ impl Client {
     /// descriptor channel, opened with this process's rights (the daemon
     /// then reads those files, never the path); `None` from a daemon
     /// without the channel. The handout lasts until the value is dropped.
+    /// Waits on the daemon without a thread of its own: dropping the future
+    /// (Ctrl-C) ends the exchange.
     pub async fn hand_over(&self, model_path: &str) -> Result<Option<Handout>> {
-        let (socket, model) = (self.socket().to_path_buf(), PathBuf::from(model_path));
-        tokio::task::spawn_blocking(move || hand_over(&socket, &model))
-            .await
-            .map_err(|e| Error::InvalidArgument(format!("handing the model over: {e}")))?
+        hand_over(self.socket(), Path::new(model_path)).await
     }
 }
 
@@ -49,7 +49,7 @@ pub(crate) fn handout_name(h: &Option<Handout>) -> String {
 /// Hands `model` (an absolute path) to the daemon whose gRPC socket is
 /// `grpc`; `None` when that daemon has no descriptor channel (an older
 /// one): requests then name the path.
-pub(crate) fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
+async fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
     let path = wire::socket_path(grpc);
     let io = |source: std::io::Error| Error::Io {
         path: path.clone(),
@@ -68,6 +68,11 @@ pub(crate) fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
         Err(rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED) => return Ok(None),
         Err(e) => return Err(io(e.into())),
     }
+    rustix::io::ioctl_fionbio(&conn, true).map_err(|e| io(e.into()))?;
+    // SAFETY: the AsyncFd owns the OwnedFd: the descriptor stays open, and
+    // the same, for the AsyncFd's whole life.
+    let conn =
+        unsafe { AsyncFd::register(conn) }.map_err(|e| io(std::io::Error::other(e.to_string())))?;
     let file = File::open(model).map_err(|source| Error::Io {
         path: model.to_path_buf(),
         source,
@@ -82,9 +87,9 @@ pub(crate) fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
             model_path: model.display().to_string(),
         })),
     };
-    wire::send(&conn, &first, &[file.as_fd()]).map_err(io)?;
+    send(&conn, &first, &[file.as_fd()]).await.map_err(io)?;
     loop {
-        let Some((reply, _)) = wire::recv::<api::HandoutReply>(&conn).map_err(io)? else {
+        let Some((reply, _)) = recv(&conn).await.map_err(io)? else {
             return Err(io(std::io::Error::other(
                 "the daemon closed the descriptor channel",
             )));
@@ -93,11 +98,11 @@ pub(crate) fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
             Some(handout_reply::Step::Needs(needs)) => {
                 let answer = open_asked(&dir, needs.names);
                 let fds: Vec<BorrowedFd<'_>> = answer.1.iter().map(|f| f.as_fd()).collect();
-                wire::send(&conn, &answer.0, &fds).map_err(io)?;
+                send(&conn, &answer.0, &fds).await.map_err(io)?;
             }
             Some(handout_reply::Step::Ready(ready)) => {
                 return Ok(Some(Handout {
-                    _conn: conn,
+                    _conn: conn.into_inner(),
                     name: ready.handout,
                 }))
             }
@@ -109,6 +114,30 @@ pub(crate) fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
                 })
             }
             None => return Err(io(std::io::Error::other("an empty answer on the channel"))),
+        }
+    }
+}
+
+async fn send(
+    conn: &AsyncFd<OwnedFd>,
+    msg: &api::HandoutRequest,
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    loop {
+        let mut ready = conn.writable().await?;
+        if let Ok(sent) = ready.try_io(|c| wire::send(c.get_ref(), msg, fds)) {
+            return sent;
+        }
+    }
+}
+
+async fn recv(
+    conn: &AsyncFd<OwnedFd>,
+) -> std::io::Result<Option<(api::HandoutReply, Vec<OwnedFd>)>> {
+    loop {
+        let mut ready = conn.readable().await?;
+        if let Ok(got) = ready.try_io(|c| wire::recv(c.get_ref())) {
+            return got;
         }
     }
 }

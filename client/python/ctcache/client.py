@@ -248,12 +248,12 @@ class Client:
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
 
-    def _handed(self, req) -> "_Held":
+    def _handed(self, req, timeout: float | None) -> "_Held":
         """Hands ``req.model_path`` over the descriptor channel and names
         the handout in ``req`` (nothing for a daemon without the channel);
         the handout lasts until the value is closed."""
         try:
-            h = handout.hand_over(self.socket, req.model_path)
+            h = handout.hand_over(self.socket, req.model_path, timeout)
         except handout.HandoutRefused as e:
             raise _ERRORS.get(e.code, errors.RequestFailed)("Handout", e.code, e.message) from None
         if h is not None:
@@ -331,7 +331,7 @@ class Client:
         req = pb.ResolveModelRequest(model_path=_path(path), on_miss=ON_MISS[on_miss],
                                      formats=_format_specs(formats), devices=list(devices or []),
                                      runtime=_runtime(runtime))
-        with self._handed(req) as _:
+        with self._handed(req, timeout) as _:
             return self._call("ResolveModel", req, timeout)
 
     def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "auto",
@@ -351,7 +351,7 @@ class Client:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         req = pb.PrepackRequest(model_path=_path(path), initializers=list(initializers or []),
                                 formats=_format_specs(formats), backend=BACKENDS[backend])
-        held = self._handed(req)
+        held = self._handed(req, timeout)
         stream = _holding(self._stream("Prepack", req, timeout), held)
         if not wait:
             return stream
@@ -369,7 +369,7 @@ class Client:
         """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
         req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
                               formats=_format_specs(formats), sidecar=sidecar, replace=replace)
-        with self._handed(req) as _:
+        with self._handed(req, timeout) as _:
             return self._call("Embed", req, timeout)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
@@ -445,13 +445,13 @@ class Client:
         req.op_types.extend(op_types or [])
         if op_block_list is not None:
             req.op_block_list = ",".join(op_block_list)
-        with self._handed(req) as _:
+        with self._handed(req, timeout) as _:
             return self._call("Materialize", req, timeout)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""
         req = pb.ImportRequest(model_path=_path(path))
-        with self._handed(req) as _:
+        with self._handed(req, timeout) as _:
             return self._call("Import", req, timeout)
 
     # ---- entries ----

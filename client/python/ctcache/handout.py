@@ -45,11 +45,13 @@ class HandoutRefused(Exception):
         self.message = message
 
 
-def hand_over(grpc_socket: str, model_path: str) -> Handout | None:
+def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None) -> Handout | None:
     """Hands the model at the absolute ``model_path`` to the daemon at
-    ``grpc_socket``; ``None`` when that daemon has no descriptor channel (an
-    older one: requests then name the path)."""
+    ``grpc_socket``, each wait for it at most ``timeout`` seconds (``None``:
+    no limit); ``None`` when that daemon has no descriptor channel (an older
+    one: requests then name the path)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.settimeout(timeout)
     try:
         conn.connect(grpc_socket + ".fds")
     except (FileNotFoundError, ConnectionRefusedError):
