@@ -37,7 +37,26 @@ impl Client {
     /// Waits on the daemon without a thread of its own: dropping the future
     /// (Ctrl-C) ends the exchange.
     pub async fn hand_over(&self, model_path: &str) -> Result<Option<Handout>> {
-        hand_over(self.socket(), Path::new(model_path)).await
+        self.hand_over_for("Handout", model_path).await
+    }
+
+    /// [`Client::hand_over`] for the call `rpc`: a daemon that goes away
+    /// meanwhile is reported as having stopped answering during it.
+    pub(crate) async fn hand_over_for(
+        &self,
+        rpc: &'static str,
+        model_path: &str,
+    ) -> Result<Option<Handout>> {
+        hand_over(self.socket(), Path::new(model_path))
+            .await
+            .map_err(|e| match e {
+                Lost(message) => Error::Unavailable {
+                    socket: self.socket().to_path_buf(),
+                    rpc,
+                    message,
+                },
+                Failed(e) => e,
+            })
     }
 }
 
@@ -46,15 +65,27 @@ pub(crate) fn handout_name(h: &Option<Handout>) -> String {
     h.as_ref().map(|h| h.name().to_string()).unwrap_or_default()
 }
 
+/// Why a hand-over failed: the daemon went away during it, or another
+/// error.
+enum Failure {
+    Lost(String),
+    Failed(Error),
+}
+use Failure::{Failed, Lost};
+
 /// Hands `model` (an absolute path) to the daemon whose gRPC socket is
 /// `grpc`; `None` when that daemon has no descriptor channel (an older
-/// one): requests then name the path.
-async fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
+/// one), or when this process cannot open the model (the daemon then
+/// answers for the path, as to any request naming one).
+async fn hand_over(grpc: &Path, model: &Path) -> std::result::Result<Option<Handout>, Failure> {
     let path = wire::socket_path(grpc);
-    let io = |source: std::io::Error| Error::Io {
-        path: path.clone(),
-        source,
+    let io = |source: std::io::Error| {
+        Failed(Error::Io {
+            path: path.clone(),
+            source,
+        })
     };
+    let lost = |e: std::io::Error| Lost(format!("the descriptor channel: {e}"));
     let conn = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -73,10 +104,9 @@ async fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
     // the same, for the AsyncFd's whole life.
     let conn =
         unsafe { AsyncFd::register(conn) }.map_err(|e| io(std::io::Error::other(e.to_string())))?;
-    let file = File::open(model).map_err(|source| Error::Io {
-        path: model.to_path_buf(),
-        source,
-    })?;
+    let Ok(file) = File::open(model) else {
+        return Ok(None);
+    };
     // Data locations are relative to the folder the model file really is in.
     let dir = std::fs::canonicalize(model)
         .ok()
@@ -87,18 +117,16 @@ async fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
             model_path: model.display().to_string(),
         })),
     };
-    send(&conn, &first, &[file.as_fd()]).await.map_err(io)?;
+    send(&conn, &first, &[file.as_fd()]).await.map_err(lost)?;
     loop {
-        let Some((reply, _)) = recv(&conn).await.map_err(io)? else {
-            return Err(io(std::io::Error::other(
-                "the daemon closed the descriptor channel",
-            )));
+        let Some((reply, _)) = recv(&conn).await.map_err(lost)? else {
+            return Err(Lost("the daemon closed the descriptor channel".into()));
         };
         match reply.step {
             Some(handout_reply::Step::Needs(needs)) => {
                 let answer = open_asked(&dir, needs.names);
                 let fds: Vec<BorrowedFd<'_>> = answer.1.iter().map(|f| f.as_fd()).collect();
-                send(&conn, &answer.0, &fds).await.map_err(io)?;
+                send(&conn, &answer.0, &fds).await.map_err(lost)?;
             }
             Some(handout_reply::Step::Ready(ready)) => {
                 return Ok(Some(Handout {
@@ -107,13 +135,13 @@ async fn hand_over(grpc: &Path, model: &Path) -> Result<Option<Handout>> {
                 }))
             }
             Some(handout_reply::Step::Error(e)) => {
-                return Err(Error::Rpc {
+                return Err(Failed(Error::Rpc {
                     rpc: "Handout",
                     code: ctcache_api::code_named(&e.code).unwrap_or(tonic::Code::Unknown),
                     message: e.message,
-                })
+                }))
             }
-            None => return Err(io(std::io::Error::other("an empty answer on the channel"))),
+            None => return Err(lost(std::io::Error::other("an empty answer"))),
         }
     }
 }

@@ -212,7 +212,7 @@ impl Client {
         opts: &ResolveOptions,
     ) -> Result<api::ResolveModelResponse> {
         let model_path = absolute(model.as_ref())?.display().to_string();
-        let handout = self.hand_over(&model_path).await?;
+        let handout = self.hand_over_for("ResolveModel", &model_path).await?;
         let req = api::ResolveModelRequest {
             model_path,
             on_miss: opts.on_miss as i32,
@@ -231,7 +231,7 @@ impl Client {
         mut req: api::PrepackRequest,
     ) -> Result<MessageStream<api::PrepackProgress>> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
-        let handout = self.hand_over(&req.model_path).await?;
+        let handout = self.hand_over_for("Prepack", &req.model_path).await?;
         req.handout = handout_name(&handout);
         let s = unary!(safe self, "Prepack", prepack, req)?;
         Ok(MessageStream::new(s, "Prepack", self.socket.clone()))
@@ -346,7 +346,7 @@ impl Client {
     pub async fn embed(&self, mut req: api::EmbedRequest) -> Result<api::EmbedResponse> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
         req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
-        let handout = self.hand_over(&req.model_path).await?;
+        let handout = self.hand_over_for("Embed", &req.model_path).await?;
         req.handout = handout_name(&handout);
         unary!(self, "Embed", embed, req)
     }
@@ -364,7 +364,7 @@ impl Client {
         if !req.in_memory {
             req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
         }
-        let handout = self.hand_over(&req.model_path).await?;
+        let handout = self.hand_over_for("Materialize", &req.model_path).await?;
         req.handout = handout_name(&handout);
         unary!(self, "Materialize", materialize, req)
     }
@@ -372,7 +372,7 @@ impl Client {
     /// Copies the compiled tensors a model carries into the store.
     pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
         let model_path = absolute(model.as_ref())?.display().to_string();
-        let handout = self.hand_over(&model_path).await?;
+        let handout = self.hand_over_for("Import", &model_path).await?;
         let req = api::ImportRequest {
             model_path,
             handout: handout_name(&handout),

@@ -256,6 +256,10 @@ class Client:
             h = handout.hand_over(self.socket, req.model_path, timeout)
         except handout.HandoutRefused as e:
             raise _ERRORS.get(e.code, errors.RequestFailed)("Handout", e.code, e.message) from None
+        except TimeoutError as e:
+            raise errors.RequestFailed("Handout", grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
+        except ConnectionError as e:
+            raise errors.DaemonNotRunning(self.socket, f"Handout: {e}") from None
         if h is not None:
             req.handout = h.name
         return _Held(h)

@@ -49,7 +49,7 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None) -
     """Hands the model at the absolute ``model_path`` to the daemon at
     ``grpc_socket``, each wait for it at most ``timeout`` seconds (``None``:
     no limit); ``None`` when that daemon has no descriptor channel (an older
-    one: requests then name the path)."""
+    one) or this process cannot open the model: requests then name the path."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.settimeout(timeout)
     try:
@@ -58,9 +58,15 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None) -
         conn.close()
         return None
     try:
-        with open(model_path, "rb") as f:
+        model = open(model_path, "rb")
+    except OSError:
+        # Not this process's to read: the daemon answers for the path.
+        conn.close()
+        return None
+    try:
+        with model:
             first = pb.HandoutRequest(model=pb.HandoutModel(model_path=model_path))
-            socket.send_fds(conn, [first.SerializeToString()], [f.fileno()])
+            socket.send_fds(conn, [first.SerializeToString()], [model.fileno()])
         # Data locations are relative to the folder the model file really is in.
         folder = os.path.dirname(os.path.realpath(model_path))
         while True:
