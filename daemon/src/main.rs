@@ -120,10 +120,11 @@ async fn serve(config: Config) -> Result<()> {
         handouts: channel,
     };
     let served = ctcached::run(config, listeners, shutdown).await;
-    spec.files.remove(served.is_err());
+    // First, so that a failed start finds the folders it made empty.
     if let Some(p) = channel_path {
         let _ = std::fs::remove_file(p);
     }
+    spec.files.remove(served.is_err());
     Ok(served?)
 }
 
