@@ -447,11 +447,7 @@ impl Temp {
     /// `.NAME.tmp-<16 random hex>`: hidden, and not guessable in advance.
     fn for_name(name: &OsStr) -> io::Result<Temp> {
         let mut r = [0u8; 8];
-        let mut filled = 0;
-        while filled < r.len() {
-            filled +=
-                rustix::rand::getrandom(&mut r[filled..], rustix::rand::GetRandomFlags::empty())?;
-        }
+        crate::fsutil::fill_random(&mut r)?;
         let mut t = OsString::from(".");
         t.push(name);
         t.push(format!(".tmp-{}", hex::encode(r)));

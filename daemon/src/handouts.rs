@@ -210,20 +210,10 @@ impl Handouts {
         named: String,
         (path, model): (PathBuf, Arc<Model>),
         conn: Arc<OwnedFd>,
-    ) -> String {
+    ) -> Result<String> {
         let mut bytes = [0u8; 16];
-        let mut filled = 0;
-        while filled < bytes.len() {
-            match rustix::rand::getrandom(
-                &mut bytes[filled..],
-                rustix::rand::GetRandomFlags::empty(),
-            ) {
-                Ok(n) => filled += n,
-                Err(rustix::io::Errno::INTR) => {}
-                // The kernel's generator does not fail once seeded.
-                Err(e) => panic!("getrandom failed: {e}"),
-            }
-        }
+        ctcache::fsutil::fill_random(&mut bytes)
+            .map_err(|e| Error::internal(format!("no random name for a handout: {e}")))?;
         let name = ctcache_api::hex_string(&bytes);
         let handout = Handout {
             uid,
@@ -233,7 +223,7 @@ impl Handouts {
             conn,
         };
         lock(&self.live).insert(name.clone(), handout);
-        name
+        Ok(name)
     }
 
     /// Ends the handout `name`.

@@ -142,11 +142,7 @@ pub(crate) fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListenerS
     }
     let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    if let Some(gid) = group {
-        std::os::unix::fs::chown(path, None, Some(gid))
-            .with_context(|| format!("chgrp {} to gid {gid}", path.display()))?;
-    }
+    for_the_group(path, group)?;
     listener.set_nonblocking(true)?;
     Ok(UnixListenerSpec {
         channel: None,
@@ -173,12 +169,18 @@ pub(crate) fn bind_channel(path: &Path, group: Option<u32>) -> Result<OwnedFd> {
     let addr = SocketAddrUnix::new(path)?;
     rustix::net::bind(&fd, &addr).with_context(|| format!("binding {}", path.display()))?;
     rustix::net::listen(&fd, 128)?;
+    for_the_group(path, group)?;
+    Ok(fd)
+}
+
+/// A bound socket's mode: the socket group's to connect to (0660).
+fn for_the_group(path: &Path, group: Option<u32>) -> Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     if let Some(gid) = group {
         std::os::unix::fs::chown(path, None, Some(gid))
             .with_context(|| format!("chgrp {} to gid {gid}", path.display()))?;
     }
-    Ok(fd)
+    Ok(())
 }
 
 /// Resolves a group name or number to a gid.

@@ -5,7 +5,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use prost::Message;
@@ -13,6 +13,7 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
+use tokio::io::unix::AsyncFd;
 
 /// The most descriptors one message carries, and so the most names one
 /// `HandoutNeeds` asks for.
@@ -97,6 +98,34 @@ pub fn recv<M: Message + Default>(socket: impl AsFd) -> io::Result<Option<(M, Ve
     }
     let msg = M::decode(&buf[..got.bytes]).map_err(|e| invalid(format!("a bad message: {e}")))?;
     Ok(Some((msg, fds)))
+}
+
+/// [`send`] on a non-blocking socket registered with tokio: waits until
+/// it may be written (dropping the future ends the wait).
+pub async fn send_when_ready<T: AsRawFd + AsFd>(
+    socket: &AsyncFd<T>,
+    msg: &impl Message,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    loop {
+        let mut ready = socket.writable().await?;
+        if let Ok(sent) = ready.try_io(|s| send(s.get_ref(), msg, fds)) {
+            return sent;
+        }
+    }
+}
+
+/// [`recv`] on a non-blocking socket registered with tokio: waits until a
+/// packet or the close arrives (dropping the future ends the wait).
+pub async fn recv_when_ready<M: Message + Default, T: AsRawFd + AsFd>(
+    socket: &AsyncFd<T>,
+) -> io::Result<Option<(M, Vec<OwnedFd>)>> {
+    loop {
+        let mut ready = socket.readable().await?;
+        if let Ok(got) = ready.try_io(|s| recv(s.get_ref())) {
+            return got;
+        }
+    }
 }
 
 #[cfg(test)]

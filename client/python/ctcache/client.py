@@ -8,6 +8,7 @@ StructTypeProto) live in ``ctcache.onnx_pb`` under the protobuf package
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -177,29 +178,10 @@ def _digest(d) -> bytes:
     return bytes.fromhex(d) if isinstance(d, str) else bytes(d)
 
 
-class _Held:
-    """A handout (or none) held for the length of a ``with`` block."""
-
-    def __init__(self, h):
-        self._h = h
-
-    def close(self) -> None:
-        if self._h is not None:
-            self._h.close()
-
-    def __enter__(self) -> "_Held":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _holding(stream, held: _Held):
-    """``stream``, with ``held`` closed once it ends or is abandoned."""
-    try:
+def _holding(stream, held):
+    """``stream``, with the context ``held`` exited once it ends or is abandoned."""
+    with held:
         yield from stream
-    finally:
-        held.close()
 
 
 def _path(p) -> str:
@@ -248,10 +230,10 @@ class Client:
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
 
-    def _handed(self, req, timeout: float | None) -> "_Held":
+    def _handed(self, req, timeout: float | None):
         """Hands ``req.model_path`` over the descriptor channel and names
         the handout in ``req`` (nothing for a daemon without the channel);
-        the handout lasts until the value is closed."""
+        the handout lasts for the ``with`` block that holds the value."""
         try:
             h = handout.hand_over(self.socket, req.model_path, timeout)
         except handout.HandoutRefused as e:
@@ -262,7 +244,7 @@ class Client:
             raise errors.DaemonNotRunning(self.socket, f"Handout: {e}") from None
         if h is not None:
             req.handout = h.name
-        return _Held(h)
+        return h if h is not None else contextlib.nullcontext()
 
     def _renew(self, stub) -> None:
         """A new channel in place of the one ``stub`` used, unless another

@@ -4,8 +4,8 @@
 //! uid, and makes a handout of them that lives while the connection does.
 
 use std::collections::BTreeSet;
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +64,7 @@ pub(crate) async fn serve(d: Arc<Daemon>, listener: OwnedFd, mut shutdown: watch
 
 /// One connection: a handout made, then held until the peer closes.
 async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
-    let Ok(peer) = super::peer::peer_of_fd(&conn) else {
+    let Ok(peer) = super::peer::peer_of(&conn) else {
         return;
     };
     // SAFETY: the AsyncFd holds its own Arc of the OwnedFd: the descriptor
@@ -84,7 +84,10 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
     };
     let (named, path, model) = handed;
     tracing::debug!(uid, model = %path.display(), "handout made");
-    let name = d.handouts.add(uid, named, (path, model), conn);
+    let name = match d.handouts.add(uid, named, (path, model), conn) {
+        Ok(name) => name,
+        Err(e) => return refuse(&afd, &e).await,
+    };
     let ready = api::HandoutReply {
         step: Some(handout_reply::Step::Ready(api::HandoutReady {
             handout: name.clone(),
@@ -92,7 +95,7 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
     };
     if send(&afd, &ready, &[]).await.is_ok() {
         // Anything but the close is out of protocol: the handout ends.
-        let _ = recv::<api::HandoutRequest>(&afd).await;
+        let _ = wire::recv_when_ready::<api::HandoutRequest, _>(&afd).await;
     }
     d.handouts.remove(&name);
     drop(charge);
@@ -204,7 +207,7 @@ async fn refuse(afd: &Conn, e: &Error) {
 
 /// The next message within [`STEP`]; a close or a bad message is an error.
 async fn step<M: Message + Default>(afd: &Conn) -> Result<(M, Vec<OwnedFd>)> {
-    match tokio::time::timeout(STEP, recv::<M>(afd)).await {
+    match tokio::time::timeout(STEP, wire::recv_when_ready::<M, _>(afd)).await {
         Err(_) => Err(Error::new(
             ErrorKind::Cancelled,
             format!("no message from the client for {} s", STEP.as_secs()),
@@ -215,23 +218,8 @@ async fn step<M: Message + Default>(afd: &Conn) -> Result<(M, Vec<OwnedFd>)> {
     }
 }
 
-async fn recv<M: Message + Default>(afd: &Conn) -> io::Result<Option<(M, Vec<OwnedFd>)>> {
-    loop {
-        let mut ready = afd.readable().await?;
-        if let Ok(got) = ready.try_io(|c| wire::recv::<M>(c.get_ref().as_fd())) {
-            return got;
-        }
-    }
-}
-
 async fn send(afd: &Conn, msg: &impl Message, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<()> {
-    loop {
-        let mut ready = afd
-            .writable()
-            .await
-            .map_err(|e| Error::new(ErrorKind::Cancelled, e.to_string()))?;
-        if let Ok(sent) = ready.try_io(|c| wire::send(c.get_ref().as_fd(), msg, fds)) {
-            return sent.map_err(|e| Error::new(ErrorKind::Cancelled, e.to_string()));
-        }
-    }
+    wire::send_when_ready(afd, msg, fds)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Cancelled, e.to_string()))
 }

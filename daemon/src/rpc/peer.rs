@@ -4,10 +4,9 @@
 //! caller's file access is judged for.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use ctcache::access::Identity;
-use tokio::net::UnixStream;
 
 /// Groups read at most (the kernel's NGROUPS_MAX is 65536).
 const MAX_GROUPS: usize = 65536;
@@ -19,24 +18,10 @@ pub(crate) struct PeerInfo {
     pub pid: Option<i32>,
 }
 
-/// Reads the peer of an accepted connection.
-pub(crate) fn peer_of(s: &UnixStream) -> io::Result<PeerInfo> {
-    let cred = s.peer_cred()?;
-    Ok(PeerInfo {
-        identity: Identity {
-            uid: cred.uid(),
-            gid: cred.gid(),
-            groups: peer_groups(s)?,
-        },
-        pid: cred.pid(),
-    })
-}
-
-/// The peer of an accepted descriptor-channel connection.
-pub(crate) fn peer_of_fd(s: &impl AsRawFd) -> io::Result<PeerInfo> {
-    // SAFETY: the caller owns the open socket `s` for this call's length.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(s.as_raw_fd()) };
-    let cred = rustix::net::sockopt::socket_peercred(fd)?;
+/// Reads the peer of an accepted connection (a gRPC or a descriptor
+/// channel one).
+pub(crate) fn peer_of(s: &impl AsFd) -> io::Result<PeerInfo> {
+    let cred = rustix::net::sockopt::socket_peercred(s)?;
     Ok(PeerInfo {
         identity: Identity {
             uid: cred.uid.as_raw(),
@@ -48,7 +33,7 @@ pub(crate) fn peer_of_fd(s: &impl AsRawFd) -> io::Result<PeerInfo> {
 }
 
 /// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
-fn peer_groups(s: &impl AsRawFd) -> io::Result<Vec<u32>> {
+fn peer_groups(s: &impl AsFd) -> io::Result<Vec<u32>> {
     let mut groups: Vec<libc::gid_t> = vec![0; 64];
     loop {
         let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
@@ -57,7 +42,7 @@ fn peer_groups(s: &impl AsRawFd) -> io::Result<Vec<u32>> {
         // with ERANGE, to what it needs).
         let r = unsafe {
             libc::getsockopt(
-                s.as_raw_fd(),
+                s.as_fd().as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_PEERGROUPS,
                 groups.as_mut_ptr().cast(),

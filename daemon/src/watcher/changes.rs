@@ -21,6 +21,14 @@ struct Pending {
     closed: bool,
 }
 
+impl Pending {
+    /// Changes were lost: the paths give way to a scan of every folder.
+    fn lost(&mut self) {
+        self.paths.clear();
+        self.rescan = true;
+    }
+}
+
 /// What changed since the last [`Changes::take`].
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Changed {
@@ -47,17 +55,14 @@ impl Changes {
         if p.paths.len() < MAX_PENDING || p.paths.contains(&path) {
             p.paths.insert(path);
         } else {
-            p.paths.clear();
-            p.rescan = true;
+            p.lost();
         }
         self.ready.notify_one();
     }
 
     /// Notes that changes were lost: every watched folder is scanned.
     pub fn rescan(&self) {
-        let mut p = self.lock();
-        p.paths.clear();
-        p.rescan = true;
+        self.lock().lost();
         self.ready.notify_one();
     }
 
