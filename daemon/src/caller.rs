@@ -62,6 +62,20 @@ pub(crate) fn own_rights_clause(what: &str) -> String {
     )
 }
 
+/// The clause a refusal of a path that the daemon read with its own rights
+/// alone (for root or its own user) adds when it does not run as root.
+pub(crate) fn daemon_rights_clause() -> String {
+    if ctcache::access::creds::can_switch() {
+        return String::new();
+    }
+    format!(
+        " (ctcached runs as uid {}, not root, and reads a path with that user's rights; a \
+         client that hands the model over on the descriptor channel, as ctcachectl and the \
+         client libraries do, is read with its own)",
+        own_uid()
+    )
+}
+
 pub(crate) fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }

@@ -174,6 +174,12 @@ fn a_daemon_as_its_own_user_reads_a_private_model_only_through_handed_descriptor
     let by_path = rt.block_on(resolve(&d.socket, &model, "")).unwrap_err();
     assert_eq!(by_path.code(), Code::PermissionDenied, "{by_path:?}");
     assert!(by_path.message().contains("65534"), "{by_path:?}");
+    assert!(
+        by_path
+            .message()
+            .contains("reads a path with that user's rights; a client that hands"),
+        "{by_path:?}"
+    );
     // The client library hands it over and the daemon reads those files.
     let answer = rt.block_on(async {
         let c = ctcache_client::Client::connect_to(&d.socket).await.unwrap();

@@ -78,11 +78,8 @@ pub(crate) fn open(d: &Daemon, path: &str, handout: &str, caller: &Caller) -> Re
     };
     if caller.is_self_or_root() {
         return open_as(p, &Reader::Daemon).map_err(|mut e| {
-            if e.kind == ErrorKind::PermissionDenied && !access::creds::can_switch() {
-                e.message.push_str(&format!(
-                    " (ctcached runs as uid {}, not root, and reads a path with that user's                      rights; a client that hands the model over on the descriptor channel, as                      ctcachectl and the client libraries do, is read with its own)",
-                    crate::caller::own_uid()
-                ));
+            if e.kind == ErrorKind::PermissionDenied {
+                e.message.push_str(&crate::caller::daemon_rights_clause());
             }
             e
         });
