@@ -5,13 +5,17 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 
 use ctcache_api::handout as wire;
 use ctcache_api::v1::{self as api, handout_reply, handout_request};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use tokio::io::unix::AsyncFd;
 
+use std::future::Future;
+use std::sync::Mutex;
+
+use crate::conn::{Grpc, Repeat};
 use crate::error::{Error, Result};
 use crate::Client;
 
@@ -60,9 +64,72 @@ impl Client {
     }
 }
 
-/// The `handout` field of a request: the handout's name, or empty.
-pub(crate) fn handout_name(h: &Option<Handout>) -> String {
-    h.as_ref().map(|h| h.name().to_string()).unwrap_or_default()
+/// A request that names a model, and so may name a handout of it.
+pub(crate) trait NamesModel {
+    fn model_path(&self) -> &str;
+    fn set_handout(&mut self, handout: &Option<Handout>);
+}
+
+macro_rules! names_model {
+    ($($t:ty),*) => {$(
+        impl NamesModel for $t {
+            fn model_path(&self) -> &str {
+                &self.model_path
+            }
+            fn set_handout(&mut self, handout: &Option<Handout>) {
+                self.handout = handout.as_ref().map(|h| h.name.clone()).unwrap_or_default();
+            }
+        }
+    )*};
+}
+
+names_model!(
+    api::ResolveModelRequest,
+    api::PrepackRequest,
+    api::EmbedRequest,
+    api::MaterializeRequest,
+    api::ImportRequest
+);
+
+impl Client {
+    /// Sends `req`, which names a model, through `send` (see `Conn::call`),
+    /// the model handed over for it: before the first attempt (a refusal of
+    /// the hand-over is this call's), and anew for each attempt after a
+    /// lost connection (a handout lives on the daemon that took it; one
+    /// restarted knows none; a hand-over that fails then counts as the
+    /// daemon not answering). Each handout lasts until its attempt's answer.
+    pub(crate) async fn call_naming_model<Req, Resp, F, Fut>(
+        &self,
+        rpc: &'static str,
+        repeat: Repeat,
+        req: Req,
+        send: F,
+    ) -> Result<Resp>
+    where
+        Req: NamesModel + Clone,
+        F: Fn(Grpc, Req) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let first = Mutex::new(Some(self.hand_over_for(rpc, req.model_path()).await?));
+        let (first, socket, send) = (&first, self.socket(), &send);
+        let attempt = move |grpc: Grpc, mut req: Req| async move {
+            let taken = first.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let held = match taken {
+                Some(held) => held,
+                None => hand_over(socket, Path::new(req.model_path()))
+                    .await
+                    .map_err(|e| match e {
+                        Lost(message) => tonic::Status::unavailable(message),
+                        Failed(e) => tonic::Status::unavailable(e.to_string()),
+                    })?,
+            };
+            req.set_handout(&held);
+            send(grpc, req).await
+        };
+        self.conn
+            .call(rpc, repeat, self.retry_for, req, attempt)
+            .await
+    }
 }
 
 /// Why a hand-over failed: the daemon went away during it, or another
@@ -117,16 +184,23 @@ async fn hand_over(grpc: &Path, model: &Path) -> std::result::Result<Option<Hand
             model_path: model.display().to_string(),
         })),
     };
-    send(&conn, &first, &[file.as_fd()]).await.map_err(lost)?;
+    wire::send_when_ready(&conn, &first, &[file.as_fd()])
+        .await
+        .map_err(lost)?;
     loop {
-        let Some((reply, _)) = recv(&conn).await.map_err(lost)? else {
+        let Some((reply, _)) = wire::recv_when_ready::<api::HandoutReply, _>(&conn)
+            .await
+            .map_err(lost)?
+        else {
             return Err(Lost("the daemon closed the descriptor channel".into()));
         };
         match reply.step {
             Some(handout_reply::Step::Needs(needs)) => {
                 let answer = open_asked(&dir, needs.names);
                 let fds: Vec<BorrowedFd<'_>> = answer.1.iter().map(|f| f.as_fd()).collect();
-                send(&conn, &answer.0, &fds).await.map_err(lost)?;
+                wire::send_when_ready(&conn, &answer.0, &fds)
+                    .await
+                    .map_err(lost)?;
             }
             Some(handout_reply::Step::Ready(ready)) => {
                 return Ok(Some(Handout {
@@ -146,30 +220,6 @@ async fn hand_over(grpc: &Path, model: &Path) -> std::result::Result<Option<Hand
     }
 }
 
-async fn send(
-    conn: &AsyncFd<OwnedFd>,
-    msg: &api::HandoutRequest,
-    fds: &[BorrowedFd<'_>],
-) -> std::io::Result<()> {
-    loop {
-        let mut ready = conn.writable().await?;
-        if let Ok(sent) = ready.try_io(|c| wire::send(c.get_ref(), msg, fds)) {
-            return sent;
-        }
-    }
-}
-
-async fn recv(
-    conn: &AsyncFd<OwnedFd>,
-) -> std::io::Result<Option<(api::HandoutReply, Vec<OwnedFd>)>> {
-    loop {
-        let mut ready = conn.readable().await?;
-        if let Ok(got) = ready.try_io(|c| wire::recv(c.get_ref())) {
-            return got;
-        }
-    }
-}
-
 /// The files the daemon asked for, opened in `dir`: those that open, and
 /// the names of those that do not (or that would leave `dir`).
 fn open_asked(dir: &Path, names: Vec<String>) -> (api::HandoutRequest, Vec<File>) {
@@ -179,7 +229,7 @@ fn open_asked(dir: &Path, names: Vec<String>) -> (api::HandoutRequest, Vec<File>
         let inside = Path::new(&name)
             .components()
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-        match inside.then(|| File::open(dir.join(PathBuf::from(&name)))) {
+        match inside.then(|| File::open(dir.join(&name))) {
             Some(Ok(f)) => {
                 files.names.push(name);
                 opened.push(f);

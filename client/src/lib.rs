@@ -41,7 +41,6 @@ use conn::{Conn, Repeat};
 pub use channel::{channel_to, lazy_channel_to};
 pub use ctcache_api::v1 as api;
 pub use error::{Error, Result};
-use handout::handout_name;
 pub use handout::Handout;
 pub use payload::{MappedPayload, OpenOptions};
 pub use socket::{default_socket, default_socket_with};
@@ -113,6 +112,14 @@ macro_rules! unary {
             .conn
             .call($rpc, Repeat::Safe, $self.retry_for, $req, |mut grpc, req| async move {
                 grpc.$method($wrap(req)).await
+            })
+            .await
+    };
+    // A request naming a model: handed over for each attempt.
+    (model $repeat:expr, $self:ident, $rpc:literal, $method:ident, $req:expr) => {
+        $self
+            .call_naming_model($rpc, $repeat, $req, |mut grpc, req| async move {
+                grpc.$method(req).await
             })
             .await
     };
@@ -211,17 +218,15 @@ impl Client {
         model: impl AsRef<Path>,
         opts: &ResolveOptions,
     ) -> Result<api::ResolveModelResponse> {
-        let model_path = absolute(model.as_ref())?.display().to_string();
-        let handout = self.hand_over_for("ResolveModel", &model_path).await?;
         let req = api::ResolveModelRequest {
-            model_path,
+            model_path: absolute(model.as_ref())?.display().to_string(),
             on_miss: opts.on_miss as i32,
             formats: opts.formats.clone(),
             devices: opts.devices.clone(),
             runtime: opts.runtime.clone(),
-            handout: handout_name(&handout),
+            handout: String::new(),
         };
-        unary!(safe self, "ResolveModel", resolve_model, req)
+        unary!(model Repeat::Safe, self, "ResolveModel", resolve_model, req)
     }
 
     /// Starts (or joins) pack jobs; the stream reports each job's states.
@@ -231,9 +236,7 @@ impl Client {
         mut req: api::PrepackRequest,
     ) -> Result<MessageStream<api::PrepackProgress>> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
-        let handout = self.hand_over_for("Prepack", &req.model_path).await?;
-        req.handout = handout_name(&handout);
-        let s = unary!(safe self, "Prepack", prepack, req)?;
+        let s = unary!(model Repeat::Safe, self, "Prepack", prepack, req)?;
         Ok(MessageStream::new(s, "Prepack", self.socket.clone()))
     }
 
@@ -346,9 +349,7 @@ impl Client {
     pub async fn embed(&self, mut req: api::EmbedRequest) -> Result<api::EmbedResponse> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
         req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
-        let handout = self.hand_over_for("Embed", &req.model_path).await?;
-        req.handout = handout_name(&handout);
-        unary!(self, "Embed", embed, req)
+        unary!(model Repeat::Never, self, "Embed", embed, req)
     }
 
     /// Writes an onnxruntime-ready model for the request's target, its
@@ -364,20 +365,16 @@ impl Client {
         if !req.in_memory {
             req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
         }
-        let handout = self.hand_over_for("Materialize", &req.model_path).await?;
-        req.handout = handout_name(&handout);
-        unary!(self, "Materialize", materialize, req)
+        unary!(model Repeat::Never, self, "Materialize", materialize, req)
     }
 
     /// Copies the compiled tensors a model carries into the store.
     pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
-        let model_path = absolute(model.as_ref())?.display().to_string();
-        let handout = self.hand_over_for("Import", &model_path).await?;
         let req = api::ImportRequest {
-            model_path,
-            handout: handout_name(&handout),
+            model_path: absolute(model.as_ref())?.display().to_string(),
+            handout: String::new(),
         };
-        unary!(self, "Import", import, req)
+        unary!(model Repeat::Never, self, "Import", import, req)
     }
 
     /// Entry counts, bytes per format and device, hits, misses and leases.
