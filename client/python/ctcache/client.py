@@ -8,7 +8,6 @@ StructTypeProto) live in ``ctcache.onnx_pb`` under the protobuf package
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -178,10 +177,10 @@ def _digest(d) -> bytes:
     return bytes.fromhex(d) if isinstance(d, str) else bytes(d)
 
 
-def _holding(stream, held):
-    """``stream``, with the context ``held`` exited once it ends or is abandoned."""
-    with held:
-        yield from stream
+def _close(held) -> None:
+    """Ends a handout (``None``: none was made)."""
+    if held is not None:
+        held.close()
 
 
 def _path(p) -> str:
@@ -230,10 +229,10 @@ class Client:
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
 
-    def _handed(self, req, timeout: float | None):
+    def _handed(self, req, timeout: float | None) -> handout.Handout | None:
         """Hands ``req.model_path`` over the descriptor channel and names
-        the handout in ``req`` (nothing for a daemon without the channel);
-        the handout lasts for the ``with`` block that holds the value."""
+        the handout in ``req`` (``None``, and no name, for a daemon without
+        the channel); the handout lasts until it is closed."""
         try:
             h = handout.hand_over(self.socket, req.model_path, timeout)
         except handout.HandoutRefused as e:
@@ -242,9 +241,8 @@ class Client:
             raise errors.RequestFailed("Handout", grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
         except ConnectionError as e:
             raise errors.DaemonNotRunning(self.socket, f"Handout: {e}") from None
-        if h is not None:
-            req.handout = h.name
-        return h if h is not None else contextlib.nullcontext()
+        req.handout = h.name if h is not None else ""
+        return h
 
     def _renew(self, stub) -> None:
         """A new channel in place of the one ``stub`` used, unless another
@@ -264,24 +262,37 @@ class Client:
         time.sleep(pause)
         return True
 
-    def _call(self, method: str, request, timeout: float | None = None):
+    def _call(self, method: str, request, timeout: float | None = None, *, names_model: bool = False):
+        """Sends ``request``; one that ``names_model`` is handed over for each
+        attempt (a handout lives on the daemon that took it: one restarted
+        knows none), and the handout held until the answer."""
         since, pause = time.monotonic(), 0.02
         while True:
             stub = self._stub
+            held = self._handed(request, timeout) if names_model else None
             try:
                 return getattr(stub, method)(request, timeout=timeout)
             except grpc.RpcError as e:
                 if not self._again(method, e, stub, since, pause):
                     raise self._error(method, e) from None
                 pause = min(pause * 2, 0.5)
+            finally:
+                _close(held)
 
-    def _stream(self, method: str, request, timeout: float | None = None) -> Iterator:
+    def _stream(self, method: str, request, timeout: float | None = None, *,
+                names_model: bool = False) -> Iterator:
+        """As :meth:`_call`, for a stream; a handout is held until the stream
+        ends or is abandoned."""
+        def hand():
+            return self._handed(request, timeout) if names_model else None
+
         # The call starts now, not on the first next().
+        held = hand()
         stub = self._stub
         call = getattr(stub, method)(request, timeout=timeout)
 
         def messages():
-            nonlocal call, stub
+            nonlocal call, stub, held
             since, pause, started = time.monotonic(), 0.02, False
             try:
                 while True:
@@ -294,10 +305,13 @@ class Client:
                         if started or not self._again(method, e, stub, since, pause):
                             raise self._error(method, e) from None
                         pause = min(pause * 2, 0.5)
+                        _close(held)
+                        held = hand()
                         stub = self._stub
                         call = getattr(stub, method)(request, timeout=timeout)
             finally:
                 call.cancel()  # no-op once finished; tells the daemon when abandoned
+                _close(held)
 
         return messages()
 
@@ -317,8 +331,7 @@ class Client:
         req = pb.ResolveModelRequest(model_path=_path(path), on_miss=ON_MISS[on_miss],
                                      formats=_format_specs(formats), devices=list(devices or []),
                                      runtime=_runtime(runtime))
-        with self._handed(req, timeout) as _:
-            return self._call("ResolveModel", req, timeout)
+        return self._call("ResolveModel", req, timeout, names_model=True)
 
     def prepack(self, path, formats=None, *, initializers=None, wait: bool = True, backend: str = "auto",
                 timeout: float | None = None):
@@ -337,8 +350,7 @@ class Client:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         req = pb.PrepackRequest(model_path=_path(path), initializers=list(initializers or []),
                                 formats=_format_specs(formats), backend=BACKENDS[backend])
-        held = self._handed(req, timeout)
-        stream = _holding(self._stream("Prepack", req, timeout), held)
+        stream = self._stream("Prepack", req, timeout, names_model=True)
         if not wait:
             return stream
         final = {}
@@ -355,8 +367,7 @@ class Client:
         """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
         req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
                               formats=_format_specs(formats), sidecar=sidecar, replace=replace)
-        with self._handed(req, timeout) as _:
-            return self._call("Embed", req, timeout)
+        return self._call("Embed", req, timeout, names_model=True)
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
                     symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",
@@ -431,14 +442,12 @@ class Client:
         req.op_types.extend(op_types or [])
         if op_block_list is not None:
             req.op_block_list = ",".join(op_block_list)
-        with self._handed(req, timeout) as _:
-            return self._call("Materialize", req, timeout)
+        return self._call("Materialize", req, timeout, names_model=True)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""
         req = pb.ImportRequest(model_path=_path(path))
-        with self._handed(req, timeout) as _:
-            return self._call("Import", req, timeout)
+        return self._call("Import", req, timeout, names_model=True)
 
     # ---- entries ----
 
