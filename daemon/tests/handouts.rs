@@ -264,6 +264,88 @@ fn descriptors_that_are_no_readable_file_are_refused_at_once() {
     rt.block_on(resolve(&d.socket, &model, &name)).unwrap();
 }
 
+/// Messages out of protocol end the exchange with a clear refusal, and
+/// the daemon serves on.
+#[test]
+fn messages_out_of_protocol_are_refused_at_once() {
+    let d = Daemon::start();
+    let top = tempfile::tempdir().unwrap();
+    let model = private_model(top.path());
+    let files = |names: &[&str], missing: &[&str]| api::HandoutRequest {
+        step: Some(handout_request::Step::Files(api::HandoutFiles {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            missing: missing.iter().map(|n| n.to_string()).collect(),
+        })),
+    };
+    // Bytes that are no message.
+    let conn = connect(&d.socket);
+    rustix::net::send(&conn, &[0xff; 64], rustix::net::SendFlags::empty()).unwrap();
+    assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT");
+    // Files before the model, and a message without its step (an empty
+    // packet reads as the close, so it carries a descriptor).
+    let stray = File::open(&model).unwrap();
+    for (first, fds) in [
+        (files(&["w.bin"], &[]), vec![]),
+        (api::HandoutRequest::default(), vec![stray.as_fd()]),
+    ] {
+        let conn = connect(&d.socket);
+        wire::send(&conn, &first, &fds).unwrap();
+        assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT", "{first:?}");
+    }
+    // Answers that are not what was asked: another name, the name twice,
+    // a name without its descriptor, the model again.
+    let data = File::open(model.parent().unwrap().join("w.bin")).unwrap();
+    let answers: Vec<(api::HandoutRequest, Vec<BorrowedFd<'_>>)> = vec![
+        (files(&["other.bin"], &[]), vec![data.as_fd()]),
+        (files(&["w.bin"], &["w.bin"]), vec![data.as_fd()]),
+        (files(&["w.bin"], &[]), vec![]),
+        (
+            api::HandoutRequest {
+                step: Some(handout_request::Step::Model(api::HandoutModel::default())),
+            },
+            vec![data.as_fd()],
+        ),
+    ];
+    for (answer, fds) in &answers {
+        let conn = connect(&d.socket);
+        let file = File::open(&model).unwrap();
+        send_model(&conn, &model, &[file.as_fd()]);
+        assert!(matches!(reply(&conn), handout_reply::Step::Needs(_)));
+        wire::send(&conn, answer, fds).unwrap();
+        assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT", "{answer:?}");
+    }
+    // A data file the client could not open: the handout is made, and a
+    // request that needs that file says which one is missing.
+    let conn = connect(&d.socket);
+    let file = File::open(&model).unwrap();
+    send_model(&conn, &model, &[file.as_fd()]);
+    assert!(matches!(reply(&conn), handout_reply::Step::Needs(_)));
+    wire::send(&conn, &files(&[], &["w.bin"]), &[]).unwrap();
+    let handout_reply::Step::Ready(ready) = reply(&conn) else {
+        panic!("a handout with a file missing is still made");
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let e = rt
+        .block_on(async {
+            let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+            c.prepack(api::PrepackRequest {
+                model_path: model.display().to_string(),
+                handout: ready.handout.clone(),
+                initializers: vec!["W".into()],
+                formats: vec![api::FormatSpec {
+                    id: "gemm.pack_b.f32".into(),
+                    params: Default::default(),
+                }],
+                ..Default::default()
+            })
+            .await
+        })
+        .unwrap_err();
+    assert!(e.message().contains("not handed over"), "{e:?}");
+    let (name, _conn) = hand_over(&d.socket, &model, data.as_fd());
+    rt.block_on(resolve(&d.socket, &model, &name)).unwrap();
+}
+
 /// The other uid's half of `a_handout_is_its_uids_and_ends_with_its_connection`.
 #[tokio::test]
 async fn foreign_handout_helper() {
