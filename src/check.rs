@@ -14,7 +14,7 @@ use crate::structs::{self, Limits, PhysicalTypeKey, StructError, ValueLayout};
 
 mod model_rules;
 mod payload;
-pub use payload::{payload_bytes, payload_ref, PayloadError};
+pub use payload::{data_files, payload_bytes, payload_ref, PayloadError};
 
 /// Which compiled entry an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]

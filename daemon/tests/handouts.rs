@@ -346,6 +346,44 @@ fn messages_out_of_protocol_are_refused_at_once() {
     rt.block_on(resolve(&d.socket, &model, &name)).unwrap();
 }
 
+/// A model's compiled tensors may keep their payloads in a sidecar: the
+/// daemon asks for that file too (Import and Embed read it).
+#[test]
+fn the_sidecar_of_compiled_tensors_is_asked_for() {
+    let d = Daemon::start();
+    let model = d.path("work/m.onnx");
+    write_model(&model, &matmul_model(512, 256, 3));
+    let out = d.path("work/m.ct.onnx");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let embedded = rt.block_on(async {
+        let c = ctcache_client::Client::connect_to(&d.socket).await.unwrap();
+        c.embed(api::EmbedRequest {
+            model_path: model.display().to_string(),
+            output_path: out.display().to_string(),
+            formats: vec![api::FormatSpec {
+                id: "gemm.pack_b.f32".into(),
+                params: Default::default(),
+            }],
+            sidecar: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    });
+    let sidecar = Path::new(&embedded.sidecar_path);
+    assert!(sidecar.is_file(), "{embedded:?}");
+    let conn = connect(&d.socket);
+    let file = File::open(&out).unwrap();
+    send_model(&conn, &out, &[file.as_fd()]);
+    match reply(&conn) {
+        handout_reply::Step::Needs(n) => {
+            let name = sidecar.file_name().unwrap().to_str().unwrap();
+            assert_eq!(n.names, [name]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// The other uid's half of `a_handout_is_its_uids_and_ends_with_its_connection`.
 #[tokio::test]
 async fn foreign_handout_helper() {

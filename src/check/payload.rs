@@ -1,6 +1,9 @@
 //! A structured value's payload: inline bytes, or the range of an
 //! external-data file its `external_data` entries name.
 
+use std::collections::BTreeSet;
+use std::path::Path;
+
 use bytes::Bytes;
 
 use crate::onnx::{ExternalFileError, ExternalRef, ExternalRefError, Model};
@@ -50,4 +53,37 @@ pub fn payload_bytes(model: &Model, value: &pb::StructProto) -> Result<Bytes, Pa
     let file = model.external_file(&ext)?;
     let range = ext.range(file.len() as u64)?;
     Ok(file.slice(range.start as usize..range.end as usize))
+}
+/// The data files `model` reads, relative to its folder: its
+/// initializers' external data and its compiled tensors' external payloads.
+/// Stops once it has more than `limit` (the caller refuses such a model).
+/// A compiled tensor that does not decode, or whose reference is refused,
+/// names none: reading it fails on its own.
+pub fn data_files(model: &Model, limit: usize) -> crate::Result<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    let mut add = |loc: &ExternalRef| {
+        if let Some(p) = loc.file_in(Path::new("")) {
+            names.insert(p.to_string_lossy().into_owned());
+        }
+        names.len() > limit
+    };
+    for t in model.initializers()? {
+        if let crate::onnx::Storage::External(loc) = &t.storage {
+            if add(loc) {
+                return Ok(names);
+            }
+        }
+    }
+    for (_, c) in model.compiled_tensors() {
+        let payload = c
+            .ok()
+            .and_then(|c| c.value)
+            .filter(|v| !v.external_data.is_empty());
+        if let Some(Ok(loc)) = payload.map(|v| payload_ref(&v)) {
+            if add(&loc) {
+                return Ok(names);
+            }
+        }
+    }
+    Ok(names)
 }

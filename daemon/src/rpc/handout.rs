@@ -3,14 +3,12 @@
 //! checks each one (a regular file open for reading), charges them to its
 //! uid, and makes a handout of them that lives while the connection does.
 
-use std::collections::BTreeSet;
-
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctcache::onnx::{Model, Storage, MAX_EXTERNAL_FILES};
+use ctcache::onnx::{Model, MAX_EXTERNAL_FILES};
 use ctcache_api::handout::{self as wire, MAX_FDS, MAX_PACKET};
 use ctcache_api::v1::{self as api, handout_reply, handout_request};
 use prost::Message;
@@ -157,22 +155,16 @@ async fn handshake(afd: &Conn, charge: &mut Charge<'_>) -> Result<(String, PathB
     Ok((asked.model_path, real, Arc::new(model)))
 }
 
-/// The data files a model's initializers read, relative to its folder;
-/// RESOURCE_EXHAUSTED past [`MAX_EXTERNAL_FILES`].
+/// The data files a model reads, relative to its folder (see
+/// `ctcache::check::data_files`); RESOURCE_EXHAUSTED past
+/// [`MAX_EXTERNAL_FILES`].
 fn data_files(model: &Model) -> Result<Vec<String>> {
-    let mut names = BTreeSet::new();
-    for t in model.initializers()? {
-        if let Storage::External(loc) = &t.storage {
-            if let Some(p) = loc.file_in(Path::new("")) {
-                names.insert(p.to_string_lossy().into_owned());
-            }
-        }
-        if names.len() > MAX_EXTERNAL_FILES {
-            return Err(Error::exhausted(format!(
-                "the model reads data from more than {MAX_EXTERNAL_FILES} files, the most one \
-                 model may"
-            )));
-        }
+    let names = ctcache::check::data_files(model, MAX_EXTERNAL_FILES)?;
+    if names.len() > MAX_EXTERNAL_FILES {
+        return Err(Error::exhausted(format!(
+            "the model reads data from more than {MAX_EXTERNAL_FILES} files, the most one model \
+             may"
+        )));
     }
     Ok(names.into_iter().collect())
 }
