@@ -173,6 +173,27 @@ impl Error {
     }
 }
 
+impl From<ctcache_files::Error> for Error {
+    fn from(e: ctcache_files::Error) -> Error {
+        use ctcache_files::Error as F;
+        match e {
+            F::Io {
+                action,
+                path,
+                source,
+            } => Error::Io {
+                action,
+                path,
+                source,
+            },
+            F::Unsupported(why) => Error::Unsupported(why),
+            F::PayloadChanged { path, problem } => Error::PayloadChanged { path, problem },
+            F::BadAnswer(why) => Error::Rewrite(why),
+            F::Cancelled => Error::Cancelled,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;

@@ -17,7 +17,7 @@ pub mod fsutil;
 pub mod hit;
 pub mod materialize;
 pub mod onnx;
-pub mod outdir;
+pub use ctcache_files::outdir;
 pub mod resolve;
 pub mod store;
 pub mod structs;

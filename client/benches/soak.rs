@@ -360,13 +360,13 @@ async fn writer(c: Client, models: PathBuf, work: PathBuf, shared: Arc<Shared>) 
         if i.is_multiple_of(4) {
             let out = work.join(format!("mat{i}.onnx"));
             let t = Instant::now();
+            let req = api::MaterializeRequest {
+                model_path: path.display().to_string(),
+                target: "onnxruntime-int4".into(),
+                ..Default::default()
+            };
             let r = c
-                .materialize(api::MaterializeRequest {
-                    model_path: path.display().to_string(),
-                    output_path: out.display().to_string(),
-                    target: "onnxruntime-int4".into(),
-                    ..Default::default()
-                })
+                .materialize_to(req, &out, Default::default(), &Default::default())
                 .await;
             shared.record("Materialize", t, r.as_ref().map(|_| ()));
             let t = Instant::now();

@@ -98,6 +98,9 @@ pub enum Error {
     /// The caller's input or a local step failed before anything reached the daemon.
     #[error("{0}")]
     InvalidArgument(String),
+    /// Writing a file this process makes (a materialized model).
+    #[error(transparent)]
+    Write(#[from] ctcache_files::Error),
 }
 
 impl Error {

@@ -28,6 +28,7 @@ mod channel;
 mod conn;
 mod error;
 mod handout;
+mod materialize;
 mod payload;
 mod socket;
 mod stream;
@@ -40,8 +41,10 @@ use conn::{Conn, Repeat};
 
 pub use channel::{channel_to, lazy_channel_to};
 pub use ctcache_api::v1 as api;
+pub use ctcache_files::place::LinkMode;
 pub use error::{Error, Result};
 pub use handout::Handout;
+pub use materialize::ForFile;
 pub use payload::{MappedPayload, OpenOptions};
 pub use socket::{default_socket, default_socket_with};
 pub use stream::MessageStream;
@@ -352,19 +355,15 @@ impl Client {
         unary!(model Repeat::Never, self, "Embed", embed, req)
     }
 
-    /// Writes an onnxruntime-ready model for the request's target, its
-    /// weights placed from cache entries (or, with `in_memory`, answers
-    /// the model's bytes and leases its payloads); the paths are made
+    /// An onnxruntime-ready model for the request's target, built in
+    /// memory: the model's bytes and a lease on each payload it reads (see
+    /// [`Client::materialize_to`] for a file); the model path is made
     /// absolute here.
     pub async fn materialize(
         &self,
         mut req: api::MaterializeRequest,
     ) -> Result<api::MaterializeResponse> {
         req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
-        // An in-memory materialize names no output.
-        if !req.in_memory {
-            req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
-        }
         unary!(model Repeat::Never, self, "Materialize", materialize, req)
     }
 

@@ -13,12 +13,18 @@ use ctcache_testkit::Tmpfs;
 use support::*;
 use tonic::Code;
 
-fn materialize_req(model: &std::path::Path, out: &std::path::Path) -> api::MaterializeRequest {
-    api::MaterializeRequest {
+/// Materializes `model` into `out` as a client does (the daemon builds
+/// it, this process writes it).
+async fn materialize_to(
+    d: &InProc,
+    model: &std::path::Path,
+    out: &std::path::Path,
+) -> Result<api::MaterializeResponse, ctcache_client::Error> {
+    let req = api::MaterializeRequest {
         model_path: model.display().to_string(),
-        output_path: out.display().to_string(),
         ..Default::default()
-    }
+    };
+    materialize_file(&d.socket, req, out, Default::default()).await
 }
 
 fn embed_req(model: &std::path::Path, out: &std::path::Path) -> api::EmbedRequest {
@@ -79,11 +85,10 @@ async fn a_full_disk_is_resource_exhausted_on_every_path() {
         "{:?}",
         summary(&jobs)
     );
-    let m = c
-        .materialize(materialize_req(&second, &d.path("work/m2.onnx")))
+    let m = materialize_to(&d, &second, &d.path("work/m2.onnx"))
         .await
         .unwrap_err();
-    assert_eq!(m.code(), Code::ResourceExhausted, "{m:?}");
+    assert_eq!(m.code(), Some(Code::ResourceExhausted), "{m:?}");
     std::fs::remove_file(ballast).unwrap();
 
     // The output's file system full, the cache's with room again.
@@ -91,14 +96,16 @@ async fn a_full_disk_is_resource_exhausted_on_every_path() {
     let out = out_fs.path().join("m.onnx");
     let em = c.embed(embed_req(&first, &out)).await;
     assert_eq!(em.unwrap_err().code(), Code::ResourceExhausted);
-    let m = c.materialize(materialize_req(&first, &out)).await;
-    assert_eq!(m.unwrap_err().code(), Code::ResourceExhausted);
+    // The client writes the model: its own disk is full.
+    let m = materialize_to(&d, &first, &out).await.unwrap_err();
+    assert!(m.to_string().contains("No space left"), "{m:?}");
+    assert!(!out.exists() && !out_fs.path().join("m.onnx.weights").exists());
     // Room again: the same calls go through.
     std::fs::remove_file(ballast).unwrap();
     c.embed(embed_req(&first, &out))
         .await
         .expect("Embed with room");
-    c.materialize(materialize_req(&first, &out_fs.path().join("mat.onnx")))
+    materialize_to(&d, &first, &out_fs.path().join("mat.onnx"))
         .await
         .expect("Materialize with room");
 }
@@ -120,10 +127,11 @@ async fn a_model_that_cannot_be_parsed_is_invalid_argument() {
         .unwrap_err()
         .code(),
         c.embed(embed_req(&bad, &out)).await.unwrap_err().code(),
-        c.materialize(materialize_req(&bad, &out))
+        materialize_to(&d, &bad, &out)
             .await
             .unwrap_err()
-            .code(),
+            .code()
+            .unwrap(),
     ];
     assert_eq!(codes, [Code::InvalidArgument; 3]);
 }

@@ -1,8 +1,9 @@
 //! Materialize with `in_memory`: the answer is the model's bytes and the
 //! payload ranges its new initializers read, each payload leased to the
-//! caller; nothing is written anywhere. Those ranges are the bytes the file
-//! materialize writes; a request that also names an output or a link mode
-//! is refused; the leases count against the peer's `max_leases_per_uid`
+//! caller; the daemon writes nothing anywhere. Those ranges are the bytes
+//! a client writes for a file (its locations then in the data folder it
+//! names); a request that names an output, a link mode or no in_memory is
+//! refused; the leases count against the peer's `max_leases_per_uid`
 //! (an attacker cannot use in-memory answers to hold more), and a refusal
 //! part way leaves none of them behind.
 
@@ -120,15 +121,13 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
     assert!(!r.tensors.is_empty());
     // The same bytes the file materialize writes under the same names.
     let out = d.path("out/m4.onnx");
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    c.materialize(api::MaterializeRequest {
-        output_path: out.display().to_string(),
-        in_memory: false,
-        lease_ttl_ms: 0,
-        ..in_memory(&model)
-    })
-    .await
-    .unwrap();
+    let req = api::MaterializeRequest {
+        model_path: model.display().to_string(),
+        ..Default::default()
+    };
+    materialize_file(&d.socket, req, &out, Default::default())
+        .await
+        .unwrap();
     for t in &r.tensors {
         assert!(
             leased.contains(&t.key.as_str()),
@@ -137,13 +136,7 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
             t.key
         );
         // Its location names the leased payload's file.
-        let init = graph.initializer.iter().find(|i| i.name == t.name).unwrap();
-        let location = &init
-            .external_data
-            .iter()
-            .find(|e| e.key == "location")
-            .unwrap()
-            .value;
+        let location = location_of(&graph, &t.name);
         let lease = r
             .leases
             .iter()
@@ -178,7 +171,7 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
 }
 
 #[tokio::test]
-async fn in_memory_refuses_an_output_or_a_link_mode() {
+async fn the_daemon_writes_no_file_for_a_caller() {
     let d = InProc::start();
     let model = d.path("work/m.onnx");
     write_model(&model, &matmul_model(K, N, 5));
@@ -191,12 +184,69 @@ async fn in_memory_refuses_an_output_or_a_link_mode() {
         link: api::LinkMode::Hard as i32,
         ..in_memory(&model)
     };
-    for req in [with_output, with_link] {
+    let with_copy = api::MaterializeRequest {
+        copy: true,
+        ..in_memory(&model)
+    };
+    let to_a_file = api::MaterializeRequest {
+        output_path: d.path("work/out.onnx").display().to_string(),
+        in_memory: false,
+        ..in_memory(&model)
+    };
+    for req in [with_output, with_link, with_copy, to_a_file] {
         let e = c.materialize(req).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-        assert!(e.message().contains("in_memory writes nothing"), "{e:?}");
+        assert!(e.message().contains("writes no file"), "{e:?}");
     }
     assert!(!d.path("work/out.onnx").exists());
+    for folder in ["..", "a/b", "/tmp", "."] {
+        let req = api::MaterializeRequest {
+            data_folder: folder.into(),
+            ..in_memory(&model)
+        };
+        let e = c.materialize(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{folder}: {e:?}");
+    }
+    assert_eq!(active_leases(&mut c).await, 0);
+}
+
+/// The external-data location of initializer `name`.
+fn location_of<'g>(graph: &'g pb::GraphProto, name: &str) -> &'g str {
+    let init = graph.initializer.iter().find(|i| i.name == name).unwrap();
+    let location = init.external_data.iter().find(|e| e.key == "location");
+    &location.unwrap().value
+}
+
+/// For a file its caller writes, the model's locations are in its data
+/// folder and the answer names the entry behind each file there.
+#[tokio::test]
+async fn an_answer_for_a_file_names_its_data_folder() {
+    let d = InProc::start();
+    let model = d.path("work/m.onnx");
+    write_model(&model, &matmul_model(K, N, 6));
+    let mut c = d.client().await;
+    let req = api::MaterializeRequest {
+        data_folder: "m4.onnx.weights".into(),
+        ..in_memory(&model)
+    };
+    let r = c.materialize(req).await.unwrap().into_inner();
+    let graph = pb::ModelProto::decode(r.model.as_ref())
+        .unwrap()
+        .graph
+        .unwrap();
+    let names: Vec<&str> = r.payload_files.iter().map(|f| f.name.as_str()).collect();
+    assert!(!names.is_empty(), "{r:?}");
+    for t in &r.tensors {
+        let location = location_of(&graph, &t.name);
+        let file = location.strip_prefix("m4.onnx.weights/").unwrap();
+        let named = r.payload_files.iter().find(|f| f.name == file).unwrap();
+        assert_eq!(named.key, t.key);
+        let e = r
+            .leases
+            .iter()
+            .find_map(|l| l.entry.as_ref().filter(|e| e.key == t.key));
+        assert_eq!(file, format!("{}.bin", e.unwrap().payload_blake3));
+    }
 }
 
 /// The attacker half: an in-memory materialize of a two-payload model
@@ -260,6 +310,6 @@ async fn a_model_too_large_for_one_answer_is_refused_with_no_lease_left() {
     let mut c = d.client().await;
     let e = c.materialize(in_memory(&model)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().contains("materialize it to a file"), "{e:?}");
+    assert!(e.message().contains("raise the daemon's"), "{e:?}");
     assert_eq!(active_leases(&mut c).await, 0);
 }

@@ -69,17 +69,15 @@ fn work_model(d: &InProc, name: &str, seed: u32) -> (PathBuf, Vec<u8>) {
     (model, digest)
 }
 
-/// Materializes `model` (4 bits) into `out`, whose folder is made first.
-async fn materialize(c: &mut Client, model: &Path, out: &Path) -> api::MaterializeResponse {
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    c.materialize(api::MaterializeRequest {
+/// Materializes `model` (4 bits) into `out`, as a client does.
+async fn materialize(d: &InProc, model: &Path, out: &Path) -> api::MaterializeResponse {
+    let req = api::MaterializeRequest {
         model_path: model.display().to_string(),
-        output_path: out.display().to_string(),
         ..Default::default()
-    })
-    .await
-    .unwrap()
-    .into_inner()
+    };
+    materialize_file(&d.socket, req, out, Default::default())
+        .await
+        .unwrap()
 }
 
 /// The payload files a materialized model references: (name, bytes).
@@ -211,7 +209,7 @@ async fn an_8_bit_entry_never_answers_a_4_bit_request() {
     assert!(r.miss.is_some(), "{r:?}");
 
     // Materialize (4 bits): packs its own entry, links only its bytes.
-    let m = materialize(&mut c, &model, &d.path("work/out/m.q.onnx")).await;
+    let m = materialize(&d, &model, &d.path("work/out/m.q.onnx")).await;
     assert_eq!((m.bits, m.packed, m.cached), (4, 1, 0), "{m:?}");
     let b4 = c.lookup(want_b4).await.unwrap().into_inner().entries;
     assert_eq!(b4.len(), 1);
@@ -303,7 +301,7 @@ async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
     let mut d = InProc::start();
     let mut c = d.client().await;
     let (model, digest) = work_model(&d, "m.onnx", 23);
-    let first = materialize(&mut c, &model, &d.path("work/a/m.q.onnx")).await;
+    let first = materialize(&d, &model, &d.path("work/a/m.q.onnx")).await;
     assert_eq!(first.packed, 1, "{first:?}");
     let packed = entries_for(&mut c, &digest).await;
     assert_eq!(packed.len(), 1);
@@ -316,7 +314,7 @@ async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
     assert!(!intact(&packed[0]));
     d.restart();
     let mut c = d.client().await;
-    let again = materialize(&mut c, &model, &d.path("work/b/m.q.onnx")).await;
+    let again = materialize(&d, &model, &d.path("work/b/m.q.onnx")).await;
     assert_eq!((again.packed, again.cached), (1, 0), "{again:?}");
     let fresh = entries_for(&mut c, &digest).await;
     assert_eq!(fresh.len(), 1);
@@ -381,7 +379,7 @@ async fn bytes_that_rot_after_their_first_serve_are_never_served() {
     let mut d = InProc::start();
     let mut c = d.client().await;
     let (model, digest) = work_model(&d, "m.onnx", 31);
-    let first = materialize(&mut c, &model, &d.path("work/a/m.q.onnx")).await;
+    let first = materialize(&d, &model, &d.path("work/a/m.q.onnx")).await;
     assert_eq!(first.packed, 1, "{first:?}");
     let packed = entries_for(&mut c, &digest).await;
     weights_are(&first, &packed);
@@ -393,7 +391,7 @@ async fn bytes_that_rot_after_their_first_serve_are_never_served() {
     // Materialize (the prepack under it finds the damage and packs again:
     // never CACHED over a rotted file), and the output holds good bytes.
     rot_payload(&packed[0].payload_path);
-    let again = materialize(&mut c, &model, &d.path("work/b/m.q.onnx")).await;
+    let again = materialize(&d, &model, &d.path("work/b/m.q.onnx")).await;
     assert_eq!((again.packed, again.cached), (1, 0), "{again:?}");
     let fresh = entries_for(&mut c, &digest).await;
     assert!(intact(&fresh[0]), "{fresh:?}");
@@ -456,7 +454,7 @@ async fn with_daemon_produced_only_a_clients_entry_is_never_used() {
     );
     let miss = c.lookup(lookup_req(&d2)).await.unwrap().into_inner();
     assert_eq!(miss.miss.unwrap().reason, "not_daemon_produced");
-    let m = materialize(&mut c, &m2, &d.path("work/out/m2.q.onnx")).await;
+    let m = materialize(&d, &m2, &d.path("work/out/m2.q.onnx")).await;
     assert_eq!((m.packed, m.cached), (1, 0), "{m:?}");
     let e = c
         .embed(api::EmbedRequest {

@@ -494,7 +494,7 @@ fn kept_external_data_is_copied_not_linked_when_the_output_moves() {
     assert!(w3.external_data.iter().any(|e| e.value == "m.data"));
     // In memory: kept data is inlined (the model reads no file of the
     // source's; every location is a payload's).
-    let built = mat::build_in_memory(&f.model, &plan, s, &f.weights, u64::MAX).unwrap();
+    let built = mat::build_in_memory(&f.model, &plan, s, &f.weights, u64::MAX, "").unwrap();
     let g = pb::ModelProto::decode(built.model.as_slice())
         .unwrap()
         .graph
@@ -592,7 +592,7 @@ fn an_in_memory_model_is_the_written_one_and_writes_nothing() {
     let s = Settings::default();
     let (f, plan) = fixture(&model(false), &s);
     let before = ctcache_testkit::paths_under(f.dir.path());
-    let built = mat::build_in_memory(&f.model, &plan, s, &f.weights, u64::MAX).unwrap();
+    let built = mat::build_in_memory(&f.model, &plan, s, &f.weights, u64::MAX, "").unwrap();
     assert_eq!(
         ctcache_testkit::paths_under(f.dir.path()),
         before,

@@ -11,6 +11,7 @@ pub mod v1 {
 }
 
 pub mod handout;
+pub mod placed;
 pub mod served;
 mod struct_type;
 

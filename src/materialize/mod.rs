@@ -29,12 +29,11 @@
 //! - [`place`] reflinks, copies or links one file atomically.
 
 mod ask;
-mod place;
 mod plan;
 mod write;
 
 pub use ask::{Ask, AskError, Setting};
-pub use place::{place, LinkMode, Method, Placed};
+pub use ctcache_files::place::{place, LinkMode, Method, Placed};
 pub use plan::{
     group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, PLACED_MIN_BYTES,
 };

@@ -151,6 +151,32 @@ impl Payload {
     }
 }
 
+impl ctcache_files::place::Checked for Payload {
+    fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+
+    fn is_file(&self, meta: &Metadata) -> bool {
+        Payload::is_file(self, meta)
+    }
+
+    fn is_inode(&self, dev: u64, ino: u64) -> bool {
+        Payload::is_inode(self, dev, ino)
+    }
+
+    fn checked_range(&self, range: Range<usize>) -> Result<&[u8], u64> {
+        self.checked(range).map_err(|r| r.offset)
+    }
+
+    fn release(&self, range: Range<usize>) {
+        Payload::release(self, range)
+    }
+}
+
 impl Store {
     /// Whether the payload file of `blob` is there with `len` bytes that
     /// hash to its name (hashed once per file as it stands). Caller holds

@@ -112,3 +112,36 @@ def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root
                        env=dict(os.environ, HOME=str(root_dir)))
     assert r.returncode != 0, r.stdout
     assert f"not readable by uid {other}" in r.stderr and str(model) in r.stderr, r.stderr
+
+
+def test_a_user_gets_outputs_in_its_own_folders(as_its_own_user, root_dir, installed):  # noqa: F811
+    """The daemon writes no file for a caller: ctcachectl and the Python client write the materialized model
+    and its weights with the caller's own rights, into folders only the caller may enter (made when missing)."""
+    model = _private_model(root_dir)
+    home = model.parent
+    shutil.copytree(installed / "ctcache", root_dir / "py" / "ctcache")
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(root_dir / "py"))
+    out = home / "out" / "cli" / "m.int4.onnx"
+    r = subprocess.run([*setpriv(CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user),
+                        "materialize", str(model), "-o", str(out), "--link", "hard"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    script = ("import sys, ctcache\n"
+              "with ctcache.connect(sys.argv[1]) as c:\n"
+              "    r = c.materialize(sys.argv[2], sys.argv[3])\n"
+              "print('WROTE', r.output_path, r.files_copied)\n")
+    py_out = home / "out" / "py" / "m.int4.onnx"
+    r = subprocess.run([*setpriv(CALLER_UID), sys.executable, "-c", script, str(as_its_own_user), str(model),
+                        str(py_out)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"WROTE {py_out} 1" in r.stdout, r.stdout
+    for written in (out, py_out):
+        weights = list(Path(f"{written}.weights").iterdir())
+        assert len(weights) == 1, weights
+        for p in (written.parent, written, *weights):
+            st = os.lstat(p)
+            assert st.st_uid == CALLER_UID, f"{p} belongs to uid {st.st_uid}"
+        # The kernel refuses the caller a hard link of the store's file: a copy of its own.
+        assert os.lstat(weights[0]).st_nlink == 1
+        ort = pytest.importorskip("onnxruntime")
+        ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])

@@ -116,6 +116,9 @@ impl Failure {
 
 impl From<ctcache_client::Error> for Failure {
     fn from(e: ctcache_client::Error) -> Self {
+        if let ctcache_client::Error::Write(e) = e {
+            return Failure::from(e);
+        }
         if e.is_unreachable() {
             Failure::Unreachable(e.to_string())
         } else {
@@ -150,6 +153,12 @@ impl From<ctcache::Error> for Failure {
             _ => None,
         };
         Failure::with(e.to_string(), refusal)
+    }
+}
+
+impl From<ctcache_files::Error> for Failure {
+    fn from(e: ctcache_files::Error) -> Self {
+        Failure::from(ctcache::Error::from(e))
     }
 }
 

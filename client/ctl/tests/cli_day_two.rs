@@ -447,15 +447,11 @@ fn an_interrupted_materialize_exits_130_and_leaves_nothing() {
     d.signal(libc::SIGCONT);
     assert_eq!(o.code, 130, "{o:#?}");
     assert!(
-        o.stderr
-            .contains("interrupted; the daemon removes what it wrote"),
+        o.stderr.contains("interrupted; nothing was written"),
         "{o:#?}"
     );
+    // The client writes the model (the daemon writes no file for it), and
+    // it was stopped before its answer came: no folder was made.
     assert!(!d.path("work/new").exists(), "{o:#?}");
-    // The daemon, going on, writes nothing for the call that went away.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    d.ctl(&["status"]).ok();
-    assert!(!d.path("work/new").exists());
-    assert!(!out.exists());
     d.stop();
 }

@@ -15,10 +15,11 @@ from typing import Iterator, Mapping
 
 import grpc
 
-from . import errors, handout
+from . import errors, handout, materialized
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import ctcache_v1_pb2_grpc as pb_grpc
 from ._pb import onnx_pb2 as onnx_pb
+from .materialized import LINK_MODES, PLACE_METHODS
 from .payload import Payload
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -43,11 +44,6 @@ def state_name(progress) -> str:
     """A job state as a word: ``queued``, ``running``, ``done``, ``cached``,
     ``failed`` or ``cancelled``."""
     return pb.JobState.Name(progress.state).removeprefix("JOB_STATE_").lower()
-LINK_MODES = {"auto": pb.LINK_MODE_AUTO, "reflink": pb.LINK_MODE_REFLINK, "copy": pb.LINK_MODE_COPY,
-              "hard": pb.LINK_MODE_HARD}
-#: ``MaterializeFile.method`` values by name (the names ``ctcachectl --json`` prints).
-PLACE_METHODS = {pb.PLACE_METHOD_REFLINK: "reflink", pb.PLACE_METHOD_COPY: "copy",
-                 pb.PLACE_METHOD_HARD_LINK: "hard_link", pb.PLACE_METHOD_IN_PLACE: "in_place"}
 
 #: The trailer by which the daemon names the kind of every error it answers.
 _KIND_KEY = "ctcache-error-kind"
@@ -393,12 +389,18 @@ class Client:
         Every top-level MatMul whose B is a 2-D FLOAT/FLOAT16 initializer (and
         every Gemm with a constant B, transA=0, alpha=beta=1) becomes a
         ``com.microsoft::MatMulNBits``; its weights are external data in
-        ``<output file name>.weights/``. ``link`` says how those files are
-        made from the daemon's cache payloads: ``"auto"`` (a reflink where the
-        filesystem supports it, else a copy: files onnx and onnxruntime both
-        load), ``"reflink"`` (or fail), ``"copy"``, ``"hard"`` (hard links,
-        copies where refused: no bytes written, but onnx >= 1.21 refuses such
-        files; onnxruntime loads them). ``copy=True`` is ``link="copy"``. The
+        ``<output file name>.weights/``. This process writes the model and
+        those files with its own rights, its folders made when missing (the
+        daemon writes no file where a caller points: it builds the model and
+        leases its payloads), each file checked against its entry's blake3
+        (a mismatch raises :class:`~ctcache.errors.PayloadMismatch` and
+        leaves nothing). ``link`` says how those files are made from the
+        daemon's cache payloads: ``"auto"`` (a reflink where the filesystem
+        supports it, else a copy: files onnx and onnxruntime both load),
+        ``"reflink"`` (or fail), ``"copy"``, ``"hard"`` (hard links where the
+        kernel lets this user make them, as the store's owner; copies
+        elsewhere: no bytes written, but onnx >= 1.21 refuses such files;
+        onnxruntime loads them). ``copy=True`` is ``link="copy"``. The
         answer's ``files`` say how each file was placed (``PLACE_METHODS``).
         ``bits`` / ``block_size`` / ``symmetric`` left ``None``: the daemon's
         policy for ``ort.matmul_nbits``, else 4 / 32 / symmetric.
@@ -413,22 +415,27 @@ class Client:
         ``offset``, ``length``) holds each new initializer's bytes, and
         ``leases`` hold a lease of ``lease_ttl_s`` on each of those entries,
         taken for this caller (renew or release them:
-        :func:`ctcache.ort.inference_session` does). The initializers the
-        model keeps as external data lie where the source's do, relative to
-        ``external_data_dir``.
+        :func:`ctcache.ort.inference_session` does). Locations are relative
+        to ``external_data_dir``; the initializers the model keeps from the
+        source come inline.
         """
         if in_memory:
             if output_path is not None:
                 raise ValueError("in_memory=True writes nothing: output_path must be None")
-            output_path = ""
+            if link != "auto" or copy:
+                raise ValueError("in_memory=True writes nothing: link places no file")
         if link not in LINK_MODES:
             raise ValueError(f"link must be one of {', '.join(LINK_MODES)}, not {link!r}")
         if copy and link not in ("auto", "copy"):
             raise ValueError(f"copy=True is link='copy'; it contradicts link={link!r}")
-        req = pb.MaterializeRequest(model_path=_path(model_path), output_path=output_path and _path(output_path),
-                                    target=target, accuracy_level=int(accuracy_level),
-                                    link=LINK_MODES["copy" if copy else link], in_memory=bool(in_memory),
-                                    lease_ttl_ms=max(int(lease_ttl_s * 1000), 1) if in_memory else 0)
+        output = None if in_memory else os.path.abspath(_path(output_path))
+        if output is not None:
+            materialized.refuse_input(_path(model_path), output)
+        # For a file, the leases last while this process copies the payloads.
+        ttl_s = lease_ttl_s if in_memory else 600.0
+        req = pb.MaterializeRequest(model_path=_path(model_path), target=target, accuracy_level=int(accuracy_level),
+                                    in_memory=True, lease_ttl_ms=max(int(ttl_s * 1000), 1),
+                                    data_folder="" if in_memory else materialized.data_folder(output))
         if bits is not None:
             req.bits = int(bits)
         if block_size is not None:
@@ -442,7 +449,17 @@ class Client:
         req.op_types.extend(op_types or [])
         if op_block_list is not None:
             req.op_block_list = ",".join(op_block_list)
-        return self._call("Materialize", req, timeout, names_model=True)
+        r = self._call("Materialize", req, timeout, names_model=True)
+        if in_memory:
+            return r
+        try:
+            return materialized.write(r, req.model_path, output, "copy" if copy else link)
+        finally:
+            for lease in r.leases:
+                try:
+                    self._stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=lease.lease_id), timeout=5)
+                except (grpc.RpcError, ValueError):
+                    pass  # daemon gone: the lease expires by itself
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""

@@ -10,10 +10,10 @@ convert_float_to_float16(keep_io_types=True)`` writes; fallback: that tool).
     sess = ctcache.ort.inference_session("/models/m.onnx")    # MatMulNBits weights from the cache
     r = ctcache.materialize("/models/m.onnx")                 # -> /models/m.int4.onnx (+ m.int4.onnx.weights/)
 
-:func:`materialize` asks the daemon to write a copy of an fp32/fp16 model in
-which every eligible MatMul (and Gemm) is a ``com.microsoft::MatMulNBits``
-whose weights come from the daemon's cached ``ort.matmul_nbits`` payloads:
-reflinks where the filesystem supports them (a warm materialize then writes
+:func:`materialize` writes (with this process's rights) a copy of an
+fp32/fp16 model that the daemon builds, in which every eligible MatMul (and
+Gemm) is a ``com.microsoft::MatMulNBits`` whose weights come from the
+daemon's cached ``ort.matmul_nbits`` payloads: reflinks where the filesystem supports them (a warm materialize then writes
 a few kilobytes of model, whatever the size of the weights), else copies;
 hard links with ``link="hard"``.
 
@@ -178,7 +178,7 @@ def materialize(path, output_path=None, *, socket=None, bits: int | None = None,
                 target: str = TARGET_INT4, weight_type: str | None = None, per_channel: bool = False,
                 reduce_range: bool = False, op_types=None, op_block_list=None,
                 timeout: float | None = None) -> pb.MaterializeResponse:
-    """Has the daemon write the quantized form of a model for ``target`` (see :meth:`Client.materialize`).
+    """Writes the quantized form of a model for ``target``, built by the daemon (see :meth:`Client.materialize`).
 
     ``target="onnxruntime-int8"`` takes ``weight_type`` / ``per_channel`` /
     ``reduce_range`` / ``op_types`` (``quantize_dynamic``'s),

@@ -54,7 +54,8 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
                 m.model.stamp(),
                 "model",
                 Some("choose another path, or add --force (EmbedRequest.force) to rewrite it in place"),
-            )?;
+            )
+            .map_err(ctcache::Error::from)?;
         }
         let sel = model::wanted(&d2, &m.model, &r2.formats, &[])?;
         if sel.wanted.is_empty() {

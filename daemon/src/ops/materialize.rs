@@ -1,24 +1,20 @@
 //! The Materialize use case: plan the rewrite for the target, pack the
-//! missing `ort.matmul_nbits` / `ort.quantize_dynamic` entries (single-flight with every other request), then
-//! write the model with its weights reflinked, copied or hard-linked from the
-//! store (`LinkMode`), under
-//! leases so that a gc running meanwhile cannot remove a payload first.
+//! missing entries of its packer (single-flight with every other request),
+//! then build the model in memory and lease its payloads to the caller. The
+//! daemon writes no file for a caller: a client that wants a file asks for
+//! its data folder's name and writes the model and the payload copies
+//! itself, with its own rights (`ctcache::materialize::write_answer`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctcache::cancel::Cancel;
-use ctcache::materialize::{
-    self as mat, LinkMode, PackedWeight, Plan, Recipe, Report, Settings, WeightKey,
-};
-use ctcache::outdir::OutFile;
+use ctcache::materialize::{self as mat, PackedWeight, Plan, Recipe, Report, Settings, WeightKey};
 use ctcache::store::{Entry, Payload};
 use ctcache_kernels::Params;
 
 use super::model;
-use super::output::output_file;
 use super::pack::{self, BackendRequest};
 use super::payload::{self, Granted};
 use super::{blocking, serve, Error, Result};
@@ -29,7 +25,7 @@ use crate::policy::Wanted;
 use crate::scheduler::Priority;
 use crate::state::Daemon;
 
-/// How long the payloads stay leased while being linked.
+/// How long the payloads stay leased while the model is built.
 const LEASE_TTL: Duration = Duration::from_secs(120);
 
 /// A Materialize request; unset settings come from the policy's
@@ -39,15 +35,12 @@ pub(crate) struct MaterializeRequest {
     pub model_path: String,
     /// A descriptor channel handout to read the model from instead.
     pub handout: String,
-    pub output_path: String,
     /// Empty: onnxruntime 4-bit.
     pub target: String,
     pub bits: Option<u32>,
     pub block_size: Option<u32>,
     pub symmetric: Option<bool>,
     pub accuracy_level: i64,
-    /// How weight files are placed (reflink or copy by default).
-    pub link: LinkMode,
     /// onnxruntime-int8: `int8` (empty: that) or `uint8`.
     pub weight_type: String,
     pub per_channel: bool,
@@ -57,23 +50,24 @@ pub(crate) struct MaterializeRequest {
     /// onnxruntime-fp16: op types kept FLOAT, comma-separated (`None`: the
     /// converter's default list).
     pub op_block_list: Option<String>,
-    /// Write nothing: answer the model's bytes and lease its payloads to
-    /// the caller for this long (see [`InMemoryAnswer`]).
-    pub in_memory: Option<u64>,
+    /// How long the caller's leases on the payloads last (ms).
+    pub lease_ttl_ms: u64,
+    /// The data folder of the model file the caller writes (one path
+    /// component); empty: locations name the payloads in the store.
+    pub data_folder: String,
 }
 
-/// What Materialize wrote.
+/// What Materialize made.
 #[derive(Debug, Clone)]
 pub(crate) struct Materialized {
-    pub output_path: PathBuf,
     pub plan: Plan,
     pub report: Report,
     pub recipe: Recipe,
     /// Entries packed for this request, and those already stored.
     pub packed: u32,
     pub cached: u32,
-    /// The model built in memory, when asked for (nothing written then).
-    pub in_memory: Option<InMemoryAnswer>,
+    /// The model built in memory.
+    pub answer: InMemoryAnswer,
 }
 
 /// A model built in memory and what its caller needs to feed its new
@@ -88,14 +82,6 @@ pub(crate) struct InMemoryAnswer {
     /// The folder the model's external data locations are relative to:
     /// the store's payload folder.
     pub external_data_dir: PathBuf,
-}
-
-/// Where a materialize puts the model.
-enum Destination {
-    /// A file, its payload files placed in its data folder.
-    File { out: OutFile, mode: LinkMode },
-    /// Nothing written; payloads leased to the caller for this long (ms).
-    Memory { lease_ttl_ms: u64 },
 }
 
 /// The target and settings of a request (the core's rule, `mat::Ask`);
@@ -158,25 +144,15 @@ fn policy_settings(policy: &[PolicyRule]) -> Settings {
     s
 }
 
-/// Cancels its token when dropped: an async call dropped before its
-/// blocking part ended.
-struct StopOnDrop(Cancel);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 /// The Materialize use case.
 pub(crate) async fn materialize(
     d: &Arc<Daemon>,
     caller: &Caller,
     r: MaterializeRequest,
 ) -> Result<Materialized> {
-    tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "materialize");
+    tracing::info!(caller = %caller.describe(), model = %r.model_path, "materialize");
     let recipe = recipe(&d.config.policy, &r)?;
-    let dest = destination(caller, &r)?;
+    check_data_folder(&r.data_folder)?;
     let (d2, c2, named, r2) = (
         d.clone(),
         caller.clone(),
@@ -204,9 +180,6 @@ pub(crate) async fn materialize(
     };
     let (entries, packed) = pack::finish(jobs).await?;
     let cached = entries.len() as u32 - packed;
-    // A caller that goes away (the call dropped, as on its Ctrl-C) stops
-    // the write, which removes what it made.
-    let stop = StopOnDrop(Cancel::new());
     let job = WriteJob {
         d: d.clone(),
         caller: caller.clone(),
@@ -214,64 +187,32 @@ pub(crate) async fn materialize(
         recipe: recipe.clone(),
         entries,
         wanted,
-        cancel: stop.0.clone(),
-        in_memory: matches!(dest, Destination::Memory { .. }),
+        data_folder: r.data_folder,
     };
     blocking(move || {
-        let (output_path, report, in_memory) = match dest {
-            Destination::File { out, mode } => (out.path(), job.write(&plan, &out, mode)?, None),
-            Destination::Memory { lease_ttl_ms } => {
-                let answer = job.build(&plan, lease_ttl_ms)?;
-                (PathBuf::new(), answer.built.report.clone(), Some(answer))
-            }
-        };
+        let answer = job.build(&plan, r.lease_ttl_ms)?;
         Ok(Materialized {
-            output_path,
             plan,
-            report,
+            report: answer.built.report.clone(),
             recipe,
             packed,
             cached,
-            in_memory,
+            answer,
         })
     })
     .await
 }
 
-/// The link mode the daemon uses for `caller`: hard links only for a caller
-/// the kernel would let link the store's files itself (root, or the
-/// store's owner: `fs.protected_hardlinks`); anyone else gets copies, as a
-/// refused link gives. A hard link of another user's payload would live on
-/// outside gc and the user's quota.
-fn link_for(caller: &Caller, asked: LinkMode) -> LinkMode {
-    if asked == LinkMode::Hard && !caller.is_self_or_root() {
-        tracing::info!(caller = %caller.describe(), "hard links refused: copies");
-        return LinkMode::Copy;
+/// A data folder is one path component (or none): the client makes it
+/// beside the model it writes.
+fn check_data_folder(name: &str) -> Result<()> {
+    let component = !name.contains(['/', '\0']) && name != "." && name != "..";
+    match component && name.len() <= 255 {
+        true => Ok(()),
+        false => Err(Error::invalid(format!(
+            "data_folder {name:?} is not a folder name (one path component)"
+        ))),
     }
-    asked
-}
-
-/// Where the request wants the model: an in-memory request names no
-/// output and no link mode.
-fn destination(caller: &Caller, r: &MaterializeRequest) -> Result<Destination> {
-    let Some(lease_ttl_ms) = r.in_memory else {
-        return Ok(Destination::File {
-            out: output_file(caller, &r.output_path)?,
-            mode: link_for(caller, r.link),
-        });
-    };
-    if !r.output_path.is_empty() {
-        return Err(Error::invalid(
-            "in_memory writes nothing: output_path must be empty",
-        ));
-    }
-    if r.link != LinkMode::default() {
-        return Err(Error::invalid(format!(
-            "in_memory writes nothing: link {} places no file",
-            r.link.name()
-        )));
-    }
-    Ok(Destination::Memory { lease_ttl_ms })
 }
 
 /// The packer and parameters of each payload the plan's write reads.
@@ -298,9 +239,9 @@ struct WriteJob {
     recipe: Recipe,
     entries: Vec<(Wanted, Entry)>,
     wanted: Vec<(WeightKey, Wanted)>,
-    cancel: Cancel,
-    /// Built in memory (payloads named by their place in the store).
-    in_memory: bool,
+    /// The caller's data folder; empty: payloads named by their place in
+    /// the store.
+    data_folder: String,
 }
 
 /// The packed weights of a write, each leased and opened (checked as it is
@@ -351,32 +292,14 @@ impl WriteJob {
         Ok(served)
     }
 
-    /// The name a payload goes by in the new model: in its data folder
-    /// `<blake3>.bin`; in memory its place in the store's payload folder
-    /// (which the answer names), so that a runtime maps the file itself.
+    /// The name a payload goes by in the new model: in a data folder
+    /// `<blake3>.bin`; else its place in the store's payload folder (which
+    /// the answer names), so that a runtime maps the file itself.
     fn file_name(&self, blake3: &[u8; 32]) -> String {
-        match self.in_memory {
+        match self.data_folder.is_empty() {
             false => format!("{}.bin", hex::encode(blake3)),
             true => self.d.store.blob_in_folder(blake3).display().to_string(),
         }
-    }
-
-    /// Writes the model to `out` with its payloads placed by `mode`. The
-    /// model, its folder and copies go to the caller as they are made;
-    /// linked payloads keep the store's owner (the store's inodes).
-    fn write(&self, plan: &Plan, out: &OutFile, mode: LinkMode) -> Result<Report> {
-        let served = self.serve()?;
-        let (model, recipe) = (&self.model.model, self.recipe.clone());
-        mat::write(
-            model,
-            plan,
-            recipe,
-            &served.weights,
-            out,
-            mode,
-            &self.cancel,
-        )
-        .map_err(|err| self.write_error(err, &served.payloads))
     }
 
     /// Builds the model in memory and leases to the caller, for
@@ -390,11 +313,13 @@ impl WriteJob {
             self.recipe.clone(),
             &served.weights,
             limit as u64,
+            &self.data_folder,
         )?;
         if built.model.len() > limit {
             return Err(Error::exhausted(format!(
-                "the in-memory model is {} bytes, more than an answer may carry \
-                 (max_message_bytes less 1 MiB: {limit}); materialize it to a file",
+                "the materialized model is {} bytes, more than an answer may carry \
+                 (max_message_bytes less 1 MiB: {limit}); raise max_message_bytes, or \
+                 materialize with --local",
                 built.model.len()
             )));
         }
@@ -440,19 +365,5 @@ impl WriteJob {
             }
         }
         Ok(granted)
-    }
-
-    /// A payload found changed while placed is the store's damage (repacked
-    /// at once); the rest are the write's errors.
-    fn write_error(&self, err: ctcache::Error, served: &[(Entry, Arc<Payload>)]) -> Error {
-        match &err {
-            ctcache::Error::PayloadChanged { path, .. } => {
-                match served.iter().find(|(_, p)| p.path == *path) {
-                    Some((e, p)) => serve::changed(&self.d, &self.caller, e, p, &err),
-                    None => Error::new(crate::error::ErrorKind::DataLoss, err.to_string()),
-                }
-            }
-            _ => Error::from(err),
-        }
     }
 }

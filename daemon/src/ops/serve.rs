@@ -72,20 +72,6 @@ pub(crate) fn rotted(d: &Arc<Daemon>, caller: &Caller, e: &Entry, p: &Payload, r
     condemned(d, caller, e, d.store.payload_rotted(&e.key, p, r))
 }
 
-/// The answer to a serve that found `e`'s payload `p` changed while
-/// placing it (`err` says how): handled as a rotted payload.
-pub(crate) fn changed(
-    d: &Arc<Daemon>,
-    caller: &Caller,
-    e: &Entry,
-    p: &Payload,
-    err: &ctcache::Error,
-) -> Error {
-    tracing::warn!("payload of {} not served: {err}", e.key);
-    let r = Rotted { offset: 0 };
-    condemned(d, caller, e, d.store.payload_rotted(&e.key, p, r))
-}
-
 /// Starts packing `e` again from one of its recorded models, off this
 /// thread (opening a model and taking its digests can take a while).
 fn repack(d: &Arc<Daemon>, caller: &Caller, e: &Entry) {

@@ -124,24 +124,31 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
 }
 
 pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeRequest, Error> {
-    let link = ctcache_convert::materialize::requested_link_mode(&r)
-        .map_err(|e| Error::invalid(e.to_string()))?;
+    // The daemon writes no file where a caller points: the client writes
+    // the model from the in-memory answer for its data folder.
+    let writes = !r.output_path.is_empty() || r.copy || r.link != api::LinkMode::Auto as i32;
+    if writes || !r.in_memory {
+        return Err(Error::invalid(
+            "the daemon writes no file for its callers: ask in_memory (with data_folder for a \
+             model file) and write the model and its payload files yourself, as ctcachectl and \
+             the ctcache clients do; output_path, copy and link are the client's",
+        ));
+    }
     Ok(MaterializeRequest {
         model_path: r.model_path,
         handout: r.handout,
-        output_path: r.output_path,
         target: r.target,
         bits: r.bits,
         block_size: r.block_size,
         symmetric: r.symmetric,
         accuracy_level: r.accuracy_level,
-        link,
         weight_type: r.weight_type,
         per_channel: r.per_channel,
         reduce_range: r.reduce_range,
         op_types: r.op_types,
         op_block_list: r.op_block_list,
-        in_memory: r.in_memory.then_some(r.lease_ttl_ms),
+        lease_ttl_ms: r.lease_ttl_ms,
+        data_folder: r.data_folder,
     })
 }
 

@@ -153,15 +153,17 @@ pub(crate) fn materialized(d: &Daemon, m: Materialized) -> api::MaterializeRespo
     let r = api::MaterializeResponse {
         packed: m.packed,
         cached: m.cached,
-        ..convert::materialize::materialize_response(&m.output_path, &m.plan, &m.report, &m.recipe)
+        ..convert::materialize::materialize_response(
+            std::path::Path::new(""),
+            &m.plan,
+            &m.report,
+            &m.recipe,
+        )
     };
-    match m.in_memory {
-        Some(a) => in_memory(d, a, r),
-        None => r,
-    }
+    in_memory(d, m.answer, r)
 }
 
-/// `r` with the in-memory model, its tensors and their leases.
+/// `r` with the in-memory model, its tensors, their files and leases.
 fn in_memory(
     d: &Daemon,
     a: InMemoryAnswer,
@@ -173,6 +175,15 @@ fn in_memory(
             .map(|e| convert::key_to_string(&e.key))
             .unwrap_or_default()
     };
+    let mut payload_files: Vec<api::MaterializedPayloadFile> = a
+        .entries
+        .keys()
+        .map(|name| api::MaterializedPayloadFile {
+            name: name.clone(),
+            key: key_of(name),
+        })
+        .collect();
+    payload_files.sort_by(|x, y| x.name.cmp(&y.name));
     api::MaterializeResponse {
         tensors: a
             .built
@@ -187,6 +198,7 @@ fn in_memory(
                 dims: t.dims.clone(),
             })
             .collect(),
+        payload_files,
         leases: a.leases.into_iter().map(|g| lease(d, g)).collect(),
         external_data_dir: a.external_data_dir.display().to_string(),
         model: a.built.model.into(),

@@ -382,3 +382,15 @@ pub async fn next_event(
         .unwrap()
         .expect("the stream stays open")
 }
+
+/// Materializes `req`'s model into `out` as a client does: the daemon
+/// builds it in memory, this process writes the files (`link` places them).
+pub async fn materialize_file(
+    socket: &Path,
+    req: api::MaterializeRequest,
+    out: &Path,
+    link: ctcache::materialize::LinkMode,
+) -> Result<api::MaterializeResponse, ctcache_client::Error> {
+    let c = ctcache_client::Client::connect_to(socket).await?;
+    c.materialize_to(req, out, link, &Default::default()).await
+}

@@ -10,15 +10,15 @@ use std::path::PathBuf;
 
 use prost::Message;
 
-use super::{weights_name, PackedWeight, Report, Source};
+use super::{data_folder_name, PackedWeight, Report, Source};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
-use crate::materialize::place::{place, LinkMode, Method, Placed};
 use crate::onnx::fields::GRAPH_INITIALIZER;
 use crate::onnx::rewrite::encoded_field;
 use crate::onnx::{ExternalRef, Storage};
 use crate::outdir::{OutDir, OutFile};
 use crate::pb;
+use ctcache_files::place::{place, LinkMode, Method, Placed};
 
 /// Name of the file holding kept initializers' external data (below).
 const KEPT_DATA: &str = "kept.data";
@@ -84,7 +84,7 @@ impl<'a> DataFolder<'a> {
     pub(super) fn of(output: &'a OutFile) -> Self {
         DataFolder {
             output,
-            name: weights_name(&output.name),
+            name: data_folder_name(&output.name),
         }
     }
 
@@ -207,7 +207,9 @@ fn place_all(
         cancel.check()?;
         let p = place(
             &w.payload_path,
-            w.checked.as_deref(),
+            w.checked
+                .as_deref()
+                .map(|p| p as &dyn ctcache_files::place::Checked),
             dir,
             OsStr::new(&w.file_name),
             mode,
@@ -255,6 +257,19 @@ pub(super) fn kept_external_len(src: &Source<'_>, dropped: &HashSet<&str>) -> Re
         total = total.saturating_add(size);
     }
     Ok(total)
+}
+
+/// The bytes of the source's initializer fields that the new model drops
+/// (the splice leaves them out): what its size is below the source's.
+pub(super) fn dropped_len(src: &Source<'_>, dropped: &HashSet<&str>) -> Result<u64> {
+    let ranges = src.model.graph_fields(GRAPH_INITIALIZER)?;
+    Ok(src
+        .initializers
+        .iter()
+        .zip(&ranges)
+        .filter(|(t, _)| dropped.contains(t.name.as_str()))
+        .map(|(_, r)| r.len() as u64)
+        .sum())
 }
 
 /// The data of every kept initializer with external data, laid out

@@ -18,13 +18,13 @@ mod proto;
 mod splice;
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsStr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::place::{LinkMode, Method, Placed};
 use super::plan::{used_names, Plan};
 use super::Recipe;
+use ctcache_files::answer::data_folder_name;
+use ctcache_files::place::{LinkMode, Method, Placed};
 
 /// The packer of placed initializers (the kernels' `identity`).
 pub const IDENTITY: &str = "identity";
@@ -90,12 +90,8 @@ impl Report {
 /// The data folder of `out`: `model.onnx` -> `model.onnx.weights`.
 pub fn data_dir_name(out: &Path) -> Result<String> {
     out.file_name()
-        .map(weights_name)
+        .map(data_folder_name)
         .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
-}
-
-fn weights_name(model_name: &OsStr) -> String {
-    format!("{}.weights", model_name.to_string_lossy())
 }
 
 /// The model being materialized and what was decided for it: what every

@@ -64,7 +64,7 @@ pub(super) fn materialize_local(ctx: &Ctx, a: &MaterializeArgs) -> Result<(), Fa
 }
 
 /// `<out>.weights`, beside the output model.
-pub(super) fn data_dir_of(output: &Path) -> Result<PathBuf, Failure> {
+fn data_dir_of(output: &Path) -> Result<PathBuf, Failure> {
     let out_dir = match output.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

@@ -19,7 +19,7 @@ use ctcache_client::api;
 
 mod local;
 
-use local::{data_dir_of, materialize_local};
+use local::materialize_local;
 
 #[derive(Debug, Args)]
 pub struct MaterializeArgs {
@@ -179,51 +179,38 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
     let Some(c) = ctx.connect_or_local("materializing").await? else {
         return Ok(false);
     };
-    // The daemon writes only into a folder that exists (as a local run
-    // makes OUT.weights and its parents); a refusal leaves none behind.
-    let made = crate::output::make_parent(&a.output)?;
-    let data_dir = data_dir_of(&a.output)?;
-    let data_dir_existed = data_dir.exists();
     let started = Instant::now();
-    let call = c.materialize(api::MaterializeRequest {
+    let req = api::MaterializeRequest {
         model_path: a.model.display().to_string(),
-        output_path: a.output.display().to_string(),
         target: a.target.clone(),
         bits: MaterializeArgs::number(&a.bits),
         block_size: MaterializeArgs::number(&a.block_size),
         symmetric: a.symmetric(),
         accuracy_level: a.accuracy_level,
-        copy: false,
-        link: ctcache_convert::materialize::link_mode(a.link_mode()) as i32,
         weight_type: a.weight_type.clone().unwrap_or_default(),
         per_channel: a.per_channel,
         reduce_range: a.reduce_range,
         op_types: a.op_types.clone(),
         op_block_list: a.op_block_list.clone(),
         ..Default::default()
-    });
+    };
+    let call = c.materialize_for_file(req, &a.output);
     let mut call = Box::pin(call);
-    let answer = tokio::select! {
-        r = &mut call => Some(r),
-        _ = tokio::signal::ctrl_c() => None,
-    };
-    // A dropped call tells the daemon, which stops and removes what it made.
-    drop(call);
-    let Some(r) = answer else {
-        if !data_dir_existed {
-            crate::interrupt::wait_removed(&data_dir).await;
+    let built = tokio::select! {
+        r = &mut call => r?,
+        // The dropped call tells the daemon, which stops packing.
+        _ = tokio::signal::ctrl_c() => {
+            return Err(crate::interrupt::interrupted("nothing was written"));
         }
-        return Err(crate::interrupt::interrupted(
-            "the daemon removes what it wrote",
-        ));
     };
-    let r = r?;
-    made.keep();
+    // This process writes the model, with the user's own rights; Ctrl-C
+    // stops the write, which removes what it made.
+    let stop = crate::interrupt::on_ctrl_c_flag()?;
+    let r = c.write_materialized(built, a.link_mode(), &stop).await?;
     report(ctx, a, "daemon", &r, started.elapsed())?;
     Ok(true)
 }
 
-/// Prints a materialize answer (the daemon's, or one built locally).
 fn report(
     ctx: &Ctx,
     a: &MaterializeArgs,

@@ -14,7 +14,29 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::outdir::{OutDir, Temp};
-use crate::store::Payload;
+
+/// A payload whose bytes were hashed, as its store serves it: a placed file
+/// must be that file, and a copy sends only bytes checked against their
+/// group digests (D12).
+pub trait Checked {
+    /// The payload file.
+    fn path(&self) -> &Path;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it holds no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Whether `meta` is the file that was hashed (unchanged since).
+    fn is_file(&self, meta: &std::fs::Metadata) -> bool;
+    /// Whether (`dev`, `ino`) is the inode that was hashed.
+    fn is_inode(&self, dev: u64, ino: u64) -> bool;
+    /// The bytes of `range`, checked; else the offset of the first group
+    /// that is not the one hashed.
+    fn checked_range(&self, range: std::ops::Range<usize>) -> std::result::Result<&[u8], u64>;
+    /// Gives back the resident pages of `range` once written.
+    fn release(&self, range: std::ops::Range<usize>);
+}
 
 /// How payload files are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -128,14 +150,14 @@ fn reflink_unsupported(e: &std::io::Error) -> bool {
 /// once all files are placed.
 pub fn place(
     src: &Path,
-    checked: Option<&Payload>,
+    checked: Option<&dyn Checked>,
     dir: &OutDir,
     name: &OsStr,
     mode: LinkMode,
 ) -> Result<Placed> {
     let dst = dir.shown(name);
-    let from = File::open(src).map_err(|e| Error::io(src, e))?;
-    let src_meta = from.metadata().map_err(|e| Error::io(src, e))?;
+    let from = File::open(src).map_err(|e| Error::read(src, e))?;
+    let src_meta = from.metadata().map_err(|e| Error::read(src, e))?;
     if let Some(p) = checked {
         if !p.is_file(&src_meta) {
             return Err(changed(src, "the file is no longer the one hashed"));
@@ -173,7 +195,7 @@ fn changed(src: &Path, problem: &str) -> Error {
 fn put(
     src: &Path,
     from: &File,
-    checked: Option<&Payload>,
+    checked: Option<&dyn Checked>,
     dir: &OutDir,
     name: &OsStr,
     mode: LinkMode,
@@ -235,16 +257,16 @@ fn put(
 
 /// Writes `p`'s bytes into `to` (shown as `dst`) one checked piece at a
 /// time: a rotted piece is never written, and a written one is released
-/// (`Payload::release`: only a piece of the payload stays resident).
-fn copy_checked(p: &Payload, mut to: File, dst: &Path) -> Result<u64> {
+/// (`Checked::release`: only a piece of the payload stays resident).
+fn copy_checked(p: &dyn Checked, mut to: File, dst: &Path) -> Result<u64> {
     use std::io::Write;
     const PIECE: usize = 1 << 20;
     let mut at = 0;
     while at < p.len() {
         let end = (at + PIECE).min(p.len());
-        let bytes = p.checked(at..end).map_err(|r| {
-            let why = format!("the bytes at offset {} are not the ones hashed", r.offset);
-            changed(&p.path, &why)
+        let bytes = p.checked_range(at..end).map_err(|offset| {
+            let why = format!("the bytes at offset {offset} are not the ones hashed");
+            changed(p.path(), &why)
         })?;
         to.write_all(bytes).map_err(|e| Error::write(dst, e))?;
         p.release(at..end);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 
-use crate::fsutil::FileStamp;
+use crate::stamp::FileStamp;
 
 /// Whom the files go to, when the process writes for another user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,16 +45,7 @@ pub struct OutFile {
 impl OutFile {
     /// `path`'s folder, opened, and its file name.
     pub fn open(path: &Path) -> io::Result<OutFile> {
-        let name = path.file_name().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the output path has no file name",
-            )
-        })?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
+        let (dir, name) = folder_and_name(path)?;
         Ok(OutFile {
             dir: OutDir::open(dir)?,
             name: name.to_os_string(),
@@ -69,7 +60,7 @@ impl OutFile {
     /// Whether this output names the file `input` was read from: the same
     /// device and inode, however it is spelled (a symbolic or hard link,
     /// `./`, `..`). Writing it would replace what the command reads.
-    pub(crate) fn is_input(&self, input: &FileStamp) -> bool {
+    pub fn is_input(&self, input: &FileStamp) -> bool {
         rustix::fs::statat(&self.dir.fd, &self.name, AtFlags::empty())
             .is_ok_and(|st| st.st_dev == input.dev && st.st_ino == input.ino)
     }
@@ -122,7 +113,7 @@ impl OutDir {
     /// Opens the folder `path`, making the folders of it that are missing
     /// (see [`OutDir::make_path`]): the deepest existing one is opened as
     /// [`OutDir::open`] does. Returns the folder and the folders made.
-    pub(crate) fn open_or_make(path: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
+    pub fn open_or_make(path: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
         let (base, rest) = existing_ancestor(path, |p| OutDir::open(p).map(|_| ()))?;
         OutDir::open(&base)?.make_path(&rest)
     }
@@ -131,7 +122,7 @@ impl OutDir {
     /// given to the recipient when writing for someone) and every one opened
     /// without following a link ([`OutDir::subdir`]). Returns the folder and
     /// the folders made, outermost first.
-    pub(crate) fn make_path(self, rest: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
+    pub fn make_path(self, rest: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
         let mut dir = self;
         let mut made = Vec::new();
         for c in rest.components() {
@@ -188,7 +179,7 @@ impl OutDir {
     /// The subfolder `name`, made here when missing. An existing one must
     /// be a real folder (not a link) and, when writing for someone, theirs.
     /// Returns the folder and whether it was made now.
-    pub(crate) fn subdir(&self, name: &OsStr) -> io::Result<(OutDir, bool)> {
+    pub fn subdir(&self, name: &OsStr) -> io::Result<(OutDir, bool)> {
         let made = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o755)) {
             Ok(()) => true,
             Err(rustix::io::Errno::EXIST) => false,
@@ -236,7 +227,7 @@ impl OutDir {
 
     /// A new file for `name`: read-only when `read_only` (immutable payload
     /// files), else 0644.
-    pub(crate) fn create_temp(&self, name: &OsStr, read_only: bool) -> io::Result<(File, Temp)> {
+    pub fn create_temp(&self, name: &OsStr, read_only: bool) -> io::Result<(File, Temp)> {
         let mode = Mode::from_raw_mode(if read_only { 0o444 } else { 0o644 });
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
         loop {
@@ -259,7 +250,7 @@ impl OutDir {
 
     /// A hard link to `src` under a temp name for `name` (it keeps `src`'s
     /// owner: the file is shared, not given away).
-    pub(crate) fn link_temp(&self, src: &Path, name: &OsStr) -> io::Result<Temp> {
+    pub fn link_temp(&self, src: &Path, name: &OsStr) -> io::Result<Temp> {
         loop {
             let temp = Temp::for_name(name)?;
             match rustix::fs::linkat(CWD, src, &self.fd, &temp.name, AtFlags::empty()) {
@@ -316,7 +307,7 @@ impl OutDir {
     }
 
     /// Removes a temp file that will not be committed.
-    pub(crate) fn discard(&self, temp: Temp) {
+    pub fn discard(&self, temp: Temp) {
         let _ = rustix::fs::unlinkat(&self.fd, &temp.name, AtFlags::empty());
     }
 
@@ -353,8 +344,15 @@ impl OutDir {
     }
 
     /// `stat` of a temp file made here, not following links.
-    pub(crate) fn stat_temp(&self, temp: &Temp) -> io::Result<rustix::fs::Stat> {
+    pub fn stat_temp(&self, temp: &Temp) -> io::Result<rustix::fs::Stat> {
         self.stat(&temp.name)
+    }
+
+    /// Opens the file `name` here to read it, not following a link.
+    pub fn open_file(&self, name: &OsStr) -> io::Result<File> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&self.fd, name, flags, Mode::empty())?;
+        Ok(File::from(fd))
     }
 
     /// Flushes the folder's entries to disk.
@@ -365,7 +363,7 @@ impl OutDir {
     /// Removes the regular files here not named in `keep`, when writing
     /// for oneself; writing for someone else removes nothing (the daemon
     /// deletes only what it made for the request at hand).
-    pub(crate) fn prune(&self, keep: &[&OsStr]) -> io::Result<()> {
+    pub fn prune(&self, keep: &[&OsStr]) -> io::Result<()> {
         if self.recipient.is_some() {
             return Ok(());
         }
@@ -385,7 +383,7 @@ impl OutDir {
 /// The deepest of `path` and its ancestors that `open` opens, and the rest
 /// of `path` below it: a missing folder is the only reason to go up (any
 /// other error is returned).
-pub(crate) fn existing_ancestor(
+pub fn existing_ancestor(
     path: &Path,
     open: impl Fn(&Path) -> io::Result<()>,
 ) -> io::Result<(PathBuf, PathBuf)> {
@@ -412,20 +410,26 @@ pub(crate) fn existing_ancestor(
     Err(first.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
 }
 
+/// `path`'s folder (`.` when it names none) and file name.
+fn folder_and_name(path: &Path) -> io::Result<(&Path, &OsStr)> {
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the output path has no file name",
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Ok((dir, name))
+}
+
 impl OutFile {
     /// [`OutFile::open`], making the missing folders of `path`'s parent
     /// ([`OutDir::open_or_make`]); returns the folders made.
     pub fn create(path: &Path) -> io::Result<(OutFile, Vec<PathBuf>)> {
-        let name = path.file_name().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the output path has no file name",
-            )
-        })?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
+        let (dir, name) = folder_and_name(path)?;
         let (dir, made) = OutDir::open_or_make(dir)?;
         Ok((
             OutFile {
@@ -447,7 +451,7 @@ impl Temp {
     /// `.NAME.tmp-<16 random hex>`: hidden, and not guessable in advance.
     fn for_name(name: &OsStr) -> io::Result<Temp> {
         let mut r = [0u8; 8];
-        crate::fsutil::fill_random(&mut r)?;
+        crate::stamp::fill_random(&mut r)?;
         let mut t = OsString::from(".");
         t.push(name);
         t.push(format!(".tmp-{}", hex::encode(r)));
