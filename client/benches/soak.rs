@@ -794,8 +794,20 @@ fn report(
     let damaged = shared.damaged.lock().unwrap().clone();
     let (mut repaired, mut gone, mut left) = (0, 0, 0);
     for blake3 in damaged.keys() {
-        let p = cache.join("blobs").join(&blake3[..2]).join(blake3);
-        match std::fs::read(&p) {
+        // Payload files are `<blake3>.<tag>` (the tag is the store's secret).
+        let named = std::fs::read_dir(cache.join("blobs").join(&blake3[..2]))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{blake3}."))
+            });
+        match named.map_or_else(
+            || Err(std::io::ErrorKind::NotFound.into()),
+            |e| std::fs::read(e.path()),
+        ) {
             Ok(b) if blake3::hash(&b).to_hex().as_str() == blake3 => repaired += 1,
             Ok(_) => left += 1,
             Err(_) => gone += 1,

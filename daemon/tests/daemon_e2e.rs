@@ -772,7 +772,7 @@ async fn verify_reports_orphans_and_removes_them_only_with_repair() {
         .join("blobs")
         .join(hex::encode(&hash.as_bytes()[..1]));
     std::fs::create_dir_all(&shard).unwrap();
-    let orphan = shard.join(hash.to_hex().as_str());
+    let orphan = shard.join(payload_file_name(&d.cache, hash.as_bytes()));
     std::fs::write(&orphan, bytes).unwrap();
     let report = c
         .verify(api::VerifyRequest { repair: false })

@@ -342,7 +342,7 @@ fn list_shard(paths: &Paths, b: u8) -> StoreResult<Listing> {
     for e in rd {
         let e = e.map_err(|e| StoreError::io("list", &shard, e))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        match super::layout::parse_blob_name(&name) {
+        match paths.names.parse(&name) {
             Some(blob) if blob[0] == b && e.file_type().map(|t| t.is_file()).unwrap_or(false) => {
                 good.push((blob, e.path()))
             }
@@ -359,8 +359,7 @@ mod tests {
     #[test]
     fn write_publish_delete() {
         let d = tempfile::tempdir().unwrap();
-        let p = Paths::new(d.path());
-        super::super::layout::prepare(&p).unwrap();
+        let (p, _) = super::super::layout::prepare(d.path()).unwrap();
         let data = vec![5u8; 3 * CHUNK + 17];
         let w = write_temp(&p, p.tmp.join("a.part"), &mut data.as_slice(), true, None).unwrap();
         assert_eq!(w.len, data.len() as u64);
@@ -394,8 +393,7 @@ mod tests {
     #[test]
     fn fault_removes_temp_and_names_no_space() {
         let d = tempfile::tempdir().unwrap();
-        let p = Paths::new(d.path());
-        super::super::layout::prepare(&p).unwrap();
+        let (p, _) = super::super::layout::prepare(d.path()).unwrap();
         let fault: WriteFault = std::sync::Arc::new(|n| {
             if n > 0 {
                 Err(std::io::Error::from_raw_os_error(libc::ENOSPC))

@@ -203,8 +203,7 @@ impl Store {
             let freed = match item.reason {
                 GcReason::OrphanPayload => {
                     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-                    let Some(blob) = name.as_deref().and_then(super::layout::parse_blob_name)
-                    else {
+                    let Some(blob) = name.as_deref().and_then(|n| self.paths.names.parse(n)) else {
                         continue;
                     };
                     let _s = self.stripes.lock(&blob);

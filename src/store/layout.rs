@@ -5,15 +5,21 @@
 //! <cache>/LOCK            flock'ed by the owning process, holds its pid
 //! <cache>/CLEAN           present while no owner holds the dir and the last
 //!                         one closed it cleanly (its index flushed)
+//! <cache>/NAMEKEY         the secret payload file names are tagged with
+//!                         (0600: the owner's alone)
 //! <cache>/index/          the index (sled): a view of records/, rebuilt from
 //!                         it when damaged (D13)
 //! <cache>/records/<key hex>  one entry record per file, beside its payload
-//! <cache>/blobs/<2 hex>/<blake3 hex>   payload files, immutable, mode 0444
+//! <cache>/blobs/<2 hex>/<blake3 hex>.<tag>   payload files, immutable,
+//!                         mode 0444; the tag is 128 bits of blake3's keyed
+//!                         hash of the digest under NAMEKEY, so knowing a
+//!                         payload's digest does not name its file
 //! <cache>/tmp/            payloads being written; emptied at start-up
 //! <cache>/quarantine/     payload files that failed verification
 //! ```
 //!
-//! Layout 2 added records/ (filled from the index at the first open).
+//! Layout 2 added records/ (filled from the index at the first open);
+//! layout 3 tagged the payload file names (NAMEKEY).
 //! A dir of a newer layout is refused; an older one is migrated step by step
 //! (each step idempotent, LAYOUT rewritten last, so an interrupted migration
 //! simply runs again).
@@ -26,20 +32,53 @@ use std::path::{Path, PathBuf};
 use super::error::{StoreError, StoreResult};
 
 /// The layout this build writes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 const LAYOUT_MAGIC: &str = "ctcache-store-layout";
 /// Names a store dir may hold; a dir without LAYOUT holding anything else is
 /// not taken over (someone pointed the cache at a folder in use).
-const OWN_NAMES: [&str; 8] = [
+const OWN_NAMES: [&str; 9] = [
     "LAYOUT",
     "LOCK",
     "CLEAN",
+    "NAMEKEY",
     "index",
     "blobs",
     "records",
     "tmp",
     "quarantine",
 ];
+
+/// The secret payload file names are tagged with: a name is
+/// `<blake3 hex>.<tag hex>`, the tag the first 128 bits of blake3's keyed
+/// hash of the digest. The payload folders cannot be listed, so a file is
+/// reached only by the name the daemon hands out after its checks; a
+/// digest alone (known from a model, or guessed) does not open it.
+#[derive(Clone)]
+pub(crate) struct NameKey([u8; 32]);
+
+impl std::fmt::Debug for NameKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NameKey(..)")
+    }
+}
+
+impl NameKey {
+    fn tag(&self, blob: &[u8; 32]) -> String {
+        hex::encode(&blake3::keyed_hash(&self.0, blob).as_bytes()[..16])
+    }
+
+    /// The file name of the payload `blob`.
+    fn name(&self, blob: &[u8; 32]) -> String {
+        format!("{}.{}", hex::encode(blob), self.tag(blob))
+    }
+
+    /// The payload a file name is the name of, when its tag is right.
+    pub(crate) fn parse(&self, name: &str) -> Option<[u8; 32]> {
+        let (digest, tag) = name.split_once('.')?;
+        let blob = parse_plain_name(digest)?;
+        (tag == self.tag(&blob)).then_some(blob)
+    }
+}
 
 /// Paths inside a cache dir.
 #[derive(Debug, Clone)]
@@ -50,10 +89,12 @@ pub(crate) struct Paths {
     pub records: PathBuf,
     pub tmp: PathBuf,
     pub quarantine: PathBuf,
+    /// How payload files are named.
+    pub names: NameKey,
 }
 
 impl Paths {
-    pub fn new(root: &Path) -> Paths {
+    fn new(root: &Path, names: NameKey) -> Paths {
         Paths {
             root: root.to_path_buf(),
             index: root.join("index"),
@@ -61,6 +102,7 @@ impl Paths {
             records: root.join("records"),
             tmp: root.join("tmp"),
             quarantine: root.join("quarantine"),
+            names,
         }
     }
 
@@ -69,7 +111,54 @@ impl Paths {
     }
 
     pub fn blob(&self, blob: &[u8; 32]) -> PathBuf {
-        self.shard(blob).join(hex::encode(blob))
+        self.shard(blob).join(self.names.name(blob))
+    }
+}
+
+/// The name key of the dir at `root`, made when it has none yet.
+fn name_key(root: &Path) -> StoreResult<NameKey> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = root.join("NAMEKEY");
+    let bad = |detail: String| StoreError::BadLayout {
+        dir: root.to_path_buf(),
+        detail,
+    };
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            let mut key = [0u8; 32];
+            hex::decode_to_slice(text.trim(), &mut key)
+                .map_err(|e| bad(format!("NAMEKEY is not 64 hex digits: {e}")))?;
+            return Ok(NameKey(key));
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(StoreError::io("read", &path, e)),
+    }
+    let mut key = [0u8; 32];
+    crate::fsutil::fill_random(&mut key).map_err(|e| StoreError::io("make", &path, e))?;
+    // Written whole before it is used, never replaced (a payload named
+    // under a key that changed would be lost).
+    let temp = root.join(".NAMEKEY.new");
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)?;
+        writeln!(f, "{}", hex::encode(key))?;
+        f.sync_all()?;
+        fs::hard_link(&temp, &path)?;
+        fs::remove_file(&temp)?;
+        crate::fsutil::sync_dir(root)
+    })();
+    match written {
+        Ok(()) => Ok(NameKey(key)),
+        // Made meanwhile (no other owner holds the lock; a crash left it).
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            let _ = fs::remove_file(&temp);
+            name_key(root)
+        }
+        Err(e) => Err(StoreError::io("write", &path, e)),
     }
 }
 
@@ -157,8 +246,9 @@ fn write_layout(root: &Path, version: u32) -> StoreResult<()> {
 /// it was made under: the index, the records (whose names are entry keys
 /// and whose contents name models), temp files and quarantine are the
 /// owner's alone; payload folders can be searched but not listed, so a
-/// payload file is reached only by its name (the blake3 of its bytes),
-/// which the daemon hands out after its checks. A non-owner opening the
+/// payload file is reached only by its name (its digest and a tag no one
+/// computes without NAMEKEY, see [`NameKey`]), which the daemon hands out
+/// after its checks. A non-owner opening the
 /// store (a read-only tool) leaves the modes as they are.
 pub(crate) fn restrict(paths: &Paths) -> StoreResult<()> {
     for d in [&paths.index, &paths.records, &paths.tmp, &paths.quarantine] {
@@ -189,10 +279,9 @@ fn mkdir(p: &Path) -> StoreResult<()> {
     }
 }
 
-/// Checks, migrates or creates the layout; returns the version found
-/// (`None` for a new dir). Runs under the dir lock.
-pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
-    let root = &paths.root;
+/// Checks, migrates or creates the layout; returns the dir's paths and the
+/// version found (`None` for a new dir). Runs under the dir lock.
+pub(crate) fn prepare(root: &Path) -> StoreResult<(Paths, Option<u32>)> {
     remove_layout_temps(root)?;
     let layout = root.join("LAYOUT");
     let found = match fs::read_to_string(&layout) {
@@ -203,17 +292,17 @@ pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
     match found {
         Some(v) if v > LAYOUT_VERSION => {
             return Err(StoreError::NewerLayout {
-                dir: root.clone(),
+                dir: root.to_path_buf(),
                 found: v,
                 supported: LAYOUT_VERSION,
             })
         }
-        Some(v) => {
-            for from in v..LAYOUT_VERSION {
-                migrate_step(paths, from)?;
-            }
-        }
+        Some(_) => {}
         None => refuse_foreign(root)?,
+    }
+    let paths = Paths::new(root, name_key(root)?);
+    for from in found.unwrap_or(LAYOUT_VERSION)..LAYOUT_VERSION {
+        migrate_step(&paths, from)?;
     }
     for d in [&paths.blobs, &paths.records, &paths.tmp, &paths.quarantine] {
         mkdir(d)?;
@@ -227,17 +316,18 @@ pub(crate) fn prepare(paths: &Paths) -> StoreResult<Option<u32>> {
             .map_err(|e| StoreError::io("sync", &paths.blobs, e))?;
         write_layout(root, LAYOUT_VERSION)?;
     }
-    Ok(found)
+    Ok((paths, found))
 }
 
-/// Removes the temp files of LAYOUT writes a crash interrupted (a first
-/// start killed before its rename left the new dir holding only that, which
-/// then read as a folder in use).
+/// Removes the temp files of LAYOUT and NAMEKEY writes a crash interrupted
+/// (a first start killed before its rename left the new dir holding only
+/// that, which then read as a folder in use).
 fn remove_layout_temps(root: &Path) -> StoreResult<()> {
     let rd = fs::read_dir(root).map_err(|e| StoreError::io("list", root, e))?;
     for e in rd {
         let e = e.map_err(|e| StoreError::io("list", root, e))?;
-        if is_layout_temp(&e.file_name().to_string_lossy()) {
+        let name = e.file_name();
+        if is_layout_temp(&name.to_string_lossy()) || name == ".NAMEKEY.new" {
             let p = e.path();
             fs::remove_file(&p).map_err(|e| StoreError::io("remove", &p, e))?;
         }
@@ -288,7 +378,7 @@ fn migrate_step(paths: &Paths, from: u32) -> StoreResult<()> {
             for e in rd {
                 let e = e.map_err(|e| StoreError::io("list", &paths.blobs, e))?;
                 let name = e.file_name().to_string_lossy().into_owned();
-                let Some(blob) = parse_blob_name(&name) else {
+                let Some(blob) = parse_plain_name(&name) else {
                     continue;
                 };
                 let shard = paths.shard(&blob);
@@ -301,6 +391,28 @@ fn migrate_step(paths: &Paths, from: u32) -> StoreResult<()> {
         // Layout 2 keeps entry records beside the payloads: the folder is
         // made here, and the first open's record sync fills it from the index.
         1 => mkdir(&paths.records),
+        // Layout 3 tags the payload file names: each file of a plain name
+        // is renamed in its shard.
+        2 => {
+            for b in 0..=255u8 {
+                let shard = paths.blobs.join(hex::encode([b]));
+                let rd = match fs::read_dir(&shard) {
+                    Ok(rd) => rd,
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(StoreError::io("list", &shard, e)),
+                };
+                for e in rd {
+                    let e = e.map_err(|e| StoreError::io("list", &shard, e))?;
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if let Some(blob) = parse_plain_name(&name) {
+                        let to = paths.blob(&blob);
+                        fs::rename(e.path(), &to)
+                            .map_err(|err| StoreError::io("move", e.path(), err))?;
+                    }
+                }
+            }
+            Ok(())
+        }
         _ => Err(StoreError::BadLayout {
             dir: paths.root.clone(),
             detail: format!("no migration from layout {from}"),
@@ -333,8 +445,9 @@ pub(crate) fn set_clean_mark(paths: &Paths) {
     }
 }
 
-/// A payload file name: 64 lowercase hex digits.
-pub(crate) fn parse_blob_name(name: &str) -> Option<[u8; 32]> {
+/// A payload digest as layouts before 3 named files: 64 lowercase hex
+/// digits.
+fn parse_plain_name(name: &str) -> Option<[u8; 32]> {
     if name.len() != 64 || name.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
@@ -381,17 +494,54 @@ mod tests {
     #[test]
     fn blob_names() {
         let h = [0xabu8; 32];
-        assert_eq!(parse_blob_name(&hex::encode(h)), Some(h));
-        assert_eq!(parse_blob_name(&hex::encode(h).to_uppercase()), None);
-        assert_eq!(parse_blob_name("ab"), None);
+        assert_eq!(parse_plain_name(&hex::encode(h)), Some(h));
+        assert_eq!(parse_plain_name(&hex::encode(h).to_uppercase()), None);
+        assert_eq!(parse_plain_name("ab"), None);
+        let d = tempfile::tempdir().unwrap();
+        let (p, _) = prepare(d.path()).unwrap();
+        let name = p.blob(&h).file_name().unwrap().to_str().unwrap().to_owned();
+        assert_eq!(name.len(), 64 + 1 + 32);
+        assert_eq!(p.names.parse(&name), Some(h));
+        // The digest alone, or another key's tag, names no payload.
+        assert_eq!(p.names.parse(&hex::encode(h)), None);
+        let other = tempfile::tempdir().unwrap();
+        let (q, _) = prepare(other.path()).unwrap();
+        assert_ne!(q.blob(&h).file_name(), p.blob(&h).file_name());
+        assert_eq!(q.names.parse(&name), None);
+        // The key is the dir's: opened again, the same names.
+        let (again, _) = prepare(d.path()).unwrap();
+        assert_eq!(again.blob(&h), p.blob(&h));
+        let key = d.path().join("NAMEKEY");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    /// A layout 2 dir's payload files are renamed to their tagged names.
+    #[test]
+    fn layout_2_payload_names_are_tagged() {
+        let d = tempfile::tempdir().unwrap();
+        let h = [0x5au8; 32];
+        let shard = d.path().join("blobs").join("5a");
+        fs::create_dir_all(&shard).unwrap();
+        fs::write(shard.join(hex::encode(h)), b"payload").unwrap();
+        fs::write(d.path().join("LAYOUT"), "ctcache-store-layout 2\n").unwrap();
+        let (p, found) = prepare(d.path()).unwrap();
+        assert_eq!(found, Some(2));
+        assert_eq!(fs::read(p.blob(&h)).unwrap(), b"payload");
+        assert!(!shard.join(hex::encode(h)).exists());
     }
 
     #[test]
     fn foreign_dir_is_refused_and_lock_is_exclusive() {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("notes.txt"), "mine").unwrap();
-        let p = Paths::new(d.path());
-        assert!(matches!(prepare(&p), Err(StoreError::BadLayout { .. })));
+        assert!(matches!(
+            prepare(d.path()),
+            Err(StoreError::BadLayout { .. })
+        ));
         let e = tempfile::tempdir().unwrap();
         let l = lock(e.path()).unwrap();
         match lock(e.path()) {

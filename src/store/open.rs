@@ -84,8 +84,7 @@ impl Store {
         let root = dir.as_ref();
         fs::create_dir_all(root).map_err(|e| StoreError::io("create", root, e))?;
         let lock = layout::lock(root)?;
-        let paths = Paths::new(root);
-        let layout_found = layout::prepare(&paths)?;
+        let (paths, layout_found) = layout::prepare(root)?;
         let temp_removed = layout::clean_tmp(&paths)?;
         let clean = layout::take_clean_mark(&paths)?;
         let (index, index_reset) = open_index(&paths, &opts)?;

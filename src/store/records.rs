@@ -269,9 +269,7 @@ mod tests {
     #[test]
     fn a_record_reads_back_and_damage_is_named() {
         let d = tempfile::tempdir().unwrap();
-        let paths = Paths::new(d.path());
-        fs::create_dir_all(&paths.records).unwrap();
-        fs::create_dir_all(&paths.tmp).unwrap();
+        let (paths, _) = super::super::layout::prepare(d.path()).unwrap();
         let kb = [7u8; super::super::KEY_LEN];
         write(&paths, &paths.tmp.join("t"), &kb, b"record", true).unwrap();
         assert!(matches!(read(&paths, &kb).unwrap(), Found::Record(r) if r == b"record"));

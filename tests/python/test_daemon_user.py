@@ -8,6 +8,7 @@ caller may not open itself is asked for by path and refused for it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -40,8 +41,8 @@ def root_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def as_its_own_user(root_dir):
+def _daemon(root_dir: Path, uid: int):
+    """ctcached as ``uid`` (setpriv unless root) on a store in ``root_dir``, its socket for group CALLER_UID."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.fail("this test runs as root with setpriv (util-linux), as tests/run.sh does")
     tmp_path = root_dir
@@ -49,15 +50,20 @@ def as_its_own_user(root_dir):
     run.mkdir(mode=0o755)
     cache = tmp_path / "cache"
     cache.mkdir()
-    os.chown(cache, DAEMON_UID, DAEMON_UID)
-    os.chown(run, DAEMON_UID, DAEMON_UID)
+    os.chown(cache, uid, uid)
+    os.chown(run, uid, uid)
     config = tmp_path / "ctcached.toml"
     config.write_text("")
     socket = run / "s.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
-    env.update(CTCACHE_SOCKET_GROUP=str(CALLER_UID), HOME=str(tmp_path), XDG_CACHE_HOME=str(cache))
+    # mesa's shader cache where the daemon's user may write, outside the store.
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    os.chown(xdg, uid, uid)
+    env.update(CTCACHE_SOCKET_GROUP=str(CALLER_UID), HOME=str(tmp_path), XDG_CACHE_HOME=str(xdg))
     log = open(tmp_path / "ctcached.log", "wb")
-    p = subprocess.Popen([*setpriv(DAEMON_UID, CALLER_UID), str(bin_dir() / "ctcached"), "--config", str(config),
+    as_uid = setpriv(uid, CALLER_UID) if uid else []
+    p = subprocess.Popen([*as_uid, str(bin_dir() / "ctcached"), "--config", str(config),
                           "--cache-dir", str(cache), "--socket", str(socket)],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -71,6 +77,16 @@ def as_its_own_user(root_dir):
         p.terminate()
         p.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture
+def as_its_own_user(root_dir):
+    yield from _daemon(root_dir, DAEMON_UID)
+
+
+@pytest.fixture(params=[0, DAEMON_UID], ids=["daemon as root", "daemon as its own user"])
+def any_daemon(root_dir, request):
+    yield from _daemon(root_dir, request.param)
 
 
 def _private_model(root_dir: Path) -> Path:
@@ -145,3 +161,66 @@ def test_a_user_gets_outputs_in_its_own_folders(as_its_own_user, root_dir, insta
         assert os.lstat(weights[0]).st_nlink == 1
         ort = pytest.importorskip("onnxruntime")
         ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])
+
+
+# Run as the attacker: every folder of the store but its root unlistable, every file unreadable but the harmless
+# layout marks, a payload file found by no name but the one the daemon hands out (not by its digest).
+_PROBE = """
+import json, os, sys
+seen = json.load(open(sys.argv[1]))
+for d in seen["dirs"]:
+    try:
+        os.listdir(d)
+        sys.exit(f"listed {d}")
+    except PermissionError:
+        pass
+payloads = {named for named, _ in seen["payloads"]}
+for f in seen["files"]:
+    if f in payloads:
+        continue
+    try:
+        os.stat(f)
+        open(f, "rb").close()
+        if os.path.basename(f) not in ("LAYOUT", "LOCK", "CLEAN"):
+            sys.exit(f"read {f}")
+    except PermissionError:
+        pass
+for named, by_digest in seen["payloads"]:
+    try:
+        open(by_digest, "rb").close()
+        sys.exit(f"read {by_digest} by its digest")
+    except (FileNotFoundError, PermissionError):
+        pass
+    open(named, "rb").close()  # the name a lease hands out: readable, as designed
+print("NOTHING-READ", len(seen["dirs"]), len(seen["files"]), len(seen["payloads"]))
+"""
+
+
+def test_no_file_of_the_store_is_read_by_another_socket_user(any_daemon, root_dir, installed):  # noqa: F811
+    """Another user of the socket group (and of the cache folder's group, as the unit's shape gives it) stats and
+    reads every file of the store after a user packed its private model: it lists no folder and reads no index,
+    record, key or temp file, and finds no payload by its digest."""
+    model = _private_model(root_dir)
+    cache = root_dir / "cache"
+    os.chown(cache, os.stat(cache).st_uid, CALLER_UID)
+    os.chmod(cache, 0o750)
+    r = subprocess.run([*setpriv(CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(any_daemon),
+                        "materialize", str(model), "-o", str(model.parent / "q" / "m.onnx")],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(model.parent)))
+    assert r.returncode == 0, r.stderr
+    seen = {"dirs": [], "files": [], "payloads": []}
+    for dirpath, dirs, files in os.walk(cache):
+        seen["dirs"] += [os.path.join(dirpath, d) for d in dirs]
+        for f in files:
+            path = os.path.join(dirpath, f)
+            seen["files"].append(path)
+            if os.path.basename(dirpath) != "blobs" and "blobs" in dirpath and "." in f:
+                seen["payloads"].append((path, os.path.join(dirpath, f.split(".")[0])))
+    assert seen["payloads"], seen
+    listing = root_dir / "seen.json"
+    listing.write_text(json.dumps(seen))
+    os.chmod(listing, 0o644)
+    attacker = 23456
+    r = subprocess.run([*setpriv(attacker, CALLER_UID), sys.executable, "-c", _PROBE, str(listing)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "NOTHING-READ" in r.stdout, r.stdout + r.stderr

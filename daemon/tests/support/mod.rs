@@ -394,3 +394,17 @@ pub async fn materialize_file(
     let c = ctcache_client::Client::connect_to(socket).await?;
     c.materialize_to(req, out, link, &Default::default()).await
 }
+
+/// The file name the store at `cache` gives the payload `blake3`: the
+/// digest and the tag of its name key (`NAMEKEY`), as a root test may read.
+pub fn payload_file_name(cache: &Path, blake3: &[u8; 32]) -> String {
+    let text = std::fs::read_to_string(cache.join("NAMEKEY")).unwrap();
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(text.trim(), &mut key).unwrap();
+    let tag = blake3::keyed_hash(&key, blake3);
+    format!(
+        "{}.{}",
+        hex::encode(blake3),
+        hex::encode(&tag.as_bytes()[..16])
+    )
+}
