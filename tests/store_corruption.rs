@@ -167,18 +167,14 @@ fn reconcile_finds_wrong_lengths_missing_files_and_orphans() {
 fn a_rotten_payload_is_never_served_and_a_later_put_replaces_it() {
     let d = tempfile::tempdir().unwrap();
     let data = payload(4, 6000);
-    let (a, b) = {
+    let (a, b, path) = {
         let s = Store::open(d.path(), StoreOptions::default()).unwrap();
         let a = s.put(&entry(1), data.as_slice()).unwrap().entry;
         // Another key sharing the payload file.
         let b = s.put(&entry(2), data.as_slice()).unwrap().entry;
-        (a, b)
+        let path = s.blob_path(&a.payload.blake3);
+        (a, b, path)
     };
-    let path = d
-        .path()
-        .join("blobs")
-        .join(&hex::encode(a.payload.blake3)[..2]);
-    let path = path.join(hex::encode(a.payload.blake3));
     // Same length, one byte changed: only a hash notices.
     flip_byte(&path, 4321);
 

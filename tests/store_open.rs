@@ -81,13 +81,16 @@ fn version_0_layout_is_migrated() {
             })
             .collect()
     };
-    // Rewrite it as a layout-0 dir: payload files flat in blobs/.
+    // Rewrite it as a layout-0 dir: payload files flat in blobs/, named by
+    // their digest alone.
     let blobs = d.path().join("blobs");
     for shard in fs::read_dir(&blobs).unwrap() {
         let shard = shard.unwrap().path();
         for f in fs::read_dir(&shard).unwrap() {
             let f = f.unwrap();
-            fs::rename(f.path(), blobs.join(f.file_name())).unwrap();
+            let name = f.file_name().to_string_lossy().into_owned();
+            let digest = name.split('.').next().unwrap();
+            fs::rename(f.path(), blobs.join(digest)).unwrap();
         }
         fs::remove_dir(shard).unwrap();
     }

@@ -41,7 +41,7 @@ impl Client {
     /// Waits on the daemon without a thread of its own: dropping the future
     /// (Ctrl-C) ends the exchange.
     pub async fn hand_over(&self, model_path: &str) -> Result<Option<Handout>> {
-        self.hand_over_for("Handout", model_path).await
+        self.hand_over_for("Handout", model_path, &[]).await
     }
 
     /// [`Client::hand_over`] for the call `rpc`: a daemon that goes away
@@ -50,8 +50,9 @@ impl Client {
         &self,
         rpc: &'static str,
         model_path: &str,
+        outputs: Outputs<'_>,
     ) -> Result<Option<Handout>> {
-        hand_over(self.socket(), Path::new(model_path))
+        hand_over(self.socket(), Path::new(model_path), outputs)
             .await
             .map_err(|e| match e {
                 Lost(message) => Error::Unavailable {
@@ -102,7 +103,7 @@ impl Client {
         &self,
         rpc: &'static str,
         repeat: Repeat,
-        req: Req,
+        (req, outputs): (Req, Outputs<'_>),
         send: F,
     ) -> Result<Resp>
     where
@@ -110,13 +111,15 @@ impl Client {
         F: Fn(Grpc, Req) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let first = Mutex::new(Some(self.hand_over_for(rpc, req.model_path()).await?));
+        let first = Mutex::new(Some(
+            self.hand_over_for(rpc, req.model_path(), outputs).await?,
+        ));
         let (first, socket, send) = (&first, self.socket(), &send);
         let attempt = move |grpc: Grpc, mut req: Req| async move {
             let taken = first.lock().unwrap_or_else(|e| e.into_inner()).take();
             let held = match taken {
                 Some(held) => held,
-                None => hand_over(socket, Path::new(req.model_path()))
+                None => hand_over(socket, Path::new(req.model_path()), outputs)
                     .await
                     .map_err(|e| match e {
                         Lost(message) => tonic::Status::unavailable(message),
@@ -132,6 +135,10 @@ impl Client {
     }
 }
 
+/// Files made for a request's output, handed over with the model by name
+/// (see `HandoutModel.outputs`).
+pub(crate) type Outputs<'a> = &'a [(&'static str, BorrowedFd<'a>)];
+
 /// Why a hand-over failed: the daemon went away during it, or another
 /// error.
 enum Failure {
@@ -144,7 +151,11 @@ use Failure::{Failed, Lost};
 /// `grpc`; `None` when that daemon has no descriptor channel (an older
 /// one), or when this process cannot open the model (the daemon then
 /// answers for the path, as to any request naming one).
-async fn hand_over(grpc: &Path, model: &Path) -> std::result::Result<Option<Handout>, Failure> {
+async fn hand_over(
+    grpc: &Path,
+    model: &Path,
+    outputs: Outputs<'_>,
+) -> std::result::Result<Option<Handout>, Failure> {
     let path = wire::socket_path(grpc);
     let io = |source: std::io::Error| {
         Failed(Error::Io {
@@ -182,9 +193,13 @@ async fn hand_over(grpc: &Path, model: &Path) -> std::result::Result<Option<Hand
     let first = api::HandoutRequest {
         step: Some(handout_request::Step::Model(api::HandoutModel {
             model_path: model.display().to_string(),
+            outputs: outputs.iter().map(|(n, _)| n.to_string()).collect(),
         })),
     };
-    wire::send_when_ready(&conn, &first, &[file.as_fd()])
+    let fds: Vec<BorrowedFd<'_>> = std::iter::once(file.as_fd())
+        .chain(outputs.iter().map(|(_, fd)| *fd))
+        .collect();
+    wire::send_when_ready(&conn, &first, &fds)
         .await
         .map_err(lost)?;
     loop {

@@ -26,6 +26,7 @@
 
 mod channel;
 mod conn;
+mod embed;
 mod error;
 mod handout;
 mod materialize;
@@ -121,7 +122,7 @@ macro_rules! unary {
     // A request naming a model: handed over for each attempt.
     (model $repeat:expr, $self:ident, $rpc:literal, $method:ident, $req:expr) => {
         $self
-            .call_naming_model($rpc, $repeat, $req, |mut grpc, req| async move {
+            .call_naming_model($rpc, $repeat, ($req, &[]), |mut grpc, req| async move {
                 grpc.$method(req).await
             })
             .await
@@ -345,14 +346,6 @@ impl Client {
         opts: &OpenOptions,
     ) -> Result<MappedPayload> {
         payload::open(self, entry, opts).await
-    }
-
-    /// Writes a copy of a model with compiled tensors embedded; the paths
-    /// are made absolute here.
-    pub async fn embed(&self, mut req: api::EmbedRequest) -> Result<api::EmbedResponse> {
-        req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
-        req.output_path = absolute(Path::new(&req.output_path))?.display().to_string();
-        unary!(model Repeat::Never, self, "Embed", embed, req)
     }
 
     /// An onnxruntime-ready model for the request's target, built in

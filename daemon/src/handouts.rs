@@ -91,6 +91,78 @@ pub(crate) fn readable_file(fd: OwnedFd, name: &str) -> Result<File> {
     Ok(File::from(fd))
 }
 
+/// Files a caller made for a request's output and handed over with its
+/// model: the daemon writes into them and opens no output path.
+#[derive(Debug)]
+pub(crate) struct Outputs {
+    /// The output's folder, open for reading (what beside it the request
+    /// needs is looked for through it).
+    pub folder: File,
+    /// The output model and its sidecar: empty files open for writing.
+    pub model: File,
+    pub sidecar: File,
+}
+
+/// The outputs an Embed hands over, one descriptor each in `names`' order;
+/// `None` when none are.
+pub(crate) fn outputs(names: &[String], fds: Vec<OwnedFd>) -> Result<Option<Outputs>> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let expected = ["folder", "model", "sidecar"];
+    if names.len() != expected.len() || expected.iter().any(|e| !names.iter().any(|n| n == e)) {
+        return Err(Error::invalid(format!(
+            "outputs are {expected:?}, each once, not {names:?}"
+        )));
+    }
+    let mut by_name: HashMap<&str, OwnedFd> = names.iter().map(String::as_str).zip(fds).collect();
+    let mut take = |n: &str| {
+        by_name
+            .remove(n)
+            .ok_or_else(|| Error::invalid("an output without its descriptor"))
+    };
+    Ok(Some(Outputs {
+        folder: output_folder(take("folder")?)?,
+        model: writable_file(take("model")?, "the output model")?,
+        sidecar: writable_file(take("sidecar")?, "the output sidecar")?,
+    }))
+}
+
+/// A handed folder: a directory open for reading (not an O_PATH handle).
+fn output_folder(fd: OwnedFd) -> Result<File> {
+    let refuse = |why: &str| Error::invalid(format!("the output folder: {why}"));
+    let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| refuse(&e.to_string()))?;
+    if flags.contains(OFlags::PATH) || flags & OFlags::RWMODE == OFlags::WRONLY {
+        return Err(refuse("not open for reading"));
+    }
+    let st = rustix::fs::fstat(&fd).map_err(|e| refuse(&e.to_string()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+        return Err(refuse("not a folder"));
+    }
+    Ok(File::from(fd))
+}
+
+/// A handed output file: a regular, empty file open for writing at its
+/// start (not for appending).
+fn writable_file(fd: OwnedFd, what: &str) -> Result<File> {
+    let refuse = |why: &str| Error::invalid(format!("{what}: {why}"));
+    let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| refuse(&e.to_string()))?;
+    if flags.contains(OFlags::PATH) || flags & OFlags::RWMODE == OFlags::RDONLY {
+        return Err(refuse("not open for writing"));
+    }
+    if flags.contains(OFlags::APPEND) {
+        return Err(refuse("open for appending; open it for writing"));
+    }
+    let st = rustix::fs::fstat(&fd).map_err(|e| refuse(&e.to_string()))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(refuse("not a regular file"));
+    }
+    if st.st_size != 0 {
+        return Err(refuse("not empty; hand over a new file"));
+    }
+    Ok(File::from(fd))
+}
+
 /// One live handout.
 struct Handout {
     uid: u32,
@@ -99,6 +171,8 @@ struct Handout {
     /// The model's real path (its descriptor's) and the model.
     path: PathBuf,
     model: Arc<Model>,
+    /// Files made for the request's output, when handed over.
+    outputs: Option<Arc<Outputs>>,
     /// The channel connection: the handout ends when its peer closes it.
     conn: Arc<OwnedFd>,
 }
@@ -209,6 +283,7 @@ impl Handouts {
         uid: u32,
         named: String,
         (path, model): (PathBuf, Arc<Model>),
+        outputs: Option<Outputs>,
         conn: Arc<OwnedFd>,
     ) -> Result<String> {
         let mut bytes = [0u8; 16];
@@ -220,6 +295,7 @@ impl Handouts {
             named,
             path,
             model,
+            outputs: outputs.map(Arc::new),
             conn,
         };
         lock(&self.live).insert(name.clone(), handout);
@@ -241,6 +317,30 @@ impl Handouts {
         model_path: &str,
         caller: &Caller,
     ) -> Result<(PathBuf, Arc<Model>)> {
+        self.live(name, caller, |h| {
+            if !model_path.is_empty() && model_path != h.named {
+                return Err(Error::invalid(format!(
+                    "model_path {model_path:?} is not the model of handout {name} ({:?})",
+                    h.named
+                )));
+            }
+            Ok((h.path.clone(), h.model.clone()))
+        })
+    }
+
+    /// The output files handed over with handout `name` of `caller`.
+    pub fn outputs(&self, name: &str, caller: &Caller) -> Result<Option<Arc<Outputs>>> {
+        self.live(name, caller, |h| Ok(h.outputs.clone()))
+    }
+
+    /// `read` of the live handout `name` of `caller`; NOT_FOUND for
+    /// another uid's, an unknown one, or one whose connection closed.
+    fn live<T>(
+        &self,
+        name: &str,
+        caller: &Caller,
+        read: impl FnOnce(&Handout) -> Result<T>,
+    ) -> Result<T> {
         let gone = || {
             Error::not_found(format!(
                 "handout {name}: unknown to {}, or ended (its connection closed)",
@@ -254,13 +354,7 @@ impl Handouts {
             live.remove(name);
             return Err(gone());
         }
-        if !model_path.is_empty() && model_path != h.named {
-            return Err(Error::invalid(format!(
-                "model_path {model_path:?} is not the model of handout {name} ({:?})",
-                h.named
-            )));
-        }
-        Ok((h.path.clone(), h.model.clone()))
+        read(h)
     }
 }
 

@@ -97,9 +97,15 @@ fn connect(socket: &Path) -> OwnedFd {
 }
 
 fn send_model(conn: &OwnedFd, path: &Path, fds: &[BorrowedFd<'_>]) {
+    send_model_with(conn, path, &[], fds);
+}
+
+/// HandoutModel naming `outputs`, with the model's descriptor and theirs.
+fn send_model_with(conn: &OwnedFd, path: &Path, outputs: &[&str], fds: &[BorrowedFd<'_>]) {
     let msg = api::HandoutRequest {
         step: Some(handout_request::Step::Model(api::HandoutModel {
             model_path: path.display().to_string(),
+            outputs: outputs.iter().map(|o| o.to_string()).collect(),
         })),
     };
     wire::send(conn, &msg, fds).unwrap();
@@ -463,4 +469,93 @@ fn a_model_of_too_many_data_files_is_refused_and_the_daemon_serves_on() {
         let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
         c.status(api::StatusRequest {}).await.unwrap();
     });
+}
+
+/// Output files the daemon would write into must be what the client made
+/// for it: a folder open for reading, empty regular files open for writing
+/// at their start; anything else is refused before the model is read.
+#[test]
+fn output_descriptors_that_are_not_new_files_are_refused() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let d = Daemon::start();
+    let top = tempfile::tempdir().unwrap();
+    let model = private_model(top.path());
+    let out = top.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let model_file = File::open(&model).unwrap();
+    let folder = File::open(&out).unwrap();
+    let new = |name: &str| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(out.join(name))
+            .unwrap()
+    };
+    let (m, s) = (new("m"), new("s"));
+    let read_only = File::open(out.join("m")).unwrap();
+    let full = new("full");
+    std::io::Write::write_all(&mut &full, b"x").unwrap();
+    let appending = std::fs::OpenOptions::new()
+        .append(true)
+        .open(out.join("s"))
+        .unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        out.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let fifo = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(out.join("fifo"))
+        .unwrap();
+    let names = ["folder", "model", "sidecar"];
+    let cases: Vec<(&str, [BorrowedFd<'_>; 3])> = vec![
+        ("a file as the folder", [m.as_fd(), m.as_fd(), s.as_fd()]),
+        (
+            "a read-only model",
+            [folder.as_fd(), read_only.as_fd(), s.as_fd()],
+        ),
+        (
+            "a file that is not empty",
+            [folder.as_fd(), full.as_fd(), s.as_fd()],
+        ),
+        (
+            "an appending sidecar",
+            [folder.as_fd(), m.as_fd(), appending.as_fd()],
+        ),
+        ("a FIFO", [folder.as_fd(), fifo.as_fd(), s.as_fd()]),
+    ];
+    for (what, outs) in &cases {
+        let conn = connect(&d.socket);
+        let fds: Vec<BorrowedFd<'_>> = std::iter::once(model_file.as_fd()).chain(*outs).collect();
+        send_model_with(&conn, &model, &names, &fds);
+        assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT", "{what}");
+    }
+    // Names that are not the three, and a descriptor short.
+    for (outputs, n) in [
+        (&["folder", "model"][..], 2),
+        (&["folder", "model", "model"][..], 3),
+    ] {
+        let conn = connect(&d.socket);
+        let all = [folder.as_fd(), m.as_fd(), s.as_fd()];
+        let fds: Vec<BorrowedFd<'_>> = std::iter::once(model_file.as_fd())
+            .chain(all[..n].iter().copied())
+            .collect();
+        send_model_with(&conn, &model, outputs, &fds);
+        assert_eq!(refusal(reply(&conn)), "INVALID_ARGUMENT", "{outputs:?}");
+    }
+    let conn = connect(&d.socket);
+    send_model_with(&conn, &model, &names, &[model_file.as_fd(), folder.as_fd()]);
+    assert_eq!(
+        refusal(reply(&conn)),
+        "INVALID_ARGUMENT",
+        "a descriptor short"
+    );
+    // The files made for it stay as they were.
+    assert_eq!(std::fs::read(out.join("m")).unwrap(), b"");
 }

@@ -151,6 +151,7 @@ mod tests {
         let msg = HandoutRequest {
             step: Some(handout_request::Step::Model(HandoutModel {
                 model_path: "/m.onnx".into(),
+                outputs: Vec::new(),
             })),
         };
         send(&a, &msg, &[file.as_fd()]).unwrap();

@@ -19,7 +19,7 @@ use crate::wire::put_len_prefix;
 
 mod embed;
 mod sidecar;
-pub use embed::{embed, embed_into};
+pub use embed::{embed, embed_handed, embed_into};
 
 /// One compiled tensor to embed.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +91,9 @@ pub struct Report {
     pub sidecar: Option<PathBuf>,
     /// Payload bytes written to the sidecar.
     pub sidecar_bytes: u64,
+    /// The sidecar was written to go into place before the model (it
+    /// keeps the old one as its prefix); else the model goes first.
+    pub sidecar_first: bool,
 }
 
 /// The sidecar file name used for `out` (`model.onnx` -> `model.onnx.ctdata`).
@@ -98,6 +101,25 @@ pub fn sidecar_name(out: &Path) -> Result<String> {
     out.file_name()
         .map(|n| format!("{}.ctdata", n.to_string_lossy()))
         .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
+}
+
+/// Writes the file `name` of `dir` whole (temp, fsync, rename), or, when
+/// the caller `handed` a file it made for it, into that file (fsynced; the
+/// caller renames it).
+fn write_whole(
+    dir: &crate::outdir::OutDir,
+    name: &std::ffi::OsStr,
+    handed: Option<&std::fs::File>,
+    fill: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let Some(file) = handed else {
+        return dir.write(name, fill);
+    };
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    fill(&mut w)?;
+    w.flush()?;
+    drop(w);
+    file.sync_all()
 }
 
 pub(crate) fn encoded_field(out: &mut Vec<u8>, number: u32, msg: &impl Message) {

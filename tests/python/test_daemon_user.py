@@ -102,22 +102,16 @@ def _private_model(root_dir: Path) -> Path:
 
 def test_a_user_works_on_its_private_model_through_handed_descriptors(as_its_own_user, root_dir, installed):  # noqa: F811
     model = _private_model(root_dir)
-    # The client package where the caller can read it (pytest's folders are root's).
-    shutil.copytree(installed / "ctcache", root_dir / "py" / "ctcache")
-    env = dict(os.environ, HOME=str(model.parent), PYTHONPATH=str(root_dir / "py"))
-    r = subprocess.run([*setpriv(CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user),
-                        "resolve", str(model)], capture_output=True, text=True, timeout=60, env=env)
-    assert r.returncode == 0, r.stderr
-    assert f"{model}: nothing wanted" in r.stdout, r.stdout  # read: its one initializer judged
+    env = _caller_env(root_dir, model.parent, installed)
+    said = _as_caller(env, str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user), "resolve", str(model))
+    assert f"{model}: nothing wanted" in said, said  # read: its one initializer judged
     # The Python client too: an in-memory materialize (what inference_session asks).
     script = ("import sys, ctcache\n"
               "with ctcache.connect(sys.argv[1]) as c:\n"
               "    r = c.materialize(sys.argv[2], None, in_memory=True)\n"
               "print('MATERIALIZED', r.nodes_rewritten, len(r.model) > 0)\n")
-    r = subprocess.run([*setpriv(CALLER_UID), sys.executable, "-c", script, str(as_its_own_user), str(model)],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
-    assert "MATERIALIZED 1 True" in r.stdout, r.stdout
+    said = _as_caller(env, sys.executable, "-c", script, str(as_its_own_user), str(model))
+    assert "MATERIALIZED 1 True" in said, said
 
 
 def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root_dir):
@@ -130,27 +124,35 @@ def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root
     assert f"not readable by uid {other}" in r.stderr and str(model) in r.stderr, r.stderr
 
 
+def _as_caller(env: dict, *args: str) -> str:
+    """Runs ``args`` as the caller; its stdout, once it succeeded."""
+    r = subprocess.run([*setpriv(CALLER_UID), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _caller_env(root_dir: Path, home: Path, installed: Path) -> dict:  # noqa: F811
+    """The caller's environment, the client package where it can read it (pytest's folders are root's)."""
+    shutil.copytree(installed / "ctcache", root_dir / "py" / "ctcache")
+    return dict(os.environ, HOME=str(home), PYTHONPATH=str(root_dir / "py"))
+
+
 def test_a_user_gets_outputs_in_its_own_folders(as_its_own_user, root_dir, installed):  # noqa: F811
     """The daemon writes no file for a caller: ctcachectl and the Python client write the materialized model
     and its weights with the caller's own rights, into folders only the caller may enter (made when missing)."""
     model = _private_model(root_dir)
     home = model.parent
-    shutil.copytree(installed / "ctcache", root_dir / "py" / "ctcache")
-    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(root_dir / "py"))
+    env = _caller_env(root_dir, home, installed)
     out = home / "out" / "cli" / "m.int4.onnx"
-    r = subprocess.run([*setpriv(CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user),
-                        "materialize", str(model), "-o", str(out), "--link", "hard"],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
+    _as_caller(env, str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user), "materialize", str(model),
+               "-o", str(out), "--link", "hard")
     script = ("import sys, ctcache\n"
               "with ctcache.connect(sys.argv[1]) as c:\n"
               "    r = c.materialize(sys.argv[2], sys.argv[3])\n"
               "print('WROTE', r.output_path, r.files_copied)\n")
     py_out = home / "out" / "py" / "m.int4.onnx"
-    r = subprocess.run([*setpriv(CALLER_UID), sys.executable, "-c", script, str(as_its_own_user), str(model),
-                        str(py_out)], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
-    assert f"WROTE {py_out} 1" in r.stdout, r.stdout
+    said = _as_caller(env, sys.executable, "-c", script, str(as_its_own_user), str(model), str(py_out))
+    assert f"WROTE {py_out} 1" in said, said
     for written in (out, py_out):
         weights = list(Path(f"{written}.weights").iterdir())
         assert len(weights) == 1, weights
@@ -161,6 +163,40 @@ def test_a_user_gets_outputs_in_its_own_folders(as_its_own_user, root_dir, insta
         assert os.lstat(weights[0]).st_nlink == 1
         ort = pytest.importorskip("onnxruntime")
         ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])
+
+
+def test_a_user_gets_embedded_models_in_its_own_folders(as_its_own_user, root_dir, installed):  # noqa: F811
+    """Embed writes into the files the caller's client made in the caller's folder (the daemon opens no output
+    path), which the client then puts in place: the caller's own files, the sidecar beside the model."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    home = _private_model(root_dir).parent
+    env = _caller_env(root_dir, home, installed)
+    # A weight the policy packs (at least 65536 elements).
+    w = np.random.default_rng(1).standard_normal((512, 256)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 512])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 256])],
+                          [numpy_helper.from_array(w, "W")])
+    model = home / "big.onnx"
+    model.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    os.chmod(model, 0o600)
+    os.chown(model, CALLER_UID, CALLER_UID)
+    embedded = home / "out" / "emb" / "m.ct.onnx"
+    _as_caller(env, str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user), "embed", str(model),
+               "-o", str(embedded), "--format", "ort.matmul_nbits", "--sidecar")
+    script = ("import sys, ctcache\n"
+              "with ctcache.connect(sys.argv[1]) as c:\n"
+              "    r = c.embed(sys.argv[2], sys.argv[3], ['ort.matmul_nbits'])\n"
+              "print('EMBEDDED', r.entries)\n")
+    py_embedded = home / "out" / "emb-py" / "m.ct.onnx"
+    said = _as_caller(env, sys.executable, "-c", script, str(as_its_own_user), str(model), str(py_embedded))
+    assert "EMBEDDED 1" in said, said
+    for p in (embedded, Path(f"{embedded}.ctdata"), py_embedded):
+        assert os.lstat(p).st_uid == CALLER_UID and os.lstat(p).st_size > 0, p
+    assert sorted(os.listdir(embedded.parent)) == ["m.ct.onnx", "m.ct.onnx.ctdata"]
+    assert sorted(os.listdir(py_embedded.parent)) == ["m.ct.onnx"]
 
 
 # Run as the attacker: every folder of the store but its root unlistable, every file unreadable but the harmless

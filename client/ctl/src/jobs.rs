@@ -290,9 +290,8 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
     let Some(c) = ctx.connect_or_local("embedding").await? else {
         return Ok(false);
     };
-    // As materialize: the missing folders are made here, with this user's
-    // rights, and removed again on a refusal.
-    let made = crate::output::make_parent(&a.output)?;
+    // The client makes the output's missing folders and files, with this
+    // user's rights (removed again on a refusal); the daemon writes into them.
     let r = c
         .embed(api::EmbedRequest {
             model_path: a.model.display().to_string(),
@@ -304,7 +303,6 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
             handout: String::new(),
         })
         .await?;
-    made.keep();
     let sidecar = (!r.sidecar_path.is_empty()).then_some(r.sidecar_path.clone());
     if ctx.json {
         print_json(&json!({

@@ -233,24 +233,17 @@ pub fn say(s: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Makes the folders `path` goes in that are missing, with this user's own
-/// rights, through the same checked code as every output
-/// (`ctcache::outdir::OutFile::create`: no link followed below the deepest
-/// existing folder). Returns a guard that removes the folders made again,
-/// if they are still empty, unless [`MadeDir::keep`] is called.
-pub fn make_parent(path: &std::path::Path) -> Result<MadeDir, Failure> {
-    Ok(create(path)?.1)
-}
-
-/// The output `path`, its folder opened (the missing ones made), and the
-/// guard of the folders made.
+/// The output `path`, its folder opened (the missing ones made with this
+/// user's own rights, no link followed below the deepest existing folder),
+/// and a guard that removes the folders made again, if they are still
+/// empty, unless [`MadeDir::keep`] is called.
 pub fn create(path: &std::path::Path) -> Result<(ctcache::outdir::OutFile, MadeDir), Failure> {
     let (out, made) =
         ctcache::outdir::OutFile::create(path).map_err(|e| ctcache::Error::write(path, e))?;
     Ok((out, MadeDir(made)))
 }
 
-/// Folders [`make_parent`] or [`create`] made, outermost first.
+/// Folders [`create`] made, outermost first.
 pub struct MadeDir(Vec<std::path::PathBuf>);
 
 impl MadeDir {

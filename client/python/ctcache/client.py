@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 import grpc
 
-from . import errors, handout, materialized
+from . import errors, handout, materialized, outputs
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import ctcache_v1_pb2_grpc as pb_grpc
 from ._pb import onnx_pb2 as onnx_pb
@@ -225,12 +225,13 @@ class Client:
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
 
-    def _handed(self, req, timeout: float | None) -> handout.Handout | None:
-        """Hands ``req.model_path`` over the descriptor channel and names
-        the handout in ``req`` (``None``, and no name, for a daemon without
-        the channel); the handout lasts until it is closed."""
+    def _handed(self, req, timeout: float | None, outputs=()) -> handout.Handout | None:
+        """Hands ``req.model_path`` (and the ``outputs`` made for it) over the
+        descriptor channel and names the handout in ``req`` (``None``, and no
+        name, for a daemon without the channel); the handout lasts until it is
+        closed."""
         try:
-            h = handout.hand_over(self.socket, req.model_path, timeout)
+            h = handout.hand_over(self.socket, req.model_path, timeout, outputs)
         except handout.HandoutRefused as e:
             raise _ERRORS.get(e.code, errors.RequestFailed)("Handout", e.code, e.message) from None
         except TimeoutError as e:
@@ -258,14 +259,16 @@ class Client:
         time.sleep(pause)
         return True
 
-    def _call(self, method: str, request, timeout: float | None = None, *, names_model: bool = False):
-        """Sends ``request``; one that ``names_model`` is handed over for each
-        attempt (a handout lives on the daemon that took it: one restarted
-        knows none), and the handout held until the answer."""
+    def _call(self, method: str, request, timeout: float | None = None, *, names_model: bool = False,
+              outputs=()):
+        """Sends ``request``; one that ``names_model`` is handed over (with the
+        ``outputs`` made for it) for each attempt (a handout lives on the daemon
+        that took it: one restarted knows none), and the handout held until the
+        answer."""
         since, pause = time.monotonic(), 0.02
         while True:
             stub = self._stub
-            held = self._handed(request, timeout) if names_model else None
+            held = self._handed(request, timeout, outputs) if names_model else None
             try:
                 return getattr(stub, method)(request, timeout=timeout)
             except grpc.RpcError as e:
@@ -360,10 +363,16 @@ class Client:
 
     def embed(self, model_path, output_path, formats=None, *, sidecar: bool = False,
               replace: bool = False, timeout: float | None = None) -> pb.EmbedResponse:
-        """Writes a copy of the model with compiled tensors embedded (packs what is missing)."""
+        """Writes a copy of the model with compiled tensors embedded (packs what is missing).
+
+        The output's folders are made when missing, and its files are this process's: made here, written by
+        the daemon through their descriptors, renamed into place here."""
         req = pb.EmbedRequest(model_path=_path(model_path), output_path=_path(output_path),
                               formats=_format_specs(formats), sidecar=sidecar, replace=replace)
-        return self._call("Embed", req, timeout, names_model=True)
+        with outputs.EmbedFiles(req.output_path) as made:
+            r = self._call("Embed", req, timeout, names_model=True, outputs=made.outputs)
+            made.commit(r)
+        return r
 
     def materialize(self, model_path, output_path, *, bits: int | None = None, block_size: int | None = None,
                     symmetric: bool | None = None, accuracy_level: int = 0, link: str = "auto",

@@ -45,11 +45,13 @@ class HandoutRefused(Exception):
         self.message = message
 
 
-def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None) -> Handout | None:
+def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, outputs=()) -> Handout | None:
     """Hands the model at the absolute ``model_path`` to the daemon at
     ``grpc_socket``, each wait for it at most ``timeout`` seconds (``None``:
-    no limit); ``None`` when that daemon has no descriptor channel (an older
-    one) or this process cannot open the model: requests then name the path."""
+    no limit), with the ``outputs`` made for the request ((name, descriptor)
+    pairs, ``HandoutModel.outputs``); ``None`` when that daemon has no
+    descriptor channel (an older one) or this process cannot open the model:
+    requests then name the path."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.settimeout(timeout)
     try:
@@ -65,8 +67,9 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None) -
         return None
     try:
         with model:
-            first = pb.HandoutRequest(model=pb.HandoutModel(model_path=model_path))
-            socket.send_fds(conn, [first.SerializeToString()], [model.fileno()])
+            first = pb.HandoutRequest(model=pb.HandoutModel(model_path=model_path,
+                                                            outputs=[name for name, _ in outputs]))
+            socket.send_fds(conn, [first.SerializeToString()], [model.fileno(), *(fd for _, fd in outputs)])
         # Data locations are relative to the folder the model file really is in.
         folder = os.path.dirname(os.path.realpath(model_path))
         while True:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import stat
 
 from . import errors
+from .outputs import make_parents, temp_name
 from ._pb import ctcache_v1_pb2 as pb
 
 # ioctl FICLONE: the new file shares the source's extents.
@@ -47,7 +47,7 @@ def write(r: pb.MaterializeResponse, model_path: str, output_path: str, link: st
     ``link`` (``auto``, ``reflink``, ``copy``, ``hard``); returns ``r`` with what was written."""
     out = os.path.abspath(output_path)
     refuse_input(model_path, out)
-    made = _make_parents(os.path.dirname(out))
+    made = make_parents(os.path.dirname(out))
     try:
         return _write(r, out, link)
     except BaseException:
@@ -101,19 +101,6 @@ def _write(r: pb.MaterializeResponse, out: str, link: str) -> pb.MaterializeResp
     return written
 
 
-def _make_parents(path: str) -> list[str]:
-    """Makes the missing folders of ``path``; returns those made, outermost first."""
-    missing = []
-    while path and not os.path.isdir(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    made = []
-    for d in reversed(missing):
-        os.mkdir(d)
-        made.append(d)
-    return made
-
-
 def _folder(path: str) -> bool:
     """Makes the data folder when missing (True); an existing one must be a real folder of this user's."""
     try:
@@ -134,7 +121,7 @@ def _place(entry, folder: str, name: str, link: str):
     """Makes ``folder/name`` from ``entry``'s payload file as ``link`` says, checked; returns
     (path, method, bytes copied)."""
     final = os.path.join(folder, name)
-    temp = os.path.join(folder, f".{name}.tmp-{secrets.token_hex(8)}")
+    temp = temp_name(folder, name)
     try:
         method, copied = _put(entry.payload_path, temp, link)
         digest = _blake3(temp)
@@ -200,7 +187,7 @@ def _blake3(path: str) -> str:
 def _write_file(path: str, data: bytes) -> None:
     """Writes ``path`` whole or not at all."""
     folder = os.path.dirname(path)
-    temp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{secrets.token_hex(8)}")
+    temp = temp_name(folder, os.path.basename(path))
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(fd, "wb") as f:

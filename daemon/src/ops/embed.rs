@@ -1,17 +1,20 @@
 //! The Embed use case: a model -> a new model with compiled tensors
-//! embedded (packing what is missing first), written next to the caller's
-//! other files with the byte-preserving rewrite.
+//! embedded (packing what is missing first), written with the
+//! byte-preserving rewrite into the files the caller made and handed over
+//! (or, asked by path, next to the caller's other files).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
+use ctcache::outdir::{OutDir, OutFile};
 
 use super::model::{self, FormatRequest};
 use super::output::output_file;
 use super::pack::{self, BackendRequest};
 use super::{blocking, serve, Result};
 use crate::caller::Caller;
+use crate::handouts::Outputs;
 use crate::scheduler::Priority;
 use crate::state::Daemon;
 
@@ -45,7 +48,14 @@ pub(crate) struct Embedded {
 /// The Embed use case.
 pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> Result<Embedded> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "embed");
-    let out = output_file(caller, &r.output_path)?;
+    let handed = match r.handout.is_empty() {
+        true => None,
+        false => d.handouts.outputs(&r.handout, caller)?,
+    };
+    let out = match &handed {
+        Some(o) => handed_output(o, &r.output_path)?,
+        None => output_file(caller, &r.output_path)?,
+    };
     let (d2, c2, r2) = (d.clone(), caller.clone(), r.clone());
     let (m, jobs, out) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &r2.handout, &c2)?;
@@ -99,8 +109,15 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             ..Default::default()
         };
         let mode = if r.replace { Mode::Replace } else { Mode::Add };
-        let report = rewrite::embed_into(&m.model, &news, &out, mode, &opts)?;
-        // The model and its sidecar went to the caller as they were made.
+        let report = match &handed {
+            Some(o) => {
+                let files = (&o.model, &o.sidecar);
+                rewrite::embed_handed(&m.model, &news, &out, files, mode, &opts)?
+            }
+            None => rewrite::embed_into(&m.model, &news, &out, mode, &opts)?,
+        };
+        // The model and its sidecar are the caller's: made by it, or handed
+        // to it as they were made.
         Ok(Embedded {
             output_path: out.path(),
             entries: report.entries as u32,
@@ -109,4 +126,23 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
         })
     })
     .await
+}
+
+/// The output a caller made and handed over: its folder (read through the
+/// caller's descriptor only) and the name `output_path` gives the model.
+fn handed_output(o: &Outputs, output_path: &str) -> Result<OutFile> {
+    let path = Path::new(output_path);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(super::Error::invalid(
+            "output_path needs a folder and a file name",
+        ));
+    };
+    let folder = o
+        .folder
+        .try_clone()
+        .map_err(|e| super::Error::internal(format!("the output folder: {e}")))?;
+    Ok(OutFile {
+        dir: OutDir::from_open(folder, dir),
+        name: name.to_os_string(),
+    })
 }

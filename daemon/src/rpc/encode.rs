@@ -146,6 +146,7 @@ pub(crate) fn embedded(e: Embedded) -> api::EmbedResponse {
             .unwrap_or_default(),
         inline_bytes: e.report.inline_bytes,
         sidecar_bytes: e.report.sidecar_bytes,
+        sidecar_first: e.report.sidecar_first,
     }
 }
 

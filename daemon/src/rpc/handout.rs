@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::handouts::{readable_file, Charge, HandedFiles};
+use crate::handouts::{outputs, readable_file, Charge, HandedFiles, Outputs};
 use crate::state::Daemon;
 
 /// How long the daemon waits for each message until a handout is made.
@@ -80,9 +80,9 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
         Ok(h) => h,
         Err(e) => return refuse(&afd, &e).await,
     };
-    let (named, path, model) = handed;
+    let (named, path, model, outs) = handed;
     tracing::debug!(uid, model = %path.display(), "handout made");
-    let name = match d.handouts.add(uid, named, (path, model), conn) {
+    let name = match d.handouts.add(uid, named, (path, model), outs, conn) {
         Ok(name) => name,
         Err(e) => return refuse(&afd, &e).await,
     };
@@ -99,20 +99,26 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
     drop(charge);
 }
 
-/// The model's message and descriptor, then its data files, chunk by
-/// chunk: the client's name, the model's real path, the model.
-async fn handshake(afd: &Conn, charge: &mut Charge<'_>) -> Result<(String, PathBuf, Arc<Model>)> {
+/// What a handshake hands over: the client's name of the model, its real
+/// path, the model, the output files.
+type Handed = (String, PathBuf, Arc<Model>, Option<Outputs>);
+
+/// The model's message and descriptor (and the outputs'), then its data
+/// files, chunk by chunk.
+async fn handshake(afd: &Conn, charge: &mut Charge<'_>) -> Result<Handed> {
     let (first, mut fds) = step::<api::HandoutRequest>(afd).await?;
     let Some(handout_request::Step::Model(asked)) = first.step else {
         return Err(Error::invalid("the first message must be HandoutModel"));
     };
-    if fds.len() != 1 {
+    if fds.len() != 1 + asked.outputs.len() {
         return Err(Error::invalid(format!(
-            "HandoutModel carries one descriptor, the model's, not {}",
+            "HandoutModel carries one descriptor for the model and one per output ({}), not {}",
+            1 + asked.outputs.len(),
             fds.len()
         )));
     }
-    charge.files(1)?;
+    charge.files(fds.len())?;
+    let outs = outputs(&asked.outputs, fds.split_off(1))?;
     let file = readable_file(fds.remove(0), &asked.model_path)?;
     let shown = asked.model_path.clone();
     let (model, files, needs, real) = crate::ops::blocking(move || {
@@ -152,7 +158,7 @@ async fn handshake(afd: &Conn, charge: &mut Charge<'_>) -> Result<(String, PathB
             files.insert(PathBuf::from(name), readable_file(fd, name)?);
         }
     }
-    Ok((asked.model_path, real, Arc::new(model)))
+    Ok((asked.model_path, real, Arc::new(model), outs))
 }
 
 /// The data files a model reads, relative to its folder (see

@@ -3,6 +3,7 @@
 //! carried along, new fields appended after the model's own bytes.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -73,8 +74,7 @@ pub fn embed(
     embed_into(model, entries, &output, mode, opts)
 }
 
-/// [`embed`] into a folder already open (see [`crate::outdir`]): what the
-/// daemon uses to write for a caller.
+/// [`embed`] into a folder already open (see [`crate::outdir`]).
 pub fn embed_into(
     model: &Model,
     entries: &[NewEntry],
@@ -82,15 +82,43 @@ pub fn embed_into(
     mode: Mode,
     opts: &RewriteOptions,
 ) -> Result<Report> {
+    embed_to(model, entries, output, None, mode, opts)
+}
+
+/// [`embed_into`] the files the caller made for the output, its model and
+/// its sidecar (`files`, empty, open for writing): they are written and
+/// fsynced, never renamed; the caller puts them in place, the sidecar first
+/// when [`Report::sidecar_first`] says so. `output` is the output's open
+/// folder and name, read only (what the model's data files and sidecar
+/// need there).
+pub fn embed_handed(
+    model: &Model,
+    entries: &[NewEntry],
+    output: &OutFile,
+    files: (&File, &File),
+    mode: Mode,
+    opts: &RewriteOptions,
+) -> Result<Report> {
+    embed_to(model, entries, output, Some(files), mode, opts)
+}
+
+fn embed_to(
+    model: &Model,
+    entries: &[NewEntry],
+    output: &OutFile,
+    handed: Option<(&File, &File)>,
+    mode: Mode,
+    opts: &RewriteOptions,
+) -> Result<Report> {
     refuse_moved_external_data(model, &output.dir)?;
-    let mut splice = Splice::start(model, output.path(), mode)?;
+    let mut splice = Splice::start(model, output, mode)?;
     if mode == Mode::Add {
         splice.carry_existing()?;
     }
     for e in entries {
         splice.add(e, opts)?;
     }
-    splice.write(output, mode)
+    splice.write(output, handed, mode)
 }
 
 /// The output keeps the model's bytes, external-data locations included
@@ -161,6 +189,8 @@ struct Splice<'m> {
     model: &'m Model,
     /// The output model file.
     out: PathBuf,
+    /// Its open folder.
+    out_dir: &'m OutDir,
     types: Vec<pb::StructTypeProto>,
     devices: Vec<pb::DeviceProto>,
     /// Devices by their encoding: a new entry finds its device at once
@@ -180,7 +210,8 @@ impl<'m> Splice<'m> {
     /// Reads the tables new entries join (none with [`Mode::Replace`]);
     /// with [`Mode::Add`] every existing entry must decode, before any
     /// payload is read for one of them.
-    fn start(model: &'m Model, out: PathBuf, mode: Mode) -> Result<Self> {
+    fn start(model: &'m Model, output: &'m OutFile, mode: Mode) -> Result<Self> {
+        let out = output.path();
         // The model's own entries are decoded one at a time, never all at
         // once (a field of a few bytes decodes to a much larger message).
         let (types, devices) = match mode {
@@ -201,6 +232,7 @@ impl<'m> Splice<'m> {
             model,
             sidecar: Sidecar::for_output(&out)?,
             out,
+            out_dir: &output.dir,
             types,
             devices,
             device_index,
@@ -244,7 +276,7 @@ impl<'m> Splice<'m> {
         value: &pb::StructProto,
     ) -> Result<(), PayloadError> {
         let r = check::payload_ref(value)?;
-        if is_output_sidecar(self.model, &r.location, &self.sidecar.path) {
+        if is_output_sidecar(self.model, &r.location, self.out_dir, self.sidecar.name()) {
             if self.sidecar.prefix.is_none() {
                 let whole = self.model.external_file(&r)?;
                 self.sidecar.carry_prefix(whole);
@@ -361,33 +393,38 @@ impl<'m> Splice<'m> {
     }
 
     /// Writes the model and the sidecar, in the order [`embed`] explains.
-    fn write(mut self, output: &OutFile, mode: Mode) -> Result<Report> {
+    fn write(
+        mut self,
+        output: &OutFile,
+        handed: Option<(&File, &File)>,
+        mode: Mode,
+    ) -> Result<Report> {
+        let (model_file, sidecar_file) = (handed.map(|h| h.0), handed.map(|h| h.1));
         // Struct types and devices precede the entries that refer to them;
         // all new fields go after the model's own bytes, so existing
         // repeated-field order (and thus existing indices) is unchanged.
         let write_model = || {
-            output
-                .dir
-                .write(&output.name, |w| {
-                    copy_fields(
-                        self.model,
-                        |f| mode == Mode::Add || !fields::is_compiled_field(f.number),
-                        &self.replaced,
-                        w,
-                    )?;
-                    w.write_all(&self.tail)
-                })
-                .map_err(|e| Error::write(&self.out, e))
+            super::write_whole(&output.dir, &output.name, model_file, |w| {
+                copy_fields(
+                    self.model,
+                    |f| mode == Mode::Add || !fields::is_compiled_field(f.number),
+                    &self.replaced,
+                    w,
+                )?;
+                w.write_all(&self.tail)
+            })
+            .map_err(|e| Error::write(&self.out, e))
         };
         if self.sidecar.pieces.is_empty() {
             write_model()?;
         } else {
-            if self.sidecar.prefix.is_some() {
-                self.sidecar.write(&output.dir)?;
+            self.report.sidecar_first = self.sidecar.prefix.is_some();
+            if self.report.sidecar_first {
+                self.sidecar.write(&output.dir, sidecar_file)?;
                 write_model()?;
             } else {
                 write_model()?;
-                self.sidecar.write(&output.dir)?;
+                self.sidecar.write(&output.dir, sidecar_file)?;
             }
             self.report.sidecar = Some(self.sidecar.path.clone());
         }

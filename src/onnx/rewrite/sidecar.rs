@@ -2,6 +2,7 @@
 //! 4096-aligned offsets, after the output's current sidecar when entries
 //! still point into it.
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +29,11 @@ pub(super) struct Sidecar {
 }
 
 impl Sidecar {
+    /// Its file name beside the output.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// An empty sidecar for the output `out`: `<out>.ctdata` beside it.
     pub(super) fn for_output(out: &Path) -> Result<Sidecar> {
         let name = super::sidecar_name(out)?;
@@ -61,8 +67,9 @@ impl Sidecar {
         .to_entries()
     }
 
-    pub(super) fn write(&self, dir: &OutDir) -> Result<()> {
-        dir.write(self.name.as_ref(), |w| {
+    /// Writes the sidecar: a file `dir` makes, or the `handed` one.
+    pub(super) fn write(&self, dir: &OutDir, handed: Option<&File>) -> Result<()> {
+        super::write_whole(dir, self.name.as_ref(), handed, |w| {
             let mut pos = 0u64;
             // Mapped payloads give their pages back once written, so a
             // large model does not stay resident.
@@ -84,25 +91,20 @@ impl Sidecar {
     }
 }
 
-/// Whether `location`, read from the input model's folder and from the
-/// output's, names the output's sidecar file (an existing one).
-pub(super) fn is_output_sidecar(model: &Model, location: &str, sidecar: &Path) -> bool {
-    let Ok(target) = sidecar.canonicalize() else {
-        return false;
-    };
-    let out_dir = match sidecar.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+/// Whether `location`, read from the input model's folder, is the
+/// output's sidecar file (an existing one, `name` in the output folder
+/// `dir`) under the same name: the same file (device and inode) reached
+/// through the model's opener and through the open output folder, so no
+/// path is resolved with anyone else's rights.
+pub(super) fn is_output_sidecar(model: &Model, location: &str, dir: &OutDir, name: &str) -> bool {
     let r = ExternalRef {
         location: location.to_string(),
         offset: 0,
         length: None,
     };
-    [model.dir(), out_dir].iter().all(|dir| {
-        r.path_in(dir)
-            .ok()
-            .and_then(|p| p.canonicalize().ok())
-            .is_some_and(|p| p == target)
-    })
+    let same_name = r.path_in(Path::new("")).is_ok_and(|p| p == Path::new(name));
+    let (Ok(theirs), Ok(ours)) = (model.external_stamp(&r), dir.stat(name.as_ref())) else {
+        return false;
+    };
+    same_name && theirs.dev == ours.st_dev && theirs.ino == ours.st_ino
 }
