@@ -1,5 +1,5 @@
 //! The checker: every structural rule of the proposal's "Validation"
-//! section and of struct-types.md. Errors name the rule, the compiled entry
+//! section and of docs/FORMAT.md's Structured types. Errors name the rule, the compiled entry
 //! and the field; none depends on the host's hardware.
 
 use std::cell::{Cell, RefCell};

@@ -13,7 +13,9 @@ Checks, standard library only:
 - every long option CLI.md names for a command (in the command's heading or
   row, and in the code spans of its section) is in that command's --help
   (global options count for every command);
-- README.md is at most 8,000 characters.
+- README.md is at most 8,000 characters;
+- every decision the code and the docs cite (`D3`, `D12`, ...) is defined in
+  docs/DECISIONS.md.
 
 Each failure names the file, the line and what is missing; exit 1 if any.
 (Configuration keys against OPERATIONS.md are a Rust test: daemon/src/config.)
@@ -29,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README_MAX = 8000
-TOP_DIRS = ("src/ format/ proto/ convert/ kernels/ daemon/ client/ remote/ testkit/ tests/ "
+TOP_DIRS = ("src/ format/ files/ proto/ convert/ kernels/ daemon/ client/ remote/ testkit/ tests/ "
             "bench/ benches/ systemd/ docs/ scripts/ contrib/ examples/ .ci/").split()
 TOP_FILES = {"Cargo.toml", "Cargo.lock", "Makefile", "README.md", ".gitignore"}
 CODE = re.compile(r"`([^`\n]+)`")
@@ -82,6 +84,24 @@ def check_paths() -> None:
                     continue
                 if not (doc.parent / target).exists():
                     fail(doc, n, f"links to {target}, which is not in the repository")
+
+
+# ---- decisions ------------------------------------------------------------------
+
+DECISION = re.compile(r"(?<![\w/.-])D(\d{1,2})\b")
+
+
+def check_decisions() -> None:
+    defined = {int(m.group(1)) for m in re.finditer(r"^## D(\d+)\.", (REPO / "docs" / "DECISIONS.md").read_text(),
+                                                   re.M)}
+    roots = [REPO / d for d in TOP_DIRS] + [REPO / "README.md"]
+    files = [f for r in roots for f in ([r] if r.is_file() else r.rglob("*"))
+             if f.suffix in (".rs", ".md", ".py", ".proto", ".toml") and "target" not in f.parts]
+    for f in files:
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            for m in DECISION.finditer(line):
+                if int(m.group(1)) not in defined:
+                    fail(f, n, f"cites D{m.group(1)}, which docs/DECISIONS.md does not define")
 
 
 # ---- ctcachectl -----------------------------------------------------------------
@@ -210,6 +230,7 @@ def main(argv: list[str]) -> int:
     if size > README_MAX:
         fail(readme, 1, f"is {size} characters, more than {README_MAX}")
     check_paths()
+    check_decisions()
     check_cli(ctl)
     for p in problems:
         print(p, file=sys.stderr)

@@ -1,4 +1,4 @@
-//! struct-types.md worked sizes, the leaf reader and the physical type key.
+//! docs/FORMAT.md's worked sizes of structured types, the leaf reader and the physical type key.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Builders for the output `StructTypeProto`s (struct-types.md, D4): scalar
+//! Builders for the output `StructTypeProto`s (docs/FORMAT.md, Structured types; D4): scalar
 //! leaves, nested arrays with fixed or `dims_index` counts, named fields and
 //! the named, versioned root.
 
@@ -122,7 +122,7 @@ pub fn root(
     }
 }
 
-/// Size in bits of a concrete type under `dims` (struct-types.md size
+/// Size in bits of a concrete type under `dims` (FORMAT.md, Structured types: size
 /// function, for self-checks; `None` on overflow or a malformed type).
 pub fn size_bits(t: &pb::StructTypeProto, dims: &[u64]) -> Option<u64> {
     match t.kind.as_ref()? {

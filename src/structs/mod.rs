@@ -1,4 +1,4 @@
-//! Structured types (struct-types.md): validation, the size function, the
+//! Structured types (docs/FORMAT.md, Structured types): validation, the size function, the
 //! leaf reader and the physical type key (D4). Every walk is bounded by
 //! [`Limits`] before it allocates anything proportional to the input.
 

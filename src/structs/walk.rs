@@ -1,4 +1,4 @@
-//! Validation and the size function of struct-types.md, in one bounded walk.
+//! Validation and the size function of docs/FORMAT.md's Structured types, in one bounded walk.
 //! Sizes are in bits, with checked u64 arithmetic; a walk without concrete
 //! `dims` (model-level declarations) validates structure only.
 

@@ -441,7 +441,7 @@ fn refusals_are_clear() {
     assert!(find("nope").is_none());
 }
 
-/// Every output type passes the core crate's validator (struct-types.md),
+/// Every output type passes the core crate's validator (docs/FORMAT.md, Structured types),
 /// its size is the payload length, and its decoder takes exactly the
 /// type's leaves, in order, and yields `output`.
 #[test]
