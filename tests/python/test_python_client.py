@@ -201,9 +201,17 @@ def test_every_status_maps_to_its_own_exception(ctcache):
                       (codes.FAILED_PRECONDITION, ctcache.FailedPrecondition),
                       (codes.RESOURCE_EXHAUSTED, ctcache.ResourceExhausted), (codes.OUT_OF_RANGE, ctcache.OutOfRange),
                       (codes.DATA_LOSS, ctcache.DataLoss), (codes.ABORTED, ctcache.Aborted),
-                      (codes.INTERNAL, ctcache.Internal)]:
+                      (codes.INTERNAL, ctcache.Internal), (codes.CANCELLED, ctcache.Cancelled),
+                      (codes.DEADLINE_EXCEEDED, ctcache.DeadlineExceeded),
+                      (codes.ALREADY_EXISTS, ctcache.AlreadyExists), (codes.UNIMPLEMENTED, ctcache.Unimplemented),
+                      (codes.UNAUTHENTICATED, ctcache.Unauthenticated), (codes.UNKNOWN, ctcache.Unknown)]:
         assert raised(code) is cls, code
         assert issubclass(cls, ctcache.RequestFailed)
+    # Every status but OK has an exception of its own.
+    named = {codes.UNAVAILABLE, codes.FAILED_PRECONDITION}
+    for code in codes:
+        if code is not codes.OK and code not in named:
+            assert raised(code) is not ctcache.RequestFailed, code
 
 
 # ---- the daemon ----

@@ -24,9 +24,12 @@ devices and struct types are ``ctcache.onnx_pb`` messages (protobuf package
 
 from .errors import (
     Aborted,
+    AlreadyExists,
+    Cancelled,
     CtcacheError,
     DaemonNotRunning,
     DataLoss,
+    DeadlineExceeded,
     FailedPrecondition,
     Internal,
     InvalidArgument,
@@ -39,7 +42,10 @@ from .errors import (
     RequestFailed,
     ResourceExhausted,
     SocketPermissionDenied,
+    Unauthenticated,
     Unavailable,
+    Unimplemented,
+    Unknown,
 )
 
 __version__ = "0.1.0"
@@ -78,10 +84,13 @@ def __getattr__(name: str):
 
 __all__ = [
     "Aborted",
+    "AlreadyExists",
+    "Cancelled",
     "Client",
     "CtcacheError",
     "DaemonNotRunning",
     "DataLoss",
+    "DeadlineExceeded",
     "FailedPrecondition",
     "Internal",
     "InvalidArgument",
@@ -95,7 +104,10 @@ __all__ = [
     "RequestFailed",
     "ResourceExhausted",
     "SocketPermissionDenied",
+    "Unauthenticated",
     "Unavailable",
+    "Unimplemented",
+    "Unknown",
     "connect",
     "default_socket",
     "entry_format",

@@ -59,6 +59,12 @@ _ERRORS = {
     grpc.StatusCode.ABORTED: errors.Aborted,
     grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
     grpc.StatusCode.INTERNAL: errors.Internal,
+    grpc.StatusCode.CANCELLED: errors.Cancelled,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
+    grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.UNKNOWN: errors.Unknown,
 }
 
 
@@ -223,7 +229,7 @@ class Client:
             return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
         if kind == "nothing-to-rewrite":
             return errors.NothingToRewrite(method, code, e.details())
-        return _ERRORS.get(code, errors.RequestFailed)(method, code, e.details())
+        return _ERRORS.get(code, errors.Unknown)(method, code, e.details())
 
     def _handed(self, req, timeout: float | None, outputs=()) -> handout.Handout | None:
         """Hands ``req.model_path`` (and the ``outputs`` made for it) over the
@@ -233,9 +239,9 @@ class Client:
         try:
             h = handout.hand_over(self.socket, req.model_path, timeout, outputs)
         except handout.HandoutRefused as e:
-            raise _ERRORS.get(e.code, errors.RequestFailed)("Handout", e.code, e.message) from None
+            raise _ERRORS.get(e.code, errors.Unknown)("Handout", e.code, e.message) from None
         except TimeoutError as e:
-            raise errors.RequestFailed("Handout", grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
+            raise errors.DeadlineExceeded("Handout", grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
         except ConnectionError as e:
             raise errors.DaemonNotRunning(self.socket, f"Handout: {e}") from None
         req.handout = h.name if h is not None else ""

@@ -92,6 +92,30 @@ class Internal(RequestFailed):
     """INTERNAL: a fault of the daemon or its host; its log says more."""
 
 
+class Cancelled(RequestFailed):
+    """CANCELLED: the call was stopped (its caller went away, or a hand-over's peer closed)."""
+
+
+class DeadlineExceeded(RequestFailed):
+    """DEADLINE_EXCEEDED: the call ran out of its time (``timeout=``, or the daemon's limit per call)."""
+
+
+class AlreadyExists(RequestFailed):
+    """ALREADY_EXISTS: what the call would make is there already."""
+
+
+class Unimplemented(RequestFailed):
+    """UNIMPLEMENTED: the daemon has no such method (an older or newer daemon than this client)."""
+
+
+class Unauthenticated(RequestFailed):
+    """UNAUTHENTICATED: the daemon does not know who asks (a TCP peer without a certificate)."""
+
+
+class Unknown(RequestFailed):
+    """UNKNOWN, or a status this client does not know."""
+
+
 class PayloadMismatch(CtcacheError):
     """A payload's bytes differ from the digests they were checked against
     (:meth:`ctcache.Payload.checked`): changed on disk since."""
