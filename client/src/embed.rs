@@ -81,7 +81,7 @@ fn make(output: &Path) -> Result<Made> {
 fn finish(made: Made, answer: Result<api::EmbedResponse>) -> Result<api::EmbedResponse> {
     let dir: &OutDir = &made.out.dir;
     let written = answer.as_ref().is_ok_and(|_| {
-        // Asked by path (this process could not hand the model over), the
+        // Asked by path (a daemon without the descriptor channel), the
         // daemon wrote the output itself: the temp files stayed empty.
         made.model.0.metadata().is_ok_and(|m| m.len() > 0)
     });

@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path};
 
 use ctcache_api::handout as wire;
@@ -89,7 +90,8 @@ names_model!(
     api::PrepackRequest,
     api::EmbedRequest,
     api::MaterializeRequest,
-    api::ImportRequest
+    api::ImportRequest,
+    api::RemotePullRequest
 );
 
 impl Client {
@@ -148,9 +150,9 @@ enum Failure {
 use Failure::{Failed, Lost};
 
 /// Hands `model` (an absolute path) to the daemon whose gRPC socket is
-/// `grpc`; `None` when that daemon has no descriptor channel (an older
-/// one), or when this process cannot open the model (the daemon then
-/// answers for the path, as to any request naming one).
+/// `grpc`; `None` when that daemon has no descriptor channel (it then
+/// answers for the path, as to any request naming one). A model this
+/// process cannot open is its own error.
 async fn hand_over(
     grpc: &Path,
     model: &Path,
@@ -182,9 +184,14 @@ async fn hand_over(
     // the same, for the AsyncFd's whole life.
     let conn =
         unsafe { AsyncFd::register(conn) }.map_err(|e| io(std::io::Error::other(e.to_string())))?;
-    let Ok(file) = File::open(model) else {
-        return Ok(None);
-    };
+    // The caller's own open decides what it may hand over: the daemon opens
+    // no path for it.
+    let file = open_to_hand(model).map_err(|source| {
+        Failed(Error::Io {
+            path: model.to_path_buf(),
+            source,
+        })
+    })?;
     // Data locations are relative to the folder the model file really is in.
     let dir = std::fs::canonicalize(model)
         .ok()
@@ -244,7 +251,7 @@ fn open_asked(dir: &Path, names: Vec<String>) -> (api::HandoutRequest, Vec<File>
         let inside = Path::new(&name)
             .components()
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-        match inside.then(|| File::open(dir.join(&name))) {
+        match inside.then(|| open_to_hand(&dir.join(&name))) {
             Some(Ok(f)) => {
                 files.names.push(name);
                 opened.push(f);
@@ -256,4 +263,13 @@ fn open_asked(dir: &Path, names: Vec<String>) -> (api::HandoutRequest, Vec<File>
         step: Some(handout_request::Step::Files(files)),
     };
     (msg, opened)
+}
+
+/// `path` opened for reading, to be handed over; not blocking, so that a
+/// FIFO opens at once, for the daemon to refuse.
+fn open_to_hand(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
 }

@@ -439,18 +439,24 @@ impl Client {
     /// its remote (packs nothing).
     pub async fn remote_pull(&self, model: &Path) -> Result<api::RemoteTransferResponse> {
         let model_path = absolute(model)?.display().to_string();
-        unary!(
-            self,
-            "RemotePull",
-            remote_pull,
-            api::RemotePullRequest { model_path }
-        )
+        let req = api::RemotePullRequest {
+            model_path,
+            handout: String::new(),
+        };
+        unary!(model Repeat::Safe, self, "RemotePull", remote_pull, req)
     }
 
     /// Uploads the daemon's entries (of `model`, or all) its remote lacks.
     pub async fn remote_push(&self, model: Option<&Path>) -> Result<api::RemoteTransferResponse> {
+        // Entries record the model's real path.
         let model_path = match model {
-            Some(m) => absolute(m)?.display().to_string(),
+            Some(m) => std::fs::canonicalize(m)
+                .map_err(|source| Error::Io {
+                    path: m.to_path_buf(),
+                    source,
+                })?
+                .display()
+                .to_string(),
             None => String::new(),
         };
         unary!(

@@ -48,34 +48,6 @@ pub(crate) fn bounded_uid(uid: u32, trusted_uids: &[u32]) -> Option<u32> {
 }
 
 /// The daemon's effective uid.
-/// Without root the daemon opens callers' files with its own rights as well
-/// as theirs: a refusal may be its user's, not the caller's. The clause a
-/// refusal then adds, naming both and the ways out.
-pub(crate) fn own_rights_clause(what: &str) -> String {
-    if ctcache::access::creds::can_switch() {
-        return String::new();
-    }
-    format!(
-        " (or by ctcached itself, uid {}: not running as root, it {what} with its own user's \
-         rights too; give that user access, or use ctcachectl --local)",
-        own_uid()
-    )
-}
-
-/// The clause a refusal of a path that the daemon read with its own rights
-/// alone (for root or its own user) adds when it does not run as root.
-pub(crate) fn daemon_rights_clause() -> String {
-    if ctcache::access::creds::can_switch() {
-        return String::new();
-    }
-    format!(
-        " (ctcached runs as uid {}, not root, and reads a path with that user's rights; a \
-         client that hands the model over on the descriptor channel, as ctcachectl and the \
-         client libraries do, is read with its own)",
-        own_uid()
-    )
-}
-
 pub(crate) fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::time::Duration;
 
 use ctcache_api::v1 as api;
@@ -59,9 +60,11 @@ async fn watcher_packs_models_without_client_calls() {
         2,
         "old entries stay until gc"
     );
+    let h = c.hand(&path).await;
     let r = c
         .resolve_model(api::ResolveModelRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         })
         .await
@@ -167,9 +170,11 @@ async fn every_rpc_success_and_errors() {
     );
 
     // ResolveModel with on_miss = wait packs what is missing.
+    let h = c.hand(&path).await;
     let r = c
         .resolve_model(api::ResolveModelRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             on_miss: api::OnMiss::Wait as i32,
             ..Default::default()
         })
@@ -186,14 +191,31 @@ async fn every_rpc_success_and_errors() {
         .await
         .unwrap_err();
     assert_eq!(rel.code(), Code::InvalidArgument);
-    let missing = c
+    // The daemon opens no path a caller names (D14): a path alone is
+    // refused with the way out, a model the caller cannot open is its own
+    // error before anything reaches the daemon.
+    let by_path = c
         .resolve_model(api::ResolveModelRequest {
-            model_path: "/nonexistent/m.onnx".into(),
+            model_path: path.display().to_string(),
             ..Default::default()
         })
         .await
         .unwrap_err();
-    assert_eq!(missing.code(), Code::NotFound);
+    assert_eq!(by_path.code(), Code::InvalidArgument);
+    assert!(
+        by_path
+            .message()
+            .contains("opens no path a caller names; hand the model over"),
+        "{by_path:?}"
+    );
+    let missing = c
+        .try_hand(Path::new("/nonexistent/m.onnx"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&missing, ctcache_client::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+        "{missing:?}"
+    );
 
     // Lookup and BatchLookup hit.
     let hits = entries_for(&mut c, &digest).await;
@@ -320,14 +342,15 @@ async fn every_rpc_success_and_errors() {
     prepack_all(&mut c, &path).await;
     let out = work.path().join("embedded.onnx");
     let em = c
+        .library()
+        .await
         .embed(api::EmbedRequest {
             model_path: path.display().to_string(),
             output_path: out.display().to_string(),
             ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(em.entries, 2);
     let m = ctcache::onnx::Model::open(&out).unwrap();
     assert!(ctcache::check::check_model(&m, &Default::default())
@@ -684,14 +707,16 @@ async fn status_hit_rate_counts_only_wanted_tensors_of_a_resolve() {
         let s = c.status(api::StatusRequest {}).await.unwrap().into_inner();
         (s.hits, s.misses)
     };
-    let before = status(c.clone()).await;
+    let before = status((*c).clone()).await;
+    let h = c.hand(&path).await;
     c.resolve_model(api::ResolveModelRequest {
         model_path: path.display().to_string(),
+        handout: h.name().into(),
         ..Default::default()
     })
     .await
     .unwrap();
-    let after = status(c.clone()).await;
+    let after = status((*c).clone()).await;
     assert_eq!((after.0 - before.0, after.1 - before.1), (2, 0));
     assert_eq!(d.stop(), Some(0));
 }
@@ -729,8 +754,10 @@ async fn prepack_backends_are_honoured_or_refused_with_the_reason() {
     let mut c = d.client().await;
     let path = d.path("work/m.onnx");
     write_model(&path, &matmul_model(K, N, 12));
+    let h = c.hand(&path).await;
     let prepack = |backend: api::Backend| api::PrepackRequest {
         model_path: path.display().to_string(),
+        handout: h.name().into(),
         formats: vec![api::FormatSpec {
             id: "ggml.q8_0".into(),
             params: Default::default(),
@@ -897,23 +924,17 @@ async fn a_fifo_named_like_a_model_blocks_nothing() {
     let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo has no other precondition.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
-    let mut c = d.client().await;
-    let asked = tokio::time::timeout(
-        Duration::from_secs(20),
-        c.resolve_model(api::ResolveModelRequest {
-            model_path: fifo.display().to_string(),
-            ..Default::default()
-        }),
-    )
-    .await;
+    let c = d.client().await;
+    let asked = tokio::time::timeout(Duration::from_secs(20), c.try_hand(&fifo)).await;
     let Ok(asked) = asked else {
         // A writer releases every open blocked on the FIFO, so that this
         // fails instead of hanging at the daemon's stop.
         let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
-        panic!("ResolveModel of a FIFO blocked");
+        panic!("handing a FIFO over blocked");
     };
-    let e = asked.unwrap_err();
-    assert!(e.message().contains("not a regular file"), "{e:?}");
+    let e = asked.map(drop).unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e:?}");
+    assert!(e.to_string().contains("not a regular file"), "{e:?}");
 
     let path = d.models.join("m.onnx");
     write_model(&path, &matmul_model(K, N, 12));

@@ -94,15 +94,16 @@ async fn a_full_disk_is_resource_exhausted_on_every_path() {
     // The output's file system full, the cache's with room again.
     let ballast = out_fs.fill();
     let out = out_fs.path().join("m.onnx");
-    let em = c.embed(embed_req(&first, &out)).await;
-    assert_eq!(em.unwrap_err().code(), Code::ResourceExhausted);
+    let lib = c.library().await;
+    let em = lib.embed(embed_req(&first, &out)).await;
+    assert_eq!(em.unwrap_err().code(), Some(Code::ResourceExhausted));
     // The client writes the model: its own disk is full.
     let m = materialize_to(&d, &first, &out).await.unwrap_err();
     assert!(m.to_string().contains("No space left"), "{m:?}");
     assert!(!out.exists() && !out_fs.path().join("m.onnx.weights").exists());
     // Room again: the same calls go through.
     std::fs::remove_file(ballast).unwrap();
-    c.embed(embed_req(&first, &out))
+    lib.embed(embed_req(&first, &out))
         .await
         .expect("Embed with room");
     materialize_to(&d, &first, &out_fs.path().join("mat.onnx"))
@@ -113,7 +114,7 @@ async fn a_full_disk_is_resource_exhausted_on_every_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_cannot_be_parsed_is_invalid_argument() {
     let d = InProc::start();
-    let mut c = d.client().await;
+    let c = d.client().await.library().await;
     let bad = d.path("work/bad.onnx");
     std::fs::write(&bad, b"\xff\xff\xff not a model").unwrap();
     let out = d.path("work/out.onnx");
@@ -125,8 +126,13 @@ async fn a_model_that_cannot_be_parsed_is_invalid_argument() {
         .await
         .map(|_| ())
         .unwrap_err()
-        .code(),
-        c.embed(embed_req(&bad, &out)).await.unwrap_err().code(),
+        .code()
+        .unwrap(),
+        c.embed(embed_req(&bad, &out))
+            .await
+            .unwrap_err()
+            .code()
+            .unwrap(),
         materialize_to(&d, &bad, &out)
             .await
             .unwrap_err()

@@ -176,14 +176,13 @@ fn a_daemon_as_its_own_user_reads_a_private_model_only_through_handed_descriptor
     let top = tempfile::tempdir().unwrap();
     let model = private_model(top.path());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    // By path the daemon, not root, cannot read it.
+    // By path the daemon does not open it (D14), and says how to ask.
     let by_path = rt.block_on(resolve(&d.socket, &model, "")).unwrap_err();
-    assert_eq!(by_path.code(), Code::PermissionDenied, "{by_path:?}");
-    assert!(by_path.message().contains("65534"), "{by_path:?}");
+    assert_eq!(by_path.code(), Code::InvalidArgument, "{by_path:?}");
     assert!(
         by_path
             .message()
-            .contains("reads a path with that user's rights; a client that hands"),
+            .contains("opens no path a caller names; hand the model over"),
         "{by_path:?}"
     );
     // The client library hands it over and the daemon reads those files.

@@ -39,9 +39,11 @@ fn two_matmuls(seed: u32) -> Vec<u8> {
     m.encode_to_vec()
 }
 
-fn in_memory(model: &Path) -> api::MaterializeRequest {
+/// An in-memory Materialize of `model`, handed over as `h`.
+fn in_memory(model: &Path, h: &ctcache_client::Handout) -> api::MaterializeRequest {
     api::MaterializeRequest {
         model_path: model.display().to_string(),
+        handout: h.name().into(),
         in_memory: true,
         lease_ttl_ms: 60_000,
         ..Default::default()
@@ -84,6 +86,7 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
     let model = d.path("work/m.onnx");
     write_model(&model, &two_matmuls(3));
     let mut c = d.client().await;
+    let h = c.hand(&model).await;
     // The cache's own files (payloads, records, index) are not the answer's.
     let outside_cache = || {
         let mut all = ctcache_testkit::paths_under(&d.path(""));
@@ -91,7 +94,11 @@ async fn an_in_memory_materialize_writes_nothing_and_leases_what_it_reads() {
         all
     };
     let before = outside_cache();
-    let r = c.materialize(in_memory(&model)).await.unwrap().into_inner();
+    let r = c
+        .materialize(in_memory(&model, &h))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(outside_cache(), before, "nothing written outside the cache");
     assert!(r.output_path.is_empty() && r.data_dir.is_empty() && r.files.is_empty());
     assert_eq!(r.nodes_rewritten, 2);
@@ -176,22 +183,23 @@ async fn the_daemon_writes_no_file_for_a_caller() {
     let model = d.path("work/m.onnx");
     write_model(&model, &matmul_model(K, N, 5));
     let mut c = d.client().await;
+    let h = c.hand(&model).await;
     let with_output = api::MaterializeRequest {
         output_path: d.path("work/out.onnx").display().to_string(),
-        ..in_memory(&model)
+        ..in_memory(&model, &h)
     };
     let with_link = api::MaterializeRequest {
         link: api::LinkMode::Hard as i32,
-        ..in_memory(&model)
+        ..in_memory(&model, &h)
     };
     let with_copy = api::MaterializeRequest {
         copy: true,
-        ..in_memory(&model)
+        ..in_memory(&model, &h)
     };
     let to_a_file = api::MaterializeRequest {
         output_path: d.path("work/out.onnx").display().to_string(),
         in_memory: false,
-        ..in_memory(&model)
+        ..in_memory(&model, &h)
     };
     for req in [with_output, with_link, with_copy, to_a_file] {
         let e = c.materialize(req).await.unwrap_err();
@@ -202,7 +210,7 @@ async fn the_daemon_writes_no_file_for_a_caller() {
     for folder in ["..", "a/b", "/tmp", "."] {
         let req = api::MaterializeRequest {
             data_folder: folder.into(),
-            ..in_memory(&model)
+            ..in_memory(&model, &h)
         };
         let e = c.materialize(req).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{folder}: {e:?}");
@@ -225,9 +233,10 @@ async fn an_answer_for_a_file_names_its_data_folder() {
     let model = d.path("work/m.onnx");
     write_model(&model, &matmul_model(K, N, 6));
     let mut c = d.client().await;
+    let h = c.hand(&model).await;
     let req = api::MaterializeRequest {
         data_folder: "m4.onnx.weights".into(),
-        ..in_memory(&model)
+        ..in_memory(&model, &h)
     };
     let r = c.materialize(req).await.unwrap().into_inner();
     let graph = pb::ModelProto::decode(r.model.as_ref())
@@ -257,8 +266,9 @@ async fn lease_bound_helper() {
         return;
     };
     let model = PathBuf::from(std::env::var("CT_TEST_MODEL").unwrap());
-    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
-    let e = c.materialize(in_memory(&model)).await.unwrap_err();
+    let mut c = Conn::at(&socket).await;
+    let h = c.hand(&model).await;
+    let e = c.materialize(in_memory(&model, &h)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     println!("REFUSED");
 }
@@ -308,7 +318,8 @@ async fn a_model_too_large_for_one_answer_is_refused_with_no_lease_left() {
     ));
     write_model(&model, &m.encode_to_vec());
     let mut c = d.client().await;
-    let e = c.materialize(in_memory(&model)).await.unwrap_err();
+    let h = c.hand(&model).await;
+    let e = c.materialize(in_memory(&model, &h)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("raise the daemon's"), "{e:?}");
     assert_eq!(active_leases(&mut c).await, 0);

@@ -43,13 +43,15 @@ fn format(id: &str, params: &[(&str, &str)]) -> api::FormatSpec {
 /// The ResolveModel of `model` for `formats` (empty: the policy), packing
 /// nothing.
 async fn resolve(
-    c: &mut Client,
+    c: &mut Conn,
     model: &Path,
     formats: Vec<api::FormatSpec>,
 ) -> api::TensorResolution {
+    let h = c.hand(model).await;
     let mut r = c
         .resolve_model(api::ResolveModelRequest {
             model_path: model.display().to_string(),
+            handout: h.name().into(),
             formats,
             ..Default::default()
         })
@@ -175,9 +177,11 @@ async fn an_8_bit_entry_never_answers_a_4_bit_request() {
     let mut d = InProc::start();
     let mut c = d.client().await;
     let (model, digest) = work_model(&d, "m.onnx", 21);
+    let h = c.hand(&model).await;
     let mut s = c
         .prepack(api::PrepackRequest {
             model_path: model.display().to_string(),
+            handout: h.name().into(),
             formats: vec![format(NBITS, &[("bits", "8")])],
             ..Default::default()
         })
@@ -255,6 +259,8 @@ async fn a_known_name_over_another_layout_is_unknown_to_resolve_and_import() {
     // Import: a model whose embedded types were reordered the same way.
     let embedded = d.path("work/e.onnx");
     let e = c
+        .library()
+        .await
         .embed(api::EmbedRequest {
             model_path: model.display().to_string(),
             output_path: embedded.display().to_string(),
@@ -262,8 +268,7 @@ async fn a_known_name_over_another_layout_is_unknown_to_resolve_and_import() {
             ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(e.entries, 1, "{e:?}");
     let mut proto = pb::ModelProto::decode(std::fs::read(&embedded).unwrap().as_slice()).unwrap();
     let inline = proto
@@ -295,7 +300,7 @@ async fn a_known_name_over_another_layout_is_unknown_to_resolve_and_import() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
+async fn a_rotted_payload_is_never_materialized_and_comes_back_when_asked() {
     // Outside the watched folders: the watcher does not pack it, and the
     // model is read with the caller's rights.
     let mut d = InProc::start();
@@ -329,14 +334,17 @@ async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
     drop(c);
     assert_eq!(d.stop(), Some(0));
 
-    // Rot found by a read: DATA_LOSS, and the entry comes back, packed
-    // again from its model, without a prepack from anyone.
+    // Rot found by a read: DATA_LOSS, and the entry comes back at the next
+    // request that hands its model over (the model is the caller's: the
+    // daemon opens no path to pack it again by itself).
     rot_payload(&fresh[0].payload_path);
     d.restart();
     let mut c = d.client().await;
     let read = lease_refused(&mut c, &fresh[0].key).await;
     assert_eq!(read.code(), Code::DataLoss, "{read:?}");
-    let back = wait_for_entries(&c, &digest, 1, "packed again after the rot was served").await;
+    let third = materialize(&d, &model, &d.path("work/c/m.q.onnx")).await;
+    assert_eq!((third.packed, third.cached), (1, 0), "{third:?}");
+    let back = entries_for(&mut c, &digest).await;
     assert!(intact(&back[0]), "{back:?}");
     assert_eq!(back[0].key, fresh[0].key);
     assert_eq!(
@@ -349,6 +357,38 @@ async fn a_rotted_payload_is_never_materialized_and_comes_back_by_itself() {
         .unwrap()
         .into_inner();
     assert!(v.clean && v.orphans.is_empty(), "{v:?}");
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// A rotted entry of a model in the admin's watched folder comes back by
+/// itself: the daemon packs it again from that model, which it reads with
+/// its own rights (a caller's model it never opens by itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotted_entry_of_an_admin_watched_model_comes_back_by_itself() {
+    let mut d = InProc::start();
+    let mut c = d.client().await;
+    let model = d.models.join("m.onnx");
+    write_model(&model, &matmul_model(K, N, 41));
+    let digest = digest_of(&model, "W");
+    let packed = wait_for_entries(&c, &digest, 2, "the watcher packed it").await;
+    let rotted = &packed[0];
+    rot_payload(&rotted.payload_path);
+    let read = lease_refused(&mut c, &rotted.key).await;
+    assert_eq!(read.code(), Code::DataLoss, "{read:?}");
+    let back = eventually(std::time::Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let (digest, key) = (digest.clone(), rotted.key.clone());
+        async move {
+            let e = entries_for(&mut c, &digest).await;
+            e.into_iter().find(|e| e.key == key && intact(e))
+        }
+    })
+    .await
+    .expect("packed again within 60 s");
+    assert_eq!(
+        read_all(&mut c, &back.key).await.len() as u64,
+        back.payload_len
+    );
     assert_eq!(d.stop(), Some(0));
 }
 
@@ -404,7 +444,10 @@ async fn bytes_that_rot_after_their_first_serve_are_never_served() {
     );
     rot_payload(&fresh[0].payload_path);
     assert!(read_fails_with_data_loss(&mut c, &fresh[0].key).await);
-    let back = wait_for_entries(&c, &digest, 1, "packed again after the rot was found").await;
+    let third = materialize(&d, &model, &d.path("work/c/m.q.onnx")).await;
+    assert_eq!((third.packed, third.cached), (1, 0), "{third:?}");
+    let back = entries_for(&mut c, &digest).await;
+    assert_eq!(back.len(), 1);
     assert!(intact(&back[0]), "{back:?}");
     c.acquire_lease(api::AcquireLeaseRequest {
         key: back[0].key.clone(),
@@ -457,6 +500,8 @@ async fn with_daemon_produced_only_a_clients_entry_is_never_used() {
     let m = materialize(&d, &m2, &d.path("work/out/m2.q.onnx")).await;
     assert_eq!((m.packed, m.cached), (1, 0), "{m:?}");
     let e = c
+        .library()
+        .await
         .embed(api::EmbedRequest {
             model_path: m2.display().to_string(),
             output_path: d.path("work/out/m2.e.onnx").display().to_string(),
@@ -464,8 +509,7 @@ async fn with_daemon_produced_only_a_clients_entry_is_never_used() {
             ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!((e.entries, e.packed), (1, 1), "{e:?}");
     let ours = entries_for(&mut c, &d2).await;
     assert_eq!(ours.len(), 2);

@@ -16,7 +16,6 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use ctcache_api::v1 as api;
-use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use support::*;
 use tonic::Code;
 
@@ -52,12 +51,14 @@ fn sparse_model(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
-async fn resolve(
-    c: &mut CompiledTensorCacheClient<tonic::transport::Channel>,
-    model: &str,
-) -> Result<api::ResolveModelResponse, tonic::Status> {
+async fn resolve(c: &mut Conn, model: &str) -> Result<api::ResolveModelResponse, tonic::Status> {
+    let h = c
+        .try_hand(Path::new(model))
+        .await
+        .map_err(|e| tonic::Status::new(e.code().unwrap_or(tonic::Code::Unknown), e.to_string()))?;
     c.resolve_model(api::ResolveModelRequest {
         model_path: model.into(),
+        handout: h.name().into(),
         ..Default::default()
     })
     .await
@@ -72,7 +73,7 @@ async fn sparse_models_helper() {
         return;
     };
     let var = |k: &str| std::env::var(k).unwrap();
-    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let mut c = Conn::at(&socket).await;
     resolve(&mut c, &var("CT_TEST_FIRST"))
         .await
         .expect("a model within the budget");
@@ -119,14 +120,14 @@ async fn a_peer_hashes_at_most_its_budget_of_declared_bytes() {
         "HASHING-BOUNDED",
     );
     // Root is not charged: it may have the second model hashed.
-    let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+    let mut c = Conn::at(&d.socket).await;
     resolve(&mut c, &second.display().to_string())
         .await
         .expect("root's request is not bounded");
 }
 
 /// Prepacks `model` and follows it to the end: every job packed.
-async fn prepack_ok(c: &mut CompiledTensorCacheClient<tonic::transport::Channel>, model: &str) {
+async fn prepack_ok(c: &mut Conn, model: &str) {
     for p in prepack_all(c, Path::new(model)).await {
         assert!(
             !matches!(p.state(), api::JobState::Failed | api::JobState::Cancelled),
@@ -141,7 +142,7 @@ async fn own_models_helper() {
     let Some(socket) = std::env::var_os("CT_TEST_PACK_SOCKET").map(PathBuf::from) else {
         return;
     };
-    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let mut c = Conn::at(&socket).await;
     for model in std::env::var("CT_TEST_MODELS").unwrap().lines() {
         prepack_ok(&mut c, model).await;
     }
@@ -155,7 +156,7 @@ async fn gc_takes_a_peer_over_its_storage_quota_back_under_it_first() {
     }
     const QUOTA: u64 = 1 << 20;
     let d = daemon_for_nobody(&format!("max_stored_bytes_per_uid = {QUOTA}\n"));
-    let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+    let mut c = Conn::at(&d.socket).await;
     // Root's model, packed first: the least recently used of all.
     let public = tempfile::tempdir().unwrap();
     open_to_all(public.path());

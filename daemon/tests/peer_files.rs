@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ctcache_api::v1 as api;
-use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use support::*;
 use tonic::Code;
 
@@ -48,8 +47,8 @@ fn env_path(key: &str) -> Option<PathBuf> {
     std::env::var_os(key).map(PathBuf::from)
 }
 
-async fn client_at(socket: &Path) -> CompiledTensorCacheClient<tonic::transport::Channel> {
-    CompiledTensorCacheClient::new(channel(socket).await)
+async fn client_at(socket: &Path) -> Conn {
+    Conn::at(socket).await
 }
 
 /// The attacker half of `writes_for_a_peer_never_follow_its_links`.
@@ -58,7 +57,7 @@ async fn link_planting_helper() {
     let (Some(socket), Some(dir)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_DIR")) else {
         return;
     };
-    let mut c = client_at(&socket).await;
+    let c = client_at(&socket).await;
     let s = |p: PathBuf| p.display().to_string();
     let model = s(dir.join("m.onnx"));
     let req = api::MaterializeRequest {
@@ -78,14 +77,15 @@ async fn link_planting_helper() {
         .expect("materialize beside a planted link");
     assert!(r.nodes_rewritten > 0, "{r:?}");
     let r = c
+        .library()
+        .await
         .embed(api::EmbedRequest {
             model_path: model.clone(),
             output_path: s(dir.join("out3.onnx")),
             ..Default::default()
         })
         .await
-        .expect("embed beside a planted link")
-        .into_inner();
+        .expect("embed beside a planted link");
     assert!(r.entries > 0, "{r:?}");
     // A root-owned file in a shared sticky folder is not the caller's to
     // replace: the caller's own write is refused by the kernel.
@@ -172,23 +172,36 @@ async fn private_model_helper() {
         return;
     };
     let mut c = client_at(&socket).await;
-    let link = dir.join("private.onnx").display().to_string();
+    // The peer's own open is refused: it has nothing to hand over.
+    let link = dir.join("private.onnx");
     let err = c
-        .resolve_model(api::ResolveModelRequest {
-            model_path: link.clone(),
+        .try_hand(&link)
+        .await
+        .map(drop)
+        .expect_err("handing over another user's private model");
+    assert!(
+        matches!(&err, ctcache_client::Error::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied),
+        "{err:?}"
+    );
+    // And the daemon opens no path for it.
+    for by_path in [
+        c.resolve_model(api::ResolveModelRequest {
+            model_path: link.display().to_string(),
             ..Default::default()
         })
         .await
-        .expect_err("resolving another user's private model");
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
-    let err = c
-        .prepack(api::PrepackRequest {
-            model_path: link,
+        .map(drop),
+        c.prepack(api::PrepackRequest {
+            model_path: link.display().to_string(),
             ..Default::default()
         })
         .await
-        .expect_err("packing another user's private model");
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+        .map(drop),
+    ] {
+        let err = by_path.expect_err("another user's private model by path");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    }
     c.add_watch(api::WatchRequest {
         dir: dir.display().to_string(),
     })
@@ -557,7 +570,7 @@ async fn probing_helper() {
     let (Some(socket), Some(dir)) = (env_path("CT_TEST_SOCKET"), env_path("CT_TEST_DIR")) else {
         return;
     };
-    let mut c = client_at(&socket).await;
+    let c = client_at(&socket).await.library().await;
     let err = c
         .embed(api::EmbedRequest {
             model_path: dir.join("m/probe.onnx").display().to_string(),
@@ -566,7 +579,7 @@ async fn probing_helper() {
         })
         .await
         .expect_err("an external-data location out of the folder is no file there");
-    assert!(err.message().contains("does not have"), "{err:?}");
+    assert!(err.to_string().contains("does not have"), "{err:?}");
     println!("PROBE-REFUSED-OK");
 }
 

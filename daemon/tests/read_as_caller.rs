@@ -1,8 +1,9 @@
 //! The daemon reads for a peer only what the peer may read (issue 27,
-//! points 1, 2 and 4), tested as the attacks that worked before: uid 65534
-//! names another process's memfd through /proc, a root-only model of a
-//! folder the admin watches, and probes a root-only folder for what exists
-//! in it. The attacker and victim halves run by re-executing this test
+//! points 1, 2 and 4; D14), tested as the attacks that worked before: uid
+//! 65534 names another process's memfd through /proc, a root-only model of
+//! a folder the admin watches, and probes a root-only folder for what
+//! exists in it. The daemon opens no path a peer names; the peer's client
+//! hands over what the peer itself can open. The attacker and victim halves run by re-executing this test
 //! binary under `setpriv`.
 
 mod support;
@@ -13,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use ctcache_api::v1 as api;
-use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use support::*;
 use tonic::Code;
 
@@ -51,10 +51,8 @@ fn answer(e: &tonic::Status, path: &str) -> String {
     format!("{:?}: {}", e.code(), e.message().replace(path, "<p>"))
 }
 
-type Client = CompiledTensorCacheClient<tonic::transport::Channel>;
-
-/// The refusal of an Embed of `model` to `output`.
-async fn embed_refused(c: &mut Client, model: &str, output: String) -> tonic::Status {
+/// The daemon's answer to an Embed of `model` to `output` asked by path.
+async fn embed_by_path(c: &mut Conn, model: &str, output: String) -> tonic::Status {
     c.embed(api::EmbedRequest {
         model_path: model.into(),
         output_path: output,
@@ -64,14 +62,23 @@ async fn embed_refused(c: &mut Client, model: &str, output: String) -> tonic::St
     .expect_err(model)
 }
 
-/// The refusal of a ResolveModel of `model`.
-async fn resolve_refused(c: &mut Client, model: &str) -> tonic::Status {
+/// The daemon's answer to a ResolveModel of `model` asked by path.
+async fn resolve_by_path(c: &mut Conn, model: &str) -> tonic::Status {
     c.resolve_model(api::ResolveModelRequest {
         model_path: model.into(),
         ..Default::default()
     })
     .await
     .expect_err(model)
+}
+
+/// What the client library says when it asks for `model`: it opens the
+/// model and its data itself, and hands over what it could open.
+async fn handed_refused(c: &ctcache_client::Client, model: &str) -> String {
+    c.resolve_model(model, &Default::default())
+        .await
+        .expect_err(model)
+        .to_string()
 }
 
 /// The attacker half of `a_peer_reads_only_what_it_may_read`.
@@ -82,56 +89,61 @@ async fn reader_attack_helper() {
     };
     let var = |k: &str| std::env::var(k).unwrap();
     let lines = |k: &str| var(k).lines().map(str::to_owned).collect::<Vec<_>>();
-    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let mut c = Conn::at(&socket).await;
+    let lib = c.library().await;
     let out = PathBuf::from(var("CT_TEST_OUT"));
 
     // The control: a model anyone may read in the admin's public folder.
-    c.resolve_model(api::ResolveModelRequest {
-        model_path: var("CT_TEST_PUBLIC"),
-        ..Default::default()
-    })
-    .await
-    .expect("a model the peer may read");
+    lib.resolve_model(var("CT_TEST_PUBLIC"), &Default::default())
+        .await
+        .expect("a model the peer may read");
 
-    // Other processes' files and memory through /proc: refused, and
-    // nothing about their content (such as its length) told.
+    // Named by path, the daemon opens nothing (D14): every path, whatever
+    // is behind it, gets the one answer that says how to ask.
     let stolen = || out.join("stolen.onnx").display().to_string();
-    for target in lines("CT_TEST_PROC") {
-        let e = embed_refused(&mut c, &target, stolen()).await;
-        assert!(!e.message().contains("byte"), "{target}: {e:?}");
-        let e = resolve_refused(&mut c, &target).await;
-        assert!(!e.message().contains("byte"), "{target}: {e:?}");
-        println!("refused {target}: {e:?}");
-    }
-
-    // A root-only model of an admin-watched folder is no more readable than
-    // a missing one, and reads as one answer however it is named.
     let mut answers = std::collections::BTreeSet::new();
-    for target in lines("CT_TEST_HIDDEN") {
-        let e = embed_refused(&mut c, &target, stolen()).await;
-        answers.insert(answer(&e, &target));
-        let e = resolve_refused(&mut c, &target).await;
-        assert_eq!(e.code(), Code::PermissionDenied, "{target}: {e:?}");
+    for target in lines("CT_TEST_PROC")
+        .into_iter()
+        .chain(lines("CT_TEST_HIDDEN"))
+    {
+        let e = embed_by_path(&mut c, &target, stolen()).await;
+        answers.insert(answer(&e, &stolen()));
+        let e = resolve_by_path(&mut c, &target).await;
+        assert_eq!(e.code(), Code::InvalidArgument, "{target}: {e:?}");
         answers.insert(answer(&e, &target));
     }
-    assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
-
-    // Output folders in a root-only folder: an existing folder, a missing
-    // one and a file answer alike.
-    let mut answers = std::collections::BTreeSet::new();
     for dir in lines("CT_TEST_OUTPUT_DIRS") {
-        let e = embed_refused(&mut c, &var("CT_TEST_PUBLIC"), format!("{dir}/x.onnx")).await;
-        answers.insert(answer(&e, &dir));
+        let e = embed_by_path(&mut c, &var("CT_TEST_PUBLIC"), format!("{dir}/x.onnx")).await;
+        answers.insert(answer(&e, &format!("{dir}/x.onnx")));
     }
-    assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
+    assert_eq!(
+        answers.len(),
+        2,
+        "one answer each for reading and writing: {answers:#?}"
+    );
+
+    // Other processes' files and memory through /proc, and the root-only
+    // models: the peer's own open is refused, nothing is handed over, and
+    // nothing about their content (such as its length) is told.
+    for target in lines("CT_TEST_PROC")
+        .into_iter()
+        .chain(lines("CT_TEST_HIDDEN"))
+    {
+        let said = handed_refused(&lib, &target).await;
+        assert!(!said.contains("byte"), "{target}: {said}");
+        println!("refused {target}: {said}");
+    }
 
     // External data linked into a root-only folder: to a file there or to
-    // nothing, one answer, and neither "outside the folder" nor "missing".
+    // nothing, the peer cannot open it, and the daemon says the same of
+    // both: neither "outside the folder" nor "missing".
     let mut answers = std::collections::BTreeSet::new();
     for (model, link) in [("to_file", "to_file.bin"), ("to_nothing", "to_nothing.bin")] {
         let path = out.join(format!("{model}.onnx")).display().to_string();
-        let e = resolve_refused(&mut c, &path).await;
-        let said = answer(&e, &path).replace(link, "<link>");
+        let said = handed_refused(&lib, &path)
+            .await
+            .replace(&path, "<p>")
+            .replace(link, "<link>");
         assert!(
             !said.contains("outside") && !said.contains("No such file"),
             "{said}"
@@ -271,7 +283,7 @@ async fn enumeration_helper() {
     };
     let var = |k: &str| std::env::var(k).unwrap();
     let (secret, digest) = (var("CT_TEST_SECRET"), var("CT_TEST_SECRET_DIGEST"));
-    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let mut c = Conn::at(&socket).await;
     let hidden = |what: &str, text: &str| {
         assert!(
             !text.contains(&secret) && !text.contains(&digest),
@@ -364,7 +376,7 @@ fn enumeration_shows_a_peer_only_what_it_may_read() {
     let root = std::thread::spawn(move || {
         wait_for_flag(&flag2);
         tokio::runtime::Runtime::new().unwrap().block_on(async {
-            let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+            let mut c = Conn::at(&socket).await;
             for m in [&secret2, &public2] {
                 prepack_all(&mut c, m).await;
             }

@@ -13,9 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ctcache_api::v1 as api;
-use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use support::*;
-use tonic::transport::Channel;
 use tonic::Code;
 
 const TIMEOUT_MS: u64 = 400;
@@ -50,17 +48,20 @@ fn daemon_with_dead_remote() -> Daemon {
     )
 }
 
-async fn pull(c: &mut CompiledTensorCacheClient<Channel>, path: &str) -> tonic::Status {
+/// RemotePull of `path` asked by path (the daemon opens none), which must
+/// fail.
+async fn pull(c: &mut Conn, path: &str) -> tonic::Status {
     let r = c
         .remote_pull(api::RemotePullRequest {
             model_path: path.into(),
+            ..Default::default()
         })
         .await;
     r.expect_err(&format!("pull of {path:?} must fail"))
 }
 
 /// RemotePush of every entry, which must fail.
-async fn push_all(c: &mut CompiledTensorCacheClient<Channel>) -> tonic::Status {
+async fn push_all(c: &mut Conn) -> tonic::Status {
     let r = c.remote_push(api::RemotePushRequest::default()).await;
     r.expect_err("push must fail")
 }
@@ -88,19 +89,26 @@ async fn bad_model_paths_are_refused_before_the_remote_is_asked() {
     let dir = tempfile::tempdir().unwrap();
     let garbage = dir.path().join("garbage.onnx");
     std::fs::write(&garbage, b"\xff\xff\xff not onnx").unwrap();
-    let cases = [
-        (String::new(), Code::InvalidArgument),
-        ("relative/m.onnx".to_string(), Code::InvalidArgument),
-        (
-            dir.path().join("missing.onnx").display().to_string(),
-            Code::NotFound,
-        ),
-        (garbage.display().to_string(), Code::InvalidArgument),
-    ];
-    for (path, code) in cases {
+    let missing = dir.path().join("missing.onnx");
+    for path in [
+        String::new(),
+        "relative/m.onnx".to_string(),
+        missing.display().to_string(),
+    ] {
         let e = pull(&mut c, &path).await;
-        assert_eq!(e.code(), code, "{path:?}: {e:?}");
+        assert_eq!(e.code(), Code::InvalidArgument, "{path:?}: {e:?}");
     }
+    // Through the client library: a missing model is its own open's error,
+    // one that is no model the daemon's refusal of the hand-over.
+    let lib = c.library().await;
+    let e = lib.remote_pull(&missing).await.unwrap_err();
+    assert!(
+        matches!(&e, ctcache_client::Error::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound),
+        "{e:?}"
+    );
+    let e = lib.remote_pull(&garbage).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e:?}");
     // No fetch was tried: none failed, none missed.
     let st = c.status(api::StatusRequest {}).await.unwrap().into_inner();
     let r = st.remote.expect("the flags configured a remote");
@@ -139,8 +147,10 @@ async fn a_dead_remote_is_reported_unreachable_and_fails_transfers_within_the_de
     assert!(!packed.is_empty());
     let n = entries_for(&mut c, &digest_of(&model, "W")).await.len() as u32;
     assert!(n >= 1);
+    let h = c.hand(&model).await;
     let req = api::RemotePullRequest {
         model_path: model.display().to_string(),
+        handout: h.name().into(),
     };
     let p = c.remote_pull(req).await.unwrap().into_inner();
     assert_eq!((p.present, p.done, p.missing), (n, 0, 0), "{p:?}");
@@ -176,12 +186,23 @@ async fn nobody_remote_helper() {
     };
     let secret = std::env::var("CTCACHE_TEST_SECRET").unwrap();
     let missing = std::env::var("CTCACHE_TEST_MISSING").unwrap();
-    let mut c = CompiledTensorCacheClient::new(channel(Path::new(&socket)).await);
-    // Root's unreadable model and a missing one get the same answer.
+    let mut c = Conn::at(Path::new(&socket)).await;
+    // Root's unreadable model and a missing one: the daemon opens neither
+    // path, and answers both alike.
     let a = pull(&mut c, &secret).await;
     let b = pull(&mut c, &missing).await;
-    assert_eq!(a.code(), Code::PermissionDenied, "{a:?}");
-    assert_eq!(b.code(), Code::PermissionDenied, "{b:?}");
+    assert_eq!(a.code(), Code::InvalidArgument, "{a:?}");
+    assert_eq!(
+        a.message().replace(&secret, "<p>"),
+        b.message().replace(&missing, "<p>")
+    );
+    // This uid cannot open root's model: it has nothing to hand over.
+    let e = c.library().await.remote_pull(Path::new(&secret)).await;
+    assert!(
+        matches!(&e, Err(ctcache_client::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied),
+        "{e:?}"
+    );
     let e = push_all(&mut c).await;
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("remote push"), "{e:?}");

@@ -12,7 +12,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use ctcache_api::v1 as api;
-use ctcache_api::v1::compiled_tensor_cache_client::CompiledTensorCacheClient;
 use support::*;
 
 /// The weights' shape of the shared model; the blocker's is far bigger.
@@ -63,10 +62,12 @@ async fn changing_copy_helper() {
         return;
     };
     let copy = PathBuf::from(std::env::var("CT_TEST_COPY").unwrap());
-    let mut c = CompiledTensorCacheClient::new(channel(&socket).await);
+    let mut c = Conn::at(&socket).await;
+    let h = c.hand(&copy).await;
     let mut progress = c
         .prepack(api::PrepackRequest {
             model_path: copy.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         })
         .await
@@ -108,10 +109,12 @@ async fn a_caller_changing_its_copy_fails_only_its_own_job() {
     }
 
     // The one worker is busy with the blocker while the rest happens.
-    let mut c = CompiledTensorCacheClient::new(channel(&d.socket).await);
+    let mut c = Conn::at(&d.socket).await;
+    let h = c.hand(&blocker).await;
     let mut blocking = c
         .prepack(api::PrepackRequest {
             model_path: blocker.display().to_string(),
+            handout: h.name().into(),
             formats: blocker_formats(),
             ..Default::default()
         })
@@ -142,7 +145,7 @@ async fn a_caller_changing_its_copy_fails_only_its_own_job() {
 
     // Root's Embed of the original, submitted while both are queued.
     let out = tempfile::tempdir().unwrap();
-    let mut root = c.clone();
+    let root = c.library().await;
     let output = out.path().join("embedded.onnx");
     let request = api::EmbedRequest {
         model_path: original.display().to_string(),

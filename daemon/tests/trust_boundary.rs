@@ -25,7 +25,7 @@ async fn nobody_attacks_helper() {
         return;
     };
     let var = |k: &str| std::env::var(k).unwrap();
-    let mut c = CompiledTensorCacheClient::new(channel(Path::new(&socket)).await);
+    let mut c = Conn::at(Path::new(&socket)).await;
 
     // Another uid's lease can be neither renewed nor released, and answers
     // as a lease never issued does (no probing for live lease ids); the
@@ -106,9 +106,12 @@ async fn nobody_attacks_helper() {
     assert!(e.message().contains("max_watches_per_uid"), "{e:?}");
 
     // Jobs: at most 1 waiting; a model of 4 wanted pairs overflows it.
+    let many = var("CTCACHE_TEST_MANY_WEIGHTS");
+    let h = c.hand(Path::new(&many)).await;
     let e = c
         .prepack(api::PrepackRequest {
-            model_path: var("CTCACHE_TEST_MANY_WEIGHTS"),
+            model_path: many,
+            handout: h.name().into(),
             ..Default::default()
         })
         .await
@@ -130,7 +133,8 @@ async fn nobody_attacks_helper() {
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("max_event_subscribers"), "{e:?}");
 
-    // A model this uid may not read: the same answer whether it exists.
+    // A model this uid may not read: the daemon opens no path a caller
+    // names, so the same answer whether it exists.
     let resolve = |p: String| {
         let mut c = c.clone();
         async move {
@@ -149,7 +153,7 @@ async fn nobody_attacks_helper() {
         resolve(missing.clone()).await,
     );
     assert_eq!(a.code(), b.code(), "{a:?} / {b:?}");
-    assert_eq!(a.code(), Code::PermissionDenied);
+    assert_eq!(a.code(), Code::InvalidArgument);
     assert_eq!(
         a.message().replace(&secret, "P"),
         b.message().replace(&missing, "P")
@@ -293,7 +297,7 @@ async fn memo_flood_helper() {
     ) else {
         return;
     };
-    let mut c = CompiledTensorCacheClient::new(channel(Path::new(&socket)).await);
+    let mut c = Conn::at(Path::new(&socket)).await;
     let first = Path::new(&dir).join("m0.onnx");
     write_model(&first, &two_weights_model());
     for i in 0..40 {
@@ -301,8 +305,10 @@ async fn memo_flood_helper() {
         if i > 0 {
             std::fs::hard_link(&first, &name).unwrap();
         }
+        let h = c.hand(&name).await;
         c.resolve_model(api::ResolveModelRequest {
             model_path: name.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         })
         .await
@@ -420,9 +426,11 @@ async fn packs_and_puts_over_the_payload_limit_are_refused_before_they_start() {
     let before = c.status(api::StatusRequest {}).await.unwrap().into_inner();
     let path = d.path("work/m.onnx");
     write_model(&path, &matmul_model(512, 256, 4));
+    let h = c.hand(&path).await;
     let e_pack = c
         .prepack(api::PrepackRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         })
         .await
@@ -482,14 +490,17 @@ fn a_sparse_64_gib_tensor_is_refused_with_rss_staying_low() {
     let work = d.path("work");
     let path = sparse_model(&work);
     let before = rss_kib(pid);
+    let h = rt.block_on(c.hand(&path));
     for req in [
         api::ResolveModelRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             on_miss: api::OnMiss::Wait as i32,
             ..Default::default()
         },
         api::ResolveModelRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         },
     ] {
@@ -502,6 +513,7 @@ fn a_sparse_64_gib_tensor_is_refused_with_rss_staying_low() {
     let e = rt
         .block_on(c.prepack(api::PrepackRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         }))
         .err()
@@ -716,9 +728,11 @@ async fn a_model_over_max_model_bytes_in_all_is_refused() {
     let path = d.path("work/two.onnx");
     // Two weights of 1 MiB each: each within every limit, 2 MiB together.
     write_model(&path, &two_weights_model());
+    let h = c.hand(&path).await;
     let e = c
         .resolve_model(api::ResolveModelRequest {
             model_path: path.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         })
         .await

@@ -172,8 +172,10 @@ async fn the_daemons_rescans_are_no_use_and_a_clients_lookup_is() {
 
     // And so is a resolve that returns the entries.
     tokio::time::sleep(Duration::from_millis(5)).await;
+    let h = c.hand(&model).await;
     c.resolve_model(api::ResolveModelRequest {
         model_path: model.display().to_string(),
+        handout: h.name().into(),
         ..Default::default()
     })
     .await

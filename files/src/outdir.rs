@@ -2,8 +2,7 @@
 //! relative to the folder's descriptor under an unpredictable temp name
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`) and renamed into place, so no symbolic link
 //! in the folder (one a peer planted for the daemon to follow) is ever
-//! written through. Files written for someone else are handed to them with
-//! `fchown` on the daemon's own descriptor.
+//! written through.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -16,21 +15,11 @@ use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 
 use crate::stamp::FileStamp;
 
-/// Whom the files go to, when the process writes for another user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recipient {
-    /// The user who will own the files.
-    pub uid: u32,
-    /// The group that will own the files.
-    pub gid: u32,
-}
-
 /// An open output folder.
 #[derive(Debug)]
 pub struct OutDir {
     fd: OwnedFd,
     path: PathBuf,
-    recipient: Option<Recipient>,
 }
 
 /// A file to be written in an open folder.
@@ -106,7 +95,6 @@ impl OutDir {
         Ok(OutDir {
             fd,
             path: path.to_path_buf(),
-            recipient: None,
         })
     }
 
@@ -118,8 +106,8 @@ impl OutDir {
         OutDir::open(&base)?.make_path(&rest)
     }
 
-    /// The folder `rest` below this one, each missing component made (0755,
-    /// given to the recipient when writing for someone) and every one opened
+    /// The folder `rest` below this one, each missing component made (0755)
+    /// and every one opened
     /// without following a link ([`OutDir::subdir`]). Returns the folder and
     /// the folders made, outermost first.
     pub fn make_path(self, rest: &Path) -> io::Result<(OutDir, Vec<PathBuf>)> {
@@ -150,15 +138,7 @@ impl OutDir {
         OutDir {
             fd: dir.into(),
             path: path.to_path_buf(),
-            recipient: None,
         }
-    }
-
-    /// Writes for `recipient`: what is made here becomes theirs, an existing
-    /// subfolder must be theirs, and nothing made earlier is removed.
-    pub fn for_recipient(mut self, recipient: Option<Recipient>) -> OutDir {
-        self.recipient = recipient;
-        self
     }
 
     /// The folder as it was named.
@@ -171,13 +151,8 @@ impl OutDir {
         self.path.join(name)
     }
 
-    /// Who the files go to, when written for someone else.
-    pub fn recipient(&self) -> Option<Recipient> {
-        self.recipient
-    }
-
     /// The subfolder `name`, made here when missing. An existing one must
-    /// be a real folder (not a link) and, when writing for someone, theirs.
+    /// be a real folder (not a link) and this process's.
     /// Returns the folder and whether it was made now.
     pub fn subdir(&self, name: &OsStr) -> io::Result<(OutDir, bool)> {
         let made = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o755)) {
@@ -197,19 +172,15 @@ impl OutDir {
         })?;
         let st = rustix::fs::fstat(&fd)?;
         if made {
-            // The name was opened again: chown only a folder this process
-            // owns (the one made here), not another user's swapped in by a
-            // rename meanwhile.
+            // The name was opened again: write only into the folder made
+            // here, not another user's swapped in by a rename meanwhile.
             if st.st_uid != own_uid() {
                 return Err(refused(format!(
                     "{} changed while it was being made",
                     self.shown(name).display()
                 )));
             }
-            if let Some(r) = self.recipient {
-                chown_fd(&fd, r)?;
-            }
-        } else if st.st_uid != self.writer_uid() {
+        } else if st.st_uid != own_uid() {
             // Whoever writes, root included: another user's folder could be
             // changed under the files written into it.
             return Err(refused(format!(
@@ -220,7 +191,6 @@ impl OutDir {
         let sub = OutDir {
             fd,
             path: self.shown(name),
-            recipient: self.recipient,
         };
         Ok((sub, made))
     }
@@ -233,15 +203,7 @@ impl OutDir {
         loop {
             let temp = Temp::for_name(name)?;
             match rustix::fs::openat(&self.fd, &temp.name, flags | OFlags::CLOEXEC, mode) {
-                Ok(fd) => {
-                    if let Some(r) = self.recipient {
-                        if let Err(e) = chown_fd(&fd, r) {
-                            self.discard(temp);
-                            return Err(e);
-                        }
-                    }
-                    return Ok((File::from(fd), temp));
-                }
+                Ok(fd) => return Ok((File::from(fd), temp)),
                 Err(rustix::io::Errno::EXIST) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -263,8 +225,7 @@ impl OutDir {
 
     /// Renames `temp` to `name`, replacing what was there (a link named
     /// `name` is replaced, never followed). In a sticky folder an existing
-    /// `name` must be the writer's (the recipient's, else this process's),
-    /// root included: another user's file there is not replaced.
+    /// `name` must be this process's, root included: another user's file there is not replaced.
     pub fn commit(&self, temp: Temp, name: &OsStr) -> io::Result<()> {
         if let Err(e) = self.may_replace(name) {
             self.discard(temp);
@@ -280,7 +241,7 @@ impl OutDir {
     }
 
     fn may_replace(&self, name: &OsStr) -> io::Result<()> {
-        let uid = self.writer_uid();
+        let uid = own_uid();
         let dir = rustix::fs::fstat(&self.fd)?;
         if dir.st_mode & libc::S_ISVTX == 0 || dir.st_uid == uid {
             return Ok(());
@@ -360,13 +321,8 @@ impl OutDir {
         Ok(rustix::fs::fsync(&self.fd)?)
     }
 
-    /// Removes the regular files here not named in `keep`, when writing
-    /// for oneself; writing for someone else removes nothing (the daemon
-    /// deletes only what it made for the request at hand).
+    /// Removes the regular files here not named in `keep`.
     pub fn prune(&self, keep: &[&OsStr]) -> io::Result<()> {
-        if self.recipient.is_some() {
-            return Ok(());
-        }
         let dup = rustix::fs::openat(&self.fd, ".", dir_flags(), Mode::empty())?;
         let dir = rustix::fs::Dir::read_from(&dup)?;
         for entry in dir {
@@ -459,14 +415,6 @@ impl Temp {
     }
 }
 
-impl OutDir {
-    /// Whose the files written here are: the recipient's, else this
-    /// process's.
-    fn writer_uid(&self) -> u32 {
-        self.recipient.map_or_else(own_uid, |r| r.uid)
-    }
-}
-
 fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
@@ -474,17 +422,6 @@ fn own_uid() -> u32 {
 
 fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
-}
-
-fn chown_fd(fd: impl AsFd, r: Recipient) -> io::Result<()> {
-    use rustix::fs::{Gid, Uid};
-    let (uid, gid) = (Uid::from_raw(r.uid), Gid::from_raw(r.gid));
-    match rustix::fs::fchown(fd, Some(uid), Some(gid)) {
-        Ok(()) => Ok(()),
-        // Not root: files stay the daemon's, which the recipient can read.
-        Err(rustix::io::Errno::PERM) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 fn refused(msg: String) -> io::Error {
@@ -519,7 +456,7 @@ mod tests {
         );
     }
 
-    /// Root writing for itself (no recipient) into a shared sticky folder
+    /// Root writing into a shared sticky folder
     /// (of a third user) where another user made the names first: neither
     /// that user's `.weights` folder nor its file is used or replaced.
     #[test]

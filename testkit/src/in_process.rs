@@ -4,7 +4,7 @@
 //! by [`InProcessDaemon::stop`] or on drop. For tests that need no separate
 //! process (signals, sd_notify and kill tests spawn the binary instead).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use anyhow::{anyhow, Context, Result};
@@ -92,7 +92,7 @@ impl InProcessDaemon {
             unix,
             socket_path: Some(self.socket.clone()),
             tcp,
-            handouts: None,
+            handouts: Some(bind_channel(&self.socket)?),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let config = self.config.clone();
@@ -183,4 +183,19 @@ impl Drop for InProcessDaemon {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// The descriptor channel's SOCK_SEQPACKET socket beside the gRPC socket
+/// `grpc`, as `ctcached` binds it: clients hand models over on it (the
+/// daemon opens no path a caller names).
+fn bind_channel(grpc: &Path) -> Result<std::os::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let path = ctcache_api::handout::socket_path(grpc);
+    let _ = std::fs::remove_file(&path);
+    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)?;
+    rustix::net::bind(&fd, &SocketAddrUnix::new(&path)?)
+        .with_context(|| format!("binding {}", path.display()))?;
+    rustix::net::listen(&fd, 128)?;
+    Ok(fd)
 }

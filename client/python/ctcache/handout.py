@@ -50,8 +50,8 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
     ``grpc_socket``, each wait for it at most ``timeout`` seconds (``None``:
     no limit), with the ``outputs`` made for the request ((name, descriptor)
     pairs, ``HandoutModel.outputs``); ``None`` when that daemon has no
-    descriptor channel (an older one) or this process cannot open the model:
-    requests then name the path."""
+    descriptor channel (requests then name the path, which a current daemon
+    refuses). A model this process cannot open raises its ``OSError``."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.settimeout(timeout)
     try:
@@ -60,11 +60,13 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
         conn.close()
         return None
     try:
-        model = open(model_path, "rb")
+        # This process's own open decides what it may hand over (the daemon
+        # opens no path for it): a model it cannot read is its OSError.
+        # Not blocking: a FIFO opens at once, for the daemon to refuse.
+        model = os.fdopen(os.open(model_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
     except OSError:
-        # Not this process's to read: the daemon answers for the path.
         conn.close()
-        return None
+        raise
     try:
         with model:
             first = pb.HandoutRequest(model=pb.HandoutModel(model_path=model_path,
@@ -104,7 +106,7 @@ def _answer(conn: socket.socket, folder: str, names: list[str]) -> None:
             fd = None
             if not os.path.isabs(name) and ".." not in parts:
                 try:
-                    fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_CLOEXEC)
+                    fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                 except OSError:
                     fd = None
             if fd is None:

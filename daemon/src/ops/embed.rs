@@ -1,7 +1,6 @@
 //! The Embed use case: a model -> a new model with compiled tensors
 //! embedded (packing what is missing first), written with the
-//! byte-preserving rewrite into the files the caller made and handed over
-//! (or, asked by path, next to the caller's other files).
+//! byte-preserving rewrite into the files the caller made and handed over.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +9,6 @@ use ctcache::onnx::rewrite::{self, Mode, RewriteOptions};
 use ctcache::outdir::{OutDir, OutFile};
 
 use super::model::{self, FormatRequest};
-use super::output::output_file;
 use super::pack::{self, BackendRequest};
 use super::{blocking, serve, Result};
 use crate::caller::Caller;
@@ -48,14 +46,20 @@ pub(crate) struct Embedded {
 /// The Embed use case.
 pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> Result<Embedded> {
     tracing::info!(caller = %caller.describe(), model = %r.model_path, output = %r.output_path, "embed");
+    // The daemon writes nothing where a caller points (D14): only into the
+    // files the caller made and handed over with its model.
     let handed = match r.handout.is_empty() {
         true => None,
         false => d.handouts.outputs(&r.handout, caller)?,
     };
-    let out = match &handed {
-        Some(o) => handed_output(o, &r.output_path)?,
-        None => output_file(caller, &r.output_path)?,
+    let Some(handed) = handed else {
+        return Err(super::Error::invalid(format!(
+            "{}: ctcached writes no file where a caller points; the client makes the output's \
+             files and hands them over with the model, as ctcachectl and the client libraries do",
+            r.output_path
+        )));
     };
+    let out = handed_output(&handed, &r.output_path)?;
     let (d2, c2, r2) = (d.clone(), caller.clone(), r.clone());
     let (m, jobs, out) = blocking(move || {
         let m = model::open(&d2, &r2.model_path, &r2.handout, &c2)?;
@@ -109,15 +113,9 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
             ..Default::default()
         };
         let mode = if r.replace { Mode::Replace } else { Mode::Add };
-        let report = match &handed {
-            Some(o) => {
-                let files = (&o.model, &o.sidecar);
-                rewrite::embed_handed(&m.model, &news, &out, files, mode, &opts)?
-            }
-            None => rewrite::embed_into(&m.model, &news, &out, mode, &opts)?,
-        };
-        // The model and its sidecar are the caller's: made by it, or handed
-        // to it as they were made.
+        let files = (&handed.model, &handed.sidecar);
+        let report = rewrite::embed_handed(&m.model, &news, &out, files, mode, &opts)?;
+        // The model and its sidecar are the caller's: it made them.
         Ok(Embedded {
             output_path: out.path(),
             entries: report.entries as u32,

@@ -11,7 +11,6 @@ pub(crate) mod import;
 pub(crate) mod lookup;
 pub(crate) mod materialize;
 pub(crate) mod model;
-mod output;
 pub(crate) mod pack;
 pub(crate) mod payload;
 pub(crate) mod progress;

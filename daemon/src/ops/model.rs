@@ -35,24 +35,24 @@ pub(crate) struct OpenedModel {
     pub model: Arc<Model>,
 }
 
-/// With whose rights a model is read.
+/// With whose rights a model found by path is read.
 #[derive(Debug, Clone)]
-pub(crate) enum Reader {
-    /// The daemon's own: its watcher's models of the config's folders, and
-    /// requests of root and the daemon's user.
+enum Reader {
+    /// The daemon's own: models of the admin's watched folders.
     Daemon,
-    /// A caller's: the model and its external data are opened with this
-    /// identity's rights, wherever they are.
+    /// A user's: models of that user's watched folders, and their external
+    /// data.
     As(Identity),
 }
 
-/// Opens the model at `path` for `caller`, with the caller's own rights
-/// (an admin-watched folder gives the daemon's packing its rights, never a
-/// peer): see `ctcache::access`. Over TCP, where no uid is known, only a
-/// client with a verified certificate may name a model, and only one under
-/// a watched folder of the config file. With a `handout`, no path is
-/// opened: the model is the one the caller handed over (`path`, when set,
-/// must be the path it was handed under).
+/// Opens the model a caller named. Over the Unix socket that is the model
+/// the caller handed over on the descriptor channel (`handout`; `path`,
+/// when set, must be the path it was handed under): the daemon opens no
+/// path a caller names (D14), so a request naming only a path is refused
+/// with the way out. Over TCP, where nothing can be handed over, only a
+/// client with a verified certificate may name a model, and only one in a
+/// watched folder of the config file (the admin's, read with the daemon's
+/// rights).
 pub(crate) fn open(d: &Daemon, path: &str, handout: &str, caller: &Caller) -> Result<OpenedModel> {
     if !handout.is_empty() {
         let (path, model) = d.handouts.model(handout, path, caller)?;
@@ -67,52 +67,42 @@ pub(crate) fn open(d: &Daemon, path: &str, handout: &str, caller: &Caller) -> Re
             "model_path {path:?} must be absolute"
         )));
     }
-    // To anyone but root and the daemon's user, a missing model and one they
-    // may not read get the same answer: no probing for other users' files.
-    let hidden = || {
-        Error::denied(format!(
-            "{path}: not found, or not readable by {}{}",
-            caller.describe(),
-            crate::caller::own_rights_clause("reads models")
-        ))
-    };
-    if caller.is_self_or_root() {
-        return open_as(p, &Reader::Daemon).map_err(|mut e| {
-            if e.kind == ErrorKind::PermissionDenied {
-                e.message.push_str(&crate::caller::daemon_rights_clause());
-            }
-            e
-        });
+    if caller.identity.is_some() {
+        return Err(Error::invalid(format!(
+            "{path}: ctcached opens no path a caller names; hand the model over on its \
+             descriptor channel (the socket beside this one), as ctcachectl and the client \
+             libraries do"
+        )));
     }
-    let reader = match &caller.identity {
-        Some(who) => Reader::As(who.clone()),
-        None if caller.trusted => {
-            let real = access::open_regular(p)
-                .and_then(|f| access::real_path(&f))
-                .map_err(|_| hidden())?;
-            if !d.watcher.admin_covers(&real) {
-                return Err(hidden());
-            }
-            Reader::Daemon
-        }
-        None => return Err(hidden()),
-    };
-    open_as(p, &reader).map_err(|e| match e.kind {
+    // To a TCP peer, a missing model and one outside the admin's folders get
+    // the same answer: no probing for files.
+    let hidden = || Error::denied(format!("{path}: not found, or not in a watched folder"));
+    if !caller.trusted {
+        return Err(hidden());
+    }
+    open_admin(d, p).map_err(|e| match e.kind {
         ErrorKind::NotFound | ErrorKind::PermissionDenied => hidden(),
         _ => e,
     })
 }
 
-/// Opens the model at `path` with the rights of `reader`.
-pub(crate) fn open_as(path: &Path, reader: &Reader) -> Result<OpenedModel> {
-    let file = match reader {
-        Reader::Daemon => access::open_regular(path),
-        Reader::As(who) => who.open_read(path),
+/// Opens the model at `path` with the daemon's rights, and only when the
+/// file opened is in a watched folder of the config (the admin's): a link
+/// there to a file elsewhere is not read with them.
+pub(crate) fn open_admin(d: &Daemon, path: &Path) -> Result<OpenedModel> {
+    let named = |e| Error::from_io(e, &path.display().to_string());
+    let file = access::open_regular(path).map_err(named)?;
+    let real = access::real_path(&file).map_err(named)?;
+    let m = from_file(file, &real, &Reader::Daemon)?;
+    if !d.watcher.admin_covers(&m.path) {
+        return Err(Error::denied(format!(
+            "{} resolves to {}, outside the watched folders (a symbolic link?); watch the folder \
+             it is in",
+            path.display(),
+            m.path.display()
+        )));
     }
-    .map_err(|e| Error::from_io(e, &path.display().to_string()))?;
-    let real =
-        access::real_path(&file).map_err(|e| Error::from_io(e, &path.display().to_string()))?;
-    from_file(file, &real, reader)
+    Ok(m)
 }
 
 /// Opens the model `name` in the held folder `dir` (named `shown`) with

@@ -33,10 +33,15 @@ fn fleet(d: &Daemon) -> Result<&Fleet> {
 }
 
 /// The RemotePull use case.
-pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Transfer> {
+pub(crate) fn pull(
+    d: &Daemon,
+    caller: &Caller,
+    model_path: &str,
+    handout: &str,
+) -> Result<Transfer> {
     fleet(d)?;
     tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
-    let m = model::open(d, model_path, "", caller)?;
+    let m = model::open(d, model_path, handout, caller)?;
     let sel = model::wanted(d, &m.model, &[], &[])?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let mut t = Transfer::default();
@@ -81,16 +86,13 @@ pub(crate) fn pull(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
 pub(crate) fn push(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Transfer> {
     caller.require_trusted("remote push")?;
     let f = fleet(d)?;
-    // Entries record the real path the daemon opened.
-    let model_path = match model_path {
-        "" => String::new(),
-        p => std::fs::canonicalize(p).map_or_else(|_| p.to_string(), |r| r.display().to_string()),
-    };
+    // Entries record the real path of the model; the client resolves the
+    // name it was given (the daemon opens no path a caller names).
     let entries = d.store.list(&Default::default())?;
     let mut t = Transfer::default();
     for e in entries
         .iter()
-        .filter(|e| model_path.is_empty() || e.model_paths.contains(&model_path))
+        .filter(|e| model_path.is_empty() || e.model_paths.iter().any(|p| p == model_path))
     {
         match f.push(&d.store, e) {
             Ok(Pushed::Uploaded(b)) => {

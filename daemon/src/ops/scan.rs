@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use ctcache::fsutil::FileStamp;
 use ctcache::onnx::Storage;
 
-use super::model::{self, OpenedModel, Reader};
+use super::model::{self, OpenedModel};
 use super::pack::{self, BackendRequest, Jobs};
 use super::{Error, Result};
 use crate::error::ErrorKind;
@@ -310,34 +310,23 @@ fn open_watched(d: &Daemon, path: &Path) -> Result<Option<(OpenedModel, Option<u
     // And its jobs wait as that user's: within max_queued_jobs_per_uid, as
     // the user's own Prepack calls (a folder of many models cannot fill the
     // queue).
-    let (reader, queue_owner) = match owner {
-        Owner::Admin => (Reader::Daemon, None),
+    let (m, queue_owner) = match owner {
+        // The admin's rights reach only as far as the admin's folders.
+        Owner::Admin => (model::open_admin(d, path)?, None),
         Owner::User(who) => {
             let bounded = crate::caller::bounded_uid(who.uid, &d.config.trusted_uids);
-            (Reader::As(who), bounded)
+            // A user's model is opened in the folder that was judged, through
+            // its handle, not along its path (a folder on the way may have
+            // been swapped); one not directly in it is not read.
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                return Ok(None);
+            };
+            let Some(held) = d.watcher.held_folder(dir) else {
+                return Ok(None);
+            };
+            (model::open_in(&held, Path::new(name), path, &who)?, bounded)
         }
     };
-    // A user's model is opened in the folder that was judged, through its
-    // handle, not along its path (a folder on the way may have been swapped).
-    let m = match (&reader, path.parent(), path.file_name()) {
-        (Reader::As(who), Some(dir), Some(name)) => match d.watcher.held_folder(dir) {
-            Some(held) => model::open_in(&held, Path::new(name), path, who)?,
-            // Not directly in the user's watched folder: not read.
-            None => return Ok(None),
-        },
-        _ => model::open_as(path, &reader)?,
-    };
-    // The admin's rights reach only as far as the admin's folders: a link
-    // (made by anyone who may write there) to a file elsewhere is not read
-    // with them. Judged on the file opened, as for a caller's request.
-    if matches!(reader, Reader::Daemon) && !d.watcher.admin_covers(&m.path) {
-        return Err(Error::denied(format!(
-            "{} resolves to {}, outside the watched folders (a symbolic link?); watch the folder \
-             it is in",
-            path.display(),
-            m.path.display()
-        )));
-    }
     Ok(Some((m, queue_owner)))
 }
 

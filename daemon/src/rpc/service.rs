@@ -400,9 +400,9 @@ impl CompiledTensorCache for Service {
         req: Request<api::RemotePullRequest>,
     ) -> Answer<api::RemoteTransferResponse> {
         let caller = self.caller(&req);
-        let path = req.into_inner().model_path;
+        let r = req.into_inner();
         self.run(
-            move |d| ops::remote::pull(d, &caller, &path),
+            move |d| ops::remote::pull(d, &caller, &r.model_path, &r.handout),
             |_, t| encode::transfer(t),
         )
         .await

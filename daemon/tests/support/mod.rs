@@ -65,8 +65,8 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
-    pub async fn client(&self) -> CompiledTensorCacheClient<Channel> {
-        CompiledTensorCacheClient::new(channel(&self.socket).await)
+    pub async fn client(&self) -> Conn {
+        Conn::at(&self.socket).await
     }
 
     /// SIGTERM and wait; returns the exit status code.
@@ -108,8 +108,8 @@ impl InProc {
         )
     }
 
-    pub async fn client(&self) -> CompiledTensorCacheClient<Channel> {
-        CompiledTensorCacheClient::new(channel(&self.socket).await)
+    pub async fn client(&self) -> Conn {
+        Conn::at(&self.socket).await
     }
 
     /// Shuts down (drained) and waits; `Some(0)` when `run` returned Ok,
@@ -124,6 +124,64 @@ impl InProc {
     /// Starts again on the same dirs and configuration.
     pub fn restart(&mut self) {
         self.0.restart().unwrap_or_else(|e| panic!("{e:#}"));
+    }
+}
+
+/// A gRPC client of the daemon at `socket` (it derefs to the generated
+/// client) that hands models over on the daemon's descriptor channel: the
+/// daemon opens no path a caller names.
+#[derive(Clone)]
+pub struct Conn {
+    grpc: CompiledTensorCacheClient<Channel>,
+    pub socket: PathBuf,
+}
+
+impl Deref for Conn {
+    type Target = CompiledTensorCacheClient<Channel>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.grpc
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.grpc
+    }
+}
+
+impl Conn {
+    pub async fn at(socket: &Path) -> Conn {
+        Conn {
+            grpc: CompiledTensorCacheClient::new(channel(socket).await),
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    /// `model` handed over with this process's rights: a request names
+    /// `handout.name()` while the handout lives.
+    pub async fn hand(&self, model: &Path) -> ctcache_client::Handout {
+        self.try_hand(model)
+            .await
+            .unwrap_or_else(|e| panic!("handing {} over: {e}", model.display()))
+    }
+
+    /// [`Conn::hand`], its refusal returned.
+    pub async fn try_hand(
+        &self,
+        model: &Path,
+    ) -> Result<ctcache_client::Handout, ctcache_client::Error> {
+        let c = ctcache_client::Client::connect_to(&self.socket).await?;
+        let h = c.hand_over(&model.display().to_string()).await?;
+        Ok(h.expect("the daemon has a descriptor channel"))
+    }
+
+    /// The client library's client of the same daemon (it hands models
+    /// over, and makes Embed's output files, for each call).
+    pub async fn library(&self) -> ctcache_client::Client {
+        ctcache_client::Client::connect_to(&self.socket)
+            .await
+            .expect("connecting to ctcached")
     }
 }
 
@@ -181,13 +239,12 @@ pub fn lookup_req(digest: &[u8]) -> api::LookupRequest {
 }
 
 /// Prepacks a model by the policy and waits for every job.
-pub async fn prepack_all(
-    c: &mut CompiledTensorCacheClient<Channel>,
-    model: &std::path::Path,
-) -> Vec<api::PrepackProgress> {
+pub async fn prepack_all(c: &mut Conn, model: &std::path::Path) -> Vec<api::PrepackProgress> {
+    let h = c.hand(model).await;
     let mut s = c
         .prepack(api::PrepackRequest {
             model_path: model.display().to_string(),
+            handout: h.name().into(),
             ..Default::default()
         })
         .await
@@ -216,13 +273,11 @@ pub async fn lease_refused(c: &mut CompiledTensorCacheClient<Channel>, key: &str
 }
 
 /// Imports the model at `path`.
-pub async fn import(
-    c: &mut CompiledTensorCacheClient<Channel>,
-    path: &Path,
-) -> api::ImportResponse {
+pub async fn import(c: &mut Conn, path: &Path) -> api::ImportResponse {
+    let h = c.hand(path).await;
     c.import(api::ImportRequest {
         model_path: path.display().to_string(),
-        ..Default::default()
+        handout: h.name().into(),
     })
     .await
     .unwrap()
