@@ -80,11 +80,6 @@ fn make(output: &Path) -> Result<Made> {
 /// so; an unused sidecar goes), or removes what was made.
 fn finish(made: Made, answer: Result<api::EmbedResponse>) -> Result<api::EmbedResponse> {
     let dir: &OutDir = &made.out.dir;
-    let written = answer.as_ref().is_ok_and(|_| {
-        // Asked by path (a daemon without the descriptor channel), the
-        // daemon wrote the output itself: the temp files stayed empty.
-        made.model.0.metadata().is_ok_and(|m| m.len() > 0)
-    });
     let Ok(r) = answer else {
         dir.discard(made.model.1);
         dir.discard(made.sidecar.1);
@@ -93,11 +88,6 @@ fn finish(made: Made, answer: Result<api::EmbedResponse>) -> Result<api::EmbedRe
         }
         return answer;
     };
-    if !written {
-        dir.discard(made.model.1);
-        dir.discard(made.sidecar.1);
-        return Ok(r);
-    }
     let io = |source| Error::Io {
         path: made.out.path(),
         source,

@@ -37,11 +37,11 @@ impl Handout {
 impl Client {
     /// Hands the model at the absolute `model_path` to the daemon over its
     /// descriptor channel, opened with this process's rights (the daemon
-    /// then reads those files, never the path); `None` from a daemon
-    /// without the channel. The handout lasts until the value is dropped.
+    /// then reads those files, never the path). The handout lasts until the
+    /// value is dropped.
     /// Waits on the daemon without a thread of its own: dropping the future
     /// (Ctrl-C) ends the exchange.
-    pub async fn hand_over(&self, model_path: &str) -> Result<Option<Handout>> {
+    pub async fn hand_over(&self, model_path: &str) -> Result<Handout> {
         self.hand_over_for("Handout", model_path, &[]).await
     }
 
@@ -52,7 +52,7 @@ impl Client {
         rpc: &'static str,
         model_path: &str,
         outputs: Outputs<'_>,
-    ) -> Result<Option<Handout>> {
+    ) -> Result<Handout> {
         hand_over(self.socket(), Path::new(model_path), outputs)
             .await
             .map_err(|e| match e {
@@ -69,7 +69,7 @@ impl Client {
 /// A request that names a model, and so may name a handout of it.
 pub(crate) trait NamesModel {
     fn model_path(&self) -> &str;
-    fn set_handout(&mut self, handout: &Option<Handout>);
+    fn set_handout(&mut self, handout: &Handout);
 }
 
 macro_rules! names_model {
@@ -78,8 +78,8 @@ macro_rules! names_model {
             fn model_path(&self) -> &str {
                 &self.model_path
             }
-            fn set_handout(&mut self, handout: &Option<Handout>) {
-                self.handout = handout.as_ref().map(|h| h.name.clone()).unwrap_or_default();
+            fn set_handout(&mut self, handout: &Handout) {
+                self.handout = handout.name.clone();
             }
         }
     )*};
@@ -97,10 +97,12 @@ names_model!(
 impl Client {
     /// Sends `req`, which names a model, through `send` (see `Conn::call`),
     /// the model handed over for it: before the first attempt (a refusal of
-    /// the hand-over is this call's), and anew for each attempt after a
-    /// lost connection (a handout lives on the daemon that took it; one
-    /// restarted knows none; a hand-over that fails then counts as the
-    /// daemon not answering). Each handout lasts until its attempt's answer.
+    /// the hand-over, or a model this process cannot open, is this call's
+    /// error), and anew for each attempt after a lost connection (a handout
+    /// lives on the daemon that took it; one restarted knows none; a
+    /// hand-over that fails then counts as the daemon not answering, and a
+    /// daemon not answering the first one is waited for as the call waits).
+    /// Each handout lasts until its attempt's answer.
     pub(crate) async fn call_naming_model<Req, Resp, F, Fut>(
         &self,
         rpc: &'static str,
@@ -113,9 +115,12 @@ impl Client {
         F: Fn(Grpc, Req) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let first = Mutex::new(Some(
-            self.hand_over_for(rpc, req.model_path(), outputs).await?,
-        ));
+        let first = match self.hand_over_for(rpc, req.model_path(), outputs).await {
+            Ok(held) => Some(held),
+            Err(Error::Unavailable { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let first = Mutex::new(first);
         let (first, socket, send) = (&first, self.socket(), &send);
         let attempt = move |grpc: Grpc, mut req: Req| async move {
             let taken = first.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -150,14 +155,14 @@ enum Failure {
 use Failure::{Failed, Lost};
 
 /// Hands `model` (an absolute path) to the daemon whose gRPC socket is
-/// `grpc`; `None` when that daemon has no descriptor channel (it then
-/// answers for the path, as to any request naming one). A model this
-/// process cannot open is its own error.
+/// `grpc`. A channel that is not there (a daemon starting, or gone) is the
+/// daemon not answering; a model this process cannot open is its own
+/// error.
 async fn hand_over(
     grpc: &Path,
     model: &Path,
     outputs: Outputs<'_>,
-) -> std::result::Result<Option<Handout>, Failure> {
+) -> std::result::Result<Handout, Failure> {
     let path = wire::socket_path(grpc);
     let io = |source: std::io::Error| {
         Failed(Error::Io {
@@ -176,7 +181,9 @@ async fn hand_over(
     let addr = SocketAddrUnix::new(&path).map_err(|e| io(e.into()))?;
     match rustix::net::connect(&conn, &addr) {
         Ok(()) => {}
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED) => return Ok(None),
+        Err(e @ (rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED)) => {
+            return Err(lost(e.into()))
+        }
         Err(e) => return Err(io(e.into())),
     }
     rustix::io::ioctl_fionbio(&conn, true).map_err(|e| io(e.into()))?;
@@ -225,10 +232,10 @@ async fn hand_over(
                     .map_err(lost)?;
             }
             Some(handout_reply::Step::Ready(ready)) => {
-                return Ok(Some(Handout {
+                return Ok(Handout {
                     _conn: conn.into_inner(),
                     name: ready.handout,
-                }))
+                })
             }
             Some(handout_reply::Step::Error(e)) => {
                 return Err(Failed(Error::Rpc {

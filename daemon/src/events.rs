@@ -24,6 +24,8 @@ pub(crate) enum EventKind {
     EntryAdded,
     JobProgress,
     Watcher,
+    /// A hold ended with the connection that held it.
+    LeaseEnded,
 }
 
 impl EventKind {
@@ -33,6 +35,7 @@ impl EventKind {
             EventKind::EntryAdded => "entry_added",
             EventKind::JobProgress => "job_progress",
             EventKind::Watcher => "watcher",
+            EventKind::LeaseEnded => "lease_ended",
         }
     }
 }

@@ -14,14 +14,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ctcache::access::Opener;
 use ctcache::onnx::Model;
+use ctcache::store::LeaseId;
 use rustix::fs::OFlags;
 
 use crate::caller::Caller;
 use crate::error::{Error, Result};
 
 /// Handouts one uid holds at once (connections of the channel included,
-/// from their first byte).
-pub(crate) const MAX_HANDOUTS_PER_UID: usize = 64;
+/// from their first byte): a session holds one for its life, so a service
+/// may hold a thousand sessions.
+pub(crate) const MAX_HANDOUTS_PER_UID: usize = 1024;
 
 /// The data files of one handed model: what its data locations lead to,
 /// by location relative to the model's folder. Opening anything else is
@@ -175,6 +177,16 @@ struct Handout {
     outputs: Option<Arc<Outputs>>,
     /// The channel connection: the handout ends when its peer closes it.
     conn: Arc<OwnedFd>,
+    /// Holds kept while the connection is open (a session's lease).
+    holds: Mutex<Vec<LeaseId>>,
+}
+
+/// What a handout whose connection closed leaves to end: its holds.
+pub(crate) struct EndedHandout {
+    pub uid: u32,
+    /// The model's real path, for the events that say so.
+    pub path: PathBuf,
+    pub holds: Vec<LeaseId>,
 }
 
 /// Whether the peer of `conn` has closed it (a handout then ends, even
@@ -297,14 +309,30 @@ impl Handouts {
             model,
             outputs: outputs.map(Arc::new),
             conn,
+            holds: Mutex::default(),
         };
         lock(&self.live).insert(name.clone(), handout);
         Ok(name)
     }
 
-    /// Ends the handout `name`.
-    pub fn remove(&self, name: &str) {
-        lock(&self.live).remove(name);
+    /// Ends the handout `name`: what it held is the caller's to end.
+    pub fn remove(&self, name: &str) -> Option<EndedHandout> {
+        let h = lock(&self.live).remove(name)?;
+        let holds = std::mem::take(&mut *lock(&h.holds));
+        Some(EndedHandout {
+            uid: h.uid,
+            path: h.path,
+            holds,
+        })
+    }
+
+    /// Keeps the hold `id` with the live handout `name` of `caller`, to end
+    /// when its connection closes.
+    pub fn keep(&self, name: &str, caller: &Caller, id: LeaseId) -> Result<()> {
+        self.live(name, caller, |h| {
+            lock(&h.holds).push(id);
+            Ok(())
+        })
     }
 
     /// The model (real path, model) of the handout `name` for `caller`, who must be the uid
@@ -348,10 +376,10 @@ impl Handouts {
             ))
         };
         let uid = caller.identity.as_ref().map(|i| i.uid).ok_or_else(gone)?;
-        let mut live = lock(&self.live);
+        let live = lock(&self.live);
         let h = live.get(name).filter(|h| h.uid == uid).ok_or_else(gone)?;
         if closed(&h.conn) {
-            live.remove(name);
+            // Its connection's task removes it, and ends what it held.
             return Err(gone());
         }
         read(h)

@@ -324,3 +324,93 @@ async fn a_model_too_large_for_one_answer_is_refused_with_no_lease_left() {
     assert!(e.message().contains("raise the daemon's"), "{e:?}");
     assert_eq!(active_leases(&mut c).await, 0);
 }
+
+/// The session half of `sessions_hold_one_lease_each_until_their_client_goes`:
+/// as uid 65534, `CT_TEST_SESSIONS` in-memory Materializes of a two-payload
+/// model, each holding both payloads with one lease for as long as its
+/// handout lives; says `HELD n`, then waits to be killed.
+#[tokio::test]
+async fn sessions_helper() {
+    let Some(socket) = std::env::var_os("CT_TEST_SESSIONS_SOCKET").map(PathBuf::from) else {
+        return;
+    };
+    let model = PathBuf::from(std::env::var("CT_TEST_MODEL").unwrap());
+    let n: usize = std::env::var("CT_TEST_SESSIONS").unwrap().parse().unwrap();
+    // A thousand sessions hold a thousand sockets.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: both calls get a valid pointer to an rlimit of this process.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    let mut c = Conn::at(&socket).await;
+    let mut sessions = Vec::with_capacity(n);
+    for _ in 0..n {
+        let h = c.hand(&model).await;
+        let req = api::MaterializeRequest {
+            hold: true,
+            ..in_memory(&model, &h)
+        };
+        let r = c.materialize(req).await.unwrap().into_inner();
+        let ids: std::collections::BTreeSet<u64> = r.leases.iter().map(|l| l.lease_id).collect();
+        assert!(r.held && ids.len() == 1 && r.leases.len() == 2, "{r:?}");
+        sessions.push(h);
+    }
+    println!("HELD {n}");
+    std::io::Write::flush(&mut std::io::stdout()).unwrap();
+    let _ = std::io::stdin().read_line(&mut String::new());
+}
+
+/// A session's payloads are one lease (a hold): a service holding 1,000
+/// sessions of one model stays under `max_leases_per_uid` (1,024), and
+/// each hold ends when the connection of its client closes: the client is
+/// killed with SIGKILL and the test waits on the holds' end events.
+#[test]
+fn sessions_hold_one_lease_each_until_their_client_goes() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    const SESSIONS: usize = 1000;
+    let mut d = daemon_for_nobody("");
+    let dir = d.path("models");
+    std::fs::create_dir_all(&dir).unwrap();
+    open_to_all(&dir);
+    let model = dir.join("m.onnx");
+    write_model(&model, &two_matmuls(11));
+    open_to_all(&model);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut c = rt.block_on(d.client());
+    let mut events = rt.block_on(follow_events(&c));
+    let mut client = helper_as(NOBODY, "sessions_helper")
+        .env("CT_TEST_SESSIONS_SOCKET", &d.socket)
+        .env("CT_TEST_MODEL", &model)
+        .env("CT_TEST_SESSIONS", SESSIONS.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = std::io::BufReader::new(client.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains(&format!("HELD {SESSIONS}")) {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut said, &mut line).unwrap();
+        assert!(n > 0, "the client stopped before holding its sessions");
+    }
+    assert_eq!(rt.block_on(active_leases(&mut c)), SESSIONS as u64);
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let mut ended = 0;
+    while ended < SESSIONS {
+        let e = rt.block_on(next_event(&mut events, 60, "the end of a session's hold"));
+        if e.kind == "lease_ended" {
+            assert_eq!(e.model_path, model.display().to_string(), "{e:?}");
+            ended += 1;
+        }
+    }
+    assert_eq!(rt.block_on(active_leases(&mut c)), 0);
+    d.stop();
+}

@@ -17,17 +17,27 @@
 //! The gate also orders lease creation against removal: a lease is created
 //! only while its entry exists, and a removal checks the leases under the
 //! same gate, so no lease ever outlives the check that protects its entry.
+//!
+//! A hold is one lease over several entries with no time-to-live: it lasts
+//! until it is released (by its holder, or by the daemon when the
+//! connection that holds it closes). Holds live in the book only: one
+//! counts once against its owner's bound, and none outlives the process,
+//! as none outlives the connection it belongs to.
 
-use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::time::Duration;
 
 use prost::Message;
 
 use super::error::{StoreError, StoreResult};
-use super::index::{Expect, Index, Op, Precondition, Tree};
-use super::key::{EntryKey, KeyBytes};
+use super::index::{Expect, Op, Precondition, Tree};
+use super::key::EntryKey;
 use super::Store;
+
+mod book;
+
+pub(crate) use book::Book;
+use book::Hold;
 
 /// Identifies a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,153 +121,6 @@ fn ttl_ms(ttl: Duration) -> u64 {
     ttl.as_millis().min(u64::MAX as u128) as u64
 }
 
-/// A live lease as the book keeps it.
-struct Held {
-    key: KeyBytes,
-    owner: Option<u32>,
-    expires_ms: u64,
-    acquired_ms: u64,
-}
-
-/// The live leases in memory (see the module doc); only touched under the
-/// lease gate.
-#[derive(Default)]
-pub(crate) struct Book {
-    loaded: bool,
-    by_id: HashMap<u64, Held>,
-    /// (expiry, id) of every lease in `by_id`: expired ones leave from the
-    /// front.
-    by_expiry: BTreeSet<(u64, u64)>,
-    per_owner: HashMap<Option<u32>, usize>,
-    per_key: HashMap<KeyBytes, usize>,
-    /// Index records of leases that expired (or cannot be read), for GC to
-    /// delete.
-    dead: Vec<Vec<u8>>,
-}
-
-fn bump<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: K, up: bool) {
-    if up {
-        *m.entry(k).or_default() += 1;
-    } else if let Some(n) = m.get_mut(&k) {
-        *n -= 1;
-        if *n == 0 {
-            m.remove(&k);
-        }
-    }
-}
-
-impl Book {
-    /// Reads every lease record once (the first time the gate is taken).
-    fn load(&mut self, index: &dyn Index, now_ms: u64) -> StoreResult<()> {
-        if self.loaded {
-            return Ok(());
-        }
-        let mut live = Vec::new();
-        let mut dead = Vec::new();
-        index.scan(Tree::Leases, &[], None, &mut |k, v| {
-            match decode(k, v) {
-                Some(l) if l.expires_ms > now_ms => live.push(l),
-                _ => dead.push(k.to_vec()),
-            }
-            true
-        })?;
-        self.dead = dead;
-        for l in &live {
-            self.insert(l);
-        }
-        self.loaded = true;
-        Ok(())
-    }
-
-    fn insert(&mut self, l: &Lease) {
-        let key = l.key.to_bytes();
-        bump(&mut self.per_owner, l.owner, true);
-        bump(&mut self.per_key, key, true);
-        self.by_expiry.insert((l.expires_ms, l.id.0));
-        self.by_id.insert(
-            l.id.0,
-            Held {
-                key,
-                owner: l.owner,
-                expires_ms: l.expires_ms,
-                acquired_ms: l.acquired_ms,
-            },
-        );
-    }
-
-    fn remove(&mut self, id: u64) -> Option<Held> {
-        let h = self.by_id.remove(&id)?;
-        self.by_expiry.remove(&(h.expires_ms, id));
-        bump(&mut self.per_owner, h.owner, false);
-        bump(&mut self.per_key, h.key, false);
-        Some(h)
-    }
-
-    /// Drops the leases expired at `now_ms` (their records become dead).
-    fn prune(&mut self, now_ms: u64) {
-        while let Some(&(expires, id)) = self.by_expiry.first() {
-            if expires > now_ms {
-                break;
-            }
-            self.remove(id);
-            self.dead.push(id.to_be_bytes().to_vec());
-        }
-    }
-
-    fn owned_by(&self, owner: Option<u32>) -> usize {
-        self.per_owner.get(&owner).copied().unwrap_or(0)
-    }
-
-    /// Whether an entry has a live lease.
-    pub(crate) fn is_leased(&self, key: &KeyBytes) -> bool {
-        self.per_key.contains_key(key)
-    }
-
-    /// The entries with a live lease.
-    pub(crate) fn leased_keys(&self) -> impl Iterator<Item = &KeyBytes> {
-        self.per_key.keys()
-    }
-
-    /// How many entries have a live lease.
-    pub(crate) fn leased_entries(&self) -> usize {
-        self.per_key.len()
-    }
-
-    /// The latest expiry of an entry's live leases.
-    pub(crate) fn leased_until(&self, key: &KeyBytes) -> Option<u64> {
-        if !self.is_leased(key) {
-            return None;
-        }
-        self.by_id
-            .values()
-            .filter(|h| &h.key == key)
-            .map(|h| h.expires_ms)
-            .max()
-    }
-
-    /// The dead records GC deletes.
-    pub(crate) fn dead(&self) -> &[Vec<u8>] {
-        &self.dead
-    }
-
-    /// Takes the dead records to delete them.
-    pub(crate) fn take_dead(&mut self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut self.dead)
-    }
-
-    /// Gives back dead records that could not be deleted.
-    pub(crate) fn restore_dead(&mut self, dead: Vec<Vec<u8>>) {
-        self.dead.extend(dead);
-    }
-
-    /// Forgets a lease whose record was deleted (by verify).
-    pub(crate) fn forget(&mut self, id: &[u8]) {
-        if let Ok(b) = <[u8; 8]>::try_from(id) {
-            self.remove(u64::from_be_bytes(b));
-        }
-    }
-}
-
 /// The lease gate with the book loaded and pruned to now.
 pub(crate) struct Gate<'a> {
     guard: std::sync::MutexGuard<'a, Book>,
@@ -306,6 +169,14 @@ impl Store {
         self.take_lease(key, ttl, owner, Some(max_live))
     }
 
+    /// The lease gate, once `owner` has room for one more lease.
+    fn gate_with_room(&self, owner: Option<u32>, max_live: Option<usize>) -> StoreResult<Gate<'_>> {
+        self.resync_if_reopened()?;
+        let gate = self.lease_gate()?;
+        gate.room_for(owner, max_live)?;
+        Ok(gate)
+    }
+
     fn take_lease(
         &self,
         key: &EntryKey,
@@ -313,13 +184,7 @@ impl Store {
         owner: Option<u32>,
         max_live: Option<usize>,
     ) -> StoreResult<LeaseId> {
-        self.resync_if_reopened()?;
-        let mut gate = self.lease_gate()?;
-        if let Some(max) = max_live {
-            if gate.owned_by(owner) >= max {
-                return Err(StoreError::TooManyLeases { owner, max });
-            }
-        }
+        let mut gate = self.gate_with_room(owner, max_live)?;
         let id = self.index.next_id()?;
         let kb = key.to_bytes();
         let now = self.now();
@@ -345,6 +210,35 @@ impl Store {
         // A lease is taken to map the payload: that is a use for LRU gc.
         self.note_access(kb);
         Ok(lease.id)
+    }
+
+    /// Holds every entry of `keys` for `owner` (see the module doc), who
+    /// may hold at most `max_live` live leases (`TooManyLeases` beyond):
+    /// one lease, until [`Store::release_as`] ends it. `NotFound` when one
+    /// of the entries is not there (none is held then).
+    pub fn hold_for(
+        &self,
+        keys: &[EntryKey],
+        owner: Option<u32>,
+        max_live: Option<usize>,
+    ) -> StoreResult<LeaseId> {
+        let mut gate = self.gate_with_room(owner, max_live)?;
+        let mut held = Vec::with_capacity(keys.len());
+        for key in keys {
+            let kb = key.to_bytes();
+            // Under the gate: a removal checks the leases under it too.
+            if self.index.get(Tree::Entries, &kb)?.is_none() {
+                return Err(StoreError::NotFound(*key));
+            }
+            held.push(kb);
+        }
+        let id = self.index.next_id()?;
+        for kb in &held {
+            // Held to be mapped: a use for LRU gc.
+            self.note_access(*kb);
+        }
+        gate.hold(id, Hold { owner, keys: held });
+        Ok(LeaseId(id))
     }
 
     /// The live lease `id` as its record says, if `by` may touch it;
@@ -433,6 +327,13 @@ impl Store {
     /// holder's is not touched and answers like a missing one).
     pub fn release_as(&self, id: LeaseId, by: LeaseAuthority) -> StoreResult<bool> {
         let mut gate = self.lease_gate()?;
+        if let Some(owner) = gate.hold_owner(id) {
+            if !by.covers(owner) {
+                return Ok(false);
+            }
+            gate.let_go(id.0);
+            return Ok(true);
+        }
         let (_, old) = match self.owned_lease(id, by) {
             Err(StoreError::UnknownLease(_)) => return Ok(false),
             other => other?,
@@ -446,26 +347,14 @@ impl Store {
         Ok(done)
     }
 
-    /// The live leases.
+    /// The live leases (holds aside).
     pub fn leases(&self) -> StoreResult<Vec<Lease>> {
-        let gate = self.lease_gate()?;
-        let mut out = Vec::with_capacity(gate.by_id.len());
-        for (&id, h) in &gate.by_id {
-            out.push(Lease {
-                id: LeaseId(id),
-                key: EntryKey::from_bytes(&h.key)?,
-                expires_ms: h.expires_ms,
-                owner: h.owner,
-                acquired_ms: h.acquired_ms,
-            });
-        }
-        out.sort_by_key(|l| l.id);
-        Ok(out)
+        self.lease_gate()?.leases()
     }
 
-    /// How many leases are live (no walk).
+    /// How many leases are live, holds included (no walk).
     pub fn lease_count(&self) -> StoreResult<u64> {
-        Ok(self.lease_gate()?.by_id.len() as u64)
+        Ok(self.lease_gate()?.live() as u64)
     }
 
     /// Whether an entry has a live lease (no walk).

@@ -316,6 +316,55 @@ fn leases_are_owned_and_bounded_per_owner() {
     assert!(s.stat(&k).unwrap().is_some());
 }
 
+/// A hold is one lease over several entries: it counts once against its
+/// owner's bound, keeps every one of them from removal and gc, has no
+/// expiry, and ends when its owner (or any authority) releases it.
+#[test]
+fn a_hold_is_one_lease_over_several_entries_until_it_is_released() {
+    let (d, now, opts) = hand_clock_store();
+    let s = Store::open(d.path(), opts).unwrap();
+    let a = s.put(&new_entry(1), &b"a"[..]).unwrap().entry.key;
+    let b = s.put(&new_entry(2), &b"b"[..]).unwrap().entry.key;
+    let hold = s.hold_for(&[a, b], Some(1000), Some(2)).unwrap();
+    assert_eq!(s.lease_count().unwrap(), 1);
+    s.acquire_lease_for(&a, Duration::from_secs(1), Some(1000), 2)
+        .expect("the hold took one place of two");
+    assert!(matches!(
+        s.hold_for(&[a], Some(1000), Some(2)),
+        Err(StoreError::TooManyLeases { .. })
+    ));
+    // No expiry: an hour later both entries are still kept.
+    now.fetch_add(3_600_000, std::sync::atomic::Ordering::SeqCst);
+    for k in [&a, &b] {
+        assert!(s.is_leased(k).unwrap());
+        assert!(matches!(s.remove(k), Err(StoreError::Leased { .. })));
+    }
+    let r = s
+        .gc(&GcPolicy {
+            max_bytes: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.leased_kept, 2);
+    assert!(s.stat(&a).unwrap().is_some() && s.stat(&b).unwrap().is_some());
+    // Another owner cannot end it; its owner can, once.
+    assert!(!s
+        .release_as(hold, LeaseAuthority::Owner(Some(1001)))
+        .unwrap());
+    assert!(s
+        .release_as(hold, LeaseAuthority::Owner(Some(1000)))
+        .unwrap());
+    assert!(!s.release(hold).unwrap(), "released once");
+    assert_eq!(s.lease_count().unwrap(), 0);
+    assert!(s.remove(&a).unwrap());
+    // A hold of an entry that is not there takes nothing.
+    assert!(matches!(
+        s.hold_for(&[b, a], Some(1000), Some(2)),
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(!s.is_leased(&b).unwrap());
+}
+
 #[test]
 fn lookup_and_put_counters_survive_reopening() {
     let d = tempfile::tempdir().unwrap();

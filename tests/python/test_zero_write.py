@@ -1,19 +1,22 @@
 """Zero-write sessions: ``ctcache.ort.inference_session`` with no output
 path writes no file. The daemon answers the model's bytes, whose external
 data are the cache's payload files (relative to its payload folder), and
-leases the payloads; onnxruntime maps them in place, or, where this process
-cannot read them, the client feeds copies as external initializers. For
-each target the outputs are bit-identical to the session on the file
-materialize and to the reference tool's model, on a model whose kept
-tensors are external data beside it (inlined in the answer); the leases
-live as long as the session; a model too large for one answer falls back
-to a file.
+holds the payloads with one lease; onnxruntime maps them in place, or,
+where this process cannot read them, the client feeds copies as external
+initializers. For each target the outputs are bit-identical to the session
+on the file materialize and to the reference tool's model, on a model whose
+kept tensors are external data beside it (inlined in the answer); the one
+lease lives as long as the session, or its process; a model too large for
+one answer falls back to a file.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -68,13 +71,13 @@ def test_a_session_writes_nothing_and_matches_the_file_and_the_reference(ctcache
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     model = external_model(tmp_path, seed=TARGETS.index(target) + 3)
     before = listing(tmp_path)
-    sess = cort.inference_session(model, socket=daemon.socket, target=target, sess_options=one_thread(),
-                                  providers=["CPUExecutionProvider"])
-    assert listing(tmp_path) == before, "an in-memory session wrote files"
-    leases = sess._ctcache_leases.lease_ids
-    assert leases and not hasattr(sess, "_ctcache_payloads"), "onnxruntime maps the payload files itself"
     with ctcache.connect(daemon.socket) as c:
-        assert c.stats().active_leases >= len(leases)
+        leases = c.stats().active_leases
+        sess = cort.inference_session(model, socket=daemon.socket, target=target, sess_options=one_thread(),
+                                      providers=["CPUExecutionProvider"])
+        assert listing(tmp_path) == before, "an in-memory session wrote files"
+        assert not hasattr(sess, "_ctcache_payloads"), "onnxruntime maps the payload files itself"
+        assert c.stats().active_leases == leases + 1, "one lease holds every payload of the session"
     ref = session(reference(model, target))
     same_outputs(sess, ref, seed=1)
     on_file = cort.inference_session(model, socket=daemon.socket, target=target, link="hard",
@@ -144,10 +147,59 @@ def test_payload_files_this_process_cannot_read_are_fed_as_copies(ctcache, daemo
     model = external_model(tmp_path, seed=17)
     real = os.access
     monkeypatch.setattr(cort.os, "access", lambda p, mode: False if "blobs" in str(p) else real(p, mode))
-    sess = cort.inference_session(model, socket=daemon.socket, target="onnxruntime-int8",
-                                  sess_options=one_thread(), providers=["CPUExecutionProvider"])
-    assert sess._ctcache_payloads and not hasattr(sess, "_ctcache_leases")
+    with ctcache.connect(daemon.socket) as c:
+        leases, ended = c.stats().active_leases, lease_end(c, model)
+        sess = cort.inference_session(model, socket=daemon.socket, target="onnxruntime-int8",
+                                      sess_options=one_thread(), providers=["CPUExecutionProvider"])
+        assert sess._ctcache_values and not hasattr(sess, "_ctcache_payloads")
+        assert ended.wait(60), "the copies are the process's: the hold ends once they are made"
+        assert c.stats().active_leases == leases
     same_outputs(sess, session(reference(model, "onnxruntime-int8")), seed=5)
+
+
+def lease_end(c, model: Path) -> threading.Event:
+    """Set when the daemon says a hold on ``model``'s payloads ended (events followed from now)."""
+    events, ended = c.events(), threading.Event()
+
+    def follow():
+        for e in events:
+            if e.kind == "lease_ended" and e.model_path == str(model.resolve()):
+                ended.set()
+                return
+
+    threading.Thread(target=follow, daemon=True).start()
+    return ended
+
+
+def test_a_sessions_lease_ends_when_it_is_collected_or_its_process_killed(ctcache, daemon, tmp_path,  # noqa: F811
+                                                                           installed):
+    import ctcache.ort as cort
+
+    model = external_model(tmp_path, seed=19)
+    with ctcache.connect(daemon.socket) as c:
+        leases = c.stats().active_leases
+        sess = cort.inference_session(model, socket=daemon.socket, providers=["CPUExecutionProvider"])
+        assert c.stats().active_leases == leases + 1
+        ended = lease_end(c, model)
+        del sess
+        gc.collect()
+        assert ended.wait(60), "a collected session's hold ends"
+        assert c.stats().active_leases == leases
+        script = ("import sys, ctcache.ort as o\n"
+                  "s = o.inference_session(sys.argv[1], socket=sys.argv[2], providers=['CPUExecutionProvider'])\n"
+                  "print('READY', flush=True)\n"
+                  "sys.stdin.read()\n")
+        p = subprocess.Popen([sys.executable, "-c", script, str(model), str(daemon.socket)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(installed)))
+        try:
+            assert p.stdout.readline().startswith(b"READY")
+            assert c.stats().active_leases == leases + 1
+            ended = lease_end(c, model)
+            p.kill()
+        finally:
+            p.wait()
+        assert ended.wait(60), "a killed process's hold ends with its connection"
+        assert c.stats().active_leases == leases
 
 
 def test_unfeedable_ranges_are_refused(ctcache):  # noqa: F811

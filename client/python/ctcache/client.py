@@ -231,11 +231,10 @@ class Client:
             return errors.NothingToRewrite(method, code, e.details())
         return _ERRORS.get(code, errors.Unknown)(method, code, e.details())
 
-    def _handed(self, req, timeout: float | None, outputs=()) -> handout.Handout | None:
+    def _handed(self, req, timeout: float | None, outputs=()) -> handout.Handout:
         """Hands ``req.model_path`` (and the ``outputs`` made for it) over the
-        descriptor channel and names the handout in ``req`` (``None``, and no
-        name, for a daemon without the channel); the handout lasts until it is
-        closed."""
+        descriptor channel and names the handout in ``req``; the handout lasts
+        until it is closed."""
         try:
             h = handout.hand_over(self.socket, req.model_path, timeout, outputs)
         except handout.HandoutRefused as e:
@@ -244,7 +243,7 @@ class Client:
             raise errors.DeadlineExceeded("Handout", grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
         except ConnectionError as e:
             raise errors.DaemonNotRunning(self.socket, f"Handout: {e}") from None
-        req.handout = h.name if h is not None else ""
+        req.handout = h.name
         return h
 
     def _renew(self, stub) -> None:
@@ -266,17 +265,28 @@ class Client:
         return True
 
     def _call(self, method: str, request, timeout: float | None = None, *, names_model: bool = False,
-              outputs=()):
+              outputs=(), keep_handout: bool = False):
         """Sends ``request``; one that ``names_model`` is handed over (with the
         ``outputs`` made for it) for each attempt (a handout lives on the daemon
         that took it: one restarted knows none), and the handout held until the
-        answer."""
+        answer; with ``keep_handout``, returned with it, for the caller to close."""
         since, pause = time.monotonic(), 0.02
         while True:
             stub = self._stub
-            held = self._handed(request, timeout, outputs) if names_model else None
             try:
-                return getattr(stub, method)(request, timeout=timeout)
+                held = self._handed(request, timeout, outputs) if names_model else None
+            except errors.DaemonNotRunning:
+                # A daemon restarting: waited for as a lost connection is.
+                if method not in SAFE_TO_REPEAT or time.monotonic() + pause - since > self.retry_for:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            try:
+                answer = getattr(stub, method)(request, timeout=timeout)
+                if keep_handout:
+                    answer, held = (answer, held), None
+                return answer
             except grpc.RpcError as e:
                 if not self._again(method, e, stub, since, pause):
                     raise self._error(method, e) from None
@@ -385,7 +395,7 @@ class Client:
                     copy: bool = False, target: str = "onnxruntime-int4",
                     weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
                     op_types=None, op_block_list=None, in_memory: bool = False, lease_ttl_s: float = 30.0,
-                    timeout: float | None = None) -> pb.MaterializeResponse:
+                    hold: bool = False, timeout: float | None = None):
         """Writes an onnxruntime-ready quantized copy of a model (packs what is missing).
 
         ``target="onnxruntime-int8"``: what ``onnxruntime.quantization.quantize_dynamic``
@@ -429,11 +439,19 @@ class Client:
         model's bytes, ``tensors`` say which payload range (entry ``key``,
         ``offset``, ``length``) holds each new initializer's bytes, and
         ``leases`` hold a lease of ``lease_ttl_s`` on each of those entries,
-        taken for this caller (renew or release them:
-        :func:`ctcache.ort.inference_session` does). Locations are relative
+        taken for this caller (renew or release them). Locations are relative
         to ``external_data_dir``; the initializers the model keeps from the
         source come inline.
+
+        ``hold=True`` (with ``in_memory``; what
+        :func:`ctcache.ort.inference_session` asks) returns ``(answer,
+        holder)``: one lease over every payload instead (``answer.held``; a
+        daemon without holds answers with ``lease_ttl_s`` leases and
+        ``held`` false), with no time-to-live, kept until ``holder.close()``
+        or until this process ends, however it ends.
         """
+        if hold and not in_memory:
+            raise ValueError("hold=True keeps the payloads of an in_memory answer")
         if in_memory:
             if output_path is not None:
                 raise ValueError("in_memory=True writes nothing: output_path must be None")
@@ -450,7 +468,8 @@ class Client:
         ttl_s = lease_ttl_s if in_memory else 600.0
         req = pb.MaterializeRequest(model_path=_path(model_path), target=target, accuracy_level=int(accuracy_level),
                                     in_memory=True, lease_ttl_ms=max(int(ttl_s * 1000), 1),
-                                    data_folder="" if in_memory else materialized.data_folder(output))
+                                    data_folder="" if in_memory else materialized.data_folder(output),
+                                    hold=hold)
         if bits is not None:
             req.bits = int(bits)
         if block_size is not None:
@@ -464,6 +483,8 @@ class Client:
         req.op_types.extend(op_types or [])
         if op_block_list is not None:
             req.op_block_list = ",".join(op_block_list)
+        if hold:
+            return self._call("Materialize", req, timeout, names_model=True, keep_handout=True)
         r = self._call("Materialize", req, timeout, names_model=True)
         if in_memory:
             return r
@@ -580,7 +601,7 @@ class Client:
         return list(self._call("RemoveWatch", pb.WatchRequest(dir=_path(folder)), timeout).dirs)
 
     def events(self) -> Iterator:
-        """The daemon's event stream (entry_added, entry_removed, job_progress, watcher); endless."""
+        """The daemon's event stream (entry_added, job_progress, watcher, lease_ended); endless."""
         return self._stream("Events", pb.EventsRequest())
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:

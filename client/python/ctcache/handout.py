@@ -45,20 +45,20 @@ class HandoutRefused(Exception):
         self.message = message
 
 
-def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, outputs=()) -> Handout | None:
+def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, outputs=()) -> Handout:
     """Hands the model at the absolute ``model_path`` to the daemon at
     ``grpc_socket``, each wait for it at most ``timeout`` seconds (``None``:
     no limit), with the ``outputs`` made for the request ((name, descriptor)
-    pairs, ``HandoutModel.outputs``); ``None`` when that daemon has no
-    descriptor channel (requests then name the path, which a current daemon
-    refuses). A model this process cannot open raises its ``OSError``."""
+    pairs, ``HandoutModel.outputs``). A channel that is not there (a daemon
+    starting, or gone) raises ``ConnectionError``; a model this process
+    cannot open raises its ``OSError``."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.settimeout(timeout)
     try:
         conn.connect(grpc_socket + ".fds")
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionRefusedError) as e:
         conn.close()
-        return None
+        raise ConnectionError(f"the descriptor channel {grpc_socket}.fds: {e.strerror}") from None
     try:
         # This process's own open decides what it may hand over (the daemon
         # opens no path for it): a model it cannot read is its OSError.

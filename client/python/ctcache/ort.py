@@ -375,6 +375,12 @@ def _ort_value(view: memoryview, t):
     return onnxruntime.OrtValue.ortvalue_from_numpy(arr)
 
 
+def _close_holder(holder) -> None:
+    """Ends a hold's connection (``None``: no handout was made)."""
+    if holder is not None:
+        holder.close()
+
+
 class _SessionLeases:
     """The leases a zero-write session holds: renewed by one thread for as long
     as the session lives (they run out ``ttl_s`` after it is collected)."""
@@ -393,15 +399,19 @@ class _SessionLeases:
         weakref.finalize(self, stop.set)
 
 
-def _session_in_memory(client, r: pb.MaterializeResponse, sess_options, providers, ttl_s: float):
+def _session_in_memory(client, r: pb.MaterializeResponse, holder, sess_options, providers, ttl_s: float):
     """A session on an in-memory Materialize answer, nothing written.
 
     Where this process can read the payload files, onnxruntime maps them
     itself (the model's locations are relative to the answer's
     ``external_data_dir``, the cache's payload folder): the same path as a
-    model file with external data. Else the payloads are leased as
-    :class:`~ctcache.Payload` (streamed copies) and fed as external
-    initializers. The leases live as long as the session."""
+    model file with external data, kept from gc by the answer's one hold
+    (``holder``'s connection) for as long as the session lives. Else the
+    payloads are streamed copies fed as external initializers, and nothing
+    stays held. A daemon without holds leases each payload
+    (renewed while the session lives)."""
+    import weakref
+
     import onnxruntime
 
     from .payload import Payload
@@ -409,11 +419,32 @@ def _session_in_memory(client, r: pb.MaterializeResponse, sess_options, provider
     so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
     if all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
-        held = _SessionLeases(client, r.leases, ttl_s)
-        sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
-        sess._ctcache_leases = held
+        try:
+            held = None if r.held else _SessionLeases(client, r.leases, ttl_s)
+            sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
+        except BaseException:
+            _close_holder(holder)
+            raise
+        if r.held:
+            weakref.finalize(sess, _close_holder, holder)
+        else:
+            _close_holder(holder)
+            sess._ctcache_leases = held
         sess._ctcache_client = client
         return sess
+    if r.held:
+        try:
+            copies = {lease.entry.key: memoryview(client._read_whole_payload(lease.entry.key, lease.entry.payload_len))
+                      for lease in r.leases}
+            values = [_ort_value(copies[t.key], t) for t in r.tensors]
+            so.add_external_initializers([t.name for t in r.tensors], values)
+            sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
+        finally:
+            _close_holder(holder)  # the copies are this process's
+        sess._ctcache_values = values
+        sess._ctcache_client = client
+        return sess
+    _close_holder(holder)
     payloads = {}
     try:
         for lease in r.leases:
@@ -451,10 +482,12 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
 
     ``link="memory"`` (the default when no ``output_path`` is given) writes
     nothing: the daemon answers the model's bytes, whose external data are
-    the cache's payload files, and leases those to this process; onnxruntime
-    maps them in place (where this process cannot read them, they are
-    copied over the socket and fed as external initializers); the session
-    renews the leases for as long as it lives. A ``sess_options`` given is
+    the cache's payload files, and holds those for this process with one
+    lease; onnxruntime maps them in place (where this process cannot read
+    them, they are copied over the socket and fed as external initializers,
+    and nothing stays held). The hold lasts while the session lives: it ends
+    when the session is collected, or when this process ends, however it
+    ends (its descriptor-channel connection closes). A ``sess_options`` given is
     used for this session alone (a config entry or the initializers are
     added to it). A model too large for one answer
     (``RESOURCE_EXHAUSTED``) is materialized to a file instead, as with
@@ -462,8 +495,8 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     ``"auto"``) or another ``link`` value the model is materialized to a
     file (:func:`materialize`, to ``output_path`` or
     :func:`default_output_path`) with that link mode and the session opened
-    on it. Leases a session no longer needs end when their time
-    (``lease_ttl_s``) runs out after the session is collected.
+    on it. ``lease_ttl_s`` is the time of the per-payload leases a daemon
+    without holds grants instead (renewed while the session lives).
 
     When no daemon answers
     (:class:`~ctcache.DaemonNotRunning`, :class:`~ctcache.SocketPermissionDenied`)
@@ -527,8 +560,9 @@ def _session(path, output_path, socket, sess_options, providers, fallback, link,
 
             c = connect(socket)
             try:
-                r = c.materialize(path, None, in_memory=True, lease_ttl_s=lease_ttl_s, **settings)
-                return _session_in_memory(c, r, sess_options, providers, lease_ttl_s), _report(path, target, r)
+                r, holder = c.materialize(path, None, in_memory=True, lease_ttl_s=lease_ttl_s, hold=True, **settings)
+                sess = _session_in_memory(c, r, holder, sess_options, providers, lease_ttl_s)
+                return sess, _report(path, target, r)
             except errors.RequestFailed as e:
                 c.close()
                 if getattr(e.code, "name", "") != "RESOURCE_EXHAUSTED":

@@ -55,10 +55,6 @@ class EmbedFiles:
     def commit(self, r) -> None:
         """Puts the files the daemon wrote in place (the sidecar first when ``r.sidecar_first``)."""
         model, sidecar = self._temps["model"], self._temps["sidecar"]
-        if os.fstat(self._fds[1]).st_size == 0:
-            # Asked by path (a daemon without the descriptor channel) wrote the output itself.
-            self._discard(keep_folders=True)
-            return
         order = [model] if not r.sidecar_path else [sidecar, model] if r.sidecar_first else [model, sidecar]
         for temp, final in order:
             os.rename(temp, final)

@@ -50,11 +50,21 @@ pub(crate) struct MaterializeRequest {
     /// onnxruntime-fp16: op types kept FLOAT, comma-separated (`None`: the
     /// converter's default list).
     pub op_block_list: Option<String>,
-    /// How long the caller's leases on the payloads last (ms).
-    pub lease_ttl_ms: u64,
+    /// How the answer's payloads are leased to the caller.
+    pub leasing: Leasing,
     /// The data folder of the model file the caller writes (one path
     /// component); empty: locations name the payloads in the store.
     pub data_folder: String,
+}
+
+/// How an answer's payloads are leased to its caller.
+#[derive(Debug, Clone)]
+pub(crate) enum Leasing {
+    /// A lease on each, for this many ms (as AcquireLease grants it).
+    Ttl(u64),
+    /// One hold over them all while the connection of the caller's handout
+    /// (named) stays open: a session's.
+    Hold(String),
 }
 
 /// What Materialize made.
@@ -77,8 +87,11 @@ pub(crate) struct InMemoryAnswer {
     pub built: mat::InMemory,
     /// The entry behind each payload file name the tensors name.
     pub entries: HashMap<String, Entry>,
-    /// A lease for the caller on each of those entries.
+    /// A lease for the caller on each of those entries (with a hold, the
+    /// one hold on each).
     pub leases: Vec<Granted>,
+    /// The leases are one hold.
+    pub held: bool,
     /// The folder the model's external data locations are relative to:
     /// the store's payload folder.
     pub external_data_dir: PathBuf,
@@ -190,7 +203,7 @@ pub(crate) async fn materialize(
         data_folder: r.data_folder,
     };
     blocking(move || {
-        let answer = job.build(&plan, r.lease_ttl_ms)?;
+        let answer = job.build(&plan, &r.leasing)?;
         Ok(Materialized {
             plan,
             report: answer.built.report.clone(),
@@ -302,9 +315,9 @@ impl WriteJob {
         }
     }
 
-    /// Builds the model in memory and leases to the caller, for
-    /// `lease_ttl_ms`, every payload its tensors read.
-    fn build(&self, plan: &Plan, lease_ttl_ms: u64) -> Result<InMemoryAnswer> {
+    /// Builds the model in memory and leases to the caller, as `leasing`
+    /// says, every payload its tensors read.
+    fn build(&self, plan: &Plan, leasing: &Leasing) -> Result<InMemoryAnswer> {
         let served = self.serve()?;
         let limit = self.d.config.max_message_bytes.saturating_sub(1 << 20);
         let built = mat::build_in_memory(
@@ -336,11 +349,24 @@ impl WriteJob {
                 .ok_or_else(|| Error::internal(format!("no entry for {}", t.file_name)))?;
             entries.insert(t.file_name.clone(), e.clone());
         }
-        let leases = self.lease_to_caller(entries.values(), lease_ttl_ms)?;
+        let leases = match leasing {
+            Leasing::Ttl(ms) => self.lease_to_caller(entries.values(), *ms)?,
+            Leasing::Hold(handout) => {
+                let keys: Vec<_> = entries.values().map(|e| e.key).collect();
+                let id = payload::hold(&self.d, &self.caller, &keys, handout)?;
+                let granted = |e: &Entry| Granted {
+                    id,
+                    expires_unix_ms: 0,
+                    entry: Some(e.clone()),
+                };
+                entries.values().map(granted).collect()
+            }
+        };
         Ok(InMemoryAnswer {
             built,
             entries,
             leases,
+            held: matches!(leasing, Leasing::Hold(_)),
             external_data_dir: self.d.store.payload_folder().to_path_buf(),
         })
     }

@@ -13,7 +13,8 @@ use ctcache::store::{Entry, EntryKey, Lease, LeaseAuthority, LeaseId, Payload};
 
 use super::{serve, Error, Result};
 use crate::caller::Caller;
-use crate::events::now_ms;
+use crate::events::{now_ms, EventKind};
+use crate::handouts::EndedHandout;
 use crate::state::Daemon;
 
 /// A payload and the byte range of it to send.
@@ -115,6 +116,43 @@ pub(crate) fn acquire(
         expires_unix_ms: now_ms() + ttl.as_millis() as i64,
         entry: Some(entry),
     })
+}
+
+/// One lease (a hold) over the entries of `keys` for the caller, kept
+/// while the connection of its handout `handout` stays open: it ends when
+/// that connection closes ([`let_go`]) or by ReleaseLease. It counts once
+/// against `max_leases_per_uid`.
+pub(crate) fn hold(
+    d: &Daemon,
+    caller: &Caller,
+    keys: &[EntryKey],
+    handout: &str,
+) -> Result<LeaseId> {
+    let max_live = caller.bounded_uid().map(|_| d.config.max_leases_per_uid);
+    let id = d.store.hold_for(keys, caller.uid(), max_live)?;
+    if let Err(e) = d.handouts.keep(handout, caller, id) {
+        let _ = d.store.release(id);
+        return Err(e);
+    }
+    Ok(id)
+}
+
+/// Ends the holds of a handout whose connection closed (its client is
+/// done, or gone), each announced as a `lease_ended` event about its model.
+pub(crate) fn let_go(d: &Daemon, ended: EndedHandout) {
+    for id in ended.holds {
+        if let Ok(true) = d.store.release(id) {
+            d.events.emit(
+                EventKind::LeaseEnded,
+                None,
+                ended.path.display().to_string(),
+                format!(
+                    "{id} of uid {} ended: the connection that held it closed",
+                    ended.uid
+                ),
+            );
+        }
+    }
 }
 
 /// Extends the caller's lease to `ttl_ms` from now; an untrusted caller's

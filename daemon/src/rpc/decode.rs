@@ -6,7 +6,7 @@ use ctcache_api::v1 as api;
 
 use crate::ops::gc::GcRequest;
 use crate::ops::lookup::{AcceptedType, LookupRequest, Target};
-use crate::ops::materialize::MaterializeRequest;
+use crate::ops::materialize::{Leasing, MaterializeRequest};
 use crate::ops::model::FormatRequest;
 use crate::ops::pack::{BackendRequest, PrepackRequest};
 use crate::ops::put::PutHeader;
@@ -136,7 +136,6 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeReque
     }
     Ok(MaterializeRequest {
         model_path: r.model_path,
-        handout: r.handout,
         target: r.target,
         bits: r.bits,
         block_size: r.block_size,
@@ -147,7 +146,16 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeReque
         reduce_range: r.reduce_range,
         op_types: r.op_types,
         op_block_list: r.op_block_list,
-        lease_ttl_ms: r.lease_ttl_ms,
+        leasing: match (r.hold, r.handout.is_empty()) {
+            (false, _) => Leasing::Ttl(r.lease_ttl_ms),
+            (true, false) => Leasing::Hold(r.handout.clone()),
+            (true, true) => {
+                return Err(Error::invalid(
+                    "hold lasts while a handout's connection stays open: hand the model over",
+                ))
+            }
+        },
+        handout: r.handout,
         data_folder: r.data_folder,
     })
 }

@@ -201,6 +201,7 @@ fn in_memory(
             .collect(),
         payload_files,
         leases: a.leases.into_iter().map(|g| lease(d, g)).collect(),
+        held: a.held,
         external_data_dir: a.external_data_dir.display().to_string(),
         model: a.built.model.into(),
         ..r

@@ -95,7 +95,9 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
         // Anything but the close is out of protocol: the handout ends.
         let _ = wire::recv_when_ready::<api::HandoutRequest, _>(&afd).await;
     }
-    d.handouts.remove(&name);
+    if let Some(ended) = d.handouts.remove(&name) {
+        crate::ops::payload::let_go(&d, ended);
+    }
     drop(charge);
 }
 

@@ -172,8 +172,7 @@ impl Conn {
         model: &Path,
     ) -> Result<ctcache_client::Handout, ctcache_client::Error> {
         let c = ctcache_client::Client::connect_to(&self.socket).await?;
-        let h = c.hand_over(&model.display().to_string()).await?;
-        Ok(h.expect("the daemon has a descriptor channel"))
+        c.hand_over(&model.display().to_string()).await
     }
 
     /// The client library's client of the same daemon (it hands models
