@@ -5,12 +5,9 @@
 //! each uid's count drains at the hourly rate, and a request is charged in
 //! full before any of its bytes are read, or refused.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Uids kept before the drained ones are forgotten.
-const KEPT_UIDS: usize = 4096;
+use crate::budget::Hourly;
 
 /// A refused charge.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,36 +39,16 @@ impl std::fmt::Display for OverBudget {
     }
 }
 
-/// One uid's hashed bytes, as they stood at `at`.
-#[derive(Debug, Clone, Copy)]
-struct Spent {
-    bytes: f64,
-    at: Instant,
-}
-
 /// The per-uid hashing budget.
 pub(crate) struct HashBudget {
-    per_hour: u64,
-    spent: Mutex<HashMap<u32, Spent>>,
+    hourly: Hourly,
 }
 
 impl HashBudget {
     pub fn new(per_hour: u64) -> HashBudget {
         HashBudget {
-            per_hour,
-            spent: Mutex::new(HashMap::new()),
+            hourly: Hourly::new(per_hour),
         }
-    }
-
-    /// Bytes drained per second.
-    fn rate(&self) -> f64 {
-        self.per_hour as f64 / 3600.0
-    }
-
-    /// What `s` has drained to at `now`.
-    fn drained(&self, s: Spent, now: Instant) -> f64 {
-        let gone = now.saturating_duration_since(s.at).as_secs_f64() * self.rate();
-        (s.bytes - gone).max(0.0)
     }
 
     /// Charges `uid` for hashing `bytes` now, or refuses with nothing charged.
@@ -80,33 +57,14 @@ impl HashBudget {
     }
 
     fn charge_at(&self, uid: u32, bytes: u64, now: Instant) -> Result<(), OverBudget> {
-        let refused = |retry_after| OverBudget {
-            uid,
-            bytes,
-            per_hour: self.per_hour,
-            retry_after,
-        };
-        if bytes > self.per_hour {
-            return Err(refused(None));
-        }
-        let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
-        let before = spent.get(&uid).map_or(0.0, |s| self.drained(*s, now));
-        let after = before + bytes as f64;
-        let over = after - self.per_hour as f64;
-        if over > 0.0 {
-            return Err(refused(Some(Duration::from_secs_f64(over / self.rate()))));
-        }
-        if spent.len() >= KEPT_UIDS && !spent.contains_key(&uid) {
-            spent.retain(|_, s| self.drained(*s, now) > 0.0);
-        }
-        spent.insert(
-            uid,
-            Spent {
-                bytes: after,
-                at: now,
-            },
-        );
-        Ok(())
+        self.hourly
+            .charge_at(uid, bytes, now)
+            .map_err(|retry_after| OverBudget {
+                uid,
+                bytes,
+                per_hour: self.hourly.per_hour(),
+                retry_after,
+            })
     }
 }
 
@@ -146,16 +104,5 @@ mod tests {
         );
         // And nothing was charged.
         b.charge_at(7, HOUR, Instant::now()).unwrap();
-    }
-
-    #[test]
-    fn drained_uids_are_forgotten_when_many_are_kept() {
-        let b = HashBudget::new(HOUR);
-        let t0 = Instant::now();
-        for uid in 0..KEPT_UIDS as u32 {
-            b.charge_at(uid, 1 << 20, t0).unwrap();
-        }
-        b.charge_at(99_999, 1, t0 + Duration::from_secs(2)).unwrap();
-        assert_eq!(b.spent.lock().unwrap().len(), 1);
     }
 }

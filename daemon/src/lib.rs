@@ -12,7 +12,9 @@
 pub mod config;
 pub mod logging;
 
+mod budget;
 mod caller;
+mod cpu_budget;
 mod error;
 mod events;
 mod fleet;

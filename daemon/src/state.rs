@@ -10,6 +10,7 @@ use ctcache::hit::{Accept, Host};
 use ctcache::store::{HostFilter, Store};
 
 use crate::config::Config;
+use crate::cpu_budget::CpuBudget;
 use crate::events::Events;
 use crate::fleet::Fleet;
 use crate::handouts::Handouts;
@@ -34,6 +35,8 @@ pub(crate) struct Daemon {
     pub memo: Memo,
     /// Hashing each untrusted uid may make the daemon do.
     pub hash_budget: HashBudget,
+    /// Each untrusted uid's CPU time in the last hour.
+    pub cpu_budget: Arc<CpuBudget>,
     pub started: Instant,
     /// The Unix socket's path, for `status`.
     pub socket: Option<PathBuf>,
@@ -77,6 +80,7 @@ impl Daemon {
         let watcher = Watcher::new(&config.watch, config.max_watches_per_uid);
         let events = Events::new(config.max_event_subscribers);
         let hash_budget = HashBudget::new(config.max_hashed_bytes_per_uid_per_hour);
+        let cpu_budget = CpuBudget::new(config.max_cpu_secs_per_uid_per_hour);
         Daemon {
             config,
             store,
@@ -87,6 +91,7 @@ impl Daemon {
             watcher,
             memo,
             hash_budget,
+            cpu_budget,
             started: Instant::now(),
             socket,
             fleet,

@@ -126,6 +126,75 @@ async fn a_peer_hashes_at_most_its_budget_of_declared_bytes() {
         .expect("root's request is not bounded");
 }
 
+/// The attacker half of `a_peer_uses_at_most_its_hour_of_the_daemons_cpu`:
+/// packs model after model (each job's CPU time is its own) until the
+/// daemon refuses it for its hour of CPU.
+#[tokio::test]
+async fn cpu_hog_helper() {
+    let Some(socket) = std::env::var_os("CT_TEST_CPU_SOCKET").map(PathBuf::from) else {
+        return;
+    };
+    let dir = PathBuf::from(std::env::var("CT_TEST_DIR").unwrap());
+    let mut c = Conn::at(&socket).await;
+    for seed in 0..200 {
+        let model = dir.join(format!("m{seed}.onnx"));
+        write_model(&model, &matmul_model(1024, 1024, seed + 1));
+        let refused = match c.try_hand(&model).await {
+            Err(e) => e.code().map(|code| (code, e.to_string())),
+            Ok(h) => c
+                .prepack(api::PrepackRequest {
+                    model_path: model.display().to_string(),
+                    handout: h.name().into(),
+                    ..Default::default()
+                })
+                .await
+                .err()
+                .map(|e| (e.code(), e.message().to_string())),
+        };
+        let Some((code, message)) = refused else {
+            continue;
+        };
+        assert_eq!(code, Code::ResourceExhausted, "{message}");
+        assert!(
+            message.contains("max_cpu_secs_per_uid_per_hour (1 s)"),
+            "{message}"
+        );
+        println!("CPU-BOUNDED after {seed} models");
+        return;
+    }
+    panic!("200 models packed within one CPU second an hour");
+}
+
+/// CPU time is charged to the uid the daemon works for (its requests'
+/// work and its pack jobs, from the threads' CPU clocks): past its
+/// `max_cpu_secs_per_uid_per_hour`, the uid is refused, naming the key,
+/// while root is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_uses_at_most_its_hour_of_the_daemons_cpu() {
+    if !uid_switch_or_skip() {
+        return;
+    }
+    let d =
+        daemon_for_nobody("max_cpu_secs_per_uid_per_hour = 1\nmax_queued_jobs_per_uid = 1000\n");
+    let top = tempfile::tempdir().unwrap();
+    open_to_all(top.path());
+    let own = top.path().join("nobody");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    run_as_nobody(
+        "cpu_hog_helper",
+        &[
+            ("CT_TEST_CPU_SOCKET", d.socket.display().to_string()),
+            ("CT_TEST_DIR", own.display().to_string()),
+        ],
+        "CPU-BOUNDED",
+    );
+    let mut c = Conn::at(&d.socket).await;
+    let model = d.path("work/root.onnx");
+    write_model(&model, &matmul_model(256, 256, 7));
+    prepack_ok(&mut c, &model.display().to_string()).await;
+}
+
 /// Prepacks `model` and follows it to the end: every job packed.
 async fn prepack_ok(c: &mut Conn, model: &str) {
     for p in prepack_all(c, Path::new(model)).await {

@@ -138,6 +138,9 @@ pub struct Config {
     /// Declared initializer bytes one untrusted uid may make the daemon hash
     /// in any hour (what the digest memo already knows is free).
     pub max_hashed_bytes_per_uid_per_hour: u64,
+    /// CPU seconds the daemon may spend in any hour for one untrusted uid
+    /// (its requests' work and its pack jobs, from the threads' CPU clocks).
+    pub max_cpu_secs_per_uid_per_hour: u64,
     /// Bytes of entries packed for one untrusted uid's requests that gc
     /// keeps; gc removes the uid's least recently used over it first.
     pub max_stored_bytes_per_uid: u64,
@@ -223,6 +226,7 @@ impl Default for Config {
             max_tensor_bytes: 16 << 30,
             max_model_bytes: 1 << 40,
             max_hashed_bytes_per_uid_per_hour: 256 << 30,
+            max_cpu_secs_per_uid_per_hour: 1800,
             max_stored_bytes_per_uid: 16 << 30,
             max_leases_per_uid: 1024,
             max_lease_ttl_secs: 3600,

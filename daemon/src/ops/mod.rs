@@ -60,7 +60,12 @@ impl From<MissReason> for Miss {
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::internal(format!("worker failed: {e}")))?
+    // The request's payer (see `cpu_budget`) is charged the thread's CPU.
+    let payer = crate::cpu_budget::Payer::current();
+    tokio::task::spawn_blocking(move || match payer {
+        Some(p) => p.run(f),
+        None => f(),
+    })
+    .await
+    .map_err(|e| Error::internal(format!("worker failed: {e}")))?
 }

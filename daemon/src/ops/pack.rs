@@ -239,9 +239,15 @@ fn submit(
         BackendRequest::Auto => (Lane::Cpu, BackendChoice::Cpu),
     };
     let me = d.clone();
+    // The job's CPU time is its owner's (see `cpu_budget`).
+    let payer = owner.map(|uid| d.cpu_budget.payer(uid));
     d.scheduler
         .submit(owner, key, lane, priority, bytes, move |cancel| {
-            run(&me, spec, choice, cancel)
+            let work = || run(&me, spec, choice, cancel);
+            match payer {
+                Some(p) => p.run(work),
+                None => work(),
+            }
         })
         .map_err(|full| Error::new(ErrorKind::QueueFull, full.to_string()))
 }

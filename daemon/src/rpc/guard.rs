@@ -5,7 +5,9 @@
 //! must answer within `request_timeout_secs`, else it is ended with
 //! DEADLINE_EXCEEDED (tonic's own server timeout would say CANCELLED, which
 //! clients read as their own doing); a stream that has started answering
-//! is not cut.
+//! is not cut. An untrusted uid whose hour of CPU time is spent is answered
+//! RESOURCE_EXHAUSTED; an admitted one's handling is its to pay (see
+//! `cpu_budget`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,6 +20,7 @@ use tonic::codegen::http;
 use tower::{Layer, Service};
 
 use super::caller;
+use crate::cpu_budget::CpuBudget;
 use crate::use_case::UseCase;
 
 /// The use case of a gRPC method path (`/package.Service/Method`).
@@ -37,6 +40,7 @@ pub(crate) struct GuardLayer {
     pub trusted_uids: Arc<[u32]>,
     /// Longest a handler may take to answer.
     pub deadline: Duration,
+    pub cpu: Arc<CpuBudget>,
 }
 
 impl<S> Layer<S> for GuardLayer {
@@ -47,6 +51,7 @@ impl<S> Layer<S> for GuardLayer {
             inner,
             trusted_uids: self.trusted_uids.clone(),
             deadline: self.deadline,
+            cpu: self.cpu.clone(),
         }
     }
 }
@@ -58,6 +63,7 @@ pub(crate) struct Guard<S> {
     inner: S,
     trusted_uids: Arc<[u32]>,
     deadline: Duration,
+    cpu: Arc<CpuBudget>,
 }
 
 type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send>>;
@@ -77,11 +83,24 @@ where
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let who = caller::from_extensions(req.extensions(), &self.trusted_uids);
-        match who.admits(use_case(req.uri().path())) {
+        let payer = who.bounded_uid().map(|uid| self.cpu.payer(uid));
+        let admitted =
+            who.admits(use_case(req.uri().path()))
+                .and_then(|()| match who.bounded_uid() {
+                    Some(uid) => self.cpu.admit(uid),
+                    None => Ok(()),
+                });
+        match admitted {
             Ok(()) => {
                 let answer = self.inner.call(req);
                 let limit = self.deadline;
                 Box::pin(async move {
+                    let answer = async move {
+                        match payer {
+                            Some(p) => p.serve(answer).await,
+                            None => answer.await,
+                        }
+                    };
                     match tokio::time::timeout(limit, answer).await {
                         Ok(answered) => answered,
                         Err(_) => Ok(tonic::Status::deadline_exceeded(format!(

@@ -71,6 +71,7 @@ pub(crate) async fn serve(
     let guard = GuardLayer {
         trusted_uids: cfg.trusted_uids.clone().into(),
         deadline: Duration::from_secs(cfg.request_timeout_secs),
+        cpu: daemon.cpu_budget.clone(),
     };
     let server = |tls: Option<ServerTlsConfig>| -> Result<_, RunError> {
         let mut b = Server::builder();
