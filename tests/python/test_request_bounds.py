@@ -14,6 +14,7 @@ peak memory stays low, and it serves the next caller.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,30 @@ def test_the_planner_is_linear_in_nested_subgraphs(ctcache, daemon, tmp_path):  
     small, large = cpu_for(3000), cpu_for(12000)
     assert large < max(8 * small, 0.5), f"{small:.2f} s of CPU for 3,000 nested nodes, {large:.2f} s for 12,000"
     assert daemon.running()
+
+
+def test_work_stops_when_its_caller_hangs_up(ctcache, daemon, tmp_path):  # noqa: F811
+    """A caller that gives up ends the daemon's work for it: the pack jobs
+    nobody else waits for are cancelled, so the daemon's CPU in the second
+    after stays near idle (16 weights would keep both workers busy for
+    seconds), and its peak memory does not grow by the model."""
+    n, rng = 16, np.random.default_rng(1)
+    ws = [numpy_helper.from_array(rng.standard_normal((2048, 2048)).astype(np.float32), f"W{i}") for i in range(n)]
+    nodes = [helper.make_node("MatMul", [f"Y{i}", f"W{i}"], [f"Y{i + 1}"], name=f"mm{i}") for i in range(n)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("Y0", TensorProto.FLOAT, [1, 2048])],
+                          [helper.make_tensor_value_info(f"Y{n}", TensorProto.FLOAT, [1, 2048])], ws)
+    model = tmp_path / "big.onnx"
+    model.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with ctcache.connect(str(daemon.socket)) as c:
+        before_hwm = vm_hwm_kib(daemon.pid)
+        with pytest.raises(ctcache.DeadlineExceeded):
+            c.materialize(str(model), None, in_memory=True, timeout=0.3)
+        used = cpu_seconds(daemon.pid)
+        time.sleep(1.0)  # the second after the hang-up, as the bound is stated
+        used = cpu_seconds(daemon.pid) - used
+        packed = c.stats().entries
+    assert used < 0.6, f"the daemon used {used:.2f} s of CPU in the second after its caller went"
+    assert packed < n, f"all {n} weights were packed for a caller that had gone"
+    grown = vm_hwm_kib(daemon.pid) - before_hwm
+    assert grown < 256 * 1024, f"the daemon's peak grew by {grown} KiB"
+    assert daemon.running() and daemon.ctl("status").returncode == 0
