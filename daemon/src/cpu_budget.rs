@@ -72,6 +72,11 @@ impl Payer {
         PAYER.scope(self, fut).await
     }
 
+    /// This payer, while its uid's hour has CPU time left.
+    pub fn admitted(&self) -> Result<&Payer, Error> {
+        self.budget.admit(self.uid).map(|()| self)
+    }
+
     /// Runs `work` on this thread and charges the CPU time it used.
     pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
         let t0 = thread_cpu();

@@ -401,6 +401,12 @@ fn sessions_hold_one_lease_each_until_their_client_goes() {
         assert!(n > 0, "the client stopped before holding its sessions");
     }
     assert_eq!(rt.block_on(active_leases(&mut c)), SESSIONS as u64);
+    let held = usage(d.child.as_ref().unwrap().id());
+    assert!(
+        held.peak_kib < 512 << 10,
+        "the daemon holds 1,000 sessions in {} KiB at its peak",
+        held.peak_kib
+    );
     client.kill().unwrap();
     client.wait().unwrap();
     let mut ended = 0;

@@ -181,6 +181,8 @@ async fn a_peer_uses_at_most_its_hour_of_the_daemons_cpu() {
     let own = top.path().join("nobody");
     std::fs::create_dir(&own).unwrap();
     std::os::unix::fs::chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    let pid = d.child.as_ref().unwrap().id();
+    let before = usage(pid);
     run_as_nobody(
         "cpu_hog_helper",
         &[
@@ -193,6 +195,14 @@ async fn a_peer_uses_at_most_its_hour_of_the_daemons_cpu() {
     let model = d.path("work/root.onnx");
     write_model(&model, &matmul_model(256, 256, 7));
     prepack_ok(&mut c, &model.display().to_string()).await;
+    // What the attacker made the daemon spend (root's small pack aside):
+    // its budget and the jobs running when its hour ran out; the jobs it
+    // had queued are refused, not run.
+    let spent = usage(pid).cpu - before.cpu;
+    assert!(
+        spent < std::time::Duration::from_secs(10),
+        "a one-second budget cost the daemon {spent:?} of CPU"
+    );
 }
 
 /// Prepacks `model` and follows it to the end: every job packed.

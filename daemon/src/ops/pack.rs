@@ -239,13 +239,14 @@ fn submit(
         BackendRequest::Auto => (Lane::Cpu, BackendChoice::Cpu),
     };
     let me = d.clone();
-    // The job's CPU time is its owner's (see `cpu_budget`).
+    // The job's CPU time is its owner's (see `cpu_budget`): a job that
+    // starts after its owner's hour ran out is refused, not run.
     let payer = owner.map(|uid| d.cpu_budget.payer(uid));
     d.scheduler
         .submit(owner, key, lane, priority, bytes, move |cancel| {
             let work = || run(&me, spec, choice, cancel);
             match payer {
-                Some(p) => p.run(work),
+                Some(p) => p.admitted()?.run(work),
                 None => work(),
             }
         })

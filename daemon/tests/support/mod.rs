@@ -462,3 +462,36 @@ pub fn payload_file_name(cache: &Path, blake3: &[u8; 32]) -> String {
         hex::encode(&tag.as_bytes()[..16])
     )
 }
+
+/// What a daemon process has used so far: its peak resident memory (VmHWM,
+/// KiB) and its CPU time (user and system), from /proc; an attack test
+/// bounds what the attack made the daemon hold and spend.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub peak_kib: u64,
+    pub cpu: Duration,
+}
+
+pub fn usage(pid: u32) -> Usage {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime, fields 14 and 15 of stat(5): the 12th and 13th after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Usage {
+        peak_kib,
+        cpu: Duration::from_millis(ticks * 1000 / per_sec),
+    }
+}
