@@ -1,6 +1,6 @@
 //! The daemon's errors: [`Error`], the one error of the use cases (a kind
 //! that means something to the caller, and a sentence for people; the RPC
-//! edge maps kinds to gRPC codes in one place, `rpc/status.rs`), and
+//! edge maps kinds to gRPC codes in one place, `rpc/error_codes.rs`), and
 //! [`RunError`], why the daemon could not start or serve.
 
 use std::io::ErrorKind as Io;
@@ -24,7 +24,7 @@ pub(crate) enum ErrorKind {
     Precondition,
     /// The model has nothing the target rewrites: a client may open it as
     /// it is (a precondition that clients tell apart by the
-    /// `ctcache-error-kind` trailer every status carries, `rpc/status.rs`).
+    /// `ctcache-error-kind` trailer every status carries, `rpc/error_codes.rs`).
     NothingToRewrite,
     /// A bound was reached (disk full, too many leases or jobs).
     Exhausted,

@@ -9,7 +9,7 @@ use ctcache::store::{GcPolicy, Store, StoreError};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::format::{self, parse_duration, parse_size, BadValue, Style, Table};
+use crate::human::{self, parse_duration, parse_size, BadValue, Style, Table};
 use crate::output::{print_json, say, Failure};
 use ctcache_client::api;
 use ctcache_convert as convert;
@@ -115,8 +115,8 @@ fn confirm_emptying(ctx: &Ctx, entries: u64, bytes: u64) -> Result<(), Failure> 
     use std::io::{BufRead, IsTerminal, Write};
     let what = format!(
         "this gc would remove every entry ({}, {}): the store would be empty",
-        format::count(entries, "entry", "entries"),
-        format::size(bytes)
+        human::count(entries, "entry", "entries"),
+        human::size(bytes)
     );
     if !std::io::stdin().is_terminal() || ctx.json {
         let why = if ctx.json {
@@ -215,7 +215,7 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
                 (names(&i.model_paths), Style::Plain),
                 (names(&i.source_names), Style::Plain),
                 (i.physical_type.clone(), Style::Plain),
-                (format::size(i.bytes), Style::Plain),
+                (human::size(i.bytes), Style::Plain),
                 (reason_text(&i.reason).to_string(), Style::Dim),
             ]);
         }
@@ -226,34 +226,34 @@ fn print_gc(ctx: &Ctx, r: &api::GcResponse, cache_dir: Option<&Path>) -> Result<
             "{} {} ({}, {})",
             ctx.paint("leftover", Style::Yellow),
             f.key,
-            format::size(f.bytes),
+            human::size(f.bytes),
             reason_text(&f.reason)
         ))?;
     }
     let mut line = format!(
         "{}{}, {} freed, store {} -> {}",
         if r.dry_run { "would remove " } else { "" },
-        format::count(entries.len() as u64, "entry", "entries"),
-        format::size(r.bytes_freed),
-        format::size(r.bytes_before),
-        format::size(r.bytes_after),
+        human::count(entries.len() as u64, "entry", "entries"),
+        human::size(r.bytes_freed),
+        human::size(r.bytes_before),
+        human::size(r.bytes_after),
     );
     if !files.is_empty() {
         line.push_str(&format!(
             "; {}",
-            format::count(files.len() as u64, "leftover file", "leftover files")
+            human::count(files.len() as u64, "leftover file", "leftover files")
         ));
     }
     if r.bytes_still_linked > 0 {
         line.push_str(&format!(
             "; {} stay on disk through hard links outside the store (--link hard models)",
-            format::size(r.bytes_still_linked)
+            human::size(r.bytes_still_linked)
         ));
     }
     if r.skipped_leased > 0 {
         line.push_str(&format!(
             "; {} kept",
-            format::count(r.skipped_leased, "leased entry", "leased entries")
+            human::count(r.skipped_leased, "leased entry", "leased entries")
         ));
     }
     if r.dry_run {
@@ -330,7 +330,7 @@ pub fn verify(ctx: &Ctx, a: VerifyArgs) -> Result<(), Failure> {
             say(&format!(
                 "{} payload file(s) checked, {}",
                 r.checked,
-                format::size(r.bytes_checked)
+                human::size(r.bytes_checked)
             ))?;
         }
     }

@@ -10,8 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::ctx::{self, Global};
 use crate::output::Failure;
 use crate::{
-    admin, daemon_cmds, extras, format, jobs, materialize, offline, packing, remote, watch,
-    why_miss,
+    admin, daemon_cmds, extras, human, jobs, materialize, offline, packing, remote, watch, why_miss,
 };
 
 /// The ctcache admin tool.
@@ -127,7 +126,7 @@ pub enum Command {
         #[arg(long, value_name = "FORMAT")]
         format: String,
         /// Packer parameter, k=v (repeatable).
-        #[arg(long = "param", value_parser = format::parse_param, value_name = "K=V")]
+        #[arg(long = "param", value_parser = human::parse_param, value_name = "K=V")]
         params: Vec<String>,
         /// Where to pack: the CPU kernels, or a wgpu adapter (software ones included).
         #[arg(long, default_value = "cpu", value_parser = ["cpu", "wgpu"])]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use crate::format::{paint, Style};
+use crate::human::{paint, Style};
 use crate::output::Failure;
 use ctcache_client::Client;
 

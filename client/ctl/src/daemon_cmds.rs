@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::format::{self, Style, Table};
+use crate::human::{self, Style, Table};
 use crate::json;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::{api, Client};
@@ -54,7 +54,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         ctx.paint("ctcached", Style::Bold),
         s.version,
         s.pid,
-        format::long_duration(s.uptime_s)
+        human::long_duration(s.uptime_s)
     ))?;
     let mut t = Table::new(&["", ""]);
     let mut kv = |k: &str, v: String| t.plain(vec![k.to_string(), v]);
@@ -62,7 +62,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
     kv("cache dir", s.cache_dir.clone());
     kv(
         "store",
-        format!("{} entries, {}", s.entries, format::size(s.bytes)),
+        format!("{} entries, {}", s.entries, human::size(s.bytes)),
     );
     kv("gc budget", gc_budget(&s));
     kv(
@@ -92,7 +92,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
                 "{}: {} entries, {}",
                 u.name,
                 u.entries,
-                format::size(u.bytes)
+                human::size(u.bytes)
             ),
         );
     }
@@ -113,14 +113,14 @@ fn gc_budget(s: &api::StatusResponse) -> String {
         };
         parts.push(format!(
             "store {} of {}{used}{default}",
-            format::size(s.bytes),
-            format::size(max)
+            human::size(s.bytes),
+            human::size(max)
         ));
     }
     if let Some(age) = s.gc_max_age_s {
         parts.push(format!(
             "entries unused for {} go",
-            format::long_duration(age)
+            human::long_duration(age)
         ));
     }
     if parts.is_empty() {
@@ -250,7 +250,7 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
                 if a.full {
                     e.key.clone()
                 } else {
-                    format::short_key(&e.key)
+                    human::short_key(&e.key)
                 },
                 Style::Plain,
             ),
@@ -258,9 +258,9 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
             (first_of(&e.source_names), Style::Plain),
             (e.physical_type.clone(), Style::Plain),
             (json::describe_device(e.device.as_ref()), Style::Plain),
-            (format::size(e.payload_len), Style::Plain),
-            (format::duration_us(e.pack_duration_us), Style::Plain),
-            (format::age(e.last_access_unix_ms), Style::Plain),
+            (human::size(e.payload_len), Style::Plain),
+            (human::duration_us(e.pack_duration_us), Style::Plain),
+            (human::age(e.last_access_unix_ms), Style::Plain),
             (
                 if e.leased {
                     "leased".into()
@@ -276,8 +276,8 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<(), Failure> {
     if !ctx.quiet {
         say(&format!(
             "{}, {}",
-            format::count(entries.len() as u64, "entry", "entries"),
-            format::size(total)
+            human::count(entries.len() as u64, "entry", "entries"),
+            human::size(total)
         ))?;
     }
     Ok(())
@@ -363,20 +363,20 @@ pub async fn stat(ctx: &Ctx, key: &str) -> Result<(), Failure> {
         "payload",
         format!(
             "{} ({} bytes), blake3 {}",
-            format::size(e.payload_len),
+            human::size(e.payload_len),
             e.payload_len,
             e.payload_blake3
         ),
     );
     kv("payload file", e.payload_path.clone());
     kv("producer", e.producer.clone());
-    kv("packed in", format::duration_us(e.pack_duration_us));
-    kv("created", format::age(e.created_unix_ms));
+    kv("packed in", human::duration_us(e.pack_duration_us));
+    kv("created", human::age(e.created_unix_ms));
     kv(
         "last use",
         format!(
             "{} ({} uses)",
-            format::age(e.last_access_unix_ms),
+            human::age(e.last_access_unix_ms),
             e.access_count
         ),
     );

@@ -11,7 +11,7 @@ use serde_json::json;
 mod resolve;
 
 use crate::ctx::Ctx;
-use crate::format::{self, parse_param, Style, Table};
+use crate::human::{self, parse_param, Style, Table};
 use crate::json;
 use crate::output::{print_json, say, Failure, Refusal};
 use ctcache_client::{absolute, api, ResolveOptions};
@@ -212,12 +212,12 @@ fn print_jobs(ctx: &Ctx, jobs: &[api::PrepackProgress]) -> Result<(), Failure> {
             (j.format.clone(), Style::Plain),
             (j.state().name().to_string(), style),
             (
-                e.map(|e| format::size(e.payload_len)).unwrap_or_default(),
+                e.map(|e| human::size(e.payload_len)).unwrap_or_default(),
                 Style::Plain,
             ),
             (
                 if j.state() == api::JobState::Done {
-                    format::duration_us(j.pack_duration_us)
+                    human::duration_us(j.pack_duration_us)
                 } else {
                     String::new()
                 },
@@ -225,7 +225,7 @@ fn print_jobs(ctx: &Ctx, jobs: &[api::PrepackProgress]) -> Result<(), Failure> {
             ),
             (
                 if j.error.is_empty() {
-                    e.map(|e| format::short_key(&e.key)).unwrap_or_default()
+                    e.map(|e| human::short_key(&e.key)).unwrap_or_default()
                 } else {
                     j.error.clone()
                 },
@@ -322,10 +322,10 @@ async fn embed_daemon(ctx: &Ctx, a: &EmbedArgs) -> Result<bool, Failure> {
     let placed = match &sidecar {
         Some(p) => format!(
             "{} inline, {} in {p}",
-            format::size(r.inline_bytes),
-            format::size(r.sidecar_bytes)
+            human::size(r.inline_bytes),
+            human::size(r.sidecar_bytes)
         ),
-        None => format!("{} inline", format::size(r.inline_bytes)),
+        None => format!("{} inline", human::size(r.inline_bytes)),
     };
     say(&format!(
         "{}: {} compiled tensor(s) embedded, {} packed now ({placed})",

@@ -7,7 +7,7 @@ mod cli;
 mod ctx;
 mod daemon_cmds;
 mod extras;
-mod format;
+mod human;
 mod interrupt;
 mod jobs;
 mod json;

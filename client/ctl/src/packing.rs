@@ -274,11 +274,11 @@ pub fn embed(a: EmbedArgs<'_>, json: bool) -> Result<(), Failure> {
     let placed = match &report.sidecar {
         Some(p) => format!(
             "{} inline, {} in {}",
-            crate::format::size(report.inline_bytes),
-            crate::format::size(report.sidecar_bytes),
+            crate::human::size(report.inline_bytes),
+            crate::human::size(report.sidecar_bytes),
             p.display()
         ),
-        None => format!("{} inline", crate::format::size(report.inline_bytes)),
+        None => format!("{} inline", crate::human::size(report.inline_bytes)),
     };
     say(&format!(
         "{}: {} compiled tensor(s) embedded, {} packed now ({placed})",

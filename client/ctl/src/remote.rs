@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::ctx::Ctx;
 use crate::daemon_cmds::print_kv;
-use crate::format::{self, Table};
+use crate::human::{self, Table};
 use crate::output::{print_json, say, Failure};
 
 #[derive(Debug, Subcommand)]
@@ -73,7 +73,7 @@ fn transferred(ctx: &Ctx, verb: &str, t: &api::RemoteTransferResponse) -> Result
         say(&format!(
             "{verb} {} ({}), {} present already, {} missing, {} failed",
             t.done,
-            format::size(t.bytes),
+            human::size(t.bytes),
             t.present,
             t.missing,
             t.failed
@@ -194,8 +194,8 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
         "bytes",
         format!(
             "{} in, {} out ({} uploads)",
-            format::size(r.bytes_in),
-            format::size(r.bytes_out),
+            human::size(r.bytes_in),
+            human::size(r.bytes_out),
             r.uploads
         ),
     );
@@ -207,7 +207,7 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
         "audits",
         format!("{} ({} mismatched)", r.audits, r.audit_mismatches),
     );
-    let rate = |b: f64| format!("{}/s", format::size(b as u64));
+    let rate = |b: f64| format!("{}/s", human::size(b as u64));
     if r.remote_bytes_per_s > 0.0 {
         kv("remote rate", rate(r.remote_bytes_per_s));
     }

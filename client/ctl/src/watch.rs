@@ -7,7 +7,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::format::{self, Style};
+use crate::human::{self, Style};
 use crate::json;
 use crate::output::{print_json, print_json_line, say, Failure};
 
@@ -106,7 +106,7 @@ pub async fn events(ctx: &Ctx, count: Option<u64>) -> Result<(), Failure> {
             _ => Style::Plain,
         };
         let mut parts = vec![
-            format::clock(e.unix_ms),
+            human::clock(e.unix_ms),
             ctx.paint(&format!("{:<13}", e.kind), style),
         ];
         if let Some(p) = &e.progress {
@@ -128,7 +128,7 @@ pub async fn events(ctx: &Ctx, count: Option<u64>) -> Result<(), Failure> {
             parts.push(e.model_path.clone());
         }
         if !e.key.is_empty() {
-            parts.push(format::short_key(&e.key));
+            parts.push(human::short_key(&e.key));
         }
         say(&parts.join("  "))?;
         std::io::Write::flush(&mut std::io::stdout())?;

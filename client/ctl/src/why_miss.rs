@@ -13,7 +13,7 @@ use ctcache::structs::PhysicalTypeKey;
 use serde_json::{json, Value};
 
 use crate::ctx::Ctx;
-use crate::format::{self, Style, Table};
+use crate::human::{self, Style, Table};
 use crate::json;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::{api, Client, ResolveOptions};
@@ -157,7 +157,7 @@ fn verdict(
     if t.misses.is_empty() && !t.entries.is_empty() {
         (
             None,
-            format::count(t.entries.len() as u64, "usable entry", "usable entries"),
+            human::count(t.entries.len() as u64, "usable entry", "usable entries"),
         )
     } else if let (true, Some(m)) = (
         t.entries.is_empty(),
@@ -247,7 +247,7 @@ fn candidates_table(candidates: &[Candidate]) -> Table {
     for c in candidates {
         let e = &c.entry;
         tab.row(vec![
-            (format::short_key(&e.key), Style::Plain),
+            (human::short_key(&e.key), Style::Plain),
             (e.physical_type.clone(), Style::Plain),
             (e.format_version.to_string(), Style::Plain),
             (json::describe_device(e.device.as_ref()), Style::Plain),

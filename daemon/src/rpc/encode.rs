@@ -126,7 +126,7 @@ pub(crate) fn progress(d: &Daemon, p: &JobProgress) -> api::PrepackProgress {
         error: p.error.clone(),
         code: p
             .failure
-            .map(|k| super::status::code_name(k).to_string())
+            .map(|k| super::error_codes::code_name(k).to_string())
             .unwrap_or_default(),
         pack_duration_us: p.pack_duration.as_micros() as u64,
         state: state.into(),

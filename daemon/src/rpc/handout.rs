@@ -198,7 +198,7 @@ fn chunks(names: &[String]) -> Vec<&[String]> {
 async fn refuse(afd: &Conn, e: &Error) {
     let reply = api::HandoutReply {
         step: Some(handout_reply::Step::Error(api::HandoutError {
-            code: super::status::code_name(e.kind).to_string(),
+            code: super::error_codes::code_name(e.kind).to_string(),
             message: e.message.clone(),
         })),
     };

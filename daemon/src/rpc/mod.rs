@@ -9,11 +9,11 @@ mod accept;
 mod caller;
 mod decode;
 mod encode;
+mod error_codes;
 mod guard;
 pub(crate) mod handout;
 mod peer;
 mod service;
-mod status;
 mod wire_cache;
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::FormatArgs;
 use crate::ctx::Ctx;
-use crate::format::{Style, Table};
+use crate::human::{Style, Table};
 use crate::json;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::{api, ResolveOptions};

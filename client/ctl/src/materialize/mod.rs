@@ -13,7 +13,7 @@ use ctcache::materialize::{self as mat, LinkMode, Recipe, Settings};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::format;
+use crate::human;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::api;
 
@@ -234,8 +234,8 @@ fn report(
     ))?;
     let wrote = format!(
         "wrote {} in {}",
-        format::size(r.model_bytes + r.bytes_copied),
-        format::duration_us(elapsed.as_micros() as u64),
+        human::size(r.model_bytes + r.bytes_copied),
+        human::duration_us(elapsed.as_micros() as u64),
     );
     if r.files.is_empty() {
         // Every weight is in the model itself (an fp16 model whose weights
@@ -244,7 +244,7 @@ fn report(
     } else {
         say(&format!(
             "  {} of weights in {} (--link {}): {}; {wrote}",
-            format::size(r.payload_bytes),
+            human::size(r.payload_bytes),
             r.data_dir,
             link_name(r.link),
             placed_summary(&r.files),
