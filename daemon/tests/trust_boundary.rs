@@ -235,7 +235,16 @@ fn leases_watches_and_jobs_are_owned_and_bounded() {
         ("CTCACHE_TEST_MANY_WEIGHTS", many.display().to_string()),
         ("CTCACHE_TEST_SECRET", secret_model.display().to_string()),
     ];
+    let pid = d.child.as_ref().unwrap().id();
+    let before = usage(pid);
     run_as_nobody("nobody_attacks_helper", &env, "NOBODY-ATTACKS-REFUSED");
+    // What the attacks cost the daemon: its peak memory and CPU time.
+    let after = usage(pid);
+    assert!(after.peak_kib < 512 << 10, "{after:?}");
+    assert!(
+        after.cpu - before.cpu < Duration::from_secs(10),
+        "{before:?} -> {after:?}"
+    );
     std::fs::remove_dir_all(&secret).unwrap();
 
     // The watch uid 65534 added finds a model of 4 wanted pairs: its jobs
