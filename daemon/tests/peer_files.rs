@@ -131,11 +131,15 @@ fn writes_for_a_peer_never_follow_its_links() {
     std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
     std::fs::write(sticky.join("root.onnx"), b"root's model").unwrap();
 
+    let pid = d.child.as_ref().unwrap().id();
+    let before = usage(pid);
     run_as_nobody(
         "link_planting_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_DIR", &dir)],
         "LINKS-REFUSED-OK",
     );
+    // What the attacks cost the daemon: its peak memory and CPU time.
+    assert_attack_cost(pid, before);
 
     // The cache and root's files are as they were: content, owner, mode.
     let cache_after = snapshot(&blobs);

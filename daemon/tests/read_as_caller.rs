@@ -255,6 +255,8 @@ fn a_peer_reads_only_what_it_may_read() {
         format!("{s}/nodir"),
         format!("{s}/secret.onnx"),
     ];
+    let pid = d.child.as_ref().unwrap().id();
+    let before = usage(pid);
     run_as_nobody(
         "reader_attack_helper",
         &[
@@ -267,6 +269,8 @@ fn a_peer_reads_only_what_it_may_read() {
         ],
         "READER-ATTACKS-REFUSED",
     );
+    // What the attacks cost the daemon: its peak memory and CPU time.
+    assert_attack_cost(pid, before);
     drop(victim.stdin.take());
     let _ = std::io::Read::read_to_end(&mut stdout, &mut Vec::new());
     let _ = victim.wait();

@@ -495,3 +495,14 @@ pub fn usage(pid: u32) -> Usage {
         cpu: Duration::from_millis(ticks * 1000 / per_sec),
     }
 }
+
+/// Asserts what an attack cost the daemon `pid` since `before`: under
+/// 512 MiB at its peak and under 10 s of CPU time.
+pub fn assert_attack_cost(pid: u32, before: Usage) {
+    let after = usage(pid);
+    assert!(after.peak_kib < 512 << 10, "{after:?}");
+    assert!(
+        after.cpu - before.cpu < Duration::from_secs(10),
+        "{before:?} -> {after:?}"
+    );
+}
