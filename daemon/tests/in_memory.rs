@@ -207,6 +207,15 @@ async fn the_daemon_writes_no_file_for_a_caller() {
         assert!(e.message().contains("writes no file"), "{e:?}");
     }
     assert!(!d.path("work/out.onnx").exists());
+    // A hold lasts while a handout's connection is open: none, no hold.
+    let unheld = api::MaterializeRequest {
+        hold: true,
+        handout: String::new(),
+        ..in_memory(&model, &h)
+    };
+    let e = c.materialize(unheld).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("hold lasts while a handout"), "{e:?}");
     for folder in ["..", "a/b", "/tmp", "."] {
         let req = api::MaterializeRequest {
             data_folder: folder.into(),
