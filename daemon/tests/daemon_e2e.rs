@@ -645,6 +645,7 @@ fn admin_rpcs_from_untrusted_uid_are_refused() {
     }
     let mut d = daemon_for_nobody("");
     run_as_nobody(
+        &d,
         "untrusted_client_helper",
         &[("CTCACHE_TEST_PUT_SOCKET", &d.socket)],
         "UNTRUSTED-REFUSED-OK",

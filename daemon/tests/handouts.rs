@@ -414,6 +414,7 @@ fn a_handout_is_its_uids_and_ends_with_its_connection() {
     let data = File::open(model.parent().unwrap().join("w.bin")).unwrap();
     let (name, conn) = hand_over(&d.socket, &model, data.as_fd());
     run_as_nobody(
+        &d,
         "foreign_handout_helper",
         &[
             ("CT_TEST_SOCKET", d.socket.display().to_string()),

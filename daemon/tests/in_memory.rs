@@ -295,6 +295,7 @@ async fn in_memory_leases_count_against_the_peers_bound() {
     write_model(&model, &two_matmuls(9));
     open_to_all(&model);
     run_as_nobody(
+        &d,
         "lease_bound_helper",
         &[
             ("CT_TEST_SOCKET", d.socket.as_os_str()),

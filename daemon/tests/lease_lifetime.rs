@@ -78,7 +78,7 @@ fn an_untrusted_lease_renewed_for_ever_ends_at_its_lifetime() {
         ("CTCACHE_TEST_SOCKET", d.socket.display().to_string()),
         ("CTCACHE_TEST_KEY", key.clone()),
     ];
-    run_as_nobody("renew_for_ever_helper", &env, "LEASE-CAPPED");
+    run_as_nobody(&d, "renew_for_ever_helper", &env, "LEASE-CAPPED");
     // The lease is over: gc may take the entry.
     let removed = rt.block_on(async {
         let mut c = d.client().await;

@@ -110,6 +110,7 @@ async fn connections_over_a_uids_share_are_closed_and_the_share_comes_back() {
     );
     let socket = d.socket.display().to_string();
     run_as_nobody(
+        &d,
         "connection_share_helper",
         &[("CTCACHE_TEST_SOCKET", socket.as_str())],
         "SHARE-BOUNDED",

@@ -582,6 +582,7 @@ fn a_repack_never_reads_what_the_served_caller_cannot() {
     // Served to uid 65534, which may not read the model: DATA_LOSS, and
     // the daemon does not read it on that uid's behalf.
     run_as_nobody(
+        &d,
         "rotted_lease_helper",
         &[
             ("CTCACHE_TEST_ROT_SOCKET", d.socket.display().to_string()),

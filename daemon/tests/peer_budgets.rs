@@ -111,6 +111,7 @@ async fn a_peer_hashes_at_most_its_budget_of_declared_bytes() {
     let second = sparse_model(&own, "second");
 
     run_as_nobody(
+        &d,
         "sparse_models_helper",
         &[
             ("CT_TEST_SOCKET", d.socket.display().to_string()),
@@ -184,6 +185,7 @@ async fn a_peer_uses_at_most_its_hour_of_the_daemons_cpu() {
     let pid = d.child.as_ref().unwrap().id();
     let before = usage(pid);
     run_as_nobody(
+        &d,
         "cpu_hog_helper",
         &[
             ("CT_TEST_CPU_SOCKET", d.socket.display().to_string()),
@@ -257,6 +259,7 @@ async fn gc_takes_a_peer_over_its_storage_quota_back_under_it_first() {
         })
         .collect();
     run_as_nobody(
+        &d,
         "own_models_helper",
         &[
             ("CT_TEST_PACK_SOCKET", d.socket.display().to_string()),

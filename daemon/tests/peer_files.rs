@@ -131,15 +131,12 @@ fn writes_for_a_peer_never_follow_its_links() {
     std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
     std::fs::write(sticky.join("root.onnx"), b"root's model").unwrap();
 
-    let pid = d.child.as_ref().unwrap().id();
-    let before = usage(pid);
     run_as_nobody(
+        &d,
         "link_planting_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_DIR", &dir)],
         "LINKS-REFUSED-OK",
     );
-    // What the attacks cost the daemon: its peak memory and CPU time.
-    assert_attack_cost(pid, before);
 
     // The cache and root's files are as they were: content, owner, mode.
     let cache_after = snapshot(&blobs);
@@ -253,6 +250,7 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
         c.events(api::EventsRequest {}).await.unwrap().into_inner()
     });
     run_as_nobody(
+        &d,
         "private_model_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_WATCHED", &watched)],
         "PRIVATE-REFUSED-OK",
@@ -443,6 +441,7 @@ fn a_watch_lands_on_the_folder_that_was_checked() {
         .expect("root watches a folder of its own");
     });
     run_as_nobody(
+        &d,
         "watch_swap_helper",
         &[
             ("CT_TEST_SOCKET", d.socket.as_path()),
@@ -559,6 +558,7 @@ fn events_show_a_user_only_models_it_may_list() {
         write_model(&last, &matmul_model(256, 256, 22));
     });
     let out = run_as_nobody(
+        &d,
         "events_view_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_OPEN", &open)],
         "EVENTS-VIEW-OK",
@@ -642,6 +642,7 @@ fn embed_probes_no_file_outside_the_callers_folder() {
         std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
     }
     run_as_nobody(
+        &d,
         "probing_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_DIR", &dir)],
         "PROBE-REFUSED-OK",
@@ -684,6 +685,7 @@ fn a_peer_gets_copies_not_hard_links_of_the_store() {
     write_model(&model, &matmul_model(512, 256, 3));
     std::os::unix::fs::chown(&model, Some(NOBODY), Some(NOBODY)).unwrap();
     run_as_nobody(
+        &d,
         "hard_link_helper",
         &[("CT_TEST_SOCKET", &d.socket), ("CT_TEST_LINKS", &dir)],
         "HARD-LINKS-COPIED-OK",

@@ -255,9 +255,8 @@ fn a_peer_reads_only_what_it_may_read() {
         format!("{s}/nodir"),
         format!("{s}/secret.onnx"),
     ];
-    let pid = d.child.as_ref().unwrap().id();
-    let before = usage(pid);
     run_as_nobody(
+        &d,
         "reader_attack_helper",
         &[
             ("CT_TEST_SOCKET", d.socket.display().to_string()),
@@ -269,8 +268,6 @@ fn a_peer_reads_only_what_it_may_read() {
         ],
         "READER-ATTACKS-REFUSED",
     );
-    // What the attacks cost the daemon: its peak memory and CPU time.
-    assert_attack_cost(pid, before);
     drop(victim.stdin.take());
     let _ = std::io::Read::read_to_end(&mut stdout, &mut Vec::new());
     let _ = victim.wait();
@@ -387,6 +384,7 @@ fn enumeration_shows_a_peer_only_what_it_may_read() {
         });
     });
     run_as_nobody(
+        &d,
         "enumeration_helper",
         &[
             ("CT_TEST_ENUM_SOCKET", d.socket.display().to_string()),

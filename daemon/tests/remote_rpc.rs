@@ -230,5 +230,5 @@ fn another_user_may_neither_pull_a_model_it_cannot_read_nor_push() {
             secret.path().join("missing.onnx").display().to_string(),
         ),
     ];
-    run_as_nobody("nobody_remote_helper", &env, "NOBODY-REMOTE-REFUSED");
+    run_as_nobody(&d, "nobody_remote_helper", &env, "NOBODY-REMOTE-REFUSED");
 }

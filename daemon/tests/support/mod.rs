@@ -380,13 +380,18 @@ pub fn helper_as(uid: u32, helper: &str) -> Command {
     cmd
 }
 
-/// Runs the test `helper` of this binary as uid 65534 with `env`; returns
-/// its stdout after checking it printed `marker`.
+/// Runs the attack `helper` (a test of this binary) as uid 65534 with `env`
+/// against the daemon `d`; returns its stdout after checking it printed
+/// `marker`, and asserts what the attack cost the daemon
+/// ([`assert_attack_cost`]): every attack is bounded in memory and CPU too.
 pub fn run_as_nobody<V: AsRef<std::ffi::OsStr>>(
+    d: &Daemon,
     helper: &str,
     env: &[(&str, V)],
     marker: &str,
 ) -> String {
+    let pid = d.child.as_ref().expect("a daemon process").id();
+    let before = usage(pid);
     let mut cmd = helper_as(NOBODY, helper);
     for (k, v) in env {
         cmd.env(k, v);
@@ -398,6 +403,7 @@ pub fn run_as_nobody<V: AsRef<std::ffi::OsStr>>(
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_attack_cost(pid, before);
     stdout
 }
 
