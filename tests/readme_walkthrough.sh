@@ -26,6 +26,23 @@ done
 SETUP_1='cargo build --release'
 SETUP_2='export PATH="$PWD/target/release:$PATH"   # or $CARGO_TARGET_DIR/release'
 
+# wait_until SECONDS WHAT COMMAND...: runs COMMAND (quietly) until it succeeds;
+# after SECONDS, says WHAT it waited for and fails. The script's one wait,
+# also written into the walkthrough's script below.
+wait_until() {
+  local limit="$1" what="$2"
+  local deadline=$((SECONDS + limit))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      echo "readme walkthrough: $what: not within $limit s" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+gone() { ! kill -0 "$1"; }
+
 work="$(mktemp -d /tmp/ctcache-readme.XXXXXX)"
 daemon_pid=""
 cleanup() {
@@ -33,7 +50,7 @@ cleanup() {
     kill "$daemon_pid" 2>/dev/null || true
     # Not this shell's child (the walkthrough's shell started it): wait for
     # it to be gone, or rm races its last writes.
-    for _ in $(seq 300); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
+    wait_until 30 "ctcached (pid $daemon_pid) gone" gone "$daemon_pid" || true
   fi
   rm -rf "$work"
 }
@@ -57,11 +74,12 @@ fi
 {
   echo 'set -euo pipefail'
   echo "export PATH=\"$BIN:\$PATH\""
+  declare -f wait_until
   for line in "${lines[@]:2}"; do
     printf '%s\n' "$line"
     if [[ "$line" =~ ^ctcached\ .*\&[[:space:]]*(#.*)?$ ]]; then
       echo 'echo $! >"$WALK_DAEMON_PID"'
-      echo 'for _ in $(seq 600); do ctcachectl status >/dev/null 2>&1 && break; sleep 0.1; done'
+      echo 'wait_until 60 "ctcached answering" ctcachectl status'
     fi
   done
 } >"$work/run.sh"

@@ -15,9 +15,10 @@ import re
 import secrets
 import socket
 import subprocess
-import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from waiting import wait_until
 
 REGION = "garage"
 
@@ -95,14 +96,12 @@ api_bind_addr = "127.0.0.1:{self.admin}"
             self.proc.wait()
 
     def node_id(self) -> str:
-        deadline = time.monotonic() + 30
-        while True:
+        def node_id() -> str | None:
             r = self.run("node", "id", "-q").stdout.strip()
-            if "@" in r:
-                return r
-            if time.monotonic() > deadline:
-                raise GarageError(f"node {self.dir} has no id: {self.log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.2)
+            return r if "@" in r else None
+
+        return wait_until(node_id, 30, f"node {self.dir} having an id", interval=0.2, error=GarageError,
+                          detail=lambda: self.log.read_text(errors="replace")[-2000:])
 
 
 class Cluster:
@@ -130,11 +129,14 @@ class Cluster:
         first.garage("layout", "apply", "--version", "1")
         # The first write that needs a quorum succeeds once the nodes agree
         # on the layout.
-        deadline = time.monotonic() + 60
-        while (r := first.run("key", "create", "ctcache")).returncode != 0:
-            if time.monotonic() > deadline:
-                raise GarageError(f"cluster not ready: {r.stderr}\n{first.run('status').stdout}")
-            time.sleep(0.5)
+        tried: list[subprocess.CompletedProcess] = []
+
+        def key_created() -> subprocess.CompletedProcess | None:
+            tried[:] = [first.run("key", "create", "ctcache")]
+            return tried[0] if tried[0].returncode == 0 else None
+
+        r = wait_until(key_created, 60, "the cluster ready (a key created)", interval=0.5, error=GarageError,
+                       detail=lambda: f"cluster not ready: {tried[0].stderr}\n{first.run('status').stdout}")
         self.key_id = re.search(r"Key ID:\s*(\S+)", r.stdout).group(1)
         info = first.garage("key", "info", self.key_id, "--show-secret")
         self.secret = re.search(r"Secret key:\s*(\S+)", info).group(1)

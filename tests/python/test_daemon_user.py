@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from e2e.harness import bin_dir
 from test_python_client import installed  # noqa: F401 (a fixture)
 from test_request_bounds import model_with
+from waiting import wait_until
 
 DAEMON_UID, CALLER_UID = 65534, 12345
 START_TIMEOUT_S = 30
@@ -66,12 +66,14 @@ def _daemon(root_dir: Path, uid: int):
     p = subprocess.Popen([*as_uid, str(bin_dir() / "ctcached"), "--config", str(config),
                           "--cache-dir", str(cache), "--socket", str(socket)],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not socket.exists():
+
+    def listening() -> bool:
         assert p.poll() is None, (tmp_path / "ctcached.log").read_text()
-        assert time.monotonic() < deadline, (tmp_path / "ctcached.log").read_text()
-        time.sleep(0.05)
+        return socket.exists()
+
     try:
+        wait_until(listening, START_TIMEOUT_S, f"ctcached creating {socket}",
+                   detail=lambda: (tmp_path / "ctcached.log").read_text())
         yield socket
     finally:
         p.terminate()

@@ -48,6 +48,7 @@ import ctl as ctlmod
 from e2e import models
 from e2e.harness import Daemon, EventRecorder, ctl, ctl_json
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+from waiting import clock_past, wait_until
 
 BIG = "e2e_big"
 
@@ -221,17 +222,19 @@ def all_hit(tensors: dict[str, dict], built: models.Built) -> bool:
 
 def wait_packed(daemon: Daemon, built: models.Built, timeout: float = PACK_TIMEOUT_S) -> dict[str, dict]:
     """Polls ``resolve --json`` (no prepack, no on-miss) until every wanted pair hits."""
-    deadline = time.monotonic() + timeout
-    while True:
+    last: list[ctlmod.Result] = []
+
+    def packed() -> dict[str, dict] | None:
         r = daemon.ctl("resolve", str(built.path), "--json")
+        last[:] = [r]
         if r.returncode == 0:
             tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]}
             if all_hit(tensors, built):
                 return tensors
-        if time.monotonic() > deadline:
-            pytest.fail(f"{built.path.name} not packed by the watcher within {timeout} s\n{r.describe()}\n"
-                        f"{daemon.log_text()}")
-        time.sleep(0.25)
+        return None
+
+    return wait_until(packed, timeout, f"{built.path.name} packed by the watcher", interval=0.25,
+                      detail=lambda: f"{last[0].describe()}\n{daemon.log_text()}")
 
 
 def assert_hits_exactly_wanted(tensors: dict[str, dict], built: models.Built, digests: dict[str, dict]) -> None:
@@ -472,7 +475,7 @@ def check_import(ctcache, daemon_b: Daemon, work: Path, emb: dict, source_tensor
         with ctcache.connect(daemon_b.socket, timeout=10) as c:
             r = c.resolve_model(built.path, formats="ort.matmul_nbits" if fmt else None)
             assert r.jobs_started == 0 and all(not t.misses for t in r.tensors)
-        time.sleep(0.3)  # let any stray event arrive
+        rec.settle(daemon_b)  # every event of the above has arrived, a stray one too
         kinds = {(e.kind, e.detail) for e in rec.events}
         assert not [k for k in kinds if k[0] == "job_progress"], kinds
         added = [e for e in rec.events if e.kind == "entry_added"]
@@ -499,6 +502,11 @@ def lru_order(entries: dict[str, dict]) -> list[str]:
     return sorted(entries, key=lambda k: (entries[k]["last_access_unix_ms"], entries[k]["created_unix_ms"], k))
 
 
+def newest_stamp(entries: dict[str, dict]) -> int:
+    """The latest last-access or creation time (unix ms) among ``entries``."""
+    return max(max(e["last_access_unix_ms"], e["created_unix_ms"]) for e in entries.values())
+
+
 def test_gc_evicts_lru_never_leased(ctcache, daemon_b, emb_conv, emb_f16):
     d = daemon_b
     for emb in (emb_conv, emb_f16):  # B holds at least these (more with the transformer)
@@ -515,9 +523,10 @@ def test_gc_evicts_lru_never_leased(ctcache, daemon_b, emb_conv, emb_f16):
         try:
             assert lease.source == "mmap" and lease.verify()
             leased_bytes = lease.tobytes()
-            # ReadPayload counts as a use: these two become the most recently used.
+            # ReadPayload counts as a use: these two become the most recently used
+            # (read once the clock is past every stamp so far, so theirs are later).
+            clock_past(newest_stamp(entries), "every entry's last use")
             for k in touched:
-                time.sleep(0.005)
                 assert len(c.read_payload(k)) == size[k]
             after = d.entries()
             assert after[leased]["leased"] and not any(after[k]["leased"] for k in touched + untouched)
@@ -568,7 +577,7 @@ def test_gc_counts_mapped_payload_as_use(ctcache, daemon_b, emb_conv, emb_f16):
     order = lru_order(entries)
     first = order[0]
     with ctcache.connect(d.socket, timeout=10) as c:
-        time.sleep(0.005)
+        clock_past(newest_stamp(entries), "every entry's last use")  # the mapping's stamp is the newest
         with c.open_payload(first) as p:  # mapped, used, released
             assert p.source == "mmap" and p.verify()
     # One byte over budget: exactly one entry goes, the least recently used, which is no longer `first`.

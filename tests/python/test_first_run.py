@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
 from e2e.harness import bin_dir
+from waiting import wait_until
 
 ERROR_LINE = re.compile(r"(^|[^A-Za-z0-9_])(error|Error|ERROR)(:|\s)")
 
@@ -97,11 +97,12 @@ def test_daemon_prints_no_error_without_xdg_runtime_dir(home):
         proc = subprocess.Popen([ctcached, "--log-format", "human"], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=home)
     try:
-        deadline = time.monotonic() + 60
-        while run([ctl, "status"], env, home).returncode != 0:
+        def answers() -> bool:
             assert proc.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, f"no answer on {socket}\n{log.read_text(errors='replace')}"
-            time.sleep(0.1)
+            return run([ctl, "status"], env, home).returncode == 0
+
+        wait_until(answers, 60, f"an answer on {socket}", interval=0.1,
+                   detail=lambda: log.read_text(errors="replace"))
         assert socket.exists()
         r = run([ctl, "devices"], env, home)  # the daemon's own detection
         assert r.returncode == 0, r.stderr

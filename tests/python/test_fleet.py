@@ -34,6 +34,7 @@ import pytest
 from e2e.harness import Daemon, ctl
 from garage_cluster import free_port, remote_section
 from test_first_run import make_model  # a 512 x 256 FLOAT MatMul weight
+from waiting import wait_until
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -57,15 +58,15 @@ class S3Server:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto did not start: {self.log.read_text(errors='replace')[-3000:]}")
-                time.sleep(0.1)
+        def listening() -> bool:
+            if self.proc.poll() is not None:
+                pytest.fail(f"moto did not start: {self.log.read_text(errors='replace')[-3000:]}")
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+
+        wait_until(listening, 30, f"moto listening on port {self.port}", interval=0.1, ignore=(OSError,),
+                   detail=lambda: f"moto did not start: {self.log.read_text(errors='replace')[-3000:]}")
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -137,14 +138,12 @@ def remote_status(d: Daemon) -> dict:
 
 
 def wait_uploads(d: Daemon, n: int, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    def done() -> dict | None:
         st = remote_status(d)
-        if st["uploads"] >= n:
-            return st
-        if time.monotonic() > deadline:
-            pytest.fail(f"{n} uploads not done in {timeout} s: {st}\n{d.log_text()}")
-        time.sleep(0.1)
+        return st if st["uploads"] >= n else None
+
+    return wait_until(done, timeout, f"{n} uploads done", interval=0.1,
+                      detail=lambda: f"{remote_status(d)}\n{d.log_text()}")
 
 
 def scrape(d: Daemon) -> str:

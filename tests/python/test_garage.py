@@ -14,7 +14,6 @@ sets it, building garage once if needed) and the ctcache binaries built.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from garage_cluster import REGION, Cluster
 from test_fleet import (BUCKET, FORMATS, aws_env, chain_model, fetches_everything, fleet_daemon, keygen, objects,
                         payloads, remote_status, resolve_wait, wait_uploads)
 from test_fleet import root  # noqa: F401 (the fixture: a short temp folder, sockets live under it)
+from waiting import wait_until
 
 boto3 = pytest.importorskip("boto3")
 GARAGE = os.environ.get("CTCACHE_GARAGE", "")
@@ -52,10 +52,8 @@ def test_two_hosts_share_a_model_through_three_nodes_while_one_dies(root, garage
     try:
         resolve_wait(a, model)
         # Node 3 dies once the uploads have started.
-        deadline = time.monotonic() + 120
-        while remote_status(a)["uploads"] < 1:
-            assert time.monotonic() < deadline, remote_status(a)
-            time.sleep(0.02)
+        wait_until(lambda: remote_status(a)["uploads"] >= 1, 120, "the first upload", interval=0.02,
+                   detail=lambda: str(remote_status(a)))
         at_kill = remote_status(a)["uploads"]
         garage.nodes[2].kill()
         st = wait_uploads(a, total, timeout=180)

@@ -37,7 +37,6 @@ import re
 import shutil
 import socket
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import pytest
 from e2e.harness import Daemon
 from garage_cluster import free_port, remote_section
 from test_first_run import make_model  # a 512 x 256 FLOAT MatMul weight
+from waiting import wait_until
 
 yaml = pytest.importorskip("yaml")  # PyYAML, a dependency of moto
 
@@ -220,14 +220,12 @@ def scrape(addr: str) -> str:
 
 
 def wait_for_metric(d: Daemon, name: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
+    def page() -> str | None:
         text = scrape(d.metrics)
-        if name in exported([text]):
-            return text
-        if time.monotonic() > deadline:
-            pytest.fail(f"{name} not on {d.root.name}'s /metrics within {timeout} s:\n{text}\n{d.log_text()}")
-        time.sleep(0.2)
+        return text if name in exported([text]) else None
+
+    return wait_until(page, timeout, f"{name} on {d.root.name}'s /metrics", interval=0.2,
+                      detail=lambda: f"{scrape(d.metrics)}\n{d.log_text()}")
 
 
 def configure(d: Daemon, *lines: str) -> Daemon:
@@ -236,27 +234,43 @@ def configure(d: Daemon, *lines: str) -> Daemon:
     return d
 
 
-def over_the_uid_share(d: Daemon) -> None:
+def over_the_uid_share(d: Daemon) -> str:
     """A forked child as uid 65534 (gid 0: the socket is 0660 root:root)
-    holds three connections while the share is one: the daemon closes two."""
+    holds three connections while the share is one: the daemon closes two.
+    The child holds them until the refusal is on the daemon's /metrics page,
+    which is returned."""
     for p in (d.root.parent, d.root):
         p.chmod(0o750)
+    connected_r, connected_w = os.pipe()  # the child says it holds its connections
+    release_r, release_w = os.pipe()  # closed by the parent: the child may let go
     pid = os.fork()
-    if pid == 0:  # the child: socket calls only, then _exit
+    if pid == 0:  # the child: socket calls and the pipes only, then _exit
         status = 1
         try:
+            os.close(connected_r)
+            os.close(release_w)
             os.setgroups([])
             os.setgid(0)
             os.setuid(65534)
             held = [socket.socket(socket.AF_UNIX) for _ in range(3)]
             for c in held:
                 c.connect(str(d.socket))
-            time.sleep(1)
+            os.write(connected_w, b"c")
+            os.read(release_r, 1)  # end of file once the parent has seen the refusal (or is gone)
             status = 0
         finally:
             os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the uid 65534 child could not connect"
+    os.close(connected_w)
+    os.close(release_r)
+    try:
+        connected = os.read(connected_r, 1) == b"c"  # end of file: the child ended first
+        page = wait_for_metric(d, "ctcache_connections_refused_total") if connected else None
+    finally:
+        os.close(release_w)
+        os.close(connected_r)
+        _, status = os.waitpid(pid, 0)
+    assert connected and os.waitstatus_to_exitcode(status) == 0, "the uid 65534 child could not connect"
+    return page
 
 
 @pytest.fixture(scope="module")
@@ -298,8 +312,7 @@ def pages(root) -> list[str]:
             r = a.ctl("gc", "--all", "--yes")
             assert r.returncode == 0, r.describe()
             if os.geteuid() == 0:
-                over_the_uid_share(a)
-                wait_for_metric(a, "ctcache_connections_refused_total")
+                over_the_uid_share(a)  # returns once ctcache_connections_refused_total is on the page
             got.append(wait_for_metric(a, "ctcache_gc_evictions_total"))
         finally:
             a.stop()

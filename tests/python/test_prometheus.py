@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from e2e.harness import Daemon
 from garage_cluster import free_port
 from test_metrics_contrib import RULES, configure
+from waiting import wait_until
 
 SCRAPE_DEADLINE_S = 60
 
@@ -65,17 +65,12 @@ def test_prometheus_scrapes_the_daemon(daemon, tmp_path: Path):
                           f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + SCRAPE_DEADLINE_S
-        while True:
-            try:
-                found = query(port, 'ctcache_build_info{job="ctcache"}')
-            except OSError:
-                found = []
-            if found:
-                break
+        def scraped() -> list:
             assert p.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
-            time.sleep(0.5)
+            return query(port, 'ctcache_build_info{job="ctcache"}')
+
+        found = wait_until(scraped, SCRAPE_DEADLINE_S, "ctcache_build_info scraped by Prometheus", interval=0.5,
+                           ignore=(OSError,), detail=lambda: (tmp_path / "prometheus.log").read_text()[-3000:])
         assert found[0]["metric"]["version"], found
         assert [r["value"][1] for r in query(port, 'up{job="ctcache"}')] == ["1"]
         assert query(port, "ctcache_store_entries"), "the store gauge was not scraped"

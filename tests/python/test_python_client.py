@@ -10,6 +10,7 @@ when the binaries are not built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -25,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
+
+from waiting import WaitTimeout, now_ms, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30
@@ -248,12 +251,18 @@ class Daemon:
                  "--watch", str(self.models), "--log-format", "human"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.socket.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"ctcached did not create its socket\n{self.log.read_text(errors='replace')}")
-            time.sleep(0.05)
+        def created() -> bool:
+            if self.socket.exists():
+                return True
+            if self.proc.poll() is not None:
+                raise WaitTimeout(f"ctcached exited with {self.proc.returncode} before creating its socket")
+            return False
+
+        try:
+            wait_until(created, START_TIMEOUT_S, "ctcached creating its socket")
+        except WaitTimeout as e:
+            self.stop()
+            pytest.fail(f"{e}\n{self.log.read_text(errors='replace')}")
 
     def stop(self, sig=signal.SIGTERM, timeout=40) -> int:
         if self.proc.poll() is None:
@@ -425,12 +434,14 @@ def test_watched_folder_is_packed(ctcache, client, daemon):
     tmp = daemon.root / "watched.tmp"
     make_matmul(tmp, seed=5)
     os.rename(tmp, model)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        entries = client.list(model_path=str(model))
-        if len(entries) == 2:
-            break
-        time.sleep(0.2)
+    entries = []
+
+    def both_packed() -> bool:
+        entries[:] = client.list(model_path=str(model))
+        return len(entries) == 2
+
+    with contextlib.suppress(WaitTimeout):  # the assertion below says what is there
+        wait_until(both_packed, 60, f"two entries for {model}", interval=0.2)
     assert {ctcache.entry_format(e) for e in entries} == {"gemm.pack_b.f32", "ort.matmul_nbits"}
 
 
@@ -475,8 +486,11 @@ def test_lease_keeps_payload_through_gc(ctcache, client, daemon):
     with open(kept.payload_path, "rb") as f:
         expected = f.read()
     p = client.open_payload(kept, ttl_s=0.6)  # renewed every 0.2 s
+    expiry_ms = now_ms() + 600  # at the latest, the lease as granted ends then
     try:
-        time.sleep(1.5)  # longer than the ttl: only renewal keeps the lease
+        # Past that expiry (on the clock the daemon states it in): only renewal keeps the lease.
+        wait_until(lambda: now_ms() > expiry_ms and p.renewals >= 2, 10,
+                   "the lease's first expiry to pass, renewed twice", interval=0.01)
         assert p.renewals >= 2 and p.lease_error is None
         assert {e.key: e.leased for e in client.list()} == {kept.key: True, other.key: False}
         if ctcachectl_has_gc():
@@ -551,10 +565,12 @@ def test_readme_python_snippet_runs_as_written(installed, tmp_path):
         proc = subprocess.Popen([binary("ctcached"), "--watch", str(home / "models")], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not socket.exists():
-                assert proc.poll() is None and time.monotonic() < deadline, (home / "ctcached.log").read_text()
-                time.sleep(0.05)
+            def listening() -> bool:
+                assert proc.poll() is None, (home / "ctcached.log").read_text()
+                return socket.exists()
+
+            wait_until(listening, START_TIMEOUT_S, f"ctcached creating {socket}",
+                       detail=lambda: (home / "ctcached.log").read_text())
             r = subprocess.run([sys.executable, "-c", readme_python_snippet()], capture_output=True, text=True,
                                timeout=300, env=env, cwd=tmp_path)
         finally:

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 import real_models
 from e2e.harness import bin_dir
 from test_python_client import installed  # noqa: F401 (a fixture)
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MEMBER_UID, OUTSIDER_UID = 23456, 34567
@@ -64,12 +64,14 @@ def shipped():
         env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         preexec_fn=lambda: os.umask(0o027))  # the unit's UMask=
     socket = run / "ctcached.sock"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not socket.exists():
+
+    def listening() -> bool:
         assert daemon.poll() is None, (top / "ctcached.log").read_text()
-        assert time.monotonic() < deadline, (top / "ctcached.log").read_text()
-        time.sleep(0.05)
+        return socket.exists()
+
     try:
+        wait_until(listening, START_TIMEOUT_S, f"ctcached creating {socket}",
+                   detail=lambda: (top / "ctcached.log").read_text())
         yield {"top": top, "socket": socket, "gid": gid, "pid": daemon.pid, "log": top / "ctcached.log"}
     finally:
         daemon.terminate()

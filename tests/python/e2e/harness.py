@@ -5,7 +5,8 @@
 * :func:`ctl` / :func:`ctl_json` -- ``ctcachectl --socket S ...`` through
   ``tests/python/ctl.py`` (``$CTCACHECTL``), failing on a panic.
 * :class:`EventRecorder` -- the daemon's event stream (Python client), read on
-  a thread so a test can wait for one event with a deadline.
+  a thread so a test can wait for one event with a deadline, or for every
+  event emitted so far (:meth:`EventRecorder.settle`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import ctl as ctlmod
+from waiting import WaitTimeout, wait_until
 
 START_TIMEOUT_S = 30
 
@@ -89,18 +91,19 @@ class Daemon:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + START_TIMEOUT_S
         # The socket appears when the daemon listens; a stale one from a killed
         # process is replaced, so also wait until it answers.
-        while True:
+        def answers() -> bool:
             if self.proc.poll() is not None:
                 pytest.fail(f"ctcached exited with {self.proc.returncode} at start\n{self.log_text()}")
-            if self.socket.exists() and ctl("--socket", str(self.socket), "status", timeout=10).returncode == 0:
-                return self
-            if time.monotonic() > deadline:
-                self.stop(signal.SIGKILL)
-                pytest.fail(f"ctcached did not answer on {self.socket}\n{self.log_text()}")
-            time.sleep(0.05)
+            return self.socket.exists() and ctl("--socket", str(self.socket), "status", timeout=10).returncode == 0
+
+        try:
+            wait_until(answers, START_TIMEOUT_S, f"ctcached answering on {self.socket}")
+        except WaitTimeout as e:
+            self.stop(signal.SIGKILL)
+            pytest.fail(f"{e}\n{self.log_text()}")
+        return self
 
     @property
     def pid(self) -> int:
@@ -185,13 +188,18 @@ class EventRecorder:
             if pred(ev):
                 return ev
 
-    def sync(self, daemon: Daemon) -> None:
+    def _marker(self):
+        """The scratch folder's path, and a matcher for the daemon's watcher events about it."""
         self._scratch.mkdir(parents=True, exist_ok=True)
         marker = str(self._scratch.resolve())
 
         def watcher_event(word):
             return lambda e: e.kind == "watcher" and e.model_path == marker and word in e.detail
 
+        return marker, watcher_event
+
+    def sync(self, daemon: Daemon) -> None:
+        marker, watcher_event = self._marker()
         for _ in range(40):
             daemon.json("watch", "add", marker)
             try:
@@ -205,6 +213,17 @@ class EventRecorder:
                 self.events.clear()
                 return
         pytest.fail(f"the event subscription never became live: {self.error!r}")
+
+    def settle(self, daemon: Daemon, timeout: float = 30) -> None:
+        """Returns once every event the daemon emitted before this call is in
+        :attr:`events`: the feed is in order, so a marker event emitted now
+        (a watch added on the scratch folder, then removed) comes after them.
+        A check that something did *not* happen looks at :attr:`events` then."""
+        marker, watcher_event = self._marker()
+        daemon.json("watch", "add", marker)
+        self.wait_for(watcher_event("added"), timeout, what="the marker (watch added)")
+        daemon.json("watch", "remove", marker)
+        self.wait_for(watcher_event("removed"), timeout, what="the marker (watch removed)")
 
     def close(self) -> None:
         self._client.close()
