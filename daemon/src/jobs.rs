@@ -8,6 +8,11 @@ use ctcache::store::Entry;
 use ctcache_kernels::Backend;
 
 use crate::error::ErrorKind;
+use crate::policy::Wanted;
+use crate::scheduler::JobHandle;
+
+/// A set of submitted jobs, each with the pair it packs.
+pub(crate) type Jobs = Vec<(Wanted, JobHandle<Packed>)>;
 
 /// Identity of a pack job: same source content, format and parameters,
 /// read from the same file. Requests about different files of the same

@@ -430,3 +430,39 @@ fn sessions_hold_one_lease_each_until_their_client_goes() {
     assert_eq!(rt.block_on(active_leases(&mut c)), 0);
     d.stop();
 }
+
+/// A Materialize that packs tells its progress on the event feed: one
+/// `job_progress` event about the model per job as it finishes (`done` of
+/// `total`), so a client can show a bar while a cold materialize packs; a
+/// warm one reports its jobs as cached.
+#[tokio::test]
+async fn a_materialize_publishes_its_jobs_progress() {
+    let d = InProc::start();
+    let model = d.path("work/m.onnx");
+    write_model(&model, &two_matmuls(17));
+    let path = model.display().to_string();
+    let mut c = d.client().await;
+    for (round, phase) in [(0, "done"), (1, "cached")] {
+        let mut events = follow_events(&c).await;
+        let h = c.hand(&model).await;
+        c.materialize(in_memory(&model, &h)).await.unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let e = next_event(&mut events, 60, "the materialize's job events").await;
+            if e.kind == "job_progress" && e.model_path == path {
+                let p = e.progress.unwrap();
+                seen.push((e.detail, p.done, p.total, p.initializer));
+            }
+        }
+        assert_eq!(
+            seen.iter()
+                .map(|s| (s.0.as_str(), s.1, s.2))
+                .collect::<Vec<_>>(),
+            [(phase, 1, 2), (phase, 2, 2)],
+            "round {round}: {seen:?}"
+        );
+        let mut names: Vec<&str> = seen.iter().map(|s| s.3.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["W", "W2"], "round {round}");
+    }
+}

@@ -176,8 +176,13 @@ fn prepack_request(model: &std::path::Path, a: &PrepackArgs) -> api::PrepackRequ
     }
 }
 
-fn progress_bar(ctx: &Ctx) -> ProgressBar {
-    if !ctx.human() || !std::io::stderr().is_terminal() {
+/// Whether a bar is drawn: on a terminal, for a human reader.
+pub(crate) fn shows_progress(ctx: &Ctx) -> bool {
+    ctx.human() && std::io::stderr().is_terminal()
+}
+
+pub(crate) fn progress_bar(ctx: &Ctx) -> ProgressBar {
+    if !shows_progress(ctx) {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());

@@ -85,7 +85,7 @@ pub(crate) async fn embed(d: &Arc<Daemon>, caller: &Caller, r: EmbedRequest) -> 
         Ok((m, jobs, out))
     })
     .await?;
-    let (entries, packed) = pack::finish(jobs).await?;
+    let (entries, packed) = pack::finish(d, &r.model_path, jobs).await?;
     let (d, caller) = (d.clone(), caller.clone());
     blocking(move || {
         let mut news = Vec::with_capacity(entries.len());

@@ -191,7 +191,7 @@ pub(crate) async fn materialize(
         let who = (caller.bounded_uid(), Priority::Client);
         blocking(move || pack::submit_all(&d, &m, &ws, who, BackendRequest::Auto)).await?
     };
-    let (entries, packed) = pack::finish(jobs).await?;
+    let (entries, packed) = pack::finish(d, &r.model_path, jobs).await?;
     let cached = entries.len() as u32 - packed;
     let job = WriteJob {
         d: d.clone(),

@@ -12,11 +12,12 @@ use ctcache_kernels::compile::{BackendChoice, Compiled};
 use ctcache_kernels::{copies, Packer, Params};
 
 use super::model::{self, FormatRequest, OpenedModel};
+use super::progress;
 use super::{Error, Result};
 use crate::caller::Caller;
 use crate::error::ErrorKind;
 use crate::events::EventKind;
-use crate::jobs::{JobKey, Packed};
+use crate::jobs::{JobKey, Jobs, Packed};
 use crate::policy::Wanted;
 use crate::scheduler::{CancelToken, JobHandle, JobState, Lane, Priority};
 use crate::state::Daemon;
@@ -42,9 +43,6 @@ pub(crate) struct PrepackRequest {
     pub formats: Vec<FormatRequest>,
     pub backend: BackendRequest,
 }
-
-/// A set of submitted jobs.
-pub(crate) type Jobs = Vec<(Wanted, JobHandle<Packed>)>;
 
 /// The Prepack use case: starts (or joins) the jobs of the wanted pairs.
 pub(crate) fn prepack(d: &Arc<Daemon>, caller: &Caller, r: &PrepackRequest) -> Result<Jobs> {
@@ -444,11 +442,19 @@ pub(crate) fn fetch_remote(
 
 /// Waits for jobs: their entries in order, and how many were packed now
 /// (not found in the store). The first failure fails the whole set.
-pub(crate) async fn finish(jobs: Jobs) -> Result<(Vec<(Wanted, Entry)>, u32)> {
+pub(crate) async fn finish(
+    d: &Daemon,
+    model_path: &str,
+    jobs: Jobs,
+) -> Result<(Vec<(Wanted, Entry)>, u32)> {
     let mut packed = 0u32;
     let mut entries = Vec::with_capacity(jobs.len());
-    for (w, h) in jobs {
-        match h.finished().await {
+    let total = jobs.len() as u32;
+    for (done, (w, h)) in (1..).zip(jobs) {
+        let id = h.id;
+        let state = h.finished().await;
+        progress::publish_finished(d, model_path, (id, &w), &state, done, total);
+        match state {
             JobState::Done(p) => {
                 packed += u32::from(!p.cached);
                 entries.push((w, p.entry));

@@ -1,14 +1,14 @@
 //! Following pack jobs: each job's state in the form callers see, sent as
-//! the jobs finish and published on the event feed.
+//! the jobs finish and published on the event feed (also for the jobs a
+//! Materialize or Embed waits for, so a client can show their progress).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::pack::Jobs;
 use crate::events::{now_ms, Event, EventKind};
-use crate::jobs::{JobPhase, JobProgress, Packed};
+use crate::jobs::{JobPhase, JobProgress, Jobs, Packed};
 use crate::policy::Wanted;
 use crate::scheduler::JobState;
 use crate::state::Daemon;
@@ -84,20 +84,37 @@ pub(crate) fn follow(
             let state = h.finished().await;
             done += 1;
             let p = progress(id, &w, &state, done, total);
-            d.events.publish(Event {
-                unix_ms: now_ms(),
-                kind: EventKind::JobProgress,
-                key: None,
-                model_path: model_path.clone(),
-                detail: phase_name(p.phase).into(),
-                progress: Some(p.clone()),
-            });
+            publish(&d, &model_path, &p);
             if tx.send(p).await.is_err() {
                 return;
             }
         }
     });
     rx
+}
+
+/// Publishes a job's final state `state` as a `job_progress` event about
+/// `model_path`: the `done`-th of `total` jobs of one request to finish.
+pub(crate) fn publish_finished(
+    d: &Daemon,
+    model_path: &str,
+    (job, w): (u64, &Wanted),
+    state: &JobState<Packed>,
+    done: u32,
+    total: u32,
+) {
+    publish(d, model_path, &progress(job, w, state, done, total));
+}
+
+fn publish(d: &Daemon, model_path: &str, p: &JobProgress) {
+    d.events.publish(Event {
+        unix_ms: now_ms(),
+        kind: EventKind::JobProgress,
+        key: None,
+        model_path: model_path.to_string(),
+        detail: phase_name(p.phase).into(),
+        progress: Some(p.clone()),
+    });
 }
 
 /// The word for a phase in events and logs.

@@ -15,9 +15,10 @@ use ctcache::store::{Entry, Filter, HostFilter};
 
 use super::lookup::Target;
 use super::model::{self, FormatRequest};
-use super::pack::{self, BackendRequest, Jobs};
+use super::pack::{self, BackendRequest};
 use super::{Miss, Result};
 use crate::caller::Caller;
+use crate::jobs::Jobs;
 use crate::policy::Wanted;
 use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;

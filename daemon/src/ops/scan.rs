@@ -13,10 +13,11 @@ use ctcache::fsutil::FileStamp;
 use ctcache::onnx::Storage;
 
 use super::model::{self, OpenedModel};
-use super::pack::{self, BackendRequest, Jobs};
+use super::pack::{self, BackendRequest};
 use super::{Error, Result};
 use crate::error::ErrorKind;
 use crate::events::EventKind;
+use crate::jobs::Jobs;
 use crate::scheduler::{JobState, Priority};
 use crate::state::Daemon;
 use crate::watcher::{Changes, Owner};

@@ -174,7 +174,7 @@ fn submit_from(
     e: &Entry,
     layout: &KnownLayout,
     path: &str,
-) -> Result<pack::Jobs> {
+) -> Result<crate::jobs::Jobs> {
     let m = model::open_admin(d, std::path::Path::new(path))?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let same_source = |name: &String| digests.get(name) == Some(&e.key.source);

@@ -17,6 +17,7 @@ use crate::human;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::api;
 
+mod bar;
 mod local;
 
 use local::materialize_local;
@@ -196,13 +197,20 @@ async fn materialize_daemon(ctx: &Ctx, a: &MaterializeArgs) -> Result<bool, Fail
     };
     let call = c.materialize_for_file(req, &a.output);
     let mut call = Box::pin(call);
+    let mut bar = None;
     let built = tokio::select! {
-        r = &mut call => r?,
+        r = &mut call => r,
+        () = bar::follow(ctx, &c, &a.model, &mut bar) => unreachable!("follow never returns"),
         // The dropped call tells the daemon, which stops packing.
         _ = tokio::signal::ctrl_c() => {
+            bar.inspect(|b: &indicatif::ProgressBar| b.finish_and_clear());
             return Err(crate::interrupt::interrupted("nothing was written"));
         }
     };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let built = built?;
     // This process writes the model, with the user's own rights; Ctrl-C
     // stops the write, which removes what it made.
     let stop = crate::interrupt::on_ctrl_c_flag()?;
