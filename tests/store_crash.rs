@@ -51,15 +51,13 @@ fn crash_worker() {
     // The parent's test threads fork workers concurrently; a fork taken
     // while the parent held this dir open briefly shares its LOCK descriptor
     // (until exec closes it), so wait out a short Locked.
-    let started = std::time::Instant::now();
-    let store = loop {
+    let store = ctcache_testkit::poll(Duration::from_secs(30), Duration::from_millis(2), || {
         match Store::open(&dir, worker_options(fsync)) {
-            Err(StoreError::Locked { .. }) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(2))
-            }
-            r => break r.expect("worker open"),
+            Err(StoreError::Locked { .. }) => None,
+            r => Some(r.expect("worker open")),
         }
-    };
+    })
+    .expect("the worker's store opens within 30 s");
     println!("{READY}");
     let host = HostFilter::new(vec![cpu("x86_64-avx2", "")], None, Accept::Any);
     let ok_or_expected = |r: Result<(), StoreError>| match r {

@@ -264,9 +264,17 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
         })
         .await;
         assert!(scanned.is_some(), "the watch was never scanned");
-        // Give the private model's turn time to pass, then check it left
-        // nothing behind.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The watcher's turn at the private model ends in its skip event;
+        // then nothing of it may be left.
+        let link = watched.join("private.onnx").display().to_string();
+        let mut seen = Vec::new();
+        while !seen
+            .iter()
+            .any(|e: &api::Event| e.model_path == link && e.detail.starts_with("skipped:"))
+        {
+            let e = next_event(&mut events, 60, "the private model's skip event").await;
+            seen.push(no_hidden_names(e));
+        }
         let left = entries_for(&mut c, &digest_of(&private, "W")).await;
         assert!(left.is_empty(), "the private model was packed");
         let hidden = entries_for(&mut c, &digest_of(&closed.join("hidden.onnx"), "W")).await;
@@ -279,30 +287,27 @@ fn a_peer_never_reads_a_private_model_through_its_links() {
             deep_entries.is_empty(),
             "a user's watch reached into a subfolder"
         );
-        let mut seen = Vec::new();
         while let Ok(Ok(Some(e))) =
             tokio::time::timeout(Duration::from_millis(200), events.message()).await
         {
-            assert!(
-                !e.model_path.contains("hidden") && !e.detail.contains("hidden"),
-                "an event names what the peer may not list: {e:?}"
-            );
-            // The folder is watched and read through its handle; events
-            // name it by its path.
-            assert!(
-                !e.model_path.contains("/proc/self/fd") && !e.detail.contains("/proc/self/fd"),
-                "an event names the handle, not the path: {e:?}"
-            );
-            seen.push(e);
+            no_hidden_names(e);
         }
-        let link = watched.join("private.onnx").display().to_string();
-        assert!(
-            seen.iter()
-                .any(|e| e.model_path == link && e.detail.starts_with("skipped:")),
-            "no skip event names {link}: {seen:?}"
-        );
     });
     assert_eq!(d.stop(), Some(0));
+}
+
+/// `e`, after checking it names nothing the peer may not list, and names
+/// a watched folder by its path (it is read through its handle).
+fn no_hidden_names(e: api::Event) -> api::Event {
+    assert!(
+        !e.model_path.contains("hidden") && !e.detail.contains("hidden"),
+        "an event names what the peer may not list: {e:?}"
+    );
+    assert!(
+        !e.model_path.contains("/proc/self/fd") && !e.detail.contains("/proc/self/fd"),
+        "an event names the handle, not the path: {e:?}"
+    );
+    e
 }
 
 /// Folders uid 65534 races over in `watch_swap_helper`.
@@ -539,14 +544,7 @@ fn events_show_a_user_only_models_it_may_list() {
             .unwrap()
             .with_file_name("open")
             .join("subscribed");
-        let t0 = std::time::Instant::now();
-        while !flag.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "the follower never subscribed"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_flag(&flag, "the follower's subscription");
         // Root's private model is packed while the user follows, then a
         // model the user may see closes its watch of the stream.
         write_model(&secret, &matmul_model(256, 256, 21));

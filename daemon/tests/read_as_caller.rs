@@ -375,7 +375,7 @@ fn enumeration_shows_a_peer_only_what_it_may_read() {
         public.clone(),
     );
     let root = std::thread::spawn(move || {
-        wait_for_flag(&flag2);
+        wait_for_flag(&flag2, "the helper's flag");
         tokio::runtime::Runtime::new().unwrap().block_on(async {
             let mut c = Conn::at(&socket).await;
             for m in [&secret2, &public2] {
@@ -397,17 +397,4 @@ fn enumeration_shows_a_peer_only_what_it_may_read() {
     );
     root.join().unwrap();
     assert_eq!(d.stop(), Some(0));
-}
-
-/// Waits (at most two minutes) for the file `flag` to exist.
-fn wait_for_flag(flag: &Path) {
-    let t0 = std::time::Instant::now();
-    while !flag.exists() {
-        assert!(
-            t0.elapsed().as_secs() < 120,
-            "{} never came",
-            flag.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ctcache_api::v1 as api;
+use support::poll;
 
 /// Watchdog interval given to the daemon (200 ms: it must ping every 100 ms).
 const WATCHDOG_USEC: u64 = 200_000;
@@ -376,19 +377,15 @@ async fn runs_under_systemd_socket_activation_notify_and_watchdog() {
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     wait_for(&rx, "STOPPING=1", Duration::from_secs(30), &mut child, &log);
-    let deadline = Instant::now() + Duration::from_secs(45);
-    let code = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!(
-                "ctcached did not exit within 45 s of SIGTERM; stderr:\n{}",
-                log.text()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let exited = poll(Duration::from_secs(45), Duration::from_millis(20), || {
+        child.try_wait().unwrap()
+    });
+    let Some(code) = exited.map(|s| s.code()) else {
+        let _ = child.kill();
+        panic!(
+            "ctcached did not exit within 45 s of SIGTERM; stderr:\n{}",
+            log.text()
+        );
     };
     assert_eq!(
         code,

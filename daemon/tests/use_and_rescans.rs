@@ -58,6 +58,20 @@ async fn settled_events(c: &Client) -> tonic::Streaming<api::Event> {
 
 /// Last use (ms) and use count of each entry of `digest`, as List (which
 /// is no use) shows them.
+/// Waits until the wall clock is past every last use in `uses`, so that a
+/// use from now on is stamped later.
+fn clock_past(uses: &[(i64, u64)]) {
+    let last = uses.iter().map(|u| u.0).max().unwrap_or(0);
+    let now = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.map_or(0, |d| d.as_millis() as i64)
+    };
+    poll(Duration::from_secs(5), Duration::from_millis(1), || {
+        (now() > last).then_some(())
+    })
+    .expect("the clock moves");
+}
+
 async fn uses(c: &mut Client, digest: &[u8]) -> Vec<(i64, u64)> {
     let listed = c
         .list(api::ListRequest {
@@ -157,8 +171,8 @@ async fn the_daemons_rescans_are_no_use_and_a_clients_lookup_is() {
         "a rescan counted as use"
     );
 
-    // A client's lookup is.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // A client's lookup is (stamped after every use so far).
+    clock_past(&before);
     let hits = c.lookup(lookup_req(&digest)).await.unwrap().into_inner();
     assert!(!hits.entries.is_empty());
     let after = uses(&mut c, &digest).await;
@@ -171,7 +185,7 @@ async fn the_daemons_rescans_are_no_use_and_a_clients_lookup_is() {
     );
 
     // And so is a resolve that returns the entries.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    clock_past(&after);
     let h = c.hand(&model).await;
     c.resolve_model(api::ResolveModelRequest {
         model_path: model.display().to_string(),

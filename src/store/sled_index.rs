@@ -50,7 +50,7 @@ use sled::Transactional;
 
 use super::error::{StoreError, StoreResult};
 use super::index::{Expect, Index, Op, Precondition, Tree};
-use super::options::StoreOptions;
+use super::options::{Clock, StoreOptions};
 
 /// How often a failed index is opened again while it keeps failing.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
@@ -75,6 +75,8 @@ pub(crate) struct SledIndex {
     failed: Mutex<Option<Failed>>,
     is_failed: AtomicBool,
     reopened: AtomicBool,
+    /// The store's clock: when a reopen was last tried.
+    clock: Clock,
     /// Tests: the open `Db` fails every write for space until reopened, as
     /// sled does after a background flush failed on a full disk.
     #[cfg(test)]
@@ -89,7 +91,8 @@ struct Open {
 
 struct Failed {
     error: StoreError,
-    last_try: Option<Instant>,
+    /// The store's clock (unix ms) at the last reopen tried.
+    last_try: Option<u64>,
 }
 
 /// The same error again (the store's errors are not `Clone`: they may
@@ -140,6 +143,7 @@ impl SledIndex {
             failed: Mutex::new(None),
             is_failed: AtomicBool::new(false),
             reopened: AtomicBool::new(false),
+            clock: opts.clock.clone(),
             #[cfg(test)]
             db_failed_for_space: AtomicBool::new(false),
         })
@@ -191,11 +195,15 @@ impl SledIndex {
         // A disk that was full and has room again is tried at once: the
         // write that finds the space back must not fail for the throttle.
         let space_back = room && matches!(f.error, StoreError::IndexNoSpace { .. });
-        let too_soon = f.last_try.is_some_and(|t| t.elapsed() < RETRY_EVERY) && !space_back;
+        let now = self.clock.now_ms();
+        let too_soon = f
+            .last_try
+            .is_some_and(|t| now.saturating_sub(t) < RETRY_EVERY.as_millis() as u64)
+            && !space_back;
         if too_soon || (open.is_some() && !room) {
             return Err(again(&f.error));
         }
-        f.last_try = Some(Instant::now());
+        f.last_try = Some(now);
         // The old Db's lock is released once every user of it is done.
         *open = None;
         match Open::new(&self.path, &self.config) {
@@ -501,7 +509,7 @@ mod tests {
         let (_d, i) = open();
         *i.failed.lock().unwrap() = Some(Failed {
             error: StoreError::IndexNoSpace { op: "commit" },
-            last_try: Some(Instant::now()),
+            last_try: Some(i.clock.now_ms()),
         });
         i.is_failed.store(true, Ordering::SeqCst);
         let put = Op::Put(Tree::Entries, b"k".to_vec(), b"v".to_vec());

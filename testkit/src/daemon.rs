@@ -5,9 +5,11 @@ use std::ops::{Deref, DerefMut};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+
+use crate::poll::poll;
 use tempfile::TempDir;
 
 /// How long a start may take until the socket accepts connections.
@@ -212,22 +214,31 @@ impl Daemon {
     }
 
     fn wait_listening(&mut self) -> Result<()> {
-        let start = Instant::now();
-        while UnixStream::connect(&self.socket).is_err() {
-            let child = self.child.as_mut().context("ctcached is not running")?;
-            if let Some(status) = child.try_wait()? {
-                self.child = None;
-                bail!("ctcached exited early ({status}):\n{}", self.log());
+        let listening = poll(READY, POLL, || {
+            if UnixStream::connect(&self.socket).is_ok() {
+                return Some(Ok(()));
             }
-            ensure!(
-                start.elapsed() < READY,
+            match self.child.as_mut().map(|c| c.try_wait()) {
+                None => Some(Err(anyhow::anyhow!("ctcached is not running"))),
+                Some(Ok(None)) => None,
+                Some(Ok(Some(status))) => {
+                    Some(Err(anyhow::anyhow!("ctcached exited early ({status})")))
+                }
+                Some(Err(e)) => Some(Err(e.into())),
+            }
+        });
+        match listening {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => {
+                self.child = None;
+                bail!("{e}:\n{}", self.log())
+            }
+            None => bail!(
                 "ctcached not listening after {} s:\n{}",
                 READY.as_secs(),
                 self.log()
-            );
-            std::thread::sleep(POLL);
+            ),
         }
-        Ok(())
     }
 
     /// SIGTERM and wait (30 s at most, then kill and fail); the exit status,
@@ -239,20 +250,16 @@ impl Daemon {
         // SAFETY: kill(2) on the pid of a child this process spawned and has
         // not reaped yet.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let start = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok(Some(status));
-            }
-            if start.elapsed() > STOP {
+        match poll(STOP, POLL, || child.try_wait().transpose()) {
+            Some(status) => Ok(Some(status?)),
+            None => {
                 drop(child);
                 bail!(
                     "ctcached did not stop within {} s of SIGTERM:\n{}",
                     STOP.as_secs(),
                     self.log()
-                );
+                )
             }
-            std::thread::sleep(POLL);
         }
     }
 

@@ -115,25 +115,24 @@ impl InProcessDaemon {
     /// Waits until a health check answers (the store is open and the
     /// service serves), or the daemon ended.
     fn wait_ready(&mut self) -> Result<()> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() && self.serving() {
-                return Ok(());
+        let every = std::time::Duration::from_millis(20);
+        let ready = crate::poll::poll(std::time::Duration::from_secs(60), every, || {
+            let ended = || {
+                self.running
+                    .as_ref()
+                    .is_some_and(|r| r.thread.is_finished())
+            };
+            match std::os::unix::net::UnixStream::connect(&self.socket).is_ok() && self.serving() {
+                true => Some(true),
+                false => ended().then_some(false),
             }
-            if self
-                .running
-                .as_ref()
-                .is_some_and(|r| r.thread.is_finished())
-            {
-                return self
-                    .stop()
-                    .and_then(|()| Err(anyhow!("ctcached ended at start-up")));
-            }
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "ctcached not serving after 60 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        });
+        match ready {
+            Some(true) => Ok(()),
+            Some(false) => self
+                .stop()
+                .and_then(|()| Err(anyhow!("ctcached ended at start-up"))),
+            None => Err(anyhow!("ctcached not serving after 60 s")),
         }
     }
 

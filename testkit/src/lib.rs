@@ -41,7 +41,7 @@ pub use model::{
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
 pub use payload::{paths_under, payload_intact, rot_payload};
-pub use poll::{eventually, eventually_async};
+pub use poll::{eventually, eventually_async, poll};
 #[cfg(target_os = "linux")]
 pub use resident::resident;
 pub use tmpfs::{fill, Tmpfs};

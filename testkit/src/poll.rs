@@ -6,14 +6,28 @@ use std::time::{Duration, Instant};
 /// How long [`eventually`] waits.
 const EVENTUALLY: Duration = Duration::from_secs(30);
 
+/// Calls `f` every `every` until it returns `Some`, and returns that; `None`
+/// once `timeout` has passed. The suite's one blocking poll: a test waits
+/// on its condition through this (or [`eventually_async`]), never for a
+/// fixed time.
+pub fn poll<T>(timeout: Duration, every: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// Polls `f` every 100 ms until it returns true; panics, naming `what`,
 /// after 30 s.
 pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < EVENTUALLY, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll(EVENTUALLY, Duration::from_millis(100), || f().then_some(()))
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"));
 }
 
 /// Polls `f` every 50 ms until it returns `Some`; `None` once `timeout` has

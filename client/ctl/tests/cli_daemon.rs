@@ -790,21 +790,15 @@ async fn open_payload_lease_survives_gc_until_dropped() {
     assert_eq!(g["removed"][0]["key"], b.key.as_str(), "{g}");
     // Dropped: the lease task releases it in the background.
     drop(pa);
-    let mut removed = false;
-    for _ in 0..100 {
-        let g = tokio::task::block_in_place(|| gc(&d));
-        if g["removed"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|i| i["key"] == a.key.as_str())
-        {
-            removed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(removed, "the dropped payload's entry was never collected");
+    tokio::task::block_in_place(|| {
+        eventually("the dropped payload's entry collected", || {
+            gc(&d)["removed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["key"] == a.key.as_str())
+        })
+    });
     // A gone entry cannot be opened; the error says which.
     let err = c.open_payload(a).await.unwrap_err();
     assert_eq!(err.code(), Some(tonic::Code::NotFound), "{err}");
@@ -882,7 +876,17 @@ fn ls_shows_the_model_and_sorts_by_model_last_use_and_size() {
     // Reading one of b's payloads makes it the most recently used entry
     // (a's entries were created after b's).
     let key = by_model[3]["key"].as_str().unwrap().to_string();
-    std::thread::sleep(std::time::Duration::from_millis(5));
+    // Stamped later than every entry so far: the clock passes the newest.
+    let newest = by_model
+        .iter()
+        .flat_map(|e| [&e["last_access_unix_ms"], &e["created_unix_ms"]])
+        .filter_map(Value::as_i64)
+        .max()
+        .unwrap_or(0);
+    eventually("the clock past the newest entry", || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.map_or(0, |d| d.as_millis() as i64) > newest
+    });
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let c = Client::connect_to(&d.socket).await.unwrap();
         c.read_payload(&key, 0, 0).await.unwrap();

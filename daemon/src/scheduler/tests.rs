@@ -2,28 +2,53 @@
 
 use super::*;
 use std::sync::atomic::AtomicUsize;
+use std::sync::Condvar;
 use std::time::Duration;
 
 async fn wait<V: Clone>(h: JobHandle<V>) -> JobState<V> {
     h.finished().await
 }
 
+/// A latch: a job waits on it until the test opens it, so a test says when
+/// a job ends instead of assuming how long it takes.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn wait(&self) {
+        let (open, changed) = &*self.0;
+        let mut open = open.lock().unwrap();
+        while !*open {
+            open = changed.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        let (open, changed) = &*self.0;
+        *open.lock().unwrap() = true;
+        changed.notify_all();
+    }
+}
+
 #[tokio::test]
 async fn single_flight_runs_once() {
     let s: Scheduler<&str, u32> = Scheduler::new(2, 0, 1 << 20, usize::MAX);
     let runs = Arc::new(AtomicUsize::new(0));
+    // The first job runs until all eight were submitted.
+    let gate = Gate::default();
     let mut handles = Vec::new();
     for _ in 0..8 {
-        let r = runs.clone();
+        let (r, g) = (runs.clone(), gate.clone());
         handles.push(
             s.submit(None, "k", Lane::Cpu, Priority::Client, 10, move |_| {
-                std::thread::sleep(Duration::from_millis(100));
+                g.wait();
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(7)
             })
             .unwrap(),
         );
     }
+    gate.open();
     for h in handles {
         assert_eq!(wait(h).await, JobState::Done(7));
     }
@@ -33,10 +58,12 @@ async fn single_flight_runs_once() {
 #[tokio::test]
 async fn abandoned_client_job_is_cancelled() {
     let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20, usize::MAX);
-    // Occupy the only worker.
+    // Occupy the only worker until the job behind it is abandoned.
+    let gate = Gate::default();
+    let g = gate.clone();
     let blocker = s
-        .submit(None, 0, Lane::Cpu, Priority::Client, 1, |_| {
-            std::thread::sleep(Duration::from_millis(200));
+        .submit(None, 0, Lane::Cpu, Priority::Client, 1, move |_| {
+            g.wait();
             Ok(0)
         })
         .unwrap();
@@ -50,8 +77,14 @@ async fn abandoned_client_job_is_cancelled() {
         .unwrap();
     let state = h.state.clone();
     drop(h);
+    gate.open();
     wait(blocker).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A job queued after it has run on the only worker: the abandoned job
+    // was passed over, not run.
+    let after = s
+        .submit(None, 2, Lane::Cpu, Priority::Client, 1, |_| Ok(2))
+        .unwrap();
+    assert_eq!(wait(after).await, JobState::Done(2));
     assert!(!ran.load(Ordering::SeqCst));
     assert_eq!(*state.borrow(), JobState::Cancelled);
 }
@@ -60,9 +93,11 @@ async fn abandoned_client_job_is_cancelled() {
 async fn clients_go_before_the_watcher() {
     let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20, usize::MAX);
     let order = Arc::new(Mutex::new(Vec::new()));
+    let gate = Gate::default();
+    let g = gate.clone();
     let blocker = s
-        .submit(None, 0, Lane::Cpu, Priority::Client, 1, |_| {
-            std::thread::sleep(Duration::from_millis(100));
+        .submit(None, 0, Lane::Cpu, Priority::Client, 1, move |_| {
+            g.wait();
             Ok(0)
         })
         .unwrap();
@@ -80,6 +115,7 @@ async fn clients_go_before_the_watcher() {
             Ok(2)
         })
         .unwrap();
+    gate.open();
     wait(blocker).await;
     wait(w).await;
     wait(c).await;
@@ -90,13 +126,11 @@ async fn clients_go_before_the_watcher() {
 async fn the_gpu_lane_runs_while_the_cpu_workers_are_busy() {
     let s: Scheduler<u32, String> = Scheduler::new(1, 1, 1 << 20, usize::MAX);
     assert!(s.has_gpu_lane());
-    let release = Arc::new(AtomicBool::new(false));
+    let release = Gate::default();
     let r = release.clone();
     let blocker = s
         .submit(None, 0, Lane::Cpu, Priority::Client, 1, move |_| {
-            while !r.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            r.wait();
             Ok(String::new())
         })
         .unwrap();
@@ -113,7 +147,7 @@ async fn the_gpu_lane_runs_while_the_cpu_workers_are_busy() {
         .expect("the GPU job ran although the only CPU worker was busy");
     assert_eq!(state, JobState::Done("ctcache-gpu-0".into()));
     assert_eq!(s.stats().gpu_runs.load(Ordering::SeqCst), 1);
-    release.store(true, Ordering::SeqCst);
+    release.open();
     wait(blocker).await;
 }
 
@@ -136,10 +170,11 @@ async fn without_gpu_workers_gpu_jobs_run_on_the_cpu() {
 async fn a_key_running_on_one_lane_is_joined_from_the_other() {
     let s: Scheduler<u32, u32> = Scheduler::new(1, 1, 1 << 20, usize::MAX);
     let runs = Arc::new(AtomicUsize::new(0));
-    let r = runs.clone();
+    let (r, gate) = (runs.clone(), Gate::default());
+    let g = gate.clone();
     let a = s
         .submit(None, 7, Lane::Gpu, Priority::Client, 1, move |_| {
-            std::thread::sleep(Duration::from_millis(100));
+            g.wait();
             r.fetch_add(1, Ordering::SeqCst);
             Ok(1)
         })
@@ -152,6 +187,7 @@ async fn a_key_running_on_one_lane_is_joined_from_the_other() {
         })
         .unwrap();
     assert!(b.joined);
+    gate.open();
     assert_eq!(wait(a).await, JobState::Done(1));
     assert_eq!(wait(b).await, JobState::Done(1));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -160,19 +196,17 @@ async fn a_key_running_on_one_lane_is_joined_from_the_other() {
 #[tokio::test]
 async fn waiting_jobs_are_bounded_per_owner() {
     let s: Scheduler<u32, u32> = Scheduler::new(1, 0, 1 << 20, 2);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let rx = Arc::new(Mutex::new(rx));
-    // Occupies the only worker until told to finish.
-    let r = rx.clone();
+    // Occupies the only worker (it says when it runs) until told to finish.
+    let (started, release) = (Gate::default(), Gate::default());
+    let (st, r) = (started.clone(), release.clone());
     let blocker = s
         .submit(Some(7), 0, Lane::Cpu, Priority::Client, 1, move |_| {
-            let _ = r.lock().unwrap().recv();
+            st.open();
+            r.wait();
             Ok(0)
         })
         .unwrap();
-    while s.stats().running.load(Ordering::Relaxed) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    started.wait();
     let a = s
         .submit(Some(7), 1, Lane::Cpu, Priority::Client, 1, |_| Ok(1))
         .unwrap();
@@ -195,7 +229,7 @@ async fn waiting_jobs_are_bounded_per_owner() {
     let admin = s
         .submit(None, 5, Lane::Cpu, Priority::Client, 1, |_| Ok(5))
         .unwrap();
-    tx.send(()).unwrap();
+    release.open();
     for h in [blocker, a, b, joined, other, admin] {
         assert!(matches!(wait(h).await, JobState::Done(_)));
     }

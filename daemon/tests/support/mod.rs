@@ -18,8 +18,17 @@ use ctcache_testkit::MatMul;
 use tonic::transport::Channel;
 
 pub use ctcache_testkit::{
-    digest_of_file as digest_of, eventually_async as eventually, rot_payload, write_model,
+    digest_of_file as digest_of, eventually_async as eventually, poll, rot_payload, write_model,
 };
+
+/// Waits (at most two minutes) for the file `flag` to exist: a helper
+/// process tells where it is by making it.
+pub fn wait_for_flag(flag: &Path, what: &str) {
+    poll(Duration::from_secs(120), Duration::from_millis(20), || {
+        flag.exists().then_some(())
+    })
+    .unwrap_or_else(|| panic!("{what}: {} never came", flag.display()));
+}
 
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ctcached"))
