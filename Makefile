@@ -1,4 +1,4 @@
-# Build and install ctcache (docs/OPERATIONS.md, "Install").
+# Build and install ctcache (docs/operations/install.md).
 #
 #   make build                    release build of ctcached and ctcachectl
 #   sudo make install             binaries, systemd units, sysusers/tmpfiles,

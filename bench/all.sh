@@ -9,7 +9,8 @@
 #       --only      run only these benches (names below)
 #       --markdown  also write the table into docs/PERFORMANCE.md between its
 #                   markers (with --only: just the rows of those benches, the
-#                   note says which run measured them), then README.md's
+#                   note says which command measured them on what machine,
+#                   without a date: the docs carry none), then README.md's
 #                   headline summary from that table (bench/results.py HEADLINE)
 #   bench/all.sh --check-table    docs/PERFORMANCE.md's table has exactly the
 #                                 figures declared below and README.md's summary
@@ -116,10 +117,10 @@ if [ "$markdown" = 1 ]; then
   cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
   if [ -n "$only" ]; then
     python3 bench/results.py markdown "$work/figures" "${logs[@]}" --doc "$DOC" --update \
-      --note "The rows of $only: \`bench/all.sh --only $only --markdown\` on $(date -u +%Y-%m-%d) ($(nproc) CPUs, Linux $(uname -r))."
+      --note "The rows of $only: \`bench/all.sh --only $only --markdown\` ($(nproc) CPUs, $(uname -m), Linux $(uname -r))."
   else
     python3 bench/results.py markdown "$work/figures" "${logs[@]}" --doc "$DOC" \
-      --note "Measured by \`bench/all.sh --markdown\` on $(date -u +%Y-%m-%d): $(nproc) CPUs ($cpu), Linux $(uname -r)."
+      --note "Measured by \`bench/all.sh --markdown\`: $(nproc) CPUs ($cpu), $(uname -m), Linux $(uname -r)."
   fi
   python3 bench/results.py summary "$DOC" README.md
 fi

@@ -3,7 +3,7 @@
 # systemd units, sysusers.d / tmpfiles.d files, the example config, the man
 # pages (ctcached(8), ctcachectl(1) and one per ctcachectl command) and shell
 # completions (when the binaries can print them) and the operations guide.
-# See docs/OPERATIONS.md, "Install".
+# See docs/operations/install.md.
 #
 #   scripts/install.sh [install|uninstall|units] [VAR=value ...]
 #   make install PREFIX=/usr DESTDIR=/tmp/pkg      (the same, through make)
@@ -129,8 +129,9 @@ do_install() {
 
   # Docs and pristine examples (always current), then the live config files
   # only where none exist yet.
-  install -d -m 0755 "$(d "$DOCDIR")/examples"
+  install -d -m 0755 "$(d "$DOCDIR")/examples" "$(d "$DOCDIR")/operations"
   install -m 0644 "$here/docs/OPERATIONS.md" "$(d "$DOCDIR")/OPERATIONS.md"
+  install -m 0644 "$here"/docs/operations/*.md "$(d "$DOCDIR")/operations/"
   install -m 0644 "$here/systemd/ctcached.toml" "$(d "$DOCDIR")/examples/ctcached.toml"
   install -m 0644 "$here/systemd/gc.env" "$(d "$DOCDIR")/examples/gc.env"
   install -d -m 0755 "$(d "$CONFDIR")"

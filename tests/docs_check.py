@@ -4,21 +4,28 @@
     tests/docs_check.py [CTCACHECTL]      (else $CTCACHECTL, else the debug build)
 
 Checks, standard library only:
-- every repository path README.md and docs/*.md name in backticks or links
-  (a token with a '/' that starts with a top-level folder, or a top-level
-  file such as Cargo.toml) exists;
+- every repository path README.md, docs/*.md and docs/operations/*.md name
+  in backticks or links (a token with a '/' that starts with a top-level
+  folder, or a top-level file such as Cargo.toml) exists;
 - every `ctcachectl` command docs/CLI.md documents (its headings, and the
   first column of its command tables) exists, and every command of
   `ctcachectl --help` (and of its command groups) is documented there;
 - every long option CLI.md names for a command (in the command's heading or
   row, and in the code spans of its section) is in that command's --help
   (global options count for every command);
-- README.md is at most 8,000 characters;
+- README.md is at most 8,000 characters, and each part of the operations
+  guide (docs/operations/*.md) at most 40,000;
+- no markdown table cell in README.md or the docs is over 400 characters
+  (a longer explanation goes in prose below its table);
+- no line of README.md or the docs, outside code blocks and code spans,
+  carries a date of the form 20YY-MM-DD (a date of measurement or of
+  history goes stale; what is true is said in the present tense);
 - every decision the code and the docs cite (`D3`, `D12`, ...) is defined in
   docs/DECISIONS.md.
 
 Each failure names the file, the line and what is missing; exit 1 if any.
-(Configuration keys against OPERATIONS.md are a Rust test: daemon/src/config.)
+(Configuration keys against docs/operations/configure.md's key table are a
+Rust test: daemon/src/config.)
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README_MAX = 8000
+PART_MAX = 40000   # each docs/operations/*.md
+CELL_MAX = 400     # a markdown table cell
 TOP_DIRS = ("src/ format/ files/ proto/ convert/ kernels/ daemon/ client/ remote/ testkit/ tests/ "
             "bench/ benches/ systemd/ docs/ scripts/ contrib/ examples/ .ci/").split()
 TOP_FILES = {"Cargo.toml", "Cargo.lock", "Makefile", "README.md", ".gitignore"}
@@ -47,7 +56,43 @@ def fail(path: Path, line: int, what: str) -> None:
 
 
 def docs() -> list[Path]:
-    return [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+    return ([REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+            + sorted((REPO / "docs" / "operations").glob("*.md")))
+
+
+def prose_lines(doc: Path):
+    """(line number, line) of each line outside fenced code blocks."""
+    fenced = False
+    for n, line in enumerate(doc.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield n, line
+
+
+# ---- sizes, table cells, dates --------------------------------------------------
+
+CELL_SPLIT = re.compile(r"(?<!\\)\|")
+# A calendar date 20YY-MM-DD: a date of measurement or history. Code spans are
+# left out (an IAM policy's "Version": "2012-10-17" is in a code block anyway),
+# and so are ids that merely contain digits (CVE-2026-34446 has no day).
+DATE = re.compile(r"(?<![\w-])20\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w-])")
+
+
+def check_sizes_cells_dates() -> None:
+    for part in sorted((REPO / "docs" / "operations").glob("*.md")):
+        size = len(part.read_text())
+        if size > PART_MAX:
+            fail(part, 1, f"is {size} characters, more than {PART_MAX}")
+    for doc in docs():
+        for n, line in prose_lines(doc):
+            if line.lstrip().startswith("|"):
+                for i, cell in enumerate(CELL_SPLIT.split(line.strip().strip("|")), 1):
+                    if len(cell.strip()) > CELL_MAX:
+                        fail(doc, n, f"table cell {i} is {len(cell.strip())} characters, more than {CELL_MAX}")
+            if m := DATE.search(CODE.sub("", line)):
+                fail(doc, n, f"carries the date {m.group(0)}: say what is true now, without a date")
 
 
 # ---- repository paths ---------------------------------------------------------
@@ -67,13 +112,7 @@ def path_of(token: str) -> str | None:
 
 def check_paths() -> None:
     for doc in docs():
-        fenced = False
-        for n, line in enumerate(doc.read_text().splitlines(), 1):
-            if line.startswith("```"):
-                fenced = not fenced
-                continue
-            if fenced:
-                continue
+        for n, line in prose_lines(doc):
             for m in CODE.finditer(line):
                 p = path_of(m.group(1))
                 if p and not (REPO / p).exists():
@@ -229,6 +268,7 @@ def main(argv: list[str]) -> int:
     size = len(readme.read_text())
     if size > README_MAX:
         fail(readme, 1, f"is {size} characters, more than {README_MAX}")
+    check_sizes_cells_dates()
     check_paths()
     check_decisions()
     check_cli(ctl)
@@ -237,7 +277,8 @@ def main(argv: list[str]) -> int:
     if problems:
         print(f"docs check: {len(problems)} problems", file=sys.stderr)
         return 1
-    print(f"docs check: README.md ({size} characters) and docs/*.md agree with the repository and {ctl}")
+    print(f"docs check: README.md ({size} characters), docs/*.md and docs/operations/*.md agree with the "
+          f"repository and {ctl}")
     return 0
 
 

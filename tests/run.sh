@@ -196,8 +196,10 @@ step "performance table (docs/PERFORMANCE.md) and README summary"
 bench/all.sh --check-table
 
 step "docs check"
-# Paths README.md and docs/*.md name exist; docs/CLI.md documents exactly
-# ctcachectl's commands and only options they have; README.md is short.
+# Paths README.md, docs/*.md and docs/operations/*.md name exist; docs/CLI.md
+# documents exactly ctcachectl's commands and only options they have; README.md
+# is short, each operations part at most 40k characters, no table cell over
+# 400, no dated line.
 "$VENV/bin/python" tests/docs_check.py "$CTCACHECTL"
 
 step "size and error types"

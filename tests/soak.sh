@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The promise under faults (docs/OPERATIONS.md, "What ctcache promises"):
+# The promise under faults (docs/operations/troubleshoot.md, "What ctcache promises"):
 # clients, a writer and a fault driver (SIGKILL + restart, a full cache file
 # system, damaged payloads, tight gc) against a debug ctcached for
 # --seconds N (default 60), on a fixed --seed. Prints the table and a last

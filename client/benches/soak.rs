@@ -1,4 +1,4 @@
-//! The promise under faults (docs/OPERATIONS.md, "What ctcache promises"):
+//! The promise under faults (docs/operations/troubleshoot.md, "What ctcache promises"):
 //! for a bounded time, clients resolve, look up, lease + map and read while
 //! a writer prepacks new models of the watched folder, puts entries of its
 //! own and materializes and embeds models, and a fault driver on a fixed

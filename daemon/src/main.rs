@@ -19,7 +19,7 @@ mod transport;
     long_about = "The compiled-tensor cache daemon: packs ONNX initializers into device-specific \
                   layouts, stores them once per (source digest, device, physical type) and serves \
                   them over gRPC on a Unix socket. Flags override the CTCACHE_* environment, which \
-                  overrides the config file (docs/OPERATIONS.md, \"Configuration\").",
+                  overrides the config file (docs/operations/configure.md).",
     after_help = "Stops (draining open calls) on SIGTERM or SIGINT. `ctcachectl status` talks to it."
 )]
 struct Args {

@@ -118,7 +118,7 @@ impl UseCase {
 
     /// Reads the cache or the daemon's state and changes nothing a caller
     /// could notice (ResolveModel packs only what its caller may already
-    /// have packed through a watched folder; see docs/OPERATIONS.md).
+    /// have packed through a watched folder; see docs/operations/secure.md).
     /// RemoteStatus is not: it makes the daemon send a request.
     pub fn reads_only(self) -> bool {
         matches!(
@@ -142,18 +142,18 @@ impl UseCase {
 mod tests {
     use super::UseCase;
 
-    /// OPERATIONS.md's row for plain TCP callers names exactly the use cases
-    /// that only read (health is `Health`).
+    /// docs/operations/secure.md's row for plain TCP callers names exactly
+    /// the use cases that only read (health is `Health`).
     #[test]
     fn the_read_only_set_is_the_one_operations_states() {
         let doc = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/OPERATIONS.md"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations/secure.md"),
         )
         .unwrap();
         let row = doc
             .lines()
             .find(|l| l.starts_with("| TCP without one"))
-            .expect("OPERATIONS.md has the plain TCP row");
+            .expect("docs/operations/secure.md has the plain TCP row");
         let reads = row
             .split_once("Reads only:")
             .and_then(|(_, r)| r.split_once("Every other method"))

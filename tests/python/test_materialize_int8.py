@@ -257,7 +257,7 @@ def test_gather_and_conv_through_the_daemon(ctcache, daemon, tmp_path):  # noqa:
             assert x.tobytes() == y.tobytes()
 
 
-# docs/OPERATIONS.md's rules for the int8 target (with min_elements = 1 for these small weights).
+# docs/operations/configure.md's rules for the int8 target (with min_elements = 1 for these small weights).
 INT8_POLICY = """
 [[policy]]
 format = "ort.quantize_dynamic"

@@ -218,11 +218,11 @@ fn a_zero_gc_limit_is_refused_naming_the_key() {
 }
 
 /// Every key the daemon reads is shown in the example config with its
-/// default, and has a row in OPERATIONS' key table.
+/// default, and has a row in the key table of docs/operations/configure.md.
 #[test]
 fn every_key_is_in_the_example_config_and_the_key_table() {
     let example = include_str!("../../../systemd/ctcached.toml");
-    let operations = include_str!("../../../docs/OPERATIONS.md");
+    let operations = include_str!("../../../docs/operations/configure.md");
     let defaults = Config::default().to_toml();
     let top = defaults.split("\n[").next().unwrap();
     let mut keys: Vec<&str> = top
@@ -250,7 +250,7 @@ fn every_key_is_in_the_example_config_and_the_key_table() {
             operations
                 .lines()
                 .any(|l| l.starts_with("| `") && l.contains(&format!("`{key}`"))),
-            "docs/OPERATIONS.md has no row for {key}"
+            "docs/operations/configure.md has no row for {key}"
         );
     }
     // The [remote] table's keys, after its commented header.
