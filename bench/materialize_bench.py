@@ -307,9 +307,10 @@ def in_memory(client, model: Path, dim: int, target: str = "int4"):
 
     settings = {"bits": BITS, "block_size": BLOCK, "symmetric": SYMMETRIC} if target == "int4" else {}
     t0 = time.perf_counter()
-    r = client.materialize(model, None, in_memory=True, target=f"onnxruntime-{target}", **settings)
+    r, holder = client.materialize(model, None, in_memory=True, hold=True, target=f"onnxruntime-{target}",
+                                   **settings)
     t1 = time.perf_counter()
-    sess = cort._session_in_memory(client, r, None, ["CPUExecutionProvider"], 30.0)
+    sess = cort._session_in_memory(client, r, holder, None, ["CPUExecutionProvider"], 30.0)
     t2 = time.perf_counter()
     y = run_check(sess, dim)
     return {"total": t2 - t0, "rpc": t1 - t0, "session": t2 - t1, "resp": r}, y
