@@ -86,6 +86,25 @@ pub(crate) fn quiet_nan(x: f32) -> f32 {
     f32::from_bits(x.to_bits() | 0x0040_0000)
 }
 
+/// Rare path of the vector kernels: redoes the NaN lanes of `count`
+/// elements with numpy's rule (the hardware conversion sets the quiet bit).
+///
+/// # Safety
+/// `src` must hold `count` f32 and `out` room for `count` f16, unaligned.
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn fix_nans(src: *const u8, out: *mut u8, count: usize) {
+    for j in 0..count {
+        let x = f32::from_le_bytes(src.add(4 * j).cast::<[u8; 4]>().read_unaligned());
+        if x.is_nan() {
+            out.add(2 * j)
+                .cast::<[u8; 2]>()
+                .write_unaligned(f32_to_f16_bits(x).to_le_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ pub mod compile;
 pub mod copies;
 pub mod decoder;
 pub mod device;
+pub mod error;
 pub mod formats;
 pub mod fp16;
 pub mod gpu;
@@ -23,9 +24,10 @@ pub mod registry;
 mod util;
 
 pub use buffer::OutputBuffer;
+pub use error::PackError;
 pub use gpu::{pack_on, Backend};
 pub use isa::Isa;
-pub use packer::{Orientation, PackError, PackedLayout, Packer, SourceTensor};
+pub use packer::{Orientation, PackedLayout, Packer, SourceTensor};
 pub use params::{ParamSpec, Params};
 
 static CATALOGUE: [&dyn Packer; 9] = [

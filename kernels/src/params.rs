@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::packer::PackError;
+use crate::error::PackError;
 
 /// One accepted parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

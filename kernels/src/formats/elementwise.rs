@@ -7,8 +7,9 @@ use ctcache::dtype::DataType;
 use ctcache::pb;
 
 use crate::decoder::{Builder, OUTPUT};
+use crate::error::PackError;
 use crate::layout::{field, leaf, nested, root, size_bits, Count};
-use crate::packer::{PackError, PackedLayout};
+use crate::packer::PackedLayout;
 
 /// An element-by-element output type.
 pub(crate) struct Elementwise<'a> {

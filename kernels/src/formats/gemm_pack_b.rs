@@ -10,9 +10,10 @@ use rayon::prelude::*;
 
 use crate::decoder::{ints, Builder, OUTPUT};
 use crate::device::cpu_requirement;
+use crate::error::PackError;
 use crate::isa::Isa;
 use crate::layout::{const_i64, field, leaf, nested, root, size_bits, Count};
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 use crate::util::us;
 

@@ -6,8 +6,9 @@
 use ctcache::dtype::DataType;
 
 use super::elementwise::{check_fits, Elementwise};
+use crate::error::PackError;
 use crate::isa::Isa;
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 
 /// The identity packer.

@@ -4,9 +4,10 @@
 
 use ctcache::dtype::DataType;
 
+use crate::error::PackError;
 use crate::isa::Isa;
 use crate::layout::size_bits;
-use crate::packer::{PackError, SourceTensor};
+use crate::packer::SourceTensor;
 use crate::params::Params;
 use crate::{catalogue, find};
 
@@ -243,7 +244,7 @@ fn matmul_nbits_rounding_and_blocks() {
     assert!(asym[..8].iter().all(|&b| b == 0xff));
     assert_eq!(asym[12], 0x80); // zp 0, spare nibble 8
                                 // K not a multiple of the block: codes past K are 0 (odd K keeps the
-                                // previous high code, see nbits_kernel).
+                                // previous high code, see matmul_nbits::kernel).
     let w = f32_bytes(&[-1.0f32, 1.0, 0.5]);
     let out = pack_all(
         "ort.matmul_nbits",
@@ -906,7 +907,7 @@ fn cast_every_isa_agrees_on_every_tail() {
 #[cfg(target_arch = "aarch64")]
 #[test]
 fn neon_half_conversions_match_the_scalar_rules() {
-    use super::cast_kernel::Target;
+    use super::cast::target::Target;
     use super::fp16_neon::f16x4_to_f32;
     use crate::fp16::{f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
     use std::arch::aarch64::*;
@@ -956,7 +957,7 @@ fn neon_half_conversions_match_the_scalar_rules() {
     ] {
         let mut out = vec![0u8; 2 * xs.len()];
         // SAFETY: as above.
-        let done = unsafe { super::cast_neon::convert_run(t, &src, &mut out) };
+        let done = unsafe { super::cast::neon::convert_run(t, &src, &mut out) };
         assert_eq!(done, xs.len());
         for (x, o) in xs.iter().zip(out.chunks_exact(2)) {
             let got = u16::from_le_bytes([o[0], o[1]]);

@@ -7,9 +7,10 @@
 use ctcache::dtype::DataType;
 use proptest::prelude::*;
 
+use crate::error::PackError;
 use crate::find;
 use crate::isa::Isa;
-use crate::packer::{PackError, SourceTensor};
+use crate::packer::SourceTensor;
 use crate::params::Params;
 
 /// `compute_scale_zp` + `quantize_nparray` on one channel, as numpy does it.

@@ -1,22 +1,18 @@
-//! The wgpu device: adapter choice, the compute pipelines, and the entry
-//! point that validates a request and hands it to the format's driver.
+//! The wgpu device: adapter choice and the compute pipelines (the entry
+//! point that hands a request to a format's driver is `packing.rs`).
 
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use ctcache::dtype::DataType;
-
-use super::{cast, ggml, nbits, AdapterSummary, GpuError};
-use crate::packer::check_lengths;
-use crate::{PackError, Params, SourceTensor};
+use super::{AdapterSummary, GpuError};
 
 /// Source bytes per chunk unless the adapter allows less: large enough
 /// that per-chunk round trips are negligible, small enough to bound the
 /// device memory of one pack.
-const DEFAULT_CHUNK: u64 = 64 << 20;
+pub(super) const DEFAULT_CHUNK: u64 = 64 << 20;
 /// Smallest chunk: one block of 256 FLOAT rows of one column.
-const MIN_CHUNK: u64 = 1024;
+pub(super) const MIN_CHUNK: u64 = 1024;
 /// Invocations per workgroup (the shaders' `@workgroup_size`).
 pub(super) const WORKGROUP: u32 = 64;
 
@@ -117,52 +113,6 @@ impl GpuBackend {
     /// Whether this backend has a kernel for `packer_id`.
     pub fn supports(packer_id: &str) -> bool {
         super::supports(packer_id)
-    }
-
-    /// Packs like the CPU packer `packer_id` (same bytes), in chunks that
-    /// fit the device.
-    pub fn pack(
-        &self,
-        packer_id: &str,
-        src: &SourceTensor<'_>,
-        params: &Params,
-        out: &mut [u8],
-    ) -> Result<(), GpuError> {
-        self.pack_chunked(packer_id, src, params, out, DEFAULT_CHUNK)
-    }
-
-    /// [`GpuBackend::pack`] with at most `chunk_bytes` source bytes on the
-    /// device at a time (clamped to the device's limits); for tests and
-    /// tuning.
-    pub fn pack_chunked(
-        &self,
-        packer_id: &str,
-        src: &SourceTensor<'_>,
-        params: &Params,
-        out: &mut [u8],
-        chunk_bytes: u64,
-    ) -> Result<(), GpuError> {
-        let packer =
-            crate::find(packer_id).ok_or_else(|| PackError::UnknownPacker(packer_id.into()))?;
-        let layout = packer.output(src.data_type, src.dims, params)?;
-        check_lengths(src, out, layout.payload_len)?;
-        let unsupported = |reason: &str| GpuError::Unsupported {
-            packer: packer_id.to_string(),
-            reason: reason.to_string(),
-        };
-        if !super::supports(packer_id) {
-            return Err(unsupported("no GPU kernel for this packer"));
-        }
-        if src.data_type != DataType::FLOAT {
-            return Err(unsupported("only FLOAT sources have a GPU kernel"));
-        }
-        let chunk = chunk_bytes.min(self.max_binding).max(MIN_CHUNK);
-        match packer_id {
-            "ort.matmul_nbits" => nbits::pack(self, packer, src, params, out, chunk),
-            "ggml.q8_0" | "ggml.q4_0" => ggml::pack(self, packer, src, params, out, chunk),
-            "cast.f16" => cast::pack(self, packer, src, out, chunk),
-            _ => Err(unsupported("no GPU kernel for this packer")),
-        }
     }
 
     pub(super) fn pipeline(&self, k: Kernel) -> &wgpu::ComputePipeline {

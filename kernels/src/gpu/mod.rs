@@ -28,6 +28,8 @@ mod ggml;
 #[cfg(feature = "wgpu")]
 mod nbits;
 #[cfg(feature = "wgpu")]
+mod packing;
+#[cfg(feature = "wgpu")]
 mod session;
 #[cfg(not(feature = "wgpu"))]
 mod stub;

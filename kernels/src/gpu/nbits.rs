@@ -14,7 +14,7 @@
 //!    packed by the CPU packer from their own values.
 //!
 //! Last, for 4 bits and odd K, the padding nibble of each column's last
-//! byte is set as the CPU does (see `nbits_kernel`).
+//! byte is set as the CPU does (see `formats::matmul_nbits::kernel`).
 
 use super::backend::{GpuBackend, Kernel};
 use super::chunk::{block_stats, cpu_pack, set_nibble, to_bytes, u32_at, SKIP};
@@ -356,7 +356,7 @@ impl ChunkPack<'_> {
 
 /// 4 bits, odd K: the unpaired last element's byte takes as high nibble the
 /// high code of the previous pair of the same 2*bs-row work item, which
-/// the chunks could not see (nbits_kernel's rule).
+/// the chunks could not see (the CPU kernel's rule).
 fn odd_k_nibbles(g: &Geometry, out: &mut [u8]) {
     let b = g.kb - 1;
     let len = g.k - b * g.bs;

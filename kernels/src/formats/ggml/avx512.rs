@@ -1,14 +1,14 @@
 //! AVX-512 (F + BW + VL, with F16C) ggml Q8_0 / Q4_0 blocks: one block is
 //! two 16-lane vectors. As in `ggml_avx2`, blocks with a NaN or an infinite
 //! magnitude, and Q8_0 blocks whose `1/d` overflows, go to the scalar
-//! reference (`ggml_kernel::block`); the rest use the same arithmetic in
+//! reference (`block::block`); the rest use the same arithmetic in
 //! vectors (separate multiply and add, no FMA), so every block gets the
 //! reference's bytes. `d` is finite on the vector path, where F16C's
 //! round-to-nearest-even conversion equals `fp16::f32_to_f16_bits`.
 
 use std::arch::x86_64::*;
 
-use super::ggml_kernel::{block, load_block, GgmlType, QK};
+use super::block::{block, load_block, GgmlType, QK};
 
 /// Quantizes whole blocks of `src` into `out`.
 ///

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::nbits_kernel::{ColParams, Weight, MAX_BS, TILE};
+use super::block::{ColParams, Weight, MAX_BS, TILE};
 
 /// Eight consecutive elements of row `k` from column `n`, as f32.
 #[inline(always)]

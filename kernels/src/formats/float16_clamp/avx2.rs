@@ -6,8 +6,8 @@
 
 use std::arch::x86_64::*;
 
-use super::cast_kernel::fix_nans;
-use super::float16_clamp::Bounds;
+use super::bounds::Bounds;
+use crate::fp16::fix_nans;
 
 /// Converts the leading whole groups of 8 elements; returns how many
 /// elements were converted (the caller finishes the rest).

@@ -2,7 +2,8 @@
 
 use std::arch::x86_64::*;
 
-use super::cast_kernel::{fix_nans, Target};
+use super::target::Target;
+use crate::fp16::fix_nans;
 
 /// Converts the leading whole groups of 16 elements; returns how many
 /// elements were converted (the caller finishes the rest).

@@ -1,11 +1,11 @@
 //! AVX2 + F16C ggml Q8_0 / Q4_0 blocks. Blocks with a NaN or an infinite
 //! magnitude, and Q8_0 blocks whose `1/d` overflows, go to the scalar
-//! reference (`ggml_kernel::block`); the rest use the same arithmetic in
+//! reference (`block::block`); the rest use the same arithmetic in
 //! vectors, so every block gets the reference's bytes.
 
 use std::arch::x86_64::*;
 
-use super::ggml_kernel::{block, load_block, GgmlType, QK};
+use super::block::{block, load_block, GgmlType, QK};
 use crate::fp16::f32_to_f16_bits;
 
 /// Quantizes whole blocks of `src` into `out`.

@@ -3,8 +3,8 @@
 
 use std::arch::aarch64::*;
 
-use super::cast_kernel::Target;
-use super::fp16_neon::{f32x4_to_f16, load_f32x4};
+use super::target::Target;
+use crate::formats::fp16_neon::{f32x4_to_f16, load_f32x4};
 
 /// Converts the leading whole groups of 8 elements; returns how many
 /// elements were converted (the caller finishes the rest).

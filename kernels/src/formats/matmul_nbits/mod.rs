@@ -1,23 +1,34 @@
 //! `ort.matmul_nbits`: the B, scales and zero_points inputs of
 //! onnxruntime's `com.microsoft.MatMulNBits` for a MatMul weight W[K, N],
 //! byte-identical with `onnxruntime.quantization.matmul_nbits_quantizer`
-//! (QOperator format). The arithmetic is in `nbits_kernel`.
+//! (QOperator format). The arithmetic is in `block.rs` and `kernel.rs`.
 //!
 //! With `transposed=true` the source is W[N, K], the B input of a Gemm with
 //! transB=1, and the MatMul weight is B = W^T: the payload is the one of
-//! `transposed=false` on W^T (packed from the rows of W by `nbits_rows`,
+//! `transposed=false` on W^T (packed from the rows of W by `rows.rs`,
 //! without a transposed copy), and only the type name (`.t`) and the
 //! decoder (which yields W[N, K]) differ.
 
 use ctcache::dtype::DataType;
 
-use super::nbits_kernel::{self, Nbits, Weight};
-use super::nbits_rows;
 use crate::decoder::{int, ints, Builder, OUTPUT};
+use crate::error::PackError;
 use crate::layout::{const_i64, field, leaf, nested, root, size_bits, Count};
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 use crate::util::us;
+use block::{Nbits, Weight};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod block;
+mod kernel;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod rows;
+mod tile;
 
 /// The `ort.matmul_nbits` packer.
 pub struct MatMulNbits;
@@ -250,7 +261,7 @@ impl Packer for MatMulNbits {
                 k: us(src.dims[1]),
                 n: us(src.dims[0]),
             };
-            nbits_rows::pack(isa, w, q, out);
+            rows::pack(isa, w, q, out);
         } else {
             let w = Weight {
                 data: src.data,
@@ -258,7 +269,7 @@ impl Packer for MatMulNbits {
                 k: us(src.dims[0]),
                 n: us(src.dims[1]),
             };
-            nbits_kernel::pack(isa, w, q, out);
+            kernel::pack(isa, w, q, out);
         }
         Ok(())
     }

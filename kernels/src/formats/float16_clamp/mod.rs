@@ -11,14 +11,21 @@
 //! one into 2^-24 and 65504, so it is a physical type of its own (D4/D9).
 
 use ctcache::dtype::DataType;
-use rayon::prelude::*;
 
 use super::elementwise::{check_fits, Elementwise};
 use crate::decoder::int;
-use crate::fp16::f32_to_f16_bits;
+use crate::error::PackError;
 use crate::isa::Isa;
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod bounds;
+mod kernel;
+
+use bounds::Bounds;
+use kernel::convert;
 
 /// The `ort.float16` packer.
 pub struct Float16Clamp;
@@ -41,16 +48,6 @@ const SPEC: &[ParamSpec] = &[
     },
 ];
 
-/// Elements per parallel work item.
-const CHUNK: usize = 1 << 16;
-
-/// The clamp bounds as FLOAT: the Python floats rounded to float32.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Bounds {
-    pub(crate) min: f32,
-    pub(crate) max: f32,
-}
-
 impl Float16Clamp {
     fn bounds(&self, params: &Params) -> Result<(Bounds, String), PackError> {
         let r = params.resolve(ID, SPEC)?;
@@ -65,44 +62,6 @@ impl Float16Clamp {
             format!("{ID}.min{lo}.max{hi}"),
         ))
     }
-}
-
-/// The reference's arithmetic on one value: clamp, then numpy's cast.
-#[inline(always)]
-pub(crate) fn scalar(x: f32, b: Bounds) -> u16 {
-    let a = x.abs();
-    let c = if a > 0.0 && a < b.min {
-        b.min
-    } else if a > b.max && a < f32::INFINITY {
-        b.max
-    } else {
-        a
-    };
-    f32_to_f16_bits(f32::from_bits(c.to_bits() | (x.to_bits() & 0x8000_0000)))
-}
-
-/// Converts the FLOAT raw bytes `src` into FLOAT16 raw bytes `out`.
-pub(crate) fn convert(isa: Isa, b: Bounds, src: &[u8], out: &mut [u8]) {
-    out.par_chunks_mut(2 * CHUNK)
-        .zip(src.par_chunks(4 * CHUNK))
-        .for_each(|(o, s)| {
-            #[allow(unused_mut)]
-            let mut done = 0;
-            #[cfg(target_arch = "x86_64")]
-            if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-                // SAFETY: Avx2 and Avx512 are only used when the CPU has
-                // AVX2 and F16C.
-                done = unsafe { super::float16_clamp_avx2::convert_run(b, s, o) };
-            }
-            let _ = isa;
-            for (o, s) in o[done * 2..]
-                .chunks_exact_mut(2)
-                .zip(s[done * 4..].chunks_exact(4))
-            {
-                let h = scalar(f32::from_le_bytes([s[0], s[1], s[2], s[3]]), b);
-                o.copy_from_slice(&h.to_le_bytes());
-            }
-        });
 }
 
 /// FLOAT raw bytes -> FLOAT16 raw bytes with the default parameters (the

@@ -3,9 +3,9 @@
 //! Column n of B is the contiguous row n of W, so every block is a
 //! contiguous run of at most `bs` elements of one source row.
 //!
-//! The bytes are those of `nbits_kernel::pack` on W^T, and so are the rules
+//! The bytes are those of `kernel::pack` on W^T, and so are the rules
 //! (see that module's doc); the block parameters, zero-point packing and
-//! codes are `nbits_kernel`'s own functions. What differs is the order of
+//! codes are `block.rs`'s own functions. What differs is the order of
 //! work, which the bytes must not see:
 //!
 //! - min/max are taken in independent lanes, then the lanes are combined.
@@ -22,7 +22,7 @@
 
 use rayon::prelude::*;
 
-use super::nbits_kernel::{code, load_row, put_block_params, Nbits, Weight, MAX_BS};
+use super::block::{code, load_row, put_block_params, Nbits, Weight, MAX_BS};
 use crate::isa::Isa;
 
 /// Independent min/max accumulators per block.

@@ -8,17 +8,12 @@
 
 use rayon::prelude::*;
 
+use super::target::Target;
 use crate::fp16::{f32_to_bf16_bits, f32_to_f16_bits};
 use crate::isa::Isa;
 
 /// Elements per parallel work item.
 const CHUNK: usize = 1 << 16;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Target {
-    F16,
-    Bf16,
-}
 
 /// Converts the FLOAT raw bytes `src` into 16-bit raw bytes `out`.
 pub(crate) fn convert(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
@@ -33,16 +28,16 @@ fn convert_run(isa: Isa, t: Target, src: &[u8], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     match isa {
         // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C.
-        Isa::Avx2 => done = unsafe { super::cast_avx2::convert_run(t, src, out) },
+        Isa::Avx2 => done = unsafe { super::avx2::convert_run(t, src, out) },
         // SAFETY: Isa::Avx512 is only used when the CPU has AVX-512
         // F/BW/VL and F16C.
-        Isa::Avx512 => done = unsafe { super::cast_avx512::convert_run(t, src, out) },
+        Isa::Avx512 => done = unsafe { super::avx512::convert_run(t, src, out) },
         Isa::Scalar | Isa::Neon => {}
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
         // SAFETY: Isa::Neon is only used when the CPU has NEON.
-        done = unsafe { super::cast_neon::convert_run(t, src, out) };
+        done = unsafe { super::neon::convert_run(t, src, out) };
     }
     let _ = isa;
     let (src, out) = (&src[done * 4..], &mut out[done * 2..]);
@@ -57,24 +52,5 @@ fn scalar(src: &[u8], out: &mut [u8], f: impl Fn(f32) -> u16) {
     for (o, s) in out.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
         let h = f(f32::from_le_bytes([s[0], s[1], s[2], s[3]]));
         o.copy_from_slice(&h.to_le_bytes());
-    }
-}
-
-/// Rare path of the vector kernels: redoes the NaN lanes of `count`
-/// elements with numpy's rule (the hardware conversion sets the quiet bit).
-///
-/// # Safety
-/// `src` must hold `count` f32 and `out` room for `count` f16, unaligned.
-#[cfg(target_arch = "x86_64")]
-#[cold]
-#[inline(never)]
-pub(crate) unsafe fn fix_nans(src: *const u8, out: *mut u8, count: usize) {
-    for j in 0..count {
-        let x = f32::from_le_bytes(src.add(4 * j).cast::<[u8; 4]>().read_unaligned());
-        if x.is_nan() {
-            out.add(2 * j)
-                .cast::<[u8; 2]>()
-                .write_unaligned(crate::fp16::f32_to_f16_bits(x).to_le_bytes());
-        }
     }
 }

@@ -1,15 +1,25 @@
 //! `ggml.q8_0` and `ggml.q4_0`: llama.cpp block quantization along the last
 //! axis, byte-identical with the gguf Python package. The arithmetic is in
-//! `ggml_kernel`.
+//! `kernel.rs` and `block.rs`.
 
 use ctcache::dtype::DataType;
 
-use super::ggml_kernel::{self, GgmlType, QK};
 use crate::decoder::{int, Builder, OUTPUT};
+use crate::error::PackError;
 use crate::isa::Isa;
 use crate::layout::{array, field, leaf, nested, root, size_bits, structure, Count};
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+use block::{GgmlType, QK};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod block;
+mod kernel;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// The ggml block quantization packer; [`Q8_0`] and [`Q4_0`] are its two instances.
 pub struct Ggml {
@@ -185,7 +195,7 @@ impl Packer for Ggml {
         check_isa(isa)?;
         let layout = self.output(src.data_type, src.dims, params)?;
         check_lengths(src, out, layout.payload_len)?;
-        ggml_kernel::pack(
+        kernel::pack(
             isa,
             self.t,
             src.data,

@@ -4,12 +4,22 @@
 
 use ctcache::dtype::DataType;
 
-use super::cast_kernel::{self, Target};
 use super::elementwise::{check_fits, Elementwise};
 use crate::decoder::int;
+use crate::error::PackError;
 use crate::isa::Isa;
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+use target::Target;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod kernel;
+#[cfg(target_arch = "aarch64")]
+pub(super) mod neon;
+pub(super) mod target;
 
 /// The float-to-half cast packer; [`F16`] and [`BF16`] are its two instances.
 pub struct Cast {
@@ -113,7 +123,7 @@ impl Packer for Cast {
         check_isa(isa)?;
         let layout = self.output(src.data_type, src.dims, params)?;
         check_lengths(src, out, layout.payload_len)?;
-        cast_kernel::convert(isa, self.target, src.data, out);
+        kernel::convert(isa, self.target, src.data, out);
         Ok(())
     }
 }

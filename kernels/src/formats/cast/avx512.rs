@@ -9,7 +9,8 @@
 
 use std::arch::x86_64::*;
 
-use super::cast_kernel::{fix_nans, Target};
+use super::target::Target;
+use crate::fp16::fix_nans;
 
 /// Converts every element (`min(src.len() / 4, out.len() / 2)`); returns
 /// how many were converted.
@@ -21,7 +22,7 @@ pub(crate) unsafe fn convert_run(t: Target, src: &[u8], out: &mut [u8]) -> usize
     let n = (src.len() / 4).min(out.len() / 2);
     let whole = n / 32 * 32;
     let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
-    // Plain counted loops (see cast_avx2).
+    // Plain counted loops (see avx2.rs).
     let mut i = 0;
     match t {
         Target::F16 => {

@@ -16,8 +16,8 @@
 
 use std::arch::aarch64::*;
 
-use super::fp16_neon::{load_f16x4, load_f32x4};
-use super::nbits_kernel::{ColParams, Weight, MAX_BS, TILE};
+use super::block::{ColParams, Weight, MAX_BS, TILE};
+use crate::formats::fp16_neon::{load_f16x4, load_f32x4};
 
 /// Four consecutive elements of row `k` from column `n`, as f32.
 #[inline(always)]

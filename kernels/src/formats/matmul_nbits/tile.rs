@@ -1,9 +1,9 @@
 //! The vectorizable steps of packing a tile of columns for
-//! `nbits_kernel`: column min/max, the code bytes, and the transposition
+//! `kernel.rs`: column min/max, the code bytes, and the transposition
 //! of the codes to their output rows. Each runs the ISA's vector kernel on
 //! the columns it takes and scalar code on the rest.
 
-use super::nbits_kernel::{code, load_row, ColParams, Nbits, Weight, TILE};
+use super::block::{code, load_row, ColParams, Nbits, Weight, TILE};
 use crate::isa::Isa;
 
 /// Writes column c of `tile` (rows `0 .. rows`, then zeros up to `blob`) to
@@ -26,7 +26,7 @@ pub(super) fn transpose_out(
         // AVX2; the function checks its bounds. Avx512 runs the AVX2
         // transpose: a 512-bit one (16 x 16 blocks) measured no faster,
         // the scattered column stores dominate.
-        unsafe { super::nbits_avx2::transpose(tile, done, width, out, stride) };
+        unsafe { super::avx2::transpose(tile, done, width, out, stride) };
     }
     let _ = isa;
     for c in 0..width {
@@ -59,13 +59,13 @@ pub(super) fn minmax(
             done = width & !7;
             // SAFETY: Isa::Avx2 is only used when the CPU has AVX2 and F16C
             // (checked by the packer); the column range is inside the row.
-            unsafe { super::nbits_avx2::minmax(w, n0, done, k0, len, mn, mx) };
+            unsafe { super::avx2::minmax(w, n0, done, k0, len, mn, mx) };
         }
         Isa::Avx512 => {
             done = width;
             // SAFETY: Isa::Avx512 is only used when the CPU has AVX-512
             // F/BW/VL and F16C; the column range is inside the row.
-            unsafe { super::nbits_avx512::minmax(w, n0, done, k0, len, mn, mx) };
+            unsafe { super::avx512::minmax(w, n0, done, k0, len, mn, mx) };
         }
         Isa::Scalar | Isa::Neon => {}
     }
@@ -74,7 +74,7 @@ pub(super) fn minmax(
         done = width & !3;
         // SAFETY: Isa::Neon is only used when the CPU has NEON (checked by
         // the packer); the column range is inside the row.
-        unsafe { super::nbits_neon::minmax(w, n0, done, k0, len, mn, mx) };
+        unsafe { super::neon::minmax(w, n0, done, k0, len, mn, mx) };
     }
     let _ = isa;
     if done == width {
@@ -114,12 +114,12 @@ pub(super) fn fill_codes(
         Isa::Avx2 => {
             done = width & !7;
             // SAFETY: as in `minmax`.
-            unsafe { super::nbits_avx2::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
+            unsafe { super::avx2::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
         }
         Isa::Avx512 => {
             done = width;
             // SAFETY: as in `minmax`.
-            unsafe { super::nbits_avx512::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
+            unsafe { super::avx512::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
         }
         Isa::Scalar | Isa::Neon => {}
     }
@@ -127,7 +127,7 @@ pub(super) fn fill_codes(
     if isa == Isa::Neon {
         done = width & !3;
         // SAFETY: as in `minmax`.
-        unsafe { super::nbits_neon::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
+        unsafe { super::neon::codes(w, q.bits, n0, done, k0, len, p, kmax, tile) };
     }
     let _ = isa;
     if done == width {

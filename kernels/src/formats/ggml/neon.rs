@@ -1,6 +1,6 @@
 //! NEON ggml Q8_0 / Q4_0 blocks. As in the AVX2 version, blocks with a NaN
 //! or an infinite magnitude, and Q8_0 blocks whose `1/d` overflows, go to
-//! the scalar reference (`ggml_kernel::block`); the rest use the same
+//! the scalar reference (`block::block`); the rest use the same
 //! arithmetic in vectors: separate multiply and add (no `vfmaq`), Q8_0's
 //! round half away from zero is `vcvtaq_s32` (ties away; |y| <= 127.x, so
 //! equal to the scalar trunc plus step), Q4_0's truncation is `vcvtq_s32`
@@ -8,8 +8,8 @@
 
 use std::arch::aarch64::*;
 
-use super::fp16_neon::{load_f16x4, load_f32x4};
-use super::ggml_kernel::{block, load_block, GgmlType, QK};
+use super::block::{block, load_block, GgmlType, QK};
+use crate::formats::fp16_neon::{load_f16x4, load_f32x4};
 use crate::fp16::f32_to_f16_bits;
 
 /// Quantizes whole blocks of `src` into `out`.

@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::nbits_kernel::{ColParams, Nbits, Weight, MAX_BS, TILE};
+use super::block::{ColParams, Nbits, Weight, MAX_BS, TILE};
 
 /// Columns per vector.
 const L: usize = 16;
@@ -242,7 +242,7 @@ unsafe fn quantize(v: __m512, r: __m512, z: __m512, top: __m512) -> __m512i {
 }
 
 /// The parameters of block `b` of columns `0 .. width` from their min/max,
-/// as `nbits_kernel::put_block_params` computes them column by column:
+/// as `block::put_block_params` computes them column by column:
 /// scales written at `scales[(c * kb + b) * es ..]`, zero points (when
 /// asymmetric) into `zps[c * zpb ..]`, and `p` filled for the codes.
 ///

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::quantize_dynamic_kernel::{quantize_one, Quant, Range};
+use super::quant::{quantize_one, Quant, Range};
 
 /// True in lanes that are NaN or infinite.
 #[inline(always)]

@@ -5,7 +5,7 @@
 //! MatMul weight (per tensor, or per channel along the last axis as its
 //! MatMul rule asks), and, with the matching parameters, of a Gather table
 //! (UINT8, asymmetric, per tensor, full range) or a Conv weight (per
-//! tensor). The arithmetic is in `quantize_dynamic_kernel`.
+//! tensor). The arithmetic is in `kernel.rs` and `quant.rs`.
 //!
 //! Payload: `scale` FLOAT[C], `zero_point` [C], `quantized` in the source
 //! shape, where C is 1 per tensor and the last dimension per channel.
@@ -13,13 +13,19 @@
 use ctcache::dtype::DataType;
 use rayon::prelude::*;
 
-use super::quantize_dynamic_kernel::{self as kernel, Quant};
 use crate::decoder::{ints, Builder, OUTPUT};
+use crate::error::PackError;
 use crate::isa::Isa;
 use crate::layout::{field, leaf, nested, root, size_bits, Count};
-use crate::packer::{check_isa, check_lengths, PackError, PackedLayout, Packer, SourceTensor};
+use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
 use crate::util::us;
+use quant::Quant;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod kernel;
+mod quant;
 
 /// The `ort.quantize_dynamic` packer.
 pub struct QuantizeDynamic;
