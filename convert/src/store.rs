@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use ctcache::store::{
-    Damage, Entry, EntryKey, GcReason, GcReport, GcTarget, ReconcileReport, Stats, StoreError,
-    VerifyReport,
+    Damage, Entry, EntryKey, GcReason, GcReport, GcTarget, InvalidKey, ReconcileReport, Stats,
+    StoreError, VerifyReport,
 };
 
 use ctcache_api::hex_string;
@@ -19,11 +19,11 @@ pub fn key_to_string(k: &EntryKey) -> String {
 /// Parses the API form of an entry key.
 pub fn key_from_str(s: &str) -> Result<EntryKey, StoreError> {
     let s = s.trim();
-    let bytes = hex::decode(s).map_err(|e| StoreError::InvalidKey {
+    let bytes = hex::decode(s).map_err(|e| InvalidKey {
         text: s.to_string(),
         detail: e.to_string(),
     })?;
-    EntryKey::from_bytes(&bytes)
+    Ok(EntryKey::from_bytes(&bytes)?)
 }
 
 /// An entry with every field; `payload_path` is where its file lives. The

@@ -168,7 +168,7 @@ impl From<StoreError> for Error {
                 io_kind(source)
             }
             StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. } => ErrorKind::Exhausted,
-            StoreError::InvalidEntry(_) | StoreError::InvalidKey { .. } => ErrorKind::InvalidInput,
+            StoreError::InvalidEntry(_) | StoreError::InvalidKey(_) => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
             StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,
             StoreError::Leased { .. } | StoreError::LeaseLifetimeOver { .. } => {

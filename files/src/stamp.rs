@@ -32,7 +32,8 @@ impl FileStamp {
         Ok(FileStamp::of_meta(&fs::metadata(path)?))
     }
 
-    fn of_meta(m: &fs::Metadata) -> FileStamp {
+    /// The stamp of the file `m` describes.
+    pub fn of_meta(m: &fs::Metadata) -> FileStamp {
         use std::os::unix::fs::MetadataExt;
         FileStamp {
             dev: m.dev(),

@@ -35,11 +35,11 @@ mod write;
 pub use ask::{Ask, AskError, Setting};
 pub use ctcache_files::place::{place, LinkMode, Method, Placed};
 pub use plan::{
-    group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, PLACED_MIN_BYTES,
+    group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, IDENTITY,
+    PLACED_MIN_BYTES,
 };
 pub use write::{
-    build_in_memory, data_dir_name, write, InMemory, PackedWeight, PayloadTensor, Report,
-    WeightKey, IDENTITY,
+    build_in_memory, data_dir_name, write, InMemory, PackedWeight, PayloadTensor, Report, WeightKey,
 };
 
 use crate::error::{Error, Result};

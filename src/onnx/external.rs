@@ -3,6 +3,10 @@
 
 use std::path::{Component, Path, PathBuf};
 
+/// External-data files one model maps at most: each mapping takes a slot of
+/// the process's truncation guard, which every request shares.
+pub const MAX_EXTERNAL_FILES: usize = 4096;
+
 /// A parsed external-data reference. `length` is optional for tensors (the
 /// rest of the file) and mandatory for structured payloads.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use memmap2::Mmap;
 /// Mappings guarded at once; past this a mapping is refused (an unguarded
 /// one's SIGBUS would end the process). Four models at the per-model bound
 /// of external-data files fit.
-const SLOTS: usize = 4 * super::model::MAX_EXTERNAL_FILES;
+const SLOTS: usize = 4 * super::external::MAX_EXTERNAL_FILES;
 
 struct Slot {
     /// First byte of the range; 0 when the slot is free.

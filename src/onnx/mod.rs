@@ -10,11 +10,11 @@ mod model;
 pub mod rewrite;
 mod tensor;
 
-pub use external::{ExternalRef, ExternalRefError};
+pub use external::{ExternalRef, ExternalRefError, MAX_EXTERNAL_FILES};
 pub use guarded::{ensure_intact, intact, release, CUT_SHORT};
 pub use model::{
     BadInitializer, Extension, ExtensionCounts, ExternalFileError, LenientExtension, Model,
-    OverLimits, TopField, MAX_EXTERNAL_FILES,
+    OverLimits, TopField,
 };
 pub use tensor::{Storage, TensorRef, Typed};
 

@@ -22,7 +22,7 @@ use crate::wire::{Fields, Value, WireError};
 mod extension;
 mod external_data;
 pub use extension::{Extension, ExtensionCounts, LenientExtension, OverLimits};
-pub use external_data::{ExternalFileError, MAX_EXTERNAL_FILES};
+pub use external_data::ExternalFileError;
 
 /// One top-level `ModelProto` field occurrence.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::key::EntryKey;
-use super::lease::LeaseId;
+use super::key::{EntryKey, InvalidKey};
+use super::lease::record::LeaseId;
 
 /// The store's result type.
 pub(crate) type StoreResult<T> = Result<T, StoreError>;
@@ -112,14 +112,9 @@ pub enum StoreError {
     /// A new entry breaks a rule (payload length, type, dims, ...); the text says which.
     #[error("invalid entry: {0}")]
     InvalidEntry(String),
-    /// An entry key in text form does not parse.
-    #[error("invalid entry key {text:?}: {detail}")]
-    InvalidKey {
-        /// The text given.
-        text: String,
-        /// What is wrong with it.
-        detail: String,
-    },
+    /// An entry key does not parse.
+    #[error(transparent)]
+    InvalidKey(#[from] InvalidKey),
     /// No entry has this key.
     #[error("no entry {0}")]
     NotFound(EntryKey),

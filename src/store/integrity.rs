@@ -13,42 +13,21 @@
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
 use std::ops::Range;
-use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
 use memmap2::Mmap;
+
+use crate::fsutil::FileStamp;
 
 use super::error::{StoreError, StoreResult};
 use super::key::EntryKey;
 use super::{Payload, Store};
 use crate::chunks::ChunkDigests;
 
-/// Which file was hashed: what a write, truncation or replacement changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: (i64, i64),
-    ctime_ns: (i64, i64),
-}
-
-impl Stamp {
-    pub fn of(m: &Metadata) -> Stamp {
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: (m.mtime(), m.mtime_nsec()),
-            ctime_ns: (m.ctime(), m.ctime_nsec()),
-        }
-    }
-}
-
 /// A payload file as hashed.
 #[derive(Debug, Clone)]
 pub(crate) struct Hashed {
-    pub stamp: Stamp,
+    pub stamp: FileStamp,
     pub chunks: Arc<ChunkDigests>,
 }
 
@@ -62,7 +41,7 @@ impl Verified {
     }
 
     /// The group digests of `blob`, if its file is still the one hashed.
-    pub fn get(&self, blob: &[u8; 32], now: &Stamp) -> Option<Arc<ChunkDigests>> {
+    pub fn get(&self, blob: &[u8; 32], now: &FileStamp) -> Option<Arc<ChunkDigests>> {
         self.map()
             .get(blob)
             .filter(|h| h.stamp == *now)
@@ -90,7 +69,7 @@ fn hash_open_file(f: &File, blob: &[u8; 32], parallel: bool) -> std::io::Result<
         ChunkDigests::of(&map, parallel)
     };
     Ok((chunks.root() == *blob).then(|| Hashed {
-        stamp: Stamp::of(&meta),
+        stamp: FileStamp::of_meta(&meta),
         chunks: Arc::new(chunks),
     }))
 }
@@ -141,7 +120,7 @@ impl Payload {
     /// Whether `m` is the payload file as hashed (the same inode, size and
     /// times): for a hard link made of it, checked after linking.
     pub fn is_file(&self, m: &Metadata) -> bool {
-        self.stamp == Some(Stamp::of(m))
+        self.stamp == Some(FileStamp::of_meta(m))
     }
 
     /// Whether (`dev`, `ino`) is the payload file as hashed (a link made of
@@ -192,7 +171,11 @@ impl Store {
         if !meta.is_file() || meta.len() != len {
             return Ok(false);
         }
-        if self.verified.get(blob, &Stamp::of(&meta)).is_some() {
+        if self
+            .verified
+            .get(blob, &FileStamp::of_meta(&meta))
+            .is_some()
+        {
             return Ok(true);
         }
         match hash_open_file(&f, blob, false).map_err(|e| StoreError::io("read", &path, e))? {
@@ -208,7 +191,7 @@ impl Store {
     /// the stripe): its next serve needs no hash.
     pub(crate) fn published(&self, blob: &[u8; 32], chunks: ChunkDigests) {
         if let Ok(meta) = std::fs::metadata(self.paths.blob(blob)) {
-            let stamp = Stamp::of(&meta);
+            let stamp = FileStamp::of_meta(&meta);
             self.verified.insert(
                 *blob,
                 Hashed {
@@ -228,7 +211,7 @@ impl Store {
         meta: &Metadata,
     ) -> StoreResult<()> {
         let blob = p.info.blake3;
-        let stamp = Stamp::of(meta);
+        let stamp = FileStamp::of_meta(meta);
         p.stamp = Some(stamp);
         if let Some(chunks) = self.verified.get(&blob, &stamp) {
             p.chunks = Some(chunks);

@@ -6,9 +6,18 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
 
-use super::error::StoreError;
 use crate::digest::{Algorithm, SourceDigest};
 use crate::structs::PhysicalTypeKey;
+
+/// An entry key (bytes or text) that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid entry key {text:?}: {detail}")]
+pub struct InvalidKey {
+    /// The text given (hex for bytes).
+    pub text: String,
+    /// What is wrong with it.
+    pub detail: String,
+}
 
 /// Bytes of an encoded key: 1 algorithm byte and three 32-byte hashes.
 pub const KEY_LEN: usize = 1 + 32 * 3;
@@ -82,8 +91,8 @@ impl EntryKey {
 
     /// Parses an index key written by [`EntryKey::to_bytes`]; malformed
     /// bytes are an error, not a panic.
-    pub fn from_bytes(b: &[u8]) -> Result<EntryKey, StoreError> {
-        let bad = |detail: &str| StoreError::InvalidKey {
+    pub fn from_bytes(b: &[u8]) -> Result<EntryKey, InvalidKey> {
+        let bad = |detail: &str| InvalidKey {
             text: hex::encode(b),
             detail: detail.to_string(),
         };
@@ -139,9 +148,9 @@ fn hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 impl FromStr for EntryKey {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Self, StoreError> {
-        let bad = |detail: &str| StoreError::InvalidKey {
+    type Err = InvalidKey;
+    fn from_str(s: &str) -> Result<Self, InvalidKey> {
+        let bad = |detail: &str| InvalidKey {
             text: s.to_string(),
             detail: detail.to_string(),
         };

@@ -78,7 +78,7 @@ pub use entry::{AccessStats, Entry, NewEntry, PayloadInfo, Producer};
 pub use error::StoreError;
 pub use gc::{EntryAbout, GcItem, GcPolicy, GcReason, GcReport, GcTarget};
 pub use integrity::Rotted;
-pub use key::{EntryKey, KEY_LEN};
+pub use key::{EntryKey, InvalidKey, KEY_LEN};
 pub use layout::LAYOUT_VERSION;
 pub use lease::{Lease, LeaseAuthority, LeaseId};
 pub use lookup::{Accept, Filter, Hit, HostFilter};

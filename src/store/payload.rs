@@ -12,7 +12,8 @@ use super::entry::{self, PayloadInfo};
 use super::error::{StoreError, StoreResult};
 use super::index::Tree;
 use super::key::EntryKey;
-use super::{integrity, Store};
+use super::Store;
+use crate::fsutil::FileStamp;
 
 /// A payload mapped read-only. The mapping stays valid after the entry is
 /// removed (the file is unlinked, never truncated or rewritten).
@@ -23,7 +24,7 @@ pub struct Payload {
     /// Its hash and length, as the entry records them.
     pub info: PayloadInfo,
     /// The file as it was when its bytes were hashed.
-    pub(super) stamp: Option<integrity::Stamp>,
+    pub(super) stamp: Option<FileStamp>,
     /// The group digests copies check as they send (see [`Payload::checked`]).
     pub(super) chunks: Option<std::sync::Arc<crate::chunks::ChunkDigests>>,
 }

@@ -155,7 +155,7 @@ impl Store {
 }
 
 fn entry_keys(kbs: &[KeyBytes]) -> StoreResult<Vec<EntryKey>> {
-    kbs.iter().map(|kb| EntryKey::from_bytes(kb)).collect()
+    kbs.iter().map(|kb| Ok(EntryKey::from_bytes(kb)?)).collect()
 }
 
 /// Referenced payloads: blob -> (length, entries using it).

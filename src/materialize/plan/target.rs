@@ -3,14 +3,40 @@
 //! Conv's W; a Gather's data: a top-level constant of a type and shape the
 //! target takes) and, for Gemm, on its attributes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use super::{Context, Op, Target};
+use super::{Op, Target};
 use crate::dtype::DataType;
 use crate::materialize::Recipe;
 use crate::onnx::graph::attr;
 use crate::onnx::TensorRef;
 use crate::pb;
+
+pub(super) struct Context<'a> {
+    pub(super) inits: &'a HashMap<String, TensorRef>,
+    /// Outputs of top-level Constant nodes.
+    pub(super) constants: &'a HashSet<String>,
+    pub(super) inputs: &'a HashSet<String>,
+    pub(super) recipe: &'a Recipe,
+}
+
+impl Context<'_> {
+    /// Whether the recipe rewrites nodes of this op type at all.
+    pub(super) fn takes(&self, op_type: &str) -> bool {
+        match self.recipe {
+            Recipe::Nbits(_) => matches!(op_type, "MatMul" | "Gemm"),
+            Recipe::Fp16(_) => false,
+            // quantize_dynamic turns Gemm into MatMul before quantizing.
+            Recipe::Int8(s) => {
+                let asked = |o: &str| s.op_types.iter().any(|t| t == o);
+                match op_type {
+                    "MatMul" | "Gemm" => asked("MatMul"),
+                    other => matches!(other, "Gather" | "Conv") && asked(other),
+                }
+            }
+        }
+    }
+}
 
 /// Why a node is not a target: the rule (the same words for every node it
 /// stops) and this node's case.

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use prost::Message;
 
-use super::{data_folder_name, PackedWeight, Report, Source};
+use super::report::Report;
+use super::weight::{PackedWeight, Source};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::onnx::fields::GRAPH_INITIALIZER;
@@ -18,6 +19,7 @@ use crate::onnx::rewrite::encoded_field;
 use crate::onnx::{ExternalRef, Storage};
 use crate::outdir::{OutDir, OutFile};
 use crate::pb;
+use ctcache_files::answer::data_folder_name;
 use ctcache_files::place::{place, LinkMode, Method, Placed};
 
 /// Name of the file holding kept initializers' external data (below).

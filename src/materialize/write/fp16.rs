@@ -9,10 +9,11 @@ use std::collections::HashMap;
 
 use prost::Message;
 
+use super::additions::Additions;
 use super::names::Names;
 use super::payload::PayloadFields;
 use super::proto::{int_attr, node};
-use super::{packed, Additions, PackedWeight, Source, WeightKey};
+use super::weight::{packed, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::materialize::plan::{fp16_node, Fp16Node, Fp16Plan, GRAPH_INPUT, GRAPH_OUTPUT};

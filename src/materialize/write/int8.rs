@@ -7,10 +7,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::additions::Additions;
 use super::names::Names;
 use super::payload::{not_a_payload, Field, PayloadFields};
 use super::proto::{int_attr, node};
-use super::{Additions, NewInputs, PackedWeight, Source, WeightKey};
+use super::weight::{NewInputs, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::materialize::plan::{graph_value_names, GRAPH_OUTPUT};

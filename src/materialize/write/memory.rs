@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
-use super::{external, graph_to_splice, splice, PackedWeight, Report, Rewrite, WeightKey};
+use super::additions::PayloadTensor;
+use super::report::Report;
+use super::weight::{PackedWeight, WeightKey};
+use super::{external, graph_to_splice, splice, Rewrite};
 use crate::error::{Error, Result};
 use crate::materialize::plan::Plan;
 use crate::materialize::Recipe;
@@ -20,24 +23,6 @@ pub struct InMemory {
     pub tensors: Vec<PayloadTensor>,
     /// What the rewrite changed (no files, no data folder).
     pub report: Report,
-}
-
-/// One initializer of an in-memory model whose bytes are a range of a
-/// cached payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PayloadTensor {
-    /// The initializer's name in the model.
-    pub name: String,
-    /// The payload's [`PackedWeight::file_name`].
-    pub file_name: String,
-    /// The byte range in the payload.
-    pub offset: u64,
-    /// Its length in bytes.
-    pub length: u64,
-    /// `TensorProto.DataType`.
-    pub data_type: i32,
-    /// The tensor's dims.
-    pub dims: Vec<u64>,
 }
 
 /// Builds the materialized model in memory (see [`InMemory`]); refuses

@@ -7,6 +7,7 @@
 //! `nbits`, `int8` and `fp16`'s, the splice `splice`'s, the data folder
 //! `external`'s.
 
+mod additions;
 mod external;
 mod fp16;
 mod int8;
@@ -15,164 +16,40 @@ mod names;
 mod nbits;
 mod payload;
 mod proto;
+mod report;
 mod splice;
+mod weight;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::plan::{used_names, Plan};
+use super::plan::{used_names, Plan, IDENTITY};
 use super::Recipe;
 use ctcache_files::answer::data_folder_name;
-use ctcache_files::place::{LinkMode, Method, Placed};
+use ctcache_files::place::LinkMode;
 
-/// The packer of placed initializers (the kernels' `identity`).
-pub const IDENTITY: &str = "identity";
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::onnx::fields::MODEL_GRAPH;
-use crate::onnx::{Model, TensorRef};
+use crate::onnx::Model;
 use crate::outdir::OutFile;
 use crate::pb;
+use additions::Additions;
+pub use additions::PayloadTensor;
 use external::DataFolder;
-pub use memory::{build_in_memory, InMemory, PayloadTensor};
+pub use memory::{build_in_memory, InMemory};
 use names::Names;
-use payload::Field;
+pub use report::Report;
 use splice::{Edits, Replacements};
-
-/// A packed weight: (initializer name, read transposed).
-pub type WeightKey = (String, bool);
-
-/// A cached `ort.matmul_nbits` payload for one weight.
-#[derive(Debug, Clone)]
-pub struct PackedWeight {
-    /// The cache's payload file (what is reflinked, copied or linked).
-    pub payload_path: PathBuf,
-    /// The store's payload, when it comes from one: a copy then sends only
-    /// checked bytes, and a link or reflink must be of the file hashed.
-    pub checked: Option<std::sync::Arc<crate::store::Payload>>,
-    /// Its name in the data folder; equal payloads share one name.
-    pub file_name: String,
-    /// The entry's physical type and dims (where B, scales and zero points lie).
-    pub struct_type: pb::StructTypeProto,
-    /// `StructProto.dims` of the entry.
-    pub dims: Vec<u64>,
-}
-
-/// What a materialize wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
-    /// MatMul / Gemm nodes replaced by MatMulNBits.
-    pub nodes_rewritten: usize,
-    /// Float weights no node uses any more, dropped from the model.
-    pub initializers_removed: usize,
-    /// The folder beside the model that holds the payload files.
-    pub data_dir: PathBuf,
-    /// How files were asked to be placed.
-    pub link: LinkMode,
-    /// Every file placed in the data folder, and how.
-    pub files: Vec<Placed>,
-    /// Bytes copied into files (0 when every file is a reflink or a link).
-    pub bytes_copied: u64,
-    /// Size of the written model file.
-    pub model_bytes: u64,
-    /// Bytes of payload the new model references.
-    pub payload_bytes: u64,
-}
-
-impl Report {
-    /// How many files were placed by `method`.
-    pub fn count(&self, method: Method) -> usize {
-        self.files.iter().filter(|f| f.method == method).count()
-    }
-}
+use weight::{packed, NewInputs, Source};
+pub use weight::{PackedWeight, WeightKey};
 
 /// The data folder of `out`: `model.onnx` -> `model.onnx.weights`.
 pub fn data_dir_name(out: &Path) -> Result<String> {
     out.file_name()
         .map(data_folder_name)
         .ok_or_else(|| Error::Rewrite(format!("{} has no file name", out.display())))
-}
-
-/// The model being materialized and what was decided for it: what every
-/// step reads.
-struct Source<'a> {
-    model: &'a Model,
-    plan: &'a Plan,
-    initializers: Vec<TensorRef>,
-    top_nodes: Vec<pb::NodeProto>,
-}
-
-/// The new inputs of the nodes replacing a target (MatMulNBits or
-/// MatMulInteger), as initializer names.
-struct NewInputs {
-    b: String,
-    scales: String,
-    zero_points: Option<String>,
-}
-
-/// What the materialize adds to the graph: the initializers it appends
-/// (external data in the payload files), those files, and fresh names.
-struct Additions<'a> {
-    names: Names,
-    /// The data folder's name, which locations start with.
-    data_name: String,
-    initializers: Vec<pb::TensorProto>,
-    /// Where each appended initializer's bytes lie in its payload.
-    tensors: Vec<PayloadTensor>,
-    /// The payload files, once each (equal payloads share one name).
-    files: Vec<&'a PackedWeight>,
-    /// Bytes of payload the appended initializers reference.
-    payload_bytes: u64,
-}
-
-impl<'a> Additions<'a> {
-    /// Appends the initializer `name`: `field` of `w`'s payload file.
-    fn append(&mut self, name: &str, w: &'a PackedWeight, field: Field) {
-        if !self.files.iter().any(|f| f.file_name == w.file_name) {
-            self.files.push(w);
-        }
-        // In memory (no data folder) the file name is the location.
-        let location = match self.data_name.as_str() {
-            "" => w.file_name.clone(),
-            folder => format!("{folder}/{}", w.file_name),
-        };
-        self.initializers.push(proto::external_tensor(
-            name,
-            field.data_type,
-            &field.shape,
-            &location,
-            field.span,
-        ));
-        self.tensors.push(PayloadTensor {
-            name: name.into(),
-            file_name: w.file_name.clone(),
-            offset: field.span.offset,
-            length: field.span.len,
-            data_type: field.data_type.code(),
-            dims: field.shape.clone(),
-        });
-        self.payload_bytes += field.span.len;
-    }
-
-    /// Appends `field` of `w`'s payload file under a fresh name from
-    /// `base`; returns the name.
-    fn append_fresh(&mut self, base: String, w: &'a PackedWeight, field: Field) -> String {
-        let name = self.names.fresh(base);
-        self.append(&name, w, field);
-        name
-    }
-}
-
-/// The payload packed for a weight.
-fn packed<'a>(
-    weights: &'a HashMap<WeightKey, PackedWeight>,
-    name: &str,
-    transposed: bool,
-) -> Result<&'a PackedWeight> {
-    weights
-        .get(&(name.to_string(), transposed))
-        .ok_or_else(|| Error::Rewrite(format!("materialize: no packed payload for {name:?}")))
 }
 
 /// The rewrite of a model for a recipe, decided and encoded but not yet

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::Source;
+use super::weight::Source;
 use crate::error::Result;
 use crate::materialize::plan::{graph_value_names, GRAPH_INPUT};
 use crate::pb;

@@ -3,10 +3,11 @@
 //! Add of a Gemm's C) replacing each target, and the `com.microsoft` opset
 //! import the model then needs.
 
+use super::additions::Additions;
 use super::names::Names;
 use super::payload::{not_a_payload, Field, PayloadFields};
 use super::proto::int_attr;
-use super::{Additions, NewInputs, PackedWeight};
+use super::weight::{NewInputs, PackedWeight};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::materialize::{Op, Settings, Target, PACKER};

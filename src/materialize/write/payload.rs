@@ -1,7 +1,7 @@
 //! Where a cached payload's fields lie: the byte span, shape and element
 //! type of each dense tensor field, read from the entry's physical type.
 
-use super::PackedWeight;
+use super::weight::PackedWeight;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::materialize::Target;

@@ -11,7 +11,8 @@ use std::ops::Range;
 use prost::Message;
 
 use super::fp16::float_to_fp16;
-use super::{nbits, Source};
+use super::nbits;
+use super::weight::Source;
 use crate::error::{Error, Result};
 use crate::materialize::plan::GRAPH_VALUE_INFO;
 use crate::materialize::{Step, Target};

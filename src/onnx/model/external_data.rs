@@ -9,12 +9,8 @@ use bytes::Bytes;
 use super::{map_file, Model};
 use crate::error::{Error, Result};
 use crate::fsutil::FileStamp;
-use crate::onnx::external::{ExternalRef, ExternalRefError};
+use crate::onnx::external::{ExternalRef, ExternalRefError, MAX_EXTERNAL_FILES};
 use crate::onnx::tensor::{Storage, TensorRef};
-
-/// External-data files one model maps at most: each mapping takes a slot of
-/// the process's truncation guard, which every request shares.
-pub const MAX_EXTERNAL_FILES: usize = 4096;
 
 /// Why an external-data file cannot be used. The file is opened first,
 /// with the rights the model was opened with, and judged on where it

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{GcItem, GcPolicy, GcReason, GcTarget};
+use super::report::{GcItem, GcPolicy, GcReason, GcTarget};
 use crate::store::key::{EntryKey, KeyBytes};
 
 /// One entry as GC sees it.

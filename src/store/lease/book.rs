@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{decode, Lease, LeaseId};
+use super::record::{decode, Lease, LeaseId};
 use crate::store::error::StoreResult;
 use crate::store::index::{Index, Tree};
 use crate::store::key::{EntryKey, KeyBytes};
