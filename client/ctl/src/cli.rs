@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::ctx::{self, Global};
 use crate::output::Failure;
@@ -210,8 +210,8 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
              leave --json out"
                 .into(),
         )),
-        Command::Completions { shell } => extras::completions(shell),
-        Command::Man { dir } => extras::man(dir.as_deref()),
+        Command::Completions { shell } => extras::completions(Cli::command(), shell),
+        Command::Man { dir } => extras::man(Cli::command(), dir.as_deref()),
     }
 }
 

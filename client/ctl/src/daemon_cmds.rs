@@ -96,7 +96,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             ),
         );
     }
-    print_kv(&t)
+    t.print_body(false)
 }
 
 /// The configured gc budget and the store against it.
@@ -128,11 +128,6 @@ fn gc_budget(s: &api::StatusResponse) -> String {
     } else {
         parts.join("; ")
     }
-}
-
-/// Key/value lines without the (empty) header row.
-pub fn print_kv(t: &Table) -> Result<(), Failure> {
-    t.print_body(false)
 }
 
 pub async fn devices(ctx: &Ctx) -> Result<(), Failure> {
@@ -382,5 +377,5 @@ pub async fn stat(ctx: &Ctx, key: &str) -> Result<(), Failure> {
     );
     kv("models", e.model_paths.join(", "));
     kv("leased", e.leased.to_string());
-    print_kv(&t)
+    t.print_body(false)
 }

@@ -1,20 +1,19 @@
 //! Hidden helper commands for packagers: shell completions and the man page,
-//! generated from the same clap definition as the parser.
+//! generated from the same clap definition as the parser (the caller hands
+//! it over: the parser's module dispatches to these).
 
 use std::io::Write;
 use std::path::Path;
 
-use clap::CommandFactory;
 use clap_complete::Shell;
 
-use crate::cli::Cli;
 use crate::output::Failure;
 
 /// Rendered into memory first: clap_complete panics on a write error, and a
 /// closed pipe (`| head`) must stay a quiet exit 0.
-pub fn completions(shell: Shell) -> Result<(), Failure> {
+pub fn completions(cli: clap::Command, shell: Shell) -> Result<(), Failure> {
     let mut buf = Vec::new();
-    clap_complete::generate(shell, &mut visible(Cli::command()), "ctcachectl", &mut buf);
+    clap_complete::generate(shell, &mut visible(cli), "ctcachectl", &mut buf);
     std::io::stdout().lock().write_all(&buf)?;
     Ok(())
 }
@@ -35,15 +34,16 @@ fn visible(mut cmd: clap::Command) -> clap::Command {
     top
 }
 
-/// The top page on stdout, or, with `dir`, a page for every command that is
-/// not hidden (`ctcachectl.1`, `ctcachectl-gc.1`, `ctcachectl-watch-add.1`).
-pub fn man(dir: Option<&Path>) -> Result<(), Failure> {
+/// The top page of `cli` on stdout, or, with `dir`, a page for every
+/// command that is not hidden (`ctcachectl.1`, `ctcachectl-gc.1`,
+/// `ctcachectl-watch-add.1`).
+pub fn man(cli: clap::Command, dir: Option<&Path>) -> Result<(), Failure> {
     if let Some(dir) = dir {
-        return clap_mangen::generate_to(Cli::command(), dir)
+        return clap_mangen::generate_to(cli, dir)
             .map_err(|e| Failure::Failed(format!("writing man pages to {}: {e}", dir.display())));
     }
     let mut buf = Vec::new();
-    clap_mangen::Man::new(Cli::command()).render(&mut buf)?;
+    clap_mangen::Man::new(cli).render(&mut buf)?;
     std::io::stdout().lock().write_all(&buf)?;
     Ok(())
 }

@@ -25,8 +25,3 @@ pub fn on_ctrl_c_flag() -> Result<Arc<AtomicBool>, Failure> {
     signal_hook::flag::register(SIGINT, flag.clone()).map_err(failed)?;
     Ok(flag)
 }
-
-/// The failure of an interrupted command.
-pub fn interrupted(what: &str) -> Failure {
-    Failure::Interrupted(format!("interrupted; {what}"))
-}

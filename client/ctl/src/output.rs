@@ -25,6 +25,12 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The failure of an interrupted command; `what` says what became of
+    /// its work.
+    pub fn interrupted(what: &str) -> Failure {
+        Failure::Interrupted(format!("interrupted; {what}"))
+    }
+
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
@@ -145,7 +151,7 @@ impl From<ctcache::store::StoreError> for Failure {
 impl From<ctcache::Error> for Failure {
     fn from(e: ctcache::Error) -> Self {
         if let ctcache::Error::Cancelled = e.cause() {
-            return crate::interrupt::interrupted("what was written is removed");
+            return Failure::interrupted("what was written is removed");
         }
         let refusal = match e.cause() {
             ctcache::Error::Io { source, .. } => Refusal::of_io(source),

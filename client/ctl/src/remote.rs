@@ -10,7 +10,6 @@ use ctcache_remote::keys::SecretKey;
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::daemon_cmds::print_kv;
 use crate::human::{self, Table};
 use crate::output::{print_json, say, Failure};
 
@@ -216,5 +215,5 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
     for (f, b) in packs {
         kv(&format!("pack rate {f}"), rate(*b));
     }
-    print_kv(&t)
+    t.print_body(false)
 }

@@ -373,8 +373,9 @@ class Client:
             if p.state in FINAL_STATES:
                 final[(p.initializer, p.format)] = p
         out = list(final.values())
-        if any(p.state not in SUCCEEDED for p in out):
-            raise errors.PrepackError(out)
+        failed = [p for p in out if p.state not in SUCCEEDED]
+        if failed:
+            raise errors.PrepackError(out, failed)
         return out
 
     def embed(self, model_path, output_path, formats=None, *, sidecar: bool = False,

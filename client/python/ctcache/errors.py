@@ -127,12 +127,11 @@ class PayloadMismatch(CtcacheError):
 
 
 class PrepackError(CtcacheError):
-    """At least one pack job failed; ``progress`` holds the final state of every job."""
+    """At least one pack job failed; ``progress`` holds the final state of
+    every job, ``failed`` those that did not succeed."""
 
-    def __init__(self, progress):
+    def __init__(self, progress, failed):
         self.progress = list(progress)
-        from .client import SUCCEEDED
-
-        failed = [p for p in self.progress if p.state not in SUCCEEDED]
+        self.failed = failed = list(failed)
         what = "; ".join(f"{p.initializer} {p.format}: {p.error or 'failed'}" for p in failed)
         super().__init__(f"{len(failed)} of {len(self.progress)} pack jobs failed: {what}")

@@ -12,7 +12,8 @@ use ctcache::onnx::Model;
 use ctcache_client::api;
 use ctcache_kernels::{compile, Params};
 
-use super::{report, MaterializeArgs};
+use super::args::MaterializeArgs;
+use super::report::report;
 use crate::ctx::Ctx;
 use crate::output::Failure;
 
