@@ -1,5 +1,6 @@
 //! Concurrency: 16 threads put, look up, map payloads, lease, remove and
-//! collect on one store for a few seconds. No unexpected error, every
+//! collect on one store until they made 50,000 operations and gc ran ten
+//! times (a few seconds). No unexpected error, every
 //! mapped payload matches its hash, leased entries survive GC, and the
 //! store is consistent (and has no orphans) afterwards.
 
@@ -15,7 +16,11 @@ use rand::{RngExt, SeedableRng};
 use store_util::*;
 
 const THREADS: usize = 16;
-const RUN: Duration = Duration::from_secs(3);
+/// The run ends once the threads made this many operations and gc ran this
+/// often (about 3 s here), or fails after `DEADLINE`.
+const OPS: u64 = 50_000;
+const GC_RUNS: u64 = 10;
+const DEADLINE: Duration = Duration::from_secs(120);
 const SOURCES: u64 = 300;
 
 fn expected<T>(r: Result<T, StoreError>, what: &str) -> Option<T> {
@@ -152,7 +157,6 @@ fn sixteen_threads_mixed_load() {
                                 .collect();
                             assert!(stale.is_empty(), "{stale:?}");
                             gcs.fetch_add(1, Ordering::Relaxed);
-                            std::thread::sleep(Duration::from_millis(5));
                         }
                     }
                     ops.fetch_add(1, Ordering::Relaxed);
@@ -160,7 +164,10 @@ fn sixteen_threads_mixed_load() {
             })
         })
         .collect();
-    std::thread::sleep(RUN);
+    let enough = || ops.load(Ordering::Relaxed) >= OPS && gcs.load(Ordering::Relaxed) >= GC_RUNS;
+    let ran = ctcache_testkit::poll(DEADLINE, Duration::from_millis(10), || {
+        enough().then_some(())
+    });
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().expect("worker thread panicked");
@@ -170,6 +177,10 @@ fn sixteen_threads_mixed_load() {
         ops.load(Ordering::Relaxed),
         gcs.load(Ordering::Relaxed),
         started.elapsed()
+    );
+    assert!(
+        ran.is_some(),
+        "{OPS} operations and {GC_RUNS} gc runs not done within {DEADLINE:?}"
     );
     for (n, e) in &pinned {
         let p = store.open_payload(&e.key).expect("pinned entry survived");
