@@ -13,8 +13,8 @@ use crate::pb;
 use crate::structs::{self, Limits, PhysicalTypeKey, StructError, ValueLayout};
 
 mod model_rules;
-mod payload;
-pub use payload::{data_files, payload_bytes, payload_ref, PayloadError};
+mod value_bytes;
+pub use value_bytes::{data_files, payload_bytes, payload_ref, PayloadError};
 
 /// Which compiled entry an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,8 +29,8 @@ mod conn;
 mod embed;
 mod error;
 mod handout;
+mod mapped;
 mod materialize;
-mod payload;
 mod socket;
 mod stream;
 
@@ -45,8 +45,8 @@ pub use ctcache_api::v1 as api;
 pub use ctcache_files::place::LinkMode;
 pub use error::{Error, Result};
 pub use handout::Handout;
+pub use mapped::{MappedPayload, OpenOptions};
 pub use materialize::ForFile;
-pub use payload::{MappedPayload, OpenOptions};
 pub use socket::{default_socket, default_socket_with};
 pub use stream::MessageStream;
 /// The gRPC status code of a daemon refusal ([`Error::code`]).
@@ -345,7 +345,7 @@ impl Client {
         entry: &api::Entry,
         opts: &OpenOptions,
     ) -> Result<MappedPayload> {
-        payload::open(self, entry, opts).await
+        mapped::open(self, entry, opts).await
     }
 
     /// An onnxruntime-ready model for the request's target, built in

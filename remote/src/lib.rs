@@ -10,12 +10,12 @@
 #![deny(missing_docs)]
 
 pub mod audit;
+pub mod breaker;
 pub mod config;
-pub mod guard;
+pub mod fetch_check;
 pub mod keys;
 pub mod layout;
 pub mod manifest;
-pub mod payload;
 
 #[cfg(feature = "client")]
 pub mod client;

@@ -40,7 +40,6 @@
 //! reference drops (held for a map operation only). Nothing holding a
 //! stripe waits on the rayon pool.
 
-mod access;
 mod blobs;
 mod cache;
 mod entry;
@@ -63,6 +62,7 @@ mod shared;
 mod sled_index;
 mod sources;
 mod stats;
+mod use_stats;
 mod verify;
 mod verity;
 
@@ -117,7 +117,7 @@ pub struct Store {
     stripes: blobs::Stripes,
     /// The lease gate, holding the in-memory book of live leases.
     gate: Mutex<lease::Book>,
-    access: access::AccessLog,
+    access: use_stats::AccessLog,
     counters: stats::Counters,
     cache: cache::LookupCache,
     /// Reference drops committed, and how many of them are known durable (a
@@ -401,19 +401,19 @@ impl Store {
     }
 
     fn note_access(&self, kb: KeyBytes) {
-        self.note(kb, access::AccessLog::record);
+        self.note(kb, use_stats::AccessLog::record);
     }
 
     /// Notes a lookup hit's use (at most once per entry and window).
     pub(crate) fn note_lookup_hit(&self, kb: KeyBytes) {
-        self.note(kb, access::AccessLog::record_lookup);
+        self.note(kb, use_stats::AccessLog::record_lookup);
     }
 
     /// Notes a use with `record`, writing the batch when one is due.
     fn note(
         &self,
         kb: KeyBytes,
-        record: fn(&access::AccessLog, KeyBytes, u64, usize, u64) -> bool,
+        record: fn(&use_stats::AccessLog, KeyBytes, u64, usize, u64) -> bool,
     ) {
         let now = self.now();
         let interval = self.opts.access_interval.as_millis() as u64;

@@ -12,7 +12,7 @@ use super::error::{StoreError, StoreResult};
 use super::layout::{self, Paths};
 use super::options::StoreOptions;
 use super::rebuild::RecordSync;
-use super::{access, blobs, cache, integrity, lease, sled_index, stats, verity, Store};
+use super::{blobs, cache, integrity, lease, sled_index, stats, use_stats, verity, Store};
 
 /// What `open` found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +102,7 @@ impl Store {
             index: Box::new(index),
             stripes: blobs::Stripes::new(),
             gate: Mutex::new(lease::Book::default()),
-            access: access::AccessLog::new(now),
+            access: use_stats::AccessLog::new(now),
             counters,
             cache: cache::LookupCache::new(opts.lookup_cache_sources),
             dropped: AtomicU64::new(0),

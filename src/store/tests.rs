@@ -596,11 +596,11 @@ fn lookup_hits_note_an_entry_once_per_window() {
     }
     assert_eq!(uses(), (1, 1_000_000));
     now.fetch_add(
-        super::access::LOOKUP_WINDOW_MS,
+        super::use_stats::LOOKUP_WINDOW_MS,
         std::sync::atomic::Ordering::SeqCst,
     );
     s.lookup(&k.source, &host).unwrap();
-    assert_eq!(uses(), (2, 1_000_000 + super::access::LOOKUP_WINDOW_MS));
+    assert_eq!(uses(), (2, 1_000_000 + super::use_stats::LOOKUP_WINDOW_MS));
     s.note_use(&k);
     s.note_use(&k);
     assert_eq!(uses().0, 4);

@@ -23,10 +23,10 @@ mod figure;
 #[cfg(feature = "in-process")]
 mod in_process;
 mod model;
-mod payload;
 mod poll;
 #[cfg(target_os = "linux")]
 mod resident;
+mod store_files;
 mod tmpfs;
 
 pub use bins::locate_bin;
@@ -40,8 +40,8 @@ pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
-pub use payload::{paths_under, payload_intact, rot_payload};
 pub use poll::{eventually, eventually_async, poll};
 #[cfg(target_os = "linux")]
 pub use resident::resident;
+pub use store_files::{paths_under, payload_intact, rot_payload};
 pub use tmpfs::{fill, Tmpfs};

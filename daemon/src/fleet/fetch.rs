@@ -10,8 +10,8 @@ use bytes::Bytes;
 use ctcache::store::{Entry, EntryKey, Store, StoreError};
 use ctcache_remote::audit::{self, Matching};
 use ctcache_remote::client::{PayloadStream, RemoteError};
+use ctcache_remote::fetch_check::Checked;
 use ctcache_remote::manifest::{self, Rejected};
-use ctcache_remote::payload::Checked;
 use tokio::runtime::Handle;
 
 use super::{lock, Ask, Fleet, Packing, Repack, Source};
@@ -156,7 +156,7 @@ impl Fleet {
                 s.failed(&format!("remote {during} of {key} failed: {e}"));
                 if opened {
                     tracing::warn!(
-                        cooldown_s = ctcache_remote::guard::BREAKER_COOLDOWN.as_secs(),
+                        cooldown_s = ctcache_remote::breaker::BREAKER_COOLDOWN.as_secs(),
                         "remote: too many failures in a row; skipping it for a while"
                     );
                 }

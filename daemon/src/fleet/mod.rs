@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ctcache::store::{Entry, EntryKey, Payload, Store, StoreError};
+use ctcache_remote::breaker::{Breaker, NegativeCache};
 use ctcache_remote::client::{Client, RemoteError};
 use ctcache_remote::config::{RemoteConfig, Settings};
-use ctcache_remote::guard::{Breaker, NegativeCache};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 

@@ -16,7 +16,7 @@ use ctcache_kernels::Params;
 
 use super::model;
 use super::pack::{self, BackendRequest};
-use super::payload::{self, Granted};
+use super::payload_access::{self, Granted};
 use super::{blocking, serve, Error, Result};
 use crate::caller::Caller;
 use crate::config::PolicyRule;
@@ -353,7 +353,7 @@ impl WriteJob {
             Leasing::Ttl(ms) => self.lease_to_caller(entries.values(), *ms)?,
             Leasing::Hold(handout) => {
                 let keys: Vec<_> = entries.values().map(|e| e.key).collect();
-                let id = payload::hold(&self.d, &self.caller, &keys, handout)?;
+                let id = payload_access::hold(&self.d, &self.caller, &keys, handout)?;
                 let granted = |e: &Entry| Granted {
                     id,
                     expires_unix_ms: 0,
@@ -380,11 +380,11 @@ impl WriteJob {
     ) -> Result<Vec<Granted>> {
         let mut granted: Vec<Granted> = Vec::new();
         for e in entries {
-            match payload::acquire(&self.d, &self.caller, &e.key, ttl_ms) {
+            match payload_access::acquire(&self.d, &self.caller, &e.key, ttl_ms) {
                 Ok(g) => granted.push(g),
                 Err(err) => {
                     for g in granted {
-                        let _ = payload::release(&self.d, &self.caller, g.id);
+                        let _ = payload_access::release(&self.d, &self.caller, g.id);
                     }
                     return Err(err);
                 }

@@ -12,7 +12,7 @@ pub(crate) mod lookup;
 pub(crate) mod materialize;
 pub(crate) mod model;
 pub(crate) mod pack;
-pub(crate) mod payload;
+pub(crate) mod payload_access;
 pub(crate) mod progress;
 pub(crate) mod put;
 pub(crate) mod remote;

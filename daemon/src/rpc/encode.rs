@@ -16,7 +16,7 @@ use crate::ops::embed::Embedded;
 use crate::ops::import::ImportReport;
 use crate::ops::lookup::LookupOutcome;
 use crate::ops::materialize::{InMemoryAnswer, Materialized};
-use crate::ops::payload::Granted;
+use crate::ops::payload_access::Granted;
 use crate::ops::resolve::Resolution;
 use crate::ops::status::StatusReport;
 use crate::ops::Miss;

@@ -96,7 +96,7 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
         let _ = wire::recv_when_ready::<api::HandoutRequest, _>(&afd).await;
     }
     if let Some(ended) = d.handouts.remove(&name) {
-        crate::ops::payload::let_go(&d, ended);
+        crate::ops::payload_access::let_go(&d, ended);
     }
     drop(charge);
 }

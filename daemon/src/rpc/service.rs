@@ -172,7 +172,8 @@ impl CompiledTensorCache for Service {
         let r = req.into_inner();
         let key = decode::key(&r.key)?;
         let (d, caller2) = (self.daemon.clone(), caller.clone());
-        let p = blocking(move || ops::payload::read(&d, &caller, &key, r.offset, r.length)).await?;
+        let p = blocking(move || ops::payload_access::read(&d, &caller, &key, r.offset, r.length))
+            .await?;
         let (tx, rx) = mpsc::channel(4);
         // Each chunk is copied out of the mapping on a blocking thread (its
         // pages may come from disk); the wait for the client to take it is
@@ -219,7 +220,7 @@ impl CompiledTensorCache for Service {
         let key = decode::key(&r.key)?;
         // The Arc: a rotted payload is packed again in the background.
         let d = self.daemon.clone();
-        let g = blocking(move || ops::payload::acquire(&d, &caller, &key, r.ttl_ms)).await?;
+        let g = blocking(move || ops::payload_access::acquire(&d, &caller, &key, r.ttl_ms)).await?;
         ok(encode::lease(&self.daemon, g))
     }
 
@@ -230,7 +231,7 @@ impl CompiledTensorCache for Service {
         let caller = self.caller(&req);
         let r = req.into_inner();
         self.run(
-            move |d| ops::payload::renew(d, &caller, LeaseId(r.lease_id), r.ttl_ms),
+            move |d| ops::payload_access::renew(d, &caller, LeaseId(r.lease_id), r.ttl_ms),
             |_, lease| api::LeaseResponse {
                 lease_id: lease.id.0,
                 expires_unix_ms: lease.expires_ms as i64,
@@ -247,7 +248,7 @@ impl CompiledTensorCache for Service {
         let caller = self.caller(&req);
         let id = LeaseId(req.into_inner().lease_id);
         self.run(
-            move |d| ops::payload::release(d, &caller, id),
+            move |d| ops::payload_access::release(d, &caller, id),
             |_, ()| api::ReleaseLeaseResponse {},
         )
         .await

@@ -1,8 +1,8 @@
 //! What a materialize appends to the graph: initializers whose bytes are
 //! ranges of the payload files, those files once each, and fresh names.
 
+use super::fields::Field;
 use super::names::Names;
-use super::payload::Field;
 use super::proto;
 use super::weight::PackedWeight;
 use crate::pb;

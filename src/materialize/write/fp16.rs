@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use prost::Message;
 
 use super::additions::Additions;
+use super::fields::PayloadFields;
 use super::names::Names;
-use super::payload::PayloadFields;
 use super::proto::{int_attr, node};
 use super::weight::{packed, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;

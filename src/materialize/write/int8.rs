@@ -8,8 +8,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::additions::Additions;
+use super::fields::{not_a_payload, Field, PayloadFields};
 use super::names::Names;
-use super::payload::{not_a_payload, Field, PayloadFields};
 use super::proto::{int_attr, node};
 use super::weight::{NewInputs, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;

@@ -9,12 +9,12 @@
 
 mod additions;
 mod external;
+mod fields;
 mod fp16;
 mod int8;
 mod memory;
 mod names;
 mod nbits;
-mod payload;
 mod proto;
 mod report;
 mod splice;
@@ -304,7 +304,7 @@ fn add_placed<'a>(
             .iter()
             .find(|t| &t.name == name)
             .ok_or_else(|| Error::Rewrite(format!("materialize: no initializer {name:?}")))?;
-        let field = payload::PayloadFields::read(w, &bad)?.get("values")?;
+        let field = fields::PayloadFields::read(w, &bad)?.get("values")?;
         if w.struct_type.name != IDENTITY
             || field.data_type != t.data_type
             || field.shape != t.dims

@@ -4,8 +4,8 @@
 //! import the model then needs.
 
 use super::additions::Additions;
+use super::fields::{not_a_payload, Field, PayloadFields};
 use super::names::Names;
-use super::payload::{not_a_payload, Field, PayloadFields};
 use super::proto::int_attr;
 use super::weight::{NewInputs, PackedWeight};
 use crate::dtype::DataType;

@@ -1,7 +1,7 @@
 //! The ONNX protos the rewrites share: node and int-attribute builders,
 //! tensors whose data lies at a payload's span.
 
-use super::payload::Span;
+use super::fields::Span;
 use crate::dtype::DataType;
 use crate::onnx::ExternalRef;
 use crate::pb;
