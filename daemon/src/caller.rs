@@ -7,7 +7,7 @@
 
 use ctcache::access::Identity;
 
-use crate::use_case::UseCase;
+use crate::use_case_names::UseCase;
 
 /// How the caller reached the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,7 +30,7 @@ mod scheduler;
 mod shares;
 mod state;
 mod systemd;
-mod use_case;
+mod use_case_names;
 mod view;
 mod watcher;
 

@@ -17,10 +17,10 @@ pub mod formats;
 pub mod fp16;
 pub mod gpu;
 pub mod isa;
-pub mod layout;
 pub mod packer;
 pub mod params;
 pub mod registry;
+pub mod struct_builders;
 mod util;
 
 pub use buffer::OutputBuffer;

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::keys::{PublicKey, SecretKey};
 use crate::manifest::Trust;
+use crate::signing_keys::{PublicKey, SecretKey};
 
 /// When a local miss asks the remote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

@@ -13,9 +13,9 @@ pub mod audit;
 pub mod breaker;
 pub mod config;
 pub mod fetch_check;
-pub mod keys;
 pub mod layout;
 pub mod manifest;
+pub mod signing_keys;
 
 #[cfg(feature = "client")]
 pub mod client;

@@ -14,7 +14,7 @@ use ctcache_api::v1::{ManifestSignature, RemoteEntry, RemoteManifest};
 use ed25519_dalek::{Signature, VerifyingKey};
 use prost::Message;
 
-use crate::keys::{PublicKey, SecretKey};
+use crate::signing_keys::{PublicKey, SecretKey};
 
 /// What a signature covers comes after this prefix, so that no other
 /// message signed with the same key can pass for a manifest.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use ctcache_client::api;
-use ctcache_remote::keys::SecretKey;
+use ctcache_remote::signing_keys::SecretKey;
 use serde_json::json;
 
 use crate::ctx::Ctx;

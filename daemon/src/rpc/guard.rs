@@ -21,7 +21,7 @@ use tower::{Layer, Service};
 
 use super::caller;
 use crate::cpu_budget::CpuBudget;
-use crate::use_case::UseCase;
+use crate::use_case_names::UseCase;
 
 /// The use case of a gRPC method path (`/package.Service/Method`).
 fn use_case(path: &str) -> Option<UseCase> {

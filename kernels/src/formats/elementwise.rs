@@ -8,8 +8,8 @@ use ctcache::pb;
 
 use crate::decoder::{Builder, OUTPUT};
 use crate::error::PackError;
-use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::PackedLayout;
+use crate::struct_builders::{field, leaf, nested, root, size_bits, Count};
 
 /// An element-by-element output type.
 pub(crate) struct Elementwise<'a> {

@@ -12,9 +12,9 @@ use crate::decoder::{ints, Builder, OUTPUT};
 use crate::device::cpu_requirement;
 use crate::error::PackError;
 use crate::isa::Isa;
-use crate::layout::{const_i64, field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+use crate::struct_builders::{const_i64, field, leaf, nested, root, size_bits, Count};
 use crate::util::us;
 
 /// The `gemm.pack_b.f32` packer.

@@ -6,9 +6,9 @@ use ctcache::dtype::DataType;
 
 use crate::error::PackError;
 use crate::isa::Isa;
-use crate::layout::size_bits;
 use crate::packer::SourceTensor;
 use crate::params::Params;
+use crate::struct_builders::size_bits;
 use crate::{catalogue, find};
 
 fn hex(s: &str) -> Vec<u8> {

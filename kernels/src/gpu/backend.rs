@@ -1,5 +1,5 @@
 //! The wgpu device: adapter choice and the compute pipelines (the entry
-//! point that hands a request to a format's driver is `packing.rs`).
+//! point that hands a request to a format's driver is `entry.rs`).
 
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};

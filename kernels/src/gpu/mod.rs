@@ -24,11 +24,11 @@ mod cast;
 #[cfg(feature = "wgpu")]
 mod chunk;
 #[cfg(feature = "wgpu")]
+mod entry;
+#[cfg(feature = "wgpu")]
 mod ggml;
 #[cfg(feature = "wgpu")]
 mod nbits;
-#[cfg(feature = "wgpu")]
-mod packing;
 #[cfg(feature = "wgpu")]
 mod session;
 #[cfg(not(feature = "wgpu"))]

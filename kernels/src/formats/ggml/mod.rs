@@ -7,9 +7,9 @@ use ctcache::dtype::DataType;
 use crate::decoder::{int, Builder, OUTPUT};
 use crate::error::PackError;
 use crate::isa::Isa;
-use crate::layout::{array, field, leaf, nested, root, size_bits, structure, Count};
 use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+use crate::struct_builders::{array, field, leaf, nested, root, size_bits, structure, Count};
 use block::{GgmlType, QK};
 
 #[cfg(target_arch = "x86_64")]

@@ -13,9 +13,9 @@ use ctcache::dtype::DataType;
 
 use crate::decoder::{int, ints, Builder, OUTPUT};
 use crate::error::PackError;
-use crate::layout::{const_i64, field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+use crate::struct_builders::{const_i64, field, leaf, nested, root, size_bits, Count};
 use crate::util::us;
 use block::{Nbits, Weight};
 

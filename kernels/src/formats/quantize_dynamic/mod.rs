@@ -16,9 +16,9 @@ use rayon::prelude::*;
 use crate::decoder::{ints, Builder, OUTPUT};
 use crate::error::PackError;
 use crate::isa::Isa;
-use crate::layout::{field, leaf, nested, root, size_bits, Count};
 use crate::packer::{check_isa, check_lengths, PackedLayout, Packer, SourceTensor};
 use crate::params::{ParamSpec, Params};
+use crate::struct_builders::{field, leaf, nested, root, size_bits, Count};
 use crate::util::us;
 use quant::Quant;
 
