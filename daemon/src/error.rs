@@ -167,7 +167,7 @@ impl From<StoreError> for Error {
             StoreError::Io { source, .. } | StoreError::PayloadRead { source, .. } => {
                 io_kind(source)
             }
-            StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. } => ErrorKind::Exhausted,
+            e if e.is_no_space() => ErrorKind::Exhausted,
             StoreError::InvalidEntry(_) | StoreError::InvalidKey(_) => ErrorKind::InvalidInput,
             StoreError::NotFound(_) | StoreError::UnknownLease(_) => ErrorKind::NotFound,
             StoreError::TooManyLeases { .. } => ErrorKind::Exhausted,

@@ -58,6 +58,12 @@ pub fn data_folder_name(model_name: &OsStr) -> String {
     format!("{}.weights", model_name.to_string_lossy())
 }
 
+/// The name of a payload file in a data folder, by its content:
+/// `<blake3 hex>.bin` (equal payloads share one file).
+pub fn data_file_name(blake3: &[u8; 32]) -> String {
+    format!("{}.bin", hex::encode(blake3))
+}
+
 /// Writes `answer` to `output`: its files in the data folder placed by
 /// `mode`, then the model. `input` is the source model's file (refused as
 /// the output). Stops between files once `stop()` says so

@@ -33,6 +33,7 @@ mod plan;
 mod write;
 
 pub use ask::{Ask, AskError, Setting};
+pub use ctcache_files::answer::data_file_name;
 pub use ctcache_files::place::{place, LinkMode, Method, Placed};
 pub use plan::{
     group_skips, plan, plan_for, Op, Plan, SkipGroup, Skipped, Step, Target, IDENTITY,

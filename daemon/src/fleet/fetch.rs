@@ -166,10 +166,7 @@ impl Fleet {
                 s.counters.error("store");
                 // A full disk is the caller's answer (RESOURCE_EXHAUSTED), not
                 // a miss to pack instead: packing would fill it the same way.
-                if matches!(
-                    e,
-                    StoreError::NoSpace { .. } | StoreError::IndexNoSpace { .. }
-                ) {
+                if e.is_no_space() {
                     return Err(e);
                 }
                 tracing::warn!(%key, "storing a fetched entry failed: {e}");

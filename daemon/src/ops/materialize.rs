@@ -310,7 +310,7 @@ impl WriteJob {
     /// the answer names), so that a runtime maps the file itself.
     fn file_name(&self, blake3: &[u8; 32]) -> String {
         match self.data_folder.is_empty() {
-            false => format!("{}.bin", hex::encode(blake3)),
+            false => ctcache::materialize::data_file_name(blake3),
             true => self.d.store.blob_in_folder(blake3).display().to_string(),
         }
     }

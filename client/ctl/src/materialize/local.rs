@@ -10,6 +10,7 @@ use ctcache::cancel::Cancel;
 use ctcache::materialize::{self as mat, PackedWeight, Recipe, WeightKey};
 use ctcache::onnx::Model;
 use ctcache_client::api;
+use ctcache_files::answer::data_file_name;
 use ctcache_kernels::{compile, Params};
 
 use super::args::MaterializeArgs;
@@ -103,7 +104,7 @@ impl LocalRun<'_> {
                 .map_err(|e| Failure::Failed(e.to_string()))?;
             // Named by content, like the daemon's links, and written in
             // place: placing a file onto itself is a no-op.
-            let file_name = format!("{}.bin", blake3::hash(&c.payload).to_hex());
+            let file_name = data_file_name(blake3::hash(&c.payload).as_bytes());
             let path = self.data_dir.join(&file_name);
             if !path.exists() {
                 self.created.push(path.clone());
