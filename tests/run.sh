@@ -203,7 +203,8 @@ step "docs check"
 "$VENV/bin/python" tests/docs_check.py "$CTCACHECTL"
 
 step "size and error types"
-# No product function over 100 lines, no product file over 500.
+# A smell check: functions over 100 lines and files over 500 are listed for a
+# reader (split along a seam, never to fit the number); it does not fail.
 python3 tests/size_check.py
 # Errors are types until the binary's edge: no product fn returns a String error.
 if grep -rnE 'Result<[^;{]*, String>' --include='*.rs' src format/src proto/src convert/src \

@@ -1,8 +1,10 @@
-"""Product code stays in pieces one can read: no function over 100 lines and
-no file over 500 (inline `#[cfg(test)]` modules, tests/ folders and tests.rs
-files not counted). Prints each one over and exits 1 if there is any.
+"""A smell check, not a gate: lists product functions over 100 lines and
+files over 500 (inline `#[cfg(test)]` modules, tests/ folders and tests.rs
+files not counted), for a reader to ask whether each does one job. A long
+one is split where it has a seam, never to get under a number, and never
+by dropping behaviour; so the check reports and exits 0 (1 with --strict).
 
-    python3 tests/size_check.py [MAX_FN_LINES MAX_FILE_LINES]
+    python3 tests/size_check.py [--strict] [MAX_FN_LINES MAX_FILE_LINES]
 """
 import os
 import re
@@ -107,8 +109,10 @@ def measure(path: str):
 
 def main() -> int:
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    max_fn = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    max_file = int(sys.argv[2]) if len(sys.argv) > 2 else 500
+    strict = "--strict" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--strict"]
+    max_fn = int(args[0]) if args else 100
+    max_file = int(args[1]) if len(args) > 1 else 500
     over = 0
     for root in ROOTS:
         for folder, _, files in os.walk(root):
@@ -118,15 +122,16 @@ def main() -> int:
                     continue
                 lines, fns = measure(path)
                 if lines > max_file:
-                    print(f"file {path}: {lines} lines")
+                    print(f"smell: file {path}: {lines} lines")
                     over += 1
                 for n, name, line in fns:
                     if n > max_fn:
-                        print(f"fn {name} ({path}:{line}): {n} lines")
+                        print(f"smell: fn {name} ({path}:{line}): {n} lines")
                         over += 1
     if over:
-        print(f"size_check: {over} over the limits (functions {max_fn} lines, files {max_file})")
-        return 1
+        print(f"size_check: {over} to look at (functions over {max_fn} lines, files over {max_file}): "
+              "split where there is a seam, else leave it")
+        return 1 if strict else 0
     print(f"size_check: no product function over {max_fn} lines, no file over {max_file}")
     return 0
 
