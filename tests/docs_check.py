@@ -110,13 +110,28 @@ def path_of(token: str) -> str | None:
     return None
 
 
+# A bare file name in a code span (`walk.rs`): the code map names files
+# inside the folder it describes.
+BARE_FILE = re.compile(r"^[\w.-]+\.(rs|py|sh|proto|service|socket|timer)$")
+
+
+def repo_file_names() -> set[str]:
+    roots = [REPO / d.rstrip("/") for d in TOP_DIRS]
+    return {f.name for r in roots if r.is_dir() for f in r.rglob("*")
+            if f.is_file() and "target" not in f.parts}
+
+
 def check_paths() -> None:
+    names = repo_file_names()
     for doc in docs():
         for n, line in prose_lines(doc):
             for m in CODE.finditer(line):
                 p = path_of(m.group(1))
                 if p and not (REPO / p).exists():
                     fail(doc, n, f"names `{p}`, which is not in the repository")
+                bare = m.group(1).strip().split("::")[0].rstrip(".,;:)")
+                if BARE_FILE.match(bare) and bare not in names:
+                    fail(doc, n, f"names the file `{bare}`, which no folder of the repository has")
             for m in LINK.finditer(line):
                 target = m.group(1).split("#")[0]
                 if not target or "://" in target or target.startswith("mailto:"):
