@@ -2,10 +2,10 @@
 //! caller must be admitted for the method's use case
 //! ([`Caller::admits`](crate::caller::Caller::admits)); a refused request is
 //! answered PERMISSION_DENIED without reaching the service. An admitted one
-//! must answer within `request_timeout_secs`, else it is ended with
-//! DEADLINE_EXCEEDED (tonic's own server timeout would say CANCELLED, which
-//! clients read as their own doing); a stream that has started answering
-//! is not cut. An untrusted uid whose hour of CPU time is spent is answered
+//! must answer within `request_timeout_secs` and within its caller's own
+//! deadline (`grpc-timeout`), else it is ended with DEADLINE_EXCEEDED
+//! (tonic's own server timeout would say CANCELLED, which clients read as
+//! their own doing); a stream that has started answering is not cut. An untrusted uid whose hour of CPU time is spent is answered
 //! RESOURCE_EXHAUSTED; an admitted one's handling is its to pay (see
 //! `cpu_budget`).
 
@@ -92,8 +92,10 @@ where
                 });
         match admitted {
             Ok(()) => {
+                let caller_limit = grpc_timeout(req.headers()).map(|t| t.saturating_sub(AHEAD));
                 let answer = self.inner.call(req);
-                let limit = self.deadline;
+                let own = self.deadline;
+                let limit = caller_limit.map_or(own, |c| c.min(own));
                 Box::pin(async move {
                     let answer = async move {
                         match payer {
@@ -103,9 +105,13 @@ where
                     };
                     match tokio::time::timeout(limit, answer).await {
                         Ok(answered) => answered,
+                        Err(_) if limit < own => Ok(tonic::Status::deadline_exceeded(
+                            "the caller's deadline passed before the answer",
+                        )
+                        .into_http::<Body>()),
                         Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
                             "no answer within request_timeout_secs ({} s)",
-                            limit.as_secs()
+                            own.as_secs()
                         ))
                         .into_http::<Body>()),
                     }
@@ -119,9 +125,52 @@ where
     }
 }
 
+/// How much before a caller's own deadline (`grpc-timeout`) the guard
+/// answers DEADLINE_EXCEEDED: tonic's server ends such a call at that very
+/// deadline with CANCELLED, which a client reads as its own doing.
+const AHEAD: Duration = Duration::from_millis(5);
+
+/// The caller's deadline its `grpc-timeout` header gives (gRPC over HTTP/2:
+/// at most 8 digits and a unit of H, M, S, m, u or n); `None` when absent
+/// or malformed.
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let v = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_callers_grpc_timeout_is_read_as_grpc_writes_it() {
+        let of = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&h)
+        };
+        assert_eq!(of("300m"), Some(Duration::from_millis(300)));
+        assert_eq!(of("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(of("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(of("99999u"), Some(Duration::from_micros(99999)));
+        for bad in ["", "m", "12", "123456789S", "5x", "-5S"] {
+            assert_eq!(of(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+    }
 
     #[test]
     fn method_paths_name_their_use_case() {
