@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""A fresh process to a ready onnxruntime session, on real models.
+
+What a user waits for: a new Python process that imports what it needs and
+returns from its session call. Timed from the parent's spawn to the child's
+return (the child prints the wall clock when its session is ready), one
+process alone and four at once (the slowest of the four), median of
+``--runs`` (default 5), on two models of the real-model corpus
+(``tests/python/real_models.py``): the MiniLM encoder and ddddocr's conv
+net. Four ways, one run:
+
+* ``floor``: Python and ``import onnxruntime``, no session: what no way
+  can go below;
+* ``plain``: ``onnxruntime.InferenceSession`` on the fp32 model;
+* ``reference``: onnxruntime's own tool, then the session on its model
+  (``MatMulNBitsQuantizer``, 4 bits, block 32, symmetric: what the default
+  target of ``inference_session`` replaces);
+* ``warm``: ``ctcache.ort.inference_session`` with its default target,
+  entries already in the cache of a fresh daemon (release build) that one
+  call packed; for the conv net, which has nothing to rewrite, the session
+  opens the model as it is.
+
+Each figure is a RESULT line (``bench/results.py``): ``session.<model>.warm.p1``
+and ``.p4`` against the plain session, ``session.<model>.reference.p1``
+against warm, ``session.<model>.floor.p1`` with warm's ratio to it (the
+goal: warm within 1.2x of the floor).
+
+    python bench/session_bench.py [--bin-dir DIR] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+import real_models  # noqa: E402
+
+MODELS = {"minilm": "minilm-l3", "conv": "ddddocr-det"}
+PROVIDERS = '["CPUExecutionProvider"]'
+
+# The child: its imports and its session are what is timed.
+CHILD = r"""
+import sys, time, logging, warnings
+logging.disable(logging.CRITICAL)
+warnings.simplefilter("ignore")
+mode, model, socket = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "floor":
+    import onnxruntime
+elif mode == "plain":
+    import onnxruntime
+    onnxruntime.InferenceSession(model, providers=%(p)s)
+elif mode == "reference":
+    import onnx, onnxruntime
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    q = MatMulNBitsQuantizer(onnx.load(model), bits=4, block_size=32, is_symmetric=True)
+    q.process()
+    onnxruntime.InferenceSession(q.model.model.SerializeToString(), providers=%(p)s)
+elif mode == "warm":
+    import ctcache.ort
+    s = ctcache.ort.inference_session(model, socket=socket, fallback=False, providers=%(p)s)
+print(time.time(), flush=True)
+""" % {"p": PROVIDERS}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict) -> float:
+    """Seconds from spawning `procs` children at once until the slowest is ready."""
+    start = time.time()
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(model), str(socket)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                for _ in range(procs)]
+    ends = []
+    for c in children:
+        out, err = c.communicate(timeout=600)
+        if c.returncode != 0:
+            raise SystemExit(f"{mode} on {model.name} failed:\n{err[-3000:]}")
+        ends.append(float(out.strip().splitlines()[-1]))
+    return max(ends) - start
+
+
+def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path]:
+    cache, sock = root / "cache", root / "s.sock"
+    config = root / "ctcached.toml"
+    config.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
+    log_file = open(root / "ctcached.log", "wb")
+    proc = subprocess.Popen([str(bin_dir / "ctcached"), "--config", str(config), "--cache-dir", str(cache),
+                             "--socket", str(sock)],
+                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    import ctcache
+    from waiting import wait_until
+
+    def answers():
+        if proc.poll() is not None:
+            raise SystemExit((root / "ctcached.log").read_text(errors="replace")[-3000:])
+        try:
+            with ctcache.connect(sock, timeout=1) as c:
+                return c.status() is not None
+        except ctcache.DaemonNotRunning:
+            return False
+
+    wait_until(answers, 60, f"ctcached answering on {sock}")
+    return proc, sock
+
+
+def result(name: str, value: float, anchor: float, ratio: float, label: str, target: str = "") -> None:
+    t = f" target={target}" if target else ""
+    print(f'RESULT name={name} value={value:.6g} unit=s anchor={anchor:.6g} ratio={ratio:.6g}{t} label="{label}"',
+          flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin-dir", type=Path,
+                    default=Path(os.environ.get("CARGO_TARGET_DIR", "/var/tmp/ctcache-target")) / "release")
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args()
+    corpus = {m.name: m for m in real_models.CORPUS}
+    work = Path(tempfile.mkdtemp(prefix="ctcache-session-bench-", dir="/var/tmp"))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
+    proc, sock = start_daemon(a.bin_dir, work)
+    try:
+        for short, name in MODELS.items():
+            model = work / f"{short}.onnx"
+            shutil.copyfile(corpus[name].path, model)
+            # One call packs what the default target reads: warm from here on.
+            ready_after("warm", model, sock, 1, env)
+            times: dict[tuple[str, int], float] = {}
+            for procs in (1, 4):
+                for mode in ("floor", "plain", "reference", "warm"):
+                    if procs == 4 and mode in ("floor", "reference"):
+                        continue
+                    runs = sorted(ready_after(mode, model, sock, procs, env) for _ in range(a.runs))
+                    times[(mode, procs)] = statistics.median(runs)
+                    log(f"{short:7} {mode:9} x{procs}: {times[(mode, procs)]:.3f} s (runs {', '.join(f'{r:.3f}' for r in runs)})")
+            warm, plain = times[("warm", 1)], times[("plain", 1)]
+            what = f"{corpus[name].about}: a fresh process to a ready session"
+            result(f"session.{short}.warm.p1", warm, plain, plain / warm,
+                   f"{what}, ctcache warm vs the plain fp32 session, one process")
+            result(f"session.{short}.warm.p4", times[("warm", 4)], times[("plain", 4)],
+                   times[("plain", 4)] / times[("warm", 4)],
+                   f"{what}, ctcache warm vs the plain fp32 session, four processes at once")
+            ref = times[("reference", 1)]
+            result(f"session.{short}.reference.p1", ref, warm, ref / warm,
+                   f"{what}, onnxruntime's quantizer then its session vs ctcache warm")
+            floor = times[("floor", 1)]
+            result(f"session.{short}.floor.p1", floor, warm, warm / floor,
+                   f"{what}: Python and import onnxruntime, and warm's ratio to it", "ratio<=1.2")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
