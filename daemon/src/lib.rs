@@ -147,9 +147,13 @@ pub async fn run(
     }
     // Repair file/index mismatches in the background; lookups go on meanwhile.
     let d = daemon.clone();
-    tokio::task::spawn_blocking(move || match d.store.reconcile() {
-        Ok(r) => ops::gc::log_reconcile(&r),
-        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+    tokio::task::spawn_blocking(move || {
+        match d.store.reconcile() {
+            Ok(r) => ops::gc::log_reconcile(&r),
+            Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+        }
+        d.reconciled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     });
     let _watchdog = systemd::spawn_watchdog();
     let where_ = listeners

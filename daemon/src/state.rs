@@ -3,6 +3,7 @@
 //! reference; nothing here knows gRPC.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,6 +45,8 @@ pub(crate) struct Daemon {
     pub fleet: Option<Fleet>,
     /// The models callers handed over on the descriptor channel.
     pub handouts: Handouts,
+    /// The start-up reconcile of the store has ended (Status says so).
+    pub reconciled: AtomicBool,
 }
 
 impl Daemon {
@@ -96,6 +99,7 @@ impl Daemon {
             socket,
             fleet,
             handouts: Handouts::new(crate::handouts::files_per_uid()),
+            reconciled: AtomicBool::new(false),
         }
     }
 }

@@ -790,9 +790,17 @@ async fn prepack_backends_are_honoured_or_refused_with_the_reason() {
 async fn verify_reports_orphans_and_removes_them_only_with_repair() {
     let mut d = InProc::start();
     let mut c = d.client().await;
-    // Let the start-up reconcile finish before planting the orphan.
-    c.status(api::StatusRequest {}).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The start-up reconcile ends before the orphan is planted (it would
+    // remove it): Status says when.
+    let reconciled = eventually(Duration::from_secs(60), || {
+        let mut c = c.clone();
+        async move {
+            let s = c.status(api::StatusRequest {}).await.ok()?.into_inner();
+            (!s.reconciling).then_some(())
+        }
+    })
+    .await;
+    assert!(reconciled.is_some(), "the start-up reconcile never ended");
     let bytes = b"a payload file no entry references";
     let hash = blake3::hash(bytes);
     let shard = d
@@ -998,8 +1006,6 @@ async fn a_model_that_keeps_changing_holds_up_no_other() {
             }
         })
     };
-    // Let the watcher take up the changing file first.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let path = d.models.join("m.onnx");
     write_model(&path, &matmul_model(K, N, 21));
     let digest = digest_of(&path, "W");

@@ -44,6 +44,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "by_format": usage(&stats.by_format),
             "by_device": usage(&stats.by_device),
             "remote": s.remote.as_ref().map(crate::remote::status_json),
+            "reconciling": s.reconciling,
         }));
     }
     let rate = hit_rate
@@ -73,6 +74,12 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         "jobs",
         format!("{} running, {} queued", s.jobs_running, s.jobs_queued),
     );
+    if s.reconciling {
+        kv(
+            "reconcile",
+            "running (files and index brought to agree)".into(),
+        );
+    }
     kv("leases", format!("{} active", stats.active_leases));
     if let Some(r) = &s.remote {
         kv("remote", crate::remote::summary(r));

@@ -26,6 +26,8 @@ pub(crate) struct StatusReport {
     /// The configured gc budget (what a Gc without limits applies).
     pub gc_budget: super::gc::Budget,
     pub remote: Option<crate::fleet::Report>,
+    /// The start-up reconcile of the store still runs.
+    pub reconciling: bool,
 }
 
 /// The Status use case: the watched folders are those `caller` may see
@@ -42,6 +44,7 @@ pub(crate) fn status(d: &Daemon, caller: &Caller) -> Result<StatusReport> {
         socket: d.socket.clone(),
         gc_budget: super::gc::configured_budget(d),
         remote: d.fleet.as_ref().map(|f| f.report(false)),
+        reconciling: !d.reconciled.load(Ordering::SeqCst),
     })
 }
 

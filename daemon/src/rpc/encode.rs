@@ -254,6 +254,7 @@ pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
         gc_max_bytes_default: s.gc_budget.max_bytes_default,
         gc_max_age_s: s.gc_budget.max_age.map(|a| a.as_secs()),
         remote: s.remote.map(remote_status),
+        reconciling: s.reconciling,
     }
 }
 
