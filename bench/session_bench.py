@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(REPO / "client" / "python"))
 
 import real_models  # noqa: E402
+from materialize_bench import connect, start_daemon, stop_daemon  # noqa: E402
 
 MODELS = {"minilm": "minilm-l3", "conv": "ddddocr-det"}
 PROVIDERS = '["CPUExecutionProvider"]'
@@ -92,31 +93,6 @@ def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict) -> 
     return max(ends) - start
 
 
-def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path]:
-    cache, sock = root / "cache", root / "s.sock"
-    config = root / "ctcached.toml"
-    config.touch()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
-    log_file = open(root / "ctcached.log", "wb")
-    proc = subprocess.Popen([str(bin_dir / "ctcached"), "--config", str(config), "--cache-dir", str(cache),
-                             "--socket", str(sock)],
-                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    import ctcache
-    from waiting import wait_until
-
-    def answers():
-        if proc.poll() is not None:
-            raise SystemExit((root / "ctcached.log").read_text(errors="replace")[-3000:])
-        try:
-            with ctcache.connect(sock, timeout=1) as c:
-                return c.status() is not None
-        except ctcache.DaemonNotRunning:
-            return False
-
-    wait_until(answers, 60, f"ctcached answering on {sock}")
-    return proc, sock
-
-
 def result(name: str, value: float, anchor: float, ratio: float, label: str, target: str = "") -> None:
     t = f" target={target}" if target else ""
     print(f'RESULT name={name} value={value:.6g} unit=s anchor={anchor:.6g} ratio={ratio:.6g}{t} label="{label}"',
@@ -132,8 +108,12 @@ def main() -> int:
     corpus = {m.name: m for m in real_models.CORPUS}
     work = Path(tempfile.mkdtemp(prefix="ctcache-session-bench-", dir="/var/tmp"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
-    proc, sock = start_daemon(a.bin_dir, work)
+    proc, _, sock = start_daemon(a.bin_dir, work)
     try:
+        client = connect(proc, sock, work)
+        if client is None:
+            raise SystemExit("ctcached did not answer (its log is above)")
+        client.close()
         for short, name in MODELS.items():
             model = work / f"{short}.onnx"
             shutil.copyfile(corpus[name].path, model)
@@ -161,8 +141,7 @@ def main() -> int:
             result(f"session.{short}.floor.p1", floor, warm, warm / floor,
                    f"{what}: Python and import onnxruntime, and warm's ratio to it", "ratio<=1.2")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_daemon(proc)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ctcache_api::v1 as api;
+use ctcache_testkit::clock_past;
 use ctcache_testkit::digest_of_file;
 use support::*;
 
@@ -56,22 +57,14 @@ async fn settled_events(c: &Client) -> tonic::Streaming<api::Event> {
     events
 }
 
-/// Last use (ms) and use count of each entry of `digest`, as List (which
-/// is no use) shows them.
-/// Waits until the wall clock is past every last use in `uses`, so that a
-/// use from now on is stamped later.
-fn clock_past(uses: &[(i64, u64)]) {
-    let last = uses.iter().map(|u| u.0).max().unwrap_or(0);
-    let now = || {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        since.map_or(0, |d| d.as_millis() as i64)
-    };
-    poll(Duration::from_secs(5), Duration::from_millis(1), || {
-        (now() > last).then_some(())
-    })
-    .expect("the clock moves");
+/// The latest last use in `uses`: a use from once the clock is past it is
+/// stamped later.
+fn newest(uses: &[(i64, u64)]) -> i64 {
+    uses.iter().map(|u| u.0).max().unwrap_or(0)
 }
 
+/// Last use (ms) and use count of each entry of `digest`, as List (which
+/// is no use) shows them.
 async fn uses(c: &mut Client, digest: &[u8]) -> Vec<(i64, u64)> {
     let listed = c
         .list(api::ListRequest {
@@ -172,7 +165,7 @@ async fn the_daemons_rescans_are_no_use_and_a_clients_lookup_is() {
     );
 
     // A client's lookup is (stamped after every use so far).
-    clock_past(&before);
+    clock_past(newest(&before));
     let hits = c.lookup(lookup_req(&digest)).await.unwrap().into_inner();
     assert!(!hits.entries.is_empty());
     let after = uses(&mut c, &digest).await;
@@ -185,7 +178,7 @@ async fn the_daemons_rescans_are_no_use_and_a_clients_lookup_is() {
     );
 
     // And so is a resolve that returns the entries.
-    clock_past(&after);
+    clock_past(newest(&after));
     let h = c.hand(&model).await;
     c.resolve_model(api::ResolveModelRequest {
         model_path: model.display().to_string(),

@@ -8,9 +8,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+use tempfile::TempDir;
 
 use crate::poll::poll;
-use tempfile::TempDir;
 
 /// How long a start may take until the socket accepts connections.
 const READY: Duration = Duration::from_secs(60);

@@ -40,7 +40,7 @@ pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
-pub use poll::{eventually, eventually_async, poll};
+pub use poll::{clock_past, eventually, eventually_async, poll};
 #[cfg(target_os = "linux")]
 pub use resident::resident;
 pub use store_files::{paths_under, payload_intact, rot_payload};

@@ -23,6 +23,17 @@ pub fn poll<T>(timeout: Duration, every: Duration, mut f: impl FnMut() -> Option
     }
 }
 
+/// Waits until the wall clock, read as the store reads it, is past
+/// `unix_ms` (a stamp the daemon gave), so that a stamp taken from now on
+/// is later; panics after 5 s.
+pub fn clock_past(unix_ms: i64) {
+    let clock = ctcache::store::Clock::system();
+    poll(Duration::from_secs(5), Duration::from_millis(1), || {
+        (clock.now_ms() as i64 > unix_ms).then_some(())
+    })
+    .expect("the wall clock moves");
+}
+
 /// Polls `f` every 100 ms until it returns true; panics, naming `what`,
 /// after 30 s.
 pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {

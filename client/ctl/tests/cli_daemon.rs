@@ -883,10 +883,7 @@ fn ls_shows_the_model_and_sorts_by_model_last_use_and_size() {
         .filter_map(Value::as_i64)
         .max()
         .unwrap_or(0);
-    eventually("the clock past the newest entry", || {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        since.map_or(0, |d| d.as_millis() as i64) > newest
-    });
+    ctcache_testkit::clock_past(newest);
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let c = Client::connect_to(&d.socket).await.unwrap();
         c.read_payload(&key, 0, 0).await.unwrap();
