@@ -5,7 +5,8 @@
 //! must answer within `request_timeout_secs` and within its caller's own
 //! deadline (`grpc-timeout`), else it is ended with DEADLINE_EXCEEDED
 //! (tonic's own server timeout would say CANCELLED, which clients read as
-//! their own doing); a stream that has started answering is not cut. An untrusted uid whose hour of CPU time is spent is answered
+//! their own doing); a stream that has started answering is not cut. An
+//! untrusted uid whose hour of CPU time is spent is answered
 //! RESOURCE_EXHAUSTED; an admitted one's handling is its to pay (see
 //! `cpu_budget`).
 
