@@ -70,22 +70,14 @@ fn values(names: &[&str]) -> Vec<pb::ValueInfoProto> {
 }
 
 fn model(nodes: Vec<pb::NodeProto>, inits: Vec<pb::TensorProto>, inputs: &[&str]) -> Model {
-    let m = pb::ModelProto {
-        ir_version: 8,
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(pb::GraphProto {
-            name: "g".into(),
-            node: nodes,
-            initializer: inits,
-            input: values(inputs),
-            ..Default::default()
-        }),
+    let graph = pb::GraphProto {
+        name: "g".into(),
+        node: nodes,
+        initializer: inits,
+        input: values(inputs),
         ..Default::default()
     };
-    Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap()
+    Model::of_graph(graph, 17)
 }
 
 #[test]

@@ -8,6 +8,7 @@ pub mod graph;
 mod guarded;
 mod model;
 pub mod rewrite;
+pub mod shapes;
 mod tensor;
 
 pub use external::{ExternalRef, ExternalRefError, MAX_EXTERNAL_FILES};

@@ -351,6 +351,23 @@ impl Model {
     }
 }
 
+#[cfg(test)]
+impl Model {
+    /// A model of `graph` (IR 8, importing ai.onnx `opset`), for tests.
+    pub(crate) fn of_graph(graph: pb::GraphProto, opset: i64) -> Model {
+        let m = pb::ModelProto {
+            ir_version: 8,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+            graph: Some(graph),
+            ..Default::default()
+        };
+        Model::from_bytes(Bytes::from(prost::Message::encode_to_vec(&m)), ".").unwrap()
+    }
+}
+
 /// Decodes a message from a slice of the mapping (bytes fields stay borrowed).
 pub(crate) fn decode<M: Message + Default>(bytes: Bytes, what: &str) -> Result<M> {
     M::decode(bytes).map_err(|e| Error::decode(what, e))

@@ -141,6 +141,60 @@ def test_int4_is_bit_identical_with_the_quantizer_under_default_options(name, tm
             assert np.array_equal(x, y), f"max |diff| {np.max(np.abs(x.astype(np.float64) - y))}"
 
 
+def _typed_shapes(g: onnx.GraphProto) -> dict[str, tuple]:
+    def dims(t):
+        if not t.HasField("shape"):
+            return None
+        return tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim)
+    return {v.name: (v.type.tensor_type.elem_type, dims(v.type.tensor_type)) for v in g.value_info}
+
+
+# Models whose every top-level op the Rust shape inference covers: their
+# value_info is onnx's, entry for entry.
+SHAPES_COMPLETE = ("minilm-l3", "magika")
+# What each target converts (the conformance table has the others).
+CONVERTED = [("onnxruntime-int8", n) for n in ("minilm-l3", "magika", "ddddocr-det")] + [
+    ("onnxruntime-fp16", n) for n in ("minilm-l3", "magika", "ddddocr-det", "silero-vad")]
+
+
+def _numbers(shape):
+    return None if shape is None else tuple(d if isinstance(d, int) else None for d in shape)
+
+
+@pytest.mark.parametrize("target,name", CONVERTED)
+def test_value_info_is_what_onnx_shape_inference_writes(target, name, tmp_path: Path):
+    """The int8 and fp16 targets write the value_info onnx's infer_shapes
+    gives the source (what quantize_dynamic and the float16 converter
+    start from; onnxruntime's optimizer fuses by these shapes). On the
+    models whose ops it covers, the very entries onnx writes (FLOAT16 where
+    the fp16 target holds the value so), symbols included; on the others,
+    never another element type, rank or number than onnx's."""
+    real = BY_NAME[name]
+    real_models.fetch(real)
+    out = tmp_path / "m.onnx"
+    flags = ("--op-types", "MatMul,Gather,Conv") if target == "onnxruntime-int8" else ()
+    r = ctl.run("materialize", "--local", "--target", target, *flags, str(real.path), "-o", str(out))
+    assert r.returncode == 0, r.describe()
+    source = onnx.load(str(real.path), load_external_data=False)
+    declared = {v.name for v in source.graph.value_info}
+    want = {k: v for k, v in _typed_shapes(onnx.shape_inference.infer_shapes(source).graph).items()
+            if k not in declared}
+    got = {k: v for k, v in _typed_shapes(onnx.load(str(out), load_external_data=False).graph).items()
+           if k not in declared}
+    if target == "onnxruntime-fp16":
+        want = {k: (TensorProto.FLOAT16 if t == TensorProto.FLOAT else t, s) for k, (t, s) in want.items()}
+    if name in SHAPES_COMPLETE:
+        assert got == want
+        assert len(got) > 50
+        return
+    for k, (t, shape) in got.items():
+        assert k in want, f"{k}: onnx infers no type for it"
+        wt, wshape = want[k]
+        assert t == wt, f"{k}: element type {t}, onnx's {wt}"
+        if shape is not None:
+            assert _numbers(shape) == _numbers(wshape), f"{k}: shape {shape}, onnx's {wshape}"
+
+
 # ---------------------------------------------------------------- sessions
 
 

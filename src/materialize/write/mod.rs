@@ -32,6 +32,7 @@ use ctcache_files::place::LinkMode;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::onnx::fields::MODEL_GRAPH;
+use crate::onnx::shapes::inferred_value_info;
 use crate::onnx::Model;
 use crate::outdir::OutFile;
 use crate::pb;
@@ -59,6 +60,8 @@ struct Rewrite<'a> {
     add: Additions<'a>,
     nodes: NodeEdits,
     dropped: HashSet<&'a str>,
+    /// The value_info the reference tool's shape inference adds.
+    inferred: Vec<pb::ValueInfoProto>,
     to_fp16: bool,
     import_ms_domain: bool,
 }
@@ -92,11 +95,18 @@ impl<'a> Rewrite<'a> {
         add_placed(&src, weights, &mut add)?;
         let nodes = new_nodes(&src, recipe, &inputs, &mut add)?;
         let dropped = dropped(&src, &nodes)?;
+        // quantize_dynamic and convert_float_to_float16 run onnx's shape
+        // inference first; onnxruntime optimizes by what it writes.
+        let inferred = match recipe {
+            Recipe::Int8(_) | Recipe::Fp16(_) => inferred_value_info(model)?,
+            Recipe::Nbits(_) => Vec::new(),
+        };
         Ok(Rewrite {
             src,
             add,
             nodes,
             dropped,
+            inferred,
             to_fp16: matches!(recipe, Recipe::Fp16(_)),
             import_ms_domain: matches!(recipe, Recipe::Nbits(_)),
         })
@@ -119,6 +129,7 @@ impl<'a> Rewrite<'a> {
             dropped: &self.dropped,
             relocated,
             new_inits: &self.add.initializers,
+            value_info: &self.inferred,
             to_fp16: self.to_fp16,
             import_ms_domain: self.import_ms_domain,
         }

@@ -106,6 +106,8 @@ pub(super) struct Edits<'a> {
     pub(super) relocated: &'a HashMap<usize, Vec<u8>>,
     /// Initializers appended.
     pub(super) new_inits: &'a [pb::TensorProto],
+    /// value_info appended (made FLOAT16 as the others with `to_fp16`).
+    pub(super) value_info: &'a [pb::ValueInfoProto],
     /// FLOAT value_info becomes FLOAT16 (onnxruntime-fp16).
     pub(super) to_fp16: bool,
     /// The `com.microsoft` opset is imported, if it is not yet
@@ -121,6 +123,7 @@ fn splice_graph(src: &Source<'_>, graph: Range<usize>, edits: &Edits<'_>) -> Res
         dropped,
         relocated,
         new_inits,
+        value_info,
         to_fp16,
         import_ms_domain: _,
     } = edits;
@@ -187,6 +190,13 @@ fn splice_graph(src: &Source<'_>, graph: Range<usize>, edits: &Edits<'_>) -> Res
         }
     }
     let mut tail = Vec::new();
+    for vi in *value_info {
+        let mut vi = vi.clone();
+        if *to_fp16 {
+            float_to_fp16(&mut vi);
+        }
+        encoded_field(&mut tail, GRAPH_VALUE_INFO, &vi);
+    }
     for t in *new_inits {
         encoded_field(&mut tail, GRAPH_INITIALIZER, t);
     }
