@@ -13,6 +13,7 @@ pub mod device;
 pub mod digest;
 pub mod dtype;
 pub mod error;
+pub mod forms;
 pub mod fsutil;
 pub mod hit;
 pub mod materialize;

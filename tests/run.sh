@@ -50,6 +50,10 @@ cargo --version
 step "python venv ($VENV)"
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+# The onnxruntime wheel's own library: the onnxruntime worker's tests load it
+# (not CTCACHE_ORT_LIBRARY, which would configure every daemon the tests start).
+CTCACHE_TEST_ORT_LIBRARY="$("$VENV/bin/python" -c 'import glob, os, onnxruntime as o; print(sorted(glob.glob(os.path.join(os.path.dirname(o.__file__), "capi", "libonnxruntime.so*")))[0])')"
+export CTCACHE_TEST_ORT_LIBRARY
 
 step "real-model corpus (pinned packages, sha256 checked; kept under /var/tmp)"
 # A missing model or a sha256 mismatch fails the run here: no test skips for it.

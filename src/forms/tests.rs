@@ -1,0 +1,195 @@
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::*;
+use crate::onnx::Model;
+use crate::pb;
+
+/// A change to a `T`, named beside it.
+type Edit<T> = fn(&mut T);
+
+fn key() -> FormKey {
+    FormKey {
+        model: [7; 32],
+        runtime: RuntimeIdentity {
+            name: "onnxruntime".into(),
+            version: "1.32.0".into(),
+            build: "git-commit-id=fab30a4, build type=Release".into(),
+        },
+        provider: "CPUExecutionProvider".into(),
+        options: BTreeMap::from([("level".to_string(), "all".to_string())]),
+        device: Some("x86_64-avx512".into()),
+    }
+}
+
+#[test]
+fn each_part_of_the_key_is_a_miss_that_names_it() {
+    let form = key();
+    assert_eq!(form.difference(&key()), None);
+    assert_eq!(form.digest(), key().digest());
+    let changes: Vec<(Edit<FormKey>, &str)> = vec![
+        (|k| k.model[0] ^= 1, "another model content"),
+        (|k| k.runtime.name = "openvino".into(), "another runtime"),
+        (
+            |k| k.runtime.version = "1.31.0".into(),
+            "another runtime version",
+        ),
+        (
+            |k| k.runtime.build = "git-commit-id=0000000".into(),
+            "another build of the runtime",
+        ),
+        (
+            |k| k.provider = "CUDAExecutionProvider".into(),
+            "another provider",
+        ),
+        (
+            |k| {
+                k.options.insert("level".into(), "extended".into());
+            },
+            "option level set otherwise (the form's: all; asked: extended)",
+        ),
+        (
+            |k| {
+                k.options.insert("intra_op_num_threads".into(), "1".into());
+            },
+            "option intra_op_num_threads set otherwise (the form's: none; asked: 1)",
+        ),
+        (
+            |k| k.device = Some("x86_64-avx2".into()),
+            "another device tier",
+        ),
+        (
+            |k| k.device = None,
+            "another device tier (the form's: x86_64-avx512; asked: none)",
+        ),
+    ];
+    for (change, named) in changes {
+        let mut asked = key();
+        change(&mut asked);
+        let part = form.difference(&asked).expect("a difference");
+        assert!(part.to_string().starts_with(named), "{part} for {named}");
+        assert_ne!(form.digest(), asked.digest(), "{named}");
+    }
+}
+
+/// A model with a top-level weight, a Constant node's tensor and an If
+/// whose branch holds its own initializer.
+fn model_proto() -> pb::ModelProto {
+    let f32s = |name: &str, v: &[f32]| pb::TensorProto {
+        name: name.into(),
+        data_type: 1,
+        dims: vec![v.len() as i64],
+        raw_data: v
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<_>>()
+            .into(),
+        ..Default::default()
+    };
+    let node = |op: &str, inputs: &[&str], output: &str| pb::NodeProto {
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let mut constant = node("Constant", &[], "c");
+    constant.attribute = vec![pb::AttributeProto {
+        name: "value".into(),
+        t: Some(f32s("", &[1.0, 2.0])),
+        r#type: 4,
+        ..Default::default()
+    }];
+    let branch = pb::GraphProto {
+        name: "then".into(),
+        node: vec![node("Identity", &["s"], "t")],
+        initializer: vec![f32s("s", &[3.0, 4.0])],
+        output: vec![pb::ValueInfoProto {
+            name: "t".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut branch_node = node("If", &["cond"], "y");
+    branch_node.attribute = ["then_branch", "else_branch"]
+        .map(|name| pb::AttributeProto {
+            name: name.into(),
+            g: Some(branch.clone()),
+            r#type: 5,
+            ..Default::default()
+        })
+        .to_vec();
+    let graph = pb::GraphProto {
+        name: "g".into(),
+        node: vec![constant, node("Add", &["x", "W"], "z"), branch_node],
+        initializer: vec![f32s("W", &[5.0, 6.0])],
+        ..Default::default()
+    };
+    pb::ModelProto::decode(Model::of_graph(graph, 17).bytes().clone()).unwrap()
+}
+
+fn digest_of(m: &pb::ModelProto, dir: &str) -> crate::Result<[u8; 32]> {
+    model_digest(&Model::from_bytes(Bytes::from(m.encode_to_vec()), dir).unwrap())
+}
+
+#[test]
+fn the_model_digest_is_its_content_wherever_it_lies() {
+    let m = model_proto();
+    let base = digest_of(&m, "/a").unwrap();
+    assert_eq!(digest_of(&m, "/elsewhere").unwrap(), base, "moved");
+
+    // The same weight held as float_data instead of raw_data: D3 is the same.
+    let mut typed = m.clone();
+    let w = &mut typed.graph.as_mut().unwrap().initializer[0];
+    w.float_data = vec![5.0, 6.0];
+    w.raw_data = Bytes::new();
+    assert_eq!(
+        digest_of(&typed, "/a").unwrap(),
+        base,
+        "another encoding of one content"
+    );
+
+    let edits: Vec<(Edit<pb::GraphProto>, &str)> = vec![
+        (
+            |g| g.initializer[0].raw_data = 7f32.to_le_bytes().repeat(2).into(),
+            "a top-level weight",
+        ),
+        (
+            |g| g.node[0].attribute[0].t.as_mut().unwrap().raw_data = vec![0; 8].into(),
+            "a Constant's tensor",
+        ),
+        (
+            |g| {
+                g.node[2].attribute[0].g.as_mut().unwrap().initializer[0].raw_data =
+                    vec![1; 8].into()
+            },
+            "a subgraph's weight",
+        ),
+        (|g| g.node[1].op_type = "Sub".into(), "a node"),
+        (|g| g.initializer[0].name = "V".into(), "a weight's name"),
+    ];
+    for (edit, what) in edits {
+        let mut changed = m.clone();
+        edit(changed.graph.as_mut().unwrap());
+        assert_ne!(digest_of(&changed, "/a").unwrap(), base, "{what}");
+    }
+}
+
+#[test]
+fn a_subgraph_weight_held_outside_the_model_is_refused() {
+    let mut m = model_proto();
+    let s = &mut m.graph.as_mut().unwrap().node[2].attribute[0]
+        .g
+        .as_mut()
+        .unwrap()
+        .initializer[0];
+    s.raw_data = Bytes::new();
+    s.data_location = 1;
+    s.external_data = vec![pb::StringStringEntryProto {
+        key: "location".into(),
+        value: "w.bin".into(),
+    }];
+    let err = digest_of(&m, "/a").unwrap_err().to_string();
+    assert!(err.contains("\"s\" is external data"), "{err}");
+}

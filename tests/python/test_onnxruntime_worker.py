@@ -1,0 +1,101 @@
+"""The onnxruntime worker (``workers/onnxruntime``) against onnxruntime's
+own Python module, on the real-model corpus.
+
+The worker loads the wheel's ``libonnxruntime.so`` (``CTCACHE_TEST_ORT_LIBRARY``,
+which ``tests/run.sh`` sets); the Python module is the same release built
+into another binary. The two meet on version and build; the optimized
+model the worker writes at a level is the one onnxruntime's Python writes
+with ``SessionOptions.optimized_model_filepath`` (byte for byte where
+onnxruntime writes the same bytes twice: at ``all`` it numbers the layout
+reorders of a conv net differently from run to run), and a session of it
+with the optimizer off gives the outputs of the session onnxruntime makes
+from the source at that level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import real_models
+from real_models import CORPUS
+
+LEVELS = {"extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+          "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+def _library() -> str:
+    lib = os.environ.get("CTCACHE_TEST_ORT_LIBRARY")
+    assert lib, "CTCACHE_TEST_ORT_LIBRARY is not set; tests/run.sh sets it to the wheel's libonnxruntime.so"
+    return lib
+
+
+def _worker() -> str:
+    exe = Path(os.environ["CTCACHE_BIN_DIR"]) / "ctcache-onnxruntime-worker"
+    assert exe.is_file(), f"{exe} is not built"
+    return str(exe)
+
+
+def _run(args: list[str], model: Path | None, out: Path) -> subprocess.CompletedProcess:
+    """The worker with ``model`` on its standard input and ``out`` as
+    descriptor 3."""
+    with open(out, "wb") as o, open(model or os.devnull, "rb") as i:
+        fd = o.fileno()
+        return subprocess.run([_worker(), *args], stdin=i, capture_output=True, text=True, timeout=300,
+                              preexec_fn=lambda: os.dup2(fd, 3), pass_fds=(3,))
+
+
+def test_the_worker_and_the_python_module_meet_on_version_and_build(tmp_path):
+    r = _run(["identify", "--library", _library()], None, tmp_path / "unused")
+    assert r.returncode == 0, r.stderr
+    identity = json.loads(r.stdout)
+    assert identity == {"runtime": "onnxruntime", "version": ort.__version__,
+                        "build": ort.capi._pybind_state.get_build_info()}
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+@pytest.mark.parametrize("name", ["minilm-l3", "ddddocr-det", "silero-vad"])
+def test_the_optimized_model_is_onnxruntimes_own(name, level, tmp_path):
+    m = real_models.by_name(name)
+    real_models.fetch(m)
+    ours = tmp_path / "ours.onnx"
+    r = _run(["optimize", "--library", _library(), "--level", level], m.path, ours)
+    assert r.returncode == 0, r.stderr
+    theirs = tmp_path / "theirs.onnx"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = LEVELS[level]
+    so.optimized_model_filepath = str(theirs)
+    so.intra_op_num_threads = 1
+    own = ort.InferenceSession(m.path.read_bytes(), so, providers=["CPUExecutionProvider"])
+    if level == "extended":
+        assert ours.read_bytes() == theirs.read_bytes()
+    assert _ops(ours) == _ops(theirs)
+    off = ort.SessionOptions()
+    off.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    from_form = ort.InferenceSession(str(ours), off, providers=["CPUExecutionProvider"])
+    feeds = real_models.feeds(m)
+    for x, y in zip(from_form.run(None, feeds), own.run(None, feeds)):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+def _ops(path: Path) -> Counter:
+    return Counter((n.domain, n.op_type) for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def test_a_model_onnxruntime_refuses_is_its_words_once(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07" + b"not a model")
+    r = _run(["optimize", "--library", _library(), "--level", "extended"], bad, tmp_path / "out")
+    assert r.returncode == 3
+    assert r.stderr.count("onnxruntime refuses the model") == 1, r.stderr
+
+
+assert {m.name for m in CORPUS} >= {"minilm-l3", "ddddocr-det", "silero-vad"}
