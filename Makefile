@@ -1,6 +1,6 @@
 # Build and install ctcache (docs/operations/install.md).
 #
-#   make build                    release build of ctcached and ctcachectl
+#   make build                    release build of ctcached, ctcachectl and the onnxruntime worker
 #   sudo make install             binaries, systemd units, sysusers/tmpfiles,
 #                                 example config, man pages, docs
 #   make install DESTDIR=/tmp/pkg PREFIX=/usr   staged install for packaging
@@ -25,7 +25,7 @@ INSTALL_VARS = PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" \
 all: build
 
 build:
-	$(CARGO) build --release --locked -p ctcached -p ctcachectl --bins
+	$(CARGO) build --release --locked -p ctcached -p ctcachectl -p ctcache-onnxruntime-worker --bins
 
 install:
 	scripts/install.sh install $(INSTALL_VARS)

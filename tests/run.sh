@@ -116,7 +116,7 @@ step "staged install and uninstall (scripts/install.sh into a scratch DESTDIR)"
 stage="$(mktemp -d /tmp/ctcache-stage.XXXXXX)"
 staged() { BUILD_DIR="$CARGO_TARGET_DIR/debug" POSTINSTALL=0 scripts/install.sh "$@" DESTDIR="$stage" PREFIX=/usr >/dev/null; }
 staged install
-for f in usr/bin/ctcached usr/bin/ctcachectl usr/lib/systemd/system/ctcached.service \
+for f in usr/bin/ctcached usr/bin/ctcachectl usr/bin/ctcache-onnxruntime-worker usr/lib/systemd/system/ctcached.service \
   usr/share/man/man8/ctcached.8 usr/share/man/man1/ctcachectl.1 \
   usr/share/man/man1/ctcachectl-gc.1 usr/share/man/man1/ctcachectl-watch-add.1 \
   usr/share/bash-completion/completions/ctcachectl etc/ctcache/ctcached.toml; do

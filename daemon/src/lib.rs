@@ -26,6 +26,7 @@ mod metrics;
 mod ops;
 mod policy;
 mod rpc;
+mod runtimes;
 mod scheduler;
 mod shares;
 mod state;
@@ -142,6 +143,7 @@ pub async fn run(
     .await
     .map_err(|e| RunError::Serve(format!("start-up failed: {e}")))??;
     ops::scan::start(&daemon).map_err(|e| RunError::Serve(e.message))?;
+    daemon.runtimes.identify_in_background();
     if daemon.config.metrics_addr.is_some() {
         metrics::watch_state(&daemon, rx.clone()).await;
     }

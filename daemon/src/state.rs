@@ -18,6 +18,7 @@ use crate::handouts::Handouts;
 use crate::hash_budget::HashBudget;
 use crate::jobs::{JobKey, Packed};
 use crate::memo::Memo;
+use crate::runtimes::Runtimes;
 use crate::scheduler::Scheduler;
 use crate::watcher::Watcher;
 
@@ -47,6 +48,8 @@ pub(crate) struct Daemon {
     pub handouts: Handouts,
     /// The start-up reconcile of the store has ended (Status says so).
     pub reconciled: AtomicBool,
+    /// The runtimes the admin configured, as their workers found them.
+    pub runtimes: Runtimes,
 }
 
 impl Daemon {
@@ -84,6 +87,7 @@ impl Daemon {
         let events = Events::new(config.max_event_subscribers);
         let hash_budget = HashBudget::new(config.max_hashed_bytes_per_uid_per_hour);
         let cpu_budget = CpuBudget::new(config.max_cpu_secs_per_uid_per_hour);
+        let runtimes = Runtimes::of(&config);
         Daemon {
             config,
             store,
@@ -100,6 +104,7 @@ impl Daemon {
             fleet,
             handouts: Handouts::new(crate::handouts::files_per_uid()),
             reconciled: AtomicBool::new(false),
+            runtimes,
         }
     }
 }

@@ -25,8 +25,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+import ctl
 import real_models
+from e2e.harness import Daemon
 from real_models import CORPUS
+from waiting import wait_until
 
 LEVELS = {"extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
@@ -99,3 +102,52 @@ def test_a_model_onnxruntime_refuses_is_its_words_once(tmp_path):
 
 
 assert {m.name for m in CORPUS} >= {"minilm-l3", "ddddocr-det", "silero-vad"}
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+def _runtime(d: Daemon) -> dict:
+    """The daemon's onnxruntime once its worker has answered."""
+    def answered():
+        rs = ctl.run_json("--socket", str(d.socket), "status")["runtimes"]
+        return rs[0] if rs and not rs[0]["checking"] else None
+    return wait_until(answered, 60, "the onnxruntime worker's answer in status")
+
+
+def test_the_daemon_reports_the_onnxruntime_its_worker_loads(tmp_path):
+    d = Daemon(tmp_path / "d", args=["--ort-library", _library()]).start()
+    try:
+        r = _runtime(d)
+        assert r["problem"] == ""
+        assert (r["name"], r["version"], r["build"]) == (
+            "onnxruntime", ort.__version__, ort.capi._pybind_state.get_build_info())
+        assert r["library"] == _library() and len(r["library_blake3"]) == 64
+        shown = ctl.run("--socket", str(d.socket), "status")
+        assert f"onnxruntime  {ort.__version__} from {_library()}" in shown.stdout, shown.stdout
+        # The daemon itself never loads it: only its worker does.
+        maps = Path(f"/proc/{d.pid}/maps").read_text()
+        assert "libonnxruntime" not in maps
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("library", ["/etc/hostname", "/lib/x86_64-linux-gnu/libc.so.6"])
+def test_a_library_that_is_not_onnxruntime_is_reported_and_the_rest_served(library, tmp_path):
+    d = Daemon(tmp_path / "d", args=["--ort-library", library]).start()
+    try:
+        r = _runtime(d)
+        assert "not an onnxruntime library" in r["problem"] and library in r["problem"], r
+        assert r["version"] == ""
+        assert ctl.run("--socket", str(d.socket), "ls").returncode == 0
+        assert "runtime forms of onnxruntime are off, everything else is served" in d.log_text()
+    finally:
+        d.stop()
+
+
+def test_no_library_configured_shows_no_runtime(tmp_path):
+    d = Daemon(tmp_path / "d").start()
+    try:
+        assert ctl.run_json("--socket", str(d.socket), "status")["runtimes"] == []
+    finally:
+        d.stop()

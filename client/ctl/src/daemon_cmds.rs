@@ -45,6 +45,7 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "by_device": usage(&stats.by_device),
             "remote": s.remote.as_ref().map(crate::remote::status_json),
             "reconciling": s.reconciling,
+            "runtimes": s.runtimes.iter().map(runtime_json).collect::<Vec<_>>(),
         }));
     }
     let rate = hit_rate
@@ -81,6 +82,9 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         );
     }
     kv("leases", format!("{} active", stats.active_leases));
+    for r in &s.runtimes {
+        kv(&r.name, runtime_line(r));
+    }
     if let Some(r) = &s.remote {
         kv("remote", crate::remote::summary(r));
     }
@@ -104,6 +108,29 @@ pub async fn status(ctx: &Ctx) -> Result<(), Failure> {
         );
     }
     t.print_body(false)
+}
+
+/// A configured runtime as status shows it.
+fn runtime_line(r: &api::RuntimeStatus) -> String {
+    if r.checking {
+        format!("checking {}", r.library)
+    } else if !r.problem.is_empty() {
+        format!("not usable: {}", r.problem)
+    } else {
+        format!("{} from {} ({})", r.version, r.library, r.build)
+    }
+}
+
+fn runtime_json(r: &api::RuntimeStatus) -> serde_json::Value {
+    serde_json::json!({
+        "name": r.name,
+        "library": r.library,
+        "checking": r.checking,
+        "version": r.version,
+        "build": r.build,
+        "library_blake3": r.library_blake3,
+        "problem": r.problem,
+    })
 }
 
 /// The configured gc budget and the store against it.

@@ -106,6 +106,12 @@ pub struct Config {
     /// Optional Prometheus endpoint address (off by default).
     #[schemars(extend("x-env" = "CTCACHE_METRICS_ADDR", "x-flag" = true))]
     pub metrics_addr: Option<String>,
+    /// The onnxruntime library (`libonnxruntime.so`, as the onnxruntime
+    /// wheel ships it under `onnxruntime/capi/`) that the daemon's
+    /// onnxruntime worker loads; unset: none. The daemon never loads it
+    /// itself.
+    #[schemars(extend("x-env" = "CTCACHE_ORT_LIBRARY", "x-flag" = true))]
+    pub ort_library: Option<PathBuf>,
     /// Model directories watched recursively.
     #[schemars(extend("x-env" = "CTCACHE_WATCH", "x-flag" = true))]
     pub watch: Vec<PathBuf>,
@@ -214,6 +220,7 @@ impl Default for Config {
             tls_key: None,
             tls_client_ca: None,
             metrics_addr: None,
+            ort_library: None,
             watch: Vec::new(),
             workers: 0,
             memory_budget: 2 << 30,

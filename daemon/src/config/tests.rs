@@ -236,6 +236,7 @@ fn every_key_is_in_the_example_config_and_the_key_table() {
         "tls_key",
         "tls_client_ca",
         "metrics_addr",
+        "ort_library",
         "gc_max_bytes",
         "gc_max_age_secs",
     ]);

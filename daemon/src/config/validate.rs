@@ -28,6 +28,14 @@ impl Config {
                     .map_err(|_| invalid(key, format!("{a:?} is not host:port")))?;
             }
         }
+        if let Some(lib) = &self.ort_library {
+            if !lib.is_absolute() {
+                return Err(invalid(
+                    "ort_library",
+                    format!("{} is not an absolute path", lib.display()),
+                ));
+            }
+        }
         self.validate_tls()?;
         if let Some(key) = self
             .zero_bound()

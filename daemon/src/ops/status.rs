@@ -28,6 +28,8 @@ pub(crate) struct StatusReport {
     pub remote: Option<crate::fleet::Report>,
     /// The start-up reconcile of the store still runs.
     pub reconciling: bool,
+    /// The configured runtimes.
+    pub runtimes: Vec<crate::runtimes::Report>,
 }
 
 /// The Status use case: the watched folders are those `caller` may see
@@ -45,6 +47,7 @@ pub(crate) fn status(d: &Daemon, caller: &Caller) -> Result<StatusReport> {
         gc_budget: super::gc::configured_budget(d),
         remote: d.fleet.as_ref().map(|f| f.report(false)),
         reconciling: !d.reconciled.load(Ordering::SeqCst),
+        runtimes: d.runtimes.reports(),
     })
 }
 

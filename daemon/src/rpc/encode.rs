@@ -255,7 +255,27 @@ pub(crate) fn status(s: StatusReport) -> api::StatusResponse {
         gc_max_age_s: s.gc_budget.max_age.map(|a| a.as_secs()),
         remote: s.remote.map(remote_status),
         reconciling: s.reconciling,
+        runtimes: s.runtimes.into_iter().map(runtime_status).collect(),
     }
+}
+
+fn runtime_status(r: crate::runtimes::Report) -> api::RuntimeStatus {
+    let mut m = api::RuntimeStatus {
+        name: r.name.into(),
+        library: r.library.display().to_string(),
+        checking: r.found.is_none(),
+        ..Default::default()
+    };
+    match r.found {
+        Some(Ok(id)) => {
+            m.version = id.identity.version;
+            m.build = id.identity.build;
+            m.library_blake3 = id.library_blake3;
+        }
+        Some(Err(why)) => m.problem = why,
+        None => {}
+    }
+    m
 }
 
 pub(crate) fn transfer(t: crate::ops::remote::Transfer) -> api::RemoteTransferResponse {

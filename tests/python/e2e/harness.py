@@ -57,10 +57,12 @@ def ctl_json(*args: str, timeout: float = ctlmod.TIMEOUT_S) -> dict:
 
 
 class Daemon:
-    """A ctcached on ``root/cache`` and ``root/s.sock``, watching ``watch`` (if any)."""
+    """A ctcached on ``root/cache`` and ``root/s.sock``, watching ``watch`` (if
+    any), with ``args`` added to its command line."""
 
-    def __init__(self, root: Path, watch: Path | None = None, workers: int = 1):
+    def __init__(self, root: Path, watch: Path | None = None, workers: int = 1, args: list[str] = ()):
         self.root = root
+        self.args = list(args)
         self.cache = root / "cache"
         self.socket = root / "s.sock"
         self.watch = watch
@@ -86,6 +88,7 @@ class Daemon:
                 "--socket", str(self.socket), "--workers", str(self.workers), "--log-format", "human"]
         if self.watch is not None:
             args += ["--watch", str(self.watch)]
+        args += self.args
         env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
         env.setdefault("RUST_LOG", "info")
         with open(self.log, "wb") as log:

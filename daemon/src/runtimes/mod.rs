@@ -1,0 +1,119 @@
+//! The runtimes the admin configured (`ort_library`): each is met only in
+//! its own worker process (`ctcache-onnxruntime-worker`, beside
+//! `ctcached`), never loaded by the daemon. At start the worker says which
+//! runtime the library is; `ctcachectl status` shows it, or why it cannot
+//! be used, and everything else is served either way.
+
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use ctcache::forms::RuntimeIdentity;
+
+use crate::config::Config;
+
+/// A configured runtime and what its worker found.
+pub(crate) struct Configured {
+    /// `onnxruntime`.
+    pub name: &'static str,
+    /// The library as configured.
+    pub library: PathBuf,
+    /// Set once the worker has answered.
+    found: OnceLock<Result<Identified, String>>,
+}
+
+/// A library the worker identified.
+#[derive(Debug, Clone)]
+pub(crate) struct Identified {
+    pub identity: RuntimeIdentity,
+    /// The library file's blake3 (provenance: which file made a form).
+    pub library_blake3: String,
+}
+
+/// What status shows of one runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    pub name: &'static str,
+    pub library: PathBuf,
+    /// `None` while the worker has not answered.
+    pub found: Option<Result<Identified, String>>,
+}
+
+impl Configured {
+    pub(crate) fn report(&self) -> Report {
+        Report {
+            name: self.name,
+            library: self.library.clone(),
+            found: self.found.get().cloned(),
+        }
+    }
+}
+
+/// The configured runtimes.
+#[derive(Default)]
+pub(crate) struct Runtimes {
+    pub onnxruntime: Option<Arc<Configured>>,
+}
+
+impl Runtimes {
+    pub(crate) fn of(config: &Config) -> Runtimes {
+        Runtimes {
+            onnxruntime: config.ort_library.clone().map(|library| {
+                Arc::new(Configured {
+                    name: "onnxruntime",
+                    library,
+                    found: OnceLock::new(),
+                })
+            }),
+        }
+    }
+
+    /// What status shows of every configured runtime.
+    pub(crate) fn reports(&self) -> Vec<Report> {
+        self.onnxruntime.iter().map(|c| c.report()).collect()
+    }
+
+    /// Has each configured library identified by its worker, in the
+    /// background; the outcome is logged and kept for status.
+    pub(crate) fn identify_in_background(&self) {
+        for c in self.onnxruntime.iter().cloned() {
+            tokio::spawn(async move {
+                let found = identify(&c).await;
+                match &found {
+                    Ok(id) => tracing::info!(
+                        runtime = c.name,
+                        version = %id.identity.version,
+                        build = %id.identity.build,
+                        library = %c.library.display(),
+                        "runtime ready"
+                    ),
+                    Err(why) => tracing::warn!(
+                        runtime = c.name,
+                        library = %c.library.display(),
+                        "{why}; runtime forms of {} are off, everything else is served",
+                        c.name
+                    ),
+                }
+                let _ = c.found.set(found);
+            });
+        }
+    }
+}
+
+async fn identify(c: &Configured) -> Result<Identified, String> {
+    let identity = worker::identify(worker::ONNXRUNTIME, &c.library).await?;
+    let library = c.library.clone();
+    let library_blake3 = tokio::task::spawn_blocking(move || {
+        let mut h = blake3::Hasher::new();
+        h.update_mmap(&library)
+            .map(|h| h.finalize().to_hex().to_string())
+            .map_err(|e| format!("reading {}: {e}", library.display()))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    Ok(Identified {
+        identity,
+        library_blake3,
+    })
+}

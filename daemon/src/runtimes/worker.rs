@@ -1,0 +1,92 @@
+//! Running a runtime's worker: a child process beside `ctcached` with a
+//! memory bound (RLIMIT_DATA), a time limit, killed when dropped, given no
+//! descriptor but its standard streams.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use ctcache::forms::RuntimeIdentity;
+
+/// The onnxruntime worker's file name.
+pub(super) const ONNXRUNTIME: &str = "ctcache-onnxruntime-worker";
+
+/// How long identifying a library may take (loading it included).
+const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The data segment a worker may grow to (the library and its arenas).
+const WORKER_DATA_LIMIT: u64 = 4 << 30;
+
+/// The worker `name` beside the daemon's own executable.
+fn worker_path(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the daemon's own path: {e}"))?;
+    let path = exe.with_file_name(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the worker {name} is not installed beside ctcached ({})",
+            exe.parent().unwrap_or(Path::new("/")).display()
+        ))
+    }
+}
+
+/// Asks the worker `name` which runtime `library` is.
+pub(super) async fn identify(name: &str, library: &Path) -> Result<RuntimeIdentity, String> {
+    let mut cmd = tokio::process::Command::new(worker_path(name)?);
+    cmd.arg("identify")
+        .arg("--library")
+        .arg(library)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    bound_memory(&mut cmd);
+    let out = tokio::time::timeout(IDENTIFY_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| {
+            format!(
+                "{name} did not identify {} within {IDENTIFY_TIMEOUT:?}",
+                library.display()
+            )
+        })?
+        .map_err(|e| format!("starting {name}: {e}"))?;
+    if !out.status.success() {
+        let said = String::from_utf8_lossy(&out.stderr);
+        let said = said.trim();
+        return Err(if said.is_empty() {
+            format!("{name} failed ({})", out.status)
+        } else {
+            said.to_string()
+        });
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{name} answered no identity: {e}"))?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| format!("{name}'s identity has no {k}"))
+    };
+    Ok(RuntimeIdentity {
+        name: field("runtime")?,
+        version: field("version")?,
+        build: field("build")?,
+    })
+}
+
+/// The worker's data segment bounded, so a leak in a runtime ends the
+/// worker, not the host's memory.
+fn bound_memory(cmd: &mut tokio::process::Command) {
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = rustix::process::Rlimit {
+                current: Some(WORKER_DATA_LIMIT),
+                maximum: Some(WORKER_DATA_LIMIT),
+            };
+            rustix::process::setrlimit(rustix::process::Resource::Data, limit)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
