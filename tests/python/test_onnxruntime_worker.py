@@ -151,3 +151,38 @@ def test_no_library_configured_shows_no_runtime(tmp_path):
         assert ctl.run_json("--socket", str(d.socket), "status")["runtimes"] == []
     finally:
         d.stop()
+
+
+FAKE_WORKER = """#!{python}
+import json, os, resource
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+with open({seen!r}, "w") as f:
+    json.dump({{"fds": fds, "data": resource.getrlimit(resource.RLIMIT_DATA)}}, f)
+print(json.dumps({{"runtime": "onnxruntime", "version": "1.99.0", "build": "a stand-in"}}))
+"""
+
+
+def test_the_worker_holds_nothing_of_the_daemons_and_a_bounded_memory(tmp_path, monkeypatch):
+    """A stand-in worker beside a copy of ctcached records what it was
+    given: its standard streams and no other descriptor of the daemon's
+    (store files, sockets), and a data segment of 4 GiB at most."""
+    import shutil
+    import sys
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy(Path(os.environ["CTCACHE_BIN_DIR"]) / "ctcached", bindir / "ctcached")
+    seen = tmp_path / "seen.json"
+    worker = bindir / "ctcache-onnxruntime-worker"
+    worker.write_text(FAKE_WORKER.format(python=sys.executable, seen=str(seen)))
+    worker.chmod(0o755)
+    monkeypatch.setenv("CTCACHE_BIN_DIR", str(bindir))
+    d = Daemon(tmp_path / "d", args=["--ort-library", "/etc/hostname"]).start()
+    try:
+        r = _runtime(d)
+        assert (r["version"], r["build"], r["problem"]) == ("1.99.0", "a stand-in", "")
+    finally:
+        d.stop()
+    got = json.loads(seen.read_text())
+    # 0-2, and the one listdir itself opened.
+    assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) == 4 and got["fds"][3] == 3, got
+    assert got["data"] == [4 << 30, 4 << 30]

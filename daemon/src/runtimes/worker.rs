@@ -41,7 +41,7 @@ pub(super) async fn identify(name: &str, library: &Path) -> Result<RuntimeIdenti
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    bound_memory(&mut cmd);
+    confine(&mut cmd);
     let out = tokio::time::timeout(IDENTIFY_TIMEOUT, cmd.output())
         .await
         .map_err(|_| {
@@ -75,12 +75,20 @@ pub(super) async fn identify(name: &str, library: &Path) -> Result<RuntimeIdenti
     })
 }
 
-/// The worker's data segment bounded, so a leak in a runtime ends the
-/// worker, not the host's memory.
-fn bound_memory(cmd: &mut tokio::process::Command) {
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
+/// The worker holds no descriptor of the daemon's (store files, sockets,
+/// whatever lacks close-on-exec) but its standard streams, and its data
+/// segment is bounded, so a leak in a runtime ends the worker, not the
+/// host's memory.
+fn confine(cmd: &mut tokio::process::Command) {
+    // SAFETY: close_range, close and setrlimit are async-signal-safe, and
+    // nothing here allocates.
     unsafe {
         cmd.pre_exec(|| {
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+                for fd in 3..1024 {
+                    libc::close(fd);
+                }
+            }
             let limit = rustix::process::Rlimit {
                 current: Some(WORKER_DATA_LIMIT),
                 maximum: Some(WORKER_DATA_LIMIT),
