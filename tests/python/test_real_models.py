@@ -19,6 +19,7 @@ alone, this module fetches it the same way. A missing model fails the test.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -314,7 +315,8 @@ def test_an_fp16_model_of_constant_weights_says_they_are_in_the_model(tmp_path):
 def test_the_default_policy_packs_what_the_default_target_reads(ctcache, tmp_path):  # noqa: F811
     """What the policy packs for an encoder (as a watched folder's model gets
     it) is all its first int4 materialize reads: the MatMul weights in 4
-    bits and the embedding table it places whole beside the model."""
+    bits and the embedding table it places whole beside the model; why-miss
+    calls both hits."""
     d = Daemon(tmp_path / "d")
     d.start()
     try:
@@ -322,6 +324,13 @@ def test_the_default_policy_packs_what_the_default_target_reads(ctcache, tmp_pat
         model.write_bytes(real_models.fetch(BY_NAME["minilm-l3"]).read_bytes())
         r = d.ctl("prepack", str(model), "--wait")
         assert r.returncode == 0, r.describe()
+        # why-miss agrees: the embedding table and a MatMul weight are hits.
+        source = onnx.load(str(model), load_external_data=False)
+        weight = next(n.input[1] for n in source.graph.node if n.op_type == "MatMul"
+                      and n.input[1] in {t.name for t in source.graph.initializer})
+        for name in ("model.0.auto_model.embeddings.word_embeddings.weight", weight):
+            r = d.ctl("why-miss", str(model), name, "--json")
+            assert r.returncode == 0 and json.loads(r.stdout)["hit"] is True, r.describe()
         r = d.ctl("materialize", str(model), "-o", str(tmp_path / "out" / "enc.onnx"))
         assert r.returncode == 0, r.describe()
         assert "19 weight(s) from the cache, 0 packed now" in r.stdout, r.describe()
