@@ -272,7 +272,7 @@ fn runtime_status(r: crate::runtimes::Report) -> api::RuntimeStatus {
             m.build = id.identity.build;
             m.library_blake3 = id.library_blake3;
         }
-        Some(Err(why)) => m.problem = why,
+        Some(Err(why)) => m.problem = why.to_string(),
         None => {}
     }
     m

@@ -4,7 +4,10 @@
 //! runtime the library is; `ctcachectl status` shows it, or why it cannot
 //! be used, and everything else is served either way.
 
+mod error;
 mod worker;
+
+pub(crate) use error::RuntimeProblem;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -20,7 +23,7 @@ pub(crate) struct Configured {
     /// The library as configured.
     pub library: PathBuf,
     /// Set once the worker has answered.
-    found: OnceLock<Result<Identified, String>>,
+    found: OnceLock<Result<Identified, RuntimeProblem>>,
 }
 
 /// A library the worker identified.
@@ -37,7 +40,7 @@ pub(crate) struct Report {
     pub name: &'static str,
     pub library: PathBuf,
     /// `None` while the worker has not answered.
-    pub found: Option<Result<Identified, String>>,
+    pub found: Option<Result<Identified, RuntimeProblem>>,
 }
 
 impl Configured {
@@ -101,17 +104,21 @@ impl Runtimes {
     }
 }
 
-async fn identify(c: &Configured) -> Result<Identified, String> {
+async fn identify(c: &Configured) -> Result<Identified, RuntimeProblem> {
     let identity = worker::identify(worker::ONNXRUNTIME, &c.library).await?;
     let library = c.library.clone();
+    let read = |problem: String| RuntimeProblem::Read {
+        library: c.library.clone(),
+        problem,
+    };
     let library_blake3 = tokio::task::spawn_blocking(move || {
         let mut h = blake3::Hasher::new();
         h.update_mmap(&library)
             .map(|h| h.finalize().to_hex().to_string())
-            .map_err(|e| format!("reading {}: {e}", library.display()))
     })
     .await
-    .map_err(|e| e.to_string())??;
+    .map_err(|e| read(e.to_string()))?
+    .map_err(|e| read(e.to_string()))?;
     Ok(Identified {
         identity,
         library_blake3,

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use ctcache::forms::RuntimeIdentity;
 
+use super::error::RuntimeProblem;
+
 /// The onnxruntime worker's file name.
 pub(super) const ONNXRUNTIME: &str = "ctcache-onnxruntime-worker";
 
@@ -18,21 +20,24 @@ const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(30);
 const WORKER_DATA_LIMIT: u64 = 4 << 30;
 
 /// The worker `name` beside the daemon's own executable.
-fn worker_path(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("the daemon's own path: {e}"))?;
+fn worker_path(name: &'static str) -> Result<PathBuf, RuntimeProblem> {
+    let exe = std::env::current_exe().map_err(|e| RuntimeProblem::OwnPath(e.to_string()))?;
     let path = exe.with_file_name(name);
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!(
-            "the worker {name} is not installed beside ctcached ({})",
-            exe.parent().unwrap_or(Path::new("/")).display()
-        ))
+        Err(RuntimeProblem::NoWorker {
+            name,
+            dir: exe.parent().unwrap_or(Path::new("/")).display().to_string(),
+        })
     }
 }
 
 /// Asks the worker `name` which runtime `library` is.
-pub(super) async fn identify(name: &str, library: &Path) -> Result<RuntimeIdentity, String> {
+pub(super) async fn identify(
+    name: &'static str,
+    library: &Path,
+) -> Result<RuntimeIdentity, RuntimeProblem> {
     let mut cmd = tokio::process::Command::new(worker_path(name)?);
     cmd.arg("identify")
         .arg("--library")
@@ -44,29 +49,32 @@ pub(super) async fn identify(name: &str, library: &Path) -> Result<RuntimeIdenti
     confine(&mut cmd);
     let out = tokio::time::timeout(IDENTIFY_TIMEOUT, cmd.output())
         .await
-        .map_err(|_| {
-            format!(
-                "{name} did not identify {} within {IDENTIFY_TIMEOUT:?}",
-                library.display()
-            )
+        .map_err(|_| RuntimeProblem::Timeout {
+            name,
+            library: library.to_path_buf(),
+            limit: IDENTIFY_TIMEOUT,
         })?
-        .map_err(|e| format!("starting {name}: {e}"))?;
+        .map_err(|e| RuntimeProblem::Start {
+            name,
+            problem: e.to_string(),
+        })?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stderr);
         let said = said.trim();
-        return Err(if said.is_empty() {
+        return Err(RuntimeProblem::Refused(if said.is_empty() {
             format!("{name} failed ({})", out.status)
         } else {
             said.to_string()
-        });
+        }));
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("{name} answered no identity: {e}"))?;
+    let no_identity = |problem: String| RuntimeProblem::NoIdentity { name, problem };
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| no_identity(e.to_string()))?;
     let field = |k: &str| {
         v.get(k)
             .and_then(serde_json::Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| format!("{name}'s identity has no {k}"))
+            .ok_or_else(|| no_identity(format!("no {k}")))
     };
     Ok(RuntimeIdentity {
         name: field("runtime")?,

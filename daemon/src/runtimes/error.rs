@@ -1,0 +1,28 @@
+//! Why a configured runtime cannot be used.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What stands between the daemon and a configured runtime library.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum RuntimeProblem {
+    #[error("the worker {name} is not installed beside ctcached ({dir})")]
+    NoWorker { name: &'static str, dir: String },
+    #[error("the daemon's own path: {0}")]
+    OwnPath(String),
+    #[error("starting {name}: {problem}")]
+    Start { name: &'static str, problem: String },
+    #[error("{name} did not identify {} within {limit:?}", library.display())]
+    Timeout {
+        name: &'static str,
+        library: PathBuf,
+        limit: Duration,
+    },
+    /// The worker's own words (it names the library and what it is not).
+    #[error("{0}")]
+    Refused(String),
+    #[error("{name} answered no identity: {problem}")]
+    NoIdentity { name: &'static str, problem: String },
+    #[error("reading {}: {problem}", library.display())]
+    Read { library: PathBuf, problem: String },
+}
