@@ -40,10 +40,12 @@ fn run(args: &[&str], stdin: &[u8]) -> (Output, Vec<u8>) {
         .stdin(Stdio::from(input))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: dup2 is async-signal-safe.
+    // SAFETY: dup2 and fcntl are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, 3) < 0 {
+            // When the file already is descriptor 3, dup2 leaves its
+            // close-on-exec flag set: clear it either way.
+            if libc::dup2(fd, 3) < 0 || libc::fcntl(3, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
