@@ -43,7 +43,13 @@ async fn watcher_packs_models_without_client_calls() {
     let path = d.models.join("mlp.onnx");
     write_model(&path, &matmul_model(K, N, 1));
     let digest = digest_of(&path, "W");
-    let entries = wait_for_entries(&c, &digest, 2, "the watcher packed both default formats").await;
+    let entries = wait_for_entries(
+        &c,
+        &digest,
+        2,
+        "the watcher packed both formats of the tests' policy",
+    )
+    .await;
     let mut types: Vec<_> = entries.iter().map(|e| e.physical_type.clone()).collect();
     types.sort();
     assert!(types[0].starts_with("gemm.pack_b.f32"), "{types:?}");

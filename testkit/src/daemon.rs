@@ -123,9 +123,14 @@ impl DaemonBuilder {
         }
         let dir = dir.tempdir()?;
         let t = dir.path();
-        for d in ["models", "work", "config"] {
+        for d in ["models", "work", "config/ctcache"] {
             std::fs::create_dir_all(t.join(d))?;
         }
+        // The user config of this daemon (a --config of the test's wins).
+        std::fs::write(
+            t.join("config/ctcache/ctcached.toml"),
+            crate::TEST_POLICY_TOML,
+        )?;
         let mut d = Daemon {
             socket: t.join(&self.socket),
             cache: self.cache.clone().unwrap_or_else(|| t.join("cache")),
@@ -140,9 +145,10 @@ impl DaemonBuilder {
 }
 
 /// A `ctcached` on a temp dir `T`: cache `T/cache`, watching `T/models`,
-/// stderr in `T/daemon.log`, `XDG_CONFIG_HOME=T/config` and none of the
-/// caller's ctcache or service-manager variables (no user or system config
-/// or socket may leak into a test). `T/work` is free for the test's files.
+/// stderr in `T/daemon.log`, `XDG_CONFIG_HOME=T/config` (whose
+/// `ctcache/ctcached.toml` holds [`crate::TEST_POLICY_TOML`]) and none of
+/// the caller's ctcache or service-manager variables (no user or system
+/// config or socket may leak into a test). `T/work` is free for the test's files.
 /// Killed on drop; [`Daemon::stop`] ends it with SIGTERM.
 pub struct Daemon {
     pub dir: TempDir,

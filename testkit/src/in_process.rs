@@ -35,7 +35,8 @@ struct Running {
 }
 
 impl InProcessDaemon {
-    /// Starts with the default configuration (on the temp dirs).
+    /// Starts with the default configuration and the tests' policy (on the
+    /// temp dirs).
     pub fn start() -> Result<InProcessDaemon> {
         Self::start_with(|_| {})
     }
@@ -47,8 +48,10 @@ impl InProcessDaemon {
         for d in ["models", "work", "run"] {
             std::fs::create_dir_all(t.join(d))?;
         }
-        // No environment: nothing of the caller's setup leaks in.
+        // No environment: nothing of the caller's setup leaks in; the
+        // tests' policy (`TEST_POLICY_TOML`).
         let mut config = Config::load(None, &|_| None, &Overrides::default())?;
+        config.policy = Config::from_toml(crate::TEST_POLICY_TOML)?.policy;
         config.cache_dir = t.join("cache");
         config.socket = t.join("run/ctcached.sock");
         config.watch = vec![t.join("models")];

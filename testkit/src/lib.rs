@@ -23,6 +23,7 @@ mod figure;
 #[cfg(feature = "in-process")]
 mod in_process;
 mod model;
+mod policy;
 mod poll;
 #[cfg(target_os = "linux")]
 mod resident;
@@ -40,6 +41,7 @@ pub use model::{
     digest_of_file, f32_tensor, f32_tensor_from, initializer_digest, kv, node, open_proto,
     tensor_info, unit_f32, write_atomic, write_model, xorshift, MatMul,
 };
+pub use policy::TEST_POLICY_TOML;
 pub use poll::{clock_past, eventually, eventually_async, poll};
 #[cfg(target_os = "linux")]
 pub use resident::resident;

@@ -329,8 +329,10 @@ def pages(root) -> list[str]:
             b.stop()
 
         # C: a remote that never answers.
+        # Two formats a weight (the panels beside the 4-bit one): more uploads than the queue holds.
         c = configure(Daemon(root / "c"), "workers = 1",
-                      remote(hole.endpoint, "upload_queue = 1", fetch="always", signing_key=root / "a.secret"))
+                      remote(hole.endpoint, "upload_queue = 1", fetch="always", signing_key=root / "a.secret"),
+                      '[[policy]]\nformat = "gemm.pack_b.f32"\n', '[[policy]]\nformat = "ort.matmul_nbits"\n')
         c.start()
         try:
             fleet.resolve_wait(c, fleet.chain_model(root / "chain.onnx", 4))

@@ -233,6 +233,10 @@ def make_matmul(path, k=512, n=256, seed=3) -> np.ndarray:
     return w
 
 
+# The Rust test daemons' policy: the default plus the host's SGEMM panels.
+TEST_POLICY = (Path(__file__).resolve().parents[2] / "testkit" / "test_policy.toml").read_text()
+
+
 class Daemon:
     def __init__(self, root: Path):
         self.root = root
@@ -245,10 +249,14 @@ class Daemon:
 
     def start(self) -> None:
         """Starts ctcached on this root (again, after a stop: as systemd restarts it)."""
+        # The policy these tests are written for: the host's SGEMM panels
+        # (a format a client reads itself) beside onnxruntime's 4-bit one.
+        config = self.root / "ctcached.toml"
+        config.write_text(TEST_POLICY)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [binary("ctcached"), "--cache-dir", str(self.cache), "--socket", str(self.socket),
-                 "--watch", str(self.models), "--log-format", "human"],
+                [binary("ctcached"), "--config", str(config), "--cache-dir", str(self.cache),
+                 "--socket", str(self.socket), "--watch", str(self.models), "--log-format", "human"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         def created() -> bool:

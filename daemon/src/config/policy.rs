@@ -45,11 +45,13 @@ fn default_used_as() -> Vec<String> {
         .to_vec()
 }
 
-/// The default policy: MatMul/Gemm weights of at least 65,536 FLOAT elements
-/// get the host's SGEMM B-panel layout and onnxruntime's 4-bit format, and
-/// embedding tables that the int4 target keeps and places beside the model
-/// (1 MiB and more) are stored whole (`identity`), so that a watched
-/// model's first materialize finds everything it reads.
+/// The default policy: what the default materialize target reads. MatMul/
+/// Gemm weights of at least 65,536 FLOAT elements get onnxruntime's 4-bit
+/// format, and embedding tables that the int4 target keeps and places
+/// beside the model (1 MiB and more) are stored whole (`identity`), so that
+/// a watched model's first materialize finds everything it reads. Formats
+/// no runtime reads (the host's SGEMM panels, `gemm.pack_b.f32`) are packed
+/// only where a rule asks.
 pub fn default_policy() -> Vec<PolicyRule> {
     let rule = |format: &str, params: &[(&str, &str)]| PolicyRule {
         format: format.into(),
@@ -63,7 +65,6 @@ pub fn default_policy() -> Vec<PolicyRule> {
         used_as: default_used_as(),
     };
     vec![
-        rule("gemm.pack_b.f32", &[]),
         rule(
             "ort.matmul_nbits",
             &[("bits", "4"), ("block_size", "32"), ("symmetric", "true")],

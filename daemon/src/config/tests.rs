@@ -321,3 +321,16 @@ fn environment_values_are_read_by_their_keys_types() {
     assert_eq!(c.watch, [Path::new("/f")]);
     assert_eq!(c.log_format, LogFormat::Human);
 }
+
+/// The default policy packs what the default materialize target reads (its
+/// 4-bit weights, the embedding tables it places) and no format no runtime
+/// reads by itself: the SGEMM panels take a rule of the admin's.
+#[test]
+fn the_default_policy_is_what_the_default_target_reads() {
+    let formats: Vec<String> = Config::default()
+        .policy
+        .iter()
+        .map(|r| r.format.clone())
+        .collect();
+    assert_eq!(formats, ["ort.matmul_nbits", "identity"]);
+}

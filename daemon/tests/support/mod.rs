@@ -416,10 +416,16 @@ pub fn run_as_nobody<V: AsRef<std::ffi::OsStr>>(
     stdout
 }
 
-/// A daemon binary whose socket uid 65534 may use, with `config` (TOML).
+/// A daemon binary whose socket uid 65534 may use, with `config` (TOML;
+/// the tests' policy unless it has one).
 pub fn daemon_for_nobody(config: &str) -> Daemon {
     let dir = tempfile::tempdir().unwrap().keep();
     let cfg = dir.join("ctcached.toml");
+    let mut config = config.to_string();
+    if !config.contains("[[policy]]") {
+        config.push('\n');
+        config.push_str(ctcache_testkit::TEST_POLICY_TOML);
+    }
     std::fs::write(&cfg, config).unwrap();
     let d = Daemon::start_with(&["--config", cfg.to_str().unwrap()], |c| {
         c.env("CTCACHE_SOCKET_GROUP", NOBODY.to_string());

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 IR_VERSION = 9
-POLICY_FORMATS = ("gemm.pack_b.f32", "ort.matmul_nbits")
+POLICY_FORMATS = ("ort.matmul_nbits",)
 POLICY_MIN_ELEMENTS = 65536
 
 
@@ -212,7 +212,7 @@ def convnet(folder: Path, seed: int = 7, name: str = "convnet.onnx") -> Built:
         path=path,
         inputs={"image": ([2, 3, 32, 32], np.dtype(np.float32))},
         # fc1 is read transposed (Gemm transB=1): ort.matmul_nbits packs it
-        # with transposed=true; gemm.pack_b.f32 (W[K, N] only) refuses it.
+        # with transposed=true.
         wanted={"fc2.weight": POLICY_FORMATS, "fc1.weight": ("ort.matmul_nbits",)},
         not_wanted={"conv1.weight": "rank 4", "conv2.weight": "rank 4"},
     )
