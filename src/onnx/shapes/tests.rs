@@ -153,6 +153,7 @@ fn hostile_numbers_fail_the_node_never_the_process() {
             node("Unsqueeze", &["u1", "many"], "u2"),
             negative,
             node("Slice", &["neg", "zero", "one"], "s"),
+            node("ConstantOfShape", &["minus"], "filled"),
             node("Relu", &["x"], "out"),
         ],
         vec![
@@ -165,12 +166,15 @@ fn hostile_numbers_fail_the_node_never_the_process() {
             },
             int64s("many", &(0..200).collect::<Vec<_>>()),
             int64s("zero", &[0]),
+            int64s("minus", &[2, -3]),
             int64s("one", &[1]),
         ],
     );
     let vi = inferred_value_info(&m).unwrap();
     let by_name = |n: &str| vi.iter().find(|v| v.name == n);
-    assert!(by_name("c").is_none() && by_name("s").is_none(), "{vi:?}");
+    for failed in ["c", "s", "filled"] {
+        assert!(by_name(failed).is_none(), "{failed}: {vi:?}");
+    }
     // 203 dimensions are kept; 403 are past the bound: a type alone.
     assert_eq!(shape_of(by_name("u1").unwrap()).len(), 203);
     assert!(tensor_shape(by_name("u2").unwrap()).is_none());

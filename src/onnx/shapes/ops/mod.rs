@@ -106,7 +106,11 @@ pub(crate) fn infer(n: &pb::NodeProto, opset: i64, inputs: &Inputs<'_>) -> Outco
         "Constant" => one(constant(n)),
         "Shape" => one(Some(vec![shape_length(n, inputs.shape(0))])),
         "Size" => one(Some(Vec::new())),
-        "ConstantOfShape" => one(inputs.shape_input(0)),
+        // onnx refuses a negative dimension here (not in Expand's shape).
+        "ConstantOfShape" => match inputs.shape_input(0) {
+            Some(s) if s.iter().any(|d| matches!(d, Dim::Value(v) if *v < 0)) => Outcome::Fails,
+            s => one(s),
+        },
         "Gather" => tensor::gather(n, inputs),
         "Unsqueeze" => tensor::unsqueeze(n, opset, inputs),
         "Squeeze" => tensor::squeeze(n, opset, inputs),
