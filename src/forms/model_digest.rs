@@ -11,14 +11,26 @@ use crate::onnx::Model;
 use crate::wire::{Fields, WireError};
 
 /// What the digest starts with: the scheme, so that another never meets it.
-const DOMAIN: &[u8] = b"ctcache runtime-form model v1\0";
+const DOMAIN: &[u8] = b"ctcache runtime-form model v2\0";
+
+/// Each piece hashed starts with its kind, so that no sequence of pieces
+/// reads as another (a graph's last fields as top-level fields, say).
+const FIELD: u8 = b'F';
+const INITIALIZER: u8 = b'I';
+const GRAPH_START: u8 = b'G';
+const GRAPH_END: u8 = b'E';
+
+/// `GraphProto.sparse_initializer`.
+const GRAPH_SPARSE_INITIALIZER: u32 = 15;
 
 /// The model's content digest (blake3): its top-level fields in order, the
-/// graph's fields in order, each top-level initializer as its name and D3
-/// digest. Subgraph initializers are hashed as their bytes, so one held as
-/// external data is refused (its bytes would be a reference, not the data).
+/// graph's fields in order between a start and an end mark, each top-level
+/// initializer as its name and D3 digest. Every other tensor (subgraph
+/// initializers, Constant and other attribute tensors, sparse
+/// initializers) is hashed as its bytes, so one held as external data is
+/// refused: its bytes would be a reference, not the data.
 pub fn model_digest(model: &Model) -> Result<[u8; 32]> {
-    refuse_external_subgraph_data(model)?;
+    refuse_external_data_outside_initializers(model)?;
     let initializers = model.initializers()?;
     let digests = digest_all(model, &initializers, Algorithm::Blake3);
     let bytes = model.bytes();
@@ -30,7 +42,7 @@ pub fn model_digest(model: &Model) -> Result<[u8; 32]> {
             field(&mut h, &bytes[top.span.clone()]);
             continue;
         }
-        h.update(&u64::from(MODEL_GRAPH).to_le_bytes());
+        h.update(&[GRAPH_START]);
         let wire = |e: WireError| Error::Wire {
             context: "GraphProto".into(),
             offset: e.offset,
@@ -46,32 +58,72 @@ pub fn model_digest(model: &Model) -> Result<[u8; 32]> {
                 Error::Model("the graph's initializers changed while read".into())
             })?;
             let digest = digest?;
-            h.update(b"initializer\0");
-            field(&mut h, t.name.as_bytes());
+            h.update(&[INITIALIZER]);
+            h.update(&(t.name.len() as u64).to_le_bytes());
+            h.update(t.name.as_bytes());
             h.update(&digest.bytes);
         }
+        h.update(&[GRAPH_END]);
     }
     Ok(*h.finalize().as_bytes())
 }
 
-/// One length-prefixed piece, so that pieces cannot run into each other.
+/// One field's bytes, length-prefixed.
 fn field(h: &mut blake3::Hasher, bytes: &[u8]) {
+    h.update(&[FIELD]);
     h.update(&(bytes.len() as u64).to_le_bytes());
     h.update(bytes);
 }
 
-fn refuse_external_subgraph_data(model: &Model) -> Result<()> {
-    fn walk(g: &crate::pb::GraphProto) -> Result<()> {
-        for t in &g.initializer {
-            if !t.external_data.is_empty() {
-                return Err(Error::Model(format!(
-                    "subgraph initializer {:?} is external data; a runtime form needs the \
-                     subgraphs' weights in the model",
-                    t.name
-                )));
+fn refuse_external_data_outside_initializers(model: &Model) -> Result<()> {
+    let refuse = |what: String| {
+        Err(Error::Model(format!(
+            "{what} is external data; a runtime form needs it in the model"
+        )))
+    };
+    let external = |t: &crate::pb::TensorProto| !t.external_data.is_empty();
+    fn tensors(n: &crate::pb::NodeProto) -> impl Iterator<Item = &crate::pb::TensorProto> {
+        n.attribute.iter().flat_map(|a| {
+            a.t.iter()
+                .chain(&a.tensors)
+                .chain(
+                    a.sparse_tensor
+                        .iter()
+                        .flat_map(|s| s.values.iter().chain(&s.indices)),
+                )
+                .chain(
+                    a.sparse_tensors
+                        .iter()
+                        .flat_map(|s| s.values.iter().chain(&s.indices)),
+                )
+        })
+    }
+    fn nodes_below(n: &crate::pb::NodeProto) -> Vec<&crate::pb::NodeProto> {
+        let mut all = vec![n];
+        for g in subgraphs(n) {
+            for t in &g.node {
+                all.extend(nodes_below(t));
             }
         }
-        g.node.iter().flat_map(subgraphs).try_for_each(walk)
+        all
     }
-    model.nodes()?.iter().flat_map(subgraphs).try_for_each(walk)
+    let top = model.nodes()?;
+    for n in top.iter().flat_map(nodes_below) {
+        if tensors(n).any(external) {
+            return refuse(format!("a tensor of node {:?} ({})", n.name, n.op_type));
+        }
+        for g in subgraphs(n) {
+            if let Some(t) = g.initializer.iter().find(|t| external(t)) {
+                return refuse(format!("subgraph initializer {:?}", t.name));
+            }
+        }
+    }
+    for r in model.graph_fields(GRAPH_SPARSE_INITIALIZER)? {
+        let s: crate::pb::SparseTensorProto =
+            crate::onnx::decode(model.bytes().slice(r), "SparseTensorProto")?;
+        if s.values.iter().chain(&s.indices).any(external) {
+            return refuse("a sparse initializer".into());
+        }
+    }
+    Ok(())
 }

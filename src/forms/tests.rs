@@ -193,3 +193,43 @@ fn a_subgraph_weight_held_outside_the_model_is_refused() {
     let err = digest_of(&m, "/a").unwrap_err().to_string();
     assert!(err.contains("\"s\" is external data"), "{err}");
 }
+
+#[test]
+fn a_graph_field_moved_to_the_top_level_is_another_model() {
+    // The graph's last field (an output) and the same bytes as a field of
+    // the model after the graph: the graph's end is part of the digest.
+    let mut m = model_proto();
+    // Nothing after the graph but what the test puts there.
+    m.opset_import.clear();
+    let g = m.graph.as_mut().unwrap();
+    g.output = vec![pb::ValueInfoProto {
+        name: "z".into(),
+        ..Default::default()
+    }];
+    let inside = m.encode_to_vec();
+    let mut outside_model = m.clone();
+    let out = outside_model.graph.as_mut().unwrap().output.remove(0);
+    let mut outside = outside_model.encode_to_vec();
+    // GraphProto.output is field 12; as a ModelProto field 12 it is unknown.
+    prost::encoding::message::encode(12, &out, &mut outside);
+    let digest =
+        |b: Vec<u8>| model_digest(&Model::from_bytes(Bytes::from(b), "/a").unwrap()).unwrap();
+    assert_ne!(digest(inside), digest(outside));
+}
+
+#[test]
+fn a_constant_held_outside_the_model_is_refused() {
+    let mut m = model_proto();
+    let t = m.graph.as_mut().unwrap().node[0].attribute[0]
+        .t
+        .as_mut()
+        .unwrap();
+    t.raw_data = Bytes::new();
+    t.data_location = 1;
+    t.external_data = vec![pb::StringStringEntryProto {
+        key: "location".into(),
+        value: "c.bin".into(),
+    }];
+    let err = digest_of(&m, "/a").unwrap_err().to_string();
+    assert!(err.contains("is external data"), "{err}");
+}

@@ -13,6 +13,7 @@ mod tensor;
 
 pub use external::{ExternalRef, ExternalRefError, MAX_EXTERNAL_FILES};
 pub use guarded::{ensure_intact, intact, release, CUT_SHORT};
+pub(crate) use model::decode;
 pub use model::{
     BadInitializer, Extension, ExtensionCounts, ExternalFileError, LenientExtension, Model,
     OverLimits, TopField,

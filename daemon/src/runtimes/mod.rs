@@ -111,10 +111,14 @@ async fn identify(c: &Configured) -> Result<Identified, RuntimeProblem> {
         library: c.library.clone(),
         problem,
     };
+    // Read, not mapped: a library cut short meanwhile is an error, not a
+    // SIGBUS in the daemon.
     let library_blake3 = tokio::task::spawn_blocking(move || {
         let mut h = blake3::Hasher::new();
-        h.update_mmap(&library)
-            .map(|h| h.finalize().to_hex().to_string())
+        std::fs::File::open(&library).and_then(|f| {
+            h.update_reader(f)
+                .map(|h| h.finalize().to_hex().to_string())
+        })
     })
     .await
     .map_err(|e| read(e.to_string()))?

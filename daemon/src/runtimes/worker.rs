@@ -88,18 +88,24 @@ pub(super) async fn identify(
 /// segment is bounded, so a leak in a runtime ends the worker, not the
 /// host's memory.
 fn confine(cmd: &mut tokio::process::Command) {
-    // SAFETY: close_range, close and setrlimit are async-signal-safe, and
-    // nothing here allocates.
+    // SAFETY: close_range, fcntl, getrlimit and setrlimit are
+    // async-signal-safe, and nothing here allocates.
     unsafe {
         cmd.pre_exec(|| {
-            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
-                for fd in 3..1024 {
-                    libc::close(fd);
+            // Close-on-exec rather than closed: std's own pipe that reports
+            // a failed exec must stay open until the exec.
+            let cloexec = libc::CLOSE_RANGE_CLOEXEC;
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, cloexec) != 0 {
+                for fd in 3..4096 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
             }
+            // The soft limit only: a lower hard limit the service manager
+            // set stays, and lowering it needs no privilege.
+            let hard = rustix::process::getrlimit(rustix::process::Resource::Data).maximum;
             let limit = rustix::process::Rlimit {
-                current: Some(WORKER_DATA_LIMIT),
-                maximum: Some(WORKER_DATA_LIMIT),
+                current: Some(hard.map_or(WORKER_DATA_LIMIT, |h| h.min(WORKER_DATA_LIMIT))),
+                maximum: hard,
             };
             rustix::process::setrlimit(rustix::process::Resource::Data, limit)
                 .map_err(std::io::Error::from)

@@ -99,19 +99,35 @@ pub(crate) fn merge_dim(source: &Dim, target: &mut Dim) {
     }
 }
 
+/// The inferred and the declared shape contradict each other (their ranks,
+/// or two numbers, differ): onnx fails the node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Contradiction;
+
 /// An inferred shape merged into a declared one (onnx's
 /// `mergeShapesAndTypes`): the declared shape is taken where it has none;
-/// ranks that differ leave the declared shape as it is.
-pub(crate) fn merge_shape(inferred: Option<&Shape>, declared: &mut Option<Shape>) {
+/// on a contradiction the declared shape stays as it is.
+pub(crate) fn merge_shape(
+    inferred: Option<&Shape>,
+    declared: &mut Option<Shape>,
+) -> Result<(), Contradiction> {
     match (inferred, declared.as_mut()) {
         (Some(s), None) => *declared = Some(s.clone()),
-        (Some(s), Some(d)) if s.len() == d.len() => {
+        (Some(s), Some(d)) => {
+            let numbers_differ = s
+                .iter()
+                .zip(d.iter())
+                .any(|(a, b)| matches!((a, b), (Dim::Value(x), Dim::Value(y)) if x != y));
+            if s.len() != d.len() || numbers_differ {
+                return Err(Contradiction);
+            }
             for (a, b) in s.iter().zip(d.iter_mut()) {
                 merge_dim(a, b);
             }
         }
-        _ => {}
+        (None, _) => {}
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -143,10 +159,20 @@ mod tests {
     #[test]
     fn merge_prefers_numbers_then_the_declared_symbol() {
         let mut declared = Some(vec![Dim::Unknown, p("d"), p("e")]);
-        merge_shape(Some(&vec![p("s"), Dim::Value(4), p("t")]), &mut declared);
-        assert_eq!(declared.unwrap(), vec![p("s"), Dim::Value(4), p("e")]);
+        merge_shape(Some(&vec![p("s"), Dim::Value(4), p("t")]), &mut declared).unwrap();
+        assert_eq!(
+            declared.clone().unwrap(),
+            vec![p("s"), Dim::Value(4), p("e")]
+        );
         let mut none = None;
-        merge_shape(Some(&vec![Dim::Value(2)]), &mut none);
+        merge_shape(Some(&vec![Dim::Value(2)]), &mut none).unwrap();
         assert_eq!(none.unwrap(), vec![Dim::Value(2)]);
+        // Two numbers that differ, or another rank: the declared stays.
+        let before = declared.clone();
+        let other = vec![p("s"), Dim::Value(5), p("t")];
+        assert_eq!(merge_shape(Some(&other), &mut declared), Err(Contradiction));
+        let short = vec![Dim::Value(1)];
+        assert_eq!(merge_shape(Some(&short), &mut declared), Err(Contradiction));
+        assert_eq!(declared, before);
     }
 }

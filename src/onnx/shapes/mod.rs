@@ -42,6 +42,12 @@ const MAX_CONSTANT_VALUES: u64 = 4096;
 /// of Unsqueezes cannot make the inference hold more than a bound.
 const MAX_RANK: usize = 256;
 
+/// What the inferred shapes may hold in all (dimensions and symbol bytes):
+/// past it a model gets no value_info at all (onnxruntime infers its own).
+/// A hostile model of long symbols or a long chain of wide values would
+/// otherwise make the inference hold gigabytes.
+const MAX_INFERRED_BYTES: usize = 64 << 20;
+
 /// The value_info onnx's `infer_shapes` adds to `model`'s top-level graph,
 /// in the order it adds them. Values declared already (graph inputs,
 /// outputs, value_info, initializers) are not among them.
@@ -103,40 +109,17 @@ pub fn inferred_value_info(model: &Model) -> Result<Vec<pb::ValueInfoProto>> {
     }
 
     let opset = model.default_opset()?.unwrap_or(1);
-    let mut added = Vec::new();
-    for n in &nodes {
-        if !is_default_domain(n) {
-            continue;
-        }
-        let shapes = {
-            let inputs = state.inputs(n, &types);
-            match ops::infer(n, opset, &inputs) {
-                Outcome::Shapes(s) => s,
-                Outcome::Fails | Outcome::Unsupported => continue,
-            }
-        };
-        for (name, shape) in n.output.iter().zip(shapes) {
-            let Some(elem) = types.get(name).filter(|_| !name.is_empty()) else {
-                continue;
-            };
-            let shape = shape
-                .filter(|s| s.len() <= MAX_RANK)
-                .map(|s| state.symbols.materialize(s));
-            match state.shapes.get_mut(name) {
-                Some(existing) => merge_shape(shape.as_ref(), existing),
-                None => {
-                    added.push(value_info(name, elem, shape.as_ref()));
-                    state.shapes.insert(name.clone(), shape);
-                }
-            }
-        }
-        if n.op_type == "Constant" && n.output.len() == 1 {
-            if let Some(v) = constant_ints(n) {
-                state.data.insert(n.output[0].clone(), v);
-            }
-        }
-    }
-    Ok(added)
+    Ok(state.walk(&nodes, &types, opset))
+}
+
+/// The bytes a shape holds: its dimensions and its symbols.
+fn bytes_held(s: &Shape) -> usize {
+    s.iter()
+        .map(|d| match d {
+            Dim::Param(p) => 16 + p.len(),
+            _ => 16,
+        })
+        .sum()
 }
 
 /// What the inference has found so far.
@@ -149,6 +132,60 @@ struct State {
 }
 
 impl State {
+    /// The value_info of `nodes`, in onnx's order (none at all past
+    /// [`MAX_INFERRED_BYTES`]).
+    fn walk(
+        &mut self,
+        nodes: &[pb::NodeProto],
+        types: &ElemTypes,
+        opset: i64,
+    ) -> Vec<pb::ValueInfoProto> {
+        let mut added = Vec::new();
+        let mut held = 0usize;
+        for n in nodes {
+            if !is_default_domain(n) {
+                continue;
+            }
+            let shapes = {
+                let inputs = self.inputs(n, types);
+                match ops::infer(n, opset, &inputs) {
+                    Outcome::Shapes(s) => s,
+                    Outcome::Fails | Outcome::Unsupported => continue,
+                }
+            };
+            for (name, shape) in n.output.iter().zip(shapes) {
+                let Some(elem) = types.get(name).filter(|_| !name.is_empty()) else {
+                    continue;
+                };
+                let shape = shape
+                    .filter(|s| s.len() <= MAX_RANK)
+                    .map(|s| self.symbols.materialize(s));
+                held += name.len() + shape.as_ref().map_or(0, bytes_held);
+                if held > MAX_INFERRED_BYTES {
+                    return Vec::new();
+                }
+                match self.shapes.get_mut(name) {
+                    Some(existing) => {
+                        // A declared number the inference contradicts: onnx
+                        // fails the node there (its later outputs untyped).
+                        if merge_shape(shape.as_ref(), existing).is_err() {
+                            break;
+                        }
+                    }
+                    None => {
+                        added.push(value_info(name, elem, shape.as_ref()));
+                        self.shapes.insert(name.clone(), shape);
+                    }
+                }
+            }
+            if n.op_type == "Constant" && n.output.len() == 1 {
+                if let Some(v) = constant_ints(n) {
+                    self.data.insert(n.output[0].clone(), v);
+                }
+            }
+        }
+        added
+    }
     fn inputs<'a>(&'a self, n: &pb::NodeProto, types: &ElemTypes) -> Inputs<'a> {
         let known = |name: &String| !name.is_empty() && types.get(name).is_some();
         Inputs {

@@ -180,3 +180,26 @@ fn hostile_numbers_fail_the_node_never_the_process() {
     assert!(tensor_shape(by_name("u2").unwrap()).is_none());
     assert!(by_name("out").is_some());
 }
+
+#[test]
+fn a_model_whose_shapes_would_hold_too_much_gets_no_value_info() {
+    // One input dimension named by a 1 MiB symbol, carried through a chain
+    // of 100 Identity nodes: 100 MiB of shapes, past the bound.
+    let long = "s".repeat(1 << 20);
+    let mut nodes = vec![node("Identity", &["x"], "i0")];
+    for i in 1..100 {
+        nodes.push(node(
+            "Identity",
+            &[&format!("i{}", i - 1)],
+            &format!("i{i}"),
+        ));
+    }
+    let graph = pb::GraphProto {
+        name: "g".into(),
+        node: nodes,
+        input: vec![float_input("x", &[param(&long)])],
+        ..Default::default()
+    };
+    let m = Model::of_graph(graph, 17);
+    assert!(inferred_value_info(&m).unwrap().is_empty());
+}

@@ -127,9 +127,10 @@ pub(crate) fn infer(n: &pb::NodeProto, opset: i64, inputs: &Inputs<'_>) -> Outco
         "MatMul" => math::matmul(inputs),
         "Gemm" => math::gemm(n, inputs),
         "LayerNormalization" => math::layer_norm(n, inputs),
-        "Conv" | "ConvInteger" => nn::conv_pool(n, inputs, true, false),
-        "MaxPool" => nn::conv_pool(n, inputs, true, true),
-        "AveragePool" | "LpPool" => nn::conv_pool(n, inputs, opset >= 19, true),
+        "Conv" | "ConvInteger" => nn::conv_pool(n, inputs, nn::Kind::Conv),
+        "MaxPool" => nn::conv_pool(n, inputs, nn::Kind::pool(true, opset)),
+        "AveragePool" => nn::conv_pool(n, inputs, nn::Kind::pool(opset >= 19, opset)),
+        "LpPool" => nn::conv_pool(n, inputs, nn::Kind::pool(opset >= 18, opset)),
         "GlobalMaxPool" | "GlobalAveragePool" | "GlobalLpPool" => one(inputs.shape(0).map(|x| {
             let mut s = x.iter().take(2).cloned().collect::<Shape>();
             s.resize(x.len(), Dim::Value(1));

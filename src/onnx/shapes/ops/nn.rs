@@ -6,14 +6,34 @@ use crate::onnx::graph::attr;
 use crate::onnx::shapes::dims::{Dim, Shape};
 use crate::pb;
 
-/// onnx's `convPoolShapeInference`: a convolution's (`kernel_from_attr`
-/// false: the kernel is the weight's spatial dimensions) or a pool's output.
-pub(super) fn conv_pool(
-    n: &pb::NodeProto,
-    inputs: &Inputs<'_>,
-    dilation: bool,
-    kernel_from_attr: bool,
-) -> Outcome {
+/// Which window op a node is.
+pub(super) enum Kind {
+    /// The kernel is the weight's spatial dimensions.
+    Conv,
+    /// The kernel is the `kernel_shape` attribute; `dilation`: the op
+    /// version reads `dilations`; `legacy_ceil`: before opset 22, onnx
+    /// counts a last window in ceil mode wherever it starts.
+    Pool { dilation: bool, legacy_ceil: bool },
+}
+
+impl Kind {
+    pub(super) fn pool(dilation: bool, opset: i64) -> Kind {
+        Kind::Pool {
+            dilation,
+            legacy_ceil: opset < 22,
+        }
+    }
+}
+
+/// onnx's `convPoolShapeInference`: a convolution's or a pool's output.
+pub(super) fn conv_pool(n: &pb::NodeProto, inputs: &Inputs<'_>, kind: Kind) -> Outcome {
+    let (dilation, kernel_from_attr, legacy_ceil) = match kind {
+        Kind::Conv => (true, false, false),
+        Kind::Pool {
+            dilation,
+            legacy_ceil,
+        } => (dilation, true, legacy_ceil),
+    };
     let Some(x) = inputs.shape(0) else {
         return Outcome::Shapes(vec![None; n.output.len()]);
     };
@@ -90,7 +110,7 @@ pub(super) fn conv_pool(
             kernel: effective[i],
             stride: strides[i],
         }
-        .outputs(ceil);
+        .outputs(ceil, legacy_ceil);
         match len {
             Some(len) => out.push(Dim::Value(len)),
             None => return Outcome::Fails,
@@ -113,11 +133,19 @@ struct Window {
 }
 
 impl Window {
-    /// How many windows fit (`ceil`: a last partial one counts when it
-    /// starts inside the input or its leading pad); `None` on overflow.
-    fn outputs(&self, ceil: bool) -> Option<i64> {
+    /// How many windows fit (`ceil`: a last partial one counts; from
+    /// opset 22 only when it starts inside the input or its leading pad);
+    /// `None` on overflow.
+    fn outputs(&self, ceil: bool, legacy: bool) -> Option<i64> {
         let padded = self.size.checked_add(self.pads.0)?;
-        let mut numerator = padded.checked_add(self.pads.1)?.checked_sub(self.kernel)?;
+        let gap = padded.checked_add(self.pads.1)?.checked_sub(self.kernel)?;
+        if legacy {
+            // Exact ceil division (a negative gap included), as onnx's
+            // convPoolShapeInference_opset19.
+            let partial = i64::from(ceil && gap % self.stride > 0);
+            return (gap / self.stride).checked_add(partial)?.checked_add(1);
+        }
+        let mut numerator = gap;
         if ceil {
             numerator = numerator.checked_add(self.stride - 1)?;
         }
@@ -159,4 +187,31 @@ fn auto_pads(n: &pb::NodeProto, x: &Shape, effective: &[i64], strides: &[i64]) -
         }
     }
     pads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Window;
+
+    #[test]
+    fn ceil_mode_counts_a_last_window_as_each_opset_does() {
+        let w = |size, kernel, stride| Window {
+            size,
+            pads: (0, 0),
+            kernel,
+            stride,
+        };
+        // size 6, kernel 2, stride 3: windows at 0 and 3, and one at 6
+        // starting past the input, which opset 22 drops.
+        assert_eq!(w(6, 2, 3).outputs(true, true), Some(3));
+        assert_eq!(w(6, 2, 3).outputs(true, false), Some(2));
+        assert_eq!(w(6, 2, 3).outputs(false, true), Some(2));
+        // A kernel larger than the input: onnx's exact ceil of a negative gap.
+        assert_eq!(w(2, 6, 3).outputs(true, true), Some(0));
+        let overflowing = Window {
+            pads: (1, 0),
+            ..w(i64::MAX, 1, 1)
+        };
+        assert_eq!(overflowing.outputs(true, false), None);
+    }
 }

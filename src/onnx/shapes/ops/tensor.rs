@@ -191,10 +191,12 @@ pub(super) fn reshape(n: &pb::NodeProto, inputs: &Inputs<'_>) -> Outcome {
             })
         });
         if let Some(total) = input_product {
-            if total % p != 0 {
-                return Outcome::Fails;
+            // Checked: declared dimensions may be negative in a hostile
+            // model (i64::MIN / -1 overflows).
+            match (total.checked_rem(p), total.checked_div(p)) {
+                (Some(0), Some(q)) => out[i] = Dim::Value(q),
+                _ => return Outcome::Fails,
             }
-            out[i] = Dim::Value(total / p);
         }
     }
     Outcome::Shapes(vec![Some(out)])
