@@ -3,7 +3,7 @@
 //! descriptor but its standard streams.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use ctcache::forms::RuntimeIdentity;
@@ -15,6 +15,9 @@ pub(super) const ONNXRUNTIME: &str = "ctcache-onnxruntime-worker";
 
 /// How long identifying a library may take (loading it included).
 const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the daemon keeps of each of a worker's output streams.
+const MAX_WORKER_OUTPUT: u64 = 64 << 10;
 
 /// The data segment a worker may grow to (the library and its arenas).
 const WORKER_DATA_LIMIT: u64 = 4 << 30;
@@ -47,7 +50,7 @@ pub(super) async fn identify(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     confine(&mut cmd);
-    let out = tokio::time::timeout(IDENTIFY_TIMEOUT, cmd.output())
+    let out = tokio::time::timeout(IDENTIFY_TIMEOUT, bounded_output(cmd))
         .await
         .map_err(|_| RuntimeProblem::Timeout {
             name,
@@ -80,6 +83,36 @@ pub(super) async fn identify(
         name: field("runtime")?,
         version: field("version")?,
         build: field("build")?,
+    })
+}
+
+/// Runs `cmd` to its end, keeping at most [`MAX_WORKER_OUTPUT`] of each of
+/// its streams (a worker that writes more is stopped by its time limit).
+async fn bounded_output(mut cmd: tokio::process::Command) -> std::io::Result<Output> {
+    use tokio::io::AsyncReadExt;
+    let mut child = cmd.spawn()?;
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let read_out = async {
+        match out.as_mut() {
+            Some(s) => s.take(MAX_WORKER_OUTPUT).read_to_end(&mut stdout).await,
+            None => Ok(0),
+        }
+    };
+    let read_err = async {
+        match err.as_mut() {
+            Some(s) => s.take(MAX_WORKER_OUTPUT).read_to_end(&mut stderr).await,
+            None => Ok(0),
+        }
+    };
+    let (o, e) = tokio::join!(read_out, read_err);
+    o?;
+    e?;
+    let status = child.wait().await?;
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
     })
 }
 

@@ -67,7 +67,7 @@ impl From<Level> for GraphOptimizationLevel {
 
 /// Loads `library` and says which onnxruntime it is.
 pub fn identify(library: &Path) -> Result<Identity, WorkerError> {
-    let version = version_of(library)?;
+    let (version, _held) = version_of(library)?;
     load(library)?;
     Ok(Identity {
         runtime: "onnxruntime",
@@ -84,7 +84,7 @@ pub fn optimize(
     model: &[u8],
     output: &Path,
 ) -> Result<(), WorkerError> {
-    version_of(library)?;
+    let (_, _held) = version_of(library)?;
     let env = load(library)?;
     let refused = |e: &dyn std::fmt::Display| WorkerError::Refused(e.to_string());
     let builder = Session::builder(&env).map_err(|e| refused(&e))?;
@@ -106,8 +106,9 @@ pub fn optimize(
 }
 
 /// The library's version string, refused when it is older than the
-/// worker's API level or not onnxruntime at all.
-fn version_of(library: &Path) -> Result<String, WorkerError> {
+/// worker's API level or not onnxruntime at all; with the library loaded,
+/// so that `ort`'s own load of the same path finds it loaded once.
+fn version_of(library: &Path) -> Result<(String, libloading::Library), WorkerError> {
     let not = |reason: String| WorkerError::NotTheRuntime {
         path: library.display().to_string(),
         reason,
@@ -125,8 +126,13 @@ fn version_of(library: &Path) -> Result<String, WorkerError> {
     if base.is_null() {
         return Err(not("OrtGetApiBase returned nothing".into()));
     }
-    // SAFETY: GetVersionString returns a static NUL-terminated string.
-    let version = unsafe { CStr::from_ptr(((*base).GetVersionString)()) }
+    // SAFETY: the table's GetVersionString takes nothing.
+    let text = unsafe { ((*base).GetVersionString)() };
+    if text.is_null() {
+        return Err(not("it has no version string".into()));
+    }
+    // SAFETY: a non-null version string is a static NUL-terminated string.
+    let version = unsafe { CStr::from_ptr(text) }
         .to_str()
         .map_err(|_| not("its version string is not UTF-8".into()))?
         .to_string();
@@ -140,7 +146,7 @@ fn version_of(library: &Path) -> Result<String, WorkerError> {
             "it is onnxruntime {version}; ctcache needs 1.{OLDEST_MINOR} or later"
         )));
     }
-    Ok(version)
+    Ok((version, lib))
 }
 
 /// The onnxruntime environment over `library`.
