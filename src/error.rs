@@ -137,6 +137,15 @@ impl Error {
         }
     }
 
+    /// A malformed field of the message `context` names.
+    pub(crate) fn wire(context: &str, e: crate::wire::WireError) -> Error {
+        Error::Wire {
+            context: context.into(),
+            offset: e.offset,
+            problem: e.problem,
+        }
+    }
+
     /// A prost decode failure, with prost's field stack shortened (a nesting
     /// bomb would otherwise print thousands of frames).
     pub(crate) fn decode(what: &str, e: prost::DecodeError) -> Error {

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::onnx::elem_types::subgraphs;
 use crate::onnx::fields::{GRAPH_INITIALIZER, MODEL_GRAPH};
 use crate::onnx::Model;
-use crate::wire::{Fields, WireError};
+use crate::wire::Fields;
 
 /// What the digest starts with: the scheme, so that another never meets it.
 const DOMAIN: &[u8] = b"ctcache runtime-form model v2\0";
@@ -43,13 +43,8 @@ pub fn model_digest(model: &Model) -> Result<[u8; 32]> {
             continue;
         }
         h.update(&[GRAPH_START]);
-        let wire = |e: WireError| Error::Wire {
-            context: "GraphProto".into(),
-            offset: e.offset,
-            problem: e.problem,
-        };
         for f in Fields::with_base(&bytes[top.value.clone()], top.value.start) {
-            let f = f.map_err(wire)?;
+            let f = f.map_err(|e| Error::wire("GraphProto", e))?;
             if f.number != GRAPH_INITIALIZER {
                 field(&mut h, &bytes[f.span.clone()]);
                 continue;

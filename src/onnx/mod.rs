@@ -36,6 +36,12 @@ pub mod fields {
     pub(crate) const GRAPH_NODE: u32 = 1;
     /// `GraphProto.initializer`.
     pub(crate) const GRAPH_INITIALIZER: u32 = 5;
+    /// `GraphProto.input`.
+    pub(crate) const GRAPH_INPUT: u32 = 11;
+    /// `GraphProto.output`.
+    pub(crate) const GRAPH_OUTPUT: u32 = 12;
+    /// `GraphProto.value_info`.
+    pub(crate) const GRAPH_VALUE_INFO: u32 = 13;
 
     /// True for the extension fields owned by ctcache (D1).
     pub(crate) fn is_compiled_field(number: u32) -> bool {

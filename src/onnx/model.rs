@@ -99,14 +99,6 @@ fn map_file(file: &File, path: &Path) -> Result<Bytes> {
     Ok(Bytes::from_owner(guarded))
 }
 
-fn wire_err(context: &str, e: WireError) -> Error {
-    Error::Wire {
-        context: context.into(),
-        offset: e.offset,
-        problem: e.problem,
-    }
-}
-
 /// What a top-level wire error means: the file ends inside a field (cut
 /// short, or a length nothing can satisfy), or the bytes are not protobuf.
 fn not_a_model(len: usize, e: WireError) -> Error {
@@ -261,7 +253,7 @@ impl Model {
         let mut out = Vec::new();
         for g in self.top.iter().filter(|f| f.number == MODEL_GRAPH) {
             for field in Fields::with_base(&self.bytes[g.value.clone()], g.value.start) {
-                let field = field.map_err(|e| self.named(wire_err("GraphProto", e)))?;
+                let field = field.map_err(|e| self.named(Error::wire("GraphProto", e)))?;
                 if field.number == number {
                     if out.len() == MAX_GRAPH_FIELDS {
                         let what = match number {
@@ -276,7 +268,7 @@ impl Model {
                     }
                     let b = field
                         .bytes()
-                        .map_err(|e| self.named(wire_err("GraphProto", e)))?;
+                        .map_err(|e| self.named(Error::wire("GraphProto", e)))?;
                     out.push(field.value_start..field.value_start + b.len());
                 }
             }
@@ -332,6 +324,15 @@ impl Model {
         Ok(self
             .opset_import(|o| o.domain.is_empty() || o.domain == "ai.onnx")?
             .map(|o| o.version))
+    }
+
+    /// The graph's value infos of one field (`GRAPH_INPUT`, `GRAPH_OUTPUT`
+    /// or `GRAPH_VALUE_INFO`), decoded, in file order.
+    pub(crate) fn value_infos(&self, field: u32) -> Result<Vec<pb::ValueInfoProto>> {
+        self.graph_fields(field)?
+            .into_iter()
+            .map(|r| decode(self.bytes.slice(r), "ValueInfoProto").map_err(|e| self.named(e)))
+            .collect()
     }
 
     /// The graph's nodes, decoded (initializer payloads are not touched).

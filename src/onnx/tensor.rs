@@ -108,11 +108,7 @@ enum TypedEncoding {
 }
 
 fn wire_err(e: WireError) -> Error {
-    Error::Wire {
-        context: "TensorProto".into(),
-        offset: e.offset,
-        problem: e.problem,
-    }
+    Error::wire("TensorProto", e)
 }
 
 fn utf8(bytes: &[u8], what: &str) -> Result<String> {

@@ -15,13 +15,12 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use prost::Message;
-
-use super::{Plan, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO};
+use super::Plan;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::materialize::Fp16Settings;
 use crate::onnx::elem_types::{subgraphs, ElemTypes};
+use crate::onnx::fields::{GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO};
 use crate::onnx::graph::node_label;
 use crate::onnx::{Model, TensorRef};
 use crate::pb;
@@ -252,18 +251,11 @@ pub(super) fn plan_fp16(model: &Model, settings: &Fp16Settings) -> Result<Plan> 
     let refuse = |what: String| Err(crate::Error::Rewrite(what));
     let nodes = model.nodes()?;
     let initializers = model.initializers()?;
-    let value_infos = |field| -> Result<Vec<pb::ValueInfoProto>> {
-        model
-            .graph_fields(field)?
-            .into_iter()
-            .map(|r| {
-                pb::ValueInfoProto::decode(&model.bytes()[r])
-                    .map_err(|e| crate::Error::decode("ValueInfoProto", e))
-            })
-            .collect()
-    };
-    let (inputs, outputs) = (value_infos(GRAPH_INPUT)?, value_infos(GRAPH_OUTPUT)?);
-    let declared = value_infos(GRAPH_VALUE_INFO)?;
+    let (inputs, outputs) = (
+        model.value_infos(GRAPH_INPUT)?,
+        model.value_infos(GRAPH_OUTPUT)?,
+    );
+    let declared = model.value_infos(GRAPH_VALUE_INFO)?;
     if let Some(n) = nodes.iter().find(|n| n.name == "graph_input_cast0") {
         return refuse(format!(
             "the model has a node {:?} already: it was converted to float16 before, and the \

@@ -18,8 +18,6 @@
 
 use std::collections::HashSet;
 
-use prost::Message;
-
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::onnx::Model;
@@ -184,17 +182,11 @@ impl Plan {
     }
 }
 
-/// Names of the graph's inputs (`GraphProto.input`).
+/// Names of the graph's inputs or outputs (by `field`).
 pub(crate) fn graph_value_names(model: &Model, field: u32) -> Result<Vec<String>> {
-    let mut names = Vec::new();
-    for r in model.graph_fields(field)? {
-        let vi = pb::ValueInfoProto::decode(&model.bytes()[r])
-            .map_err(|e| crate::Error::decode("ValueInfoProto", e))?;
-        names.push(vi.name);
-    }
-    Ok(names)
+    Ok(model
+        .value_infos(field)?
+        .into_iter()
+        .map(|vi| vi.name)
+        .collect())
 }
-
-pub(crate) const GRAPH_INPUT: u32 = 11;
-pub(crate) const GRAPH_OUTPUT: u32 = 12;
-pub(crate) const GRAPH_VALUE_INFO: u32 = 13;

@@ -5,12 +5,11 @@ use std::collections::{HashMap, HashSet};
 
 use super::fp16::plan_fp16;
 use super::target::{target, Context};
-use super::{
-    graph_value_names, Op, Plan, Skipped, Step, GRAPH_INPUT, GRAPH_OUTPUT, PLACED_MIN_BYTES,
-};
+use super::{graph_value_names, Op, Plan, Skipped, Step, PLACED_MIN_BYTES};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::materialize::{Int8Settings, Int8Weight, Recipe, Settings};
+use crate::onnx::fields::{GRAPH_INPUT, GRAPH_OUTPUT};
 use crate::onnx::graph::{is_default_domain, node_label};
 use crate::onnx::{Model, TensorRef};
 use crate::pb;

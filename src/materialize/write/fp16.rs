@@ -7,8 +7,6 @@
 
 use std::collections::HashMap;
 
-use prost::Message;
-
 use super::additions::Additions;
 use super::fields::PayloadFields;
 use super::names::Names;
@@ -16,8 +14,9 @@ use super::proto::{int_attr, node};
 use super::weight::{packed, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::materialize::plan::{fp16_node, Fp16Node, Fp16Plan, GRAPH_INPUT, GRAPH_OUTPUT};
+use crate::materialize::plan::{fp16_node, Fp16Node, Fp16Plan};
 use crate::materialize::{Fp16Settings, PACKER_FP16};
+use crate::onnx::fields::{GRAPH_INPUT, GRAPH_OUTPUT};
 use crate::onnx::graph::is_default_domain;
 use crate::onnx::Model;
 use crate::pb;
@@ -98,9 +97,7 @@ fn tensor_to_fp16(t: &mut pb::TensorProto, s: &Fp16Settings) -> bool {
 /// The graph's FLOAT tensor inputs (or outputs, by `field`): index and name.
 fn float_tensor_values(model: &Model, field: u32) -> Result<Vec<(usize, String)>> {
     let mut out = Vec::new();
-    for (i, r) in model.graph_fields(field)?.into_iter().enumerate() {
-        let vi = pb::ValueInfoProto::decode(&model.bytes()[r])
-            .map_err(|e| Error::decode("ValueInfoProto", e))?;
+    for (i, vi) in model.value_infos(field)?.into_iter().enumerate() {
         let mut probe = vi.clone();
         if float_to_fp16(&mut probe)
             && matches!(

@@ -14,10 +14,11 @@ use super::proto::{int_attr, node};
 use super::weight::{NewInputs, PackedWeight, Source, WeightKey};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::materialize::plan::{graph_value_names, GRAPH_OUTPUT};
+use crate::materialize::plan::graph_value_names;
 use crate::materialize::{
     Int8Settings, Int8Weight, Op, Step, Target, PACKER_INT8, TARGET_ORT_INT8,
 };
+use crate::onnx::fields::GRAPH_OUTPUT;
 use crate::onnx::Model;
 use crate::pb;
 

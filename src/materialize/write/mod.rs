@@ -98,7 +98,9 @@ impl<'a> Rewrite<'a> {
         // quantize_dynamic and convert_float_to_float16 run onnx's shape
         // inference first; onnxruntime optimizes by what it writes.
         let inferred = match recipe {
-            Recipe::Int8(_) | Recipe::Fp16(_) => inferred_value_info(model)?,
+            Recipe::Int8(_) | Recipe::Fp16(_) => {
+                inferred_value_info(model, &src.top_nodes, &src.initializers)?
+            }
             Recipe::Nbits(_) => Vec::new(),
         };
         Ok(Rewrite {

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 
 use super::weight::Source;
 use crate::error::Result;
-use crate::materialize::plan::{graph_value_names, GRAPH_INPUT};
+use crate::materialize::plan::graph_value_names;
+use crate::onnx::fields::GRAPH_INPUT;
 use crate::pb;
 
 /// Names not yet taken in the graph.

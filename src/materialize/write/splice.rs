@@ -14,9 +14,8 @@ use super::fp16::float_to_fp16;
 use super::nbits;
 use super::weight::Source;
 use crate::error::{Error, Result};
-use crate::materialize::plan::GRAPH_VALUE_INFO;
 use crate::materialize::{Step, Target};
-use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_NODE, MODEL_GRAPH};
+use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_NODE, GRAPH_VALUE_INFO, MODEL_GRAPH};
 use crate::onnx::rewrite::encoded_field;
 use crate::outdir::OutFile;
 use crate::pb;
@@ -128,11 +127,7 @@ fn splice_graph(src: &Source<'_>, graph: Range<usize>, edits: &Edits<'_>) -> Res
         import_ms_domain: _,
     } = edits;
     let bytes = src.model.bytes();
-    let wire = |e: crate::wire::WireError| Error::Wire {
-        context: "GraphProto".into(),
-        offset: e.offset,
-        problem: e.problem,
-    };
+    let wire = |e| Error::wire("GraphProto", e);
     let mut pieces = Vec::new();
     let (mut node_i, mut init_i) = (0usize, 0usize);
     for f in Fields::with_base(&bytes[graph.clone()], graph.start) {

@@ -22,18 +22,13 @@ use std::collections::{HashMap, HashSet};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::onnx::elem_types::{subgraphs, ElemTypes};
+use crate::onnx::fields::{GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO};
 use crate::onnx::graph::is_default_domain;
 use crate::onnx::model::decode;
-use crate::onnx::Model;
+use crate::onnx::{Model, TensorRef};
 use crate::pb;
 use dims::{merge_shape, Dim, Shape};
 use ops::{Inputs, Outcome};
-
-/// `GraphProto` field numbers read here.
-const GRAPH_INITIALIZER: u32 = 5;
-const GRAPH_INPUT: u32 = 11;
-const GRAPH_OUTPUT: u32 = 12;
-const GRAPH_VALUE_INFO: u32 = 13;
 
 /// Constant values longer than this are not read (no shape is that long).
 const MAX_CONSTANT_VALUES: u64 = 4096;
@@ -48,33 +43,29 @@ const MAX_RANK: usize = 256;
 /// otherwise make the inference hold gigabytes.
 const MAX_INFERRED_BYTES: usize = 64 << 20;
 
-/// The value_info onnx's `infer_shapes` adds to `model`'s top-level graph,
-/// in the order it adds them. Values declared already (graph inputs,
-/// outputs, value_info, initializers) are not among them.
-pub fn inferred_value_info(model: &Model) -> Result<Vec<pb::ValueInfoProto>> {
-    let value_infos = |field| -> Result<Vec<pb::ValueInfoProto>> {
-        model
-            .graph_fields(field)?
-            .into_iter()
-            .map(|r| decode(model.bytes().slice(r), "ValueInfoProto"))
-            .collect()
-    };
+/// The value_info onnx's `infer_shapes` adds to `model`'s top-level graph
+/// (whose `nodes` and `initializers` the caller has decoded already), in
+/// the order it adds them. Values declared already (graph inputs, outputs,
+/// value_info, initializers) are not among them.
+pub fn inferred_value_info(
+    model: &Model,
+    nodes: &[pb::NodeProto],
+    initializers: &[TensorRef],
+) -> Result<Vec<pb::ValueInfoProto>> {
     let declared = [
-        value_infos(GRAPH_VALUE_INFO)?,
-        value_infos(GRAPH_INPUT)?,
-        value_infos(GRAPH_OUTPUT)?,
+        model.value_infos(GRAPH_VALUE_INFO)?,
+        model.value_infos(GRAPH_INPUT)?,
+        model.value_infos(GRAPH_OUTPUT)?,
     ];
-    let nodes = model.nodes()?;
-    let initializers = model.initializers()?;
 
     let mut types = ElemTypes::default();
     for vi in declared.iter().flatten() {
         types.declare(vi);
     }
-    for t in &initializers {
+    for t in initializers {
         types.declare_tensor(&t.name, t.data_type.code());
     }
-    types.infer(&nodes);
+    types.infer(nodes);
 
     let mut state = State {
         shapes: HashMap::new(),
@@ -88,7 +79,7 @@ pub fn inferred_value_info(model: &Model) -> Result<Vec<pb::ValueInfoProto>> {
             state.shapes.insert(vi.name.clone(), tensor_shape(vi));
         }
     }
-    for n in &nodes {
+    for n in nodes {
         for g in subgraphs(n) {
             state.symbols.add_from_graph(g);
         }
@@ -109,7 +100,7 @@ pub fn inferred_value_info(model: &Model) -> Result<Vec<pb::ValueInfoProto>> {
     }
 
     let opset = model.default_opset()?.unwrap_or(1);
-    Ok(state.walk(&nodes, &types, opset))
+    Ok(state.walk(nodes, &types, opset))
 }
 
 /// The bytes a shape holds: its dimensions and its symbols.

@@ -1,5 +1,10 @@
 use super::*;
 
+/// The value_info of `m`, its nodes and initializers decoded here.
+fn inferred(m: &Model) -> crate::Result<Vec<pb::ValueInfoProto>> {
+    inferred_value_info(m, &m.nodes()?, &m.initializers()?)
+}
+
 fn node(op: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
     pb::NodeProto {
         op_type: op.into(),
@@ -70,7 +75,7 @@ fn unknown_dimensions_get_fresh_symbols_as_onnx_names_them() {
         ],
         vec![int64s("keep", &[0, 0, -1])],
     );
-    let vi = inferred_value_info(&m).unwrap();
+    let vi = inferred(&m).unwrap();
     let names: Vec<&str> = vi.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(names, ["shape", "r", "sum", "same", "out"]);
     assert_eq!(shape_of(&vi[0]), [Dim::Value(3)]);
@@ -108,7 +113,7 @@ fn ops_not_written_here_stay_untyped() {
         ],
         vec![],
     );
-    let vi = inferred_value_info(&m).unwrap();
+    let vi = inferred(&m).unwrap();
     // Relu of an untyped value has no type either; NonZero is not written
     // here; the graph's output, declared without a type, gets one.
     let names: Vec<&str> = vi.iter().map(|v| v.name.as_str()).collect();
@@ -170,7 +175,7 @@ fn hostile_numbers_fail_the_node_never_the_process() {
             int64s("one", &[1]),
         ],
     );
-    let vi = inferred_value_info(&m).unwrap();
+    let vi = inferred(&m).unwrap();
     let by_name = |n: &str| vi.iter().find(|v| v.name == n);
     for failed in ["c", "s", "filled"] {
         assert!(by_name(failed).is_none(), "{failed}: {vi:?}");
@@ -201,5 +206,5 @@ fn a_model_whose_shapes_would_hold_too_much_gets_no_value_info() {
         ..Default::default()
     };
     let m = Model::of_graph(graph, 17);
-    assert!(inferred_value_info(&m).unwrap().is_empty());
+    assert!(inferred(&m).unwrap().is_empty());
 }
