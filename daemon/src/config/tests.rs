@@ -334,3 +334,22 @@ fn the_default_policy_is_what_the_default_target_reads() {
         .collect();
     assert_eq!(formats, ["ort.matmul_nbits", "identity"]);
 }
+
+/// The onnxruntime library is an absolute path: the daemon's working
+/// directory is nobody's to rely on.
+#[test]
+fn ort_library_must_be_an_absolute_path() {
+    let e = Config::from_toml("ort_library = \"libonnxruntime.so\"\n")
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ort_library") && e.contains("not an absolute path"),
+        "{e}"
+    );
+    Config::from_toml("ort_library = \"/opt/ort/libonnxruntime.so\"\n")
+        .unwrap()
+        .validate()
+        .unwrap();
+}
