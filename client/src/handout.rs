@@ -90,6 +90,7 @@ names_model!(
     api::PrepackRequest,
     api::EmbedRequest,
     api::MaterializeRequest,
+    api::CompileRequest,
     api::ImportRequest,
     api::RemotePullRequest
 );

@@ -360,6 +360,15 @@ impl Client {
         unary!(model Repeat::Never, self, "Materialize", materialize, req)
     }
 
+    /// A runtime's compiled form of a model (D15), leased to this process:
+    /// the daemon compiles it when no form of the key is stored (unless
+    /// `lookup_only`); a miss names why. The path is made absolute here and
+    /// the model handed over.
+    pub async fn compile(&self, mut req: api::CompileRequest) -> Result<api::CompileResponse> {
+        req.model_path = absolute(Path::new(&req.model_path))?.display().to_string();
+        unary!(model Repeat::Never, self, "Compile", compile, req)
+    }
+
     /// Copies the compiled tensors a model carries into the store.
     pub async fn import(&self, model: impl AsRef<Path>) -> Result<api::ImportResponse> {
         let req = api::ImportRequest {

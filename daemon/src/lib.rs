@@ -18,6 +18,7 @@ mod cpu_budget;
 mod error;
 mod events;
 mod fleet;
+mod flights;
 mod handouts;
 mod hash_budget;
 mod jobs;

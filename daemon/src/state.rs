@@ -5,15 +5,16 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ctcache::hit::{Accept, Host};
-use ctcache::store::{HostFilter, Store};
+use ctcache::store::{Entry, HostFilter, Store};
 
 use crate::config::Config;
 use crate::cpu_budget::CpuBudget;
 use crate::events::Events;
 use crate::fleet::Fleet;
+use crate::flights::Flights;
 use crate::handouts::Handouts;
 use crate::hash_budget::HashBudget;
 use crate::jobs::{JobKey, Packed};
@@ -50,7 +51,15 @@ pub(crate) struct Daemon {
     pub reconciled: AtomicBool,
     /// The runtimes the admin configured, as their workers found them.
     pub runtimes: Runtimes,
+    /// The compiles running, shared by the requests of one key.
+    pub compiles: Flights<ctcache::store::EntryKey, crate::error::Result<(Entry, Duration)>>,
+    /// How many workers compile at once (each is a whole runtime).
+    pub compile_slots: tokio::sync::Semaphore,
 }
+
+/// Workers compiling at once: a runtime's compile uses every core it
+/// gets, so more would only share them.
+const COMPILE_SLOTS: usize = 1;
 
 impl Daemon {
     pub fn new(
@@ -105,6 +114,8 @@ impl Daemon {
             handouts: Handouts::new(crate::handouts::files_per_uid()),
             reconciled: AtomicBool::new(false),
             runtimes,
+            compiles: Flights::default(),
+            compile_slots: tokio::sync::Semaphore::new(COMPILE_SLOTS),
         }
     }
 }

@@ -20,6 +20,7 @@ pub(crate) enum UseCase {
     ReleaseLease,
     Embed,
     Materialize,
+    Compile,
     Import,
     Stats,
     List,
@@ -41,7 +42,7 @@ pub(crate) enum UseCase {
 
 impl UseCase {
     /// Every use case, for the edge's method table.
-    pub const ALL: [UseCase; 28] = [
+    pub const ALL: [UseCase; 29] = [
         UseCase::GetHostDevices,
         UseCase::ListFormats,
         UseCase::Lookup,
@@ -55,6 +56,7 @@ impl UseCase {
         UseCase::ReleaseLease,
         UseCase::Embed,
         UseCase::Materialize,
+        UseCase::Compile,
         UseCase::Import,
         UseCase::Stats,
         UseCase::List,
@@ -88,6 +90,7 @@ impl UseCase {
             UseCase::ReleaseLease => "ReleaseLease",
             UseCase::Embed => "Embed",
             UseCase::Materialize => "Materialize",
+            UseCase::Compile => "Compile",
             UseCase::Import => "Import",
             UseCase::Stats => "Stats",
             UseCase::List => "List",

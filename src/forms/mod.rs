@@ -6,11 +6,20 @@
 //! served only to a session that would have made the same one, and a miss
 //! names the part that differed.
 
+mod entry;
 mod key;
 mod model_digest;
 
+pub use entry::{form_type_name, is_form_type, FORM_FORMAT_VERSION};
 pub use key::{FormKey, KeyPart, RuntimeIdentity};
-pub use model_digest::model_digest;
+pub use model_digest::{model_digest, model_digest_of};
+
+/// onnxruntime's graph optimization levels a form is made at, as its
+/// worker and the clients name them.
+pub const ONNXRUNTIME_LEVELS: [&str; 4] = ["basic", "extended", "layout", "all"];
+
+/// The level a policy rule or a request leaves unset.
+pub const DEFAULT_LEVEL: &str = "extended";
 
 #[cfg(test)]
 mod tests;

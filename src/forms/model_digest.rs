@@ -3,11 +3,11 @@
 //! its D3 digest stands for (so external data counts by its content, and
 //! where a file lies or what it is called does not).
 
-use crate::digest::{digest_all, Algorithm};
+use crate::digest::{digest_all, Algorithm, SourceDigest};
 use crate::error::{Error, Result};
 use crate::onnx::elem_types::subgraphs;
 use crate::onnx::fields::{GRAPH_INITIALIZER, MODEL_GRAPH};
-use crate::onnx::Model;
+use crate::onnx::{Model, TensorRef};
 use crate::wire::Fields;
 
 /// What the digest starts with: the scheme, so that another never meets it.
@@ -30,9 +30,21 @@ const GRAPH_SPARSE_INITIALIZER: u32 = 15;
 /// initializers) is hashed as its bytes, so one held as external data is
 /// refused: its bytes would be a reference, not the data.
 pub fn model_digest(model: &Model) -> Result<[u8; 32]> {
-    refuse_external_data_outside_initializers(model)?;
     let initializers = model.initializers()?;
     let digests = digest_all(model, &initializers, Algorithm::Blake3);
+    model_digest_of(model, &initializers, digests)
+}
+
+/// [`model_digest`] with the top-level initializers' blake3 D3 digests
+/// known (`initializers` as `Model::initializers` lists them, `digests` in
+/// the same order): a caller that keeps digests (the daemon's memo) hashes
+/// no initializer again.
+pub fn model_digest_of(
+    model: &Model,
+    initializers: &[TensorRef],
+    digests: impl IntoIterator<Item = Result<SourceDigest>>,
+) -> Result<[u8; 32]> {
+    refuse_external_data_outside_initializers(model)?;
     let bytes = model.bytes();
     let mut h = blake3::Hasher::new();
     h.update(DOMAIN);
@@ -53,6 +65,12 @@ pub fn model_digest(model: &Model) -> Result<[u8; 32]> {
                 Error::Model("the graph's initializers changed while read".into())
             })?;
             let digest = digest?;
+            if digest.algorithm != Algorithm::Blake3 {
+                return Err(Error::Model(format!(
+                    "initializer {:?}: a model digest takes blake3 digests",
+                    t.name
+                )));
+            }
             h.update(&[INITIALIZER]);
             h.update(&(t.name.len() as u64).to_le_bytes());
             h.update(t.name.as_bytes());

@@ -233,3 +233,54 @@ fn a_constant_held_outside_the_model_is_refused() {
     let err = digest_of(&m, "/a").unwrap_err().to_string();
     assert!(err.contains("is external data"), "{err}");
 }
+
+/// A form stored as an entry: each part of its key is part of the entry
+/// key, and the entry gives the form key back.
+#[test]
+fn a_form_entry_keeps_its_whole_key() {
+    use crate::store::{NewEntry, Producer, Store, StoreOptions};
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(d.path(), StoreOptions::default()).unwrap();
+    let put = |k: &FormKey| {
+        let new = NewEntry {
+            source: k.source(),
+            source_shape: FormKey::source_shape(),
+            device: k.device_proto(),
+            physical_type: k.physical_type().unwrap(),
+            dims: vec![5],
+            producer: Producer::default(),
+            source_names: vec![],
+            model_paths: vec!["/m/a.onnx".into()],
+            pack_duration: std::time::Duration::ZERO,
+        };
+        store.put(&new, &b"model"[..]).unwrap().entry
+    };
+    let form = key();
+    let e = put(&form);
+    assert_eq!(e.key, form.entry_key().unwrap().unwrap());
+    assert_eq!(FormKey::of_entry(&e), Some(form.clone()));
+    assert_eq!(e.type_name, "onnxruntime.optimized_model");
+    let mut portable = key();
+    portable.device = None;
+    let p = put(&portable);
+    assert_eq!(FormKey::of_entry(&p), Some(portable.clone()));
+    let changes: Vec<Edit<FormKey>> = vec![
+        |k| k.model[1] ^= 1,
+        |k| k.runtime.version = "1.31.0".into(),
+        |k| k.runtime.build.push('x'),
+        |k| k.provider = "CUDAExecutionProvider".into(),
+        |k| {
+            k.options.insert("level".into(), "extended".into());
+        },
+        |k| k.device = Some("x86_64-avx2".into()),
+    ];
+    for change in changes {
+        let mut other = key();
+        change(&mut other);
+        assert_ne!(other.entry_key().unwrap().unwrap(), e.key, "{other:?}");
+    }
+    assert_ne!(p.key, e.key);
+    let mut unknown = key();
+    unknown.runtime.name = "tensorrt".into();
+    assert!(unknown.entry_key().is_none());
+}

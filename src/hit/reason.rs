@@ -51,11 +51,17 @@ pub enum MissReason {
         /// The user who put the entry.
         uid: u32,
     },
+    /// No runtime of that name can make forms in this daemon (none
+    /// configured, or the configured library cannot be used): why.
+    RuntimeUnavailable(String),
+    /// A form of the model exists under another key (D15): the first part
+    /// that differs.
+    FormKeyDiffers(crate::forms::KeyPart),
 }
 
 impl MissReason {
     /// Every code, in the order of the loading rules.
-    pub const CODES: [&'static str; 11] = [
+    pub const CODES: [&'static str; 13] = [
         "no_entry",
         "not_a_source",
         "invalid",
@@ -67,6 +73,8 @@ impl MissReason {
         "no_source_shape",
         "not_daemon_produced",
         "payload_checksum",
+        "runtime_unavailable",
+        "form_key_differs",
     ];
 
     /// Machine-readable reason code (stable; one of [`MissReason::CODES`]).
@@ -83,6 +91,8 @@ impl MissReason {
             MissReason::NoSourceShape => "no_source_shape",
             MissReason::PayloadChecksum(_) => "payload_checksum",
             MissReason::NotDaemonProduced { .. } => "not_daemon_produced",
+            MissReason::RuntimeUnavailable(_) => "runtime_unavailable",
+            MissReason::FormKeyDiffers(_) => "form_key_differs",
         }
     }
 
@@ -111,6 +121,8 @@ impl MissReason {
             MissReason::NotDaemonProduced { uid } => {
                 format!("put by uid {uid}; only entries the daemon packed are accepted")
             }
+            MissReason::RuntimeUnavailable(why) => why.clone(),
+            MissReason::FormKeyDiffers(part) => format!("a form exists with {part}"),
         }
     }
 
@@ -159,6 +171,8 @@ mod tests {
             MissReason::NoSourceShape,
             MissReason::NotDaemonProduced { uid: 1 },
             MissReason::PayloadChecksum(String::new()),
+            MissReason::RuntimeUnavailable(String::new()),
+            MissReason::FormKeyDiffers(crate::forms::KeyPart::Model),
         ];
         let codes: Vec<&str> = all.iter().map(MissReason::code).collect();
         assert_eq!(codes, MissReason::CODES);

@@ -22,6 +22,7 @@ from e2e.harness import bin_dir
 from test_python_client import installed  # noqa: F401 (a fixture)
 from test_request_bounds import model_with
 from waiting import wait_until
+from worker_daemons import ort_library
 
 DAEMON_UID, CALLER_UID = 65534, 12345
 START_TIMEOUT_S = 30
@@ -41,8 +42,9 @@ def root_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _daemon(root_dir: Path, uid: int):
-    """ctcached as ``uid`` (setpriv unless root) on a store in ``root_dir``, its socket for group CALLER_UID."""
+def _daemon(root_dir: Path, uid: int, args: tuple = ()):
+    """ctcached as ``uid`` (setpriv unless root) on a store in ``root_dir``, its socket for group CALLER_UID,
+    with ``args`` added to its command line."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.fail("this test runs as root with setpriv (util-linux), as tests/run.sh does")
     tmp_path = root_dir
@@ -64,7 +66,7 @@ def _daemon(root_dir: Path, uid: int):
     log = open(tmp_path / "ctcached.log", "wb")
     as_uid = setpriv(uid, CALLER_UID) if uid else []
     p = subprocess.Popen([*as_uid, str(bin_dir() / "ctcached"), "--config", str(config),
-                          "--cache-dir", str(cache), "--socket", str(socket)],
+                          "--cache-dir", str(cache), "--socket", str(socket), *args],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     def listening() -> bool:
@@ -89,6 +91,12 @@ def as_its_own_user(root_dir):
 @pytest.fixture(params=[0, DAEMON_UID], ids=["daemon as root", "daemon as its own user"])
 def any_daemon(root_dir, request):
     yield from _daemon(root_dir, request.param)
+
+
+@pytest.fixture
+def compiling_as_its_own_user(root_dir):
+    """The daemon as its own user with the onnxruntime library its worker loads."""
+    yield from _daemon(root_dir, DAEMON_UID, ("--ort-library", ort_library()))
 
 
 def _private_model(root_dir: Path) -> Path:
@@ -125,6 +133,27 @@ def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root
     assert r.returncode != 0, r.stdout
     # Its own open is refused: the client has nothing to hand over, and the daemon opens no path for it.
     assert f"{model}: Permission denied" in r.stderr, r.stderr
+
+
+def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling_as_its_own_user, root_dir,
+                                                                       installed):  # noqa: F811
+    """A runtime form of the caller's private model: compiled from the
+    descriptor it handed over, its session opened from bytes sent over the
+    socket (the store's files are not the caller's to read). Another user,
+    who cannot open the model, gets no form of it."""
+    socket = compiling_as_its_own_user
+    model = _private_model(root_dir)
+    env = _caller_env(root_dir, model.parent, installed)
+    script = ("import sys, ctcache.ort\n"
+              "s = ctcache.ort.inference_session(sys.argv[2], target=None, optimize='extended', socket=sys.argv[1])\n"
+              "print('SESSION', s.ctcache_report.source, s.get_session_options().graph_optimization_level)\n")
+    said = _as_caller(env, sys.executable, "-c", script, str(socket), str(model))
+    assert "SESSION daemon GraphOptimizationLevel.ORT_DISABLE_ALL" in said, said
+    other = 23456
+    r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
+                        "compile", str(model)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, HOME=str(root_dir)))
+    assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
 
 
 def _as_caller(env: dict, *args: str) -> str:

@@ -30,15 +30,9 @@ import real_models
 from e2e.harness import Daemon
 from real_models import CORPUS
 from waiting import wait_until
+from worker_daemons import LEVELS, daemon_beside
+from worker_daemons import ort_library as _library
 
-LEVELS = {"extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-          "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-
-
-def _library() -> str:
-    lib = os.environ.get("CTCACHE_TEST_ORT_LIBRARY")
-    assert lib, "CTCACHE_TEST_ORT_LIBRARY is not set; tests/run.sh sets it to the wheel's libonnxruntime.so"
-    return lib
 
 
 def _worker() -> str:
@@ -167,17 +161,8 @@ def test_the_worker_holds_nothing_of_the_daemons_and_a_bounded_memory(tmp_path, 
     given: its standard streams and no other descriptor of the daemon's
     (store files, sockets), and a data segment of 4 GiB at most."""
     import resource
-    import shutil
-    import sys
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    shutil.copy(Path(os.environ["CTCACHE_BIN_DIR"]) / "ctcached", bindir / "ctcached")
     seen = tmp_path / "seen.json"
-    worker = bindir / "ctcache-onnxruntime-worker"
-    worker.write_text(FAKE_WORKER.format(python=sys.executable, seen=str(seen)))
-    worker.chmod(0o755)
-    monkeypatch.setenv("CTCACHE_BIN_DIR", str(bindir))
-    d = Daemon(tmp_path / "d", args=["--ort-library", "/etc/hostname"]).start()
+    d = daemon_beside(tmp_path, monkeypatch, FAKE_WORKER.format(python="{python}", seen=str(seen)))
     try:
         r = _runtime(d)
         assert (r["version"], r["build"], r["problem"]) == ("1.99.0", "a stand-in", "")

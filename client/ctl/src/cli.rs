@@ -10,7 +10,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 use crate::ctx::{self, Global};
 use crate::output::Failure;
 use crate::{
-    admin, daemon_cmds, extras, human, jobs, materialize, offline, packing, remote, watch, why_miss,
+    admin, compile, daemon_cmds, extras, human, jobs, materialize, offline, packing, remote, watch,
+    why_miss,
 };
 
 /// The ctcache admin tool.
@@ -94,6 +95,8 @@ pub enum Command {
     Embed(jobs::EmbedArgs),
     /// Write an onnxruntime-ready int4, int8 or fp16 copy of a model from cached packs.
     Materialize(materialize::MaterializeArgs),
+    /// Have the daemon make a runtime's own compiled form of a model (onnxruntime's optimized model), once per host.
+    Compile(compile::CompileArgs),
     /// Store the compiled tensors a model carries.
     Import {
         /// The ONNX model file with compiled tensors.
@@ -179,6 +182,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Embed(a) => jobs::embed(&ctx, a),
         Command::Materialize(a) => materialize::materialize(&ctx, a),
+        Command::Compile(a) => ctx.block_on(compile::compile(&ctx, a)),
         Command::Import { model } => ctx.block_on(jobs::import(&ctx, model)),
         Command::Gc(a) => admin::gc(&ctx, a),
         Command::Verify(a) => admin::verify(&ctx, a),

@@ -4,6 +4,7 @@
 
 mod admin;
 mod cli;
+mod compile;
 mod ctx;
 mod daemon_cmds;
 mod extras;

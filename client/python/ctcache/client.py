@@ -498,6 +498,25 @@ class Client:
                 except (grpc.RpcError, ValueError):
                     pass  # daemon gone: the lease expires by itself
 
+    def compile(self, model_path, *, runtime: str = "onnxruntime", level: str = "extended",
+                runtime_version: str = "", runtime_build: str = "", lookup_only: bool = False,
+                lease_ttl_s: float = 30.0, timeout: float | None = None) -> pb.CompileResponse:
+        """A runtime's own compiled form of a model (onnxruntime's optimized model at ``level``), leased.
+
+        The daemon's worker compiles it when no form of the key is stored
+        (``lookup_only=True``: it only looks). ``runtime_version`` /
+        ``runtime_build``: this process's runtime as it reports itself
+        (``onnxruntime.__version__``, ``onnxruntime.get_build_info()``); a
+        form is served only when they are the daemon's. The answer's ``form``
+        is a lease of ``lease_ttl_s`` on the form's entry (release it, or let
+        it run out); without a form, ``miss`` says why (``runtime_unavailable``,
+        ``form_key_differs`` naming the part, ``no_entry``).
+        """
+        req = pb.CompileRequest(model_path=_path(model_path), runtime=runtime, level=level,
+                                runtime_version=runtime_version, runtime_build=runtime_build,
+                                lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1))
+        return self._call("Compile", req, timeout, names_model=True)
+
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""
         req = pb.ImportRequest(model_path=_path(path))

@@ -107,9 +107,10 @@ _log = logging.getLogger("ctcache")
 class SessionReport:
     """What :func:`inference_session` did, as ``session.ctcache_report``.
 
-    ``source``: ``"daemon"`` (the target's model from the cache),
-    ``"as-is"`` (nothing to rewrite: the model itself) or ``"fallback"``
-    (no daemon: the reference tool in this process). ``cached`` and
+    ``source``: ``"daemon"`` (the target's model, or the runtime's form,
+    from the cache), ``"as-is"`` (nothing to rewrite: the model itself),
+    ``"fallback"`` (no daemon: the reference tool in this process) or
+    ``"runtime"`` (no form: onnxruntime made the session itself). ``cached`` and
     ``packed`` count the weights served from the cache and packed for this
     call; ``skipped`` lists ``(node, op type, reason)`` of the nodes left as
     they are; ``why`` says why the source is not the daemon's model;
@@ -469,7 +470,7 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
                       sess_options=None, providers=None, fallback: bool = True, target: str = TARGET_INT4,
                       weight_type: str | None = None, per_channel: bool = False, reduce_range: bool = False,
                       op_types=None, op_block_list=None, link: str | None = None, lease_ttl_s: float = 30.0,
-                      strict: bool = False):
+                      strict: bool = False, optimize: str | None = None):
     """An ``onnxruntime.InferenceSession`` on the quantized form of an fp32/fp16 model.
 
     ``target="onnxruntime-int4"`` (the default): the MatMulNBits form;
@@ -512,11 +513,31 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     :class:`~ctcache.NothingToRewrite` instead. Other daemon errors (bad
     settings, a model the target refuses) are raised.
 
+    ``target=None``: the model as it is. ``optimize="extended"`` (or
+    ``"basic"``, ``"layout"``, ``"all"``) with ``target=None``: the session is
+    made from onnxruntime's optimized model at that level, which the daemon's
+    worker makes once per host with the daemon's onnxruntime library, opened
+    with the optimizer off (``ORT_DISABLE_ALL``): the outputs of onnxruntime's
+    own session at that level, without its optimization at every start. The
+    form is served only when this process's onnxruntime (version and build)
+    is the daemon's; without a form (another onnxruntime, none configured in
+    the daemon, a ``sess_options`` given, a provider other than the CPU's,
+    no daemon) onnxruntime makes the session itself at that level, and the
+    report's ``why`` says why (``source`` ``"runtime"``).
+
     The session's ``ctcache_report`` (a :class:`SessionReport`, also logged
     at INFO on the ``ctcache`` logger) says what came from the cache, what
     was packed, what was left as it is and why, and how long it took.
     """
     start = time.monotonic()
+    if target is None or optimize is not None:
+        if target is not None:
+            raise ValueError("optimize= makes the form of the model as it is: pass target=None")
+        sess, report = _runtime_session(path, optimize, socket, sess_options, providers)
+        report.seconds = time.monotonic() - start
+        sess.ctcache_report = report
+        _log.info("%s", report)
+        return sess
     try:
         sess, report = _session(path, output_path, socket, sess_options, providers, fallback, link, lease_ttl_s,
                                 bits=bits, block_size=block_size, symmetric=symmetric,
@@ -535,6 +556,48 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     sess.ctcache_report = report
     _log.info("%s", report)
     return sess
+
+
+def _runtime_session(path, optimize, socket, sess_options, providers):
+    """A session on the model as it is: from the daemon's form at ``optimize``
+    when it has one for this process, else made by onnxruntime itself."""
+    import onnxruntime
+
+    from . import forms
+
+    name = os.fspath(path)
+    if optimize is None:
+        sess = onnxruntime.InferenceSession(name, sess_options=sess_options, providers=providers)
+        return sess, SessionReport(name, "", "runtime", why="no optimize level asked")
+    why = forms.why_not_served(optimize, sess_options, providers)
+    if not why:
+        from .client import connect
+
+        try:
+            # Not closed here: grpc's close waits ~0.2 s for its threads; the
+            # channel goes with the session (as a zero-write session's does).
+            c = connect(socket)
+            try:
+                got = forms.session_from_form(c, name, optimize, providers)
+            except BaseException:
+                c.close()
+                raise
+            if got.session is not None:
+                got.session._ctcache_client = c
+            else:
+                c.close()
+        except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
+            warnings.warn(f"ctcache: {e} -- onnxruntime optimizes {name} in this process instead",
+                          FallbackWarning, stacklevel=4)
+            got = forms.FormAnswer(why=str(e))
+        if got.session is not None:
+            what = "compiled now" if got.compiled else "stored"
+            return got.session, SessionReport(name, f"form:{optimize}", "daemon", cached=int(not got.compiled),
+                                              packed=int(got.compiled), why=f"onnxruntime form ({what})")
+        why = got.why
+    so = sess_options if sess_options is not None else forms.level_options(optimize)
+    sess = onnxruntime.InferenceSession(name, sess_options=so, providers=providers)
+    return sess, SessionReport(name, f"form:{optimize}", "runtime", why=why)
 
 
 def _report(path, target: str, r: pb.MaterializeResponse) -> SessionReport:

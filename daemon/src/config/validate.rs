@@ -54,6 +54,10 @@ impl Config {
                 .map_err(|e| invalid(&format!("remote.{}", e.key), e.message))?;
         }
         for (i, rule) in self.policy.iter().enumerate() {
+            if rule.format == ONNXRUNTIME_FORM {
+                check_form_rule(i, rule)?;
+                continue;
+            }
             if ctcache_kernels::find(&rule.format).is_none() {
                 return Err(invalid(
                     &format!("policy[{i}].format"),
@@ -127,4 +131,33 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The policy rule of onnxruntime forms: its one parameter, the level.
+const ONNXRUNTIME_FORM: &str = "onnxruntime.optimized_model";
+
+fn check_form_rule(i: usize, rule: &super::PolicyRule) -> Result<(), ConfigError> {
+    use ctcache::forms::ONNXRUNTIME_LEVELS;
+    let invalid = |key: &str, message: String| ConfigError::Invalid {
+        key: key.to_string(),
+        message,
+    };
+    for (k, v) in &rule.params {
+        match k.as_str() {
+            "level" if ONNXRUNTIME_LEVELS.contains(&v.as_str()) => {}
+            "level" => {
+                return Err(invalid(
+                    &format!("policy[{i}].params.level"),
+                    format!("{v:?} is not one of {}", ONNXRUNTIME_LEVELS.join(", ")),
+                ))
+            }
+            other => {
+                return Err(invalid(
+                    &format!("policy[{i}].params"),
+                    format!("{other:?}: a form rule takes level only"),
+                ))
+            }
+        }
+    }
+    Ok(())
 }

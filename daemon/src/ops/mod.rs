@@ -4,6 +4,7 @@
 //! edge (`rpc/`) decodes a request, calls one use case and encodes its
 //! answer. Rules live in the core; use cases apply them for a caller.
 
+pub(crate) mod compile;
 pub(crate) mod embed;
 pub(crate) mod follow;
 pub(crate) mod gc;

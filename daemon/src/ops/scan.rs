@@ -9,9 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ctcache::forms;
 use ctcache::fsutil::FileStamp;
 use ctcache::onnx::Storage;
 
+use super::compile;
 use super::model::{self, OpenedModel};
 use super::pack::{self, BackendRequest};
 use super::{Error, Result};
@@ -363,6 +365,24 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         ),
     );
     runtime.spawn(log_when_done(m.path.clone(), jobs, stored, Instant::now()));
+    // Runtime forms the policy asks for, made before first use.
+    for rule in d
+        .config
+        .policy
+        .iter()
+        .filter(|r| forms::is_form_type(&r.format))
+    {
+        let level = rule
+            .params
+            .get("level")
+            .map_or(forms::DEFAULT_LEVEL, String::as_str);
+        runtime.spawn(compile::for_watched(
+            d.clone(),
+            m.clone(),
+            level.to_string(),
+            queue_owner,
+        ));
+    }
     Ok(())
 }
 

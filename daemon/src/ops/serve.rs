@@ -76,6 +76,10 @@ pub(crate) fn rotted(d: &Arc<Daemon>, caller: &Caller, e: &Entry, p: &Payload, r
 /// thread (opening a model and taking its digests can take a while).
 fn repack(d: &Arc<Daemon>, caller: &Caller, e: &Entry) {
     let key = e.key;
+    if ctcache::forms::is_form_type(&e.type_name) {
+        tracing::warn!("form {key} rotted: compiled again when next asked for");
+        return;
+    }
     if let Some(uid) = e.producer.client_uid {
         tracing::warn!(
             "payload of {key} rotted: not packed again (uid {uid} put it; its model path is not the daemon's to open)"

@@ -4,6 +4,7 @@ use ctcache::device::RuntimeIdentity;
 use ctcache::store::EntryKey;
 use ctcache_api::v1 as api;
 
+use crate::ops::compile::CompileRequest;
 use crate::ops::gc::GcRequest;
 use crate::ops::lookup::{AcceptedType, LookupRequest, Target};
 use crate::ops::materialize::{Leasing, MaterializeRequest};
@@ -123,6 +124,32 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
     }
 }
 
+pub(crate) fn compile(r: api::CompileRequest) -> Result<CompileRequest, Error> {
+    Ok(CompileRequest {
+        leasing: leasing(r.hold, &r.handout, r.lease_ttl_ms)?,
+        model_path: r.model_path,
+        handout: r.handout,
+        runtime: r.runtime,
+        level: r.level,
+        provider: r.provider,
+        runtime_version: r.runtime_version,
+        runtime_build: r.runtime_build,
+        lookup_only: r.lookup_only,
+    })
+}
+
+/// How an answer's payloads are leased: a hold on the handout's
+/// connection, or leases of `ttl_ms`.
+fn leasing(hold: bool, handout: &str, ttl_ms: u64) -> Result<Leasing, Error> {
+    match (hold, handout.is_empty()) {
+        (false, _) => Ok(Leasing::Ttl(ttl_ms)),
+        (true, false) => Ok(Leasing::Hold(handout.to_string())),
+        (true, true) => Err(Error::invalid(
+            "hold lasts while a handout's connection stays open: hand the model over",
+        )),
+    }
+}
+
 pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeRequest, Error> {
     // The daemon writes no file where a caller points: the client writes
     // the model from the in-memory answer for its data folder.
@@ -146,15 +173,7 @@ pub(crate) fn materialize(r: api::MaterializeRequest) -> Result<MaterializeReque
         reduce_range: r.reduce_range,
         op_types: r.op_types,
         op_block_list: r.op_block_list,
-        leasing: match (r.hold, r.handout.is_empty()) {
-            (false, _) => Leasing::Ttl(r.lease_ttl_ms),
-            (true, false) => Leasing::Hold(r.handout.clone()),
-            (true, true) => {
-                return Err(Error::invalid(
-                    "hold lasts while a handout's connection stays open: hand the model over",
-                ))
-            }
-        },
+        leasing: leasing(r.hold, &r.handout, r.lease_ttl_ms)?,
         handout: r.handout,
         data_folder: r.data_folder,
     })

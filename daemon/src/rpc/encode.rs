@@ -12,6 +12,7 @@ use ctcache_kernels::Backend;
 
 use crate::events::Event;
 use crate::jobs::{JobPhase, JobProgress};
+use crate::ops::compile::Compiled;
 use crate::ops::embed::Embedded;
 use crate::ops::import::ImportReport;
 use crate::ops::lookup::LookupOutcome;
@@ -373,4 +374,15 @@ pub(crate) fn formats(d: &Daemon) -> api::ListFormatsResponse {
 
 pub(crate) fn watches(dirs: Vec<std::path::PathBuf>) -> Vec<String> {
     dirs.iter().map(|p| p.display().to_string()).collect()
+}
+
+pub(crate) fn compiled(d: &Daemon, c: Compiled) -> api::CompileResponse {
+    api::CompileResponse {
+        form: c.form.map(|g| lease(d, g)),
+        miss: c.miss.as_ref().map(miss),
+        compiled: c.compiled,
+        model_digest: c.model_digest.to_vec().into(),
+        compile_us: c.compile_time.as_micros().min(u64::MAX as u128) as u64,
+        held: c.held,
+    }
 }

@@ -271,6 +271,13 @@ impl CompiledTensorCache for Service {
         ok(encode::materialized(&self.daemon, m))
     }
 
+    async fn compile(&self, req: Request<api::CompileRequest>) -> Answer<api::CompileResponse> {
+        let caller = self.caller(&req);
+        let r = decode::compile(req.into_inner())?;
+        let c = ops::compile::compile(&self.daemon, &caller, r).await?;
+        ok(encode::compiled(&self.daemon, c))
+    }
+
     async fn import(&self, req: Request<api::ImportRequest>) -> Answer<api::ImportResponse> {
         let caller = self.caller(&req);
         let r = req.into_inner();

@@ -26,3 +26,21 @@ pub(crate) enum RuntimeProblem {
     #[error("reading {}: {problem}", library.display())]
     Read { library: PathBuf, problem: String },
 }
+
+/// Why a worker made no form.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum CompileFailure {
+    /// The runtime refused the model: its own words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("{name} ran past its limit of {limit:?}")]
+    Timeout { name: &'static str, limit: Duration },
+    #[error("{name} made no form ({status}){}{said}", if said.is_empty() { "" } else { ": " })]
+    Failed {
+        name: &'static str,
+        status: String,
+        said: String,
+    },
+    #[error(transparent)]
+    Start(RuntimeProblem),
+}

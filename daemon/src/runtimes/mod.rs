@@ -7,10 +7,14 @@
 mod error;
 mod worker;
 
-pub(crate) use error::RuntimeProblem;
+pub(crate) use error::{CompileFailure, RuntimeProblem};
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::OnceCell;
 
 use ctcache::forms::RuntimeIdentity;
 
@@ -23,7 +27,7 @@ pub(crate) struct Configured {
     /// The library as configured.
     pub library: PathBuf,
     /// Set once the worker has answered.
-    found: OnceLock<Result<Identified, RuntimeProblem>>,
+    found: OnceCell<Result<Identified, RuntimeProblem>>,
 }
 
 /// A library the worker identified.
@@ -51,6 +55,27 @@ impl Configured {
             found: self.found.get().cloned(),
         }
     }
+
+    /// The library as its worker identified it, waiting for the worker
+    /// when it has not answered yet.
+    pub(crate) async fn identified(&self) -> Result<Identified, RuntimeProblem> {
+        self.found
+            .get_or_init(|| identify_and_log(self))
+            .await
+            .clone()
+    }
+
+    /// Has the worker optimize `model` at `level` into `out`, within
+    /// `limit`; dropping the future kills the worker.
+    pub(crate) async fn optimize(
+        &self,
+        level: &str,
+        model: Bytes,
+        out: &std::fs::File,
+        limit: Duration,
+    ) -> Result<(), CompileFailure> {
+        worker::optimize(worker::ONNXRUNTIME, &self.library, level, model, out, limit).await
+    }
 }
 
 /// The configured runtimes.
@@ -66,7 +91,7 @@ impl Runtimes {
                 Arc::new(Configured {
                     name: "onnxruntime",
                     library,
-                    found: OnceLock::new(),
+                    found: OnceCell::new(),
                 })
             }),
         }
@@ -80,28 +105,33 @@ impl Runtimes {
     /// Has each configured library identified by its worker, in the
     /// background; the outcome is logged and kept for status.
     pub(crate) fn identify_in_background(&self) {
-        for c in self.onnxruntime.iter().cloned() {
+        if let Some(c) = self.onnxruntime.clone() {
             tokio::spawn(async move {
-                let found = identify(&c).await;
-                match &found {
-                    Ok(id) => tracing::info!(
-                        runtime = c.name,
-                        version = %id.identity.version,
-                        build = %id.identity.build,
-                        library = %c.library.display(),
-                        "runtime ready"
-                    ),
-                    Err(why) => tracing::warn!(
-                        runtime = c.name,
-                        library = %c.library.display(),
-                        "{why}; runtime forms of {} are off, everything else is served",
-                        c.name
-                    ),
-                }
-                let _ = c.found.set(found);
+                let _ = c.identified().await;
             });
         }
     }
+}
+
+/// [`identify`], logged.
+async fn identify_and_log(c: &Configured) -> Result<Identified, RuntimeProblem> {
+    let found = identify(c).await;
+    match &found {
+        Ok(id) => tracing::info!(
+            runtime = c.name,
+            version = %id.identity.version,
+            build = %id.identity.build,
+            library = %c.library.display(),
+            "runtime ready"
+        ),
+        Err(why) => tracing::warn!(
+            runtime = c.name,
+            library = %c.library.display(),
+            "{why}; runtime forms of {} are off, everything else is served",
+            c.name
+        ),
+    }
+    found
 }
 
 async fn identify(c: &Configured) -> Result<Identified, RuntimeProblem> {

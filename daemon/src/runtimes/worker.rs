@@ -2,13 +2,15 @@
 //! memory bound (RLIMIT_DATA), a time limit, killed when dropped, given no
 //! descriptor but its standard streams.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use bytes::Bytes;
 use ctcache::forms::RuntimeIdentity;
 
-use super::error::RuntimeProblem;
+use super::error::{CompileFailure, RuntimeProblem};
 
 /// The onnxruntime worker's file name.
 pub(super) const ONNXRUNTIME: &str = "ctcache-onnxruntime-worker";
@@ -21,6 +23,10 @@ const MAX_WORKER_OUTPUT: u64 = 64 << 10;
 
 /// The data segment a worker may grow to (the library and its arenas).
 const WORKER_DATA_LIMIT: u64 = 4 << 30;
+
+/// The largest form a worker may write (RLIMIT_FSIZE: past it the
+/// worker gets SIGXFSZ).
+const MAX_FORM_BYTES: u64 = 4 << 30;
 
 /// The worker `name` beside the daemon's own executable.
 fn worker_path(name: &'static str) -> Result<PathBuf, RuntimeProblem> {
@@ -36,20 +42,30 @@ fn worker_path(name: &'static str) -> Result<PathBuf, RuntimeProblem> {
     }
 }
 
+/// The worker `name` running `command` on `library`, confined, its
+/// standard error kept, killed when dropped.
+fn command(
+    name: &'static str,
+    command: &str,
+    library: &Path,
+) -> Result<tokio::process::Command, RuntimeProblem> {
+    let mut cmd = tokio::process::Command::new(worker_path(name)?);
+    cmd.arg(command)
+        .arg("--library")
+        .arg(library)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    confine(&mut cmd);
+    Ok(cmd)
+}
+
 /// Asks the worker `name` which runtime `library` is.
 pub(super) async fn identify(
     name: &'static str,
     library: &Path,
 ) -> Result<RuntimeIdentity, RuntimeProblem> {
-    let mut cmd = tokio::process::Command::new(worker_path(name)?);
-    cmd.arg("identify")
-        .arg("--library")
-        .arg(library)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    confine(&mut cmd);
+    let mut cmd = command(name, "identify", library)?;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let out = tokio::time::timeout(IDENTIFY_TIMEOUT, bounded_output(cmd))
         .await
         .map_err(|_| RuntimeProblem::Timeout {
@@ -86,11 +102,67 @@ pub(super) async fn identify(
     })
 }
 
+/// Has the worker `name` optimize `model` at `level` with `library`,
+/// writing the optimized model to `out` (its descriptor 3, the one file it
+/// gets) within `limit`. The worker is killed when this is dropped (its
+/// caller went away).
+pub(super) async fn optimize(
+    name: &'static str,
+    library: &Path,
+    level: &str,
+    model: Bytes,
+    out: &std::fs::File,
+    limit: Duration,
+) -> Result<(), CompileFailure> {
+    let mut cmd = command(name, "optimize", library).map_err(CompileFailure::Start)?;
+    cmd.arg("--level")
+        .arg(level)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    give_output(&mut cmd, out.as_raw_fd());
+    let out = tokio::time::timeout(limit, bounded_run(cmd, Some(model)))
+        .await
+        .map_err(|_| CompileFailure::Timeout { name, limit })?
+        .map_err(|e| {
+            CompileFailure::Start(RuntimeProblem::Start {
+                name,
+                problem: e.to_string(),
+            })
+        })?;
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    match out.status.code() {
+        Some(0) => Ok(()),
+        Some(3) => Err(CompileFailure::Refused(said)),
+        _ => Err(CompileFailure::Failed {
+            name,
+            status: out.status.to_string(),
+            said,
+        }),
+    }
+}
+
 /// Runs `cmd` to its end, keeping at most [`MAX_WORKER_OUTPUT`] of each of
 /// its streams (a worker that writes more is stopped by its time limit).
-async fn bounded_output(mut cmd: tokio::process::Command) -> std::io::Result<Output> {
-    use tokio::io::AsyncReadExt;
+async fn bounded_output(cmd: tokio::process::Command) -> std::io::Result<Output> {
+    bounded_run(cmd, None).await
+}
+
+/// [`bounded_output`], writing `input` (when given) to the child's
+/// standard input meanwhile.
+async fn bounded_run(
+    mut cmd: tokio::process::Command,
+    input: Option<Bytes>,
+) -> std::io::Result<Output> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut child = cmd.spawn()?;
+    let stdin = child.stdin.take();
+    let write_in = async move {
+        if let (Some(mut w), Some(b)) = (stdin, input) {
+            // A worker that stops reading (it failed) closes the pipe: its
+            // exit status says why, not this write.
+            let _ = w.write_all(&b).await;
+        }
+    };
     let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let read_out = async {
@@ -105,7 +177,7 @@ async fn bounded_output(mut cmd: tokio::process::Command) -> std::io::Result<Out
             None => Ok(0),
         }
     };
-    let (o, e) = tokio::join!(read_out, read_err);
+    let (o, e, ()) = tokio::join!(read_out, read_err, write_in);
     o?;
     e?;
     let status = child.wait().await?;
@@ -114,6 +186,27 @@ async fn bounded_output(mut cmd: tokio::process::Command) -> std::io::Result<Out
         stdout,
         stderr,
     })
+}
+
+/// The worker's descriptor 3 is `fd` (set after [`confine`]'s sweep,
+/// which would mark it close-on-exec too), and no file it writes may grow
+/// past [`MAX_FORM_BYTES`].
+fn give_output(cmd: &mut tokio::process::Command, fd: std::os::fd::RawFd) {
+    // SAFETY: dup2, fcntl and setrlimit are async-signal-safe, and nothing
+    // here allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            let moved = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if moved < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            lower_soft_limit(rustix::process::Resource::Fsize, MAX_FORM_BYTES)
+        });
+    }
 }
 
 /// The worker holds no descriptor of the daemon's (store files, sockets,
@@ -133,15 +226,20 @@ fn confine(cmd: &mut tokio::process::Command) {
                     libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
             }
-            // The soft limit only: a lower hard limit the service manager
-            // set stays, and lowering it needs no privilege.
-            let hard = rustix::process::getrlimit(rustix::process::Resource::Data).maximum;
-            let limit = rustix::process::Rlimit {
-                current: Some(hard.map_or(WORKER_DATA_LIMIT, |h| h.min(WORKER_DATA_LIMIT))),
-                maximum: hard,
-            };
-            rustix::process::setrlimit(rustix::process::Resource::Data, limit)
-                .map_err(std::io::Error::from)
+            lower_soft_limit(rustix::process::Resource::Data, WORKER_DATA_LIMIT)
         });
     }
+}
+
+/// Sets the soft limit of `resource` to `to` (or the hard limit, if
+/// lower). The soft limit only: a lower hard limit the service manager set
+/// stays, and lowering it needs no privilege. Async-signal-safe (between
+/// fork and exec).
+fn lower_soft_limit(resource: rustix::process::Resource, to: u64) -> std::io::Result<()> {
+    let hard = rustix::process::getrlimit(resource).maximum;
+    let limit = rustix::process::Rlimit {
+        current: Some(hard.map_or(to, |h| h.min(to))),
+        maximum: hard,
+    };
+    rustix::process::setrlimit(resource, limit).map_err(std::io::Error::from)
 }

@@ -1,0 +1,82 @@
+"""Sessions from runtime compiled forms (D15): onnxruntime's optimized model,
+made once per host by the daemon's worker, opened with the optimizer off.
+
+The form's key is the model's content, this process's onnxruntime (version
+and build), the provider and the level: a session from it computes what
+onnxruntime's own session at that level computes. Used by
+:func:`ctcache.ort.inference_session` with ``optimize=``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: The levels a form is made at, as onnxruntime's GraphOptimizationLevel names them.
+LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "layout": "ORT_ENABLE_LAYOUT",
+          "all": "ORT_ENABLE_ALL"}
+
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+@dataclass
+class FormAnswer:
+    """A session from a form, or why there is none (``session`` None)."""
+
+    session: object = None
+    compiled: bool = False
+    why: str = ""
+
+
+def level_options(level: str):
+    """SessionOptions at ``level`` (what onnxruntime's own session would run)."""
+    import onnxruntime
+
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, LEVELS[level])
+    return so
+
+
+def why_not_served(level: str, sess_options, providers) -> str:
+    """Why a request cannot be served from a form ("" when it can)."""
+    if level not in LEVELS:
+        raise ValueError(f"optimize must be one of {', '.join(LEVELS)}, not {level!r}")
+    if sess_options is not None:
+        return ("sess_options given: a form's key cannot see everything SessionOptions change "
+                "(free dimension overrides, config entries), so onnxruntime makes this session itself")
+    names = [p[0] if isinstance(p, (tuple, list)) else p for p in (providers or [])]
+    if any(n != CPU_PROVIDER for n in names):
+        return f"forms are made for {CPU_PROVIDER} only (asked: {', '.join(names)})"
+    return ""
+
+
+def session_from_form(client, path, level: str, providers) -> FormAnswer:
+    """A session on the daemon's form of ``path`` at ``level``, made with the optimizer off.
+
+    The form is leased while onnxruntime reads it and released after: the
+    session keeps no file open. Where this process cannot read the store's
+    file, the form's bytes come over the socket (checked as they are sent).
+    """
+    import onnxruntime
+
+    from ._pb import ctcache_v1_pb2 as pb
+
+    r = client.compile(path, level=level, runtime_version=onnxruntime.__version__,
+                       runtime_build=onnxruntime.get_build_info(), lease_ttl_s=120.0)
+    if not r.HasField("form"):
+        return FormAnswer(why=f"{r.miss.reason}: {r.miss.detail}")
+    entry = r.form.entry
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        if os.access(entry.payload_path, os.R_OK):
+            source = entry.payload_path
+        else:
+            source = bytes(client._read_whole_payload(entry.key, entry.payload_len))
+        sess = onnxruntime.InferenceSession(source, sess_options=so, providers=providers)
+    finally:
+        try:
+            client._stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=r.form.lease_id), timeout=5)
+        except Exception:  # noqa: BLE001 -- the daemon gone: the lease runs out by itself
+            pass
+    return FormAnswer(session=sess, compiled=r.compiled)

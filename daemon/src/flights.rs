@@ -1,0 +1,89 @@
+//! Single flight: one run of some work per key, shared by every request
+//! that waits for it, and dropped (cancelled) when the last of them goes.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
+
+/// A shared run: awaited by each request that joined it.
+pub(crate) type Flight<T> = Shared<BoxFuture<'static, T>>;
+
+/// The runs under way, by key. Only weak handles are kept: a run nobody
+/// awaits any more is dropped with its last waiter.
+pub(crate) struct Flights<K, T: Clone> {
+    running: Mutex<HashMap<K, WeakShared<BoxFuture<'static, T>>>>,
+}
+
+impl<K, T: Clone> Default for Flights<K, T> {
+    fn default() -> Self {
+        Flights {
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + Hash, T: Clone> Flights<K, T> {
+    /// The run of `key` under way, or the one `start` makes.
+    pub(crate) fn join(&self, key: K, start: impl FnOnce() -> BoxFuture<'static, T>) -> Flight<T> {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|_, w| w.upgrade().is_some());
+        if let Some(f) = running.get(&key).and_then(WeakShared::upgrade) {
+            return f;
+        }
+        let f = start().shared();
+        if let Some(w) = f.downgrade() {
+            running.insert(key, w);
+        }
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn one_run_per_key_while_someone_waits() {
+        let flights: Flights<u8, usize> = Flights::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let start = |runs: Arc<AtomicUsize>, rx: tokio::sync::oneshot::Receiver<()>| {
+            move || {
+                async move {
+                    let _ = rx.await;
+                    runs.fetch_add(1, Ordering::SeqCst)
+                }
+                .boxed()
+            }
+        };
+        let a = flights.join(1, start(runs.clone(), rx));
+        let (_unused, rx2) = tokio::sync::oneshot::channel::<()>();
+        let b = flights.join(1, start(runs.clone(), rx2));
+        tx.send(()).unwrap();
+        assert_eq!((a.await, b.await), (0, 0));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_run_nobody_waits_for_is_dropped() {
+        let flights: Flights<u8, ()> = Flights::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let f = flights.join(1, move || {
+            async move {
+                // Holds `tx`'s peer: dropped with the run.
+                let _ = rx.await;
+            }
+            .boxed()
+        });
+        drop(f);
+        assert!(
+            tx.is_closed(),
+            "the run's future was dropped with its last waiter"
+        );
+    }
+}

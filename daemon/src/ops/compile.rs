@@ -1,0 +1,470 @@
+//! The Compile use case (D15): a model handed over by its caller -> the
+//! runtime's own compiled form of it, made by that runtime's worker once
+//! per key and kept as a store entry (leases, gc, verify and the checks on
+//! every serve come with it). Concurrent requests of one key share one
+//! compile, which stops when none of them waits any more. A miss names why:
+//! no usable runtime, the caller's runtime another than the daemon's, or
+//! (looking only) the part in which the stored forms' keys differ.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ctcache::forms::{self, FormKey, KeyPart, RuntimeIdentity};
+use ctcache::hit::MissReason;
+use ctcache::store::{Entry, EntryKey, Filter, NewEntry, Producer};
+use futures_util::future::FutureExt;
+
+use super::materialize::Leasing;
+use super::payload_access::{self, Granted};
+use super::{blocking, model, serve, Error, Miss, Result};
+use crate::caller::Caller;
+use crate::error::ErrorKind;
+use crate::runtimes::{CompileFailure, Configured};
+use crate::state::Daemon;
+
+/// How long one compile may run.
+const COMPILE_LIMIT: Duration = Duration::from_secs(600);
+
+/// The onnxruntime provider forms are made for.
+const CPU_PROVIDER: &str = "CPUExecutionProvider";
+
+/// A Compile request.
+#[derive(Debug, Clone)]
+pub(crate) struct CompileRequest {
+    pub model_path: String,
+    pub handout: String,
+    pub runtime: String,
+    pub level: String,
+    pub provider: String,
+    /// The caller's runtime version and build (empty: the daemon's).
+    pub runtime_version: String,
+    pub runtime_build: String,
+    pub leasing: Leasing,
+    pub lookup_only: bool,
+}
+
+/// What Compile answers.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    pub model_digest: [u8; 32],
+    /// The form, leased to the caller; `None` on a miss.
+    pub form: Option<Granted>,
+    pub miss: Option<Miss>,
+    /// Made for this request (or for one it joined).
+    pub compiled: bool,
+    pub compile_time: Duration,
+    pub held: bool,
+}
+
+/// A made form and how long its compile took, as every request that
+/// shared the compile gets it.
+pub(crate) type Made = (Entry, Duration);
+
+/// The Compile use case.
+pub(crate) async fn compile(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    r: CompileRequest,
+) -> Result<Compiled> {
+    check(&r)?;
+    let (d2, c2, named) = (
+        d.clone(),
+        caller.clone(),
+        (r.model_path.clone(), r.handout.clone()),
+    );
+    let (m, model_digest) = blocking(move || {
+        let m = model::open(&d2, &named.0, &named.1, &c2)?;
+        refuse_external_data(&m)?;
+        let digest = model_digest(&d2, c2.bounded_uid(), &m)?;
+        Ok((m, digest))
+    })
+    .await?;
+    let answer = |miss: Miss| Compiled {
+        model_digest,
+        form: None,
+        miss: Some(miss),
+        compiled: false,
+        compile_time: Duration::ZERO,
+        held: false,
+    };
+    let (rt, key) = match runtime_key(d, model_digest, &r.level).await {
+        Ok(found) => found,
+        Err(miss) => return Ok(answer(miss)),
+    };
+    let mut asked = key.clone();
+    asked.runtime = RuntimeIdentity {
+        name: r.runtime.clone(),
+        version: or(&r.runtime_version, &key.runtime.version),
+        build: or(&r.runtime_build, &key.runtime.build),
+    };
+    if let Some(part) = key.difference(&asked) {
+        return Ok(answer(Miss::from(MissReason::FormKeyDiffers(part))));
+    }
+    let entry_key = entry_key_of(&key)?;
+    let job = Job {
+        d: d.clone(),
+        rt,
+        key,
+        level: r.level.clone(),
+        model: m,
+        requested_by: caller.bounded_uid(),
+    };
+    let (form, made) = match d.store.stat(&entry_key)? {
+        Some(e) => match grant(d, caller, &e, &r.leasing) {
+            Ok(g) => (g, None),
+            // A stored form found rotted was dropped: made again (a
+            // lookup says so).
+            Err(err) if err.kind == ErrorKind::DataLoss && !r.lookup_only => {
+                tracing::warn!(key = %entry_key, "a stored form rotted: compiling it again");
+                made_and_granted(d, caller, job, entry_key, &r.leasing).await?
+            }
+            Err(err) => return Err(err),
+        },
+        None if r.lookup_only => {
+            let (d, path) = (d.clone(), job.model.path.display().to_string());
+            let miss = blocking(move || explain(&d, &job.key, &path)).await?;
+            return Ok(answer(miss));
+        }
+        None => made_and_granted(d, caller, job, entry_key, &r.leasing).await?,
+    };
+    let held = matches!(r.leasing, Leasing::Hold(_));
+    Ok(Compiled {
+        model_digest,
+        form: Some(form),
+        miss: None,
+        compiled: made.is_some(),
+        compile_time: made.map_or(Duration::ZERO, |(_, took)| took),
+        held,
+    })
+}
+
+/// The daemon's onnxruntime and the key of the form of `model` at `level`
+/// it makes; a miss when it has no usable onnxruntime.
+async fn runtime_key(
+    d: &Daemon,
+    model: [u8; 32],
+    level: &str,
+) -> std::result::Result<(Arc<Configured>, FormKey), Miss> {
+    let unavailable = |why: String| Miss::from(MissReason::RuntimeUnavailable(why));
+    let Some(rt) = d.runtimes.onnxruntime.clone() else {
+        return Err(unavailable(
+            "onnxruntime is not configured in the daemon (ort_library)".into(),
+        ));
+    };
+    let identified = rt
+        .identified()
+        .await
+        .map_err(|why| unavailable(format!("onnxruntime cannot be used: {why}")))?;
+    let key = FormKey {
+        model,
+        runtime: identified.identity,
+        provider: CPU_PROVIDER.into(),
+        options: BTreeMap::from([("level".to_string(), level.to_string())]),
+        device: Some(ctcache::device::host_cpu().architecture),
+    };
+    Ok((rt, key))
+}
+
+/// Makes the form at `level` of a watched model (a policy rule asks for
+/// it) unless it is stored; logs what it did.
+pub(crate) async fn for_watched(
+    d: Arc<Daemon>,
+    m: model::OpenedModel,
+    level: String,
+    queue_owner: Option<u32>,
+) {
+    let path = m.path.clone();
+    match watched(&d, m, &level, queue_owner).await {
+        Ok(Some(took)) => tracing::info!(
+            "watcher: {}: onnxruntime form at {level} compiled in {:.2} s",
+            path.display(),
+            took.as_secs_f64()
+        ),
+        Ok(None) => tracing::debug!(
+            "watcher: {}: onnxruntime form at {level} stored already",
+            path.display()
+        ),
+        Err(why) => tracing::warn!(
+            "watcher: {}: no onnxruntime form at {level}: {why}",
+            path.display()
+        ),
+    }
+}
+
+/// [`for_watched`]'s work: how long the compile took, `None` when the form
+/// was stored.
+async fn watched(
+    d: &Arc<Daemon>,
+    m: model::OpenedModel,
+    level: &str,
+    queue_owner: Option<u32>,
+) -> Result<Option<Duration>> {
+    let (d2, m2) = (d.clone(), m.clone());
+    let digest = blocking(move || {
+        refuse_external_data(&m2)?;
+        model_digest(&d2, queue_owner, &m2)
+    })
+    .await?;
+    let (rt, key) = runtime_key(d, digest, level)
+        .await
+        .map_err(|miss| Error::precondition(miss.detail))?;
+    let entry_key = entry_key_of(&key)?;
+    if d.store.stat(&entry_key)?.is_some() {
+        return Ok(None);
+    }
+    let job = Job {
+        d: d.clone(),
+        rt,
+        key,
+        level: level.to_string(),
+        model: m,
+        requested_by: queue_owner,
+    };
+    let (_, took) = d
+        .compiles
+        .join(entry_key, move || job.run().boxed())
+        .await?;
+    Ok(Some(took))
+}
+
+fn entry_key_of(key: &FormKey) -> Result<EntryKey> {
+    key.entry_key()
+        .ok_or_else(|| Error::internal("onnxruntime has no form type"))?
+        .map_err(|e| Error::internal(e.to_string()))
+}
+
+/// Runs (or joins) the compile of `job` and leases its form to the caller.
+async fn made_and_granted(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    job: Job,
+    entry_key: EntryKey,
+    leasing: &Leasing,
+) -> Result<(Granted, Option<Made>)> {
+    let flight = d.compiles.join(entry_key, move || job.run().boxed());
+    let made = flight.await?;
+    Ok((grant(d, caller, &made.0, leasing)?, Some(made)))
+}
+
+fn or(asked: &str, daemon: &str) -> String {
+    if asked.is_empty() { daemon } else { asked }.to_string()
+}
+
+/// The model's digest (D15), its initializers' digests taken through the
+/// memo (and charged to `payer` as a Prepack's are). Digests the memo
+/// cannot key by name (two initializers of one name) are taken anew.
+fn model_digest(d: &Daemon, payer: Option<u32>, m: &model::OpenedModel) -> Result<[u8; 32]> {
+    let invalid = |e: ctcache::Error| Error::invalid(e.to_string());
+    let (tensors, known) = model::digests(d, payer, &m.path, &m.model)?;
+    let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    let by_name: Option<Vec<_>> = tensors
+        .iter()
+        .map(|t| known.get(&t.name).copied())
+        .collect();
+    match by_name {
+        Some(digests) if names.len() == tensors.len() => {
+            forms::model_digest_of(&m.model, &tensors, digests.into_iter().map(Ok)).map_err(invalid)
+        }
+        _ => forms::model_digest(&m.model).map_err(invalid),
+    }
+}
+
+/// The runtime, level and provider a request names.
+fn check(r: &CompileRequest) -> Result<()> {
+    if r.runtime != "onnxruntime" {
+        return Err(Error::invalid(format!(
+            "runtime {:?}: the daemon compiles for onnxruntime only",
+            r.runtime
+        )));
+    }
+    if !forms::ONNXRUNTIME_LEVELS.contains(&r.level.as_str()) {
+        return Err(Error::invalid(format!(
+            "level {:?} is not one of {}",
+            r.level,
+            forms::ONNXRUNTIME_LEVELS.join(", ")
+        )));
+    }
+    if !r.provider.is_empty() && r.provider != CPU_PROVIDER {
+        return Err(Error::invalid(format!(
+            "provider {:?}: forms are made for {CPU_PROVIDER} only",
+            r.provider
+        )));
+    }
+    Ok(())
+}
+
+/// The worker gets the model's bytes alone (D14: no path), so initializers
+/// held as external data, which onnxruntime would look for by path, are
+/// refused.
+fn refuse_external_data(m: &model::OpenedModel) -> Result<()> {
+    let external = m
+        .model
+        .initializers()
+        .map_err(|e| Error::invalid(e.to_string()))?
+        .into_iter()
+        .find(|t| matches!(t.storage, ctcache::onnx::Storage::External(_)));
+    match external {
+        Some(t) => Err(Error::invalid(format!(
+            "{}: initializer {:?} is external data; forms are made of models that hold \
+             their weights (onnx.load and onnx.save without external data)",
+            m.path.display(),
+            t.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Why no form of `key` is stored: a form of the same content under
+/// another key (the first part that differs), a form of the same path
+/// with other content, or none at all.
+fn explain(d: &Daemon, key: &FormKey, path: &str) -> Result<Miss> {
+    let same_content = Filter {
+        source: Some(key.source()),
+        ..Default::default()
+    };
+    for e in d.store.list(&same_content)? {
+        if let Some(part) = FormKey::of_entry(&e).and_then(|k| k.difference(key)) {
+            return Ok(Miss::from(MissReason::FormKeyDiffers(part)));
+        }
+    }
+    let forms = Filter {
+        format: forms::form_type_name(&key.runtime.name).map(str::to_string),
+        ..Default::default()
+    };
+    if d.store
+        .list(&forms)?
+        .iter()
+        .any(|e| e.model_paths.iter().any(|p| p == path))
+    {
+        return Ok(Miss::from(MissReason::FormKeyDiffers(KeyPart::Model)));
+    }
+    Ok(Miss::new(
+        MissReason::NoEntry,
+        "no form of this model's content is stored: compile it",
+    ))
+}
+
+/// The form leased to the caller as it asked; its payload is served
+/// (checked) first.
+fn grant(d: &Arc<Daemon>, caller: &Caller, e: &Entry, leasing: &Leasing) -> Result<Granted> {
+    match leasing {
+        Leasing::Ttl(ms) => payload_access::acquire(d, caller, &e.key, *ms),
+        Leasing::Hold(handout) => {
+            serve::open(d, caller, e)?;
+            let id = payload_access::hold(d, caller, &[e.key], handout)?;
+            Ok(Granted {
+                id,
+                expires_unix_ms: 0,
+                entry: Some(e.clone()),
+            })
+        }
+    }
+}
+
+/// One compile: the worker writes the form to an unnamed file in the
+/// store's tmp/, which is then hashed and published under the key.
+struct Job {
+    d: Arc<Daemon>,
+    rt: Arc<Configured>,
+    key: FormKey,
+    level: String,
+    model: model::OpenedModel,
+    requested_by: Option<u32>,
+}
+
+impl Job {
+    async fn run(self) -> Result<Made> {
+        let _slot = self
+            .d
+            .compile_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::cancelled("the daemon is stopping"))?;
+        let d = self.d.clone();
+        let out = blocking(move || {
+            d.store
+                .unnamed_temp_file()
+                .map_err(|e| Error::from_io(e, "a file for the form"))
+        })
+        .await?;
+        let started = Instant::now();
+        let bytes = self.model.model.bytes().clone();
+        let len = bytes.len() as u64;
+        if let Err(f) = self
+            .rt
+            .optimize(&self.level, bytes, &out, COMPILE_LIMIT)
+            .await
+        {
+            return Err(self.failure(f, len));
+        }
+        let took = started.elapsed();
+        let identified = self
+            .rt
+            .identified()
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let mut new = NewEntry {
+            source: self.key.source(),
+            source_shape: FormKey::source_shape(),
+            device: self.key.device_proto(),
+            physical_type: self
+                .key
+                .physical_type()
+                .ok_or_else(|| Error::internal("no form type"))?,
+            dims: Vec::new(),
+            producer: Producer {
+                packer_id: format!("{}-worker", self.rt.name),
+                packer_version: format!("library blake3 {}", identified.library_blake3),
+                client_uid: None,
+                requested_by: self.requested_by,
+            },
+            source_names: Vec::new(),
+            model_paths: vec![self.model.path.display().to_string()],
+            pack_duration: took,
+        };
+        let d = self.d.clone();
+        let path = self.model.path.clone();
+        blocking(move || {
+            new.dims = vec![out
+                .metadata()
+                .map_err(|e| Error::from_io(e, "the form"))?
+                .len()];
+            let stored = d.store.put_file(&new, out)?;
+            tracing::info!(
+                model = %path.display(),
+                key = %stored.entry.key,
+                bytes = new.dims[0],
+                seconds = took.as_secs_f64(),
+                "compiled"
+            );
+            Ok((stored.entry, took))
+        })
+        .await
+    }
+
+    /// A worker's failure as the caller's error: the runtime's refusal is
+    /// the caller's model (INVALID_ARGUMENT), a full store folder is
+    /// RESOURCE_EXHAUSTED.
+    fn failure(&self, f: CompileFailure, model_len: u64) -> Error {
+        let path = self.model.path.display();
+        // A full disk first: onnxruntime reports a failed save as its own
+        // failure ("Protobuf serialization failed").
+        if self.store_full(model_len) {
+            return Error::exhausted(format!(
+                "compiling {path}: the store's folder has no room for the form ({f})"
+            ));
+        }
+        match f {
+            CompileFailure::Refused(words) => Error::invalid(format!("{path}: {words}")),
+            CompileFailure::Timeout { .. } => Error::exhausted(format!("compiling {path}: {f}")),
+            f => Error::internal(format!("compiling {path}: {f}")),
+        }
+    }
+
+    /// The store's filesystem has less room than the model takes.
+    fn store_full(&self, model_len: u64) -> bool {
+        rustix::fs::statvfs(self.d.store.dir())
+            .is_ok_and(|s| s.f_bavail.saturating_mul(s.f_frsize) < model_len.max(1 << 20))
+    }
+}

@@ -1,0 +1,340 @@
+"""Runtime compiled forms (D15): onnxruntime's optimized model, made once
+per key by the daemon's worker and served to every session after.
+
+Against onnxruntime's own Python module on the real-model corpus: a session
+from a form (optimizer off) gives the outputs of the session onnxruntime
+makes from the source at that level, bit for bit. Each part of the key ends
+in a miss that names it; the failures of the runtimes' own caches are
+tests here: one graph with other weights, another runtime build, a worker
+killed mid-compile, many processes at once, a full disk, gc, a rotted form.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import real_models
+from e2e.harness import Daemon
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+from waiting import wait_until
+from worker_daemons import LEVELS, daemon_beside
+from worker_daemons import ort_library as _library
+
+
+
+@pytest.fixture
+def cort(ctcache):  # noqa: F811
+    """ctcache.ort of the pip-installed client."""
+    import importlib
+    return importlib.import_module("ctcache.ort")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("forms"), args=["--ort-library", _library()]).start()
+    yield d
+    d.stop()
+
+
+def _client(d: Daemon):
+    import ctcache as client
+    return client.connect(str(d.socket))
+
+
+def _own_session(path: Path, level: str):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = LEVELS[level]
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _forms(d: Daemon) -> list[dict]:
+    return [e for e in d.json("ls")["entries"] if e["physical_type"] == "onnxruntime.optimized_model"]
+
+
+def _small_model(path: Path, weight: float = 0.5, constant: float = 1.0) -> Path:
+    """X[1,4] @ W + C, C a Constant node: what the key's parts are tried on."""
+    w = numpy_helper.from_array(np.full((4, 4), weight, np.float32), "W")
+    c = helper.make_node("Constant", [], ["C"], value=numpy_helper.from_array(np.full((4,), constant, np.float32)))
+    mm = helper.make_node("MatMul", ["X", "W"], ["XW"])
+    add = helper.make_node("Add", ["XW", "C"], ["Y"])
+    g = helper.make_graph([c, mm, add], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+@pytest.mark.parametrize("name", ["minilm-l3", "ddddocr-det", "silero-vad", "magika"])
+def test_a_session_from_a_form_is_onnxruntimes_own_session(daemon, name, level, cort):
+    m = real_models.by_name(name)
+    real_models.fetch(m)
+    first = cort.inference_session(m.path, target=None, optimize=level, socket=str(daemon.socket))
+    assert first.ctcache_report.source == "daemon", first.ctcache_report
+    assert first.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    again = cort.inference_session(m.path, target=None, optimize=level, socket=str(daemon.socket))
+    assert (again.ctcache_report.source, again.ctcache_report.packed) == ("daemon", 0), again.ctcache_report
+    own = _own_session(m.path, level)
+    feeds = real_models.feeds(m)
+    for x, y in zip(again.run(None, feeds), own.run(None, feeds)):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache):  # noqa: F811
+    model = _small_model(tmp_path / "m.onnx")
+    with _client(daemon) as c:
+        mine = dict(runtime_version=ort.__version__, runtime_build=ort.get_build_info())
+        made = c.compile(model, level="extended", **mine)
+        assert made.compiled and made.HasField("form"), made
+        key = made.form.entry.key
+        # Moved and renamed: the same content, the same form.
+        moved = tmp_path / "elsewhere" / "renamed.onnx"
+        moved.parent.mkdir()
+        shutil.copy(model, moved)
+        same = c.compile(moved, level="extended", **mine)
+        assert (same.compiled, same.form.entry.key) == (False, key)
+        # One graph, other weights: another form (TensorRT's engine cache
+        # serves one engine to both).
+        other = c.compile(_small_model(tmp_path / "w.onnx", weight=0.25), level="extended", **mine)
+        assert other.compiled and other.form.entry.key != key
+        # Another runtime build or version: a miss naming both sides.
+        build = c.compile(model, level="extended", runtime_version=ort.__version__, runtime_build="another build")
+        assert not build.HasField("form") and build.miss.reason == "form_key_differs"
+        assert "another build of the runtime" in build.miss.detail and "another build" in build.miss.detail
+        assert ort.get_build_info() in build.miss.detail
+        version = c.compile(model, level="extended", runtime_version="1.0.0", runtime_build=ort.get_build_info())
+        assert "another runtime version" in version.miss.detail and "1.0.0" in version.miss.detail
+        # Another level: looked up, the option named.
+        level = c.compile(model, level="all", lookup_only=True, **mine)
+        assert level.miss.reason == "form_key_differs", level
+        assert "option level set otherwise (the form's: extended; asked: all)" in level.miss.detail
+        # A changed Constant node at the same path: another model content.
+        _small_model(model, constant=2.0)
+        changed = c.compile(model, level="extended", lookup_only=True, **mine)
+        assert (changed.miss.reason, "another model content" in changed.miss.detail) == ("form_key_differs", True)
+        remade = c.compile(model, level="extended", **mine)
+        assert remade.compiled and remade.form.entry.key not in (key, other.form.entry.key)
+
+
+def test_no_runtime_configured_is_a_miss_that_says_so(tmp_path, cort):
+    d = Daemon(tmp_path / "d").start()
+    try:
+        model = _small_model(tmp_path / "m.onnx")
+        r = d.ctl("compile", str(model))
+        assert r.returncode == 1 and "onnxruntime is not configured in the daemon" in r.stdout + r.stderr, r.describe()
+        sess = cort.inference_session(model, target=None, optimize="extended", socket=str(d.socket))
+        report = sess.ctcache_report
+        assert report.source == "runtime" and "onnxruntime is not configured in the daemon" in report.why, report
+        assert sess.get_session_options().graph_optimization_level == LEVELS["extended"]
+    finally:
+        d.stop()
+
+
+def test_another_onnxruntime_in_the_client_runs_its_own_session(daemon, tmp_path, monkeypatch, cort):
+    model = _small_model(tmp_path / "m.onnx", weight=0.75)
+    monkeypatch.setattr(ort, "__version__", "1.0.0")
+    sess = cort.inference_session(model, target=None, optimize="extended", socket=str(daemon.socket))
+    report = sess.ctcache_report
+    assert report.source == "runtime" and "another runtime version" in report.why, report
+    # sess_options carry what the key cannot see: not served from a form.
+    monkeypatch.undo()
+    sess = cort.inference_session(model, target=None, optimize="extended", socket=str(daemon.socket),
+                                         sess_options=ort.SessionOptions())
+    assert sess.ctcache_report.source == "runtime" and "sess_options" in sess.ctcache_report.why
+
+
+def test_a_model_onnxruntime_refuses_is_its_words_once_and_no_entry(daemon, tmp_path):
+    g = helper.make_graph([helper.make_node("NoSuchOp", ["X"], ["Y"])], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])])
+    bad = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(bad))
+    before = len(_forms(daemon))
+    r = daemon.ctl("compile", str(bad))
+    assert r.returncode == 1, r.describe()
+    assert r.stderr.count("refuses") == 1 and "NoSuchOp" in r.stderr, r.describe()
+    assert len(_forms(daemon)) == before
+
+
+def test_many_processes_at_once_make_one_compile(tmp_path):
+    d = Daemon(tmp_path / "d", args=["--ort-library", _library()]).start()
+    try:
+        m = real_models.by_name("minilm-l3")
+        real_models.fetch(m)
+        procs = [subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(d.socket), "--json", "compile",
+                                   "--level", "all", str(m.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(4)]
+        answers = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            answers.append(json.loads(out))
+        assert len({a["form"]["key"] for a in answers}) == 1
+        assert d.log_text().count("ctcached::ops::compile: compiled") == 1, d.log_text()
+        # gc evicts forms as any entry.
+        assert len(_forms(d)) == 1
+        assert d.ctl("gc", "--all", "--yes").returncode == 0
+        assert _forms(d) == []
+        gone = d.json("compile", "--lookup", "--level", "all", str(m.path))
+        assert gone["miss"]["reason"] == "no_entry", gone
+    finally:
+        d.stop()
+
+
+def test_a_rotted_form_is_never_served(daemon, tmp_path, cort):
+    model = _small_model(tmp_path / "m.onnx", weight=0.125)
+    with _client(daemon) as c:
+        made = c.compile(model, level="extended")
+        blob = Path(made.form.entry.payload_path)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    sess = cort.inference_session(model, target=None, optimize="extended", socket=str(daemon.socket))
+    assert sess.ctcache_report.source == "daemon" and sess.ctcache_report.packed == 1, sess.ctcache_report
+    x = np.ones((1, 4), np.float32)
+    assert sess.run(None, {"X": x})[0].tobytes() == _own_session(model, "extended").run(None, {"X": x})[0].tobytes()
+    assert "rotted" in daemon.log_text()
+
+
+STAND_IN = """#!{python}
+import json, os, sys, time
+if sys.argv[1] == "identify":
+    print(json.dumps({"runtime": "onnxruntime", "version": "1.99.0", "build": "a stand-in"}))
+    sys.exit(0)
+with open({pid} + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename({pid} + ".tmp", {pid})
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def slow_worker(tmp_path, monkeypatch):
+    """ctcached beside a stand-in worker that records its pid and never ends a compile."""
+    pid = tmp_path / "worker.pid"
+    d = daemon_beside(tmp_path, monkeypatch, STAND_IN.replace("{pid}", repr(str(pid))))
+    yield d, pid
+    d.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for this purpose.
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_worker_killed_mid_compile_publishes_nothing(slow_worker, tmp_path):
+    d, pid_file = slow_worker
+    model = _small_model(tmp_path / "m.onnx")
+    p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile", str(model)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(pid_file.exists, 60, "the stand-in worker started")
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "made no form" in err and "signal: 9" in err, (out, err)
+    assert d.ctl("status").returncode == 0
+    assert _forms(d) == []
+    assert list((d.cache / "tmp").iterdir()) == []
+
+
+def test_a_compile_stops_when_its_caller_goes(slow_worker, tmp_path):
+    d, pid_file = slow_worker
+    model = _small_model(tmp_path / "m.onnx")
+    p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile", str(model)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(pid_file.exists, 60, "the stand-in worker started")
+    worker = int(pid_file.read_text())
+    p.kill()
+    p.wait()
+    wait_until(lambda: not _alive(worker), 30, "the worker killed once nobody waits for its compile")
+    assert d.ctl("status").returncode == 0 and _forms(d) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_full_disk_is_resource_exhausted_and_the_store_intact(tmp_path):
+    root = tmp_path / "d"
+    cache = root / "cache"
+    cache.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(cache)], check=True)
+    try:
+        d = Daemon(root, args=["--ort-library", _library()]).start()
+        try:
+            small = d.json("compile", str(_small_model(tmp_path / "s.onnx")))
+            assert small["form"] is not None
+            m = real_models.by_name("ddddocr-det")  # a 20 MB form
+            real_models.fetch(m)
+            ballast = cache / "ballast"
+            with open(ballast, "wb") as f:
+                f.write(b"\1" * (12 << 20))
+            r = d.ctl("compile", str(m.path))
+            assert r.returncode == 4, r.describe()
+            assert [e["key"] for e in _forms(d)] == [small["form"]["key"]]
+            verified = d.json("verify")
+            assert verified["clean"] and verified["corrupt"] == [] and verified["missing"] == [], verified
+            ballast.unlink()
+            assert d.json("compile", str(m.path))["form"] is not None
+        finally:
+            d.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+def test_forms_answer_in_parallel_threads(daemon, tmp_path, cort):
+    """The Python client from several threads of one process: one form."""
+    model = _small_model(tmp_path / "t.onnx", weight=0.0625)
+    keys, errors = [], []
+
+    def one():
+        try:
+            with warnings.catch_warnings():
+                s = cort.inference_session(model, target=None, optimize="all", socket=str(daemon.socket))
+            keys.append(s.ctcache_report.source)
+        except Exception as e:  # noqa: BLE001 -- collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and keys == ["daemon"] * 4
+
+
+def test_a_policy_rule_compiles_watched_models_before_first_use(tmp_path, ctcache):  # noqa: F811
+    root, watched = tmp_path / "d", tmp_path / "models"
+    root.mkdir()
+    (root / "ctcached.toml").write_text('[[policy]]\nformat = "onnxruntime.optimized_model"\n'
+                                        'params = { level = "all" }\n')
+    d = Daemon(root, watch=watched, args=["--ort-library", _library()]).start()
+    try:
+        model = _small_model(watched / "m.onnx", weight=0.03125)
+        wait_until(lambda: "onnxruntime form at all compiled" in d.log_text(), 60,
+                   "the watcher compiling the model's form", detail=d.log_text)
+        with _client(d) as c:
+            r = c.compile(model, level="all", lookup_only=True)
+        assert r.HasField("form") and not r.compiled, r
+    finally:
+        d.stop()
+
+
+def test_a_form_rule_with_another_parameter_is_refused(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[[policy]]\nformat = "onnxruntime.optimized_model"\nparams = { level = "fast" }\n')
+    r = subprocess.run([os.environ["CTCACHE_BIN_DIR"] + "/ctcached", "--config", str(config), "--print-config"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "policy[0].params.level" in r.stderr and "fast" in r.stderr, r.stderr
