@@ -251,6 +251,23 @@ impl Opener for OwnRights {
     }
 }
 
+/// Opens nothing: for a model whose external data is nobody's to open
+/// (a runtime's output, which names no file of a caller's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFiles;
+
+impl Opener for NoFiles {
+    fn open(&self, path: &Path) -> io::Result<File> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: this model's external data is not opened",
+                path.display()
+            ),
+        ))
+    }
+}
+
 impl Opener for Identity {
     fn open(&self, path: &Path) -> io::Result<File> {
         self.open_read(path)

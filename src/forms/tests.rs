@@ -284,3 +284,56 @@ fn a_form_entry_keeps_its_whole_key() {
     unknown.runtime.name = "tensorrt".into();
     assert!(unknown.entry_key().is_none());
 }
+
+/// A moved initializer names its entry in the form's model, and the file
+/// of that entry when served; every other initializer stays as it was.
+#[test]
+fn a_moved_initializer_names_its_entry_then_its_file() {
+    let mut m = model_proto();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.push(pb::TensorProto {
+        name: "small".into(),
+        data_type: 1,
+        dims: vec![1],
+        raw_data: vec![0u8; 4].into(),
+        ..Default::default()
+    });
+    let model = Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap();
+    let inits = model.initializers().unwrap();
+    let moved = std::collections::HashMap::from([(0usize, "K0".to_string())]);
+    let skeleton = split(&model, &inits, &moved).unwrap();
+    let s = pb::ModelProto::decode(&skeleton[..]).unwrap();
+    let w = &s.graph.as_ref().unwrap().initializer[0];
+    assert!(w.raw_data.is_empty() && w.data_location == 1);
+    assert_eq!(w.external_data[0].value, "ctcache-entry:K0");
+    assert_eq!(w.external_data[2].value, "8");
+    assert_eq!(s.graph.as_ref().unwrap().initializer[1], g_init(&m, 1));
+    let (answer, list) =
+        served::<crate::Error>(Bytes::from(skeleton), |k| Ok(format!("file-of-{k}"))).unwrap();
+    let s = pb::ModelProto::decode(&answer[..]).unwrap();
+    let w = &s.graph.as_ref().unwrap().initializer[0];
+    assert_eq!(w.external_data[0].value, "file-of-K0");
+    assert_eq!(
+        list,
+        vec![MovedTensor {
+            name: "W".into(),
+            key: "K0".into(),
+            length: 8,
+            data_type: 1,
+            dims: vec![2],
+        }]
+    );
+    // Everything else as it was: the graph's nodes, the model's fields.
+    let mut back = s.clone();
+    back.graph.as_mut().unwrap().initializer[0] = g_init(&m, 0);
+    assert_eq!(back, m);
+    let missing =
+        served::<crate::Error>(Bytes::from(split(&model, &inits, &moved).unwrap()), |_| {
+            Err(crate::Error::Model("gone".into()))
+        });
+    assert!(missing.is_err());
+}
+
+fn g_init(m: &pb::ModelProto, i: usize) -> pb::TensorProto {
+    m.graph.as_ref().unwrap().initializer[i].clone()
+}

@@ -168,57 +168,6 @@ pub(crate) fn write_temp(
     }
 }
 
-/// Gives `file`, an unnamed file of tmp/ (O_TMPFILE) someone wrote, the
-/// name `tmp` and hashes it: its bytes are published as they lie, never
-/// copied. `None` when the file cannot be named (it was not made with
-/// O_TMPFILE): the caller copies it instead.
-pub(crate) fn adopt_temp(
-    paths: &Paths,
-    tmp: PathBuf,
-    mut file: File,
-    fsync: bool,
-) -> StoreResult<Result<Written, File>> {
-    use std::io::{Seek, SeekFrom};
-    use std::os::fd::AsRawFd;
-    let proc = format!("/proc/self/fd/{}", file.as_raw_fd());
-    let cwd = rustix::fs::CWD;
-    let follow = rustix::fs::AtFlags::SYMLINK_FOLLOW;
-    if let Err(e) = rustix::fs::linkat(cwd, &proc, cwd, &tmp, follow) {
-        return match e {
-            rustix::io::Errno::NOENT => Ok(Err(file)),
-            e => Err(classify(paths, &tmp, 0, e.into())),
-        };
-    }
-    let result = (|| {
-        file.seek(SeekFrom::Start(0))?;
-        let mut hasher = ChunkHasher::default();
-        let mut buf = vec![0u8; CHUNK];
-        let mut len = 0u64;
-        loop {
-            match file.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    hasher.update(&buf[..n]);
-                    len += n as u64;
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        if fsync {
-            file.sync_all()?;
-        }
-        Ok((hasher.finish(), len))
-    })();
-    match result {
-        Ok((chunks, len)) => Ok(Ok(Written::new(tmp, file, chunks, len))),
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(classify(paths, &tmp, 0, e))
-        }
-    }
-}
-
 /// Asks the kernel to start writing a range back now, so that the disk
 /// works while we hash and read the next chunk and the final fsync has
 /// little left to do. Advisory: failures are ignored (fsync still follows).

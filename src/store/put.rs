@@ -9,12 +9,12 @@ use prost::Message;
 use super::entry::{self, Access};
 use super::key::KeyBytes;
 use super::{blob_ref_key, blobs, rebuild, sources};
-use super::{Entry, EntryKey, NewEntry, Store, StoreError, StoreResult, Stored};
+use super::{Entry, EntryKey, NewEntry, Store, StoreResult, Stored};
 use super::{Expect, Op, Precondition, Tree};
 
 impl Store {
-    /// An unnamed file in tmp/ (O_TMPFILE): what a worker writes a form
-    /// to before `put` reads it. It has no name to leave behind.
+    /// An unnamed file in tmp/ (O_TMPFILE), for what a worker writes: it
+    /// has no name to leave behind, whatever ends the daemon.
     pub fn unnamed_temp_file(&self) -> std::io::Result<std::fs::File> {
         use rustix::fs::{Mode, OFlags};
         let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
@@ -44,52 +44,6 @@ impl Store {
     /// one), then the entry is committed. An existing key is not
     /// overwritten and its payload not read.
     pub fn put(&self, new: &NewEntry, mut payload: impl Read) -> StoreResult<Stored> {
-        self.put_written(new, |s| {
-            blobs::write_temp(
-                &s.paths,
-                s.temp_path("part"),
-                &mut payload,
-                s.opts.fsync,
-                s.opts.write_fault.as_ref(),
-            )
-        })
-    }
-
-    /// Stores the bytes of `file`, an [`Store::unnamed_temp_file`] someone
-    /// wrote, as [`Store::put`] stores a stream, without copying them: the
-    /// file itself is named in tmp/, hashed and published.
-    pub fn put_file(&self, new: &NewEntry, file: std::fs::File) -> StoreResult<Stored> {
-        let mut unnamed = None;
-        let stored = self.put_written(new, |s| {
-            match blobs::adopt_temp(&s.paths, s.temp_path("part"), file, s.opts.fsync)? {
-                Ok(w) => Ok(w),
-                // Not an O_TMPFILE (a filesystem without it): copied.
-                Err(mut f) => {
-                    use std::io::{Seek, SeekFrom};
-                    f.seek(SeekFrom::Start(0))
-                        .map_err(|e| StoreError::PayloadRead { read: 0, source: e })?;
-                    let w = blobs::write_temp(
-                        &s.paths,
-                        s.temp_path("part"),
-                        &mut std::io::BufReader::new(&f),
-                        s.opts.fsync,
-                        s.opts.write_fault.as_ref(),
-                    );
-                    unnamed = Some(f);
-                    w
-                }
-            }
-        });
-        drop(unnamed);
-        stored
-    }
-
-    /// [`Store::put`] with the payload written to tmp/ by `write`.
-    fn put_written(
-        &self,
-        new: &NewEntry,
-        write: impl FnOnce(&Self) -> StoreResult<blobs::Written>,
-    ) -> StoreResult<Stored> {
         self.resync_if_reopened()?;
         let now = self.now();
         let prep = entry::prepare(new, now, self.opts.max_seen)?;
@@ -100,7 +54,13 @@ impl Store {
                 created: false,
             });
         }
-        let w = write(self)?;
+        let w = blobs::write_temp(
+            &self.paths,
+            self.temp_path("part"),
+            &mut payload,
+            self.opts.fsync,
+            self.opts.write_fault.as_ref(),
+        )?;
         let blob = w.blake3;
         let mut record = prep.record;
         record.payload_blake3 = blob.to_vec();

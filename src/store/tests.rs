@@ -606,26 +606,3 @@ fn lookup_hits_note_an_entry_once_per_window() {
     s.note_use(&k);
     assert_eq!(uses().0, 4);
 }
-
-#[test]
-fn put_file_publishes_an_unnamed_file_without_a_copy() {
-    use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
-    let d = tempfile::tempdir().unwrap();
-    let s = Store::open(d.path(), StoreOptions::default()).unwrap();
-    let mut f = s.unnamed_temp_file().unwrap();
-    f.write_all(b"a compiled form").unwrap();
-    let inode = f.metadata().unwrap().ino();
-    let stored = s.put_file(&new_entry(3), f).unwrap();
-    assert!(stored.created);
-    let p = s.open_payload(&stored.entry.key).unwrap();
-    assert_eq!(&p[..], b"a compiled form");
-    let blob = fs::metadata(s.blob_path(&stored.entry.payload.blake3)).unwrap();
-    assert_eq!((blob.ino(), blob.nlink()), (inode, 1));
-    assert_eq!(fs::read_dir(d.path().join("tmp")).unwrap().count(), 0);
-    // The same key again: nothing new, nothing left behind.
-    let mut again = s.unnamed_temp_file().unwrap();
-    again.write_all(b"other bytes").unwrap();
-    assert!(!s.put_file(&new_entry(3), again).unwrap().created);
-    assert_eq!(fs::read_dir(d.path().join("tmp")).unwrap().count(), 0);
-}

@@ -92,6 +92,26 @@ def test_a_session_from_a_form_is_onnxruntimes_own_session(daemon, name, level, 
         assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
+def test_a_forms_weights_are_entries_mapped_in_place_and_shared(daemon, cort, ctcache):  # noqa: F811
+    """The encoder's large initializers are entries of their own: the
+    session maps their payload files (nothing copied into the model), and
+    the forms at two levels share the weights neither level changes."""
+    m = real_models.by_name("minilm-l3")
+    real_models.fetch(m)
+    sess = cort.inference_session(m.path, target=None, optimize="extended", socket=str(daemon.socket))
+    assert sess.ctcache_report.source == "daemon"
+    with _client(daemon) as c:
+        ext = c.compile(m.path, level="extended")
+        basic = c.compile(m.path, level="basic")
+    assert len(ext.model) < 1 << 20 and len(ext.tensors) > 0, (len(ext.model), len(ext.tensors))
+    assert sum(t.length for t in ext.tensors) > 40 << 20  # the 45 MiB table among them
+    shared = {t.key for t in ext.tensors} & {t.key for t in basic.tensors}
+    assert shared, "no weight shared between the extended and basic forms"
+    maps = Path("/proc/self/maps").read_text()
+    files = {lease.entry.payload_path for lease in ext.leases[1:]}
+    assert any(f in maps for f in files), "the session maps none of the form's payload files"
+
+
 def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache):  # noqa: F811
     model = _small_model(tmp_path / "m.onnx")
     with _client(daemon) as c:
@@ -182,7 +202,7 @@ def test_many_processes_at_once_make_one_compile(tmp_path):
             assert p.returncode == 0, err
             answers.append(json.loads(out))
         assert len({a["form"]["key"] for a in answers}) == 1
-        assert d.log_text().count("ctcached::ops::compile: compiled") == 1, d.log_text()
+        assert d.log_text().count(" compiled model=") == 1, d.log_text()
         # gc evicts forms as any entry.
         assert len(_forms(d)) == 1
         assert d.ctl("gc", "--all", "--yes").returncode == 0
@@ -206,6 +226,24 @@ def test_a_rotted_form_is_never_served(daemon, tmp_path, cort):
     x = np.ones((1, 4), np.float32)
     assert sess.run(None, {"X": x})[0].tobytes() == _own_session(model, "extended").run(None, {"X": x})[0].tobytes()
     assert "rotted" in daemon.log_text()
+
+
+def test_a_rotted_weight_of_a_form_is_never_served(daemon, tmp_path, cort, ctcache):  # noqa: F811
+    m = real_models.by_name("ddddocr-det")
+    real_models.fetch(m)
+    with _client(daemon) as c:
+        made = c.compile(m.path, level="all")
+    assert made.tensors, "the conv net's form moved no weight out"
+    blob = Path(next(lease.entry.payload_path for lease in made.leases if lease.entry.key == made.tensors[0].key))
+    data = bytearray(blob.read_bytes())
+    data[0] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    sess = cort.inference_session(m.path, target=None, optimize="all", socket=str(daemon.socket))
+    assert sess.ctcache_report.source == "daemon" and sess.ctcache_report.packed == 1, sess.ctcache_report
+    feeds = real_models.feeds(m)
+    own = _own_session(m.path, "all")
+    for x, y in zip(sess.run(None, feeds), own.run(None, feeds)):
+        assert x.tobytes() == y.tobytes()
 
 
 STAND_IN = """#!{python}
@@ -270,7 +308,7 @@ def test_a_full_disk_is_resource_exhausted_and_the_store_intact(tmp_path):
     root = tmp_path / "d"
     cache = root / "cache"
     cache.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(cache)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
     try:
         d = Daemon(root, args=["--ort-library", _library()]).start()
         try:
@@ -280,7 +318,7 @@ def test_a_full_disk_is_resource_exhausted_and_the_store_intact(tmp_path):
             real_models.fetch(m)
             ballast = cache / "ballast"
             with open(ballast, "wb") as f:
-                f.write(b"\1" * (12 << 20))
+                f.write(b"\1" * (50 << 20))
             r = d.ctl("compile", str(m.path))
             assert r.returncode == 4, r.describe()
             assert [e["key"] for e in _forms(d)] == [small["form"]["key"]]

@@ -52,12 +52,16 @@ pub async fn compile(ctx: &Ctx, a: CompileArgs) -> Result<(), Failure> {
             "compiled": r.compiled,
             "compile_seconds": compile.as_secs_f64(),
             "form": entry.map(json::entry),
+            "weights": r.tensors.iter().map(|t| json!({
+                "name": t.name, "key": t.key, "length": t.length,
+            })).collect::<Vec<_>>(),
             "miss": r.miss.as_ref().map(json::miss),
         }))?;
     } else if !ctx.quiet {
         match (entry, &r.miss) {
             (Some(e), _) => say(&format!(
-                "{}: {} form at level {}: {} ({} bytes, {})",
+                "{}: {} form at level {}: {} (its model {} bytes, {} weight(s) in {} bytes of \
+                 entries of their own; {})",
                 a.model.display(),
                 a.runtime,
                 a.level,
@@ -67,6 +71,8 @@ pub async fn compile(ctx: &Ctx, a: CompileArgs) -> Result<(), Failure> {
                     "stored".to_string()
                 },
                 e.payload_len,
+                r.tensors.len(),
+                r.tensors.iter().map(|t| t.length).sum::<u64>(),
                 e.key
             ))?,
             (None, m) => {

@@ -500,7 +500,7 @@ class Client:
 
     def compile(self, model_path, *, runtime: str = "onnxruntime", level: str = "extended",
                 runtime_version: str = "", runtime_build: str = "", lookup_only: bool = False,
-                lease_ttl_s: float = 30.0, timeout: float | None = None) -> pb.CompileResponse:
+                lease_ttl_s: float = 30.0, hold: bool = False, timeout: float | None = None):
         """A runtime's own compiled form of a model (onnxruntime's optimized model at ``level``), leased.
 
         The daemon's worker compiles it when no form of the key is stored
@@ -508,14 +508,21 @@ class Client:
         ``runtime_build``: this process's runtime as it reports itself
         (``onnxruntime.__version__``, ``onnxruntime.get_build_info()``); a
         form is served only when they are the daemon's. The answer's ``form``
-        is a lease of ``lease_ttl_s`` on the form's entry (release it, or let
-        it run out); without a form, ``miss`` says why (``runtime_unavailable``,
-        ``form_key_differs`` naming the part, ``no_entry``).
+        is a lease of ``lease_ttl_s`` on the form's entry; ``model`` is the
+        form's model, whose large initializers are external data in the
+        payload files of ``leases`` (named relative to ``external_data_dir``,
+        as an in-memory :meth:`materialize` answers), each leased (release
+        them, or let them run out). ``hold=True``: one hold over them all
+        instead, kept while the returned holder is open (returns
+        ``(answer, holder)``). Without a form, ``miss`` says why
+        (``runtime_unavailable``, ``form_key_differs`` naming the part,
+        ``no_entry``).
         """
         req = pb.CompileRequest(model_path=_path(model_path), runtime=runtime, level=level,
                                 runtime_version=runtime_version, runtime_build=runtime_build,
-                                lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1))
-        return self._call("Compile", req, timeout, names_model=True)
+                                lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1),
+                                hold=hold)
+        return self._call("Compile", req, timeout, names_model=True, keep_handout=hold)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:
         """Adds the compiled tensors a model carries to the store."""

@@ -9,7 +9,6 @@ onnxruntime's own session at that level computes. Used by
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 #: The levels a form is made at, as onnxruntime's GraphOptimizationLevel names them.
@@ -50,33 +49,25 @@ def why_not_served(level: str, sess_options, providers) -> str:
     return ""
 
 
-def session_from_form(client, path, level: str, providers) -> FormAnswer:
+def session_from_form(client, path, level: str, providers, lease_ttl_s: float = 30.0) -> FormAnswer:
     """A session on the daemon's form of ``path`` at ``level``, made with the optimizer off.
 
-    The form is leased while onnxruntime reads it and released after: the
-    session keeps no file open. Where this process cannot read the store's
-    file, the form's bytes come over the socket (checked as they are sent).
+    The form's model comes in the answer; its large initializers are the
+    cache's payload files, which onnxruntime maps in place, held for this
+    process while the session lives (as the zero-write session holds its
+    payloads; where this process cannot read them, they come over the
+    socket, checked as they are sent, and nothing stays held).
     """
     import onnxruntime
 
-    from ._pb import ctcache_v1_pb2 as pb
+    from .ort import _close_holder, _session_in_memory
 
-    r = client.compile(path, level=level, runtime_version=onnxruntime.__version__,
-                       runtime_build=onnxruntime.get_build_info(), lease_ttl_s=120.0)
+    r, holder = client.compile(path, level=level, runtime_version=onnxruntime.__version__,
+                               runtime_build=onnxruntime.get_build_info(), lease_ttl_s=lease_ttl_s, hold=True)
     if not r.HasField("form"):
+        _close_holder(holder)
         return FormAnswer(why=f"{r.miss.reason}: {r.miss.detail}")
-    entry = r.form.entry
     so = onnxruntime.SessionOptions()
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        if os.access(entry.payload_path, os.R_OK):
-            source = entry.payload_path
-        else:
-            source = bytes(client._read_whole_payload(entry.key, entry.payload_len))
-        sess = onnxruntime.InferenceSession(source, sess_options=so, providers=providers)
-    finally:
-        try:
-            client._stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=r.form.lease_id), timeout=5)
-        except Exception:  # noqa: BLE001 -- the daemon gone: the lease runs out by itself
-            pass
+    sess = _session_in_memory(client, r, holder, so, providers, lease_ttl_s)
     return FormAnswer(session=sess, compiled=r.compiled)

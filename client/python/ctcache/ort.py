@@ -582,9 +582,7 @@ def _runtime_session(path, optimize, socket, sess_options, providers):
             except BaseException:
                 c.close()
                 raise
-            if got.session is not None:
-                got.session._ctcache_client = c
-            else:
+            if got.session is None:
                 c.close()
         except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
             warnings.warn(f"ctcache: {e} -- onnxruntime optimizes {name} in this process instead",

@@ -350,7 +350,9 @@ impl WriteJob {
             entries.insert(t.file_name.clone(), e.clone());
         }
         let leases = match leasing {
-            Leasing::Ttl(ms) => self.lease_to_caller(entries.values(), *ms)?,
+            Leasing::Ttl(ms) => {
+                payload_access::acquire_all(&self.d, &self.caller, entries.values(), *ms)?
+            }
             Leasing::Hold(handout) => {
                 let keys: Vec<_> = entries.values().map(|e| e.key).collect();
                 let id = payload_access::hold(&self.d, &self.caller, &keys, handout)?;
@@ -369,27 +371,5 @@ impl WriteJob {
             held: matches!(leasing, Leasing::Hold(_)),
             external_data_dir: self.d.store.payload_folder().to_path_buf(),
         })
-    }
-
-    /// A lease for the caller on each entry, as AcquireLease grants it; on
-    /// a refusal the ones granted are released.
-    fn lease_to_caller<'e>(
-        &self,
-        entries: impl Iterator<Item = &'e Entry>,
-        ttl_ms: u64,
-    ) -> Result<Vec<Granted>> {
-        let mut granted: Vec<Granted> = Vec::new();
-        for e in entries {
-            match payload_access::acquire(&self.d, &self.caller, &e.key, ttl_ms) {
-                Ok(g) => granted.push(g),
-                Err(err) => {
-                    for g in granted {
-                        let _ = payload_access::release(&self.d, &self.caller, g.id);
-                    }
-                    return Err(err);
-                }
-            }
-        }
-        Ok(granted)
     }
 }

@@ -310,6 +310,31 @@ fn compile(spec: &PackSpec, choice: BackendChoice) -> Result<(Compiled, copies::
     .map_err(Error::from)
 }
 
+/// The entry of what the daemon packed: `c`, for `requested_by`, from
+/// the model files `model_paths`.
+pub(crate) fn new_entry(
+    c: &Compiled,
+    requested_by: Option<u32>,
+    model_paths: Vec<String>,
+) -> NewEntry {
+    NewEntry {
+        source: c.digest,
+        source_shape: c.source_shape.clone(),
+        device: c.device.clone(),
+        physical_type: c.layout.struct_type.clone(),
+        dims: c.layout.dims.clone(),
+        producer: Producer {
+            packer_id: c.packer_id.to_string(),
+            packer_version: c.packer_version.to_string(),
+            client_uid: None,
+            requested_by,
+        },
+        source_names: vec![c.source_name.clone()],
+        model_paths,
+        pack_duration: c.duration,
+    }
+}
+
 /// A pack job: reuse a stored entry, else pack and put.
 fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) -> Result<Packed> {
     let t = &spec.tensor;
@@ -341,22 +366,8 @@ fn run(d: &Daemon, spec: PackSpec, choice: BackendChoice, cancel: &CancelToken) 
     if cancel.cancelled() {
         return Err(Error::cancelled("every waiter went away"));
     }
-    let new = NewEntry {
-        source: spec.digest,
-        source_shape: c.source_shape.clone(),
-        device: c.device.clone(),
-        physical_type: c.layout.struct_type.clone(),
-        dims: c.layout.dims.clone(),
-        producer: Producer {
-            packer_id: c.packer_id.to_string(),
-            packer_version: c.packer_version.to_string(),
-            client_uid: None,
-            requested_by: spec.requested_by,
-        },
-        source_names: vec![t.name.clone()],
-        model_paths: vec![model_path.clone()],
-        pack_duration: c.duration,
-    };
+    let mut new = new_entry(&c, spec.requested_by, vec![model_path.clone()]);
+    new.source = spec.digest;
     // A full disk stays RESOURCE_EXHAUSTED up to the caller.
     let stored = d.store.put(&new, &c.payload[..]).map_err(Error::from)?;
     if d.config.daemon_produced_only && stored.entry.producer.client_uid.is_some() {

@@ -118,6 +118,29 @@ pub(crate) fn acquire(
     })
 }
 
+/// A lease for the caller on each entry, as [`acquire`] grants it; on a
+/// refusal the ones granted are released.
+pub(crate) fn acquire_all<'e>(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    entries: impl Iterator<Item = &'e Entry>,
+    ttl_ms: u64,
+) -> Result<Vec<Granted>> {
+    let mut granted: Vec<Granted> = Vec::new();
+    for e in entries {
+        match acquire(d, caller, &e.key, ttl_ms) {
+            Ok(g) => granted.push(g),
+            Err(err) => {
+                for g in granted {
+                    let _ = release(d, caller, g.id);
+                }
+                return Err(err);
+            }
+        }
+    }
+    Ok(granted)
+}
+
 /// One lease (a hold) over the entries of `keys` for the caller, kept
 /// while the connection of its handout `handout` stays open: it ends when
 /// that connection closes ([`let_go`]) or by ReleaseLease. It counts once

@@ -377,12 +377,35 @@ pub(crate) fn watches(dirs: Vec<std::path::PathBuf>) -> Vec<String> {
 }
 
 pub(crate) fn compiled(d: &Daemon, c: Compiled) -> api::CompileResponse {
-    api::CompileResponse {
-        form: c.form.map(|g| lease(d, g)),
+    let mut r = api::CompileResponse {
         miss: c.miss.as_ref().map(miss),
         compiled: c.compiled,
         model_digest: c.model_digest.to_vec().into(),
         compile_us: c.compile_time.as_micros().min(u64::MAX as u128) as u64,
-        held: c.held,
+        ..Default::default()
+    };
+    if let Some(f) = c.form {
+        r.form = Some(lease(d, f.form));
+        r.held = f.held;
+        r.model = f.model.into();
+        r.tensors = f
+            .tensors
+            .into_iter()
+            .map(|t| api::MaterializedTensor {
+                key: t
+                    .key
+                    .parse()
+                    .map(|k| convert::key_to_string(&k))
+                    .unwrap_or(t.key),
+                name: t.name,
+                offset: 0,
+                length: t.length,
+                data_type: t.data_type,
+                dims: t.dims,
+            })
+            .collect();
+        r.leases = f.leases.into_iter().map(|g| lease(d, g)).collect();
+        r.external_data_dir = f.external_data_dir.display().to_string();
     }
+    r
 }

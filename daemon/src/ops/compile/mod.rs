@@ -6,25 +6,27 @@
 //! no usable runtime, the caller's runtime another than the daemon's, or
 //! (looking only) the part in which the stored forms' keys differ.
 
+mod job;
+mod served;
+
+pub(crate) use served::ServedForm;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ctcache::forms::{self, FormKey, KeyPart, RuntimeIdentity};
 use ctcache::hit::MissReason;
-use ctcache::store::{Entry, EntryKey, Filter, NewEntry, Producer};
+use ctcache::store::{Entry, EntryKey, Filter};
 use futures_util::future::FutureExt;
 
 use super::materialize::Leasing;
-use super::payload_access::{self, Granted};
-use super::{blocking, model, serve, Error, Miss, Result};
+use super::{blocking, model, Error, Miss, Result};
 use crate::caller::Caller;
 use crate::error::ErrorKind;
-use crate::runtimes::{CompileFailure, Configured};
+use crate::runtimes::Configured;
 use crate::state::Daemon;
-
-/// How long one compile may run.
-const COMPILE_LIMIT: Duration = Duration::from_secs(600);
+use job::Job;
 
 /// The onnxruntime provider forms are made for.
 const CPU_PROVIDER: &str = "CPUExecutionProvider";
@@ -48,13 +50,12 @@ pub(crate) struct CompileRequest {
 #[derive(Debug, Clone)]
 pub(crate) struct Compiled {
     pub model_digest: [u8; 32],
-    /// The form, leased to the caller; `None` on a miss.
-    pub form: Option<Granted>,
+    /// The form, served to the caller; `None` on a miss.
+    pub form: Option<ServedForm>,
     pub miss: Option<Miss>,
     /// Made for this request (or for one it joined).
     pub compiled: bool,
     pub compile_time: Duration,
-    pub held: bool,
 }
 
 /// A made form and how long its compile took, as every request that
@@ -86,7 +87,6 @@ pub(crate) async fn compile(
         miss: Some(miss),
         compiled: false,
         compile_time: Duration::ZERO,
-        held: false,
     };
     let (rt, key) = match runtime_key(d, model_digest, &r.level).await {
         Ok(found) => found,
@@ -111,13 +111,16 @@ pub(crate) async fn compile(
         requested_by: caller.bounded_uid(),
     };
     let (form, made) = match d.store.stat(&entry_key)? {
-        Some(e) => match grant(d, caller, &e, &r.leasing) {
-            Ok(g) => (g, None),
-            // A stored form found rotted was dropped: made again (a
-            // lookup says so).
-            Err(err) if err.kind == ErrorKind::DataLoss && !r.lookup_only => {
-                tracing::warn!(key = %entry_key, "a stored form rotted: compiling it again");
-                made_and_granted(d, caller, job, entry_key, &r.leasing).await?
+        Some(e) => match served::serve_form(d, caller, &e, &r.leasing) {
+            Ok(f) => (f, None),
+            // A stored form one of whose payloads rotted or went (gc) is
+            // made again: never served incomplete.
+            Err(err) if incomplete(&err) && !r.lookup_only => {
+                tracing::warn!(key = %entry_key, "a stored form is incomplete ({err}): compiling it again");
+                made_and_served(d, caller, job, entry_key, &r.leasing).await?
+            }
+            Err(err) if incomplete(&err) => {
+                return Ok(answer(Miss::new(MissReason::NoEntry, err.message)))
             }
             Err(err) => return Err(err),
         },
@@ -126,17 +129,21 @@ pub(crate) async fn compile(
             let miss = blocking(move || explain(&d, &job.key, &path)).await?;
             return Ok(answer(miss));
         }
-        None => made_and_granted(d, caller, job, entry_key, &r.leasing).await?,
+        None => made_and_served(d, caller, job, entry_key, &r.leasing).await?,
     };
-    let held = matches!(r.leasing, Leasing::Hold(_));
     Ok(Compiled {
         model_digest,
         form: Some(form),
         miss: None,
         compiled: made.is_some(),
         compile_time: made.map_or(Duration::ZERO, |(_, took)| took),
-        held,
     })
+}
+
+/// A stored form that cannot be served whole: one of its payloads is gone
+/// or rotted.
+fn incomplete(err: &Error) -> bool {
+    matches!(err.kind, ErrorKind::DataLoss | ErrorKind::NotFound)
 }
 
 /// The daemon's onnxruntime and the key of the form of `model` at `level`
@@ -234,17 +241,17 @@ fn entry_key_of(key: &FormKey) -> Result<EntryKey> {
         .map_err(|e| Error::internal(e.to_string()))
 }
 
-/// Runs (or joins) the compile of `job` and leases its form to the caller.
-async fn made_and_granted(
+/// Runs (or joins) the compile of `job` and serves its form to the caller.
+async fn made_and_served(
     d: &Arc<Daemon>,
     caller: &Caller,
     job: Job,
     entry_key: EntryKey,
     leasing: &Leasing,
-) -> Result<(Granted, Option<Made>)> {
+) -> Result<(ServedForm, Option<Made>)> {
     let flight = d.compiles.join(entry_key, move || job.run().boxed());
     let made = flight.await?;
-    Ok((grant(d, caller, &made.0, leasing)?, Some(made)))
+    Ok((served::serve_form(d, caller, &made.0, leasing)?, Some(made)))
 }
 
 fn or(asked: &str, daemon: &str) -> String {
@@ -343,128 +350,4 @@ fn explain(d: &Daemon, key: &FormKey, path: &str) -> Result<Miss> {
         MissReason::NoEntry,
         "no form of this model's content is stored: compile it",
     ))
-}
-
-/// The form leased to the caller as it asked; its payload is served
-/// (checked) first.
-fn grant(d: &Arc<Daemon>, caller: &Caller, e: &Entry, leasing: &Leasing) -> Result<Granted> {
-    match leasing {
-        Leasing::Ttl(ms) => payload_access::acquire(d, caller, &e.key, *ms),
-        Leasing::Hold(handout) => {
-            serve::open(d, caller, e)?;
-            let id = payload_access::hold(d, caller, &[e.key], handout)?;
-            Ok(Granted {
-                id,
-                expires_unix_ms: 0,
-                entry: Some(e.clone()),
-            })
-        }
-    }
-}
-
-/// One compile: the worker writes the form to an unnamed file in the
-/// store's tmp/, which is then hashed and published under the key.
-struct Job {
-    d: Arc<Daemon>,
-    rt: Arc<Configured>,
-    key: FormKey,
-    level: String,
-    model: model::OpenedModel,
-    requested_by: Option<u32>,
-}
-
-impl Job {
-    async fn run(self) -> Result<Made> {
-        let _slot = self
-            .d
-            .compile_slots
-            .acquire()
-            .await
-            .map_err(|_| Error::cancelled("the daemon is stopping"))?;
-        let d = self.d.clone();
-        let out = blocking(move || {
-            d.store
-                .unnamed_temp_file()
-                .map_err(|e| Error::from_io(e, "a file for the form"))
-        })
-        .await?;
-        let started = Instant::now();
-        let bytes = self.model.model.bytes().clone();
-        let len = bytes.len() as u64;
-        if let Err(f) = self
-            .rt
-            .optimize(&self.level, bytes, &out, COMPILE_LIMIT)
-            .await
-        {
-            return Err(self.failure(f, len));
-        }
-        let took = started.elapsed();
-        let identified = self
-            .rt
-            .identified()
-            .await
-            .map_err(|e| Error::internal(e.to_string()))?;
-        let mut new = NewEntry {
-            source: self.key.source(),
-            source_shape: FormKey::source_shape(),
-            device: self.key.device_proto(),
-            physical_type: self
-                .key
-                .physical_type()
-                .ok_or_else(|| Error::internal("no form type"))?,
-            dims: Vec::new(),
-            producer: Producer {
-                packer_id: format!("{}-worker", self.rt.name),
-                packer_version: format!("library blake3 {}", identified.library_blake3),
-                client_uid: None,
-                requested_by: self.requested_by,
-            },
-            source_names: Vec::new(),
-            model_paths: vec![self.model.path.display().to_string()],
-            pack_duration: took,
-        };
-        let d = self.d.clone();
-        let path = self.model.path.clone();
-        blocking(move || {
-            new.dims = vec![out
-                .metadata()
-                .map_err(|e| Error::from_io(e, "the form"))?
-                .len()];
-            let stored = d.store.put_file(&new, out)?;
-            tracing::info!(
-                model = %path.display(),
-                key = %stored.entry.key,
-                bytes = new.dims[0],
-                seconds = took.as_secs_f64(),
-                "compiled"
-            );
-            Ok((stored.entry, took))
-        })
-        .await
-    }
-
-    /// A worker's failure as the caller's error: the runtime's refusal is
-    /// the caller's model (INVALID_ARGUMENT), a full store folder is
-    /// RESOURCE_EXHAUSTED.
-    fn failure(&self, f: CompileFailure, model_len: u64) -> Error {
-        let path = self.model.path.display();
-        // A full disk first: onnxruntime reports a failed save as its own
-        // failure ("Protobuf serialization failed").
-        if self.store_full(model_len) {
-            return Error::exhausted(format!(
-                "compiling {path}: the store's folder has no room for the form ({f})"
-            ));
-        }
-        match f {
-            CompileFailure::Refused(words) => Error::invalid(format!("{path}: {words}")),
-            CompileFailure::Timeout { .. } => Error::exhausted(format!("compiling {path}: {f}")),
-            f => Error::internal(format!("compiling {path}: {f}")),
-        }
-    }
-
-    /// The store's filesystem has less room than the model takes.
-    fn store_full(&self, model_len: u64) -> bool {
-        rustix::fs::statvfs(self.d.store.dir())
-            .is_ok_and(|s| s.f_bavail.saturating_mul(s.f_frsize) < model_len.max(1 << 20))
-    }
 }

@@ -1,0 +1,209 @@
+//! One compile: the runtime's worker writes the optimized model to an
+//! unnamed file of the store's tmp/; its large initializers become entries
+//! of their own (identity payloads, shared with every equal tensor), and
+//! the rest, naming them, is the form's entry.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ctcache::access::NoFiles;
+use ctcache::forms::{self, FormKey};
+use ctcache::onnx::{Model, Storage, TensorRef};
+use ctcache::store::{Entry, NewEntry, Producer};
+use ctcache_kernels::compile::BackendChoice;
+use ctcache_kernels::Params;
+
+use super::super::{blocking, model, pack, Error, Result};
+use super::Made;
+use crate::runtimes::{CompileFailure, Configured, Identified};
+use crate::state::Daemon;
+
+/// How long one compile may run.
+const COMPILE_LIMIT: Duration = Duration::from_secs(600);
+
+/// Initializers of at least this many bytes are moved out of the form's
+/// model into entries of their own, which a session maps in place.
+const MOVE_AT_BYTES: u64 = 64 << 10;
+
+/// A compile to run: the model, the key it is filed under, who asked.
+pub(super) struct Job {
+    pub d: Arc<Daemon>,
+    pub rt: Arc<Configured>,
+    pub key: FormKey,
+    pub level: String,
+    pub model: model::OpenedModel,
+    pub requested_by: Option<u32>,
+}
+
+impl Job {
+    pub(super) async fn run(self) -> Result<Made> {
+        let _slot = self
+            .d
+            .compile_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::cancelled("the daemon is stopping"))?;
+        let d = self.d.clone();
+        let out = blocking(move || {
+            d.store
+                .unnamed_temp_file()
+                .map_err(|e| Error::from_io(e, "a file for the form"))
+        })
+        .await?;
+        let started = Instant::now();
+        let bytes = self.model.model.bytes().clone();
+        let len = bytes.len() as u64;
+        if let Err(f) = self
+            .rt
+            .optimize(&self.level, bytes, &out, COMPILE_LIMIT)
+            .await
+        {
+            return Err(self.failure(f, len));
+        }
+        let took = started.elapsed();
+        let identified = self
+            .rt
+            .identified()
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let path = self.model.path.clone();
+        let publish = Publish {
+            d: self.d.clone(),
+            key: self.key.clone(),
+            producer: producer(&self.rt, &identified, self.requested_by),
+            model_path: path.display().to_string(),
+            took,
+        };
+        let entry = blocking(move || publish.run(out)).await?;
+        tracing::info!(
+            model = %path.display(),
+            key = %entry.key,
+            seconds = took.as_secs_f64(),
+            "compiled"
+        );
+        Ok((entry, took))
+    }
+
+    /// A worker's failure as the caller's error: the runtime's refusal is
+    /// the caller's model (INVALID_ARGUMENT), a full store folder is
+    /// RESOURCE_EXHAUSTED.
+    fn failure(&self, f: CompileFailure, model_len: u64) -> Error {
+        let path = self.model.path.display();
+        // A full disk first: onnxruntime reports a failed save as its own
+        // failure ("Protobuf serialization failed").
+        if self.store_full(model_len) {
+            return Error::exhausted(format!(
+                "compiling {path}: the store's folder has no room for the form ({f})"
+            ));
+        }
+        match f {
+            CompileFailure::Refused(words) => Error::invalid(format!("{path}: {words}")),
+            CompileFailure::Timeout { .. } => Error::exhausted(format!("compiling {path}: {f}")),
+            f => Error::internal(format!("compiling {path}: {f}")),
+        }
+    }
+
+    /// The store's filesystem has less room than the model takes.
+    fn store_full(&self, model_len: u64) -> bool {
+        rustix::fs::statvfs(self.d.store.dir())
+            .is_ok_and(|s| s.f_bavail.saturating_mul(s.f_frsize) < model_len.max(1 << 20))
+    }
+}
+
+/// Who made a form: the runtime's worker, and the library file it loaded
+/// (provenance).
+fn producer(rt: &Configured, id: &Identified, requested_by: Option<u32>) -> Producer {
+    Producer {
+        packer_id: format!("{}-worker", rt.name),
+        packer_version: format!("library blake3 {}", id.library_blake3),
+        client_uid: None,
+        requested_by,
+    }
+}
+
+/// Publishing what a worker wrote.
+struct Publish {
+    d: Arc<Daemon>,
+    key: FormKey,
+    producer: Producer,
+    model_path: String,
+    took: Duration,
+}
+
+impl Publish {
+    /// Stores the large initializers of the worker's model `out`, then the
+    /// model naming them, under the form's key.
+    fn run(self, out: std::fs::File) -> Result<Entry> {
+        // The file is the daemon's alone now (the worker has ended), and
+        // the model names no file anyone may have it open.
+        let model = Model::from_file(out, Path::new("the optimized model"), Arc::new(NoFiles))
+            .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
+        let initializers = model
+            .initializers()
+            .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
+        let mut moved = HashMap::new();
+        for (i, t) in initializers.iter().enumerate() {
+            if let Some(key) = self.move_out(&model, t)? {
+                moved.insert(i, key);
+            }
+        }
+        let skeleton = forms::split(&model, &initializers, &moved)
+            .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
+        let new = NewEntry {
+            source: self.key.source(),
+            source_shape: FormKey::source_shape(),
+            device: self.key.device_proto(),
+            physical_type: self
+                .key
+                .physical_type()
+                .ok_or_else(|| Error::internal("no form type"))?,
+            dims: vec![skeleton.len() as u64],
+            producer: self.producer.clone(),
+            source_names: Vec::new(),
+            model_paths: vec![self.model_path.clone()],
+            pack_duration: self.took,
+        };
+        Ok(self.d.store.put(&new, &skeleton[..])?.entry)
+    }
+
+    /// Stores initializer `t` as an identity entry when it is large enough
+    /// to be worth mapping; its entry key (text), or `None` when it stays.
+    fn move_out(&self, model: &Model, t: &TensorRef) -> Result<Option<String>> {
+        match &t.storage {
+            Storage::Raw(_) => {}
+            // What onnxruntime writes inline: anything else stays as it is.
+            Storage::Typed(_) => return Ok(None),
+            Storage::External(_) => {
+                return Err(Error::internal(format!(
+                    "the worker's model holds {:?} as external data",
+                    t.name
+                )))
+            }
+        }
+        let identity = ctcache_kernels::find(ctcache_kernels::formats::identity::ID)
+            .ok_or_else(|| Error::internal("no identity packer"))?;
+        let params = Params::parse(std::iter::empty::<String>())
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let big = t.raw_size().is_some_and(|n| n >= MOVE_AT_BYTES);
+        if !big
+            || identity
+                .check_source(t.data_type, &t.dims, &params)
+                .is_err()
+        {
+            return Ok(None);
+        }
+        let (c, _share) = ctcache_kernels::compile::compile_held(
+            model,
+            t,
+            None,
+            identity,
+            &params,
+            BackendChoice::Cpu,
+        )?;
+        let new = pack::new_entry(&c, self.producer.requested_by, Vec::new());
+        let stored = self.d.store.put(&new, &c.payload[..])?;
+        Ok(Some(stored.entry.key.to_string()))
+    }
+}

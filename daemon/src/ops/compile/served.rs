@@ -1,0 +1,81 @@
+//! A form served to its caller: its model with each moved initializer
+//! named by its payload file (relative to the store's payload folder, as
+//! an in-memory materialize names them), every payload checked as it is
+//! served and leased (or held) for the caller.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ctcache::forms::{self, MovedTensor};
+use ctcache::store::{Entry, EntryKey};
+
+use super::super::materialize::Leasing;
+use super::super::payload_access::{self, Granted};
+use super::super::{serve, Error, Result};
+use crate::caller::Caller;
+use crate::state::Daemon;
+
+/// A form as its caller gets it.
+#[derive(Debug, Clone)]
+pub(crate) struct ServedForm {
+    /// The form's own entry, leased.
+    pub form: Granted,
+    /// Its model, the moved initializers external data in the payload
+    /// folder.
+    pub model: Vec<u8>,
+    pub tensors: Vec<MovedTensor>,
+    /// A lease on each entry the model reads (with a hold, the one hold).
+    pub leases: Vec<Granted>,
+    pub external_data_dir: PathBuf,
+    pub held: bool,
+}
+
+/// Serves the form `e`: NOT_FOUND when one of its weights is no longer
+/// stored, DATA_LOSS when a payload rotted (the caller compiles again).
+pub(super) fn serve_form(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    e: &Entry,
+    leasing: &Leasing,
+) -> Result<ServedForm> {
+    let skeleton = Bytes::copy_from_slice(&serve::open(d, caller, e)?[..]);
+    let mut entries = vec![e.clone()];
+    let (model, tensors) = forms::served::<Error>(skeleton, |text| {
+        let key: EntryKey = text
+            .parse()
+            .map_err(|err: ctcache::store::InvalidKey| Error::internal(err.to_string()))?;
+        let weight = d.store.stat(&key)?.ok_or_else(|| {
+            Error::not_found(format!("a weight of the form ({key}) is no longer stored"))
+        })?;
+        let payload = serve::open(d, caller, &weight)?;
+        if !entries.iter().any(|x| x.key == key) {
+            entries.push(weight);
+        }
+        Ok(d.store
+            .blob_in_folder(&payload.info.blake3)
+            .display()
+            .to_string())
+    })?;
+    let leases = match leasing {
+        Leasing::Ttl(ms) => payload_access::acquire_all(d, caller, entries.iter(), *ms)?,
+        Leasing::Hold(handout) => {
+            let keys: Vec<EntryKey> = entries.iter().map(|e| e.key).collect();
+            let id = payload_access::hold(d, caller, &keys, handout)?;
+            let granted = |e: &Entry| Granted {
+                id,
+                expires_unix_ms: 0,
+                entry: Some(e.clone()),
+            };
+            entries.iter().map(granted).collect()
+        }
+    };
+    Ok(ServedForm {
+        form: leases[0].clone(),
+        model,
+        tensors,
+        leases,
+        external_data_dir: d.store.payload_folder().to_path_buf(),
+        held: matches!(leasing, Leasing::Hold(_)),
+    })
+}
