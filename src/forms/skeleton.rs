@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::onnx::fields::{GRAPH_INITIALIZER, MODEL_GRAPH};
 use crate::onnx::rewrite::encoded_field;
-use crate::onnx::{Model, TensorRef};
+use crate::onnx::Model;
 use crate::pb;
 use crate::wire::{put_len_prefix, Fields};
 
@@ -48,15 +48,12 @@ fn external_data(location: &str, length: u64) -> Vec<pb::StringStringEntryProto>
     ]
 }
 
-/// The model with the initializers of `moved` (by index in
-/// `Model::initializers`' order, each with the key of the entry that holds
-/// its bytes) as external data naming those entries; every other byte is
-/// the model's.
-pub fn split(
+/// The model's bytes with each top-level initializer that `edit` changes
+/// (it says so) re-encoded; every other byte is the model's.
+fn edit_initializers<E: From<Error>>(
     model: &Model,
-    initializers: &[TensorRef],
-    moved: &HashMap<usize, String>,
-) -> Result<Vec<u8>> {
+    mut edit: impl FnMut(usize, &mut pb::TensorProto) -> std::result::Result<bool, E>,
+) -> std::result::Result<Vec<u8>, E> {
     let bytes = model.bytes();
     let mut out = Vec::with_capacity(bytes.len().min(1 << 20));
     for top in model.top_fields() {
@@ -72,29 +69,36 @@ pub fn split(
                 graph.extend_from_slice(&bytes[f.span.clone()]);
                 continue;
             }
-            let i = index;
-            index += 1;
-            let Some(key) = moved.get(&i) else {
-                graph.extend_from_slice(&bytes[f.span.clone()]);
-                continue;
-            };
-            let t = initializers.get(i).ok_or_else(|| {
-                Error::Model("the graph's initializers changed while read".into())
-            })?;
-            let length = t.raw_size().ok_or_else(|| {
-                Error::Model(format!("initializer {:?} has no byte size", t.name))
-            })?;
+            // Decoded over the model's bytes: raw data is not copied.
             let mut tensor: pb::TensorProto =
                 crate::onnx::decode(bytes.slice(f.value_start..f.span.end), "TensorProto")?;
-            tensor.raw_data = Bytes::new();
-            tensor.data_location = EXTERNAL;
-            tensor.external_data = external_data(&format!("{ENTRY_SCHEME}{key}"), length);
-            encoded_field(&mut graph, GRAPH_INITIALIZER, &tensor);
+            index += 1;
+            if edit(index - 1, &mut tensor)? {
+                encoded_field(&mut graph, GRAPH_INITIALIZER, &tensor);
+            } else {
+                graph.extend_from_slice(&bytes[f.span.clone()]);
+            }
         }
         put_len_prefix(&mut out, MODEL_GRAPH, graph.len() as u64);
         out.extend_from_slice(&graph);
     }
     Ok(out)
+}
+
+/// The model with the initializers of `moved` (by index in the graph,
+/// each with the key of the entry that holds its raw bytes) as external
+/// data naming those entries.
+pub fn split(model: &Model, moved: &HashMap<usize, String>) -> Result<Vec<u8>> {
+    edit_initializers(model, |i, t| {
+        let Some(key) = moved.get(&i) else {
+            return Ok(false);
+        };
+        let length = t.raw_data.len() as u64;
+        t.raw_data = Bytes::new();
+        t.data_location = EXTERNAL;
+        t.external_data = external_data(&format!("{ENTRY_SCHEME}{key}"), length);
+        Ok(true)
+    })
 }
 
 /// The served model of a form's `skeleton`: each moved initializer's
@@ -105,53 +109,51 @@ pub fn served<E: From<Error>>(
     mut locate: impl FnMut(&str) -> std::result::Result<String, E>,
 ) -> std::result::Result<(Vec<u8>, Vec<MovedTensor>), E> {
     let model = Model::from_bytes(skeleton, ".")?;
-    let bytes = model.bytes();
-    let mut out = Vec::with_capacity(bytes.len());
     let mut moved = Vec::new();
-    for top in model.top_fields() {
-        if top.number != MODEL_GRAPH {
-            out.extend_from_slice(&bytes[top.span.clone()]);
-            continue;
-        }
-        let mut graph = Vec::new();
-        for f in Fields::with_base(&bytes[top.value.clone()], top.value.start) {
-            let f = f.map_err(|e| Error::wire("GraphProto", e))?;
-            if f.number != GRAPH_INITIALIZER {
-                graph.extend_from_slice(&bytes[f.span.clone()]);
-                continue;
-            }
-            let mut tensor: pb::TensorProto =
-                crate::onnx::decode(bytes.slice(f.value_start..f.span.end), "TensorProto")?;
-            let location = tensor
-                .external_data
+    let out = edit_initializers::<E>(&model, |_, t| {
+        let value = |k: &str| {
+            t.external_data
                 .iter()
-                .find(|e| e.key == "location")
-                .and_then(|e| e.value.strip_prefix(ENTRY_SCHEME))
-                .map(str::to_string);
-            let Some(key) = location else {
-                graph.extend_from_slice(&bytes[f.span.clone()]);
-                continue;
-            };
-            let length = tensor
-                .external_data
-                .iter()
-                .find(|e| e.key == "length")
-                .and_then(|e| e.value.parse::<u64>().ok())
-                .ok_or_else(|| {
-                    Error::Model(format!("moved initializer {:?} has no length", tensor.name))
-                })?;
-            tensor.external_data = external_data(&locate(&key)?, length);
-            encoded_field(&mut graph, GRAPH_INITIALIZER, &tensor);
-            moved.push(MovedTensor {
-                name: tensor.name.clone(),
-                key,
-                length,
-                data_type: tensor.data_type,
-                dims: tensor.dims.iter().map(|&d| d.max(0) as u64).collect(),
-            });
-        }
-        put_len_prefix(&mut out, MODEL_GRAPH, graph.len() as u64);
-        out.extend_from_slice(&graph);
-    }
+                .find(|e| e.key == k)
+                .map(|e| e.value.clone())
+        };
+        let Some(key) =
+            value("location").and_then(|l| l.strip_prefix(ENTRY_SCHEME).map(str::to_string))
+        else {
+            return Ok(false);
+        };
+        let length = value("length")
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| {
+                E::from(Error::Model(format!(
+                    "moved initializer {:?} has no length",
+                    t.name
+                )))
+            })?;
+        t.external_data = external_data(&locate(&key)?, length);
+        moved.push(MovedTensor {
+            name: t.name.clone(),
+            key,
+            length,
+            data_type: t.data_type,
+            dims: t.dims.iter().map(|&d| d.max(0) as u64).collect(),
+        });
+        Ok(true)
+    })?;
     Ok((out, moved))
+}
+
+/// The model with the initializers named in `data` holding those bytes as
+/// raw data (no longer external): a materialized model made whole for a
+/// runtime that reads no file.
+pub fn inline(model: &Model, data: &HashMap<String, Bytes>) -> Result<Vec<u8>> {
+    edit_initializers(model, |_, t| {
+        let Some(bytes) = data.get(&t.name) else {
+            return Ok(false);
+        };
+        t.raw_data = bytes.clone();
+        t.data_location = 0;
+        t.external_data.clear();
+        Ok(true)
+    })
 }

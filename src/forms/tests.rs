@@ -299,9 +299,8 @@ fn a_moved_initializer_names_its_entry_then_its_file() {
         ..Default::default()
     });
     let model = Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap();
-    let inits = model.initializers().unwrap();
     let moved = std::collections::HashMap::from([(0usize, "K0".to_string())]);
-    let skeleton = split(&model, &inits, &moved).unwrap();
+    let skeleton = split(&model, &moved).unwrap();
     let s = pb::ModelProto::decode(&skeleton[..]).unwrap();
     let w = &s.graph.as_ref().unwrap().initializer[0];
     assert!(w.raw_data.is_empty() && w.data_location == 1);
@@ -327,10 +326,9 @@ fn a_moved_initializer_names_its_entry_then_its_file() {
     let mut back = s.clone();
     back.graph.as_mut().unwrap().initializer[0] = g_init(&m, 0);
     assert_eq!(back, m);
-    let missing =
-        served::<crate::Error>(Bytes::from(split(&model, &inits, &moved).unwrap()), |_| {
-            Err(crate::Error::Model("gone".into()))
-        });
+    let missing = served::<crate::Error>(Bytes::from(split(&model, &moved).unwrap()), |_| {
+        Err(crate::Error::Model("gone".into()))
+    });
     assert!(missing.is_err());
 }
 

@@ -112,6 +112,34 @@ def test_a_forms_weights_are_entries_mapped_in_place_and_shared(daemon, cort, ct
     assert any(f in maps for f in files), "the session maps none of the form's payload files"
 
 
+@pytest.mark.parametrize("target", ["onnxruntime-int4", "onnxruntime-int8", "onnxruntime-fp16"])
+def test_the_form_of_a_targets_model_is_onnxruntimes_own_session_of_it(daemon, target, tmp_path, cort,
+                                                                        ctcache):  # noqa: F811
+    """optimize= composes with the materialize targets: the form of the
+    target's model gives what onnxruntime's own session of that model (as
+    ctcache materializes it to a file) gives at that level."""
+    m = real_models.by_name("minilm-l3")
+    real_models.fetch(m)
+    sess = cort.inference_session(m.path, target=target, optimize="extended", socket=str(daemon.socket))
+    report = sess.ctcache_report
+    assert (report.source, report.target) == ("daemon", f"{target}+form:extended"), report
+    written = tmp_path / "t.onnx"
+    with _client(daemon) as c:
+        c.materialize(m.path, written, target=target)
+    own = _own_session(written, "extended")
+    feeds = real_models.feeds(m)
+    for x, y in zip(sess.run(None, feeds), own.run(None, feeds)):
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+def test_a_target_with_nothing_to_rewrite_gives_the_form_of_the_model_as_it_is(daemon, cort):
+    m = real_models.by_name("ddddocr-det")
+    real_models.fetch(m)
+    with pytest.warns(cort.AsIsWarning):
+        sess = cort.inference_session(m.path, target="onnxruntime-int4", optimize="all", socket=str(daemon.socket))
+    assert sess.ctcache_report.source == "daemon", sess.ctcache_report
+
+
 def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache):  # noqa: F811
     model = _small_model(tmp_path / "m.onnx")
     with _client(daemon) as c:

@@ -189,6 +189,27 @@ def _path(p) -> str:
     return os.path.abspath(os.fspath(p))
 
 
+def target_request(target: str, *, bits=None, block_size=None, symmetric=None, accuracy_level: int = 0,
+                   weight_type=None, per_channel: bool = False, reduce_range: bool = False, op_types=None,
+                   op_block_list=None) -> pb.MaterializeRequest:
+    """A MaterializeRequest of ``target`` and its settings (unset ones left to the daemon's policy)."""
+    req = pb.MaterializeRequest(target=target, accuracy_level=int(accuracy_level))
+    if bits is not None:
+        req.bits = int(bits)
+    if block_size is not None:
+        req.block_size = int(block_size)
+    if symmetric is not None:
+        req.symmetric = bool(symmetric)
+    if weight_type is not None:
+        req.weight_type = str(weight_type)
+    req.per_channel = bool(per_channel)
+    req.reduce_range = bool(reduce_range)
+    req.op_types.extend(op_types or [])
+    if op_block_list is not None:
+        req.op_block_list = ",".join(op_block_list)
+    return req
+
+
 def entry_format(entry) -> str:
     """The packer id that produced an entry (``ort.matmul_nbits``), or ``""`` for a client Put."""
     producer = entry.producer
@@ -467,23 +488,14 @@ class Client:
             materialized.refuse_input(_path(model_path), output)
         # For a file, the leases last while this process copies the payloads.
         ttl_s = lease_ttl_s if in_memory else 600.0
-        req = pb.MaterializeRequest(model_path=_path(model_path), target=target, accuracy_level=int(accuracy_level),
-                                    in_memory=True, lease_ttl_ms=max(int(ttl_s * 1000), 1),
-                                    data_folder="" if in_memory else materialized.data_folder(output),
-                                    hold=hold)
-        if bits is not None:
-            req.bits = int(bits)
-        if block_size is not None:
-            req.block_size = int(block_size)
-        if symmetric is not None:
-            req.symmetric = bool(symmetric)
-        if weight_type is not None:
-            req.weight_type = str(weight_type)
-        req.per_channel = bool(per_channel)
-        req.reduce_range = bool(reduce_range)
-        req.op_types.extend(op_types or [])
-        if op_block_list is not None:
-            req.op_block_list = ",".join(op_block_list)
+        req = target_request(target, bits=bits, block_size=block_size, symmetric=symmetric,
+                             accuracy_level=accuracy_level, weight_type=weight_type, per_channel=per_channel,
+                             reduce_range=reduce_range, op_types=op_types, op_block_list=op_block_list)
+        req.model_path = _path(model_path)
+        req.in_memory = True
+        req.lease_ttl_ms = max(int(ttl_s * 1000), 1)
+        req.data_folder = "" if in_memory else materialized.data_folder(output)
+        req.hold = hold
         if hold:
             return self._call("Materialize", req, timeout, names_model=True, keep_handout=True)
         r = self._call("Materialize", req, timeout, names_model=True)
@@ -500,7 +512,8 @@ class Client:
 
     def compile(self, model_path, *, runtime: str = "onnxruntime", level: str = "extended",
                 runtime_version: str = "", runtime_build: str = "", lookup_only: bool = False,
-                lease_ttl_s: float = 30.0, hold: bool = False, timeout: float | None = None):
+                lease_ttl_s: float = 30.0, hold: bool = False, target: str | None = None,
+                target_settings: dict | None = None, timeout: float | None = None):
         """A runtime's own compiled form of a model (onnxruntime's optimized model at ``level``), leased.
 
         The daemon's worker compiles it when no form of the key is stored
@@ -516,12 +529,16 @@ class Client:
         instead, kept while the returned holder is open (returns
         ``(answer, holder)``). Without a form, ``miss`` says why
         (``runtime_unavailable``, ``form_key_differs`` naming the part,
-        ``no_entry``).
+        ``no_entry``). ``target``: the form of that materialize target's
+        model (``target_settings``: its settings, as :meth:`materialize`
+        takes them) instead of the model as it is.
         """
         req = pb.CompileRequest(model_path=_path(model_path), runtime=runtime, level=level,
                                 runtime_version=runtime_version, runtime_build=runtime_build,
                                 lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1),
                                 hold=hold)
+        if target is not None:
+            req.materialize.CopyFrom(target_request(target, **(target_settings or {})))
         return self._call("Compile", req, timeout, names_model=True, keep_handout=hold)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:

@@ -49,21 +49,24 @@ def why_not_served(level: str, sess_options, providers) -> str:
     return ""
 
 
-def session_from_form(client, path, level: str, providers, lease_ttl_s: float = 30.0) -> FormAnswer:
+def session_from_form(client, path, level: str, providers, lease_ttl_s: float = 30.0, target: str | None = None,
+                      target_settings: dict | None = None) -> FormAnswer:
     """A session on the daemon's form of ``path`` at ``level``, made with the optimizer off.
 
     The form's model comes in the answer; its large initializers are the
     cache's payload files, which onnxruntime maps in place, held for this
     process while the session lives (as the zero-write session holds its
     payloads; where this process cannot read them, they come over the
-    socket, checked as they are sent, and nothing stays held).
+    socket, checked as they are sent, and nothing stays held). ``target``:
+    the form of that materialize target's model (``target_settings``).
     """
     import onnxruntime
 
     from .ort import _close_holder, _session_in_memory
 
     r, holder = client.compile(path, level=level, runtime_version=onnxruntime.__version__,
-                               runtime_build=onnxruntime.get_build_info(), lease_ttl_s=lease_ttl_s, hold=True)
+                               runtime_build=onnxruntime.get_build_info(), lease_ttl_s=lease_ttl_s, hold=True,
+                               target=target, target_settings=target_settings)
     if not r.HasField("form"):
         _close_holder(holder)
         return FormAnswer(why=f"{r.miss.reason}: {r.miss.detail}")

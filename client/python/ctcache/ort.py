@@ -514,9 +514,12 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     settings, a model the target refuses) are raised.
 
     ``target=None``: the model as it is. ``optimize="extended"`` (or
-    ``"basic"``, ``"layout"``, ``"all"``) with ``target=None``: the session is
-    made from onnxruntime's optimized model at that level, which the daemon's
-    worker makes once per host with the daemon's onnxruntime library, opened
+    ``"basic"``, ``"layout"``, ``"all"``): the session is made from
+    onnxruntime's optimized model at that level of the model as it is
+    (``target=None``) or of the target's model (a target that rewrites
+    nothing: of the model as it is, with :class:`AsIsWarning`), which the
+    daemon's worker makes once per host with the daemon's onnxruntime
+    library, its weights the cache's payload files mapped in place, opened
     with the optimizer off (``ORT_DISABLE_ALL``): the outputs of onnxruntime's
     own session at that level, without its optimization at every start. The
     form is served only when this process's onnxruntime (version and build)
@@ -531,9 +534,10 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     """
     start = time.monotonic()
     if target is None or optimize is not None:
-        if target is not None:
-            raise ValueError("optimize= makes the form of the model as it is: pass target=None")
-        sess, report = _runtime_session(path, optimize, socket, sess_options, providers)
+        settings = dict(bits=bits, block_size=block_size, symmetric=symmetric, accuracy_level=accuracy_level,
+                        weight_type=weight_type, per_channel=per_channel, reduce_range=reduce_range,
+                        op_types=op_types, op_block_list=op_block_list)
+        sess, report = _runtime_session(path, optimize, socket, sess_options, providers, target, settings, strict)
         report.seconds = time.monotonic() - start
         sess.ctcache_report = report
         _log.info("%s", report)
@@ -558,44 +562,65 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
     return sess
 
 
-def _runtime_session(path, optimize, socket, sess_options, providers):
-    """A session on the model as it is: from the daemon's form at ``optimize``
-    when it has one for this process, else made by onnxruntime itself."""
+def _runtime_session(path, optimize, socket, sess_options, providers, target, settings, strict):
+    """A session from the daemon's form at ``optimize`` of the model as it is
+    (``target`` None) or of that target's model, else the session onnxruntime
+    makes itself at that level (of the model as it is)."""
     import onnxruntime
 
     from . import forms
 
     name = os.fspath(path)
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+    what = f"form:{optimize}" if target is None else f"{target}+form:{optimize}"
     if optimize is None:
         sess = onnxruntime.InferenceSession(name, sess_options=sess_options, providers=providers)
         return sess, SessionReport(name, "", "runtime", why="no optimize level asked")
     why = forms.why_not_served(optimize, sess_options, providers)
     if not why:
-        from .client import connect
-
-        try:
-            # Not closed here: grpc's close waits ~0.2 s for its threads; the
-            # channel goes with the session (as a zero-write session's does).
-            c = connect(socket)
-            try:
-                got = forms.session_from_form(c, name, optimize, providers)
-            except BaseException:
-                c.close()
-                raise
-            if got.session is None:
-                c.close()
-        except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
-            warnings.warn(f"ctcache: {e} -- onnxruntime optimizes {name} in this process instead",
-                          FallbackWarning, stacklevel=4)
-            got = forms.FormAnswer(why=str(e))
+        got = _form(name, optimize, socket, providers, target, settings, strict)
         if got.session is not None:
-            what = "compiled now" if got.compiled else "stored"
-            return got.session, SessionReport(name, f"form:{optimize}", "daemon", cached=int(not got.compiled),
-                                              packed=int(got.compiled), why=f"onnxruntime form ({what})")
+            done = "compiled now" if got.compiled else "stored"
+            return got.session, SessionReport(name, what, "daemon", cached=int(not got.compiled),
+                                              packed=int(got.compiled), why=f"onnxruntime form ({done})")
         why = got.why
     so = sess_options if sess_options is not None else forms.level_options(optimize)
     sess = onnxruntime.InferenceSession(name, sess_options=so, providers=providers)
-    return sess, SessionReport(name, f"form:{optimize}", "runtime", why=why)
+    return sess, SessionReport(name, what, "runtime", why=why)
+
+
+def _form(name, optimize, socket, providers, target, settings, strict):
+    """The daemon's form (a ``forms.FormAnswer``); a target that rewrites
+    nothing gives the form of the model as it is (:class:`AsIsWarning`)."""
+    from . import forms
+    from .client import connect
+
+    # Not closed once a session has it: grpc's close waits ~0.2 s for its
+    # threads; the channel goes with the session.
+    c = None
+    try:
+        c = connect(socket)
+        try:
+            got = forms.session_from_form(c, name, optimize, providers, target=target, target_settings=settings)
+        except errors.NothingToRewrite as e:
+            if strict or target is None:
+                raise
+            warnings.warn(f"ctcache: {e.details}; the form of the model as it is", AsIsWarning, stacklevel=5)
+            got = forms.session_from_form(c, name, optimize, providers)
+    except (errors.DaemonNotRunning, errors.SocketPermissionDenied) as e:
+        if c is not None:
+            c.close()
+        warnings.warn(f"ctcache: {e} -- onnxruntime optimizes {name} in this process instead",
+                      FallbackWarning, stacklevel=5)
+        return forms.FormAnswer(why=str(e))
+    except BaseException:
+        if c is not None:
+            c.close()
+        raise
+    if got.session is None:
+        c.close()
+    return got
 
 
 def _report(path, target: str, r: pb.MaterializeResponse) -> SessionReport:

@@ -125,7 +125,24 @@ pub(crate) fn embed(r: api::EmbedRequest) -> EmbedRequest {
 }
 
 pub(crate) fn compile(r: api::CompileRequest) -> Result<CompileRequest, Error> {
+    let materialize = match r.materialize {
+        Some(m) => Some(materialize(api::MaterializeRequest {
+            model_path: r.model_path.clone(),
+            handout: r.handout.clone(),
+            in_memory: true,
+            output_path: String::new(),
+            copy: false,
+            link: api::LinkMode::Auto as i32,
+            hold: false,
+            data_folder: String::new(),
+            // Held while the model is made whole, released after.
+            lease_ttl_ms: 60_000,
+            ..m
+        })?),
+        None => None,
+    };
     Ok(CompileRequest {
+        materialize,
         leasing: leasing(r.hold, &r.handout, r.lease_ttl_ms)?,
         model_path: r.model_path,
         handout: r.handout,

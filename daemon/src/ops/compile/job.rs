@@ -149,7 +149,7 @@ impl Publish {
                 moved.insert(i, key);
             }
         }
-        let skeleton = forms::split(&model, &initializers, &moved)
+        let skeleton = forms::split(&model, &moved)
             .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
         let new = NewEntry {
             source: self.key.source(),

@@ -8,6 +8,7 @@
 
 mod job;
 mod served;
+mod whole;
 
 pub(crate) use served::ServedForm;
 
@@ -20,7 +21,7 @@ use ctcache::hit::MissReason;
 use ctcache::store::{Entry, EntryKey, Filter};
 use futures_util::future::FutureExt;
 
-use super::materialize::Leasing;
+use super::materialize::{Leasing, MaterializeRequest};
 use super::{blocking, model, Error, Miss, Result};
 use crate::caller::Caller;
 use crate::error::ErrorKind;
@@ -44,6 +45,8 @@ pub(crate) struct CompileRequest {
     pub runtime_build: String,
     pub leasing: Leasing,
     pub lookup_only: bool,
+    /// The form of this target's model instead of the model as it is.
+    pub materialize: Option<MaterializeRequest>,
 }
 
 /// What Compile answers.
@@ -74,13 +77,18 @@ pub(crate) async fn compile(
         caller.clone(),
         (r.model_path.clone(), r.handout.clone()),
     );
-    let (m, model_digest) = blocking(move || {
-        let m = model::open(&d2, &named.0, &named.1, &c2)?;
-        refuse_external_data(&m)?;
-        let digest = model_digest(&d2, c2.bounded_uid(), &m)?;
-        Ok((m, digest))
-    })
-    .await?;
+    let (m, model_digest) = match r.materialize.clone() {
+        Some(target) => whole::materialized(d, caller, target).await?,
+        None => {
+            blocking(move || {
+                let m = model::open(&d2, &named.0, &named.1, &c2)?;
+                refuse_external_data(&m)?;
+                let digest = model_digest(&d2, c2.bounded_uid(), &m)?;
+                Ok((m, digest))
+            })
+            .await?
+        }
+    };
     let answer = |miss: Miss| Compiled {
         model_digest,
         form: None,
