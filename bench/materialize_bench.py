@@ -164,7 +164,7 @@ def write_model(folder: Path, layers: int, dim: int, shape: str) -> Path:
     return model
 
 
-def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path, Path]:
+def start_daemon(bin_dir: Path, root: Path, args: list[str] = ()) -> tuple[subprocess.Popen, Path, Path]:
     cache, sock = root / "cache", root / "s.sock"
     config = root / "ctcached.toml"
     # Empty unless the caller wrote one: built-in defaults (the default
@@ -177,7 +177,7 @@ def start_daemon(bin_dir: Path, root: Path) -> tuple[subprocess.Popen, Path, Pat
         env["XDG_RUNTIME_DIR"] = str(xdg)
     log_file = open(root / "ctcached.log", "wb")
     proc = subprocess.Popen([str(bin_dir / "ctcached"), "--config", str(config), "--cache-dir", str(cache),
-                             "--socket", str(sock), "--log-format", "human"],
+                             "--socket", str(sock), "--log-format", "human", *args],
                             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     return proc, cache, sock
 

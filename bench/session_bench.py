@@ -18,12 +18,27 @@ net. Four ways, one run:
 * ``warm``: ``ctcache.ort.inference_session`` with its default target,
   entries already in the cache of a fresh daemon (release build) that one
   call packed; for the conv net, which has nothing to rewrite, the session
-  opens the model as it is.
+  opens the model as it is;
+* ``own``: onnxruntime's own cache, as a user keeps it by hand: the
+  optimized model saved once (``optimized_model_filepath`` at the level
+  below), each session opened from it with the optimizer off;
+* ``form``: ``ctcache.ort.inference_session(target=None, optimize=level)``,
+  the daemon's form made already (runtime forms, D15); ``form_cold``: the
+  same with the store emptied before each run, so that the daemon's worker
+  compiles it (the runtime's own compile plus ctcache's publish).
+
+The level is the model's: ``all`` for the conv net (its NCHWc layouts),
+``extended`` for the encoder, where ``all`` adds nothing a saved model can
+keep and loads slower than the default session.
 
 Each figure is a RESULT line (``bench/results.py``): ``session.<model>.warm.p1``
 and ``.p4`` against the plain session, ``session.<model>.reference.p1``
 against warm, ``session.<model>.floor.p1`` with warm's ratio to it (the
-goal: warm within 1.2x of the floor).
+goal: warm within 1.2x of the floor); ``session.<model>.form.p1`` and
+``.p4`` against the plain session (never slower; at most half of it on
+the conv net), ``session.<model>.own.p1`` against the form (the form at
+least as fast as the runtime's own cache), ``session.<model>.form_cold.p1``
+against the plain session.
 
     python bench/session_bench.py [--bin-dir DIR] [--runs 5]
 """
@@ -44,10 +59,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(REPO / "client" / "python"))
 
+import onnxruntime  # noqa: E402
 import real_models  # noqa: E402
 from materialize_bench import connect, start_daemon, stop_daemon  # noqa: E402
 
 MODELS = {"minilm": "minilm-l3", "conv": "ddddocr-det"}
+#: The level each model's form is made at (see the module's doc).
+LEVELS = {"minilm": "extended", "conv": "all"}
 PROVIDERS = '["CPUExecutionProvider"]'
 
 # The child: its imports and its session are what is timed.
@@ -55,7 +73,7 @@ CHILD = r"""
 import sys, time, logging, warnings
 logging.disable(logging.CRITICAL)
 warnings.simplefilter("ignore")
-mode, model, socket = sys.argv[1], sys.argv[2], sys.argv[3]
+mode, model, socket, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 if mode == "floor":
     import onnxruntime
 elif mode == "plain":
@@ -70,6 +88,16 @@ elif mode == "reference":
 elif mode == "warm":
     import ctcache.ort
     s = ctcache.ort.inference_session(model, socket=socket, fallback=False, providers=%(p)s)
+elif mode == "own":
+    import onnxruntime
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    onnxruntime.InferenceSession(extra, so, providers=%(p)s)
+elif mode in ("form", "form_cold"):
+    import ctcache.ort
+    s = ctcache.ort.inference_session(model, target=None, optimize=extra, socket=socket)
+    if s.ctcache_report.source != "daemon":
+        raise SystemExit(f"no form: {s.ctcache_report.why}")
 print(time.time(), flush=True)
 """ % {"p": PROVIDERS}
 
@@ -78,10 +106,10 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict) -> float:
+def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict, extra: str = "") -> float:
     """Seconds from spawning `procs` children at once until the slowest is ready."""
     start = time.time()
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(model), str(socket)],
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(model), str(socket), extra],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 for _ in range(procs)]
     ends = []
@@ -91,6 +119,22 @@ def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict) -> 
             raise SystemExit(f"{mode} on {model.name} failed:\n{err[-3000:]}")
         ends.append(float(out.strip().splitlines()[-1]))
     return max(ends) - start
+
+
+def save_optimized(model: Path, out: Path, level: str) -> None:
+    """onnxruntime's own optimized model at `level`, as a user saves it."""
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = {"extended": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                   "all": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
+    so.optimized_model_filepath = str(out)
+    so.log_severity_level = 3
+    onnxruntime.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+
+
+def empty_store(bin_dir: Path, sock: Path) -> None:
+    """Every entry gone: the next form is compiled."""
+    subprocess.run([str(bin_dir / "ctcachectl"), "--socket", str(sock), "gc", "--all", "--yes", "-q"],
+                   check=True, capture_output=True, timeout=120)
 
 
 def result(name: str, value: float, anchor: float, ratio: float, label: str, target: str = "") -> None:
@@ -108,7 +152,8 @@ def main() -> int:
     corpus = {m.name: m for m in real_models.CORPUS}
     work = Path(tempfile.mkdtemp(prefix="ctcache-session-bench-", dir="/var/tmp"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
-    proc, _, sock = start_daemon(a.bin_dir, work)
+    ort_library = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
+    proc, _, sock = start_daemon(a.bin_dir, work, ["--ort-library", str(ort_library)])
     try:
         client = connect(proc, sock, work)
         if client is None:
@@ -117,14 +162,25 @@ def main() -> int:
         for short, name in MODELS.items():
             model = work / f"{short}.onnx"
             shutil.copyfile(corpus[name].path, model)
-            # One call packs what the default target reads: warm from here on.
+            level = LEVELS[short]
+            own = work / f"{short}.{level}.onnx"
+            save_optimized(model, own, level)
+            # One call packs what the default target reads, one compiles the
+            # form: warm from here on.
             ready_after("warm", model, sock, 1, env)
+            ready_after("form", model, sock, 1, env, level)
             times: dict[tuple[str, int], float] = {}
+            extra = {"own": str(own), "form": level, "form_cold": level}
             for procs in (1, 4):
-                for mode in ("floor", "plain", "reference", "warm"):
-                    if procs == 4 and mode in ("floor", "reference"):
+                for mode in ("floor", "plain", "reference", "warm", "own", "form", "form_cold"):
+                    if procs == 4 and mode in ("floor", "reference", "own", "form_cold"):
                         continue
-                    runs = sorted(ready_after(mode, model, sock, procs, env) for _ in range(a.runs))
+                    runs = []
+                    for _ in range(a.runs):
+                        if mode == "form_cold":
+                            empty_store(a.bin_dir, sock)
+                        runs.append(ready_after(mode, model, sock, procs, env, extra.get(mode, "")))
+                    runs.sort()
                     times[(mode, procs)] = statistics.median(runs)
                     log(f"{short:7} {mode:9} x{procs}: {times[(mode, procs)]:.3f} s (runs {', '.join(f'{r:.3f}' for r in runs)})")
             warm, plain = times[("warm", 1)], times[("plain", 1)]
@@ -140,6 +196,19 @@ def main() -> int:
             floor = times[("floor", 1)]
             result(f"session.{short}.floor.p1", floor, warm, warm / floor,
                    f"{what}: Python and import onnxruntime, and warm's ratio to it", "ratio<=1.2")
+            form = times[("form", 1)]
+            result(f"session.{short}.form.p1", form, plain, plain / form,
+                   f"{what}, ctcache's onnxruntime form at {level} vs the plain session, one process",
+                   "ratio>=2" if short == "conv" else "ratio>=1")
+            result(f"session.{short}.form.p4", times[("form", 4)], times[("plain", 4)],
+                   times[("plain", 4)] / times[("form", 4)],
+                   f"{what}, ctcache's onnxruntime form at {level} vs the plain session, four processes at once")
+            result(f"session.{short}.own.p1", times[("own", 1)], form, times[("own", 1)] / form,
+                   f"{what}, onnxruntime's own optimized model at {level}, saved by hand, vs ctcache's form",
+                   "ratio>=1")
+            cold = times[("form_cold", 1)]
+            result(f"session.{short}.form_cold.p1", cold, plain, plain / cold,
+                   f"{what}, ctcache's form at {level} compiled for this session vs the plain session")
     finally:
         stop_daemon(proc)
         shutil.rmtree(work, ignore_errors=True)
