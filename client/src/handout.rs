@@ -245,7 +245,9 @@ async fn hand_over(
                     message: e.message,
                 }))
             }
-            None => return Err(lost(std::io::Error::other("an empty answer"))),
+            Some(handout_reply::Step::Compiled(_)) | None => {
+                return Err(lost(std::io::Error::other("an answer out of protocol")))
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -138,6 +139,19 @@ def test_a_target_with_nothing_to_rewrite_gives_the_form_of_the_model_as_it_is(d
     with pytest.warns(cort.AsIsWarning):
         sess = cort.inference_session(m.path, target="onnxruntime-int4", optimize="all", socket=str(daemon.socket))
     assert sess.ctcache_report.source == "daemon", sess.ctcache_report
+
+
+def test_a_session_from_a_form_needs_no_grpc(daemon, installed, tmp_path):  # noqa: F811
+    """Asked on the descriptor channel, a form costs a fresh process no gRPC
+    client (whose import takes longer than the session)."""
+    model = _small_model(tmp_path / "g.onnx", weight=0.375)
+    script = ("import sys, ctcache.ort\n"
+              "s = ctcache.ort.inference_session(sys.argv[1], target=None, optimize='extended', socket=sys.argv[2])\n"
+              "print(s.ctcache_report.source, s.ctcache_report.packed, 'grpc' in sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=str(installed))
+    said = [subprocess.run([sys.executable, "-c", script, str(model), str(daemon.socket)], capture_output=True,
+                           text=True, timeout=120, env=env) for _ in range(2)]
+    assert [r.stdout.split() for r in said] == [["daemon", "1", "False"], ["daemon", "0", "False"]], said
 
 
 def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache):  # noqa: F811

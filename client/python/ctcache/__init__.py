@@ -57,7 +57,7 @@ _LAZY = {
     "onnx_pb": ("._pb.onnx_pb2", None),
     "Client": (".client", "Client"),
     "connect": (".client", "connect"),
-    "default_socket": (".client", "default_socket"),
+    "default_socket": (".handout", "default_socket"),
     "entry_format": (".client", "entry_format"),
     "state_name": (".client", "state_name"),
     "materialize": (".ort", "materialize"),

@@ -16,6 +16,7 @@ from typing import Iterator, Mapping
 import grpc
 
 from . import errors, handout, materialized, outputs
+from .handout import default_socket
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import ctcache_v1_pb2_grpc as pb_grpc
 from ._pb import onnx_pb2 as onnx_pb
@@ -66,28 +67,6 @@ _ERRORS = {
     grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
     grpc.StatusCode.UNKNOWN: errors.Unknown,
 }
-
-
-def default_socket(env: Mapping[str, str] | None = None) -> str:
-    """The daemon's socket as ctcached picks it by default (D8).
-
-    ``$CTCACHE_SOCKET``, else ``$XDG_RUNTIME_DIR/ctcache/ctcached.sock``, else
-    ``$XDG_CACHE_HOME/ctcache/ctcached.sock``, else
-    ``~/.cache/ctcache/ctcached.sock``. A socket set only in the daemon's
-    config file is not seen here: pass it to :func:`connect`.
-    """
-    env = os.environ if env is None else env
-    if env.get("CTCACHE_SOCKET"):
-        return env["CTCACHE_SOCKET"]
-    if env.get("XDG_RUNTIME_DIR"):
-        return os.path.join(env["XDG_RUNTIME_DIR"], "ctcache", "ctcached.sock")
-    if env.get("XDG_CACHE_HOME"):
-        cache = env["XDG_CACHE_HOME"]
-    elif env.get("HOME"):
-        cache = os.path.join(env["HOME"], ".cache")
-    else:
-        cache = "/var/cache"
-    return os.path.join(cache, "ctcache", "ctcached.sock")
 
 
 def connect(socket: str | os.PathLike | None = None, *, timeout: float = 5.0,
@@ -187,27 +166,6 @@ def _close(held) -> None:
 
 def _path(p) -> str:
     return os.path.abspath(os.fspath(p))
-
-
-def target_request(target: str, *, bits=None, block_size=None, symmetric=None, accuracy_level: int = 0,
-                   weight_type=None, per_channel: bool = False, reduce_range: bool = False, op_types=None,
-                   op_block_list=None) -> pb.MaterializeRequest:
-    """A MaterializeRequest of ``target`` and its settings (unset ones left to the daemon's policy)."""
-    req = pb.MaterializeRequest(target=target, accuracy_level=int(accuracy_level))
-    if bits is not None:
-        req.bits = int(bits)
-    if block_size is not None:
-        req.block_size = int(block_size)
-    if symmetric is not None:
-        req.symmetric = bool(symmetric)
-    if weight_type is not None:
-        req.weight_type = str(weight_type)
-    req.per_channel = bool(per_channel)
-    req.reduce_range = bool(reduce_range)
-    req.op_types.extend(op_types or [])
-    if op_block_list is not None:
-        req.op_block_list = ",".join(op_block_list)
-    return req
 
 
 def entry_format(entry) -> str:
@@ -488,7 +446,7 @@ class Client:
             materialized.refuse_input(_path(model_path), output)
         # For a file, the leases last while this process copies the payloads.
         ttl_s = lease_ttl_s if in_memory else 600.0
-        req = target_request(target, bits=bits, block_size=block_size, symmetric=symmetric,
+        req = materialized.target_request(target, bits=bits, block_size=block_size, symmetric=symmetric,
                              accuracy_level=accuracy_level, weight_type=weight_type, per_channel=per_channel,
                              reduce_range=reduce_range, op_types=op_types, op_block_list=op_block_list)
         req.model_path = _path(model_path)
@@ -538,7 +496,7 @@ class Client:
                                 lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1),
                                 hold=hold)
         if target is not None:
-            req.materialize.CopyFrom(target_request(target, **(target_settings or {})))
+            req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
         return self._call("Compile", req, timeout, names_model=True, keep_handout=hold)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:

@@ -9,6 +9,7 @@ onnxruntime's own session at that level computes. Used by
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 #: The levels a form is made at, as onnxruntime's GraphOptimizationLevel names them.
@@ -73,4 +74,53 @@ def session_from_form(client, path, level: str, providers, lease_ttl_s: float = 
     so = onnxruntime.SessionOptions()
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = _session_in_memory(client, r, holder, so, providers, lease_ttl_s)
+    return FormAnswer(session=sess, compiled=r.compiled)
+
+
+def session_by_descriptor(socket, path, level: str, providers, target: str | None = None,
+                          target_settings: dict | None = None) -> FormAnswer | None:
+    """The form asked for on the descriptor channel, without gRPC (importing
+    a gRPC client costs a fresh process more than the session from a form
+    does): a session when every payload file is readable here, held while
+    the session lives; ``None`` where this way cannot serve it (no daemon,
+    a refusal, payloads this process cannot read, a daemon without the
+    step), for the caller to ask over gRPC, which says why or copies.
+    """
+    import weakref
+
+    import onnxruntime
+
+    from . import handout, materialized
+    from ._pb import ctcache_v1_pb2 as pb
+
+    model = os.path.abspath(os.fspath(path))
+    try:
+        h = handout.hand_over(os.path.abspath(os.fspath(socket or handout.default_socket())), model)
+    except (OSError, handout.HandoutRefused):
+        return None
+    req = pb.CompileRequest(model_path=model, runtime="onnxruntime", level=level,
+                            runtime_version=onnxruntime.__version__, runtime_build=onnxruntime.get_build_info())
+    if target is not None:
+        req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
+    try:
+        r = handout.compile_form(h, req)
+    except (OSError, handout.HandoutRefused):
+        h.close()
+        return None
+    if not r.HasField("form"):
+        h.close()
+        return FormAnswer(why=f"{r.miss.reason}: {r.miss.detail}")
+    if not all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
+        h.close()
+        return None
+    so = onnxruntime.SessionOptions()
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
+    try:
+        sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
+    except BaseException:
+        h.close()
+        raise
+    # The form's payloads stay held while the session lives.
+    weakref.finalize(sess, h.close)
     return FormAnswer(session=sess, compiled=r.compiled)

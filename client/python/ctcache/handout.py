@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-
-import grpc
+from typing import Mapping
 
 from ._pb import ctcache_v1_pb2 as pb
 
@@ -41,8 +40,38 @@ class HandoutRefused(Exception):
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
-        self.code = getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN)
+        self.code_name = code
         self.message = message
+
+    @property
+    def code(self):
+        """The ``grpc.StatusCode`` (grpc is imported here only: the
+        descriptor channel itself speaks no gRPC)."""
+        import grpc
+
+        return getattr(grpc.StatusCode, self.code_name, grpc.StatusCode.UNKNOWN)
+
+
+def default_socket(env: Mapping[str, str] | None = None) -> str:
+    """The daemon's socket as ctcached picks it by default (D8).
+
+    ``$CTCACHE_SOCKET``, else ``$XDG_RUNTIME_DIR/ctcache/ctcached.sock``, else
+    ``$XDG_CACHE_HOME/ctcache/ctcached.sock``, else
+    ``~/.cache/ctcache/ctcached.sock``. A socket set only in the daemon's
+    config file is not seen here: pass it to :func:`connect`.
+    """
+    env = os.environ if env is None else env
+    if env.get("CTCACHE_SOCKET"):
+        return env["CTCACHE_SOCKET"]
+    if env.get("XDG_RUNTIME_DIR"):
+        return os.path.join(env["XDG_RUNTIME_DIR"], "ctcache", "ctcached.sock")
+    if env.get("XDG_CACHE_HOME"):
+        cache = env["XDG_CACHE_HOME"]
+    elif env.get("HOME"):
+        cache = os.path.join(env["HOME"], ".cache")
+    else:
+        cache = "/var/cache"
+    return os.path.join(cache, "ctcache", "ctcached.sock")
 
 
 def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, outputs=()) -> Handout:
@@ -93,6 +122,36 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
     except BaseException:
         conn.close()
         raise
+
+
+def compile_form(h: Handout, req: pb.CompileRequest, timeout: float | None = None) -> pb.CompileResponse:
+    """Asks for the runtime form of ``h``'s model on its connection (no
+    gRPC): the answer comes as a sealed memfd. The form is held while ``h``
+    stays open. A refusal raises :class:`HandoutRefused` (and ends ``h``); a
+    daemon that does not know the step closes the channel
+    (``ConnectionError``)."""
+    h._conn.settimeout(timeout)
+    socket.send_fds(h._conn, [pb.HandoutRequest(compile=req).SerializeToString()], [])
+    data, fds, _flags, _ = socket.recv_fds(h._conn, MAX_PACKET, MAX_FDS)
+    try:
+        if not data:
+            raise ConnectionError("the daemon closed the descriptor channel")
+        reply = pb.HandoutReply.FromString(data)
+        step = reply.WhichOneof("step")
+        if step == "error":
+            raise HandoutRefused(reply.error.code, reply.error.message)
+        if step != "compiled" or len(fds) != 1:
+            raise ConnectionError("an answer out of protocol on the descriptor channel")
+        answer = os.pread(fds[0], reply.compiled.length, 0)
+        while len(answer) < reply.compiled.length:
+            more = os.pread(fds[0], reply.compiled.length - len(answer), len(answer))
+            if not more:
+                raise ConnectionError("the answer's memfd is shorter than announced")
+            answer += more
+        return pb.CompileResponse.FromString(answer)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _answer(conn: socket.socket, folder: str, names: list[str]) -> None:

@@ -579,7 +579,9 @@ def _runtime_session(path, optimize, socket, sess_options, providers, target, se
         return sess, SessionReport(name, "", "runtime", why="no optimize level asked")
     why = forms.why_not_served(optimize, sess_options, providers)
     if not why:
-        got = _form(name, optimize, socket, providers, target, settings, strict)
+        got = forms.session_by_descriptor(socket, name, optimize, providers, target, settings)
+        if got is None:
+            got = _form(name, optimize, socket, providers, target, settings, strict)
         if got.session is not None:
             done = "compiled now" if got.compiled else "stored"
             return got.session, SessionReport(name, what, "daemon", cached=int(not got.compiled),

@@ -3,7 +3,7 @@
 //! checks each one (a regular file open for reading), charges them to its
 //! uid, and makes a handout of them that lives while the connection does.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,8 +92,26 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
         })),
     };
     if send(&afd, &ready, &[]).await.is_ok() {
-        // Anything but the close is out of protocol: the handout ends.
-        let _ = wire::recv_when_ready::<api::HandoutRequest, _>(&afd).await;
+        // A form may be asked for; anything else, or the close, ends the
+        // handout.
+        while let Ok(Some((req, fds))) = wire::recv_when_ready::<api::HandoutRequest, _>(&afd).await
+        {
+            let Some(handout_request::Step::Compile(c)) = req.step.filter(|_| fds.is_empty())
+            else {
+                break;
+            };
+            match super::handout_forms::compile(&d, &peer, &name, c).await {
+                Ok((reply, fd)) => {
+                    if send(&afd, &reply, &[fd.as_fd()]).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    refuse(&afd, &e).await;
+                    break;
+                }
+            }
+        }
     }
     if let Some(ended) = d.handouts.remove(&name) {
         crate::ops::payload_access::let_go(&d, ended);

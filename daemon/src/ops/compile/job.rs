@@ -16,9 +16,12 @@ use ctcache_kernels::compile::BackendChoice;
 use ctcache_kernels::Params;
 
 use super::super::{blocking, model, pack, Error, Result};
-use super::Made;
 use crate::runtimes::{CompileFailure, Configured, Identified};
 use crate::state::Daemon;
+
+/// A made form and how long its compile took, as every request that
+/// shared the compile gets it.
+pub(super) type Made = (Entry, Duration);
 
 /// How long one compile may run.
 const COMPILE_LIMIT: Duration = Duration::from_secs(600);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ctcache::forms::{self, FormKey, KeyPart, RuntimeIdentity};
 use ctcache::hit::MissReason;
-use ctcache::store::{Entry, EntryKey, Filter};
+use ctcache::store::{EntryKey, Filter};
 use futures_util::future::FutureExt;
 
 use super::materialize::{Leasing, MaterializeRequest};
@@ -27,7 +27,7 @@ use crate::caller::Caller;
 use crate::error::ErrorKind;
 use crate::runtimes::Configured;
 use crate::state::Daemon;
-use job::Job;
+use job::{Job, Made};
 
 /// The onnxruntime provider forms are made for.
 const CPU_PROVIDER: &str = "CPUExecutionProvider";
@@ -60,10 +60,6 @@ pub(crate) struct Compiled {
     pub compiled: bool,
     pub compile_time: Duration,
 }
-
-/// A made form and how long its compile took, as every request that
-/// shared the compile gets it.
-pub(crate) type Made = (Entry, Duration);
 
 /// The Compile use case.
 pub(crate) async fn compile(
