@@ -25,10 +25,11 @@ impl<K, T: Clone> Default for Flights<K, T> {
 }
 
 impl<K: Eq + Hash, T: Clone> Flights<K, T> {
-    /// The run of `key` under way, or the one `start` makes.
+    /// The run of `key` under way, or the one `start` makes. A run that
+    /// has ended is not joined (its outcome may be stale): a new one starts.
     pub(crate) fn join(&self, key: K, start: impl FnOnce() -> BoxFuture<'static, T>) -> Flight<T> {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.retain(|_, w| w.upgrade().is_some());
+        running.retain(|_, w| w.upgrade().is_some_and(|f| f.peek().is_none()));
         if let Some(f) = running.get(&key).and_then(WeakShared::upgrade) {
             return f;
         }
@@ -67,6 +68,15 @@ mod tests {
         tx.send(()).unwrap();
         assert_eq!((a.await, b.await), (0, 0));
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_run_that_ended_is_not_joined() {
+        let flights: Flights<u8, usize> = Flights::default();
+        let first = flights.join(1, || async { 1 }.boxed());
+        assert_eq!(first.clone().await, 1);
+        let second = flights.join(1, || async { 2 }.boxed());
+        assert_eq!(second.await, 2);
     }
 
     #[tokio::test]

@@ -57,8 +57,8 @@ pub(crate) struct Daemon {
     pub compile_slots: tokio::sync::Semaphore,
 }
 
-/// Workers compiling at once: a runtime's compile uses every core it
-/// gets, so more would only share them.
+/// Workers compiling at once: one, so that a compile never takes more
+/// than a core or two from packing and serving.
 const COMPILE_SLOTS: usize = 1;
 
 impl Daemon {

@@ -25,3 +25,14 @@ pub const DEFAULT_LEVEL: &str = "extended";
 
 #[cfg(test)]
 mod tests;
+
+/// The first top-level initializer held as external data, by name: a form
+/// is made of a model that holds its weights (a runtime's worker reads no
+/// file), so such a model has none.
+pub fn external_initializer(model: &crate::onnx::Model) -> crate::Result<Option<String>> {
+    Ok(model
+        .initializers()?
+        .into_iter()
+        .find(|t| matches!(t.storage, crate::onnx::Storage::External(_)))
+        .map(|t| t.name))
+}

@@ -217,6 +217,18 @@ def test_another_onnxruntime_in_the_client_runs_its_own_session(daemon, tmp_path
     assert sess.ctcache_report.source == "runtime" and "sess_options" in sess.ctcache_report.why
 
 
+def test_a_model_with_external_data_has_no_form_and_says_why(daemon, tmp_path, cort):
+    """The worker reads no file: a model whose weights are external data is
+    a miss naming that, and the session is onnxruntime's own."""
+    model = onnx.load(str(_small_model(tmp_path / "src.onnx")))
+    ext = tmp_path / "ext.onnx"
+    onnx.save(model, str(ext), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    r = daemon.json("compile", str(ext), "--lookup")
+    assert r["miss"]["reason"] == "not_a_source" and "external data" in r["miss"]["detail"], r
+    sess = cort.inference_session(ext, target=None, optimize="extended", socket=str(daemon.socket))
+    assert sess.ctcache_report.source == "runtime" and "external data" in sess.ctcache_report.why
+
+
 def test_a_model_onnxruntime_refuses_is_its_words_once_and_no_entry(daemon, tmp_path):
     g = helper.make_graph([helper.make_node("NoSuchOp", ["X"], ["Y"])], "g",
                           [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1])],
@@ -332,11 +344,24 @@ def test_a_worker_killed_mid_compile_publishes_nothing(slow_worker, tmp_path):
     assert list((d.cache / "tmp").iterdir()) == []
 
 
-def test_a_compile_stops_when_its_caller_goes(slow_worker, tmp_path):
+ASK_ON_THE_CHANNEL = ("import sys\n"
+                      "from ctcache import handout\n"
+                      "from ctcache._pb import ctcache_v1_pb2 as pb\n"
+                      "h = handout.hand_over(sys.argv[1], sys.argv[2])\n"
+                      "handout.compile_form(h, pb.CompileRequest(model_path=sys.argv[2], runtime='onnxruntime',"
+                      " level='extended'))\n")
+
+
+@pytest.mark.parametrize("way", ["grpc", "descriptor channel"])
+def test_a_compile_stops_when_its_caller_goes(way, slow_worker, tmp_path, installed):  # noqa: F811
     d, pid_file = slow_worker
     model = _small_model(tmp_path / "m.onnx")
-    p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile", str(model)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if way == "grpc":
+        args = [os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile", str(model)]
+    else:
+        args = [sys.executable, "-c", ASK_ON_THE_CHANNEL, str(d.socket), str(model)]
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=dict(os.environ, PYTHONPATH=str(installed)))
     wait_until(pid_file.exists, 60, "the stand-in worker started")
     worker = int(pid_file.read_text())
     p.kill()

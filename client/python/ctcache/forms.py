@@ -104,7 +104,15 @@ def session_by_descriptor(socket, path, level: str, providers, target: str | Non
         req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
     try:
         r = handout.compile_form(h, req)
-    except (OSError, handout.HandoutRefused):
+    except handout.HandoutRefused as e:
+        h.close()
+        if target is not None:
+            return None  # gRPC says which refusal (a target that rewrites nothing is no error)
+        from .client import _ERRORS
+        from . import errors
+
+        raise _ERRORS.get(e.code, errors.Unknown)("Compile", e.code, e.message) from None
+    except Exception:  # noqa: BLE001 -- a channel lost or out of protocol: gRPC asks again
         h.close()
         return None
     if not r.HasField("form"):

@@ -141,9 +141,16 @@ pub(crate) fn compile(r: api::CompileRequest) -> Result<CompileRequest, Error> {
         })?),
         None => None,
     };
+    // 0: as the proto says, 30 s (a lease of 1 ms would let gc take what
+    // a session maps).
+    let ttl_ms = if r.lease_ttl_ms == 0 {
+        30_000
+    } else {
+        r.lease_ttl_ms
+    };
     Ok(CompileRequest {
         materialize,
-        leasing: leasing(r.hold, &r.handout, r.lease_ttl_ms)?,
+        leasing: leasing(r.hold, &r.handout, ttl_ms)?,
         model_path: r.model_path,
         handout: r.handout,
         runtime: r.runtime,

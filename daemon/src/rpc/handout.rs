@@ -100,7 +100,14 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
             else {
                 break;
             };
-            match super::handout_forms::compile(&d, &peer, &name, c).await {
+            let work = super::handout_forms::compile(&d, &peer, &name, c);
+            let answered = tokio::select! {
+                a = work => a,
+                // The client went away (or spoke out of turn): the compile
+                // is dropped (its worker killed unless another waits).
+                () = peer_speaks(&afd) => break,
+            };
+            match answered {
                 Ok((reply, fd)) => {
                     if send(&afd, &reply, &[fd.as_fd()]).await.is_err() {
                         break;
@@ -117,6 +124,23 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
         crate::ops::payload_access::let_go(&d, ended);
     }
     drop(charge);
+}
+
+/// Returns once the peer sends anything or closes the connection (a
+/// readiness left from the last message read is checked, not trusted).
+async fn peer_speaks(afd: &Conn) {
+    loop {
+        let Ok(mut ready) = afd.readable().await else {
+            return;
+        };
+        let peek = |s: &AsyncFd<Arc<OwnedFd>>| {
+            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+            rustix::net::recv(s.get_ref(), &mut [0u8; 1], flags).map_err(std::io::Error::from)
+        };
+        if ready.try_io(peek).is_ok() {
+            return;
+        }
+    }
 }
 
 /// What a handshake hands over: the client's name of the model, its real

@@ -60,10 +60,14 @@ pub(super) async fn compile(
         )
     })??;
     let answer = encode::compiled(d, compiled).encode_to_vec();
-    let fd = sealed(&answer).map_err(|e| Error::from_io(e, "the answer's memfd"))?;
+    let length = answer.len() as u64;
+    let fd = tokio::task::spawn_blocking(move || sealed(&answer))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| Error::from_io(e, "the answer's memfd"))?;
     let reply = api::HandoutReply {
         step: Some(handout_reply::Step::Compiled(api::HandoutCompiled {
-            length: answer.len() as u64,
+            length,
         })),
     };
     Ok((reply, fd))

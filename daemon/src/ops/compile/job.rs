@@ -56,7 +56,7 @@ impl Job {
         })
         .await?;
         let started = Instant::now();
-        let bytes = self.model.model.bytes().clone();
+        let bytes = self.private_copy().await?;
         let len = bytes.len() as u64;
         if let Err(f) = self
             .rt
@@ -87,6 +87,37 @@ impl Job {
             "compiled"
         );
         Ok((entry, took))
+    }
+
+    /// The model's bytes as the worker gets them: copied out of the
+    /// caller's file (whose owner may write it meanwhile) and hashed again,
+    /// so that the form filed under the key is made of the bytes the key
+    /// names.
+    async fn private_copy(&self) -> Result<bytes::Bytes> {
+        let (model, expected) = (self.model.model.clone(), self.key.model);
+        blocking(move || {
+            let copy = bytes::Bytes::copy_from_slice(model.bytes());
+            let changed = || {
+                Error::new(
+                    crate::error::ErrorKind::Unavailable,
+                    "the model changed while it was read; ask again",
+                )
+            };
+            let m = Model::from_bytes(copy.clone(), ".").map_err(|_| changed())?;
+            // Hashed only while it holds its weights: nothing is opened.
+            if forms::external_initializer(&m)
+                .map_err(|e| Error::invalid(e.to_string()))?
+                .is_some()
+            {
+                return Err(changed());
+            }
+            let again = forms::model_digest(&m).map_err(|e| Error::invalid(e.to_string()))?;
+            if again != expected {
+                return Err(changed());
+            }
+            Ok(copy)
+        })
+        .await
     }
 
     /// A worker's failure as the caller's error: the runtime's refusal is

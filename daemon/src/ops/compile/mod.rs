@@ -73,16 +73,30 @@ pub(crate) async fn compile(
         caller.clone(),
         (r.model_path.clone(), r.handout.clone()),
     );
-    let (m, model_digest) = match r.materialize.clone() {
-        Some(target) => whole::materialized(d, caller, target).await?,
+    let opened = match r.materialize.clone() {
+        Some(target) => Ok(whole::materialized(d, caller, target).await?),
         None => {
             blocking(move || {
                 let m = model::open(&d2, &named.0, &named.1, &c2)?;
-                refuse_external_data(&m)?;
+                if let Some(why) = external_data(&m.model)? {
+                    return Ok(Err(why));
+                }
                 let digest = model_digest(&d2, c2.bounded_uid(), &m)?;
-                Ok((m, digest))
+                Ok(Ok((m, digest)))
             })
             .await?
+        }
+    };
+    let (m, model_digest) = match opened {
+        Ok(found) => found,
+        Err(why) => {
+            return Ok(Compiled {
+                model_digest: [0; 32],
+                form: None,
+                miss: Some(Miss::from(MissReason::NotASource(why))),
+                compiled: false,
+                compile_time: Duration::ZERO,
+            })
         }
     };
     let answer = |miss: Miss| Compiled {
@@ -147,7 +161,7 @@ pub(crate) async fn compile(
 /// A stored form that cannot be served whole: one of its payloads is gone
 /// or rotted.
 fn incomplete(err: &Error) -> bool {
-    matches!(err.kind, ErrorKind::DataLoss | ErrorKind::NotFound)
+    err.kind == ErrorKind::DataLoss
 }
 
 /// The daemon's onnxruntime and the key of the form of `model` at `level`
@@ -213,7 +227,9 @@ async fn watched(
 ) -> Result<Option<Duration>> {
     let (d2, m2) = (d.clone(), m.clone());
     let digest = blocking(move || {
-        refuse_external_data(&m2)?;
+        if let Some(why) = external_data(&m2.model)? {
+            return Err(Error::precondition(why));
+        }
         model_digest(&d2, queue_owner, &m2)
     })
     .await?;
@@ -305,25 +321,17 @@ fn check(r: &CompileRequest) -> Result<()> {
     Ok(())
 }
 
-/// The worker gets the model's bytes alone (D14: no path), so initializers
-/// held as external data, which onnxruntime would look for by path, are
-/// refused.
-fn refuse_external_data(m: &model::OpenedModel) -> Result<()> {
-    let external = m
-        .model
-        .initializers()
-        .map_err(|e| Error::invalid(e.to_string()))?
-        .into_iter()
-        .find(|t| matches!(t.storage, ctcache::onnx::Storage::External(_)));
-    match external {
-        Some(t) => Err(Error::invalid(format!(
-            "{}: initializer {:?} is external data; forms are made of models that hold \
-             their weights (onnx.load and onnx.save without external data)",
-            m.path.display(),
-            t.name
-        ))),
-        None => Ok(()),
-    }
+/// Why a model has no form: the worker gets the model's bytes alone (D14:
+/// no path), so initializers held as external data, which onnxruntime
+/// would look for by path, cannot be compiled (`None`: none is).
+fn external_data(m: &ctcache::onnx::Model) -> Result<Option<String>> {
+    let name = forms::external_initializer(m).map_err(|e| Error::invalid(e.to_string()))?;
+    Ok(name.map(|n| {
+        format!(
+            "initializer {n:?} is external data; forms are made of models that hold their \
+             weights (the runtime's worker reads no file)"
+        )
+    }))
 }
 
 /// Why no form of `key` is stored: a form of the same content under

@@ -14,6 +14,7 @@ use super::super::materialize::Leasing;
 use super::super::payload_access::{self, Granted};
 use super::super::{serve, Error, Result};
 use crate::caller::Caller;
+use crate::error::ErrorKind;
 use crate::state::Daemon;
 
 /// A form as its caller gets it.
@@ -31,22 +32,27 @@ pub(crate) struct ServedForm {
     pub held: bool,
 }
 
-/// Serves the form `e`: NOT_FOUND when one of its weights is no longer
-/// stored, DATA_LOSS when a payload rotted (the caller compiles again).
+/// Serves the form `e`: DATA_LOSS when one of its payloads rotted or is no
+/// longer stored (the caller compiles it again).
 pub(super) fn serve_form(
     d: &Arc<Daemon>,
     caller: &Caller,
     e: &Entry,
     leasing: &Leasing,
 ) -> Result<ServedForm> {
-    let skeleton = Bytes::copy_from_slice(&serve::open(d, caller, e)?[..]);
+    let own = serve::open(d, caller, e)?;
+    let skeleton = Bytes::copy_from_slice(serve::checked(d, caller, e, &own, 0..own.len())?);
     let mut entries = vec![e.clone()];
     let (model, tensors) = forms::served::<Error>(skeleton, |text| {
         let key: EntryKey = text
             .parse()
             .map_err(|err: ctcache::store::InvalidKey| Error::internal(err.to_string()))?;
+        // A weight gone (gc) is as a rotted one: the form is incomplete.
         let weight = d.store.stat(&key)?.ok_or_else(|| {
-            Error::not_found(format!("a weight of the form ({key}) is no longer stored"))
+            Error::new(
+                ErrorKind::DataLoss,
+                format!("a weight of the form ({key}) is no longer stored"),
+            )
         })?;
         let payload = serve::open(d, caller, &weight)?;
         if !entries.iter().any(|x| x.key == key) {
@@ -57,6 +63,15 @@ pub(super) fn serve_form(
             .display()
             .to_string())
     })?;
+    // An answer carries the model: refused before anything is leased.
+    let limit = d.config.max_message_bytes.saturating_sub(1 << 20);
+    if model.len() > limit {
+        return Err(Error::exhausted(format!(
+            "the form's model is {} bytes, more than an answer may carry (max_message_bytes \
+             less 1 MiB: {limit})",
+            model.len()
+        )));
+    }
     let leases = match leasing {
         Leasing::Ttl(ms) => payload_access::acquire_all(d, caller, entries.iter(), *ms)?,
         Leasing::Hold(handout) => {

@@ -30,6 +30,14 @@ pub(super) async fn materialized(
             let _ = payload_access::release(&d, &caller, g.id);
         }
         let m = whole?;
+        // Every payload-backed initializer is inline: nothing to open.
+        if let Some(name) =
+            forms::external_initializer(&m).map_err(|e| Error::internal(e.to_string()))?
+        {
+            return Err(Error::internal(format!(
+                "the materialized model holds {name:?} as external data"
+            )));
+        }
         let digest = forms::model_digest(&m).map_err(|e| Error::invalid(e.to_string()))?;
         let model = Arc::new(m);
         Ok((model::OpenedModel { path, model }, digest))
