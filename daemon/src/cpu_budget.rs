@@ -81,10 +81,14 @@ impl Payer {
     pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
         let t0 = thread_cpu();
         let out = work();
-        let used = thread_cpu().saturating_sub(t0);
+        self.charge(thread_cpu().saturating_sub(t0));
+        out
+    }
+
+    /// Charges CPU time used elsewhere for this payer (a worker process).
+    pub fn charge(&self, used: Duration) {
         let us = u64::try_from(used.as_micros()).unwrap_or(u64::MAX);
         self.budget.hourly.spend_at(self.uid, us, Instant::now());
-        out
     }
 }
 

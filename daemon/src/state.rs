@@ -21,6 +21,7 @@ use crate::jobs::{JobKey, Packed};
 use crate::memo::Memo;
 use crate::runtimes::Runtimes;
 use crate::scheduler::Scheduler;
+use crate::shares::Shares;
 use crate::watcher::Watcher;
 
 /// Everything the use cases share.
@@ -55,11 +56,17 @@ pub(crate) struct Daemon {
     pub compiles: Flights<ctcache::store::EntryKey, crate::error::Result<(Entry, Duration)>>,
     /// How many workers compile at once (each is a whole runtime).
     pub compile_slots: tokio::sync::Semaphore,
+    /// Each untrusted uid's compiles waiting or running.
+    pub compile_shares: Shares,
 }
 
 /// Workers compiling at once: one, so that a compile never takes more
 /// than a core or two from packing and serving.
 const COMPILE_SLOTS: usize = 1;
+
+/// Compiles an untrusted uid may wait for at once: each holds the one
+/// slot for up to 600 s, so more would only queue ahead of other users.
+pub(crate) const COMPILES_PER_UID: usize = 2;
 
 impl Daemon {
     pub fn new(
@@ -116,6 +123,7 @@ impl Daemon {
             runtimes,
             compiles: Flights::default(),
             compile_slots: tokio::sync::Semaphore::new(COMPILE_SLOTS),
+            compile_shares: Shares::new(COMPILES_PER_UID),
         }
     }
 }

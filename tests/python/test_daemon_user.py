@@ -156,6 +156,55 @@ def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling
     assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
 
 
+NEVER_ENDS = """#!{python}
+import json, sys, time
+if sys.argv[1] == "identify":
+    print(json.dumps({"runtime": "onnxruntime", "version": "1.99.0", "build": "a stand-in"}))
+    sys.exit(0)
+time.sleep(120)
+"""
+
+
+def test_a_user_waits_for_two_compiles_at_most(root_dir, monkeypatch):
+    """Each compile holds the one compile slot for up to 600 s: an untrusted
+    uid's third compile waiting at once is RESOURCE_EXHAUSTED (exit 4), not
+    a place in line ahead of every other user."""
+    import re
+    bindir = root_dir / "bin"
+    bindir.mkdir()
+    for exe in ("ctcached", "ctcachectl"):
+        shutil.copy(bin_dir() / exe, bindir / exe)
+    worker = bindir / "ctcache-onnxruntime-worker"
+    worker.write_text(NEVER_ENDS.replace("{python}", sys.executable))
+    worker.chmod(0o755)
+    monkeypatch.setenv("CTCACHE_BIN_DIR", str(bindir))
+    models = []
+    for i in range(3):
+        m = model_with(root_dir / f"m{i}.onnx", [])
+        # A field of its own (number 18, one byte): another model content.
+        m.write_bytes(m.read_bytes() + bytes([0x92, 0x01, 0x01, 0x30 + i]))
+        os.chmod(m, 0o644)
+        models.append(m)
+    daemon = _daemon(root_dir, 0, ("--ort-library", "/etc/hostname"))
+    socket = next(daemon)
+    log = root_dir / "ctcached.log"
+    waiting = []
+    try:
+        ask = [*setpriv(CALLER_UID), str(bindir / "ctcachectl"), "--socket", str(socket), "compile"]
+        env = dict(os.environ, HOME=str(root_dir))
+        waiting = [subprocess.Popen([*ask, str(m)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                   for m in models[:2]]
+        wait_until(lambda: len(re.findall("compile queued", log.read_text())) == 2, 60,
+                   "two compiles of the user waiting", detail=log.read_text)
+        third = subprocess.run([*ask, str(models[2])], capture_output=True, text=True, timeout=60, env=env)
+        assert third.returncode == 4 and "waits for 2 compiles already" in third.stderr, third.stderr
+    finally:
+        for p in waiting:
+            p.kill()
+            p.wait()
+        next(daemon, None)
+
+
 def _as_caller(env: dict, *args: str) -> str:
     """Runs ``args`` as the caller; its stdout, once it succeeded."""
     r = subprocess.run([*setpriv(CALLER_UID), *args], capture_output=True, text=True, timeout=120, env=env)

@@ -104,8 +104,9 @@ pub(super) async fn identify(
 
 /// Has the worker `name` optimize `model` at `level` with `library`,
 /// writing the optimized model to `out` (its descriptor 3, the one file it
-/// gets) within `limit`. The worker is killed when this is dropped (its
-/// caller went away).
+/// gets) within `limit`; with the CPU time it used (ended workers' usage,
+/// RUSAGE_CHILDREN, before and after: compiles run one at a time). The
+/// worker is killed when this is dropped (its caller went away).
 pub(super) async fn optimize(
     name: &'static str,
     library: &Path,
@@ -113,32 +114,51 @@ pub(super) async fn optimize(
     model: Bytes,
     out: &std::fs::File,
     limit: Duration,
-) -> Result<(), CompileFailure> {
-    let mut cmd = command(name, "optimize", library).map_err(CompileFailure::Start)?;
-    cmd.arg("--level")
-        .arg(level)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null());
-    give_output(&mut cmd, out.as_raw_fd());
-    let out = tokio::time::timeout(limit, bounded_run(cmd, Some(model)))
-        .await
-        .map_err(|_| CompileFailure::Timeout { name, limit })?
-        .map_err(|e| {
-            CompileFailure::Start(RuntimeProblem::Start {
+) -> (Result<(), CompileFailure>, Duration) {
+    let before = children_cpu();
+    let outcome = async {
+        let mut cmd = command(name, "optimize", library).map_err(CompileFailure::Start)?;
+        cmd.arg("--level")
+            .arg(level)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null());
+        give_output(&mut cmd, out.as_raw_fd());
+        let out = tokio::time::timeout(limit, bounded_run(cmd, Some(model)))
+            .await
+            .map_err(|_| CompileFailure::Timeout { name, limit })?
+            .map_err(|e| {
+                CompileFailure::Start(RuntimeProblem::Start {
+                    name,
+                    problem: e.to_string(),
+                })
+            })?;
+        let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        match out.status.code() {
+            Some(0) => Ok(()),
+            Some(3) => Err(CompileFailure::Refused(said)),
+            _ => Err(CompileFailure::Failed {
                 name,
-                problem: e.to_string(),
-            })
-        })?;
-    let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    match out.status.code() {
-        Some(0) => Ok(()),
-        Some(3) => Err(CompileFailure::Refused(said)),
-        _ => Err(CompileFailure::Failed {
-            name,
-            status: out.status.to_string(),
-            said,
-        }),
+                status: out.status.to_string(),
+                said,
+            }),
+        }
     }
+    .await;
+    (outcome, children_cpu().saturating_sub(before))
+}
+
+/// The CPU time of this process's ended (waited for) children.
+fn children_cpu() -> Duration {
+    // SAFETY: an all-zero rusage is a valid value, and getrusage writes
+    // only into the one this frame owns.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let t = |v: libc::timeval| {
+        Duration::from_secs(v.tv_sec.max(0) as u64) + Duration::from_micros(v.tv_usec.max(0) as u64)
+    };
+    t(u.ru_utime) + t(u.ru_stime)
 }
 
 /// Runs `cmd` to its end, keeping at most [`MAX_WORKER_OUTPUT`] of each of

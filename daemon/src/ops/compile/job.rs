@@ -42,6 +42,7 @@ pub(super) struct Job {
 
 impl Job {
     pub(super) async fn run(self) -> Result<Made> {
+        tracing::info!(model = %self.model.path.display(), level = %self.level, "compile queued");
         let _slot = self
             .d
             .compile_slots
@@ -58,11 +59,15 @@ impl Job {
         let started = Instant::now();
         let bytes = self.private_copy().await?;
         let len = bytes.len() as u64;
-        if let Err(f) = self
+        let (outcome, cpu) = self
             .rt
             .optimize(&self.level, bytes, &out, COMPILE_LIMIT)
-            .await
-        {
+            .await;
+        // The worker's CPU is the asking uid's, as its requests' own is.
+        if let Some(uid) = self.requested_by {
+            self.d.cpu_budget.payer(uid).charge(cpu);
+        }
+        if let Err(f) = outcome {
             return Err(self.failure(f, len));
         }
         let took = started.elapsed();

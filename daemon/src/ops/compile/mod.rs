@@ -269,6 +269,13 @@ async fn made_and_served(
     entry_key: EntryKey,
     leasing: &Leasing,
 ) -> Result<(ServedForm, Option<Made>)> {
+    let _place = d.compile_shares.take(caller.bounded_uid()).ok_or_else(|| {
+        Error::exhausted(format!(
+            "uid {} waits for {} compiles already: one must end before another starts",
+            caller.bounded_uid().unwrap_or_default(),
+            crate::state::COMPILES_PER_UID
+        ))
+    })?;
     let flight = d.compiles.join(entry_key, move || job.run().boxed());
     let made = flight.await?;
     Ok((served::serve_form(d, caller, &made.0, leasing)?, Some(made)))
