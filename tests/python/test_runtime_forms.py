@@ -370,6 +370,31 @@ def test_a_compile_stops_when_its_caller_goes(way, slow_worker, tmp_path, instal
     assert d.ctl("status").returncode == 0 and _forms(d) == []
 
 
+REPLACED = """#!{python}
+import json, sys
+version = "1.99.0" if sys.argv[1] == "identify" else "1.99.1"
+if sys.argv[1] == "optimize":
+    sys.stdin.buffer.read()
+    with open("/proc/self/fd/3", "wb") as f:
+        f.write(b"not read")
+print(json.dumps({"runtime": "onnxruntime", "version": version, "build": "a stand-in"}))
+"""
+
+
+def test_a_library_replaced_since_the_start_makes_no_form(tmp_path, monkeypatch):
+    """Forms are filed under the identity the daemon found at start: a
+    library at that path that says otherwise when it compiles (replaced in
+    place) makes no form, and the daemon says to restart."""
+    d = daemon_beside(tmp_path, monkeypatch, REPLACED)
+    try:
+        r = d.ctl("compile", str(_small_model(tmp_path / "m.onnx")))
+        assert r.returncode == 1 and "library changed since the daemon identified it" in r.stderr, r.describe()
+        assert "1.99.0" in r.stderr and "1.99.1" in r.stderr
+        assert _forms(d) == []
+    finally:
+        d.stop()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
 def test_a_full_disk_is_resource_exhausted_and_the_store_intact(tmp_path):
     root = tmp_path / "d"

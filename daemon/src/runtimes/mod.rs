@@ -66,15 +66,15 @@ impl Configured {
     }
 
     /// Has the worker optimize `model` at `level` into `out`, within
-    /// `limit`, and says the CPU time it used; dropping the future kills
-    /// the worker.
+    /// `limit`: which onnxruntime made it, and the CPU time it used;
+    /// dropping the future kills the worker.
     pub(crate) async fn optimize(
         &self,
         level: &str,
         model: Bytes,
         out: &std::fs::File,
         limit: Duration,
-    ) -> (Result<(), CompileFailure>, Duration) {
+    ) -> (Result<RuntimeIdentity, CompileFailure>, Duration) {
         worker::optimize(worker::ONNXRUNTIME, &self.library, level, model, out, limit).await
     }
 }

@@ -86,9 +86,14 @@ pub(super) async fn identify(
             said.to_string()
         }));
     }
+    identity_in(name, &out.stdout)
+}
+
+/// The identity a worker printed (`{"runtime", "version", "build"}`).
+fn identity_in(name: &'static str, stdout: &[u8]) -> Result<RuntimeIdentity, RuntimeProblem> {
     let no_identity = |problem: String| RuntimeProblem::NoIdentity { name, problem };
     let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| no_identity(e.to_string()))?;
+        serde_json::from_slice(stdout).map_err(|e| no_identity(e.to_string()))?;
     let field = |k: &str| {
         v.get(k)
             .and_then(serde_json::Value::as_str)
@@ -104,9 +109,10 @@ pub(super) async fn identify(
 
 /// Has the worker `name` optimize `model` at `level` with `library`,
 /// writing the optimized model to `out` (its descriptor 3, the one file it
-/// gets) within `limit`; with the CPU time it used (ended workers' usage,
-/// RUSAGE_CHILDREN, before and after: compiles run one at a time). The
-/// worker is killed when this is dropped (its caller went away).
+/// gets) within `limit`: the identity of the onnxruntime that made it,
+/// with the CPU time it used (ended workers' usage, RUSAGE_CHILDREN,
+/// before and after: compiles run one at a time). The worker is killed
+/// when this is dropped (its caller went away).
 pub(super) async fn optimize(
     name: &'static str,
     library: &Path,
@@ -114,14 +120,14 @@ pub(super) async fn optimize(
     model: Bytes,
     out: &std::fs::File,
     limit: Duration,
-) -> (Result<(), CompileFailure>, Duration) {
+) -> (Result<RuntimeIdentity, CompileFailure>, Duration) {
     let before = children_cpu();
     let outcome = async {
         let mut cmd = command(name, "optimize", library).map_err(CompileFailure::Start)?;
         cmd.arg("--level")
             .arg(level)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null());
+            .stdout(Stdio::piped());
         give_output(&mut cmd, out.as_raw_fd());
         let out = tokio::time::timeout(limit, bounded_run(cmd, Some(model)))
             .await
@@ -134,7 +140,7 @@ pub(super) async fn optimize(
             })?;
         let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
         match out.status.code() {
-            Some(0) => Ok(()),
+            Some(0) => identity_in(name, &out.stdout).map_err(CompileFailure::Start),
             Some(3) => Err(CompileFailure::Refused(said)),
             _ => Err(CompileFailure::Failed {
                 name,

@@ -77,14 +77,15 @@ pub fn identify(library: &Path) -> Result<Identity, WorkerError> {
 }
 
 /// Writes to `output` the model onnxruntime (`library`) optimizes `model`
-/// into at `level`, on the CPU execution provider.
+/// into at `level`, on the CPU execution provider; says which onnxruntime
+/// it was.
 pub fn optimize(
     library: &Path,
     level: Level,
     model: &[u8],
     output: &Path,
-) -> Result<(), WorkerError> {
-    let (_, _held) = version_of(library)?;
+) -> Result<Identity, WorkerError> {
+    let (version, _held) = version_of(library)?;
     let env = load(library)?;
     let refused = |e: &dyn std::fmt::Display| WorkerError::Refused(e.to_string());
     let builder = Session::builder(&env).map_err(|e| refused(&e))?;
@@ -99,7 +100,13 @@ pub fn optimize(
     // onnxruntime logs a failed save and goes on: an empty output is a
     // failure here, not a form.
     match std::fs::metadata(output) {
-        Ok(m) if m.len() > 0 => Ok(()),
+        // Which onnxruntime made it: the library at that path may not be
+        // the one the daemon identified at start.
+        Ok(m) if m.len() > 0 => Ok(Identity {
+            runtime: "onnxruntime",
+            version,
+            build: ort::info().to_string(),
+        }),
         Ok(_) => Err(WorkerError::NoOutput("onnxruntime wrote nothing".into())),
         Err(e) => Err(WorkerError::NoOutput(e.to_string())),
     }

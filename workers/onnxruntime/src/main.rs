@@ -1,7 +1,8 @@
 //! `ctcache-onnxruntime-worker`: ctcached's onnxruntime worker (not a user
 //! command). `identify` prints the library's identity as JSON; `optimize`
-//! reads a model on its standard input and writes the optimized model to
-//! descriptor 3, the one file the daemon gives it. Exit 2: the library is
+//! reads a model on its standard input, writes the optimized model to
+//! descriptor 3, the one file the daemon gives it, and prints the identity
+//! of the onnxruntime that made it. Exit 2: the library is
 //! not a usable onnxruntime; 3: onnxruntime refuses the model.
 
 use std::io::Read;
@@ -53,7 +54,9 @@ fn main() -> ExitCode {
                 eprintln!("reading the model: {e}");
                 return ExitCode::from(1);
             }
-            optimize(&library, level, &model, OUTPUT.as_ref())
+            optimize(&library, level, &model, OUTPUT.as_ref()).map(|id| {
+                println!("{}", serde_json::to_string(&id).unwrap_or_default());
+            })
         }
     };
     match done {

@@ -67,8 +67,15 @@ impl Job {
         if let Some(uid) = self.requested_by {
             self.d.cpu_budget.payer(uid).charge(cpu);
         }
-        if let Err(f) = outcome {
-            return Err(self.failure(f, len));
+        let made_by = outcome.map_err(|f| self.failure(f, len))?;
+        // Filed under the identity the daemon found at start: the library
+        // at that path must still be that one.
+        if made_by != self.key.runtime {
+            return Err(Error::precondition(format!(
+                "the onnxruntime library changed since the daemon identified it ({} {}; now \
+                 {} {}): restart ctcached to make forms with it",
+                self.key.runtime.version, self.key.runtime.build, made_by.version, made_by.build
+            )));
         }
         let took = started.elapsed();
         let identified = self
