@@ -370,6 +370,32 @@ def test_a_compile_stops_when_its_caller_goes(way, slow_worker, tmp_path, instal
     assert d.ctl("status").returncode == 0 and _forms(d) == []
 
 
+def test_a_model_rewritten_while_its_compile_waits_is_never_compiled(slow_worker, tmp_path):
+    """The model is digested when asked for and compiled when the slot is
+    free: its owner may rewrite it in between. The worker gets a private
+    copy hashed again, so a form of other bytes is never filed under the
+    key of what the model was."""
+    d, pid_file = slow_worker
+    first, second = _small_model(tmp_path / "a.onnx"), _small_model(tmp_path / "b.onnx", weight=0.25)
+    ask = [os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile"]
+    holder = subprocess.Popen([*ask, str(first)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(pid_file.exists, 60, "the stand-in worker holding the slot")
+    waiting = subprocess.Popen([*ask, str(second)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: d.log_text().count("compile queued") == 2, 60, "the second compile waiting for the slot")
+    # Rewritten in place (the daemon maps the descriptor it was handed):
+    # one weight byte changed, still a model.
+    data = bytearray(second.read_bytes())
+    i = data.rindex(np.float32(0.25).tobytes())
+    data[i] ^= 1
+    with open(second, "r+b") as f:
+        f.write(data)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    _, err = waiting.communicate(timeout=60)
+    holder.wait(timeout=60)
+    assert waiting.returncode != 0 and "the model changed while it was read" in err, err
+    assert _forms(d) == []
+
+
 REPLACED = """#!{python}
 import json, sys
 version = "1.99.0" if sys.argv[1] == "identify" else "1.99.1"
