@@ -190,6 +190,20 @@ def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache)
         assert remade.compiled and remade.form.entry.key not in (key, other.form.entry.key)
 
 
+def test_resolve_shows_the_forms_of_a_models_content(daemon, tmp_path):
+    model = _small_model(tmp_path / "r.onnx", weight=0.0078125)
+    for level in ("extended", "all"):
+        assert daemon.json("compile", "--level", level, str(model))["form"] is not None
+    shown = daemon.ctl("resolve", str(model))
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("runtime form: ")]
+    assert len(lines) == 2 and any("level=extended" in x for x in lines) and any("level=all" in x for x in lines)
+    assert all(f"onnxruntime {ort.__version__}" in x and "CPUExecutionProvider" in x for x in lines), lines
+    assert len(daemon.json("resolve", str(model))["forms"]) == 2
+    # Another content at the path: its resolve shows none.
+    _small_model(model, weight=0.015625)
+    assert daemon.json("resolve", str(model))["forms"] == []
+
+
 def test_no_runtime_configured_is_a_miss_that_says_so(tmp_path, cort):
     d = Daemon(tmp_path / "d").start()
     try:

@@ -295,3 +295,26 @@ fn check_sizes(tensors: &[TensorRef], max: u64, max_model: u64) -> Result<u64> {
     }
     Ok(total)
 }
+
+/// The model's D15 digest (runtime forms) from its initializers' digests
+/// as [`digests`] gives them (by name); taken anew where a name repeats or
+/// a digest is missing, so that no two initializers pass for one.
+pub(crate) fn form_digest(
+    model: &Model,
+    tensors: &[TensorRef],
+    known: &HashMap<String, SourceDigest>,
+) -> Result<[u8; 32]> {
+    let invalid = |e: ctcache::Error| Error::invalid(e.to_string());
+    let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    let by_name: Option<Vec<_>> = tensors
+        .iter()
+        .map(|t| known.get(&t.name).copied())
+        .collect();
+    match by_name {
+        Some(digests) if names.len() == tensors.len() => {
+            ctcache::forms::model_digest_of(model, tensors, digests.into_iter().map(Ok))
+                .map_err(invalid)
+        }
+        _ => ctcache::forms::model_digest(model).map_err(invalid),
+    }
+}

@@ -76,6 +76,8 @@ pub(crate) struct Resolution {
     pub tensors: Vec<TensorResolution>,
     pub not_sources: Vec<NotASource>,
     pub jobs_started: u64,
+    /// The runtime forms stored of the model's content (D15).
+    pub forms: Vec<Entry>,
 }
 
 /// The ResolveModel use case.
@@ -121,6 +123,7 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
         tensors: Vec::with_capacity(tensors.len()),
         not_sources: sel.not_sources.clone(),
         jobs_started: 0,
+        forms: forms_of(d, &m.model, &tensors, &digests),
     };
     let mut missing = Vec::new();
     for t in &tensors {
@@ -192,6 +195,33 @@ fn resolve_now(d: &Arc<Daemon>, caller: &Caller, r: &ResolveRequest) -> Result<(
     )?;
     res.jobs_started = jobs.len() as u64;
     Ok((res, jobs))
+}
+
+/// The runtime forms stored of a model's content (none when the model has
+/// no digest of its own: a Constant held as external data, say).
+fn forms_of(
+    d: &Daemon,
+    m: &ctcache::onnx::Model,
+    tensors: &[TensorRef],
+    digests: &std::collections::HashMap<String, SourceDigest>,
+) -> Vec<Entry> {
+    let Ok(digest) = model::form_digest(m, tensors, digests) else {
+        return Vec::new();
+    };
+    let source = SourceDigest {
+        algorithm: ctcache::digest::Algorithm::Blake3,
+        bytes: digest,
+    };
+    let of_model = Filter {
+        source: Some(source),
+        ..Default::default()
+    };
+    d.store
+        .list(&of_model)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| ctcache::forms::is_form_type(&e.type_name))
+        .collect()
 }
 
 /// Why a wanted format has no hit: the judgement of a stored entry that

@@ -97,6 +97,7 @@ pub(crate) fn resolution(d: &Daemon, r: Resolution) -> api::ResolveModelResponse
             })
             .collect(),
         jobs_started: r.jobs_started,
+        forms: r.forms.into_iter().map(|e| entry(d, e)).collect(),
     }
 }
 

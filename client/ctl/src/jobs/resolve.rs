@@ -63,10 +63,45 @@ pub async fn resolve(ctx: &Ctx, a: ResolveArgs) -> Result<(), Failure> {
             say(&format!("not wanted: {}: {why}", r.name))?;
         }
     }
+    for f in &res.forms {
+        say(&format!("runtime form: {}", form_line(f)))?;
+    }
     if !ctx.quiet {
         print_notes(&res, a.on_miss, hidden)?;
     }
     Ok(())
+}
+
+/// A stored form as its key reads: runtime, version, options, device.
+fn form_line(e: &api::Entry) -> String {
+    let props = e
+        .struct_type
+        .as_ref()
+        .and_then(|t| t.decode().ok())
+        .map(|t| t.metadata_props)
+        .unwrap_or_default();
+    let meta = |k: &str| {
+        props
+            .iter()
+            .find(|p| p.key == k)
+            .map_or("?", |p| p.value.as_str())
+    };
+    let options: Vec<String> = props
+        .iter()
+        .filter_map(|p| {
+            let name = p.key.strip_prefix("ctcache.form.option.")?;
+            Some(format!("{name}={}", p.value))
+        })
+        .collect();
+    format!(
+        "{} {} ({}), {} on {}, {} bytes",
+        meta("ctcache.form.runtime"),
+        meta("ctcache.form.version"),
+        options.join(", "),
+        meta("ctcache.form.provider"),
+        e.device.as_ref().map_or("?", |d| d.architecture.as_str()),
+        e.payload_len
+    )
 }
 
 /// The `--json` document of a resolution.
@@ -87,6 +122,7 @@ fn resolution_json(res: &api::ResolveModelResponse) -> Value {
             "refused": t.refused,
         })).collect::<Vec<_>>(),
         "not_sources": res.not_sources.iter().map(|n| json!({"name": n.name, "reason": n.reason})).collect::<Vec<_>>(),
+        "forms": res.forms.iter().map(json::entry).collect::<Vec<_>>(),
     })
 }
 

@@ -286,22 +286,10 @@ fn or(asked: &str, daemon: &str) -> String {
 }
 
 /// The model's digest (D15), its initializers' digests taken through the
-/// memo (and charged to `payer` as a Prepack's are). Digests the memo
-/// cannot key by name (two initializers of one name) are taken anew.
+/// memo (and charged to `payer` as a Prepack's are).
 fn model_digest(d: &Daemon, payer: Option<u32>, m: &model::OpenedModel) -> Result<[u8; 32]> {
-    let invalid = |e: ctcache::Error| Error::invalid(e.to_string());
     let (tensors, known) = model::digests(d, payer, &m.path, &m.model)?;
-    let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
-    let by_name: Option<Vec<_>> = tensors
-        .iter()
-        .map(|t| known.get(&t.name).copied())
-        .collect();
-    match by_name {
-        Some(digests) if names.len() == tensors.len() => {
-            forms::model_digest_of(&m.model, &tensors, digests.into_iter().map(Ok)).map_err(invalid)
-        }
-        _ => forms::model_digest(&m.model).map_err(invalid),
-    }
+    model::form_digest(&m.model, &tensors, &known)
 }
 
 /// The runtime, level and provider a request names.
