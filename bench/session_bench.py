@@ -31,6 +31,9 @@ The level is the model's: ``all`` for the conv net (its NCHWc layouts),
 ``extended`` for the encoder, where ``all`` adds nothing a saved model can
 keep and loads slower than the default session.
 
+The children import the Python client pip-installed into the bench's
+work folder, as users run it.
+
 Each figure is a RESULT line (``bench/results.py``): ``session.<model>.warm.p1``
 and ``.p4`` against the plain session, ``session.<model>.reference.p1``
 against warm, ``session.<model>.floor.p1`` with warm's ratio to it (the
@@ -121,6 +124,21 @@ def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict, ext
     return max(ends) - start
 
 
+def install_client(work: Path) -> Path:
+    """The Python client pip-installed into `work` (its stubs generated at
+    build time), as users run it: a source checkout regenerates its stub
+    key at each import."""
+    repo = work / "repo"
+    shutil.copytree(REPO / "proto", repo / "proto", ignore=shutil.ignore_patterns("src", "*.rs", "*.toml"))
+    shutil.copytree(REPO / "client" / "python", repo / "client" / "python",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*_pb2*.py*"))
+    site = work / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "--target", str(site), str(repo / "client" / "python")],
+                   check=True, capture_output=True, timeout=300)
+    return site
+
+
 def save_optimized(model: Path, out: Path, level: str) -> None:
     """onnxruntime's own optimized model at `level`, as a user saves it."""
     so = onnxruntime.SessionOptions()
@@ -151,7 +169,7 @@ def main() -> int:
     a = ap.parse_args()
     corpus = {m.name: m for m in real_models.CORPUS}
     work = Path(tempfile.mkdtemp(prefix="ctcache-session-bench-", dir="/var/tmp"))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
+    env = dict(os.environ, PYTHONPATH=str(install_client(work)))
     ort_library = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
     proc, _, sock = start_daemon(a.bin_dir, work, ["--ort-library", str(ort_library)])
     try:
