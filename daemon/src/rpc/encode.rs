@@ -392,12 +392,8 @@ pub(crate) fn compiled(d: &Daemon, c: Compiled) -> api::CompileResponse {
         r.tensors = f
             .tensors
             .into_iter()
-            .map(|t| api::MaterializedTensor {
-                key: t
-                    .key
-                    .parse()
-                    .map(|k| convert::key_to_string(&k))
-                    .unwrap_or(t.key),
+            .map(|(t, key)| api::MaterializedTensor {
+                key: convert::key_to_string(&key),
                 name: t.name,
                 offset: 0,
                 length: t.length,

@@ -189,9 +189,13 @@ impl Publish {
         let initializers = model
             .initializers()
             .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
+        let identity = ctcache_kernels::find(ctcache_kernels::formats::identity::ID)
+            .ok_or_else(|| Error::internal("no identity packer"))?;
+        let params = Params::parse(std::iter::empty::<String>())
+            .map_err(|e| Error::internal(e.to_string()))?;
         let mut moved = HashMap::new();
         for (i, t) in initializers.iter().enumerate() {
-            if let Some(key) = self.move_out(&model, t)? {
+            if let Some(key) = self.move_out(&model, t, identity, &params)? {
                 moved.insert(i, key);
             }
         }
@@ -216,7 +220,13 @@ impl Publish {
 
     /// Stores initializer `t` as an identity entry when it is large enough
     /// to be worth mapping; its entry key (text), or `None` when it stays.
-    fn move_out(&self, model: &Model, t: &TensorRef) -> Result<Option<String>> {
+    fn move_out(
+        &self,
+        model: &Model,
+        t: &TensorRef,
+        identity: &dyn ctcache_kernels::Packer,
+        params: &Params,
+    ) -> Result<Option<String>> {
         match &t.storage {
             Storage::Raw(_) => {}
             // What onnxruntime writes inline: anything else stays as it is.
@@ -228,16 +238,8 @@ impl Publish {
                 )))
             }
         }
-        let identity = ctcache_kernels::find(ctcache_kernels::formats::identity::ID)
-            .ok_or_else(|| Error::internal("no identity packer"))?;
-        let params = Params::parse(std::iter::empty::<String>())
-            .map_err(|e| Error::internal(e.to_string()))?;
         let big = t.raw_size().is_some_and(|n| n >= MOVE_AT_BYTES);
-        if !big
-            || identity
-                .check_source(t.data_type, &t.dims, &params)
-                .is_err()
-        {
+        if !big || identity.check_source(t.data_type, &t.dims, params).is_err() {
             return Ok(None);
         }
         let (c, _share) = ctcache_kernels::compile::compile_held(
@@ -245,7 +247,7 @@ impl Publish {
             t,
             None,
             identity,
-            &params,
+            params,
             BackendChoice::Cpu,
         )?;
         let new = pack::new_entry(&c, self.producer.requested_by, Vec::new());

@@ -78,34 +78,17 @@ pub(crate) async fn compile(
         None => {
             blocking(move || {
                 let m = model::open(&d2, &named.0, &named.1, &c2)?;
-                if let Some(why) = external_data(&m.model)? {
-                    return Ok(Err(why));
-                }
-                let digest = model_digest(&d2, c2.bounded_uid(), &m)?;
-                Ok(Ok((m, digest)))
+                let digest = digest_of(&d2, c2.bounded_uid(), &m)?;
+                Ok(digest.map(|digest| (m, digest)))
             })
             .await?
         }
     };
     let (m, model_digest) = match opened {
         Ok(found) => found,
-        Err(why) => {
-            return Ok(Compiled {
-                model_digest: [0; 32],
-                form: None,
-                miss: Some(Miss::from(MissReason::NotASource(why))),
-                compiled: false,
-                compile_time: Duration::ZERO,
-            })
-        }
+        Err(why) => return Ok(missed([0; 32], MissReason::NotASource(why).into())),
     };
-    let answer = |miss: Miss| Compiled {
-        model_digest,
-        form: None,
-        miss: Some(miss),
-        compiled: false,
-        compile_time: Duration::ZERO,
-    };
+    let answer = |miss: Miss| missed(model_digest, miss);
     let (rt, key) = match runtime_key(d, model_digest, &r.level).await {
         Ok(found) => found,
         Err(miss) => return Ok(answer(miss)),
@@ -226,13 +209,8 @@ async fn watched(
     queue_owner: Option<u32>,
 ) -> Result<Option<Duration>> {
     let (d2, m2) = (d.clone(), m.clone());
-    let digest = blocking(move || {
-        if let Some(why) = external_data(&m2.model)? {
-            return Err(Error::precondition(why));
-        }
-        model_digest(&d2, queue_owner, &m2)
-    })
-    .await?;
+    let digest =
+        blocking(move || digest_of(&d2, queue_owner, &m2)?.map_err(Error::precondition)).await?;
     let (rt, key) = runtime_key(d, digest, level)
         .await
         .map_err(|miss| Error::precondition(miss.detail))?;
@@ -285,11 +263,30 @@ fn or(asked: &str, daemon: &str) -> String {
     if asked.is_empty() { daemon } else { asked }.to_string()
 }
 
+/// A miss, answered for the model of digest `model_digest`.
+fn missed(model_digest: [u8; 32], miss: Miss) -> Compiled {
+    Compiled {
+        model_digest,
+        form: None,
+        miss: Some(miss),
+        compiled: false,
+        compile_time: Duration::ZERO,
+    }
+}
+
 /// The model's digest (D15), its initializers' digests taken through the
-/// memo (and charged to `payer` as a Prepack's are).
-fn model_digest(d: &Daemon, payer: Option<u32>, m: &model::OpenedModel) -> Result<[u8; 32]> {
+/// memo (and charged to `payer` as a Prepack's are); or why it has no
+/// form (its weights are external data).
+fn digest_of(
+    d: &Daemon,
+    payer: Option<u32>,
+    m: &model::OpenedModel,
+) -> Result<std::result::Result<[u8; 32], String>> {
+    if let Some(why) = external_data(&m.model)? {
+        return Ok(Err(why));
+    }
     let (tensors, known) = model::digests(d, payer, &m.path, &m.model)?;
-    model::form_digest(&m.model, &tensors, &known)
+    Ok(Ok(model::form_digest(&m.model, &tensors, &known)?))
 }
 
 /// The runtime, level and provider a request names.

@@ -25,7 +25,8 @@ pub(crate) struct ServedForm {
     /// Its model, the moved initializers external data in the payload
     /// folder.
     pub model: Vec<u8>,
-    pub tensors: Vec<MovedTensor>,
+    /// Each moved initializer, with the entry that holds it.
+    pub tensors: Vec<(MovedTensor, EntryKey)>,
     /// A lease on each entry the model reads (with a hold, the one hold).
     pub leases: Vec<Granted>,
     pub external_data_dir: PathBuf,
@@ -43,10 +44,12 @@ pub(super) fn serve_form(
     let own = serve::open(d, caller, e)?;
     let skeleton = Bytes::copy_from_slice(serve::checked(d, caller, e, &own, 0..own.len())?);
     let mut entries = vec![e.clone()];
-    let (model, tensors) = forms::served::<Error>(skeleton, |text| {
+    let mut keys = Vec::new();
+    let (model, moved) = forms::served::<Error>(skeleton, |text| {
         let key: EntryKey = text
             .parse()
             .map_err(|err: ctcache::store::InvalidKey| Error::internal(err.to_string()))?;
+        keys.push(key);
         // A weight gone (gc) is as a rotted one: the form is incomplete.
         let weight = d.store.stat(&key)?.ok_or_else(|| {
             Error::new(
@@ -63,6 +66,8 @@ pub(super) fn serve_form(
             .display()
             .to_string())
     })?;
+    // `locate` ran once per moved initializer, in order.
+    let tensors = moved.into_iter().zip(keys).collect();
     // An answer carries the model: refused before anything is leased.
     let limit = d.config.max_message_bytes.saturating_sub(1 << 20);
     if model.len() > limit {
