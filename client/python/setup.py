@@ -70,6 +70,8 @@ setup(
         # ctcache.ort: onnxruntime's session, and its reference tools (the
         # MatMulNBits quantizer imports onnx_ir) for the no-daemon fallback.
         "ort": ORT_EXTRA,
-        "all": ["grpcio-health-checking", *ORT_EXTRA],
+        # ctcache.openvino: OpenVINO's Core, which imports the daemon's forms.
+        "openvino": ["openvino>=2025.1"],
+        "all": ["grpcio-health-checking", *ORT_EXTRA, "openvino>=2025.1"],
     },
 )

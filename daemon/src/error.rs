@@ -33,7 +33,8 @@ pub(crate) enum ErrorKind {
     QueueFull,
     /// Stored bytes are damaged; they were not served.
     DataLoss,
-    /// The work was abandoned (shutdown, every waiter gone).
+    /// The work was abandoned (shutdown, every waiter gone, its input
+    /// changed under it).
     Cancelled,
     /// A passing fault (a busy or interrupted resource); asking again may
     /// succeed.

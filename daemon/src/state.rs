@@ -52,6 +52,9 @@ pub(crate) struct Daemon {
     pub reconciled: AtomicBool,
     /// The runtimes the admin configured, as their workers found them.
     pub runtimes: Runtimes,
+    /// The host CPU's exact tier (`x86_64-avx2`), which every runtime
+    /// form is keyed by.
+    pub host_tier: String,
     /// The compiles running, shared by the requests of one key.
     pub compiles: Flights<ctcache::store::EntryKey, crate::error::Result<(Entry, Duration)>>,
     /// How many workers compile at once (each is a whole runtime).
@@ -121,6 +124,7 @@ impl Daemon {
             handouts: Handouts::new(crate::handouts::files_per_uid()),
             reconciled: AtomicBool::new(false),
             runtimes,
+            host_tier: ctcache::device::host_cpu().architecture,
             compiles: Flights::default(),
             compile_slots: tokio::sync::Semaphore::new(COMPILE_SLOTS),
             compile_shares: Shares::new(COMPILES_PER_UID),

@@ -23,6 +23,49 @@ pub const ONNXRUNTIME_LEVELS: [&str; 4] = ["basic", "extended", "layout", "all"]
 /// The level a policy rule or a request leaves unset.
 pub const DEFAULT_LEVEL: &str = "extended";
 
+/// The most properties an OpenVINO compile config of a form may set.
+pub const MAX_CONFIG: usize = 64;
+
+/// The longest property name or value of such a config.
+pub const MAX_CONFIG_TEXT: usize = 256;
+
+/// Why an OpenVINO compile config cannot be a form's options.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadConfig {
+    /// More properties than [`MAX_CONFIG`].
+    #[error("{0} config properties: at most {MAX_CONFIG}")]
+    TooMany(usize),
+    /// A name that is no property's.
+    #[error("config property {0:?} is not a property name")]
+    Name(String),
+    /// A value that is no property's (by the name).
+    #[error("config property {0:?}: its value is not a property value")]
+    Value(String),
+}
+
+/// Checks an OpenVINO compile config (property names to values), as a
+/// request or a policy rule gives it: names of letters, digits, `_` and
+/// `.`, values without NUL, each at most [`MAX_CONFIG_TEXT`] bytes.
+pub fn check_openvino_config<'a>(
+    config: impl ExactSizeIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), BadConfig> {
+    if config.len() > MAX_CONFIG {
+        return Err(BadConfig::TooMany(config.len()));
+    }
+    for (k, v) in config {
+        let name = k
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+        if k.is_empty() || !name || k.len() > MAX_CONFIG_TEXT {
+            return Err(BadConfig::Name(k.clone()));
+        }
+        if v.len() > MAX_CONFIG_TEXT || v.contains('\0') {
+            return Err(BadConfig::Value(k.clone()));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;
 

@@ -22,7 +22,7 @@ from e2e.harness import bin_dir
 from test_python_client import installed  # noqa: F401 (a fixture)
 from test_request_bounds import model_with
 from waiting import wait_until
-from worker_daemons import ort_library
+from worker_daemons import openvino_library, ort_library
 
 DAEMON_UID, CALLER_UID = 65534, 12345
 START_TIMEOUT_S = 30
@@ -99,6 +99,12 @@ def compiling_as_its_own_user(root_dir):
     yield from _daemon(root_dir, DAEMON_UID, ("--ort-library", ort_library()))
 
 
+@pytest.fixture
+def compiling_openvino_as_its_own_user(root_dir):
+    """The daemon as its own user with the OpenVINO library its worker loads."""
+    yield from _daemon(root_dir, DAEMON_UID, ("--openvino-library", openvino_library()))
+
+
 def _private_model(root_dir: Path) -> Path:
     """The caller's model, in a folder only the caller may enter."""
     home = root_dir / "home"
@@ -152,6 +158,27 @@ def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling
     other = 23456
     r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
                         "compile", str(model)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, HOME=str(root_dir)))
+    assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
+
+
+def test_a_user_gets_an_openvino_form_of_its_private_model_and_another_user_none(
+        compiling_openvino_as_its_own_user, root_dir, installed):  # noqa: F811
+    """OpenVINO's form of the caller's private model, compiled from the
+    descriptor it handed over and imported from bytes sent over the socket
+    (the store's files are not the caller's to read); another user, who
+    cannot open the model, gets none."""
+    socket = compiling_openvino_as_its_own_user
+    model = _private_model(root_dir)
+    env = _caller_env(root_dir, model.parent, installed)
+    script = ("import sys, ctcache.openvino\n"
+              "c = ctcache.openvino.compile_model(sys.argv[2], socket=sys.argv[1])\n"
+              "print('COMPILED', c.ctcache_report.source, type(c).__name__)\n")
+    said = _as_caller(env, sys.executable, "-c", script, str(socket), str(model))
+    assert "COMPILED daemon CompiledModel" in said, said
+    other = 23456
+    r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
+                        "compile", str(model), "--runtime", "openvino"], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, HOME=str(root_dir)))
     assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
 

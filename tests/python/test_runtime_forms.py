@@ -25,13 +25,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import real_models
 from e2e.harness import Daemon
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 from waiting import wait_until
-from worker_daemons import LEVELS, daemon_beside
+from worker_daemons import LEVELS, daemon_beside, small_model
 from worker_daemons import ort_library as _library
 
 
@@ -63,18 +63,6 @@ def _own_session(path: Path, level: str):
 
 def _forms(d: Daemon) -> list[dict]:
     return [e for e in d.json("ls")["entries"] if e["physical_type"] == "onnxruntime.optimized_model"]
-
-
-def _small_model(path: Path, weight: float = 0.5, constant: float = 1.0) -> Path:
-    """X[1,4] @ W + C, C a Constant node: what the key's parts are tried on."""
-    w = numpy_helper.from_array(np.full((4, 4), weight, np.float32), "W")
-    c = helper.make_node("Constant", [], ["C"], value=numpy_helper.from_array(np.full((4,), constant, np.float32)))
-    mm = helper.make_node("MatMul", ["X", "W"], ["XW"])
-    add = helper.make_node("Add", ["XW", "C"], ["Y"])
-    g = helper.make_graph([c, mm, add], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])], [w])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
 
 
 @pytest.mark.parametrize("level", sorted(LEVELS))
@@ -144,7 +132,7 @@ def test_a_target_with_nothing_to_rewrite_gives_the_form_of_the_model_as_it_is(d
 def test_a_session_from_a_form_needs_no_grpc(daemon, installed, tmp_path):  # noqa: F811
     """Asked on the descriptor channel, a form costs a fresh process no gRPC
     client (whose import takes longer than the session)."""
-    model = _small_model(tmp_path / "g.onnx", weight=0.375)
+    model = small_model(tmp_path / "g.onnx", weight=0.375)
     script = ("import sys, ctcache.ort\n"
               "s = ctcache.ort.inference_session(sys.argv[1], target=None, optimize='extended', socket=sys.argv[2])\n"
               "print(s.ctcache_report.source, s.ctcache_report.packed, 'grpc' in sys.modules)\n")
@@ -155,7 +143,7 @@ def test_a_session_from_a_form_needs_no_grpc(daemon, installed, tmp_path):  # no
 
 
 def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache):  # noqa: F811
-    model = _small_model(tmp_path / "m.onnx")
+    model = small_model(tmp_path / "m.onnx")
     with _client(daemon) as c:
         mine = dict(runtime_version=ort.__version__, runtime_build=ort.get_build_info())
         made = c.compile(model, level="extended", **mine)
@@ -169,7 +157,7 @@ def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache)
         assert (same.compiled, same.form.entry.key) == (False, key)
         # One graph, other weights: another form (TensorRT's engine cache
         # serves one engine to both).
-        other = c.compile(_small_model(tmp_path / "w.onnx", weight=0.25), level="extended", **mine)
+        other = c.compile(small_model(tmp_path / "w.onnx", weight=0.25), level="extended", **mine)
         assert other.compiled and other.form.entry.key != key
         # Another runtime build or version: a miss naming both sides.
         build = c.compile(model, level="extended", runtime_version=ort.__version__, runtime_build="another build")
@@ -183,15 +171,34 @@ def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, ctcache)
         assert level.miss.reason == "form_key_differs", level
         assert "option level set otherwise (the form's: extended; asked: all)" in level.miss.detail
         # A changed Constant node at the same path: another model content.
-        _small_model(model, constant=2.0)
+        small_model(model, constant=2.0)
         changed = c.compile(model, level="extended", lookup_only=True, **mine)
         assert (changed.miss.reason, "another model content" in changed.miss.detail) == ("form_key_differs", True)
         remade = c.compile(model, level="extended", **mine)
         assert remade.compiled and remade.form.entry.key not in (key, other.form.entry.key)
 
 
+def test_why_miss_explains_a_missing_form_and_says_the_command_that_makes_it(daemon, tmp_path):
+    model = small_model(tmp_path / "m.onnx", weight=0.1875)
+    assert daemon.ctl("compile", str(model), "--level", "extended").returncode == 0
+    r = daemon.ctl("why-miss", str(model), "--form", "onnxruntime", "--level", "all")
+    assert r.returncode == 0, r.describe()
+    assert "option level set otherwise (the form's: extended; asked: all)" in r.stdout, r.stdout
+    hint = [line for line in r.stdout.splitlines() if line.startswith("hint: ")]
+    assert hint and f"compile {model} --runtime onnxruntime --level all" in hint[0], r.stdout
+    # The hint, run as printed, makes the form: why-miss then finds it.
+    made = subprocess.run(hint[0].removeprefix("hint: "), shell=True, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PATH=f"{os.environ['CTCACHE_BIN_DIR']}:{os.environ['PATH']}"))
+    assert made.returncode == 0, made.stderr
+    j = daemon.json("why-miss", str(model), "--form", "onnxruntime", "--level", "all")
+    assert j["form"] is not None and j["miss"] is None and j["hint"] is None, j
+    # No runtime of that kind: said, and no command would cure it.
+    j = daemon.json("why-miss", str(model), "--form", "openvino")
+    assert j["miss"]["reason"] == "runtime_unavailable" and j["hint"] is None, j
+
+
 def test_resolve_shows_the_forms_of_a_models_content(daemon, tmp_path):
-    model = _small_model(tmp_path / "r.onnx", weight=0.0078125)
+    model = small_model(tmp_path / "r.onnx", weight=0.0078125)
     for level in ("extended", "all"):
         assert daemon.json("compile", "--level", level, str(model))["form"] is not None
     shown = daemon.ctl("resolve", str(model))
@@ -200,14 +207,14 @@ def test_resolve_shows_the_forms_of_a_models_content(daemon, tmp_path):
     assert all(f"onnxruntime {ort.__version__}" in x and "CPUExecutionProvider" in x for x in lines), lines
     assert len(daemon.json("resolve", str(model))["forms"]) == 2
     # Another content at the path: its resolve shows none.
-    _small_model(model, weight=0.015625)
+    small_model(model, weight=0.015625)
     assert daemon.json("resolve", str(model))["forms"] == []
 
 
 def test_no_runtime_configured_is_a_miss_that_says_so(tmp_path, cort):
     d = Daemon(tmp_path / "d").start()
     try:
-        model = _small_model(tmp_path / "m.onnx")
+        model = small_model(tmp_path / "m.onnx")
         r = d.ctl("compile", str(model))
         assert r.returncode == 1 and "onnxruntime is not configured in the daemon" in r.stdout + r.stderr, r.describe()
         sess = cort.inference_session(model, target=None, optimize="extended", socket=str(d.socket))
@@ -219,7 +226,7 @@ def test_no_runtime_configured_is_a_miss_that_says_so(tmp_path, cort):
 
 
 def test_another_onnxruntime_in_the_client_runs_its_own_session(daemon, tmp_path, monkeypatch, cort):
-    model = _small_model(tmp_path / "m.onnx", weight=0.75)
+    model = small_model(tmp_path / "m.onnx", weight=0.75)
     monkeypatch.setattr(ort, "__version__", "1.0.0")
     sess = cort.inference_session(model, target=None, optimize="extended", socket=str(daemon.socket))
     report = sess.ctcache_report
@@ -234,7 +241,7 @@ def test_another_onnxruntime_in_the_client_runs_its_own_session(daemon, tmp_path
 def test_a_model_with_external_data_has_no_form_and_says_why(daemon, tmp_path, cort):
     """The worker reads no file: a model whose weights are external data is
     a miss naming that, and the session is onnxruntime's own."""
-    model = onnx.load(str(_small_model(tmp_path / "src.onnx")))
+    model = onnx.load(str(small_model(tmp_path / "src.onnx")))
     ext = tmp_path / "ext.onnx"
     onnx.save(model, str(ext), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     r = daemon.json("compile", str(ext), "--lookup")
@@ -282,7 +289,7 @@ def test_many_processes_at_once_make_one_compile(tmp_path):
 
 
 def test_a_rotted_form_is_never_served(daemon, tmp_path, cort):
-    model = _small_model(tmp_path / "m.onnx", weight=0.125)
+    model = small_model(tmp_path / "m.onnx", weight=0.125)
     with _client(daemon) as c:
         made = c.compile(model, level="extended")
         blob = Path(made.form.entry.payload_path)
@@ -346,7 +353,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_worker_killed_mid_compile_publishes_nothing(slow_worker, tmp_path):
     d, pid_file = slow_worker
-    model = _small_model(tmp_path / "m.onnx")
+    model = small_model(tmp_path / "m.onnx")
     p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile", str(model)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(pid_file.exists, 60, "the stand-in worker started")
@@ -369,7 +376,7 @@ ASK_ON_THE_CHANNEL = ("import sys\n"
 @pytest.mark.parametrize("way", ["grpc", "descriptor channel"])
 def test_a_compile_stops_when_its_caller_goes(way, slow_worker, tmp_path, installed):  # noqa: F811
     d, pid_file = slow_worker
-    model = _small_model(tmp_path / "m.onnx")
+    model = small_model(tmp_path / "m.onnx")
     if way == "grpc":
         args = [os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile", str(model)]
     else:
@@ -390,7 +397,7 @@ def test_a_model_rewritten_while_its_compile_waits_is_never_compiled(slow_worker
     copy hashed again, so a form of other bytes is never filed under the
     key of what the model was."""
     d, pid_file = slow_worker
-    first, second = _small_model(tmp_path / "a.onnx"), _small_model(tmp_path / "b.onnx", weight=0.25)
+    first, second = small_model(tmp_path / "a.onnx"), small_model(tmp_path / "b.onnx", weight=0.25)
     ask = [os.environ["CTCACHECTL"], "--socket", str(d.socket), "compile"]
     holder = subprocess.Popen([*ask, str(first)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(pid_file.exists, 60, "the stand-in worker holding the slot")
@@ -406,7 +413,8 @@ def test_a_model_rewritten_while_its_compile_waits_is_never_compiled(slow_worker
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     _, err = waiting.communicate(timeout=60)
     holder.wait(timeout=60)
-    assert waiting.returncode != 0 and "the model changed while it was read" in err, err
+    # ABORTED, which ctcachectl says is worth asking again (exit 7).
+    assert waiting.returncode == 7 and "the model changed while it was read" in err, err
     assert _forms(d) == []
 
 
@@ -427,7 +435,7 @@ def test_a_library_replaced_since_the_start_makes_no_form(tmp_path, monkeypatch)
     place) makes no form, and the daemon says to restart."""
     d = daemon_beside(tmp_path, monkeypatch, REPLACED)
     try:
-        r = d.ctl("compile", str(_small_model(tmp_path / "m.onnx")))
+        r = d.ctl("compile", str(small_model(tmp_path / "m.onnx")))
         assert r.returncode == 1 and "library changed since the daemon identified it" in r.stderr, r.describe()
         assert "1.99.0" in r.stderr and "1.99.1" in r.stderr
         assert _forms(d) == []
@@ -444,7 +452,7 @@ def test_a_full_disk_is_resource_exhausted_and_the_store_intact(tmp_path):
     try:
         d = Daemon(root, args=["--ort-library", _library()]).start()
         try:
-            small = d.json("compile", str(_small_model(tmp_path / "s.onnx")))
+            small = d.json("compile", str(small_model(tmp_path / "s.onnx")))
             assert small["form"] is not None
             m = real_models.by_name("ddddocr-det")  # a 20 MB form
             real_models.fetch(m)
@@ -466,7 +474,7 @@ def test_a_full_disk_is_resource_exhausted_and_the_store_intact(tmp_path):
 
 def test_forms_answer_in_parallel_threads(daemon, tmp_path, cort):
     """The Python client from several threads of one process: one form."""
-    model = _small_model(tmp_path / "t.onnx", weight=0.0625)
+    model = small_model(tmp_path / "t.onnx", weight=0.0625)
     keys, errors = [], []
 
     def one():
@@ -492,8 +500,8 @@ def test_a_policy_rule_compiles_watched_models_before_first_use(tmp_path, ctcach
                                         'params = { level = "all" }\n')
     d = Daemon(root, watch=watched, args=["--ort-library", _library()]).start()
     try:
-        model = _small_model(watched / "m.onnx", weight=0.03125)
-        wait_until(lambda: "onnxruntime form at all compiled" in d.log_text(), 60,
+        model = small_model(watched / "m.onnx", weight=0.03125)
+        wait_until(lambda: "onnxruntime form (level=all) compiled" in d.log_text(), 60,
                    "the watcher compiling the model's form", detail=d.log_text)
         with _client(d) as c:
             r = c.compile(model, level="all", lookup_only=True)

@@ -1,5 +1,6 @@
-"""What the tests of the runtime workers share: the onnxruntime library
-they load, the levels tried, and ctcached beside a stand-in worker (a
+"""What the tests of the runtime workers share: the onnxruntime and
+OpenVINO libraries they load, the levels tried, the small model the key's
+parts are tried on, and ctcached beside a stand-in worker (a
 script in place of ``ctcache-onnxruntime-worker`` next to a copy of the
 daemon, which finds its worker beside its own executable)."""
 
@@ -10,7 +11,10 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 from e2e.harness import Daemon
 
@@ -23,6 +27,25 @@ def ort_library() -> str:
     lib = os.environ.get("CTCACHE_TEST_ORT_LIBRARY")
     assert lib, "CTCACHE_TEST_ORT_LIBRARY is not set; tests/run.sh sets it to the wheel's libonnxruntime.so"
     return lib
+
+
+def openvino_library() -> str:
+    """The wheel's libopenvino_c.so, as tests/run.sh exports it."""
+    lib = os.environ.get("CTCACHE_TEST_OPENVINO_LIBRARY")
+    assert lib, "CTCACHE_TEST_OPENVINO_LIBRARY is not set; tests/run.sh sets it to the wheel's libopenvino_c.so"
+    return lib
+
+
+def small_model(path: Path, weight: float = 0.5, constant: float = 1.0) -> Path:
+    """X[1,4] @ W + C, C a Constant node: what the key's parts are tried on."""
+    w = numpy_helper.from_array(np.full((4, 4), weight, np.float32), "W")
+    c = helper.make_node("Constant", [], ["C"], value=numpy_helper.from_array(np.full((4,), constant, np.float32)))
+    mm = helper.make_node("MatMul", ["X", "W"], ["XW"])
+    add = helper.make_node("Add", ["XW", "C"], ["Y"])
+    g = helper.make_graph([c, mm, add], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
 
 
 def daemon_beside(tmp_path: Path, monkeypatch, script: str) -> Daemon:

@@ -84,12 +84,23 @@ pub enum Command {
     Prepack(jobs::PrepackArgs),
     /// Per initializer of a model: its digest, stored entries and misses.
     Resolve(jobs::ResolveArgs),
-    /// Why an initializer of a model has no usable entry, and a command that packs it.
+    /// Why an initializer of a model has no usable entry, and a command that packs it;
+    /// with --form, why the model has no runtime form, and the command that makes it.
     WhyMiss {
         /// The ONNX model file.
         model: PathBuf,
         /// The initializer's name.
-        initializer: String,
+        #[arg(required_unless_present = "form")]
+        initializer: Option<String>,
+        /// The runtime form to explain instead of an initializer.
+        #[arg(long, conflicts_with = "initializer", value_parser = ["onnxruntime", "openvino"])]
+        form: Option<String>,
+        /// With --form onnxruntime: the level (default: extended).
+        #[arg(long, requires = "form", value_parser = ["basic", "extended", "layout", "all"])]
+        level: Option<String>,
+        /// With --form openvino: a compile config property, NAME=VALUE (repeatable).
+        #[arg(long = "config", requires = "form", value_parser = crate::human::parse_param)]
+        config: Vec<String>,
     },
     /// Write a copy of a model with compiled tensors embedded (through the daemon when it runs).
     Embed(jobs::EmbedArgs),
@@ -177,9 +188,20 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Stat { key } => ctx.block_on(daemon_cmds::stat(&ctx, &key)),
         Command::Prepack(a) => ctx.block_on(jobs::prepack(&ctx, a)),
         Command::Resolve(a) => ctx.block_on(jobs::resolve(&ctx, a)),
-        Command::WhyMiss { model, initializer } => {
-            ctx.block_on(why_miss::why_miss(&ctx, model, initializer))
-        }
+        Command::WhyMiss {
+            model,
+            initializer,
+            form,
+            level,
+            config,
+        } => match (initializer, form) {
+            (Some(name), _) => ctx.block_on(why_miss::why_miss(&ctx, model, name)),
+            (None, runtime) => {
+                let runtime = runtime.unwrap_or_else(|| "onnxruntime".into());
+                let a = compile::CompileArgs::why_miss(model, runtime, level, config);
+                ctx.block_on(compile::compile(&ctx, a))
+            }
+        },
         Command::Embed(a) => jobs::embed(&ctx, a),
         Command::Materialize(a) => materialize::materialize(&ctx, a),
         Command::Compile(a) => ctx.block_on(compile::compile(&ctx, a)),

@@ -13,7 +13,7 @@ use ctcache::structs::PhysicalTypeKey;
 use serde_json::{json, Value};
 
 use crate::ctx::Ctx;
-use crate::human::{self, Style, Table};
+use crate::human::{self, shell_word, Style, Table};
 use crate::json;
 use crate::output::{print_json, say, Failure};
 use ctcache_client::{api, Client, ResolveOptions};
@@ -308,16 +308,6 @@ fn materialized_as(model: &str, name: &str, recipe: &mat::Recipe) -> Option<Vec<
         .into_iter()
         .find(|p| p.key.0 == name && p.packer == recipe.packer())
         .map(|p| p.params)
-}
-
-/// `s` as one shell word: as it is when only safe characters, else single-quoted.
-fn shell_word(s: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
-    if !s.is_empty() && s.chars().all(safe) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
 }
 
 /// A listed entry as the one hit rule reads it: the facts the daemon

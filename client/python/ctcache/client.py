@@ -468,11 +468,16 @@ class Client:
                 except (grpc.RpcError, ValueError):
                     pass  # daemon gone: the lease expires by itself
 
-    def compile(self, model_path, *, runtime: str = "onnxruntime", level: str = "extended",
+    def compile(self, model_path, *, runtime: str = "onnxruntime", level: str | None = None,
                 runtime_version: str = "", runtime_build: str = "", lookup_only: bool = False,
                 lease_ttl_s: float = 30.0, hold: bool = False, target: str | None = None,
-                target_settings: dict | None = None, timeout: float | None = None):
-        """A runtime's own compiled form of a model (onnxruntime's optimized model at ``level``), leased.
+                target_settings: dict | None = None, device: str = "", config: dict | None = None,
+                timeout: float | None = None):
+        """A runtime's own compiled form of a model, leased: onnxruntime's
+        optimized model at ``level`` (default ``extended``), or
+        (``runtime="openvino"``) OpenVINO's compiled model for ``device``
+        (default ``CPU``) with ``config`` (property names to values), whose
+        payload is the blob ``import_model`` reads.
 
         The daemon's worker compiles it when no form of the key is stored
         (``lookup_only=True``: it only looks). ``runtime_version`` /
@@ -491,10 +496,12 @@ class Client:
         model (``target_settings``: its settings, as :meth:`materialize`
         takes them) instead of the model as it is.
         """
-        req = pb.CompileRequest(model_path=_path(model_path), runtime=runtime, level=level,
-                                runtime_version=runtime_version, runtime_build=runtime_build,
+        if level is None and runtime == "onnxruntime":
+            level = "extended"
+        req = pb.CompileRequest(model_path=_path(model_path), runtime=runtime, level=level or "",
+                                provider=device, runtime_version=runtime_version, runtime_build=runtime_build,
                                 lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1),
-                                hold=hold)
+                                hold=hold, config={str(k): str(v) for k, v in (config or {}).items()})
         if target is not None:
             req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
         return self._call("Compile", req, timeout, names_model=True, keep_handout=hold)

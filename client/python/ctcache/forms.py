@@ -94,29 +94,16 @@ def session_by_descriptor(socket, path, level: str, providers, target: str | Non
     from ._pb import ctcache_v1_pb2 as pb
 
     model = os.path.abspath(os.fspath(path))
-    try:
-        h = handout.hand_over(os.path.abspath(os.fspath(socket or handout.default_socket())), model)
-    except (OSError, handout.HandoutRefused):
-        return None
     req = pb.CompileRequest(model_path=model, runtime="onnxruntime", level=level,
                             runtime_version=onnxruntime.__version__, runtime_build=onnxruntime.get_build_info())
     if target is not None:
         req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
-    try:
-        r = handout.compile_form(h, req)
-    except handout.HandoutRefused as e:
-        h.close()
-        if target is not None:
-            return None  # gRPC says which refusal (a target that rewrites nothing is no error)
-        from .client import _ERRORS
-        from . import errors
-
-        raise _ERRORS.get(e.code, errors.Unknown)("Compile", e.code, e.message) from None
-    except Exception:  # noqa: BLE001 -- a channel lost or out of protocol: gRPC asks again
-        h.close()
+    # A target's refusal: gRPC says which (a target that rewrites nothing is no error).
+    asked = handout.ask_form(socket, model, req, refusal_raises=target is None)
+    if asked is None:
         return None
+    h, r = asked
     if not r.HasField("form"):
-        h.close()
         return FormAnswer(why=f"{r.miss.reason}: {r.miss.detail}")
     if not all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
         h.close()

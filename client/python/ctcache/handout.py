@@ -154,6 +154,35 @@ def compile_form(h: Handout, req: pb.CompileRequest, timeout: float | None = Non
             os.close(fd)
 
 
+def ask_form(sock, path: str, req: pb.CompileRequest, *, refusal_raises: bool = True):
+    """``(handout, answer)`` for a runtime form asked on the descriptor
+    channel of a handout of ``path`` (the form held while the handout stays
+    open; closed here when the answer has no form); ``None`` where this way
+    cannot answer (no daemon, a channel lost or out of protocol, or a
+    refusal when not ``refusal_raises``), for the caller to ask over gRPC.
+    A refusal raises the client's error for its code."""
+    try:
+        h = hand_over(os.path.abspath(os.fspath(sock or default_socket())), path)
+    except (OSError, HandoutRefused):
+        return None
+    try:
+        r = compile_form(h, req)
+    except HandoutRefused as e:
+        h.close()
+        if not refusal_raises:
+            return None
+        from . import errors
+        from .client import _ERRORS
+
+        raise _ERRORS.get(e.code, errors.Unknown)("Compile", e.code, e.message) from None
+    except Exception:  # noqa: BLE001 -- a channel lost or out of protocol: gRPC asks again
+        h.close()
+        return None
+    if not r.HasField("form"):
+        h.close()
+    return h, r
+
+
 def _answer(conn: socket.socket, folder: str, names: list[str]) -> None:
     """Opens the files asked for (a name that does not open, or that would
     leave ``folder``, is sent as missing) and sends their descriptors."""

@@ -112,6 +112,11 @@ pub struct Config {
     /// itself.
     #[schemars(extend("x-env" = "CTCACHE_ORT_LIBRARY", "x-flag" = true))]
     pub ort_library: Option<PathBuf>,
+    /// The OpenVINO C library (`libopenvino_c.so`, as the openvino wheel
+    /// ships it under `openvino/libs/`) that the daemon's OpenVINO worker
+    /// loads; unset: none. The daemon never loads it itself.
+    #[schemars(extend("x-env" = "CTCACHE_OPENVINO_LIBRARY", "x-flag" = true))]
+    pub openvino_library: Option<PathBuf>,
     /// Model directories watched recursively.
     #[schemars(extend("x-env" = "CTCACHE_WATCH", "x-flag" = true))]
     pub watch: Vec<PathBuf>,
@@ -221,6 +226,7 @@ impl Default for Config {
             tls_client_ca: None,
             metrics_addr: None,
             ort_library: None,
+            openvino_library: None,
             watch: Vec::new(),
             workers: 0,
             memory_budget: 2 << 30,

@@ -237,6 +237,7 @@ fn every_key_is_in_the_example_config_and_the_key_table() {
         "tls_client_ca",
         "metrics_addr",
         "ort_library",
+        "openvino_library",
         "gc_max_bytes",
         "gc_max_age_secs",
     ]);
@@ -335,21 +336,20 @@ fn the_default_policy_is_what_the_default_target_reads() {
     assert_eq!(formats, ["ort.matmul_nbits", "identity"]);
 }
 
-/// The onnxruntime library is an absolute path: the daemon's working
-/// directory is nobody's to rely on.
+/// A runtime library is an absolute path: the daemon's working directory
+/// is nobody's to rely on.
 #[test]
-fn ort_library_must_be_an_absolute_path() {
-    let e = Config::from_toml("ort_library = \"libonnxruntime.so\"\n")
-        .unwrap()
-        .validate()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("ort_library") && e.contains("not an absolute path"),
-        "{e}"
-    );
-    Config::from_toml("ort_library = \"/opt/ort/libonnxruntime.so\"\n")
-        .unwrap()
-        .validate()
-        .unwrap();
+fn runtime_libraries_must_be_absolute_paths() {
+    for key in ["ort_library", "openvino_library"] {
+        let e = Config::from_toml(&format!("{key} = \"libruntime.so\"\n"))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains("not an absolute path"), "{e}");
+        Config::from_toml(&format!("{key} = \"/opt/runtime/libruntime.so\"\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+    }
 }

@@ -28,10 +28,13 @@ impl Config {
                     .map_err(|_| invalid(key, format!("{a:?} is not host:port")))?;
             }
         }
-        if let Some(lib) = &self.ort_library {
-            if !lib.is_absolute() {
+        for (key, lib) in [
+            ("ort_library", &self.ort_library),
+            ("openvino_library", &self.openvino_library),
+        ] {
+            if let Some(lib) = lib.as_ref().filter(|l| !l.is_absolute()) {
                 return Err(invalid(
-                    "ort_library",
+                    key,
                     format!("{} is not an absolute path", lib.display()),
                 ));
             }
@@ -56,6 +59,10 @@ impl Config {
         for (i, rule) in self.policy.iter().enumerate() {
             if rule.format == ONNXRUNTIME_FORM {
                 check_form_rule(i, rule)?;
+                continue;
+            }
+            if rule.format == OPENVINO_FORM {
+                check_openvino_rule(i, rule)?;
                 continue;
             }
             if ctcache_kernels::find(&rule.format).is_none() {
@@ -135,6 +142,22 @@ impl Config {
 
 /// The policy rule of onnxruntime forms: its one parameter, the level.
 const ONNXRUNTIME_FORM: &str = "onnxruntime.optimized_model";
+
+/// The policy rule of OpenVINO forms: its parameters are the compile
+/// config's properties (and `device`, `CPU`).
+const OPENVINO_FORM: &str = "openvino.compiled_model";
+
+fn check_openvino_rule(i: usize, rule: &super::PolicyRule) -> Result<(), ConfigError> {
+    let invalid = |key: String, message: String| ConfigError::Invalid { key, message };
+    if let Some(device) = rule.params.get("device").filter(|d| *d != "CPU") {
+        return Err(invalid(
+            format!("policy[{i}].params.device"),
+            format!("{device:?}: OpenVINO forms are made for CPU only"),
+        ));
+    }
+    ctcache::forms::check_openvino_config(rule.params.iter())
+        .map_err(|e| invalid(format!("policy[{i}].params"), e.to_string()))
+}
 
 fn check_form_rule(i: usize, rule: &super::PolicyRule) -> Result<(), ConfigError> {
     use ctcache::forms::ONNXRUNTIME_LEVELS;

@@ -372,14 +372,11 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         .iter()
         .filter(|r| forms::is_form_type(&r.format))
     {
-        let level = rule
-            .params
-            .get("level")
-            .map_or(forms::DEFAULT_LEVEL, String::as_str);
         runtime.spawn(compile::for_watched(
             d.clone(),
             m.clone(),
-            level.to_string(),
+            rule.format.clone(),
+            rule.params.clone(),
             queue_owner,
         ));
     }

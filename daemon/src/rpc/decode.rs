@@ -159,6 +159,7 @@ pub(crate) fn compile(r: api::CompileRequest) -> Result<CompileRequest, Error> {
         runtime_version: r.runtime_version,
         runtime_build: r.runtime_build,
         lookup_only: r.lookup_only,
+        config: r.config.into_iter().collect(),
     })
 }
 

@@ -21,7 +21,9 @@ use tonic::codegen::http;
 use tower::{Layer, Service};
 
 use super::caller;
-use crate::cpu_budget::CpuBudget;
+use crate::caller::Caller;
+use crate::cpu_budget::{CpuBudget, Payer};
+use crate::error::Error;
 use crate::use_case_names::UseCase;
 
 /// The use case of a gRPC method path (`/package.Service/Method`).
@@ -84,27 +86,14 @@ where
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let who = caller::from_extensions(req.extensions(), &self.trusted_uids);
-        let payer = who.bounded_uid().map(|uid| self.cpu.payer(uid));
-        let admitted =
-            who.admits(use_case(req.uri().path()))
-                .and_then(|()| match who.bounded_uid() {
-                    Some(uid) => self.cpu.admit(uid),
-                    None => Ok(()),
-                });
-        match admitted {
-            Ok(()) => {
+        match admit(&who, use_case(req.uri().path()), &self.cpu) {
+            Ok(payer) => {
                 let caller_limit = grpc_timeout(req.headers()).map(|t| t.saturating_sub(AHEAD));
                 let answer = self.inner.call(req);
                 let own = self.deadline;
                 let limit = caller_limit.map_or(own, |c| c.min(own));
                 Box::pin(async move {
-                    let answer = async move {
-                        match payer {
-                            Some(p) => p.serve(answer).await,
-                            None => answer.await,
-                        }
-                    };
-                    match tokio::time::timeout(limit, answer).await {
+                    match paid_within(payer, limit, answer).await {
                         Ok(answered) => answered,
                         Err(_) if limit < own => Ok(tonic::Status::deadline_exceeded(
                             "the caller's deadline passed before the answer",
@@ -124,6 +113,36 @@ where
             }
         }
     }
+}
+
+/// Admits `who` for `use_case`: its role, then its uid's CPU hour; the
+/// payer its handling is charged to (none for a trusted caller). The one
+/// admission of the gRPC routes and the descriptor channel's steps.
+pub(super) fn admit(
+    who: &Caller,
+    use_case: Option<UseCase>,
+    cpu: &Arc<CpuBudget>,
+) -> Result<Option<Payer>, Error> {
+    who.admits(use_case)?;
+    match who.bounded_uid() {
+        Some(uid) => cpu.admit(uid).map(|()| Some(cpu.payer(uid))),
+        None => Ok(None),
+    }
+}
+
+/// `work`, its CPU charged to `payer`, within `limit`.
+pub(super) async fn paid_within<F: Future>(
+    payer: Option<Payer>,
+    limit: Duration,
+    work: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let paid = async move {
+        match payer {
+            Some(p) => p.serve(work).await,
+            None => work.await,
+        }
+    };
+    tokio::time::timeout(limit, paid).await
 }
 
 /// How much before a caller's own deadline (`grpc-timeout`) the guard

@@ -35,21 +35,14 @@ pub(super) async fn compile(
         Transport::Unix,
         &d.config.trusted_uids,
     );
-    caller.admits(Some(UseCase::Compile))?;
-    let payer = caller.bounded_uid().map(|uid| d.cpu_budget.payer(uid));
-    if let Some(p) = &payer {
-        p.admitted()?;
-    }
+    let payer = super::guard::admit(&caller, Some(UseCase::Compile), &d.cpu_budget)?;
     req.handout = handout.to_string();
     req.hold = true;
     let mut r = decode::compile(req)?;
     r.leasing = Leasing::Hold(handout.to_string());
     let limit = Duration::from_secs(d.config.request_timeout_secs);
     let work = crate::ops::compile::compile(d, &caller, r);
-    let answered = match payer {
-        Some(p) => tokio::time::timeout(limit, p.serve(work)).await,
-        None => tokio::time::timeout(limit, work).await,
-    };
+    let answered = super::guard::paid_within(payer, limit, work).await;
     let compiled = answered.map_err(|_| {
         Error::new(
             crate::error::ErrorKind::Cancelled,

@@ -1,5 +1,6 @@
-//! The runtimes the admin configured (`ort_library`): each is met only in
-//! its own worker process (`ctcache-onnxruntime-worker`, beside
+//! The runtimes the admin configured (`ort_library`, `openvino_library`):
+//! each is met only in its own worker process
+//! (`ctcache-onnxruntime-worker`, `ctcache-openvino-worker`, beside
 //! `ctcached`), never loaded by the daemon. At start the worker says which
 //! runtime the library is; `ctcachectl status` shows it, or why it cannot
 //! be used, and everything else is served either way.
@@ -16,14 +17,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::OnceCell;
 
-use ctcache::forms::RuntimeIdentity;
+use ctcache::forms::{FormKey, RuntimeIdentity};
 
 use crate::config::Config;
 
 /// A configured runtime and what its worker found.
 pub(crate) struct Configured {
-    /// `onnxruntime`.
+    /// `onnxruntime` or `openvino`.
     pub name: &'static str,
+    /// Its worker's file name.
+    worker: &'static str,
     /// The library as configured.
     pub library: PathBuf,
     /// Set once the worker has answered.
@@ -65,17 +68,18 @@ impl Configured {
             .clone()
     }
 
-    /// Has the worker optimize `model` at `level` into `out`, within
-    /// `limit`: which onnxruntime made it, and the CPU time it used;
-    /// dropping the future kills the worker.
-    pub(crate) async fn optimize(
+    /// Has the worker make the form of `key` of `model` into `out`, within
+    /// `limit`: which runtime made it, and the CPU time it used; dropping
+    /// the future kills the worker.
+    pub(crate) async fn compile(
         &self,
-        level: &str,
+        key: &FormKey,
         model: Bytes,
         out: &std::fs::File,
         limit: Duration,
     ) -> (Result<RuntimeIdentity, CompileFailure>, Duration) {
-        worker::optimize(worker::ONNXRUNTIME, &self.library, level, model, out, limit).await
+        let args = worker::compile_args(self.worker, key);
+        worker::compile(self.worker, &self.library, args, model, out, limit).await
     }
 }
 
@@ -83,30 +87,50 @@ impl Configured {
 #[derive(Default)]
 pub(crate) struct Runtimes {
     pub onnxruntime: Option<Arc<Configured>>,
+    pub openvino: Option<Arc<Configured>>,
 }
 
 impl Runtimes {
     pub(crate) fn of(config: &Config) -> Runtimes {
-        Runtimes {
-            onnxruntime: config.ort_library.clone().map(|library| {
+        let configured = |name, worker, library: &Option<PathBuf>| {
+            library.clone().map(|library| {
                 Arc::new(Configured {
-                    name: "onnxruntime",
+                    name,
+                    worker,
                     library,
                     found: OnceCell::new(),
                 })
-            }),
+            })
+        };
+        Runtimes {
+            onnxruntime: configured("onnxruntime", worker::ONNXRUNTIME, &config.ort_library),
+            openvino: configured("openvino", worker::OPENVINO, &config.openvino_library),
         }
+    }
+
+    /// The runtime of that name, when configured.
+    pub(crate) fn named(&self, name: &str) -> Option<&Arc<Configured>> {
+        match name {
+            "onnxruntime" => self.onnxruntime.as_ref(),
+            "openvino" => self.openvino.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Arc<Configured>> {
+        self.onnxruntime.iter().chain(self.openvino.iter())
     }
 
     /// What status shows of every configured runtime.
     pub(crate) fn reports(&self) -> Vec<Report> {
-        self.onnxruntime.iter().map(|c| c.report()).collect()
+        self.all().map(|c| c.report()).collect()
     }
 
     /// Has each configured library identified by its worker, in the
     /// background; the outcome is logged and kept for status.
     pub(crate) fn identify_in_background(&self) {
-        if let Some(c) = self.onnxruntime.clone() {
+        for c in self.all() {
+            let c = c.clone();
             tokio::spawn(async move {
                 let _ = c.identified().await;
             });
@@ -136,7 +160,7 @@ async fn identify_and_log(c: &Configured) -> Result<Identified, RuntimeProblem> 
 }
 
 async fn identify(c: &Configured) -> Result<Identified, RuntimeProblem> {
-    let identity = worker::identify(worker::ONNXRUNTIME, &c.library).await?;
+    let identity = worker::identify(c.worker, &c.library).await?;
     let library = c.library.clone();
     let read = |problem: String| RuntimeProblem::Read {
         library: c.library.clone(),

@@ -8,12 +8,15 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ctcache::forms::RuntimeIdentity;
+use ctcache::forms::{FormKey, RuntimeIdentity};
 
 use super::error::{CompileFailure, RuntimeProblem};
 
 /// The onnxruntime worker's file name.
 pub(super) const ONNXRUNTIME: &str = "ctcache-onnxruntime-worker";
+
+/// The OpenVINO worker's file name.
+pub(super) const OPENVINO: &str = "ctcache-openvino-worker";
 
 /// How long identifying a library may take (loading it included).
 const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -107,27 +110,43 @@ fn identity_in(name: &'static str, stdout: &[u8]) -> Result<RuntimeIdentity, Run
     })
 }
 
-/// Has the worker `name` optimize `model` at `level` with `library`,
-/// writing the optimized model to `out` (its descriptor 3, the one file it
-/// gets) within `limit`: the identity of the onnxruntime that made it,
-/// with the CPU time it used (ended workers' usage, RUSAGE_CHILDREN,
-/// before and after: compiles run one at a time). The worker is killed
-/// when this is dropped (its caller went away).
-pub(super) async fn optimize(
+/// The worker `name`'s command line for the form of `key`: onnxruntime's
+/// optimized model at the key's level, OpenVINO's compiled model for its
+/// device with its config.
+pub(super) fn compile_args(name: &'static str, key: &FormKey) -> Vec<String> {
+    if name == ONNXRUNTIME {
+        let level = key.options.get("level").cloned().unwrap_or_default();
+        return vec!["optimize".into(), "--level".into(), level];
+    }
+    let mut args = vec!["compile".into(), "--device".into(), key.provider.clone()];
+    for (k, v) in &key.options {
+        args.push("--config".into());
+        args.push(format!("{k}={v}"));
+    }
+    args
+}
+
+/// Has the worker `name` run `args` (its subcommand first) with `library`
+/// on `model`, writing the form to `out` (its descriptor 3, the one file
+/// it gets) within `limit`: the identity of the runtime that made it, with
+/// the CPU time it used (ended workers' usage, RUSAGE_CHILDREN, before and
+/// after: compiles run one at a time). The worker is killed when this is
+/// dropped (its caller went away).
+pub(super) async fn compile(
     name: &'static str,
     library: &Path,
-    level: &str,
+    args: Vec<String>,
     model: Bytes,
     out: &std::fs::File,
     limit: Duration,
 ) -> (Result<RuntimeIdentity, CompileFailure>, Duration) {
     let before = children_cpu();
     let outcome = async {
-        let mut cmd = command(name, "optimize", library).map_err(CompileFailure::Start)?;
-        cmd.arg("--level")
-            .arg(level)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        let (sub, rest) = args
+            .split_first()
+            .map_or(("", &[][..]), |(s, r)| (s.as_str(), r));
+        let mut cmd = command(name, sub, library).map_err(CompileFailure::Start)?;
+        cmd.args(rest).stdin(Stdio::piped()).stdout(Stdio::piped());
         give_output(&mut cmd, out.as_raw_fd());
         let out = tokio::time::timeout(limit, bounded_run(cmd, Some(model)))
             .await

@@ -12,38 +12,12 @@
 use std::ffi::CStr;
 use std::path::Path;
 
+pub use ctcache_worker_protocol::{Identity, WorkerError};
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
-use serde::Serialize;
 
 /// The oldest onnxruntime the worker drives (its API level).
 pub const OLDEST_MINOR: u32 = 24;
-
-/// What can go wrong, by who is to act on it.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// The library is not an onnxruntime this worker can drive.
-    #[error("{path} is not an onnxruntime library ctcache can use: {reason}")]
-    NotTheRuntime { path: String, reason: String },
-    /// onnxruntime refuses the model (its words).
-    #[error("onnxruntime refuses the model: {0}")]
-    Refused(String),
-    /// The optimized model did not reach the output.
-    #[error("the optimized model was not written: {0}")]
-    NoOutput(String),
-}
-
-/// The runtime a library is, as it reports itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Identity {
-    /// Always `onnxruntime`.
-    pub runtime: &'static str,
-    /// `OrtGetApiBase()->GetVersionString()`, e.g. `1.32.0`.
-    pub version: String,
-    /// `GetBuildInfoString()`: the commit and build type, which the
-    /// Python module reports too (`onnxruntime.capi._pybind_state.get_build_info()`).
-    pub build: String,
-}
 
 /// The optimization levels onnxruntime saves a model at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -87,7 +61,10 @@ pub fn optimize(
 ) -> Result<Identity, WorkerError> {
     let (version, _held) = version_of(library)?;
     let env = load(library)?;
-    let refused = |e: &dyn std::fmt::Display| WorkerError::Refused(e.to_string());
+    let refused = |e: &dyn std::fmt::Display| WorkerError::Refused {
+        runtime: "onnxruntime",
+        said: e.to_string(),
+    };
     let builder = Session::builder(&env).map_err(|e| refused(&e))?;
     let builder = builder.with_intra_threads(1).map_err(|e| refused(&e))?;
     let builder = builder
@@ -107,8 +84,14 @@ pub fn optimize(
             version,
             build: ort::info().to_string(),
         }),
-        Ok(_) => Err(WorkerError::NoOutput("onnxruntime wrote nothing".into())),
-        Err(e) => Err(WorkerError::NoOutput(e.to_string())),
+        Ok(_) => Err(WorkerError::NoOutput {
+            form: "optimized model",
+            said: "onnxruntime wrote nothing".into(),
+        }),
+        Err(e) => Err(WorkerError::NoOutput {
+            form: "optimized model",
+            said: e.to_string(),
+        }),
     }
 }
 
@@ -117,6 +100,7 @@ pub fn optimize(
 /// so that `ort`'s own load of the same path finds it loaded once.
 fn version_of(library: &Path) -> Result<(String, libloading::Library), WorkerError> {
     let not = |reason: String| WorkerError::NotTheRuntime {
+        a_runtime: "an onnxruntime",
         path: library.display().to_string(),
         reason,
     };
@@ -159,6 +143,7 @@ fn version_of(library: &Path) -> Result<(String, libloading::Library), WorkerErr
 /// The onnxruntime environment over `library`.
 fn load(library: &Path) -> Result<ort::environment::Environment, WorkerError> {
     let not = |reason: String| WorkerError::NotTheRuntime {
+        a_runtime: "an onnxruntime",
         path: library.display().to_string(),
         reason,
     };

@@ -5,12 +5,12 @@
 //! of the onnxruntime that made it. Exit 2: the library is
 //! not a usable onnxruntime; 3: onnxruntime refuses the model.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ctcache_onnxruntime_worker::{identify, optimize, Level, WorkerError};
+use ctcache_onnxruntime_worker::{identify, optimize, Level};
+use ctcache_worker_protocol::{finish, model_in, OUTPUT};
 
 #[derive(Parser)]
 #[command(about = "ctcached's onnxruntime worker")]
@@ -35,39 +35,13 @@ enum Command {
     },
 }
 
-/// The output descriptor, as onnxruntime opens a path.
-const OUTPUT: &str = "/proc/self/fd/3";
-
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let done = match args.command {
-        Command::Identify { library } => identify(&library).map(|id| {
-            println!("{}", serde_json::to_string(&id).unwrap_or_default());
-        }),
-        Command::Optimize { library, level } => {
-            if !std::fs::metadata(OUTPUT).is_ok_and(|m| m.is_file()) {
-                eprintln!("the optimized model was not written: descriptor 3 is not a file");
-                return ExitCode::from(1);
-            }
-            let mut model = Vec::new();
-            if let Err(e) = std::io::stdin().lock().read_to_end(&mut model) {
-                eprintln!("reading the model: {e}");
-                return ExitCode::from(1);
-            }
-            optimize(&library, level, &model, OUTPUT.as_ref()).map(|id| {
-                println!("{}", serde_json::to_string(&id).unwrap_or_default());
-            })
-        }
+    let done = match Args::parse().command {
+        Command::Identify { library } => identify(&library),
+        Command::Optimize { library, level } => match model_in("optimized model") {
+            Ok(model) => optimize(&library, level, &model, OUTPUT.as_ref()),
+            Err(code) => return code,
+        },
     };
-    match done {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(match e {
-                WorkerError::NotTheRuntime { .. } => 2,
-                WorkerError::Refused(_) => 3,
-                WorkerError::NoOutput(_) => 1,
-            })
-        }
-    }
+    finish(done)
 }

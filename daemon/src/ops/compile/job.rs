@@ -1,7 +1,8 @@
-//! One compile: the runtime's worker writes the optimized model to an
-//! unnamed file of the store's tmp/; its large initializers become entries
-//! of their own (identity payloads, shared with every equal tensor), and
-//! the rest, naming them, is the form's entry.
+//! One compile: the runtime's worker writes its form to an unnamed file of
+//! the store's tmp/. Of onnxruntime's optimized model, the large
+//! initializers become entries of their own (identity payloads, shared
+//! with every equal tensor), and the rest, naming them, is the form's
+//! entry; OpenVINO's compiled model is the form's entry whole.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -35,14 +36,18 @@ pub(super) struct Job {
     pub d: Arc<Daemon>,
     pub rt: Arc<Configured>,
     pub key: FormKey,
-    pub level: String,
     pub model: model::OpenedModel,
     pub requested_by: Option<u32>,
 }
 
 impl Job {
     pub(super) async fn run(self) -> Result<Made> {
-        tracing::info!(model = %self.model.path.display(), level = %self.level, "compile queued");
+        tracing::info!(
+            model = %self.model.path.display(),
+            runtime = self.rt.name,
+            options = ?self.key.options,
+            "compile queued"
+        );
         let _slot = self
             .d
             .compile_slots
@@ -59,10 +64,7 @@ impl Job {
         let started = Instant::now();
         let bytes = self.private_copy().await?;
         let len = bytes.len() as u64;
-        let (outcome, cpu) = self
-            .rt
-            .optimize(&self.level, bytes, &out, COMPILE_LIMIT)
-            .await;
+        let (outcome, cpu) = self.rt.compile(&self.key, bytes, &out, COMPILE_LIMIT).await;
         // The worker's CPU is the asking uid's, as its requests' own is.
         if let Some(uid) = self.requested_by {
             self.d.cpu_budget.payer(uid).charge(cpu);
@@ -72,9 +74,13 @@ impl Job {
         // at that path must still be that one.
         if made_by != self.key.runtime {
             return Err(Error::precondition(format!(
-                "the onnxruntime library changed since the daemon identified it ({} {}; now \
-                 {} {}): restart ctcached to make forms with it",
-                self.key.runtime.version, self.key.runtime.build, made_by.version, made_by.build
+                "the {} library changed since the daemon identified it ({} {}; now {} {}): \
+                 restart ctcached to make forms with it",
+                self.rt.name,
+                self.key.runtime.version,
+                self.key.runtime.build,
+                made_by.version,
+                made_by.build
             )));
         }
         let took = started.elapsed();
@@ -110,8 +116,10 @@ impl Job {
         blocking(move || {
             let copy = bytes::Bytes::copy_from_slice(model.bytes());
             let changed = || {
+                // Abandoned, not a fault of the daemon's (UNAVAILABLE would
+                // read as a daemon gone): ABORTED, asking again may succeed.
                 Error::new(
-                    crate::error::ErrorKind::Unavailable,
+                    crate::error::ErrorKind::Cancelled,
                     "the model changed while it was read; ask again",
                 )
             };
@@ -137,7 +145,7 @@ impl Job {
     /// RESOURCE_EXHAUSTED.
     fn failure(&self, f: CompileFailure, model_len: u64) -> Error {
         let path = self.model.path.display();
-        // A full disk first: onnxruntime reports a failed save as its own
+        // A full disk first: a runtime reports a failed save as its own
         // failure ("Protobuf serialization failed").
         if self.store_full(model_len) {
             return Error::exhausted(format!(
@@ -179,9 +187,48 @@ struct Publish {
 }
 
 impl Publish {
-    /// Stores the large initializers of the worker's model `out`, then the
-    /// model naming them, under the form's key.
+    /// Stores what the worker wrote to `out` under the form's key.
     fn run(self, out: std::fs::File) -> Result<Entry> {
+        if self.key.runtime.name == "openvino" {
+            self.whole(out)
+        } else {
+            self.split(out)
+        }
+    }
+
+    /// The form's entry of `payload`, `len` bytes.
+    fn new_entry(&self, len: u64) -> Result<NewEntry> {
+        Ok(NewEntry {
+            source: self.key.source(),
+            source_shape: FormKey::source_shape(),
+            device: self.key.device_proto(),
+            physical_type: self
+                .key
+                .physical_type()
+                .ok_or_else(|| Error::internal("no form type"))?,
+            dims: vec![len],
+            producer: self.producer.clone(),
+            source_names: Vec::new(),
+            model_paths: vec![self.model_path.clone()],
+            pack_duration: self.took,
+        })
+    }
+
+    /// Stores the worker's output as it is (OpenVINO's compiled model,
+    /// which `import_model` reads from one mapping).
+    fn whole(self, mut out: std::fs::File) -> Result<Entry> {
+        use std::io::Seek;
+        let len = out
+            .seek(std::io::SeekFrom::End(0))
+            .and_then(|n| out.rewind().map(|()| n))
+            .map_err(|e| Error::from_io(e, "the worker's output"))?;
+        let new = self.new_entry(len)?;
+        Ok(self.d.store.put(&new, out)?.entry)
+    }
+
+    /// Stores the large initializers of the worker's model `out`, then the
+    /// model naming them (onnxruntime's optimized model).
+    fn split(self, out: std::fs::File) -> Result<Entry> {
         // The file is the daemon's alone now (the worker has ended), and
         // the model names no file anyone may have it open.
         let model = Model::from_file(out, Path::new("the optimized model"), Arc::new(NoFiles))
@@ -201,20 +248,7 @@ impl Publish {
         }
         let skeleton = forms::split(&model, &moved)
             .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
-        let new = NewEntry {
-            source: self.key.source(),
-            source_shape: FormKey::source_shape(),
-            device: self.key.device_proto(),
-            physical_type: self
-                .key
-                .physical_type()
-                .ok_or_else(|| Error::internal("no form type"))?,
-            dims: vec![skeleton.len() as u64],
-            producer: self.producer.clone(),
-            source_names: Vec::new(),
-            model_paths: vec![self.model_path.clone()],
-            pack_duration: self.took,
-        };
+        let new = self.new_entry(skeleton.len() as u64)?;
         Ok(self.d.store.put(&new, &skeleton[..])?.entry)
     }
 

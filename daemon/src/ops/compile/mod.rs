@@ -32,6 +32,9 @@ use job::{Job, Made};
 /// The onnxruntime provider forms are made for.
 const CPU_PROVIDER: &str = "CPUExecutionProvider";
 
+/// The OpenVINO device forms are made for.
+const CPU_DEVICE: &str = "CPU";
+
 /// A Compile request.
 #[derive(Debug, Clone)]
 pub(crate) struct CompileRequest {
@@ -47,6 +50,58 @@ pub(crate) struct CompileRequest {
     pub lookup_only: bool,
     /// The form of this target's model instead of the model as it is.
     pub materialize: Option<MaterializeRequest>,
+    /// OpenVINO's compile config.
+    pub config: BTreeMap<String, String>,
+}
+
+impl CompileRequest {
+    /// What the form is made with beyond the runtime: its provider or
+    /// device, and the options that change it.
+    fn made_with(&self) -> MadeWith {
+        match self.runtime.as_str() {
+            "openvino" => MadeWith {
+                provider: CPU_DEVICE.into(),
+                options: self.config.clone(),
+            },
+            _ => MadeWith {
+                provider: CPU_PROVIDER.into(),
+                options: BTreeMap::from([("level".to_string(), self.level.clone())]),
+            },
+        }
+    }
+}
+
+/// The runtime and what its form is made with, as a policy rule of a
+/// form's format names them (checked when the config was read).
+pub(crate) fn rule_form(format: &str, params: &BTreeMap<String, String>) -> (String, MadeWith) {
+    if forms::form_type_name("openvino") == Some(format) {
+        let options = params
+            .iter()
+            .filter(|(k, _)| *k != "device")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let made_with = MadeWith {
+            provider: CPU_DEVICE.into(),
+            options,
+        };
+        return ("openvino".into(), made_with);
+    }
+    let level = params
+        .get("level")
+        .map_or(forms::DEFAULT_LEVEL, String::as_str);
+    let made_with = MadeWith {
+        provider: CPU_PROVIDER.into(),
+        options: BTreeMap::from([("level".to_string(), level.to_string())]),
+    };
+    ("onnxruntime".into(), made_with)
+}
+
+/// A form's provider (or device) and options, the key's parts a request
+/// names.
+#[derive(Debug, Clone)]
+pub(crate) struct MadeWith {
+    pub provider: String,
+    pub options: BTreeMap<String, String>,
 }
 
 /// What Compile answers.
@@ -89,7 +144,7 @@ pub(crate) async fn compile(
         Err(why) => return Ok(missed([0; 32], MissReason::NotASource(why).into())),
     };
     let answer = |miss: Miss| missed(model_digest, miss);
-    let (rt, key) = match runtime_key(d, model_digest, &r.level).await {
+    let (rt, key) = match runtime_key(d, &r.runtime, model_digest, r.made_with()).await {
         Ok(found) => found,
         Err(miss) => return Ok(answer(miss)),
     };
@@ -107,7 +162,6 @@ pub(crate) async fn compile(
         d: d.clone(),
         rt,
         key,
-        level: r.level.clone(),
         model: m,
         requested_by: caller.bounded_uid(),
     };
@@ -147,82 +201,95 @@ fn incomplete(err: &Error) -> bool {
     err.kind == ErrorKind::DataLoss
 }
 
-/// The daemon's onnxruntime and the key of the form of `model` at `level`
-/// it makes; a miss when it has no usable onnxruntime.
+/// The daemon's `runtime` and the key of the form of `model` it makes
+/// `made_with`; a miss when it has no usable such runtime. Every form is
+/// keyed by the host's exact CPU tier: onnxruntime's `all` and OpenVINO's
+/// compiled model are made for it, and no test here shows `extended`
+/// portable across tiers.
 async fn runtime_key(
     d: &Daemon,
+    runtime: &str,
     model: [u8; 32],
-    level: &str,
+    made_with: MadeWith,
 ) -> std::result::Result<(Arc<Configured>, FormKey), Miss> {
     let unavailable = |why: String| Miss::from(MissReason::RuntimeUnavailable(why));
-    let Some(rt) = d.runtimes.onnxruntime.clone() else {
-        return Err(unavailable(
-            "onnxruntime is not configured in the daemon (ort_library)".into(),
-        ));
+    let Some(rt) = d.runtimes.named(runtime).cloned() else {
+        let key = if runtime == "openvino" {
+            "openvino_library"
+        } else {
+            "ort_library"
+        };
+        return Err(unavailable(format!(
+            "{runtime} is not configured in the daemon ({key})"
+        )));
     };
     let identified = rt
         .identified()
         .await
-        .map_err(|why| unavailable(format!("onnxruntime cannot be used: {why}")))?;
+        .map_err(|why| unavailable(format!("{runtime} cannot be used: {why}")))?;
     let key = FormKey {
         model,
         runtime: identified.identity,
-        provider: CPU_PROVIDER.into(),
-        options: BTreeMap::from([("level".to_string(), level.to_string())]),
-        device: Some(ctcache::device::host_cpu().architecture),
+        provider: made_with.provider,
+        options: made_with.options,
+        device: Some(d.host_tier.clone()),
     };
     Ok((rt, key))
 }
 
-/// Makes the form at `level` of a watched model (a policy rule asks for
-/// it) unless it is stored; logs what it did.
+/// Makes the form a policy rule asks for (`format`, `params`) of a
+/// watched model unless it is stored; logs what it did.
 pub(crate) async fn for_watched(
     d: Arc<Daemon>,
     m: model::OpenedModel,
-    level: String,
+    format: String,
+    params: BTreeMap<String, String>,
     queue_owner: Option<u32>,
 ) {
     let path = m.path.clone();
-    match watched(&d, m, &level, queue_owner).await {
+    let (runtime, made_with) = rule_form(&format, &params);
+    let options: Vec<String> = made_with
+        .options
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let what = format!("{runtime} form ({})", options.join(", "));
+    match watched(&d, m, &runtime, made_with, queue_owner).await {
         Ok(Some(took)) => tracing::info!(
-            "watcher: {}: onnxruntime form at {level} compiled in {:.2} s",
+            "watcher: {}: {what} compiled in {:.2} s",
             path.display(),
             took.as_secs_f64()
         ),
-        Ok(None) => tracing::debug!(
-            "watcher: {}: onnxruntime form at {level} stored already",
-            path.display()
-        ),
-        Err(why) => tracing::warn!(
-            "watcher: {}: no onnxruntime form at {level}: {why}",
-            path.display()
-        ),
+        Ok(None) => tracing::debug!("watcher: {}: {what} stored already", path.display()),
+        Err(why) => tracing::warn!("watcher: {}: no {what}: {why}", path.display()),
     }
 }
 
 /// [`for_watched`]'s work: how long the compile took, `None` when the form
-/// was stored.
+/// was stored. It takes one of the folder owner's compile places, as a
+/// request of that uid does.
 async fn watched(
     d: &Arc<Daemon>,
     m: model::OpenedModel,
-    level: &str,
+    runtime: &str,
+    made_with: MadeWith,
     queue_owner: Option<u32>,
 ) -> Result<Option<Duration>> {
     let (d2, m2) = (d.clone(), m.clone());
     let digest =
         blocking(move || digest_of(&d2, queue_owner, &m2)?.map_err(Error::precondition)).await?;
-    let (rt, key) = runtime_key(d, digest, level)
+    let (rt, key) = runtime_key(d, runtime, digest, made_with)
         .await
         .map_err(|miss| Error::precondition(miss.detail))?;
     let entry_key = entry_key_of(&key)?;
     if d.store.stat(&entry_key)?.is_some() {
         return Ok(None);
     }
+    let _place = compile_place(d, queue_owner)?;
     let job = Job {
         d: d.clone(),
         rt,
         key,
-        level: level.to_string(),
         model: m,
         requested_by: queue_owner,
     };
@@ -233,9 +300,21 @@ async fn watched(
     Ok(Some(took))
 }
 
+/// One of `uid`'s compile places (none is counted for a trusted caller):
+/// RESOURCE_EXHAUSTED when it waits for as many compiles as it may.
+fn compile_place(d: &Daemon, uid: Option<u32>) -> Result<Option<crate::shares::Share>> {
+    d.compile_shares.take(uid).ok_or_else(|| {
+        Error::exhausted(format!(
+            "uid {} waits for {} compiles already: one must end before another starts",
+            uid.unwrap_or_default(),
+            crate::state::COMPILES_PER_UID
+        ))
+    })
+}
+
 fn entry_key_of(key: &FormKey) -> Result<EntryKey> {
     key.entry_key()
-        .ok_or_else(|| Error::internal("onnxruntime has no form type"))?
+        .ok_or_else(|| Error::internal("the runtime has no form type"))?
         .map_err(|e| Error::internal(e.to_string()))
 }
 
@@ -247,13 +326,7 @@ async fn made_and_served(
     entry_key: EntryKey,
     leasing: &Leasing,
 ) -> Result<(ServedForm, Option<Made>)> {
-    let _place = d.compile_shares.take(caller.bounded_uid()).ok_or_else(|| {
-        Error::exhausted(format!(
-            "uid {} waits for {} compiles already: one must end before another starts",
-            caller.bounded_uid().unwrap_or_default(),
-            crate::state::COMPILES_PER_UID
-        ))
-    })?;
+    let _place = compile_place(d, caller.bounded_uid())?;
     let flight = d.compiles.join(entry_key, move || job.run().boxed());
     let made = flight.await?;
     Ok((served::serve_form(d, caller, &made.0, leasing)?, Some(made)))
@@ -289,14 +362,18 @@ fn digest_of(
     Ok(Ok(model::form_digest(&m.model, &tensors, &known)?))
 }
 
-/// The runtime, level and provider a request names.
+/// The runtime, level, provider and config a request names.
 fn check(r: &CompileRequest) -> Result<()> {
-    if r.runtime != "onnxruntime" {
-        return Err(Error::invalid(format!(
-            "runtime {:?}: the daemon compiles for onnxruntime only",
-            r.runtime
-        )));
+    match r.runtime.as_str() {
+        "onnxruntime" => check_onnxruntime(r),
+        "openvino" => check_openvino(r),
+        other => Err(Error::invalid(format!(
+            "runtime {other:?}: the daemon compiles for onnxruntime and openvino"
+        ))),
     }
+}
+
+fn check_onnxruntime(r: &CompileRequest) -> Result<()> {
     if !forms::ONNXRUNTIME_LEVELS.contains(&r.level.as_str()) {
         return Err(Error::invalid(format!(
             "level {:?} is not one of {}",
@@ -310,7 +387,28 @@ fn check(r: &CompileRequest) -> Result<()> {
             r.provider
         )));
     }
+    if !r.config.is_empty() {
+        return Err(Error::invalid(
+            "config is OpenVINO's; onnxruntime's form takes a level",
+        ));
+    }
     Ok(())
+}
+
+fn check_openvino(r: &CompileRequest) -> Result<()> {
+    if !r.level.is_empty() {
+        return Err(Error::invalid(format!(
+            "level {:?}: OpenVINO's form takes a device and a config, no level",
+            r.level
+        )));
+    }
+    if !r.provider.is_empty() && r.provider != CPU_DEVICE {
+        return Err(Error::invalid(format!(
+            "device {:?}: OpenVINO forms are made for {CPU_DEVICE} only",
+            r.provider
+        )));
+    }
+    forms::check_openvino_config(r.config.iter()).map_err(|e| Error::invalid(e.to_string()))
 }
 
 /// Why a model has no form: the worker gets the model's bytes alone (D14:

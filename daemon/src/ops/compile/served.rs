@@ -1,7 +1,8 @@
-//! A form served to its caller: its model with each moved initializer
-//! named by its payload file (relative to the store's payload folder, as
-//! an in-memory materialize names them), every payload checked as it is
-//! served and leased (or held) for the caller.
+//! A form served to its caller, every payload checked as it is served and
+//! leased (or held) for the caller: onnxruntime's with its model, each
+//! moved initializer named by its payload file (relative to the store's
+//! payload folder, as an in-memory materialize names them); OpenVINO's as
+//! its payload alone, which the caller maps and imports.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,8 +23,8 @@ use crate::state::Daemon;
 pub(crate) struct ServedForm {
     /// The form's own entry, leased.
     pub form: Granted,
-    /// Its model, the moved initializers external data in the payload
-    /// folder.
+    /// onnxruntime: its model, the moved initializers external data in
+    /// the payload folder (OpenVINO: empty, the payload is the form).
     pub model: Vec<u8>,
     /// Each moved initializer, with the entry that holds it.
     pub tensors: Vec<(MovedTensor, EntryKey)>,
@@ -41,10 +42,18 @@ pub(super) fn serve_form(
     e: &Entry,
     leasing: &Leasing,
 ) -> Result<ServedForm> {
+    // Opened, its file checked as every served payload is (hashed once
+    // per file stamp).
     let own = serve::open(d, caller, e)?;
-    let skeleton = Bytes::copy_from_slice(serve::checked(d, caller, e, &own, 0..own.len())?);
     let mut entries = vec![e.clone()];
     let mut keys = Vec::new();
+    // OpenVINO's: the caller maps the payload itself, as a session maps
+    // onnxruntime's form's weights.
+    if Some(e.type_name.as_str()) != forms::form_type_name("onnxruntime") {
+        return lease(d, caller, Vec::new(), Vec::new(), entries, leasing);
+    }
+    // The model the answer carries: its bytes hashed as they are read.
+    let skeleton = Bytes::copy_from_slice(serve::checked(d, caller, e, &own, 0..own.len())?);
     let (model, moved) = forms::served::<Error>(skeleton, |text| {
         let key: EntryKey = text
             .parse()
@@ -68,6 +77,19 @@ pub(super) fn serve_form(
     })?;
     // `locate` ran once per moved initializer, in order.
     let tensors = moved.into_iter().zip(keys).collect();
+    lease(d, caller, model, tensors, entries, leasing)
+}
+
+/// Leases (or holds) `entries`, the form's own first, for the caller of
+/// the form's `model`.
+fn lease(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    model: Vec<u8>,
+    tensors: Vec<(MovedTensor, EntryKey)>,
+    entries: Vec<Entry>,
+    leasing: &Leasing,
+) -> Result<ServedForm> {
     // An answer carries the model: refused before anything is leased.
     let limit = d.config.max_message_bytes.saturating_sub(1 << 20);
     if model.len() > limit {
