@@ -27,6 +27,12 @@ net. Four ways, one run:
   same with the store emptied before each run, so that the daemon's worker
   compiles it (the runtime's own compile plus ctcache's publish).
 
+And OpenVINO's four, for its CPU plugin: ``ov_plain``
+(``Core().compile_model(model, "CPU")``), ``ov_cache`` (the same with
+OpenVINO's own ``CACHE_DIR``, warm), ``ov_form``
+(``ctcache.openvino.compile_model``, the daemon's form made already) and
+``ov_form_cold`` (the store emptied first: the worker compiles it).
+
 The level is the model's: ``all`` for the conv net (its NCHWc layouts),
 ``extended`` for the encoder, where ``all`` adds nothing a saved model can
 keep and loads slower than the default session.
@@ -41,7 +47,11 @@ goal: warm within 1.2x of the floor); ``session.<model>.form.p1`` and
 ``.p4`` against the plain session (never slower; at most half of it on
 the conv net), ``session.<model>.own.p1`` against the form (the form at
 least as fast as the runtime's own cache), ``session.<model>.form_cold.p1``
-against the plain session.
+against the plain session; ``session.<model>.ov_form.p1`` and ``.p4``
+against ``ov_plain`` (never slower; at most half of it on the conv net),
+``session.<model>.ov_cache.p1`` against ``ov_form`` (the form at least as
+fast as OpenVINO's own cache), ``session.<model>.ov_form_cold.p1`` against
+``ov_plain``.
 
     python bench/session_bench.py [--bin-dir DIR] [--runs 5]
 """
@@ -101,6 +111,19 @@ elif mode in ("form", "form_cold"):
     s = ctcache.ort.inference_session(model, target=None, optimize=extra, socket=socket)
     if s.ctcache_report.source != "daemon":
         raise SystemExit(f"no form: {s.ctcache_report.why}")
+elif mode == "ov_plain":
+    import openvino
+    openvino.Core().compile_model(model, "CPU")
+elif mode == "ov_cache":
+    import openvino
+    core = openvino.Core()
+    core.set_property({"CACHE_DIR": extra})
+    core.compile_model(model, "CPU")
+elif mode in ("ov_form", "ov_form_cold"):
+    import ctcache.openvino
+    c = ctcache.openvino.compile_model(model, socket=socket)
+    if c.ctcache_report.source != "daemon":
+        raise SystemExit(f"no form: {c.ctcache_report.why}")
 print(time.time(), flush=True)
 """ % {"p": PROVIDERS}
 
@@ -171,7 +194,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ctcache-session-bench-", dir="/var/tmp"))
     env = dict(os.environ, PYTHONPATH=str(install_client(work)))
     ort_library = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
-    proc, _, sock = start_daemon(a.bin_dir, work, ["--ort-library", str(ort_library)])
+    import openvino
+
+    ov_library = next((Path(openvino.__file__).parent / "libs").glob("libopenvino_c.so*"))
+    proc, _, sock = start_daemon(a.bin_dir, work, ["--ort-library", str(ort_library),
+                                                   "--openvino-library", str(ov_library)])
     try:
         client = connect(proc, sock, work)
         if client is None:
@@ -187,15 +214,19 @@ def main() -> int:
             # form: warm from here on.
             ready_after("warm", model, sock, 1, env)
             ready_after("form", model, sock, 1, env, level)
+            ov_cache = work / f"{short}.ov-cache"
+            ready_after("ov_cache", model, sock, 1, env, str(ov_cache))
+            ready_after("ov_form", model, sock, 1, env)
             times: dict[tuple[str, int], float] = {}
-            extra = {"own": str(own), "form": level, "form_cold": level}
+            extra = {"own": str(own), "form": level, "form_cold": level, "ov_cache": str(ov_cache)}
             for procs in (1, 4):
-                for mode in ("floor", "plain", "reference", "warm", "own", "form", "form_cold"):
-                    if procs == 4 and mode in ("floor", "reference", "own", "form_cold"):
+                for mode in ("floor", "plain", "reference", "warm", "own", "form", "form_cold", "ov_plain",
+                             "ov_cache", "ov_form", "ov_form_cold"):
+                    if procs == 4 and mode not in ("plain", "warm", "form", "ov_plain", "ov_form"):
                         continue
                     runs = []
                     for _ in range(a.runs):
-                        if mode == "form_cold":
+                        if mode in ("form_cold", "ov_form_cold"):
                             empty_store(a.bin_dir, sock)
                         runs.append(ready_after(mode, model, sock, procs, env, extra.get(mode, "")))
                     runs.sort()
@@ -227,6 +258,19 @@ def main() -> int:
             cold = times[("form_cold", 1)]
             result(f"session.{short}.form_cold.p1", cold, plain, plain / cold,
                    f"{what}, ctcache's form at {level} compiled for this session vs the plain session")
+            what = f"{corpus[name].about}: a fresh process to a ready OpenVINO compiled model (CPU)"
+            ov_plain, ov_form = times[("ov_plain", 1)], times[("ov_form", 1)]
+            result(f"session.{short}.ov_form.p1", ov_form, ov_plain, ov_plain / ov_form,
+                   f"{what}, ctcache's OpenVINO form vs compile_model, one process",
+                   "ratio>=2" if short == "conv" else "ratio>=1")
+            result(f"session.{short}.ov_form.p4", times[("ov_form", 4)], times[("ov_plain", 4)],
+                   times[("ov_plain", 4)] / times[("ov_form", 4)],
+                   f"{what}, ctcache's OpenVINO form vs compile_model, four processes at once")
+            result(f"session.{short}.ov_cache.p1", times[("ov_cache", 1)], ov_form, times[("ov_cache", 1)] / ov_form,
+                   f"{what}, OpenVINO's own CACHE_DIR, warm, vs ctcache's form", "ratio>=1")
+            ov_cold = times[("ov_form_cold", 1)]
+            result(f"session.{short}.ov_form_cold.p1", ov_cold, ov_plain, ov_plain / ov_cold,
+                   f"{what}, ctcache's OpenVINO form compiled for this call vs compile_model")
     finally:
         stop_daemon(proc)
         shutil.rmtree(work, ignore_errors=True)
