@@ -95,6 +95,25 @@ def test_a_model_onnxruntime_refuses_is_its_words_once(tmp_path):
     assert r.stderr.count("onnxruntime refuses the model") == 1, r.stderr
 
 
+def test_a_worker_out_of_memory_says_so_not_a_refusal(tmp_path):
+    """Under a memory bound too small for the encoder, onnxruntime's failed
+    allocation (std::bad_alloc) is exit 4, the bound reached, never exit 3,
+    which would blame the model. Run under a few bounds, as the worker's
+    own allocations and onnxruntime's meet them at different points."""
+    m = real_models.by_name("minilm-l3")
+    real_models.fetch(m)
+    codes = {}
+    for mib in (80, 120, 160, 200, 240):
+        with open(tmp_path / "out", "wb") as o, open(m.path, "rb") as i:
+            fd = o.fileno()
+            r = subprocess.run(["prlimit", f"--data={mib << 20}", _worker(), "optimize", "--library", _library(),
+                                "--level", "all"], stdin=i, capture_output=True, text=True, timeout=300,
+                               preexec_fn=lambda: os.dup2(fd, 3), pass_fds=(3,))
+        codes[mib] = (r.returncode, r.stderr.strip()[-200:])
+        assert r.returncode in (0, 4), codes
+    assert any(c == 4 for c, _ in codes.values()), codes
+
+
 assert {m.name for m in CORPUS} >= {"minilm-l3", "ddddocr-det", "silero-vad"}
 
 

@@ -418,6 +418,28 @@ def test_a_model_rewritten_while_its_compile_waits_is_never_compiled(slow_worker
     assert _forms(d) == []
 
 
+OUT_OF_MEMORY = """#!{python}
+import json, sys
+if sys.argv[1] == "identify":
+    print(json.dumps({"runtime": "onnxruntime", "version": "1.99.0", "build": "a stand-in"}))
+    sys.exit(0)
+sys.stdin.buffer.read()
+print("onnxruntime refuses the model: Exception during loading: std::bad_alloc", file=sys.stderr)
+sys.exit(4)
+"""
+
+
+def test_a_worker_out_of_memory_is_resource_exhausted_not_the_models_fault(tmp_path, monkeypatch):
+    d = daemon_beside(tmp_path, monkeypatch, OUT_OF_MEMORY)
+    try:
+        r = d.ctl("compile", str(small_model(tmp_path / "m.onnx")))
+        assert r.returncode == 4, r.describe()
+        assert "ran out of its memory bound (RLIMIT_DATA 4 GiB)" in r.stderr and "bad_alloc" in r.stderr, r.stderr
+        assert _forms(d) == []
+    finally:
+        d.stop()
+
+
 REPLACED = """#!{python}
 import json, sys
 version = "1.99.0" if sys.argv[1] == "identify" else "1.99.1"

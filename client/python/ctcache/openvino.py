@@ -118,9 +118,10 @@ def _mapped(payload_path: str):
 
 
 def _by_descriptor(socket, path: str, config: dict):
-    """The form asked on the descriptor channel (no gRPC); ``None`` where this way cannot serve it (no daemon, a payload
-    this process cannot read, a daemon without the step), for gRPC to ask
-    again, which says why or copies."""
+    """The form asked on the descriptor channel (no gRPC); ``None`` where
+    this way cannot serve it (no daemon, a payload this process cannot
+    read, a daemon without the step), for gRPC to ask again, which says
+    why or copies."""
     from . import handout
 
     asked = handout.ask_form(socket, path, _request(path, config))

@@ -35,6 +35,13 @@ pub(crate) enum CompileFailure {
     Refused(String),
     #[error("{name} ran past its limit of {limit:?}")]
     Timeout { name: &'static str, limit: Duration },
+    /// An allocation failed in the worker: its memory bound was reached.
+    #[error("{name} ran out of its memory bound (RLIMIT_DATA {limit_gib} GiB): {said}")]
+    OutOfMemory {
+        name: &'static str,
+        limit_gib: u64,
+        said: String,
+    },
     #[error("{name} made no form ({status}){}{said}", if said.is_empty() { "" } else { ": " })]
     Failed {
         name: &'static str,

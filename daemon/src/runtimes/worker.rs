@@ -161,6 +161,11 @@ pub(super) async fn compile(
         match out.status.code() {
             Some(0) => identity_in(name, &out.stdout).map_err(CompileFailure::Start),
             Some(3) => Err(CompileFailure::Refused(said)),
+            Some(4) => Err(CompileFailure::OutOfMemory {
+                name,
+                limit_gib: WORKER_DATA_LIMIT >> 30,
+                said,
+            }),
             _ => Err(CompileFailure::Failed {
                 name,
                 status: out.status.to_string(),

@@ -43,14 +43,25 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    /// How the daemon is told.
+    /// How the daemon is told: a refusal in the words of a failed
+    /// allocation is the worker's memory bound (RLIMIT_DATA) reached, not
+    /// the model's fault.
     pub fn failure(&self) -> Failure {
         match self {
             WorkerError::NotTheRuntime { .. } => Failure::NotTheRuntime,
+            WorkerError::Refused { said, .. } if out_of_memory(said) => Failure::OutOfMemory,
             WorkerError::Refused { .. } => Failure::Refused,
             WorkerError::NoOutput { .. } => Failure::NoOutput,
         }
     }
+}
+
+/// Whether a runtime's words are those of a failed allocation (C++'s
+/// `std::bad_alloc`, as onnxruntime and OpenVINO pass it on).
+fn out_of_memory(said: &str) -> bool {
+    ["bad_alloc", "bad allocation"]
+        .iter()
+        .any(|w| said.contains(w))
 }
 
 /// How a worker failed, as its exit status says it.
@@ -62,6 +73,8 @@ pub enum Failure {
     NotTheRuntime = 2,
     /// 3: the runtime refuses the model or its options.
     Refused = 3,
+    /// 4: an allocation failed: the worker reached its memory bound.
+    OutOfMemory = 4,
 }
 
 /// A compile option that is not `NAME=VALUE`.
@@ -87,7 +100,12 @@ pub fn model_in(what: &str) -> Result<Vec<u8>, ExitCode> {
     let mut model = Vec::new();
     if let Err(e) = std::io::stdin().lock().read_to_end(&mut model) {
         eprintln!("reading the model: {e}");
-        return Err(ExitCode::from(Failure::NoOutput as u8));
+        let failure = if e.kind() == std::io::ErrorKind::OutOfMemory {
+            Failure::OutOfMemory
+        } else {
+            Failure::NoOutput
+        };
+        return Err(ExitCode::from(failure as u8));
     }
     Ok(model)
 }

@@ -154,7 +154,9 @@ impl Job {
         }
         match f {
             CompileFailure::Refused(words) => Error::invalid(format!("{path}: {words}")),
-            CompileFailure::Timeout { .. } => Error::exhausted(format!("compiling {path}: {f}")),
+            CompileFailure::Timeout { .. } | CompileFailure::OutOfMemory { .. } => {
+                Error::exhausted(format!("compiling {path}: {f}"))
+            }
             f => Error::internal(format!("compiling {path}: {f}")),
         }
     }
