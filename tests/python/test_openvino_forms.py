@@ -153,6 +153,18 @@ def test_a_config_is_part_of_the_key_and_gives_openvinos_own_outputs(daemon, tmp
     assert r["miss"]["reason"] == "form_key_differs" and "INFERENCE_PRECISION_HINT" in r["miss"]["detail"], r
 
 
+def test_a_model_with_external_data_is_compiled_whole(daemon, tmp_path, cov):
+    """OpenVINO's reader would look for external data by path; the worker
+    opens no file: the daemon puts the data inline from the files handed
+    over, and the compiled model is OpenVINO's own of the model on disk."""
+    ext = tmp_path / "ext.onnx"
+    onnx.save(onnx.load(str(small_model(tmp_path / "src.onnx", weight=0.8125))), str(ext),
+              save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    got = cov.compile_model(ext, socket=str(daemon.socket))
+    assert got.ctcache_report.source == "daemon", got.ctcache_report
+    _same_outputs(got, ov.Core().compile_model(str(ext), "CPU"), {"X": np.full((1, 4), 3, np.float32)})
+
+
 def test_another_openvino_in_the_client_compiles_its_own(daemon, tmp_path, monkeypatch, cov):
     m = small_model(tmp_path / "m.onnx", weight=0.625)
     monkeypatch.setattr(cov, "runtime_identity", lambda: ("2025.1.0", "2025.1.0-1-other"))

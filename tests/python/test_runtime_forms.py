@@ -238,16 +238,39 @@ def test_another_onnxruntime_in_the_client_runs_its_own_session(daemon, tmp_path
     assert sess.ctcache_report.source == "runtime" and "sess_options" in sess.ctcache_report.why
 
 
-def test_a_model_with_external_data_has_no_form_and_says_why(daemon, tmp_path, cort):
-    """The worker reads no file: a model whose weights are external data is
-    a miss naming that, and the session is onnxruntime's own."""
-    model = onnx.load(str(small_model(tmp_path / "src.onnx")))
+def test_a_model_with_external_data_is_compiled_whole(daemon, tmp_path, cort, ctcache):  # noqa: F811
+    """The worker opens no file: the daemon puts the model's external data
+    inline (read from the files the client handed over) and the key is
+    the same as the inline model's (D15 counts external data by content);
+    the session gives onnxruntime's own outputs."""
+    inline = small_model(tmp_path / "src.onnx", weight=0.4375)
     ext = tmp_path / "ext.onnx"
-    onnx.save(model, str(ext), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
-    r = daemon.json("compile", str(ext), "--lookup")
-    assert r["miss"]["reason"] == "not_a_source" and "external data" in r["miss"]["detail"], r
+    onnx.save(onnx.load(str(inline)), str(ext), save_as_external_data=True, location="ext.onnx.data",
+              size_threshold=0)
     sess = cort.inference_session(ext, target=None, optimize="extended", socket=str(daemon.socket))
-    assert sess.ctcache_report.source == "runtime" and "external data" in sess.ctcache_report.why
+    assert sess.ctcache_report.source == "daemon", sess.ctcache_report
+    x = np.ones((1, 4), np.float32)
+    assert sess.run(None, {"X": x})[0].tobytes() == _own_session(ext, "extended").run(None, {"X": x})[0].tobytes()
+    with _client(daemon) as c:
+        a, b = c.compile(ext, level="extended"), c.compile(inline, level="extended")
+    assert a.form.entry.key == b.form.entry.key and not b.compiled, (a.form.entry.key, b.form.entry.key)
+
+
+def test_a_model_too_large_to_give_whole_has_no_form_and_says_why(tmp_path, cort):
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "ctcached.toml").write_text("memory_budget = 100\n")
+    d = Daemon(root, args=["--ort-library", _library()]).start()
+    try:
+        model = onnx.load(str(small_model(tmp_path / "src.onnx")))
+        ext = tmp_path / "ext.onnx"
+        onnx.save(model, str(ext), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+        r = d.json("compile", str(ext), "--lookup")
+        assert r["miss"]["reason"] == "not_a_source" and "memory_budget" in r["miss"]["detail"], r
+        sess = cort.inference_session(ext, target=None, optimize="extended", socket=str(d.socket))
+        assert sess.ctcache_report.source == "runtime" and "memory_budget" in sess.ctcache_report.why
+    finally:
+        d.stop()
 
 
 def test_a_model_onnxruntime_refuses_is_its_words_once_and_no_entry(daemon, tmp_path):

@@ -108,13 +108,13 @@ impl Job {
     }
 
     /// The model's bytes as the worker gets them: copied out of the
-    /// caller's file (whose owner may write it meanwhile) and hashed again,
-    /// so that the form filed under the key is made of the bytes the key
-    /// names.
+    /// caller's files (whose owner may write them meanwhile), its external
+    /// data put inline (the worker opens no file), and hashed again, so
+    /// that the form filed under the key is made of the bytes the key
+    /// names (a file cut short reads as zeros: another digest).
     async fn private_copy(&self) -> Result<bytes::Bytes> {
         let (model, expected) = (self.model.model.clone(), self.key.model);
         blocking(move || {
-            let copy = bytes::Bytes::copy_from_slice(model.bytes());
             let changed = || {
                 // Abandoned, not a fault of the daemon's (UNAVAILABLE would
                 // read as a daemon gone): ABORTED, asking again may succeed.
@@ -123,6 +123,7 @@ impl Job {
                     "the model changed while it was read; ask again",
                 )
             };
+            let copy = whole_copy(&model).map_err(|_| changed())?;
             let m = Model::from_bytes(copy.clone(), ".").map_err(|_| changed())?;
             // Hashed only while it holds its weights: nothing is opened.
             if forms::external_initializer(&m)
@@ -290,4 +291,21 @@ impl Publish {
         let stored = self.d.store.put(&new, &c.payload[..])?;
         Ok(Some(stored.entry.key.to_string()))
     }
+}
+
+/// `m`'s bytes with every top-level initializer held as external data put
+/// inline, copied (read from the guarded mappings of its files).
+fn whole_copy(m: &Model) -> ctcache::Result<bytes::Bytes> {
+    let mut data = HashMap::new();
+    for t in m.initializers()? {
+        if matches!(t.storage, Storage::External(_)) {
+            if let Some(bytes) = m.mapped_data(&t)? {
+                data.insert(t.name.clone(), bytes::Bytes::copy_from_slice(&bytes));
+            }
+        }
+    }
+    if data.is_empty() {
+        return Ok(bytes::Bytes::copy_from_slice(m.bytes()));
+    }
+    Ok(bytes::Bytes::from(forms::inline(m, &data)?))
 }

@@ -349,13 +349,13 @@ fn missed(model_digest: [u8; 32], miss: Miss) -> Compiled {
 
 /// The model's digest (D15), its initializers' digests taken through the
 /// memo (and charged to `payer` as a Prepack's are); or why it has no
-/// form (its weights are external data).
+/// form (it cannot be given to a worker whole).
 fn digest_of(
     d: &Daemon,
     payer: Option<u32>,
     m: &model::OpenedModel,
 ) -> Result<std::result::Result<[u8; 32], String>> {
-    if let Some(why) = external_data(&m.model)? {
+    if let Some(why) = too_large_whole(d, &m.model)? {
         return Ok(Err(why));
     }
     let (tensors, known) = model::digests(d, payer, &m.path, &m.model)?;
@@ -411,15 +411,27 @@ fn check_openvino(r: &CompileRequest) -> Result<()> {
     forms::check_openvino_config(r.config.iter()).map_err(|e| Error::invalid(e.to_string()))
 }
 
-/// Why a model has no form: the worker gets the model's bytes alone (D14:
-/// no path), so initializers held as external data, which onnxruntime
-/// would look for by path, cannot be compiled (`None`: none is).
-fn external_data(m: &ctcache::onnx::Model) -> Result<Option<String>> {
-    let name = forms::external_initializer(m).map_err(|e| Error::invalid(e.to_string()))?;
-    Ok(name.map(|n| {
+/// The most a model may hold with its external data put inline: one
+/// protobuf message (2 GiB), less room for the rest.
+const MAX_WHOLE_BYTES: u64 = (2 << 30) - (1 << 20);
+
+/// Why a model has no form: its worker is given it whole, its external
+/// data put inline (D14: the worker opens no file), in one copy the daemon
+/// holds while the one compile runs; a model past one protobuf message or
+/// the daemon's `memory_budget` that way cannot be (`None`: it can).
+fn too_large_whole(d: &Daemon, m: &ctcache::onnx::Model) -> Result<Option<String>> {
+    let invalid = |e: ctcache::Error| Error::invalid(e.to_string());
+    let mut size = m.bytes().len() as u64;
+    for t in m.initializers().map_err(invalid)? {
+        if matches!(t.storage, ctcache::onnx::Storage::External(_)) {
+            size = size.saturating_add(t.raw_size().unwrap_or(u64::MAX));
+        }
+    }
+    let limit = MAX_WHOLE_BYTES.min(d.config.memory_budget);
+    Ok((size > limit).then(|| {
         format!(
-            "initializer {n:?} is external data; forms are made of models that hold their \
-             weights (the runtime's worker reads no file)"
+            "the model is {size} bytes with its external data put inline, more than a runtime's \
+             worker is given whole (one protobuf message, 2 GiB, and memory_budget: {limit})"
         )
     }))
 }
