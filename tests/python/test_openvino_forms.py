@@ -165,6 +165,23 @@ def test_a_model_with_external_data_is_compiled_whole(daemon, tmp_path, cov):
     _same_outputs(got, ov.Core().compile_model(str(ext), "CPU"), {"X": np.full((1, 4), 3, np.float32)})
 
 
+def test_a_config_of_property_objects_is_keyed_as_openvino_reads_it(daemon, tmp_path, cov):
+    """OpenVINO takes a property as its function and an enum or bool value;
+    the key is the strings OpenVINO reads them as, so both spellings are
+    one form."""
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    m = small_model(tmp_path / "m.onnx", weight=0.6875)
+    objects = {hints.performance_mode: hints.PerformanceMode.LATENCY, hints.enable_cpu_pinning: False}
+    first = cov.compile_model(m, config=objects, socket=str(daemon.socket))
+    assert first.ctcache_report == cov.FormReport("daemon", compiled=True), first.ctcache_report
+    strings = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": "NO"}
+    again = cov.compile_model(m, config=strings, socket=str(daemon.socket))
+    assert again.ctcache_report == cov.FormReport("daemon", compiled=False), again.ctcache_report
+    assert "LATENCY" in str(again.get_property(props.hint.performance_mode))
+
+
 def test_another_openvino_in_the_client_compiles_its_own(daemon, tmp_path, monkeypatch, cov):
     m = small_model(tmp_path / "m.onnx", weight=0.625)
     monkeypatch.setattr(cov, "runtime_identity", lambda: ("2025.1.0", "2025.1.0-1-other"))

@@ -70,8 +70,11 @@ def compile_model(model, device: str = CPU, config: dict | None = None, socket=N
     once per key; see the module's docstring for when OpenVINO compiles here)."""
     import openvino
 
-    config = {str(k): str(v) for k, v in (config or {}).items()}
     core = openvino.Core()
+    given = dict(config or {})
+    config = _as_strings(given)
+    if config is None:
+        return _compiled_here(core, model, device, given, "a config value is no property value the daemon can key")
     if not isinstance(model, (str, os.PathLike)):
         return _compiled_here(core, model, device, config, "the model is no file the daemon can read")
     path = os.path.abspath(os.fspath(model))
@@ -92,6 +95,28 @@ def compile_model(model, device: str = CPU, config: dict | None = None, socket=N
     weakref.finalize(compiled, got.release)
     compiled.ctcache_report = FormReport("daemon", compiled=got.compiled)
     return compiled
+
+
+def _as_strings(config: dict) -> dict | None:
+    """``config`` as the daemon keys it, property names to strings, as
+    OpenVINO reads them: a property given as its function
+    (``props.hint.performance_mode``) by its name, an enum by its name, a
+    bool as YES or NO, a number as written; ``None`` for anything else."""
+    out = {}
+    for k, v in config.items():
+        name = k() if callable(k) else k
+        if isinstance(v, bool):
+            value = "YES" if v else "NO"
+        elif isinstance(v, (str, int, float)):
+            value = str(v)
+        elif isinstance(getattr(v, "name", None), str):
+            value = v.name
+        else:
+            return None
+        if not isinstance(name, str):
+            return None
+        out[name] = value
+    return out
 
 
 def _compiled_here(core, model, device: str, config: dict, why: str):
