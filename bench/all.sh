@@ -47,7 +47,7 @@ bench minilm       "bench/materialize_bench.sh --shape minilm --warm-runs 5" mat
 bench int8         "bench/materialize_bench.sh --target int8"         materialize.int8.cold{,.memory} materialize.int8.{warm,warm_rpc,warm_bytes}.{auto,hard,memory}
 bench fp16         "bench/materialize_bench.sh --target fp16"         materialize.fp16.cold{,.memory} materialize.fp16.{warm,warm_rpc,warm_bytes}.{auto,hard,memory} materialize.fp16.warm.form
 bench large        "bench/large_model_bench.sh"                       materialize.large.{int4,int8,fp16}.{local,daemon}.{seconds,rss_mib}
-bench session      "bench/session_bench.sh"                           session.{minilm,conv}.{warm.p1,warm.p4,reference.p1,floor.p1,form.p1,form.p4,own.p1,form_cold.p1,ov_form.p1,ov_form.p4,ov_cache.p1,ov_form_cold.p1}
+bench session      "bench/session_bench.sh"                           session.{minilm,conv}.{warm.p1,warm.p4,reference.p1,floor.p1,form.p1,form.p4,own.p1,form_cold.p1,ov_form.p1,ov_form.p4,ov_cache.p1,ov_form_cold.p1,form.rss_mib,ov_form.rss_mib}
 bench load         "bench/load_bench.sh"                              load.{resolve,lookup,open,release,read,gc}_{p50,p99} load.rss_growth
 bench fleet        "bench/fleet_bench.sh"                             fleet.{ort.matmul_nbits,gemm.pack_b.f32}.{remote,auto,bytes}
 bench soak         "tests/soak.sh --seconds 60"                       soak.{restart_p99,wrong_bytes,lost}

@@ -51,7 +51,8 @@ against the plain session; ``session.<model>.ov_form.p1`` and ``.p4``
 against ``ov_plain`` (never slower; at most half of it on the conv net),
 ``session.<model>.ov_cache.p1`` against ``ov_form`` (the form at least as
 fast as OpenVINO's own cache), ``session.<model>.ov_form_cold.p1`` against
-``ov_plain``.
+``ov_plain``; ``session.<model>.form.rss_mib`` and ``.ov_form.rss_mib``:
+a lone process's peak RSS against the plain session's and compile_model's.
 
     python bench/session_bench.py [--bin-dir DIR] [--runs 5]
 """
@@ -124,7 +125,10 @@ elif mode in ("ov_form", "ov_form_cold"):
     c = ctcache.openvino.compile_model(model, socket=socket)
     if c.ctcache_report.source != "daemon":
         raise SystemExit(f"no form: {c.ctcache_report.why}")
-print(time.time(), flush=True)
+# This process's own peak RSS (VmHWM: getrusage's maxrss carries the
+# forking parent's over exec), kB.
+hwm = next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(time.time(), hwm, flush=True)
 """ % {"p": PROVIDERS}
 
 
@@ -132,8 +136,13 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+#: The peak RSS (MiB) of the last child each mode ran alone.
+PEAK_RSS: dict[str, float] = {}
+
+
 def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict, extra: str = "") -> float:
-    """Seconds from spawning `procs` children at once until the slowest is ready."""
+    """Seconds from spawning `procs` children at once until the slowest is
+    ready; alone, its peak RSS is kept in PEAK_RSS."""
     start = time.time()
     children = [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(model), str(socket), extra],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -143,7 +152,10 @@ def ready_after(mode: str, model: Path, socket: Path, procs: int, env: dict, ext
         out, err = c.communicate(timeout=600)
         if c.returncode != 0:
             raise SystemExit(f"{mode} on {model.name} failed:\n{err[-3000:]}")
-        ends.append(float(out.strip().splitlines()[-1]))
+        end, rss_kib = out.strip().splitlines()[-1].split()
+        ends.append(float(end))
+        if procs == 1:
+            PEAK_RSS[mode] = int(rss_kib) / 1024
     return max(ends) - start
 
 
@@ -182,6 +194,13 @@ def result(name: str, value: float, anchor: float, ratio: float, label: str, tar
     t = f" target={target}" if target else ""
     print(f'RESULT name={name} value={value:.6g} unit=s anchor={anchor:.6g} ratio={ratio:.6g}{t} label="{label}"',
           flush=True)
+
+
+def rss_result(short: str, mode: str, anchor: str, label: str) -> None:
+    """The peak RSS of `mode`'s last lone child against `anchor`'s (ratio: the anchor's over it)."""
+    value, base = PEAK_RSS[mode], PEAK_RSS[anchor]
+    print(f'RESULT name=session.{short}.{mode}.rss_mib value={value:.6g} unit=MiB anchor={base:.6g} '
+          f'ratio={base / value:.6g} label="{label}"', flush=True)
 
 
 def main() -> int:
@@ -255,6 +274,8 @@ def main() -> int:
             result(f"session.{short}.own.p1", times[("own", 1)], form, times[("own", 1)] / form,
                    f"{what}, onnxruntime's own optimized model at {level}, saved by hand, vs ctcache's form",
                    "ratio>=1")
+            rss_result(short, "form", "plain", f"{corpus[name].about}: a fresh process's peak RSS with a ready session, "
+                       f"ctcache's onnxruntime form at {level} vs the plain session")
             cold = times[("form_cold", 1)]
             result(f"session.{short}.form_cold.p1", cold, plain, plain / cold,
                    f"{what}, ctcache's form at {level} compiled for this session vs the plain session")
@@ -268,6 +289,8 @@ def main() -> int:
                    f"{what}, ctcache's OpenVINO form vs compile_model, four processes at once")
             result(f"session.{short}.ov_cache.p1", times[("ov_cache", 1)], ov_form, times[("ov_cache", 1)] / ov_form,
                    f"{what}, OpenVINO's own CACHE_DIR, warm, vs ctcache's form", "ratio>=1")
+            rss_result(short, "ov_form", "ov_plain", f"{corpus[name].about}: a fresh process's peak RSS with a "
+                       "ready OpenVINO compiled model, ctcache's form vs compile_model")
             ov_cold = times[("ov_form_cold", 1)]
             result(f"session.{short}.ov_form_cold.p1", ov_cold, ov_plain, ov_plain / ov_cold,
                    f"{what}, ctcache's OpenVINO form compiled for this call vs compile_model")
