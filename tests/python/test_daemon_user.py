@@ -141,6 +141,15 @@ def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root
     assert f"{model}: Permission denied" in r.stderr, r.stderr
 
 
+def _another_user_gets_no_form(socket: Path, root_dir: Path, model: Path, runtime: str) -> None:
+    """A uid of the socket's group that cannot open `model` asks for its form: its own open is refused."""
+    other = 23456
+    r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
+                        "compile", str(model), "--runtime", runtime], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, HOME=str(root_dir)))
+    assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
+
+
 def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling_as_its_own_user, root_dir,
                                                                        installed):  # noqa: F811
     """A runtime form of the caller's private model: compiled from the
@@ -155,11 +164,7 @@ def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling
               "print('SESSION', s.ctcache_report.source, s.get_session_options().graph_optimization_level)\n")
     said = _as_caller(env, sys.executable, "-c", script, str(socket), str(model))
     assert "SESSION daemon GraphOptimizationLevel.ORT_DISABLE_ALL" in said, said
-    other = 23456
-    r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
-                        "compile", str(model)], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, HOME=str(root_dir)))
-    assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
+    _another_user_gets_no_form(socket, root_dir, model, "onnxruntime")
 
 
 def test_a_user_gets_an_openvino_form_of_its_private_model_and_another_user_none(
@@ -176,11 +181,7 @@ def test_a_user_gets_an_openvino_form_of_its_private_model_and_another_user_none
               "print('COMPILED', c.ctcache_report.source, type(c).__name__)\n")
     said = _as_caller(env, sys.executable, "-c", script, str(socket), str(model))
     assert "COMPILED daemon CompiledModel" in said, said
-    other = 23456
-    r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
-                        "compile", str(model), "--runtime", "openvino"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, HOME=str(root_dir)))
-    assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
+    _another_user_gets_no_form(socket, root_dir, model, "openvino")
 
 
 NEVER_ENDS = """#!{python}

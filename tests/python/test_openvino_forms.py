@@ -30,7 +30,7 @@ from e2e.harness import Daemon
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 from waiting import wait_until
 from worker_daemons import openvino_library as _library
-from worker_daemons import small_model
+from worker_daemons import small_model, stored_forms
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def daemon(tmp_path_factory):
 
 
 def _forms(d: Daemon) -> list[dict]:
-    return [e for e in d.json("ls")["entries"] if e["physical_type"] == "openvino.compiled_model"]
+    return stored_forms(d, "openvino.compiled_model")
 
 
 def _same_outputs(a, b, feeds) -> None:

@@ -31,7 +31,7 @@ import real_models
 from e2e.harness import Daemon
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 from waiting import wait_until
-from worker_daemons import LEVELS, daemon_beside, small_model
+from worker_daemons import LEVELS, daemon_beside, small_model, stored_forms
 from worker_daemons import ort_library as _library
 
 
@@ -62,7 +62,7 @@ def _own_session(path: Path, level: str):
 
 
 def _forms(d: Daemon) -> list[dict]:
-    return [e for e in d.json("ls")["entries"] if e["physical_type"] == "onnxruntime.optimized_model"]
+    return stored_forms(d, "onnxruntime.optimized_model")
 
 
 @pytest.mark.parametrize("level", sorted(LEVELS))

@@ -48,6 +48,11 @@ def small_model(path: Path, weight: float = 0.5, constant: float = 1.0) -> Path:
     return path
 
 
+def stored_forms(d: Daemon, physical_type: str) -> list[dict]:
+    """The entries of that runtime form type the daemon `d` stores."""
+    return [e for e in d.json("ls")["entries"] if e["physical_type"] == physical_type]
+
+
 def daemon_beside(tmp_path: Path, monkeypatch, script: str) -> Daemon:
     """A started daemon whose worker is ``script`` (``{python}`` in it: this
     interpreter); its library is /etc/hostname, which the stand-in ignores."""

@@ -59,14 +59,8 @@ impl CompileRequest {
     /// device, and the options that change it.
     fn made_with(&self) -> MadeWith {
         match self.runtime.as_str() {
-            "openvino" => MadeWith {
-                provider: CPU_DEVICE.into(),
-                options: self.config.clone(),
-            },
-            _ => MadeWith {
-                provider: CPU_PROVIDER.into(),
-                options: BTreeMap::from([("level".to_string(), self.level.clone())]),
-            },
+            "openvino" => MadeWith::openvino(self.config.clone()),
+            _ => MadeWith::onnxruntime(&self.level),
         }
     }
 }
@@ -80,20 +74,12 @@ pub(crate) fn rule_form(format: &str, params: &BTreeMap<String, String>) -> (Str
             .filter(|(k, _)| *k != "device")
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let made_with = MadeWith {
-            provider: CPU_DEVICE.into(),
-            options,
-        };
-        return ("openvino".into(), made_with);
+        return ("openvino".into(), MadeWith::openvino(options));
     }
     let level = params
         .get("level")
         .map_or(forms::DEFAULT_LEVEL, String::as_str);
-    let made_with = MadeWith {
-        provider: CPU_PROVIDER.into(),
-        options: BTreeMap::from([("level".to_string(), level.to_string())]),
-    };
-    ("onnxruntime".into(), made_with)
+    ("onnxruntime".into(), MadeWith::onnxruntime(level))
 }
 
 /// A form's provider (or device) and options, the key's parts a request
@@ -102,6 +88,24 @@ pub(crate) fn rule_form(format: &str, params: &BTreeMap<String, String>) -> (Str
 pub(crate) struct MadeWith {
     pub provider: String,
     pub options: BTreeMap<String, String>,
+}
+
+impl MadeWith {
+    /// onnxruntime's form: the CPU provider at `level`.
+    fn onnxruntime(level: &str) -> MadeWith {
+        MadeWith {
+            provider: CPU_PROVIDER.into(),
+            options: BTreeMap::from([("level".to_string(), level.to_string())]),
+        }
+    }
+
+    /// OpenVINO's form: the CPU device with `config`.
+    fn openvino(config: BTreeMap<String, String>) -> MadeWith {
+        MadeWith {
+            provider: CPU_DEVICE.into(),
+            options: config,
+        }
+    }
 }
 
 /// What Compile answers.
