@@ -2,7 +2,7 @@
 
 `pip install ./client/python` runs this with grpcio-tools installed (a build
 requirement). The stubs are written into the build tree only, as
-ctcache/_pb/{onnx_pb2,ctcache_v1_pb2,ctcache_v1_pb2_grpc}.py(i); nothing
+ctcache/_pb/{onnx_pb2,ctcache_v1_pb2,ctcache_v1_pb2_grpc}.py(i) and wire_schema.py; nothing
 generated lands in the source tree. The proto folder is ../../proto, or
 $CTCACHE_PROTO_DIR.
 """

@@ -245,9 +245,8 @@ async fn hand_over(
                     message: e.message,
                 }))
             }
-            Some(handout_reply::Step::Compiled(_)) | None => {
-                return Err(lost(std::io::Error::other("an answer out of protocol")))
-            }
+            Some(handout_reply::Step::Compiled(_) | handout_reply::Step::Materialized(_))
+            | None => return Err(lost(std::io::Error::other("an answer out of protocol"))),
         }
     }
 }

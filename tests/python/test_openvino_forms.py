@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -121,6 +122,18 @@ def test_a_compiled_model_from_a_form_is_openvinos_own(daemon, name, cov):
     form = [e for e in _forms(daemon) if str(m.path) in e["model_paths"]]
     assert form, _forms(daemon)
     assert any(e["payload_path"] in Path("/proc/self/maps").read_text() for e in form)
+
+
+def test_a_fresh_process_imports_a_form_without_grpc_or_protobuf(daemon, installed, tmp_path):  # noqa: F811
+    """Asked on the descriptor channel: importing a gRPC client and
+    protobuf would cost a fresh process more than the ask does."""
+    model = small_model(tmp_path / "fresh.onnx", weight=0.625)
+    script = ("import sys, ctcache.openvino as cov\n"
+              "c = cov.compile_model(sys.argv[1], socket=sys.argv[2])\n"
+              "print(c.ctcache_report.source, any(m in sys.modules for m in ('grpc', 'google.protobuf')))\n")
+    r = subprocess.run([sys.executable, "-c", script, str(model), str(daemon.socket)], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(installed)))
+    assert r.stdout.split() == ["daemon", "False"], (r.stdout, r.stderr)
 
 
 def test_each_part_of_the_key_is_a_miss_that_names_it(daemon, tmp_path, cov):

@@ -65,7 +65,7 @@ def installed(tmp_path_factory) -> Path:
     )
     assert r.returncode == 0, f"pip install failed\n{r.stdout}\n{r.stderr}"
     gen = target / "ctcache" / "_pb"
-    for m in ("onnx_pb2.py", "ctcache_v1_pb2.py", "ctcache_v1_pb2_grpc.py"):
+    for m in ("onnx_pb2.py", "ctcache_v1_pb2.py", "ctcache_v1_pb2_grpc.py", "wire_schema.py"):
         assert (gen / m).is_file(), f"build hook did not generate {m}: {sorted(os.listdir(gen))}"
     assert not list((REPO / "client" / "python" / "ctcache" / "_pb").glob("*_pb2*.py")), "generated code in the source tree"
     sys.path.insert(0, str(target))

@@ -129,13 +129,14 @@ def test_a_target_with_nothing_to_rewrite_gives_the_form_of_the_model_as_it_is(d
     assert sess.ctcache_report.source == "daemon", sess.ctcache_report
 
 
-def test_a_session_from_a_form_needs_no_grpc(daemon, installed, tmp_path):  # noqa: F811
+def test_a_session_from_a_form_needs_no_grpc_or_protobuf(daemon, installed, tmp_path):  # noqa: F811
     """Asked on the descriptor channel, a form costs a fresh process no gRPC
-    client (whose import takes longer than the session)."""
+    client and no protobuf (whose imports take longer than the session)."""
     model = small_model(tmp_path / "g.onnx", weight=0.375)
     script = ("import sys, ctcache.ort\n"
               "s = ctcache.ort.inference_session(sys.argv[1], target=None, optimize='extended', socket=sys.argv[2])\n"
-              "print(s.ctcache_report.source, s.ctcache_report.packed, 'grpc' in sys.modules)\n")
+              "print(s.ctcache_report.source, s.ctcache_report.packed,\n"
+              "      any(m in sys.modules for m in ('grpc', 'google.protobuf')))\n")
     env = dict(os.environ, PYTHONPATH=str(installed))
     said = [subprocess.run([sys.executable, "-c", script, str(model), str(daemon.socket)], capture_output=True,
                            text=True, timeout=120, env=env) for _ in range(2)]

@@ -132,6 +132,9 @@ def test_an_answer_too_large_falls_back_to_a_file(ctcache, daemon, tmp_path, mon
         return real(self, *args, **kw)
 
     monkeypatch.setattr(Client, "materialize", too_large)
+    # The descriptor channel's answer is a memfd, never too large for a
+    # message: this stands in for its refusal, which gRPC then asks again.
+    monkeypatch.setattr(cort, "_in_memory_by_descriptor", lambda *a: None)
     sess = cort.inference_session(model, socket=daemon.socket, sess_options=one_thread(),
                                   providers=["CPUExecutionProvider"])
     written = model.parent / "m.int4.onnx"
@@ -200,6 +203,56 @@ def test_a_sessions_lease_ends_when_it_is_collected_or_its_process_killed(ctcach
             p.wait()
         assert ended.wait(60), "a killed process's hold ends with its connection"
         assert c.stats().active_leases == leases
+
+
+def conv_model(path: Path) -> Path:
+    """A Conv and nothing the int4 target rewrites."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((4, 3, 3, 3)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("Conv", ["X", "W"], ["Y"])], "conv",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 6, 6])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["int4", "as-is"])
+def test_a_fresh_process_opens_its_session_without_grpc_or_protobuf(ctcache, installed, daemon, tmp_path,  # noqa: F811
+                                                                     kind):
+    """The default session is asked on the descriptor channel: importing a
+    gRPC client and protobuf would cost a fresh process more than the ask."""
+    model = external_model(tmp_path, seed=23) if kind == "int4" else conv_model(tmp_path / "conv.onnx")
+    script = ("import sys, warnings, ctcache.ort as o\n"
+              "warnings.simplefilter('ignore')\n"
+              "s = o.inference_session(sys.argv[1], socket=sys.argv[2], providers=['CPUExecutionProvider'])\n"
+              "gone = [m for m in ('grpc', 'google.protobuf', 'ctcache.client') if m in sys.modules]\n"
+              "print(s.ctcache_report.source, gone)\n")
+    r = subprocess.run([sys.executable, "-c", script, str(model), str(daemon.socket)], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(installed)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["daemon" if kind == "int4" else "as-is", "[]"], r.stdout
+
+
+def test_the_channels_materialize_step_refuses_as_the_rpc_does(ctcache, daemon, tmp_path):  # noqa: F811
+    from ctcache import handout, wire
+
+    model = external_model(tmp_path, seed=29)
+    with handout.hand_over(str(daemon.socket), str(model)) as h:
+        with pytest.raises(handout.HandoutRefused) as e:
+            handout.ask(h, "materialize", wire.Message("MaterializeRequest", target="no-such-target"))
+    assert (e.value.code_name, e.value.kind) == ("INVALID_ARGUMENT", "invalid-input"), e.value.message
+    # A step that asks nothing, once the handout is made: refused, the connection ended.
+    with handout.hand_over(str(daemon.socket), str(model)) as h:
+        h._conn.send(wire.Message("HandoutRequest", files=wire.Message("HandoutFiles")).SerializeToString())
+        reply = wire.decode("HandoutReply", h._conn.recv(handout.MAX_PACKET))
+        assert reply.WhichOneof("step") == "error" and "out of turn" in reply.error.message, reply
+        assert h._conn.recv(handout.MAX_PACKET) == b""
+    # A model with nothing to rewrite: the kind the client turns into its as-is session.
+    with handout.hand_over(str(daemon.socket), str(conv_model(tmp_path / "c.onnx"))) as h:
+        with pytest.raises(handout.HandoutRefused) as e:
+            handout.ask(h, "materialize", wire.Message("MaterializeRequest", target="onnxruntime-int4"))
+    assert (e.value.code_name, e.value.kind) == ("FAILED_PRECONDITION", "nothing-to-rewrite"), e.value.message
 
 
 def test_unfeedable_ranges_are_refused(ctcache):  # noqa: F811

@@ -2,8 +2,9 @@
 //! during a call (exit 3, the same words for every RPC), a named socket
 //! that does not answer (exit 3, no local fallback), no socket named and no
 //! daemon (embed and materialize work here, with one note), a reader
-//! that closes stdout early (a quiet exit), and refusals a script may act
-//! on (a bound reached: exit 4).
+//! that closes stdout early (a quiet exit), refusals a script may act on
+//! (a bound reached: exit 4), and one runtime's compile options given for
+//! the other (exit 2, before any call).
 
 mod harness;
 
@@ -105,6 +106,47 @@ fn a_named_socket_must_answer_and_only_the_default_one_falls_back() {
     let o = ctl_env(&["embed", &model, "-o", &out("x.onnx")], &env);
     assert_eq!(o.code, 2, "{o:#?}");
     assert!(o.stderr.contains("--format"), "{o:#?}");
+}
+
+#[test]
+fn the_other_runtimes_compile_options_are_usage_errors_before_any_call() {
+    let t = tempfile::tempdir().unwrap();
+    let model = write_model(&t.path().join("m.onnx"), 1);
+    // A socket nobody answers: the refusal comes before any connection.
+    let none = t.path().join("none.sock").display().to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["compile", &model, "--runtime", "openvino", "--level", "all"],
+            "--level is onnxruntime's",
+        ),
+        (
+            &["compile", &model, "--config", "NUM_STREAMS=1"],
+            "--config is OpenVINO's",
+        ),
+        (
+            &["why-miss", &model, "--form", "openvino", "--level", "all"],
+            "--level is onnxruntime's",
+        ),
+        (
+            &[
+                "why-miss",
+                &model,
+                "--form",
+                "onnxruntime",
+                "--config",
+                "A=1",
+            ],
+            "--config is OpenVINO's",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut all = vec!["--socket", none.as_str()];
+        all.extend(*args);
+        let o = ctl_raw(&all);
+        assert_eq!(o.code, 2, "{args:?}: {o:#?}");
+        assert!(o.stderr.contains(says), "{args:?}: {o:#?}");
+        assert!(!o.stderr.contains("not running"), "{args:?}: {o:#?}");
+    }
 }
 
 /// Runs ctcachectl with its stdout a pipe whose reader is already gone.

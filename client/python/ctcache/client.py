@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 import grpc
 
-from . import errors, handout, materialized, outputs
+from . import errors, handout, materialized, outputs, targets
 from .handout import default_socket
 from ._pb import ctcache_v1_pb2 as pb
 from ._pb import ctcache_v1_pb2_grpc as pb_grpc
@@ -48,25 +48,6 @@ def state_name(progress) -> str:
 
 #: The trailer by which the daemon names the kind of every error it answers.
 _KIND_KEY = "ctcache-error-kind"
-
-_ERRORS = {
-    grpc.StatusCode.NOT_FOUND: errors.NotFound,
-    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
-    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
-    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
-    grpc.StatusCode.OUT_OF_RANGE: errors.OutOfRange,
-    grpc.StatusCode.DATA_LOSS: errors.DataLoss,
-    grpc.StatusCode.ABORTED: errors.Aborted,
-    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
-    grpc.StatusCode.INTERNAL: errors.Internal,
-    grpc.StatusCode.CANCELLED: errors.Cancelled,
-    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
-    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
-    grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
-    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
-    grpc.StatusCode.UNKNOWN: errors.Unknown,
-}
 
 
 def connect(socket: str | os.PathLike | None = None, *, timeout: float = 5.0,
@@ -206,9 +187,7 @@ class Client:
         if code == grpc.StatusCode.UNAVAILABLE and kind is None:
             # No trailer: the channel's own UNAVAILABLE, nobody answered.
             return errors.DaemonNotRunning(self.socket, f"{method}: {e.details()}")
-        if kind == "nothing-to-rewrite":
-            return errors.NothingToRewrite(method, code, e.details())
-        return _ERRORS.get(code, errors.Unknown)(method, code, e.details())
+        return errors.refusal(method, code, e.details(), kind or "")
 
     def _handed(self, req, timeout: float | None, outputs=()) -> handout.Handout:
         """Hands ``req.model_path`` (and the ``outputs`` made for it) over the
@@ -217,7 +196,7 @@ class Client:
         try:
             h = handout.hand_over(self.socket, req.model_path, timeout, outputs)
         except handout.HandoutRefused as e:
-            raise _ERRORS.get(e.code, errors.Unknown)("Handout", e.code, e.message) from None
+            raise errors.refusal("Handout", e.code_name, e.message, e.kind) from None
         except TimeoutError as e:
             raise errors.DeadlineExceeded("Handout", grpc.StatusCode.DEADLINE_EXCEEDED, str(e)) from None
         except ConnectionError as e:
@@ -446,9 +425,11 @@ class Client:
             materialized.refuse_input(_path(model_path), output)
         # For a file, the leases last while this process copies the payloads.
         ttl_s = lease_ttl_s if in_memory else 600.0
-        req = materialized.target_request(target, bits=bits, block_size=block_size, symmetric=symmetric,
-                             accuracy_level=accuracy_level, weight_type=weight_type, per_channel=per_channel,
-                             reduce_range=reduce_range, op_types=op_types, op_block_list=op_block_list)
+        asked = targets.target_request(target, bits=bits, block_size=block_size, symmetric=symmetric,
+                                       accuracy_level=accuracy_level, weight_type=weight_type,
+                                       per_channel=per_channel, reduce_range=reduce_range, op_types=op_types,
+                                       op_block_list=op_block_list)
+        req = targets.as_generated(asked, pb.MaterializeRequest)
         req.model_path = _path(model_path)
         req.in_memory = True
         req.lease_ttl_ms = max(int(ttl_s * 1000), 1)
@@ -503,7 +484,8 @@ class Client:
                                 lookup_only=lookup_only, lease_ttl_ms=max(int(lease_ttl_s * 1000), 1),
                                 hold=hold, config={str(k): str(v) for k, v in (config or {}).items()})
         if target is not None:
-            req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
+            asked = targets.target_request(target, **(target_settings or {}))
+            req.materialize.CopyFrom(targets.as_generated(asked, pb.MaterializeRequest))
         return self._call("Compile", req, timeout, names_model=True, keep_handout=hold)
 
     def import_model(self, path, *, timeout: float | None = None) -> pb.ImportResponse:

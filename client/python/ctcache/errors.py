@@ -36,10 +36,20 @@ class RequestFailed(CtcacheError):
 
     def __init__(self, method: str, code, details: str):
         self.method = method
-        self.code = code  # a grpc.StatusCode
+        self._code = code  # a grpc.StatusCode, or its name for an answer that came without gRPC
         self.details = details
         name = getattr(code, "name", str(code))
         super().__init__(f"{method}: {name}: {details}")
+
+    @property
+    def code(self):
+        """The ``grpc.StatusCode`` (grpc is imported here when the error
+        came on the descriptor channel, which speaks no gRPC)."""
+        if isinstance(self._code, str):
+            import grpc
+
+            return getattr(grpc.StatusCode, self._code, grpc.StatusCode.UNKNOWN)
+        return self._code
 
 
 class NotFound(RequestFailed):
@@ -135,3 +145,33 @@ class PrepackError(CtcacheError):
         self.failed = failed = list(failed)
         what = "; ".join(f"{p.initializer} {p.format}: {p.error or 'failed'}" for p in failed)
         super().__init__(f"{len(failed)} of {len(self.progress)} pack jobs failed: {what}")
+
+
+#: The error class of each gRPC code, by the code's name.
+BY_CODE_NAME = {
+    "NOT_FOUND": NotFound,
+    "INVALID_ARGUMENT": InvalidArgument,
+    "PERMISSION_DENIED": PermissionDenied,
+    "FAILED_PRECONDITION": FailedPrecondition,
+    "RESOURCE_EXHAUSTED": ResourceExhausted,
+    "OUT_OF_RANGE": OutOfRange,
+    "DATA_LOSS": DataLoss,
+    "ABORTED": Aborted,
+    "UNAVAILABLE": Unavailable,
+    "INTERNAL": Internal,
+    "CANCELLED": Cancelled,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
+    "ALREADY_EXISTS": AlreadyExists,
+    "UNIMPLEMENTED": Unimplemented,
+    "UNAUTHENTICATED": Unauthenticated,
+    "UNKNOWN": Unknown,
+}
+
+
+def refusal(method: str, code, details: str, kind: str = "") -> RequestFailed:
+    """The error for the daemon's refusal of ``method``: ``code`` (a
+    ``grpc.StatusCode`` or its name) and the error kind it named
+    (``nothing-to-rewrite``: :class:`NothingToRewrite`)."""
+    if kind == "nothing-to-rewrite":
+        return NothingToRewrite(method, code, details)
+    return BY_CODE_NAME.get(getattr(code, "name", code), Unknown)(method, code, details)

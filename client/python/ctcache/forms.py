@@ -86,36 +86,28 @@ def session_by_descriptor(socket, path, level: str, providers, target: str | Non
     a refusal, payloads this process cannot read, a daemon without the
     step), for the caller to ask over gRPC, which says why or copies.
     """
-    import weakref
-
     import onnxruntime
 
-    from . import handout, materialized
-    from ._pb import ctcache_v1_pb2 as pb
+    from . import handout, wire
+    from .ort import session_held_by
 
     model = os.path.abspath(os.fspath(path))
-    req = pb.CompileRequest(model_path=model, runtime="onnxruntime", level=level,
-                            runtime_version=onnxruntime.__version__, runtime_build=onnxruntime.get_build_info())
+    req = wire.Message("CompileRequest", model_path=model, runtime="onnxruntime", level=level,
+                       runtime_version=onnxruntime.__version__, runtime_build=onnxruntime.get_build_info())
     if target is not None:
-        req.materialize.CopyFrom(materialized.target_request(target, **(target_settings or {})))
+        from .targets import target_request
+
+        req.materialize = target_request(target, **(target_settings or {}))
     # A target's refusal: gRPC says which (a target that rewrites nothing is no error).
-    asked = handout.ask_form(socket, model, req, refusal_raises=target is None)
+    asked = handout.ask_handed(socket, model, "compile", req, refusal_raises=target is None)
     if asked is None:
         return None
     h, r = asked
     if not r.HasField("form"):
         return FormAnswer(why=f"{r.miss.reason}: {r.miss.detail}")
-    if not all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
-        h.close()
-        return None
     so = onnxruntime.SessionOptions()
     so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
-    try:
-        sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
-    except BaseException:
-        h.close()
-        raise
-    # The form's payloads stay held while the session lives.
-    weakref.finalize(sess, h.close)
+    sess = session_held_by(h, r, so, providers)
+    if sess is None:
+        return None
     return FormAnswer(session=sess, compiled=r.compiled)

@@ -11,7 +11,7 @@ import os
 import socket
 from typing import Mapping
 
-from ._pb import ctcache_v1_pb2 as pb
+from . import wire
 
 #: The largest message either side sends, and the most descriptors in one.
 MAX_PACKET = 128 * 1024
@@ -36,12 +36,14 @@ class Handout:
 
 
 class HandoutRefused(Exception):
-    """The daemon's refusal on the channel: a gRPC code name and its sentence."""
+    """The daemon's refusal on the channel: a gRPC code name, its sentence
+    and the error kind (as the gRPC answers' trailer names it)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, kind: str = ""):
         super().__init__(message)
         self.code_name = code
         self.message = message
+        self.kind = kind
 
     @property
     def code(self):
@@ -98,8 +100,8 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
         raise
     try:
         with model:
-            first = pb.HandoutRequest(model=pb.HandoutModel(model_path=model_path,
-                                                            outputs=[name for name, _ in outputs]))
+            first = wire.Message("HandoutRequest", model=wire.Message(
+                "HandoutModel", model_path=model_path, outputs=[name for name, _ in outputs]))
             socket.send_fds(conn, [first.SerializeToString()], [model.fileno(), *(fd for _, fd in outputs)])
         # Data locations are relative to the folder the model file really is in.
         folder = os.path.dirname(os.path.realpath(model_path))
@@ -109,14 +111,14 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
                 os.close(fd)
             if not data:
                 raise ConnectionError("the daemon closed the descriptor channel")
-            reply = pb.HandoutReply.FromString(data)
+            reply = _reply(data)
             step = reply.WhichOneof("step")
             if step == "needs":
                 _answer(conn, folder, list(reply.needs.names))
             elif step == "ready":
                 return Handout(conn, reply.ready.handout)
             elif step == "error":
-                raise HandoutRefused(reply.error.code, reply.error.message)
+                raise HandoutRefused(reply.error.code, reply.error.message, reply.error.kind)
             else:
                 raise ConnectionError("an empty answer on the descriptor channel")
     except BaseException:
@@ -124,69 +126,93 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
         raise
 
 
-def compile_form(h: Handout, req: pb.CompileRequest, timeout: float | None = None) -> pb.CompileResponse:
-    """Asks for the runtime form of ``h``'s model on its connection (no
-    gRPC): the answer comes as a sealed memfd. The form is held while ``h``
-    stays open. A refusal raises :class:`HandoutRefused` (and ends ``h``); a
-    daemon that does not know the step closes the channel
-    (``ConnectionError``)."""
+#: What each request on a ready handout is answered with: (reply step, response type).
+_ASKS = {"compile": ("compiled", "CompileResponse"), "materialize": ("materialized", "MaterializeResponse")}
+
+
+def ask(h: Handout, step: str, req, timeout: float | None = None) -> wire.Message:
+    """Asks ``step`` (``"compile"``: a runtime form; ``"materialize"``: an
+    in-memory Materialize answer) with ``req`` (a :class:`wire.Message`,
+    or the generated class's) on ``h``'s connection, no gRPC: the answer
+    (a :class:`wire.Message`) comes as a sealed memfd, and what it leases is
+    held while ``h`` stays open. A refusal raises :class:`HandoutRefused`
+    (and ends ``h``); a daemon that does not know the step closes the
+    channel (``ConnectionError``)."""
+    answered, response = _ASKS[step]
     h._conn.settimeout(timeout)
-    socket.send_fds(h._conn, [pb.HandoutRequest(compile=req).SerializeToString()], [])
+    socket.send_fds(h._conn, [wire.Message("HandoutRequest", **{step: req}).SerializeToString()], [])
     data, fds, _flags, _ = socket.recv_fds(h._conn, MAX_PACKET, MAX_FDS)
     try:
         if not data:
             raise ConnectionError("the daemon closed the descriptor channel")
-        reply = pb.HandoutReply.FromString(data)
-        step = reply.WhichOneof("step")
-        if step == "error":
-            raise HandoutRefused(reply.error.code, reply.error.message)
-        if step != "compiled" or len(fds) != 1:
+        reply = _reply(data)
+        got = reply.WhichOneof("step")
+        if got == "error":
+            raise HandoutRefused(reply.error.code, reply.error.message, reply.error.kind)
+        if got != answered or len(fds) != 1:
             raise ConnectionError("an answer out of protocol on the descriptor channel")
-        answer = os.pread(fds[0], reply.compiled.length, 0)
-        while len(answer) < reply.compiled.length:
-            more = os.pread(fds[0], reply.compiled.length - len(answer), len(answer))
+        length = getattr(reply, answered).length
+        answer = os.pread(fds[0], length, 0)
+        while len(answer) < length:
+            more = os.pread(fds[0], length - len(answer), len(answer))
             if not more:
                 raise ConnectionError("the answer's memfd is shorter than announced")
             answer += more
-        return pb.CompileResponse.FromString(answer)
+        try:
+            return wire.decode(response, answer)
+        except wire.WireError as e:
+            raise ConnectionError(f"a malformed answer on the descriptor channel: {e}") from None
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def ask_form(sock, path: str, req: pb.CompileRequest, *, refusal_raises: bool = True):
-    """``(handout, answer)`` for a runtime form asked on the descriptor
-    channel of a handout of ``path`` (the form held while the handout stays
-    open; closed here when the answer has no form); ``None`` where this way
-    cannot answer (no daemon, a channel lost or out of protocol, or a
-    refusal when not ``refusal_raises``), for the caller to ask over gRPC.
-    A refusal raises the client's error for its code."""
+def compile_form(h: Handout, req, timeout: float | None = None) -> wire.Message:
+    """The runtime form of ``h``'s model (:func:`ask` ``"compile"``)."""
+    return ask(h, "compile", req, timeout)
+
+
+def ask_handed(sock, path: str, step: str, req, *, refusal_raises=True):
+    """``(handout, answer)`` for ``step`` asked on the descriptor channel of
+    a handout of ``path`` (what the answer leases held while the handout
+    stays open; closed here when the answer holds nothing: a form's miss);
+    ``None`` where this way cannot answer (no daemon, a channel lost or out
+    of protocol, or a refusal not raised), for the caller to ask over gRPC.
+    A refusal raises the client's error for its code when
+    ``refusal_raises`` is True or holds its error kind."""
     try:
         h = hand_over(os.path.abspath(os.fspath(sock or default_socket())), path)
     except (OSError, HandoutRefused):
         return None
     try:
-        r = compile_form(h, req)
+        r = ask(h, step, req)
     except HandoutRefused as e:
         h.close()
-        if not refusal_raises:
+        if refusal_raises is not True and (not refusal_raises or e.kind not in refusal_raises):
             return None
         from . import errors
-        from .client import _ERRORS
 
-        raise _ERRORS.get(e.code, errors.Unknown)("Compile", e.code, e.message) from None
+        method = "Compile" if step == "compile" else "Materialize"
+        raise errors.refusal(method, e.code_name, e.message, e.kind) from None
     except Exception:  # noqa: BLE001 -- a channel lost or out of protocol: gRPC asks again
         h.close()
         return None
-    if not r.HasField("form"):
+    if step == "compile" and not r.HasField("form"):
         h.close()
     return h, r
+
+
+def _reply(data: bytes) -> wire.Message:
+    try:
+        return wire.decode("HandoutReply", data)
+    except wire.WireError as e:
+        raise ConnectionError(f"a malformed message on the descriptor channel: {e}") from None
 
 
 def _answer(conn: socket.socket, folder: str, names: list[str]) -> None:
     """Opens the files asked for (a name that does not open, or that would
     leave ``folder``, is sent as missing) and sends their descriptors."""
-    files = pb.HandoutFiles()
+    files = wire.Message("HandoutFiles")
     opened = []
     try:
         for name in names:
@@ -202,7 +228,7 @@ def _answer(conn: socket.socket, folder: str, names: list[str]) -> None:
             else:
                 files.names.append(name)
                 opened.append(fd)
-        msg = pb.HandoutRequest(files=files)
+        msg = wire.Message("HandoutRequest", files=files)
         socket.send_fds(conn, [msg.SerializeToString()], opened)
     finally:
         for fd in opened:

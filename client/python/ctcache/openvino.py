@@ -129,11 +129,11 @@ def _compiled_here(core, model, device: str, config: dict, why: str):
 
 
 def _request(path: str, config: dict):
-    from ._pb import ctcache_v1_pb2 as pb
+    from . import wire
 
     version, build = runtime_identity()
-    return pb.CompileRequest(model_path=path, runtime="openvino", provider=CPU, runtime_version=version,
-                             runtime_build=build, config=config)
+    return wire.Message("CompileRequest", model_path=path, runtime="openvino", provider=CPU,
+                        runtime_version=version, runtime_build=build, config=config)
 
 
 def _mapped(payload_path: str):
@@ -149,7 +149,7 @@ def _by_descriptor(socket, path: str, config: dict):
     why or copies."""
     from . import handout
 
-    asked = handout.ask_form(socket, path, _request(path, config))
+    asked = handout.ask_handed(socket, path, "compile", _request(path, config))
     if asked is None:
         return None
     h, r = asked

@@ -400,6 +400,50 @@ class _SessionLeases:
         weakref.finalize(self, stop.set)
 
 
+def _in_memory_by_descriptor(path, socket, sess_options, providers, settings):
+    """``(session, answer)``: a session on the in-memory Materialize answer
+    asked on the descriptor channel (no gRPC), its payloads held while it
+    lives; ``None`` where this way cannot
+    serve it (no daemon, payloads this process cannot read, a refusal
+    other than nothing to rewrite), for gRPC to ask, which says why or
+    copies."""
+    from . import handout
+    from .targets import target_request
+
+    name = os.path.abspath(os.fspath(path))
+    req = target_request(**settings)
+    req.model_path = name
+    asked = handout.ask_handed(socket, name, "materialize", req, refusal_raises={"nothing-to-rewrite"})
+    if asked is None:
+        return None
+    h, r = asked
+    sess = session_held_by(h, r, sess_options, providers)
+    return None if sess is None else (sess, r)
+
+
+def session_held_by(h, r, sess_options, providers):
+    """A session on the model of an answer held by handout ``h`` (a
+    Materialize answer, or a form's), onnxruntime mapping its payload files
+    in place, held while the session lives; ``None`` (``h`` closed) where
+    this process cannot read them."""
+    import weakref
+
+    import onnxruntime
+
+    if not all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
+        h.close()
+        return None
+    so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
+    try:
+        sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
+    except BaseException:
+        h.close()
+        raise
+    weakref.finalize(sess, h.close)
+    return sess
+
+
 def _session_in_memory(client, r: pb.MaterializeResponse, holder, sess_options, providers, ttl_s: float):
     """A session on an in-memory Materialize answer, nothing written.
 
@@ -644,6 +688,9 @@ def _session(path, output_path, socket, sess_options, providers, fallback, link,
         if link == LINK_MEMORY:
             if output_path is not None:
                 raise ValueError("link='memory' writes nothing: output_path must be None")
+            got = _in_memory_by_descriptor(path, socket, sess_options, providers, settings)
+            if got is not None:
+                return got[0], _report(path, target, got[1])
             from .client import connect
 
             c = connect(socket)

@@ -20,7 +20,7 @@ pub(crate) fn status(e: Error) -> Status {
 }
 
 /// The kind as the trailer names it.
-fn kind_name(kind: ErrorKind) -> &'static str {
+pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::InvalidInput => "invalid-input",
         ErrorKind::NotFound => "not-found",

@@ -92,19 +92,18 @@ async fn connection(d: Arc<Daemon>, conn: Arc<OwnedFd>) {
         })),
     };
     if send(&afd, &ready, &[]).await.is_ok() {
-        // A form may be asked for; anything else, or the close, ends the
-        // handout.
+        // A form or a Materialize answer may be asked for; anything else,
+        // or the close, ends the handout.
         while let Ok(Some((req, fds))) = wire::recv_when_ready::<api::HandoutRequest, _>(&afd).await
         {
-            let Some(handout_request::Step::Compile(c)) = req.step.filter(|_| fds.is_empty())
-            else {
+            let Some(step) = req.step.filter(|_| fds.is_empty()) else {
                 break;
             };
-            let work = super::handout_forms::compile(&d, &peer, &name, c);
+            let work = super::handout_asks::answer(&d, &peer, &name, step);
             let answered = tokio::select! {
                 a = work => a,
-                // The client went away (or spoke out of turn): the compile
-                // is dropped (its worker killed unless another waits).
+                // The client went away (or spoke out of turn): the work is
+                // dropped (a compile's worker killed unless another waits).
                 () = peer_speaks(&afd) => break,
             };
             match answered {
@@ -242,6 +241,7 @@ async fn refuse(afd: &Conn, e: &Error) {
         step: Some(handout_reply::Step::Error(api::HandoutError {
             code: super::error_codes::code_name(e.kind).to_string(),
             message: e.message.clone(),
+            kind: super::error_codes::kind_name(e.kind).to_string(),
         })),
     };
     let _ = send(afd, &reply, &[]).await;

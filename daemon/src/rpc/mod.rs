@@ -12,7 +12,7 @@ mod encode;
 mod error_codes;
 mod guard;
 pub(crate) mod handout;
-mod handout_forms;
+mod handout_asks;
 mod peer;
 mod service;
 mod wire_cache;

@@ -1,4 +1,5 @@
-"""The generated gRPC stubs (``onnx_pb2``, ``ctcache_v1_pb2``, ``ctcache_v1_pb2_grpc``).
+"""The generated gRPC stubs (``onnx_pb2``, ``ctcache_v1_pb2``, ``ctcache_v1_pb2_grpc``) and
+the messages as :mod:`ctcache.wire` reads them (``wire_schema``).
 
 An installed package carries them (``setup.py`` generates them at build time).
 From a source checkout they are missing here; then they are generated once
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 
 _here = os.path.dirname(__file__)
-_MODULES = ("onnx_pb2", "ctcache_v1_pb2", "ctcache_v1_pb2_grpc")
+_MODULES = ("onnx_pb2", "ctcache_v1_pb2", "ctcache_v1_pb2_grpc", "wire_schema")
 
 if not all(os.path.isfile(os.path.join(_here, m + ".py")) for m in _MODULES):
     from pathlib import Path
