@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -64,11 +65,12 @@ def _worker() -> str:
     return str(exe)
 
 
-def _run(args: list[str], model: Path | None, out: Path | None) -> subprocess.CompletedProcess:
-    """The worker with ``model`` on its standard input and ``out`` as descriptor 3 (None: no descriptor 3)."""
+def _run(args: list[str], model: Path | None, out: Path | None, prefix=()) -> subprocess.CompletedProcess:
+    """The worker (run by ``prefix``) with ``model`` on its standard input and ``out`` as descriptor 3 (None:
+    no descriptor 3)."""
     with open(out or os.devnull, "wb") as o, open(model or os.devnull, "rb") as i:
         fd = o.fileno()
-        return subprocess.run([_worker(), *args], stdin=i, capture_output=True, text=True, timeout=300,
+        return subprocess.run([*prefix, _worker(), *args], stdin=i, capture_output=True, text=True, timeout=300,
                               preexec_fn=(lambda: os.dup2(fd, 3)) if out else None, pass_fds=(3,) if out else ())
 
 
@@ -104,6 +106,40 @@ def test_the_worker_refuses_garbage_and_a_missing_output(tmp_path):
     assert (tmp_path / "out").stat().st_size == 0
     r = _run(["compile", "--library", _library()], small_model(tmp_path / "m.onnx"), None)
     assert r.returncode == 1 and "descriptor 3 is not a file" in r.stderr, r.stderr
+
+
+def test_out_of_its_memory_bound_the_worker_says_so_whether_openvino_throws_or_crashes(tmp_path):
+    """OpenVINO short of RLIMIT_DATA throws std::bad_alloc, or faults (here
+    near 300 MiB on MiniLM): exit 4 either way, never a crash."""
+    m = real_models.by_name("minilm-l3")
+    real_models.fetch(m)
+    codes = {}
+    for mib in (120, 200, 260, 280, 300, 320, 330, 400):
+        r = _run(["compile", "--library", _library()], m.path, tmp_path / "out", prefix=["prlimit", f"--data={mib << 20}"])
+        codes[mib] = (r.returncode, r.stderr.strip()[-160:])
+        assert r.returncode in (0, 4), codes
+        assert r.returncode == 0 or "out of memory" in r.stderr or "bad_alloc" in r.stderr, codes
+    assert any(c == 4 for c, _ in codes.values()), codes
+
+
+def test_a_crash_far_from_the_bound_stays_a_crash(tmp_path):
+    with open(tmp_path / "out", "wb") as o:
+        fd = o.fileno()
+        p = subprocess.Popen(["prlimit", f"--data={4 << 30}", _worker(), "compile", "--library", _library()],
+                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.dup2(fd, 3),
+                             pass_fds=(3,))
+    def catches_sigsegv():
+        status = Path(f"/proc/{p.pid}/status").read_text()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        return caught >> (signal.SIGSEGV - 1) & 1
+
+    try:
+        wait_until(catches_sigsegv, 60, "the worker's crash handler")
+        os.kill(p.pid, signal.SIGSEGV)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == -signal.SIGSEGV and b"out of memory" not in err, (p.returncode, err)
 
 
 # ---- through the daemon ----

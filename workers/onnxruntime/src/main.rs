@@ -3,14 +3,15 @@
 //! reads a model on its standard input, writes the optimized model to
 //! descriptor 3, the one file the daemon gives it, and prints the identity
 //! of the onnxruntime that made it. Exit 2: the library is
-//! not a usable onnxruntime; 3: onnxruntime refuses the model.
+//! not a usable onnxruntime; 3: onnxruntime refuses the model; 4: out of its
+//! memory bound (a failed allocation, or a crash near RLIMIT_DATA).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ctcache_onnxruntime_worker::{identify, optimize, Level};
-use ctcache_worker_protocol::{finish, model_in, OUTPUT};
+use ctcache_worker_protocol::{finish, model_in, name_crashes_near_the_bound, OUTPUT};
 
 #[derive(Parser)]
 #[command(about = "ctcached's onnxruntime worker")]
@@ -36,6 +37,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    name_crashes_near_the_bound();
     let done = match Args::parse().command {
         Command::Identify { library } => identify(&library),
         Command::Optimize { library, level } => match model_in("optimized model") {

@@ -3,14 +3,15 @@
 //! reads an ONNX model on its standard input, writes the compiled model to
 //! descriptor 3, the one file the daemon gives it, and prints the identity
 //! of the OpenVINO that made it. Exit 2: the library is not a usable
-//! OpenVINO; 3: OpenVINO refuses the model or its options.
+//! OpenVINO; 3: OpenVINO refuses the model or its options; 4: out of its
+//! memory bound (a failed allocation, or a crash near RLIMIT_DATA).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ctcache_openvino_worker::{compile, identify};
-use ctcache_worker_protocol::{finish, model_in, option, OUTPUT};
+use ctcache_worker_protocol::{finish, model_in, name_crashes_near_the_bound, option, OUTPUT};
 
 #[derive(Parser)]
 #[command(about = "ctcached's OpenVINO worker")]
@@ -39,6 +40,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    name_crashes_near_the_bound();
     let done = match Args::parse().command {
         Command::Identify { library } => identify(&library),
         Command::Compile {

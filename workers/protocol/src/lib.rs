@@ -9,6 +9,9 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
+mod crash;
+pub use crash::name_crashes_near_the_bound;
+
 /// The output descriptor, as a runtime opens a path.
 pub const OUTPUT: &str = "/proc/self/fd/3";
 
