@@ -26,6 +26,9 @@ from worker_daemons import openvino_library, ort_library
 
 DAEMON_UID, CALLER_UID = 65534, 12345
 START_TIMEOUT_S = 30
+#: The daemon as root and as its own user: each attack is tried on both.
+DAEMON_UIDS, DAEMON_IDS = [0, DAEMON_UID], ["daemon as root", "daemon as its own user"]
+BOTH_DAEMONS = dict(params=DAEMON_UIDS, ids=DAEMON_IDS)
 
 
 def setpriv(uid: int, *groups: int) -> list[str]:
@@ -88,21 +91,21 @@ def as_its_own_user(root_dir):
     yield from _daemon(root_dir, DAEMON_UID)
 
 
-@pytest.fixture(params=[0, DAEMON_UID], ids=["daemon as root", "daemon as its own user"])
+@pytest.fixture(**BOTH_DAEMONS)
 def any_daemon(root_dir, request):
     yield from _daemon(root_dir, request.param)
 
 
-@pytest.fixture
-def compiling_as_its_own_user(root_dir):
-    """The daemon as its own user with the onnxruntime library its worker loads."""
-    yield from _daemon(root_dir, DAEMON_UID, ("--ort-library", ort_library()))
+@pytest.fixture(**BOTH_DAEMONS)
+def compiling(root_dir, request):
+    """The daemon (as root, then as its own user) with the onnxruntime library its worker loads."""
+    yield from _daemon(root_dir, request.param, ("--ort-library", ort_library()))
 
 
-@pytest.fixture
-def compiling_openvino_as_its_own_user(root_dir):
-    """The daemon as its own user with the OpenVINO library its worker loads."""
-    yield from _daemon(root_dir, DAEMON_UID, ("--openvino-library", openvino_library()))
+@pytest.fixture(**BOTH_DAEMONS)
+def compiling_openvino(root_dir, request):
+    """The daemon (as root, then as its own user) with the OpenVINO library its worker loads."""
+    yield from _daemon(root_dir, request.param, ("--openvino-library", openvino_library()))
 
 
 def _private_model(root_dir: Path) -> Path:
@@ -150,13 +153,13 @@ def _another_user_gets_no_form(socket: Path, root_dir: Path, model: Path, runtim
     assert r.returncode != 0 and f"{model}: Permission denied" in r.stderr, r.stderr
 
 
-def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling_as_its_own_user, root_dir,
+def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling, root_dir,
                                                                        installed):  # noqa: F811
     """A runtime form of the caller's private model: compiled from the
     descriptor it handed over, its session opened from bytes sent over the
     socket (the store's files are not the caller's to read). Another user,
     who cannot open the model, gets no form of it."""
-    socket = compiling_as_its_own_user
+    socket = compiling
     model = _private_model(root_dir)
     env = _caller_env(root_dir, model.parent, installed)
     script = ("import sys, ctcache.ort\n"
@@ -168,12 +171,12 @@ def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling
 
 
 def test_a_user_gets_an_openvino_form_of_its_private_model_and_another_user_none(
-        compiling_openvino_as_its_own_user, root_dir, installed):  # noqa: F811
+        compiling_openvino, root_dir, installed):  # noqa: F811
     """OpenVINO's form of the caller's private model, compiled from the
     descriptor it handed over and imported from bytes sent over the socket
     (the store's files are not the caller's to read); another user, who
     cannot open the model, gets none."""
-    socket = compiling_openvino_as_its_own_user
+    socket = compiling_openvino
     model = _private_model(root_dir)
     env = _caller_env(root_dir, model.parent, installed)
     script = ("import sys, ctcache.openvino\n"
@@ -193,7 +196,8 @@ time.sleep(120)
 """
 
 
-def test_a_user_waits_for_two_compiles_at_most(root_dir, monkeypatch):
+@pytest.mark.parametrize("daemon_uid", DAEMON_UIDS, ids=DAEMON_IDS)
+def test_a_user_waits_for_two_compiles_at_most(root_dir, monkeypatch, daemon_uid):
     """Each compile holds the one compile slot for up to 600 s: an untrusted
     uid's third compile waiting at once is RESOURCE_EXHAUSTED (exit 4), not
     a place in line ahead of every other user."""
@@ -203,7 +207,9 @@ def test_a_user_waits_for_two_compiles_at_most(root_dir, monkeypatch):
     for exe in ("ctcached", "ctcachectl"):
         shutil.copy(bin_dir() / exe, bindir / exe)
     worker = bindir / "ctcache-onnxruntime-worker"
-    worker.write_text(NEVER_ENDS.replace("{python}", sys.executable))
+    # A system interpreter where there is one: this one may sit where only root reaches.
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    worker.write_text(NEVER_ENDS.replace("{python}", python))
     worker.chmod(0o755)
     monkeypatch.setenv("CTCACHE_BIN_DIR", str(bindir))
     models = []
@@ -213,7 +219,7 @@ def test_a_user_waits_for_two_compiles_at_most(root_dir, monkeypatch):
         m.write_bytes(m.read_bytes() + bytes([0x92, 0x01, 0x01, 0x30 + i]))
         os.chmod(m, 0o644)
         models.append(m)
-    daemon = _daemon(root_dir, 0, ("--ort-library", "/etc/hostname"))
+    daemon = _daemon(root_dir, daemon_uid, ("--ort-library", "/etc/hostname"))
     socket = next(daemon)
     log = root_dir / "ctcached.log"
     waiting = []
