@@ -140,6 +140,44 @@ def test_reads_like_the_generated_classes(wire):
     assert wire.decode("CompileRequest", req.SerializeToString()).config == {"A": "1", "B": "2"}
 
 
+@pytest.mark.parametrize("field, value, error", [
+    ("bits", 1 << 32, ValueError),        # uint32: prost would cut it to 0
+    ("bits", -1, ValueError),
+    ("accuracy_level", 1 << 63, ValueError),  # int64
+    ("block_size", 32.0, TypeError),
+])
+def test_a_value_out_of_its_fields_range_is_refused_as_protobuf_refuses_it(wire, ctcache, field, value, error):
+    from ctcache._pb import ctcache_v1_pb2 as pb
+
+    with pytest.raises(error):
+        wire.Message("MaterializeRequest", **{field: value}).SerializeToString()
+    with pytest.raises(error):
+        pb.MaterializeRequest(**{field: value})
+
+
+def test_an_answer_is_a_file_of_exactly_the_length_announced(ctcache, tmp_path):
+    import os
+
+    from ctcache import handout
+
+    fd = os.memfd_create("answer")
+    try:
+        os.write(fd, b"abcdef")
+        assert handout._sealed_answer(fd, 6) == b"abcdef"
+        for announced in (5, 7, 1 << 40):
+            with pytest.raises(ConnectionError, match="not the"):
+                handout._sealed_answer(fd, announced)
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    try:
+        with pytest.raises(ConnectionError):
+            handout._sealed_answer(r, 0)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_generated_message_is_taken_as_a_field(wire, ctcache):
     from ctcache._pb import ctcache_v1_pb2 as pb
 

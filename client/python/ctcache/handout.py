@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from typing import Mapping
 
 from . import wire
@@ -90,6 +91,9 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
     except (FileNotFoundError, ConnectionRefusedError) as e:
         conn.close()
         raise ConnectionError(f"the descriptor channel {grpc_socket}.fds: {e.strerror}") from None
+    except OSError:
+        conn.close()
+        raise
     try:
         # This process's own open decides what it may hand over (the daemon
         # opens no path for it): a model it cannot read is its OSError.
@@ -106,7 +110,7 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
         # Data locations are relative to the folder the model file really is in.
         folder = os.path.dirname(os.path.realpath(model_path))
         while True:
-            data, fds, _flags, _ = socket.recv_fds(conn, MAX_PACKET, MAX_FDS)
+            data, fds, _flags, _ = socket.recv_fds(conn, MAX_PACKET, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
             for fd in fds:
                 os.close(fd)
             if not data:
@@ -141,7 +145,7 @@ def ask(h: Handout, step: str, req, timeout: float | None = None) -> wire.Messag
     answered, response = _ASKS[step]
     h._conn.settimeout(timeout)
     socket.send_fds(h._conn, [wire.Message("HandoutRequest", **{step: req}).SerializeToString()], [])
-    data, fds, _flags, _ = socket.recv_fds(h._conn, MAX_PACKET, MAX_FDS)
+    data, fds, _flags, _ = socket.recv_fds(h._conn, MAX_PACKET, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
     try:
         if not data:
             raise ConnectionError("the daemon closed the descriptor channel")
@@ -151,13 +155,7 @@ def ask(h: Handout, step: str, req, timeout: float | None = None) -> wire.Messag
             raise HandoutRefused(reply.error.code, reply.error.message, reply.error.kind)
         if got != answered or len(fds) != 1:
             raise ConnectionError("an answer out of protocol on the descriptor channel")
-        length = getattr(reply, answered).length
-        answer = os.pread(fds[0], length, 0)
-        while len(answer) < length:
-            more = os.pread(fds[0], length - len(answer), len(answer))
-            if not more:
-                raise ConnectionError("the answer's memfd is shorter than announced")
-            answer += more
+        answer = _sealed_answer(fds[0], getattr(reply, answered).length)
         try:
             return wire.decode(response, answer)
         except wire.WireError as e:
@@ -165,6 +163,20 @@ def ask(h: Handout, step: str, req, timeout: float | None = None) -> wire.Messag
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _sealed_answer(fd: int, length: int) -> bytes:
+    """The answer in the memfd ``fd``: a file of exactly ``length`` bytes."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != length:
+        raise ConnectionError(f"the answer's memfd holds {st.st_size} bytes, not the {length} announced")
+    answer = bytearray()
+    while len(answer) < length:
+        more = os.pread(fd, min(length - len(answer), 1 << 24), len(answer))
+        if not more:
+            raise ConnectionError("the answer's memfd is shorter than announced")
+        answer += more
+    return bytes(answer)
 
 
 def compile_form(h: Handout, req, timeout: float | None = None) -> wire.Message:
@@ -179,7 +191,8 @@ def ask_handed(sock, path: str, step: str, req, *, refusal_raises=True):
     ``None`` where this way cannot answer (no daemon, a channel lost or out
     of protocol, or a refusal not raised), for the caller to ask over gRPC.
     A refusal raises the client's error for its code when
-    ``refusal_raises`` is True or holds its error kind."""
+    ``refusal_raises`` is True, or a function of the
+    :class:`HandoutRefused` that says so."""
     try:
         h = hand_over(os.path.abspath(os.fspath(sock or default_socket())), path)
     except (OSError, HandoutRefused):
@@ -188,7 +201,7 @@ def ask_handed(sock, path: str, step: str, req, *, refusal_raises=True):
         r = ask(h, step, req)
     except HandoutRefused as e:
         h.close()
-        if refusal_raises is not True and (not refusal_raises or e.kind not in refusal_raises):
+        if not (refusal_raises(e) if callable(refusal_raises) else refusal_raises):
             return None
         from . import errors
 

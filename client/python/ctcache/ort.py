@@ -404,16 +404,18 @@ def _in_memory_by_descriptor(path, socket, sess_options, providers, settings):
     """``(session, answer)``: a session on the in-memory Materialize answer
     asked on the descriptor channel (no gRPC), its payloads held while it
     lives; ``None`` where this way cannot
-    serve it (no daemon, payloads this process cannot read, a refusal
-    other than nothing to rewrite), for gRPC to ask, which says why or
-    copies."""
+    serve it (no daemon, payloads this process cannot read, an answer too
+    large for memory), for gRPC to ask, which copies or writes a file."""
     from . import handout
     from .targets import target_request
 
     name = os.path.abspath(os.fspath(path))
     req = target_request(**settings)
     req.model_path = name
-    asked = handout.ask_handed(socket, name, "materialize", req, refusal_raises={"nothing-to-rewrite"})
+    # Refusals are final but an answer too large for memory, which gRPC
+    # meets with a file.
+    asked = handout.ask_handed(socket, name, "materialize", req,
+                               refusal_raises=lambda e: e.code_name != "RESOURCE_EXHAUSTED")
     if asked is None:
         return None
     h, r = asked
@@ -430,12 +432,12 @@ def session_held_by(h, r, sess_options, providers):
 
     import onnxruntime
 
-    if not all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
-        h.close()
-        return None
-    so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
-    so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
     try:
+        if not all(os.access(lease.entry.payload_path, os.R_OK) for lease in r.leases):
+            h.close()
+            return None
+        so = sess_options if sess_options is not None else onnxruntime.SessionOptions()
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", r.external_data_dir)
         sess = onnxruntime.InferenceSession(r.model, sess_options=so, providers=providers)
     except BaseException:
         h.close()

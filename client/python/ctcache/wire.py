@@ -15,6 +15,7 @@ raises :class:`WireError`, never another exception.
 
 from __future__ import annotations
 
+import operator
 import struct
 
 from ._pb import wire_schema
@@ -36,11 +37,26 @@ class WireError(ValueError):
     """Bytes that are no message of the type read (truncated, malformed, or out of the schema)."""
 
 
-def _schema(type_name: str) -> dict:
-    try:
-        return wire_schema.MESSAGES[type_name]
-    except KeyError:
-        raise WireError(f"{type_name} is no message of the API") from None
+#: Each type's fields by number and by name, built once (decoding makes many messages).
+_TYPES: dict = {}
+
+#: The values each integer type holds: protobuf refuses others, prost would cut them.
+_RANGES = {_INT32: (-(1 << 31), (1 << 31) - 1), _SINT32: (-(1 << 31), (1 << 31) - 1),
+           _SFIXED32: (-(1 << 31), (1 << 31) - 1), _ENUM: (-(1 << 31), (1 << 31) - 1),
+           _UINT32: (0, (1 << 32) - 1), _FIXED32: (0, (1 << 32) - 1),
+           _INT64: (-(1 << 63), (1 << 63) - 1), _SINT64: (-(1 << 63), (1 << 63) - 1),
+           _SFIXED64: (-(1 << 63), (1 << 63) - 1), _UINT64: (0, (1 << 64) - 1), _FIXED64: (0, (1 << 64) - 1)}
+
+
+def _schema(type_name: str) -> tuple[dict, dict]:
+    known = _TYPES.get(type_name)
+    if known is None:
+        try:
+            fields = wire_schema.MESSAGES[type_name]
+        except KeyError:
+            raise WireError(f"{type_name} is no message of the API") from None
+        known = _TYPES[type_name] = (fields, {f[0]: (n, f) for n, f in fields.items()})
+    return known
 
 
 class Message:
@@ -51,10 +67,10 @@ class Message:
 
     def __init__(self, type_name: str, **values):
         full = type_name if "." in type_name else f"{PACKAGE}.{type_name}"
-        fields = _schema(full)
+        fields, by_name = _schema(full)
         object.__setattr__(self, "_type", full)
         object.__setattr__(self, "_fields", fields)
-        object.__setattr__(self, "_by_name", {f[0]: (n, f) for n, f in fields.items()})
+        object.__setattr__(self, "_by_name", by_name)
         object.__setattr__(self, "_values", {})
         for name, value in values.items():
             setattr(self, name, value)
@@ -267,6 +283,11 @@ def _put_len(out: bytearray, number: int, data: bytes) -> None:
 
 
 def _put_scalar(out: bytearray, kind: int, v) -> None:
+    if kind in _RANGES:
+        low, high = _RANGES[kind]
+        v = operator.index(v)  # TypeError for what is no integer, as protobuf's
+        if not low <= v <= high:
+            raise ValueError(f"{v} is out of range for the field ({low} to {high})")
     if kind in _FIXED:
         out += struct.pack(_FIXED[kind], v)
     elif kind in (_SINT32, _SINT64):

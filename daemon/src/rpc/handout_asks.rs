@@ -45,11 +45,10 @@ pub(super) async fn answer(
                 let mut r = decode::compile(req)?;
                 r.leasing = Leasing::Hold(handout.to_string());
                 let c = crate::ops::compile::compile(d, &caller, r).await?;
-                Ok(encode::compiled(d, c).encode_to_vec())
+                sealed(encode::compiled(d, c).encode_to_vec()).await
             };
-            bounded(d, &caller, UseCase::Compile, work)
-                .await
-                .and_then(|a| sent(a, handout_reply::Step::Compiled))
+            let (length, fd) = bounded(d, &caller, UseCase::Compile, work).await?;
+            Ok((reply(length, handout_reply::Step::Compiled), fd))
         }
         handout_request::Step::Materialize(mut req) => {
             req.handout = handout.to_string();
@@ -58,11 +57,10 @@ pub(super) async fn answer(
             let work = async {
                 let r = decode::materialize(req)?;
                 let m = crate::ops::materialize::materialize(d, &caller, r).await?;
-                Ok(encode::materialized(d, m).encode_to_vec())
+                sealed(encode::materialized(d, m).encode_to_vec()).await
             };
-            bounded(d, &caller, UseCase::Materialize, work)
-                .await
-                .and_then(|a| sent(a, handout_reply::Step::Materialized))
+            let (length, fd) = bounded(d, &caller, UseCase::Materialize, work).await?;
+            Ok((reply(length, handout_reply::Step::Materialized), fd))
         }
         handout_request::Step::Model(_) | handout_request::Step::Files(_) => Err(Error::invalid(
             "the handout is made: a step that asks nothing is out of turn",
@@ -72,12 +70,12 @@ pub(super) async fn answer(
 
 /// `work` admitted for `use_case`, its CPU charged to the caller, within
 /// the daemon's time per request.
-async fn bounded(
+async fn bounded<T>(
     d: &Daemon,
     caller: &Caller,
     use_case: UseCase,
-    work: impl Future<Output = Result<Vec<u8>>>,
-) -> Result<Vec<u8>> {
+    work: impl Future<Output = Result<T>>,
+) -> Result<T> {
     let payer = super::guard::admit(caller, Some(use_case), &d.cpu_budget)?;
     let limit = Duration::from_secs(d.config.request_timeout_secs);
     super::guard::paid_within(payer, limit, work)
@@ -93,21 +91,26 @@ async fn bounded(
         })?
 }
 
-/// The reply announcing `answer` and the sealed memfd holding it.
-fn sent(
-    answer: Vec<u8>,
-    step: fn(api::HandoutAnswer) -> handout_reply::Step,
-) -> Result<(api::HandoutReply, OwnedFd)> {
-    let length = answer.len() as u64;
-    let fd = sealed(&answer).map_err(|e| Error::from_io(e, "the answer's memfd"))?;
-    let reply = api::HandoutReply {
+/// The reply announcing an answer of `length` bytes.
+fn reply(length: u64, step: fn(api::HandoutAnswer) -> handout_reply::Step) -> api::HandoutReply {
+    api::HandoutReply {
         step: Some(step(api::HandoutAnswer { length })),
-    };
-    Ok((reply, fd))
+    }
+}
+
+/// `answer` in a sealed memfd (written on a blocking thread), and its
+/// length.
+async fn sealed(answer: Vec<u8>) -> Result<(u64, OwnedFd)> {
+    let length = answer.len() as u64;
+    let fd = tokio::task::spawn_blocking(move || sealed_memfd(&answer))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| Error::from_io(e, "the answer's memfd"))?;
+    Ok((length, fd))
 }
 
 /// A memfd holding `bytes`, sealed against any change.
-fn sealed(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+fn sealed_memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
     let fd = rustix::fs::memfd_create(
         "ctcache-answer",
         MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,

@@ -5,15 +5,30 @@
 //! says so and exits 4; any other crash stays the crash it is.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// The bound and the page size, read once (the handler may call nothing
 /// that is not async-signal-safe).
 static LIMIT: AtomicU64 = AtomicU64::new(0);
 static PAGE: AtomicU64 = AtomicU64::new(0);
 
-/// Installs the handler, on an alternate stack of its own (a fault from a
-/// stack overflow leaves none). Without a finite RLIMIT_DATA there is
-/// nothing to name, and nothing is installed.
+/// The signals handled, and the actions they had before (Rust's own
+/// stack-overflow handler for SIGSEGV and SIGBUS), put back for a crash
+/// far from the bound.
+const SIGNALS: [libc::c_int; 3] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT];
+static BEFORE: OnceLock<[Action; 3]> = OnceLock::new();
+
+/// A saved sigaction (plain data, read by the handler).
+struct Action(libc::sigaction);
+// SAFETY: a sigaction is plain data (a handler address, a mask, flags);
+// it is written once before the handler is set and only read after.
+unsafe impl Sync for Action {}
+unsafe impl Send for Action {}
+
+/// Installs the handler (on the main thread's alternate stack, where a
+/// fault from its stack overflowing still runs it; other threads' run on
+/// their own stacks). Without a finite RLIMIT_DATA there is nothing to
+/// name, and nothing is installed.
 pub fn name_crashes_near_the_bound() {
     // SAFETY: an all-zero rlimit is a valid value that getrlimit fills.
     let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
@@ -34,31 +49,58 @@ pub fn name_crashes_near_the_bound() {
         ss_size: stack.len(),
     };
     // SAFETY: the alternate stack is leaked memory that lives as long as
-    // the process; the sigaction is fully initialized before it is set,
-    // and its handler only makes async-signal-safe calls.
+    // the process; the sigactions are fully initialized (zeroed, then
+    // filled by the kernel or here) before they are used, and the handler
+    // only makes async-signal-safe calls.
     unsafe {
+        let before = SIGNALS.map(|sig| {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old);
+            Action(old)
+        });
+        if BEFORE.set(before).is_err() {
+            return; // installed already
+        }
         libc::sigaltstack(&alt, std::ptr::null_mut());
+        // Not reset on entry: threads that fault at once (a runtime's
+        // workers, all short of memory) each get the handler.
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_crash as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_ONSTACK | libc::SA_RESETHAND;
+        sa.sa_sigaction = on_crash as Handler as libc::sighandler_t;
+        sa.sa_flags = libc::SA_ONSTACK | libc::SA_SIGINFO;
         libc::sigemptyset(&mut sa.sa_mask);
-        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT] {
+        for sig in SIGNALS {
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
 }
 
+type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
 /// The handler: exit 4 with the numbers when the data segment is near the
-/// bound; else the signal again, now at its default action, which ends
-/// the process as it would have (a fault would also recur on return, a
-/// signal sent by another process would not).
-extern "C" fn on_crash(sig: libc::c_int) {
+/// bound. Else the crash ends the process as it would have: a fault finds
+/// the action it had before (put back here) when it recurs on return; a
+/// signal sent by a process, which does not recur, is raised again at its
+/// default action.
+extern "C" fn on_crash(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     let (limit, page) = (LIMIT.load(Ordering::Relaxed), PAGE.load(Ordering::Relaxed));
     let data = data_pages().map_or(0, |p| p.saturating_mul(page));
     if data < limit - limit / 4 {
-        // SAFETY: raise is async-signal-safe; the signal stays pending
-        // until this handler returns.
-        unsafe { libc::raise(sig) };
+        // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO;
+        // sigaction and raise are async-signal-safe, and the raised signal
+        // stays pending until this handler returns.
+        unsafe {
+            let fault = !info.is_null() && (*info).si_code > 0;
+            let before = BEFORE
+                .get()
+                .and_then(|b| SIGNALS.iter().position(|s| *s == sig).map(|i| &b[i].0));
+            match before {
+                Some(old) if fault => libc::sigaction(sig, old, std::ptr::null_mut()),
+                _ => libc::sigaction(sig, &default_action(), std::ptr::null_mut()),
+            };
+            if !fault {
+                libc::raise(sig);
+            }
+        }
         return;
     }
     let mut msg = Line::default();
@@ -74,6 +116,13 @@ extern "C" fn on_crash(sig: libc::c_int) {
         libc::write(2, msg.buf.as_ptr().cast(), msg.len);
         libc::_exit(crate::Failure::OutOfMemory as i32);
     }
+}
+
+/// SIG_DFL, as a sigaction.
+fn default_action() -> libc::sigaction {
+    // SAFETY: an all-zero sigaction is SIG_DFL with no flags and an empty
+    // mask.
+    unsafe { std::mem::zeroed() }
 }
 
 /// The data segment in pages: the sixth field of /proc/self/statm, read
