@@ -10,7 +10,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 
 use ctcache::access::Opener;
 use ctcache::onnx::Model;
@@ -66,10 +68,6 @@ impl Opener for HandedFiles {
     fn confines(&self) -> bool {
         false
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A received descriptor as a file the daemon may read: a regular file

@@ -22,6 +22,7 @@ mod flights;
 mod handouts;
 mod hash_budget;
 mod jobs;
+mod locks;
 mod memo;
 mod metrics;
 mod ops;

@@ -61,7 +61,14 @@ pub(crate) struct Daemon {
     pub compile_slots: tokio::sync::Semaphore,
     /// Each untrusted uid's compiles waiting or running.
     pub compile_shares: Shares,
+    /// The digest of each materialized model a target's form was asked
+    /// of, by the identity of its in-memory answer: a warm request is
+    /// spared putting its weights inline and hashing them.
+    pub target_digests: std::sync::Mutex<hashlink::LruCache<[u8; 32], [u8; 32]>>,
 }
+
+/// Materialized models whose digests are remembered (64 bytes each).
+const TARGET_DIGESTS: usize = 4096;
 
 /// Workers compiling at once: one, so that a compile never takes more
 /// than a core or two from packing and serving.
@@ -128,6 +135,7 @@ impl Daemon {
             compiles: Flights::default(),
             compile_slots: tokio::sync::Semaphore::new(COMPILE_SLOTS),
             compile_shares: Shares::new(COMPILES_PER_UID),
+            target_digests: std::sync::Mutex::new(hashlink::LruCache::new(TARGET_DIGESTS)),
         }
     }
 }

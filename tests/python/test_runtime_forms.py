@@ -121,6 +121,24 @@ def test_the_form_of_a_targets_model_is_onnxruntimes_own_session_of_it(daemon, t
         assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
 
 
+def test_a_targets_form_follows_its_sources_weights(daemon, tmp_path, cort):
+    """The daemon remembers the digest of a target's model by what its
+    answer is made of: a warm request hashes nothing, and a source whose
+    weight changed (same path, same graph) gets the form of its own."""
+    model = small_model(tmp_path / "t.onnx", weight=0.5)
+    ask = dict(target="onnxruntime-fp16", optimize="extended", socket=str(daemon.socket))
+    feeds = {"X": np.arange(4, dtype=np.float32).reshape(1, 4)}
+    first = cort.inference_session(model, **ask)
+    again = cort.inference_session(model, **ask)
+    assert (first.ctcache_report.packed, again.ctcache_report.cached) == (1, 1)
+    small_model(model, weight=0.25)
+    changed = cort.inference_session(model, **ask)
+    assert changed.ctcache_report.packed == 1, changed.ctcache_report
+    y0, y1 = first.run(None, feeds)[0], changed.run(None, feeds)[0]
+    assert y0.tobytes() == again.run(None, feeds)[0].tobytes() and y0.tobytes() != y1.tobytes()
+    assert np.allclose(y1, feeds["X"] @ np.full((4, 4), 0.25, np.float32) + 1.0, atol=1e-2)
+
+
 def test_a_target_with_nothing_to_rewrite_gives_the_form_of_the_model_as_it_is(daemon, cort):
     m = real_models.by_name("ddddocr-det")
     real_models.fetch(m)

@@ -14,7 +14,8 @@ use ctcache_remote::fetch_check::Checked;
 use ctcache_remote::manifest::{self, Rejected};
 use tokio::runtime::Handle;
 
-use super::{lock, Ask, Fleet, Packing, Repack, Source};
+use super::{Ask, Fleet, Packing, Repack, Source};
+use crate::locks::lock;
 
 /// Quarantined keys remembered at most (then forgotten all at once).
 const QUARANTINE_MAX: usize = 65_536;

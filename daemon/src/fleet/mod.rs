@@ -10,7 +10,9 @@ mod upload;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -124,10 +126,6 @@ pub(crate) enum PushError {
     Remote(#[from] RemoteError),
     #[error("{0}")]
     Store(#[from] StoreError),
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Fleet {

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::locks::lock;
 
 use notify::{EventKind as FsEvent, RecommendedWatcher, RecursiveMode, Watcher as _};
 
@@ -99,10 +101,6 @@ fn relabel(labels: &HashMap<PathBuf, PathBuf>, path: &Path) -> Option<PathBuf> {
         None if path.starts_with("/proc/self/fd") => None,
         None => Some(path.to_path_buf()),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Watcher {

@@ -17,6 +17,7 @@ use ctcache_kernels::compile::BackendChoice;
 use ctcache_kernels::Params;
 
 use super::super::{blocking, model, pack, Error, Result};
+use super::source::Source;
 use crate::runtimes::{CompileFailure, Configured, Identified};
 use crate::state::Daemon;
 
@@ -36,12 +37,36 @@ pub(super) struct Job {
     pub d: Arc<Daemon>,
     pub rt: Arc<Configured>,
     pub key: FormKey,
-    pub model: model::OpenedModel,
+    pub model: Source,
     pub requested_by: Option<u32>,
 }
 
 impl Job {
+    /// Runs the compile, its model made whole first where it is pending.
     pub(super) async fn run(self) -> Result<Made> {
+        let model = self.model.opened().await?;
+        let compile = Compile {
+            d: self.d,
+            rt: self.rt,
+            key: self.key,
+            model,
+            requested_by: self.requested_by,
+        };
+        compile.run().await
+    }
+}
+
+/// A job whose model is whole.
+struct Compile {
+    d: Arc<Daemon>,
+    rt: Arc<Configured>,
+    key: FormKey,
+    model: model::OpenedModel,
+    requested_by: Option<u32>,
+}
+
+impl Compile {
+    async fn run(self) -> Result<Made> {
         tracing::info!(
             model = %self.model.path.display(),
             runtime = self.rt.name,

@@ -8,7 +8,7 @@
 
 mod job;
 mod served;
-mod whole;
+mod source;
 
 pub(crate) use served::ServedForm;
 
@@ -28,6 +28,7 @@ use crate::error::ErrorKind;
 use crate::runtimes::Configured;
 use crate::state::Daemon;
 use job::{Job, Made};
+use source::Source;
 
 /// The onnxruntime provider forms are made for.
 const CPU_PROVIDER: &str = "CPUExecutionProvider";
@@ -133,12 +134,12 @@ pub(crate) async fn compile(
         (r.model_path.clone(), r.handout.clone()),
     );
     let opened = match r.materialize.clone() {
-        Some(target) => Ok(whole::materialized(d, caller, target).await?),
+        Some(target) => Ok(source::materialized(d, caller, target).await?),
         None => {
             blocking(move || {
                 let m = model::open(&d2, &named.0, &named.1, &c2)?;
                 let digest = digest_of(&d2, c2.bounded_uid(), &m)?;
-                Ok(digest.map(|digest| (m, digest)))
+                Ok(digest.map(|digest| (Source::Opened(m), digest)))
             })
             .await?
         }
@@ -184,7 +185,7 @@ pub(crate) async fn compile(
             Err(err) => return Err(err),
         },
         None if r.lookup_only => {
-            let (d, path) = (d.clone(), job.model.path.display().to_string());
+            let (d, path) = (d.clone(), job.model.path().display().to_string());
             let miss = blocking(move || explain(&d, &job.key, &path)).await?;
             return Ok(answer(miss));
         }
@@ -294,7 +295,7 @@ async fn watched(
         d: d.clone(),
         rt,
         key,
-        model: m,
+        model: Source::Opened(m),
         requested_by: queue_owner,
     };
     let (_, took) = d
