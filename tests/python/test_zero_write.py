@@ -221,17 +221,30 @@ def conv_model(path: Path) -> Path:
 def test_a_fresh_process_opens_its_session_without_grpc_or_protobuf(ctcache, installed, daemon, tmp_path,  # noqa: F811
                                                                      kind):
     """The default session is asked on the descriptor channel: importing a
-    gRPC client and protobuf would cost a fresh process more than the ask."""
+    gRPC client and protobuf would cost a fresh process more than the ask
+    (and what only a fallback or a log uses is not imported either)."""
     model = external_model(tmp_path, seed=23) if kind == "int4" else conv_model(tmp_path / "conv.onnx")
     script = ("import sys, warnings, ctcache.ort as o\n"
               "warnings.simplefilter('ignore')\n"
               "s = o.inference_session(sys.argv[1], socket=sys.argv[2], providers=['CPUExecutionProvider'])\n"
-              "gone = [m for m in ('grpc', 'google.protobuf', 'ctcache.client') if m in sys.modules]\n"
+              "gone = [m for m in ('grpc', 'google.protobuf', 'ctcache.client', 'logging', 'tempfile')\n"
+              "        if m in sys.modules]\n"
               "print(s.ctcache_report.source, gone)\n")
     r = subprocess.run([sys.executable, "-c", script, str(model), str(daemon.socket)], capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(installed)))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["daemon" if kind == "int4" else "as-is", "[]"], r.stdout
+
+
+def test_the_sessions_report_is_logged_where_logging_is_used(ctcache, daemon, tmp_path, caplog):  # noqa: F811
+    import logging
+
+    import ctcache.ort as cort
+
+    model = external_model(tmp_path, seed=31)
+    with caplog.at_level(logging.INFO, logger="ctcache"):
+        sess = cort.inference_session(model, socket=daemon.socket, providers=["CPUExecutionProvider"])
+    assert [r.getMessage() for r in caplog.records if r.name == "ctcache"] == [str(sess.ctcache_report)]
 
 
 def test_the_channels_materialize_step_refuses_as_the_rpc_does(ctcache, daemon, tmp_path):  # noqa: F811

@@ -39,23 +39,23 @@ gives every file one link, which onnx loads.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import logging
 import os
-import tempfile
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import errors
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ._pb import ctcache_v1_pb2 as pb
 
-# grpc and protobuf (the client) are imported where a call needs the
-# daemon: `import ctcache.ort` stays as light as the package's errors.
+# grpc and protobuf (the client) are imported where a call needs them, and
+# what only a fallback or a file output uses where it is used: a fresh
+# process's session pays for no import it does not run.
 
 #: Settings used when a call leaves them unset and no daemon decides
 #: (the daemon's own default policy for ``ort.matmul_nbits``).
@@ -100,7 +100,12 @@ class AsIsWarning(RuntimeWarning):
     """The target rewrites nothing in this model: the session runs it as it is."""
 
 
-_log = logging.getLogger("ctcache")
+def _log_report(report) -> None:
+    """The report at INFO on the ``ctcache`` logger; without ``logging``
+    imported, no handler could take it, and it is not imported for it."""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger("ctcache").info("%s", report)
 
 
 @dataclass
@@ -136,6 +141,8 @@ class SessionReport:
 
 
 def _cache_home() -> Path:
+    from pathlib import Path
+
     if os.environ.get("XDG_CACHE_HOME"):
         return Path(os.environ["XDG_CACHE_HOME"])
     return Path.home() / ".cache"
@@ -156,6 +163,9 @@ def default_output_path(path, bits: int | None = None, target: str = TARGET_INT4
     ``<stem>.dynamic-int8.onnx`` (``dynamic-uint8`` with ``weight_type="uint8"``);
     ``"onnxruntime-fp16"``: ``<stem>.fp16.onnx``.
     """
+    import hashlib
+    from pathlib import Path
+
     src = Path(os.path.abspath(os.fspath(path)))
     stem = src.name[:-5] if src.name.endswith(".onnx") else src.name
     if target == TARGET_INT8:
@@ -231,6 +241,8 @@ def _load_model(path):
     them, so read them here too: only relative locations inside the model's
     folder.
     """
+    from pathlib import Path
+
     import onnx
 
     path = os.fspath(path)
@@ -267,6 +279,8 @@ def _quiet_reference_tools():
     """onnxruntime's quantizers log every node at INFO (and one module calls
     ``logging.basicConfig`` on import): silenced for the call, the root
     logger's handlers and level as they were after it."""
+    import logging
+
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     disabled = logging.root.manager.disable
@@ -310,6 +324,8 @@ def quantize_dynamic_in_process(path, *, weight_type: str | None = None, per_cha
     Same settings as the ``onnxruntime-int8`` target (unset: int8, per
     tensor, MatMul). Returns an ``onnx.ModelProto``.
     """
+    import tempfile
+
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -325,6 +341,8 @@ def quantize_dynamic_in_process(path, *, weight_type: str | None = None, per_cha
 
 def _session_on_model(model, sess_options, providers):
     """A session on an in-memory model: from bytes below 2 GiB, else from a temporary file with external data."""
+    import tempfile
+
     import onnx
     import onnxruntime
 
@@ -586,7 +604,7 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
         sess, report = _runtime_session(path, optimize, socket, sess_options, providers, target, settings, strict)
         report.seconds = time.monotonic() - start
         sess.ctcache_report = report
-        _log.info("%s", report)
+        _log_report(report)
         return sess
     try:
         sess, report = _session(path, output_path, socket, sess_options, providers, fallback, link, lease_ttl_s,
@@ -604,7 +622,7 @@ def inference_session(path, *, bits: int | None = None, block_size: int | None =
         report = SessionReport(os.fspath(path), target, "as-is", why=e.details)
     report.seconds = time.monotonic() - start
     sess.ctcache_report = report
-    _log.info("%s", report)
+    _log_report(report)
     return sess
 
 
