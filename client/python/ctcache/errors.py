@@ -45,11 +45,15 @@ class RequestFailed(CtcacheError):
     def code(self):
         """The ``grpc.StatusCode`` (grpc is imported here when the error
         came on the descriptor channel, which speaks no gRPC)."""
-        if isinstance(self._code, str):
-            import grpc
+        return status_code(self._code) if isinstance(self._code, str) else self._code
 
-            return getattr(grpc.StatusCode, self._code, grpc.StatusCode.UNKNOWN)
-        return self._code
+
+def status_code(name: str):
+    """The ``grpc.StatusCode`` of a code's name (grpc imported only here:
+    the descriptor channel itself speaks no gRPC)."""
+    import grpc
+
+    return getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
 
 
 class NotFound(RequestFailed):

@@ -48,11 +48,10 @@ class HandoutRefused(Exception):
 
     @property
     def code(self):
-        """The ``grpc.StatusCode`` (grpc is imported here only: the
-        descriptor channel itself speaks no gRPC)."""
-        import grpc
+        """The ``grpc.StatusCode`` (:func:`ctcache.errors.status_code`)."""
+        from .errors import status_code
 
-        return getattr(grpc.StatusCode, self.code_name, grpc.StatusCode.UNKNOWN)
+        return status_code(self.code_name)
 
 
 def default_socket(env: Mapping[str, str] | None = None) -> str:
@@ -130,8 +129,9 @@ def hand_over(grpc_socket: str, model_path: str, timeout: float | None = None, o
         raise
 
 
-#: What each request on a ready handout is answered with: (reply step, response type).
-_ASKS = {"compile": ("compiled", "CompileResponse"), "materialize": ("materialized", "MaterializeResponse")}
+#: Each request on a ready handout: (its reply's step, the response type, the RPC it stands for).
+_ASKS = {"compile": ("compiled", "CompileResponse", "Compile"),
+         "materialize": ("materialized", "MaterializeResponse", "Materialize")}
 
 
 def ask(h: Handout, step: str, req, timeout: float | None = None) -> wire.Message:
@@ -142,7 +142,7 @@ def ask(h: Handout, step: str, req, timeout: float | None = None) -> wire.Messag
     held while ``h`` stays open. A refusal raises :class:`HandoutRefused`
     (and ends ``h``); a daemon that does not know the step closes the
     channel (``ConnectionError``)."""
-    answered, response = _ASKS[step]
+    answered, response, _ = _ASKS[step]
     h._conn.settimeout(timeout)
     socket.send_fds(h._conn, [wire.Message("HandoutRequest", **{step: req}).SerializeToString()], [])
     data, fds, _flags, _ = socket.recv_fds(h._conn, MAX_PACKET, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
@@ -205,8 +205,7 @@ def ask_handed(sock, path: str, step: str, req, *, refusal_raises=True):
             return None
         from . import errors
 
-        method = "Compile" if step == "compile" else "Materialize"
-        raise errors.refusal(method, e.code_name, e.message, e.kind) from None
+        raise errors.refusal(_ASKS[step][2], e.code_name, e.message, e.kind) from None
     except Exception:  # noqa: BLE001 -- a channel lost or out of protocol: gRPC asks again
         h.close()
         return None

@@ -48,6 +48,11 @@ _RANGES = {_INT32: (-(1 << 31), (1 << 31) - 1), _SINT32: (-(1 << 31), (1 << 31) 
            _SFIXED64: (-(1 << 63), (1 << 63) - 1), _UINT64: (0, (1 << 64) - 1), _FIXED64: (0, (1 << 64) - 1)}
 
 
+def _full_name(type_name: str) -> str:
+    """A type's full name: one without a package is one of ``ctcache.v1``."""
+    return type_name if "." in type_name else f"{PACKAGE}.{type_name}"
+
+
 def _schema(type_name: str) -> tuple[dict, dict]:
     known = _TYPES.get(type_name)
     if known is None:
@@ -66,7 +71,7 @@ class Message:
     __slots__ = ("_type", "_fields", "_by_name", "_values")
 
     def __init__(self, type_name: str, **values):
-        full = type_name if "." in type_name else f"{PACKAGE}.{type_name}"
+        full = _full_name(type_name)
         fields, by_name = _schema(full)
         object.__setattr__(self, "_type", full)
         object.__setattr__(self, "_fields", fields)
@@ -157,8 +162,7 @@ def _is_default(kind: int, value) -> bool:
 
 def decode(type_name: str, data: bytes) -> Message:
     """The message of ``type_name`` in ``data`` (unknown fields skipped)."""
-    full = type_name if "." in type_name else f"{PACKAGE}.{type_name}"
-    return _decode(full, memoryview(bytes(data)), 0)
+    return _decode(_full_name(type_name), memoryview(bytes(data)), 0)
 
 
 def _decode(full: str, data: memoryview, depth: int) -> Message:
@@ -189,7 +193,7 @@ def _decode(full: str, data: memoryview, depth: int) -> Message:
         field = fields.get(number)
         if field is None:
             continue
-        name, kind, repeated, held, oneof, _ = field
+        name, kind, repeated, held, _, _ = field
         if kind == _GROUP or kind not in _WIRE_TYPE:
             raise WireError(f"{full}.{name}: a field type this codec does not read")
         if held in wire_schema.MAPS:
@@ -207,10 +211,7 @@ def _decode(full: str, data: memoryview, depth: int) -> Message:
         if repeated:
             values.setdefault(name, []).append(value)
         else:
-            if oneof:
-                for other in [n for n in values if msg._by_name[n][1][4] == oneof]:
-                    del values[other]
-            values[name] = value
+            setattr(msg, name, value)  # a oneof's member clears the others
     return msg
 
 

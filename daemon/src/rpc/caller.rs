@@ -17,12 +17,7 @@ pub(crate) fn of<T>(req: &Request<T>, trusted_uids: &[u32]) -> Caller {
 /// Who sent the request whose connection info is in `ext`.
 pub(crate) fn from_extensions(ext: &Extensions, trusted_uids: &[u32]) -> Caller {
     if let Some(p) = ext.get::<PeerInfo>() {
-        return Caller::new(
-            Some(p.identity.clone()),
-            p.pid,
-            Transport::Unix,
-            trusted_uids,
-        );
+        return of_peer(p, trusted_uids);
     }
     // rustls verified any certificate it reports against `tls_client_ca`.
     let verified_client = ext
@@ -30,4 +25,15 @@ pub(crate) fn from_extensions(ext: &Extensions, trusted_uids: &[u32]) -> Caller 
         .and_then(|t| t.peer_certs())
         .is_some_and(|certs| !certs.is_empty());
     Caller::new(None, None, Transport::Tcp { verified_client }, trusted_uids)
+}
+
+/// The Unix socket's peer `p` (its credentials read at accept), as the
+/// caller of a gRPC request or of a descriptor-channel step.
+pub(crate) fn of_peer(p: &PeerInfo, trusted_uids: &[u32]) -> Caller {
+    Caller::new(
+        Some(p.identity.clone()),
+        p.pid,
+        Transport::Unix,
+        trusted_uids,
+    )
 }

@@ -99,11 +99,8 @@ where
                             "the caller's deadline passed before the answer",
                         )
                         .into_http::<Body>()),
-                        Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
-                            "no answer within request_timeout_secs ({} s)",
-                            own.as_secs()
-                        ))
-                        .into_http::<Body>()),
+                        Err(_) => Ok(tonic::Status::deadline_exceeded(no_answer_within(own))
+                            .into_http::<Body>()),
                     }
                 })
             }
@@ -128,6 +125,14 @@ pub(super) fn admit(
         Some(uid) => cpu.admit(uid).map(|()| Some(cpu.payer(uid))),
         None => Ok(None),
     }
+}
+
+/// Why a request ended unanswered after the daemon's `request_timeout_secs`.
+pub(super) fn no_answer_within(limit: Duration) -> String {
+    format!(
+        "no answer within request_timeout_secs ({} s)",
+        limit.as_secs()
+    )
 }
 
 /// `work`, its CPU charged to `payer`, within `limit`.

@@ -17,7 +17,7 @@ use rustix::fs::{MemfdFlags, SealFlags};
 
 use super::peer::PeerInfo;
 use super::{decode, encode};
-use crate::caller::{Caller, Transport};
+use crate::caller::Caller;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::materialize::Leasing;
 use crate::state::Daemon;
@@ -31,12 +31,7 @@ pub(super) async fn answer(
     handout: &str,
     step: handout_request::Step,
 ) -> Result<(api::HandoutReply, OwnedFd)> {
-    let caller = Caller::new(
-        Some(peer.identity.clone()),
-        peer.pid,
-        Transport::Unix,
-        &d.config.trusted_uids,
-    );
+    let caller = super::caller::of_peer(peer, &d.config.trusted_uids);
     match step {
         handout_request::Step::Compile(mut req) => {
             req.handout = handout.to_string();
@@ -80,15 +75,7 @@ async fn bounded<T>(
     let limit = Duration::from_secs(d.config.request_timeout_secs);
     super::guard::paid_within(payer, limit, work)
         .await
-        .map_err(|_| {
-            Error::new(
-                ErrorKind::Cancelled,
-                format!(
-                    "no answer within request_timeout_secs ({} s)",
-                    limit.as_secs()
-                ),
-            )
-        })?
+        .map_err(|_| Error::new(ErrorKind::Cancelled, super::guard::no_answer_within(limit)))?
 }
 
 /// The reply announcing an answer of `length` bytes.

@@ -42,12 +42,6 @@ pub fn name_crashes_near_the_bound() {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     LIMIT.store(rl.rlim_cur, Ordering::Relaxed);
     PAGE.store(page, Ordering::Relaxed);
-    let stack: &'static mut [u8] = Box::leak(vec![0u8; 64 * 1024].into_boxed_slice());
-    let alt = libc::stack_t {
-        ss_sp: stack.as_mut_ptr().cast(),
-        ss_flags: 0,
-        ss_size: stack.len(),
-    };
     // SAFETY: the alternate stack is leaked memory that lives as long as
     // the process; the sigactions are fully initialized (zeroed, then
     // filled by the kernel or here) before they are used, and the handler
@@ -61,6 +55,12 @@ pub fn name_crashes_near_the_bound() {
         if BEFORE.set(before).is_err() {
             return; // installed already
         }
+        let stack: &'static mut [u8] = Box::leak(vec![0u8; 64 * 1024].into_boxed_slice());
+        let alt = libc::stack_t {
+            ss_sp: stack.as_mut_ptr().cast(),
+            ss_flags: 0,
+            ss_size: stack.len(),
+        };
         libc::sigaltstack(&alt, std::ptr::null_mut());
         // Not reset on entry: threads that fault at once (a runtime's
         // workers, all short of memory) each get the handler.
