@@ -155,6 +155,24 @@ def test_a_value_out_of_its_fields_range_is_refused_as_protobuf_refuses_it(wire,
         pb.MaterializeRequest(**{field: value})
 
 
+def test_a_refusal_by_code_name_is_the_clients_error_for_that_code(ctcache):
+    """The descriptor channel names a code; the error is the one gRPC's
+    code gives, its ``code`` the grpc.StatusCode, resolved when read."""
+    import grpc
+
+    from ctcache import errors, handout
+
+    e = errors.refusal("Materialize", "RESOURCE_EXHAUSTED", "full")
+    assert type(e) is errors.ResourceExhausted and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(e) == "Materialize: RESOURCE_EXHAUSTED: full"
+    as_is = errors.refusal("Materialize", "FAILED_PRECONDITION", "none", "nothing-to-rewrite")
+    assert type(as_is) is errors.NothingToRewrite and as_is.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert type(errors.refusal("Compile", "NO_SUCH_CODE", "?")) is errors.Unknown
+    assert errors.refusal("Compile", "NO_SUCH_CODE", "?").code == grpc.StatusCode.UNKNOWN
+    assert type(errors.refusal("Compile", grpc.StatusCode.NOT_FOUND, "gone")) is errors.NotFound
+    assert handout.HandoutRefused("DATA_LOSS", "rotted").code == grpc.StatusCode.DATA_LOSS
+
+
 def test_an_answer_is_a_file_of_exactly_the_length_announced(ctcache, tmp_path):
     import os
 
