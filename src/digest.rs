@@ -230,12 +230,37 @@ pub fn raw_copy_into(model: &Model, t: &TensorRef, out: &mut [u8]) -> Result<()>
 /// The D3 digest of a tensor's raw form held in memory (as [`raw_copy`]
 /// returns it).
 pub fn digest_raw(data_type: DataType, dims: &[u64], raw: &[u8], alg: Algorithm) -> SourceDigest {
-    let mut h = Hasher::new(alg);
-    h.update(&header(data_type, dims));
-    h.update(raw);
-    SourceDigest {
-        algorithm: alg,
-        bytes: h.finish(),
+    let mut d = RawDigest::new(data_type, dims, alg);
+    d.update(raw);
+    d.finish()
+}
+
+/// The D3 digest of a tensor's raw form fed in pieces (a payload as it
+/// streams in).
+pub struct RawDigest {
+    hasher: Hasher,
+    algorithm: Algorithm,
+}
+
+impl RawDigest {
+    /// Starts the digest of a tensor of `data_type` and `dims`.
+    pub fn new(data_type: DataType, dims: &[u64], algorithm: Algorithm) -> RawDigest {
+        let mut hasher = Hasher::new(algorithm);
+        hasher.update(&header(data_type, dims));
+        RawDigest { hasher, algorithm }
+    }
+
+    /// Feeds the next raw bytes.
+    pub fn update(&mut self, raw: &[u8]) {
+        self.hasher.update(raw);
+    }
+
+    /// The digest of everything fed.
+    pub fn finish(self) -> SourceDigest {
+        SourceDigest {
+            algorithm: self.algorithm,
+            bytes: self.hasher.finish(),
+        }
     }
 }
 

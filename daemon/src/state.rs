@@ -55,8 +55,10 @@ pub(crate) struct Daemon {
     /// The host CPU's exact tier (`x86_64-avx2`), which every runtime
     /// form is keyed by.
     pub host_tier: String,
-    /// The compiles running, shared by the requests of one key.
-    pub compiles: Flights<ctcache::store::EntryKey, crate::error::Result<(Entry, Duration)>>,
+    /// The compiles running, shared by the requests of one key: the form,
+    /// and how long its compile took (`None`: fetched from the fleet).
+    pub compiles:
+        Flights<ctcache::store::EntryKey, crate::error::Result<(Entry, Option<Duration>)>>,
     /// How many workers compile at once (each is a whole runtime).
     pub compile_slots: tokio::sync::Semaphore,
     /// Each untrusted uid's compiles waiting or running.

@@ -79,6 +79,12 @@ pub struct RemoteConfig {
     /// A public key (`name:base64`) whose manifests this host accepts (its
     /// own signing key is always trusted).
     pub trusted_keys: Vec<String>,
+    /// A public key (`name:base64`) whose runtime forms this host accepts
+    /// (its own signing key is always trusted for them). A form cannot be
+    /// audited by making it again (a runtime's output is not byte-stable),
+    /// so `trusted_keys` alone does not admit one; none listed: only this
+    /// host's own forms are fetched.
+    pub trusted_form_keys: Vec<String>,
     /// When a local miss asks the remote.
     pub fetch: FetchMode,
     /// Fraction (0 to 1) of fetched entries packed again here and compared
@@ -100,6 +106,7 @@ impl Default for RemoteConfig {
             max_object_bytes: 4 << 30,
             signing_key_file: None,
             trusted_keys: Vec::new(),
+            trusted_form_keys: Vec::new(),
             fetch: FetchMode::Auto,
             audit_rate: 0.0,
         }
@@ -175,6 +182,9 @@ pub struct Settings {
     pub signing_key: Option<SecretKey>,
     /// `trusted_keys` plus this host's own public key.
     pub trust: Trust,
+    /// `trusted_form_keys` plus this host's own public key: the signers
+    /// whose runtime forms are fetched.
+    pub form_trust: Trust,
 }
 
 impl Settings {
@@ -189,19 +199,24 @@ impl Settings {
             ),
             None => None,
         };
-        let mut keys = config
-            .trusted_keys
-            .iter()
-            .map(|t| {
-                PublicKey::parse(t).map_err(|e| SettingError::new("trusted_keys", e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        keys.extend(signing_key.as_ref().map(SecretKey::public));
+        let trust = |setting: &'static str, list: &[String]| {
+            let mut keys = list
+                .iter()
+                .map(|t| PublicKey::parse(t).map_err(|e| SettingError::new(setting, e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?;
+            keys.extend(signing_key.as_ref().map(SecretKey::public));
+            Ok::<_, SettingError>(Trust::new(keys))
+        };
+        let (trust, form_trust) = (
+            trust("trusted_keys", &config.trusted_keys)?,
+            trust("trusted_form_keys", &config.trusted_form_keys)?,
+        );
         Ok(Settings {
             config,
             location,
             signing_key,
-            trust: Trust::new(keys),
+            trust,
+            form_trust,
         })
     }
 
@@ -249,11 +264,19 @@ mod tests {
         assert!(!st.trust.is_empty());
         let bad = RemoteConfig {
             trusted_keys: vec!["nope".into()],
-            ..cfg
+            ..cfg.clone()
         };
         let err = Settings::new(bad)
             .err()
             .expect("a bad trusted key is refused");
         assert_eq!(err.key, "trusted_keys", "{err}");
+        let bad = RemoteConfig {
+            trusted_form_keys: vec!["nope".into()],
+            ..cfg
+        };
+        let err = Settings::new(bad)
+            .err()
+            .expect("a bad trusted form key is refused");
+        assert_eq!(err.key, "trusted_form_keys", "{err}");
     }
 }

@@ -5,6 +5,8 @@
 
 use std::io::{self, Read};
 
+use ctcache::digest::{RawDigest, SourceDigest};
+use ctcache::dtype::DataType;
 use ctcache::store::PayloadInfo;
 
 /// A reader over a fetched payload that fails with `InvalidData` on a length or blake3 mismatch.
@@ -65,6 +67,62 @@ impl<R: Read> Read for Checked<R> {
     }
 }
 
+/// A reader over a fetched payload that is a tensor's own raw bytes (a
+/// form's moved weight): it fails at the end, before `put` publishes,
+/// unless the D3 digest of those bytes as a tensor of `data_type` and
+/// `dims` is the source digest its key names. Such an entry proves itself
+/// and needs no audit.
+pub struct SourceMatch<R> {
+    inner: R,
+    digest: Option<RawDigest>,
+    want: SourceDigest,
+    mismatch: Option<String>,
+}
+
+impl<R: Read> SourceMatch<R> {
+    /// Checks that `inner` holds the tensor of `data_type` and `dims` whose
+    /// digest is `want`.
+    pub fn new(inner: R, data_type: DataType, dims: &[u64], want: SourceDigest) -> SourceMatch<R> {
+        SourceMatch {
+            inner,
+            digest: Some(RawDigest::new(data_type, dims, want.algorithm)),
+            want,
+            mismatch: None,
+        }
+    }
+
+    /// Why the bytes were refused (as opposed to the source failing).
+    pub fn mismatch(&self) -> Option<&str> {
+        self.mismatch.as_deref()
+    }
+}
+
+impl<R: Read> Read for SourceMatch<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 {
+            if let Some(d) = &mut self.digest {
+                d.update(&buf[..n]);
+            }
+            return Ok(n);
+        }
+        if let Some(d) = self.digest.take() {
+            let got = d.finish();
+            if got != self.want {
+                let detail = format!(
+                    "the payload is the tensor {got}, not {} its key names",
+                    self.want
+                );
+                self.mismatch = Some(detail);
+            }
+        }
+        match &self.mismatch {
+            Some(m) => Err(io::Error::new(io::ErrorKind::InvalidData, m.clone())),
+            None => Ok(0),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +154,29 @@ mod tests {
         longer.push(0);
         assert!(read_all(&longer, info(data)).is_err());
         assert!(read_all(b"", info(b"")).is_ok());
+    }
+
+    #[test]
+    fn a_tensors_bytes_pass_only_as_the_tensor_their_key_names() {
+        use ctcache::digest::{digest_raw, Algorithm};
+        let raw: Vec<u8> = (0..64u8).collect();
+        let want = digest_raw(DataType::FLOAT, &[4, 4], &raw, Algorithm::Blake3);
+        let read = |data: &[u8], dims: &[u64]| {
+            let mut m = SourceMatch::new(data, DataType::FLOAT, dims, want);
+            let mut out = Vec::new();
+            let r = m.read_to_end(&mut out);
+            (r.map(|_| out).ok(), m.mismatch().map(str::to_string))
+        };
+        assert_eq!(read(&raw, &[4, 4]), (Some(raw.clone()), None));
+        // Other bytes, or the same bytes as another shape, are refused at the end.
+        let mut flipped = raw.clone();
+        flipped[9] ^= 1;
+        for (data, dims) in [(&flipped[..], &[4u64, 4][..]), (&raw[..], &[16, 1][..])] {
+            let (r, why) = read(data, dims);
+            assert!(
+                r.is_none() && why.unwrap().contains("not blake3:"),
+                "{dims:?}"
+            );
+        }
     }
 }

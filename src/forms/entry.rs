@@ -16,8 +16,9 @@ use crate::pb::type_proto::{Tensor, Value};
 use crate::store::{Entry, EntryKey};
 use crate::structs::{self, StructError, FORMAT_VERSION_KEY};
 
-/// The format version of the forms' physical types.
-pub const FORM_FORMAT_VERSION: u32 = 1;
+/// The format version of the forms' physical types (2: the type declares
+/// its one dim, as the structured-type contract asks of a root).
+pub const FORM_FORMAT_VERSION: u32 = 2;
 
 const RUNTIME: &str = "ctcache.form.runtime";
 const VERSION: &str = "ctcache.form.version";
@@ -97,6 +98,7 @@ impl FormKey {
                 count: Some(array::Count::DimsIndex(0)),
             }))),
             name: name.to_string(),
+            dims_param: vec!["bytes".to_string()],
             metadata_props,
             ..Default::default()
         })

@@ -103,7 +103,9 @@ pub fn split(model: &Model, moved: &HashMap<usize, String>) -> Result<Vec<u8>> {
 
 /// The served model of a form's `skeleton`: each moved initializer's
 /// location becomes what `locate` says for its entry key (the payload
-/// file's name), and the moved initializers are listed.
+/// file's name), and the moved initializers are listed. An initializer
+/// held as external data that names no entry is refused: a served form
+/// names no file but the store's.
 pub fn served<E: From<Error>>(
     skeleton: Bytes,
     mut locate: impl FnMut(&str) -> std::result::Result<String, E>,
@@ -117,9 +119,17 @@ pub fn served<E: From<Error>>(
                 .find(|e| e.key == k)
                 .map(|e| e.value.clone())
         };
-        let Some(key) =
-            value("location").and_then(|l| l.strip_prefix(ENTRY_SCHEME).map(str::to_string))
+        let location = value("location");
+        let Some(key) = location
+            .as_deref()
+            .and_then(|l| l.strip_prefix(ENTRY_SCHEME).map(str::to_string))
         else {
+            if t.data_location == EXTERNAL || location.is_some() {
+                return Err(E::from(Error::Model(format!(
+                    "initializer {:?} of a form names external data outside the store",
+                    t.name
+                ))));
+            }
             return Ok(false);
         };
         let length = value("length")

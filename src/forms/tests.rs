@@ -335,3 +335,37 @@ fn a_moved_initializer_names_its_entry_then_its_file() {
 fn g_init(m: &pb::ModelProto, i: usize) -> pb::TensorProto {
     m.graph.as_ref().unwrap().initializer[i].clone()
 }
+
+/// A form whose model names a file (a fetched one, signed by a host that
+/// holds a key) is refused when served, not handed to a runtime that
+/// would read that file.
+#[test]
+fn a_form_naming_a_file_outside_the_store_is_refused() {
+    let mut m = model_proto();
+    let w = &mut m.graph.as_mut().unwrap().initializer[0];
+    w.raw_data = Bytes::new();
+    w.data_location = 1;
+    w.external_data = vec![pb::StringStringEntryProto {
+        key: "location".into(),
+        value: "/etc/shadow".into(),
+    }];
+    let e = served::<crate::Error>(Bytes::from(m.encode_to_vec()), |k| Ok(k.to_string()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("outside the store"), "{e}");
+}
+
+/// A form's physical type is a valid root of the structured-type
+/// contract: its one dim is its length in bytes (a reader of the fleet
+/// tier checks every record's type against its dims).
+#[test]
+fn a_forms_type_sizes_its_payload_by_its_one_dim() {
+    for runtime in ["onnxruntime", "openvino"] {
+        let mut k = key();
+        k.runtime.name = runtime.into();
+        let t = k.physical_type().unwrap();
+        let layout = crate::structs::check_value(&t, &[118_406], &[], &Default::default()).unwrap();
+        assert_eq!(layout.byte_len, 118_406, "{runtime}");
+        assert!(crate::structs::check_value(&t, &[], &[], &Default::default()).is_err());
+    }
+}

@@ -116,8 +116,8 @@ def keygen(name: str, dir_: Path) -> str:
 
 def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", sign: str | None = None,
                  trust: list[str] = (), write: bool = True, metrics: bool = True, fetch: str = "always",
-                 workers: int = 0, extra: list[str] = (), policy: str = "") -> Daemon:
-    d = Daemon(root / name)
+                 workers: int = 0, extra: list[str] = (), policy: str = "", args: list[str] = ()) -> Daemon:
+    d = Daemon(root / name, args=list(args))
     remote = remote_section(f"s3://{BUCKET}/{prefix}", s3.endpoint, fetch=fetch, write=write,
                             signing_key=root / (sign + ".secret") if sign else None, trusted=trust,
                             extra=[f"timeout_ms = {TIMEOUT_MS}", *extra])
@@ -512,9 +512,10 @@ def pb_encode(fields: list[tuple[int, int, bytes | int]]) -> bytes:
     return bytes(out)
 
 
-def forge_with_trusted_key(s3: S3Server, secret_file: Path) -> int:
-    """Changes one byte of every payload and re-signs its manifest with the
-    trusted key, blake3 and length consistent: only an audit can tell."""
+def forge_with_trusted_key(s3: S3Server, secret_file: Path, under: str = "fleet") -> int:
+    """Changes one byte of every payload under ``under`` and re-signs its
+    manifest with the trusted key, blake3 and length consistent: only an
+    audit can tell."""
     import blake3
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     import base64
@@ -522,7 +523,7 @@ def forge_with_trusted_key(s3: S3Server, secret_file: Path) -> int:
     key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(seed))
     c = s3.client()
     forged = 0
-    for k in objects(s3, "fleet", "manifest"):
+    for k in objects(s3, under, "manifest"):
         payload_key = k[:-len("manifest")] + "payload"
         body = bytearray(c.get_object(Bucket=BUCKET, Key=payload_key)["Body"].read())
         body[len(body) // 2] ^= 0x01

@@ -48,8 +48,13 @@ fn add(c: &AtomicU64, n: u64) {
 impl Counters {
     pub fn hit(&self, bytes: u64) {
         add(&self.hits, 1);
-        add(&self.bytes_in, bytes);
         metrics::counter!("ctcache_remote_hits_total").increment(1);
+        self.fetched(bytes);
+    }
+
+    /// Payload bytes fetched (a hit's, or a form's weight's).
+    pub fn fetched(&self, bytes: u64) {
+        add(&self.bytes_in, bytes);
         metrics::counter!("ctcache_remote_bytes_in_total").increment(bytes);
     }
 

@@ -7,11 +7,11 @@ use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ctcache::store::{Entry, EntryKey, Store, StoreError};
+use ctcache::store::{Entry, EntryKey, Store, StoreError, Stored};
 use ctcache_remote::audit::{self, Matching};
 use ctcache_remote::client::{PayloadStream, RemoteError};
 use ctcache_remote::fetch_check::Checked;
-use ctcache_remote::manifest::{self, Rejected};
+use ctcache_remote::manifest::{self, Accepted, Rejected, Trust};
 use tokio::runtime::Handle;
 
 use super::{Ask, Fleet, Packing, Repack, Source};
@@ -21,7 +21,7 @@ use crate::locks::lock;
 const QUARANTINE_MAX: usize = 65_536;
 
 /// Why one fetch did not produce an entry.
-enum Failed {
+pub(super) enum Failed {
     /// The remote does not have it.
     Absent,
     Rejected(&'static str, String),
@@ -53,7 +53,8 @@ impl Fleet {
         source: Source,
         packing: Packing<'_>,
     ) -> Result<Option<Entry>, StoreError> {
-        if !self.asks_remote(key, ask, &packing) {
+        let rule = (ask == Ask::CostRule).then_some((packing.format, packing.backend));
+        if !self.asks_remote(key, rule) {
             return Ok(None);
         }
         let started = Instant::now();
@@ -63,10 +64,10 @@ impl Fleet {
     }
 
     /// Whether a local miss of `key` asks the remote: reads are on, the key
-    /// is not quarantined, the cost rule says fetching pays (under
-    /// [`Ask::CostRule`]), the key is no known miss and the breaker is
-    /// closed. Counts the misses and skips it decides.
-    fn asks_remote(&self, key: &EntryKey, ask: Ask, packing: &Packing<'_>) -> bool {
+    /// is not quarantined, the cost rule says fetching pays (where `rule`
+    /// names the format and backend it weighs), the key is no known miss
+    /// and the breaker is closed. Counts the misses and skips it decides.
+    pub(super) fn asks_remote(&self, key: &EntryKey, rule: Option<(&str, &str)>) -> bool {
         let s = &self.shared;
         if !s.settings.config.read {
             return false;
@@ -75,12 +76,8 @@ impl Fleet {
             s.counters.miss();
             return false;
         }
-        if ask == Ask::CostRule {
-            let fetch = lock(&self.costs).should_fetch(
-                s.settings.config.fetch,
-                packing.format,
-                packing.backend,
-            );
+        if let Some((format, backend)) = rule {
+            let fetch = lock(&self.costs).should_fetch(s.settings.config.fetch, format, backend);
             s.counters.chose(fetch);
             if !fetch {
                 return false;
@@ -103,7 +100,7 @@ impl Fleet {
     /// negative cache, the quarantine, the counters and the logs; `took`:
     /// the fetch's time less the audit's own pack. Only a full local store
     /// is an error: every other failure is a miss.
-    fn settle(
+    pub(super) fn settle(
         &self,
         key: &EntryKey,
         got: Result<Entry, Failed>,
@@ -203,14 +200,7 @@ impl Fleet {
         repacking: &mut Duration,
     ) -> Result<Entry, Failed> {
         let s = &self.shared;
-        let bytes = self
-            .rt
-            .block_on(s.client.manifest(key))
-            .map_err(|e| Failed::Remote("manifest", e))?
-            .ok_or(Failed::Absent)?;
-        let max = s.settings.config.max_object_bytes;
-        let accepted = manifest::open(&bytes, &s.settings.trust, key, max)
-            .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))?;
+        let accepted = self.manifest(key, &s.settings.trust)?;
         // Packed before the download: the payload is compared as it streams
         // and never published when it differs.
         let audit = if audit::due(s.settings.config.audit_rate) {
@@ -222,20 +212,8 @@ impl Fleet {
         } else {
             None
         };
-        let stream = self
-            .rt
-            .block_on(s.client.payload(key, accepted.payload.len))
-            .map_err(|e| match e {
-                RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
-                e => Failed::Remote("payload", e),
-            })?;
+        let mut reader = self.payload(key, &accepted)?;
         let new = manifest::new_entry(&accepted, source.shape, source.names, source.model_paths);
-        let mut reader = Streamed {
-            rt: &self.rt,
-            stream,
-            chunk: Bytes::new(),
-            failed: None,
-        };
         let mut checked = Checked::new(&mut reader, accepted.payload);
         let (put, audit_mismatch) = match audit {
             None => (store.put(&new, &mut checked), None),
@@ -245,39 +223,89 @@ impl Fleet {
                 (put, matching.mismatch().map(ToString::to_string))
             }
         };
-        if let Some(m) = checked.mismatch() {
-            return Err(Failed::Rejected("bad_checksum", m.to_string()));
-        }
-        if let Some(e) = reader.failed.take() {
-            return Err(Failed::Remote("payload", e));
-        }
+        checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())?;
         if let Some(detail) = audit_mismatch {
             return Err(Failed::AuditMismatch {
                 signer: accepted.signer,
                 detail,
             });
         }
-        let stored = put.map_err(Failed::Store)?;
-        if stored.entry.key != *key {
-            // `open` checked the key the record derives; `put` derived the
-            // same. A difference is a bug, never a hit.
-            return Err(Failed::Local(format!(
-                "stored under {} instead of {key}",
-                stored.entry.key
-            )));
-        }
-        Ok(stored.entry)
+        stored_as(put, key)
     }
+
+    /// The manifest of `key`, opened against `trust`.
+    pub(super) fn manifest(&self, key: &EntryKey, trust: &Trust) -> Result<Accepted, Failed> {
+        let s = &self.shared;
+        let bytes = self
+            .rt
+            .block_on(s.client.manifest(key))
+            .map_err(|e| Failed::Remote("manifest", e))?
+            .ok_or(Failed::Absent)?;
+        let max = s.settings.config.max_object_bytes;
+        manifest::open(&bytes, trust, key, max)
+            .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))
+    }
+
+    /// The payload of the accepted entry `key`, as a blocking reader.
+    pub(super) fn payload(
+        &self,
+        key: &EntryKey,
+        accepted: &Accepted,
+    ) -> Result<Streamed<'_>, Failed> {
+        let stream = self
+            .rt
+            .block_on(self.shared.client.payload(key, accepted.payload.len))
+            .map_err(|e| match e {
+                RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
+                e => Failed::Remote("payload", e),
+            })?;
+        Ok(Streamed {
+            rt: &self.rt,
+            stream,
+            chunk: Bytes::new(),
+            failed: None,
+        })
+    }
+}
+
+/// What a checked stream's end says before its `put` is looked at: bytes
+/// other than the manifest's, or a transport that failed.
+pub(super) fn checked_stream(
+    mismatch: Option<String>,
+    failed: Option<RemoteError>,
+) -> Result<(), Failed> {
+    if let Some(m) = mismatch {
+        return Err(Failed::Rejected("bad_checksum", m));
+    }
+    match failed {
+        Some(e) => Err(Failed::Remote("payload", e)),
+        None => Ok(()),
+    }
+}
+
+/// The entry `put` stored for a fetch of `key`.
+pub(super) fn stored_as(put: Result<Stored, StoreError>, key: &EntryKey) -> Result<Entry, Failed> {
+    let stored = put.map_err(Failed::Store)?;
+    if stored.entry.key != *key {
+        // `open` checked the key the record derives; `put` derived the
+        // same. A difference is a bug, never a hit.
+        return Err(Failed::Local(format!(
+            "stored under {} instead of {key}",
+            stored.entry.key
+        )));
+    }
+    Ok(stored.entry)
 }
 
 /// The payload stream as a blocking reader (for `Store::put`, on a pack
 /// job's thread, never an async one). A transport failure is kept apart
 /// from the bytes' check.
-struct Streamed<'a> {
+pub(super) struct Streamed<'a> {
     rt: &'a Handle,
     stream: PayloadStream,
     chunk: Bytes,
-    failed: Option<RemoteError>,
+    /// Why the transport failed, kept apart from the bytes' checks.
+    pub failed: Option<RemoteError>,
 }
 
 impl Read for Streamed<'_> {

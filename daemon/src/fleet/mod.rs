@@ -6,9 +6,10 @@
 mod costs;
 mod counters;
 mod fetch;
+mod forms;
 mod upload;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +27,7 @@ use tokio::sync::mpsc;
 use crate::error::{Error, RunError};
 
 pub(crate) use counters::Snapshot;
+pub(crate) use forms::FormShape;
 
 use costs::Costs;
 use counters::Counters;
@@ -183,19 +185,32 @@ impl Fleet {
     ) {
         let took = entry.pack_duration;
         lock(&self.costs).packed(format, backend, entry.payload.len, took);
+        self.queue(store, [(entry, params.into_iter().collect())]);
+    }
+
+    /// Queues the upload of `entries`, in order, as one job (dropped and
+    /// counted when the queue is full); nothing when one cannot be read.
+    fn queue<'e>(
+        &self,
+        store: &Store,
+        entries: impl IntoIterator<Item = (&'e Entry, BTreeMap<String, String>)>,
+    ) {
         let Some(tx) = &self.uploads else { return };
-        let payload: Payload = match checked_payload(store, entry) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(key = %entry.key, "upload skipped: {e}");
-                return;
-            }
-        };
-        let job = upload::Job {
-            entry: entry.clone(),
-            params: params.into_iter().collect(),
-            payload,
-        };
+        let mut job = upload::Job(Vec::new());
+        for (entry, params) in entries {
+            let payload: Payload = match checked_payload(store, entry) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(key = %entry.key, "upload skipped: {e}");
+                    return;
+                }
+            };
+            job.0.push(upload::Upload {
+                entry: entry.clone(),
+                params,
+                payload,
+            });
+        }
         match tx.try_send(job) {
             Ok(()) => {
                 metrics::gauge!("ctcache_remote_upload_queue").set(self.queue_depth() as f64);
@@ -227,15 +242,14 @@ impl Fleet {
         if self.rt.block_on(s.client.manifest(&entry.key))?.is_some() {
             return Ok(Pushed::Present);
         }
-        let job = upload::Job {
+        let job = upload::Job(vec![upload::Upload {
             entry: entry.clone(),
             params: Default::default(),
             payload: checked_payload(store, entry)?,
-        };
-        match self.rt.block_on(upload::upload(s, job)) {
+        }]);
+        match self.rt.block_on(upload::upload_all(s, job)) {
             Ok(Some(bytes)) => {
                 s.answered();
-                s.counters.uploaded(bytes);
                 Ok(Pushed::Uploaded(bytes))
             }
             Ok(None) => Ok(Pushed::TooLarge),

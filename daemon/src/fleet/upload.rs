@@ -16,11 +16,16 @@ use super::Shared;
 
 /// One entry to upload, its payload mapped when it was queued (the mapping
 /// stays valid if the entry is removed meanwhile).
-pub(super) struct Job {
+pub(super) struct Upload {
     pub entry: Entry,
     pub params: BTreeMap<String, String>,
     pub payload: Payload,
 }
+
+/// Entries uploaded together, in order: a runtime form's weights, then
+/// the form, whose manifest is the commit point of them all. The first
+/// failure ends the job, so no form goes up without its weights.
+pub(super) struct Job(pub Vec<Upload>);
 
 /// A mapped payload as the bytes of a request body, without a copy.
 struct Mapped(Payload);
@@ -34,11 +39,12 @@ impl AsRef<[u8]> for Mapped {
 pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
     while let Some(job) = rx.recv().await {
         metrics::gauge!("ctcache_remote_upload_queue").set(rx.len() as f64);
-        let key = job.entry.key;
-        match upload(&shared, job).await {
+        let Some(key) = job.0.last().map(|u| u.entry.key) else {
+            continue;
+        };
+        match upload_all(&shared, job).await {
             Ok(Some(bytes)) => {
                 shared.answered();
-                shared.counters.uploaded(bytes);
                 tracing::debug!(%key, bytes, "uploaded");
             }
             Ok(None) => {}
@@ -50,21 +56,41 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
+/// Uploads a job's entries in order, each counted; the bytes sent, or
+/// `None` when one is too large to share (and the rest stay here). An
+/// entry before the last that the remote has already (a weight shared
+/// with another form) is not sent again.
+pub(super) async fn upload_all(s: &Shared, job: Job) -> Result<Option<u64>, RemoteError> {
+    let n = job.0.len();
+    let mut sent = 0;
+    for (i, one) in job.0.into_iter().enumerate() {
+        if i + 1 < n && s.client.manifest(&one.entry.key).await?.is_some() {
+            continue;
+        }
+        let Some(bytes) = upload(s, one).await? else {
+            return Ok(None);
+        };
+        s.counters.uploaded(bytes);
+        sent += bytes;
+    }
+    Ok(Some(sent))
+}
+
 /// Uploads one entry; `None` when it is too large to share.
-pub(super) async fn upload(s: &Shared, job: Job) -> Result<Option<u64>, RemoteError> {
+async fn upload(s: &Shared, one: Upload) -> Result<Option<u64>, RemoteError> {
     let Some(key_file) = &s.settings.signing_key else {
         return Ok(None);
     };
-    let len = job.entry.payload.len;
+    let len = one.entry.payload.len;
     if len > s.settings.config.max_object_bytes {
         return Ok(None);
     }
-    let record = manifest::describe(&job.entry, &job.params, env!("CARGO_PKG_VERSION"))
+    let record = manifest::describe(&one.entry, &one.params, env!("CARGO_PKG_VERSION"))
         .map_err(|e| RemoteError::Config(e.to_string()))?;
     let sealed = manifest::seal(&record, Some(key_file));
-    let key = job.entry.key;
+    let key = one.entry.key;
     s.client
-        .put_payload(&key, Bytes::from_owner(Mapped(job.payload)))
+        .put_payload(&key, Bytes::from_owner(Mapped(one.payload)))
         .await?;
     s.client.put_manifest(&key, sealed).await?;
     Ok(Some(len))

@@ -88,7 +88,10 @@ pub(crate) fn push(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
     let f = fleet(d)?;
     // Entries record the real path of the model; the client resolves the
     // name it was given (the daemon opens no path a caller names).
-    let entries = d.store.list(&Default::default())?;
+    let mut entries = d.store.list(&Default::default())?;
+    // A runtime form after every weight it names: a reader takes a form
+    // only once its weights are there.
+    entries.sort_by_key(|e| ctcache::forms::is_form_type(&e.type_name));
     let mut t = Transfer::default();
     for e in entries
         .iter()

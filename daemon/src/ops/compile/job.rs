@@ -12,18 +12,19 @@ use std::time::{Duration, Instant};
 use ctcache::access::NoFiles;
 use ctcache::forms::{self, FormKey};
 use ctcache::onnx::{Model, Storage, TensorRef};
-use ctcache::store::{Entry, NewEntry, Producer};
+use ctcache::store::{Entry, EntryKey, NewEntry, Producer};
 use ctcache_kernels::compile::BackendChoice;
 use ctcache_kernels::Params;
 
 use super::super::{blocking, model, pack, Error, Result};
 use super::source::Source;
+use crate::fleet::FormShape;
 use crate::runtimes::{CompileFailure, Configured, Identified};
 use crate::state::Daemon;
 
-/// A made form and how long its compile took, as every request that
-/// shared the compile gets it.
-pub(super) type Made = (Entry, Duration);
+/// A made form and how long its compile took (`None`: fetched from the
+/// fleet), as every request that shared the compile gets it.
+pub(super) type Made = (Entry, Option<Duration>);
 
 /// How long one compile may run.
 const COMPILE_LIMIT: Duration = Duration::from_secs(600);
@@ -37,13 +38,19 @@ pub(super) struct Job {
     pub d: Arc<Daemon>,
     pub rt: Arc<Configured>,
     pub key: FormKey,
+    /// The store's key of the form `key` names.
+    pub entry_key: EntryKey,
     pub model: Source,
     pub requested_by: Option<u32>,
 }
 
 impl Job {
-    /// Runs the compile, its model made whole first where it is pending.
+    /// Fetches the form from the fleet, else runs the compile, its model
+    /// made whole first where it is pending (a fetch needs only the key).
     pub(super) async fn run(self) -> Result<Made> {
+        if let Some(form) = self.fetched().await? {
+            return Ok((form, None));
+        }
         let model = self.model.opened().await?;
         let compile = Compile {
             d: self.d,
@@ -53,6 +60,35 @@ impl Job {
             requested_by: self.requested_by,
         };
         compile.run().await
+    }
+}
+
+impl Job {
+    /// The form, fetched from the fleet tier where one is configured.
+    async fn fetched(&self) -> Result<Option<Entry>> {
+        if self.d.fleet.is_none() {
+            return Ok(None);
+        }
+        let shape = if self.key.runtime.name == "openvino" {
+            FormShape::Whole
+        } else {
+            FormShape::WithWeights {
+                max_model: super::served::max_model(&self.d) as u64,
+            }
+        };
+        let key = self.entry_key;
+        let (d, path) = (self.d.clone(), self.model.path().display().to_string());
+        let form = blocking(move || {
+            let Some(fleet) = &d.fleet else {
+                return Ok(None);
+            };
+            Ok(fleet.fetch_form(&d.store, &key, shape, &path)?)
+        })
+        .await?;
+        if let Some(e) = &form {
+            tracing::info!(key = %e.key, model = %self.model.path().display(), "form fetched from the fleet");
+        }
+        Ok(form)
     }
 }
 
@@ -122,14 +158,22 @@ impl Compile {
             model_path: path.display().to_string(),
             took,
         };
-        let entry = blocking(move || publish.run(out)).await?;
+        let d = self.d.clone();
+        let entry = blocking(move || {
+            let (form, weights) = publish.run(out)?;
+            if let Some(fleet) = &d.fleet {
+                fleet.compiled(&d.store, &form, &weights);
+            }
+            Ok(form)
+        })
+        .await?;
         tracing::info!(
             model = %path.display(),
             key = %entry.key,
             seconds = took.as_secs_f64(),
             "compiled"
         );
-        Ok((entry, took))
+        Ok((entry, Some(took)))
     }
 
     /// The model's bytes as the worker gets them: copied out of the
@@ -215,10 +259,11 @@ struct Publish {
 }
 
 impl Publish {
-    /// Stores what the worker wrote to `out` under the form's key.
-    fn run(self, out: std::fs::File) -> Result<Entry> {
+    /// Stores what the worker wrote to `out` under the form's key: the
+    /// form's entry and those of the weights it names.
+    fn run(self, out: std::fs::File) -> Result<(Entry, Vec<Entry>)> {
         if self.key.runtime.name == "openvino" {
-            self.whole(out)
+            Ok((self.whole(out)?, Vec::new()))
         } else {
             self.split(out)
         }
@@ -256,7 +301,7 @@ impl Publish {
 
     /// Stores the large initializers of the worker's model `out`, then the
     /// model naming them (onnxruntime's optimized model).
-    fn split(self, out: std::fs::File) -> Result<Entry> {
+    fn split(self, out: std::fs::File) -> Result<(Entry, Vec<Entry>)> {
         // The file is the daemon's alone now (the worker has ended), and
         // the model names no file anyone may have it open.
         let model = Model::from_file(out, Path::new("the optimized model"), Arc::new(NoFiles))
@@ -268,27 +313,28 @@ impl Publish {
             .ok_or_else(|| Error::internal("no identity packer"))?;
         let params = Params::parse(std::iter::empty::<String>())
             .map_err(|e| Error::internal(e.to_string()))?;
-        let mut moved = HashMap::new();
+        let (mut moved, mut weights) = (HashMap::new(), Vec::new());
         for (i, t) in initializers.iter().enumerate() {
-            if let Some(key) = self.move_out(&model, t, identity, &params)? {
-                moved.insert(i, key);
+            if let Some(weight) = self.move_out(&model, t, identity, &params)? {
+                moved.insert(i, weight.key.to_string());
+                weights.push(weight);
             }
         }
         let skeleton = forms::split(&model, &moved)
             .map_err(|e| Error::internal(format!("the worker's model: {e}")))?;
         let new = self.new_entry(skeleton.len() as u64)?;
-        Ok(self.d.store.put(&new, &skeleton[..])?.entry)
+        Ok((self.d.store.put(&new, &skeleton[..])?.entry, weights))
     }
 
     /// Stores initializer `t` as an identity entry when it is large enough
-    /// to be worth mapping; its entry key (text), or `None` when it stays.
+    /// to be worth mapping; that entry, or `None` when it stays.
     fn move_out(
         &self,
         model: &Model,
         t: &TensorRef,
         identity: &dyn ctcache_kernels::Packer,
         params: &Params,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Entry>> {
         match &t.storage {
             Storage::Raw(_) => {}
             // What onnxruntime writes inline: anything else stays as it is.
@@ -312,9 +358,12 @@ impl Publish {
             params,
             BackendChoice::Cpu,
         )?;
-        let new = pack::new_entry(&c, self.producer.requested_by, Vec::new());
-        let stored = self.d.store.put(&new, &c.payload[..])?;
-        Ok(Some(stored.entry.key.to_string()))
+        let new = pack::new_entry(
+            &c,
+            self.producer.requested_by,
+            vec![self.model_path.clone()],
+        );
+        Ok(Some(self.d.store.put(&new, &c.payload[..])?.entry))
     }
 }
 

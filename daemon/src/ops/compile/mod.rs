@@ -167,6 +167,7 @@ pub(crate) async fn compile(
         d: d.clone(),
         rt,
         key,
+        entry_key,
         model: m,
         requested_by: caller.bounded_uid(),
     };
@@ -195,8 +196,8 @@ pub(crate) async fn compile(
         model_digest,
         form: Some(form),
         miss: None,
-        compiled: made.is_some(),
-        compile_time: made.map_or(Duration::ZERO, |(_, took)| took),
+        compiled: made.as_ref().is_some_and(|(_, took)| took.is_some()),
+        compile_time: made.and_then(|(_, took)| took).unwrap_or_default(),
     })
 }
 
@@ -260,26 +261,27 @@ pub(crate) async fn for_watched(
         .collect();
     let what = format!("{runtime} form ({})", options.join(", "));
     match watched(&d, m, &runtime, made_with, queue_owner).await {
-        Ok(Some(took)) => tracing::info!(
+        Ok(Some(Some(took))) => tracing::info!(
             "watcher: {}: {what} compiled in {:.2} s",
             path.display(),
             took.as_secs_f64()
         ),
+        Ok(Some(None)) => tracing::info!("watcher: {}: {what} fetched", path.display()),
         Ok(None) => tracing::debug!("watcher: {}: {what} stored already", path.display()),
         Err(why) => tracing::warn!("watcher: {}: no {what}: {why}", path.display()),
     }
 }
 
-/// [`for_watched`]'s work: how long the compile took, `None` when the form
-/// was stored. It takes one of the folder owner's compile places, as a
-/// request of that uid does.
+/// [`for_watched`]'s work: how long the compile took (`Some(None)`: the
+/// form was fetched), `None` when the form was stored. It takes one of
+/// the folder owner's compile places, as a request of that uid does.
 async fn watched(
     d: &Arc<Daemon>,
     m: model::OpenedModel,
     runtime: &str,
     made_with: MadeWith,
     queue_owner: Option<u32>,
-) -> Result<Option<Duration>> {
+) -> Result<Option<Option<Duration>>> {
     let (d2, m2) = (d.clone(), m.clone());
     let digest =
         blocking(move || digest_of(&d2, queue_owner, &m2)?.map_err(Error::precondition)).await?;
@@ -295,6 +297,7 @@ async fn watched(
         d: d.clone(),
         rt,
         key,
+        entry_key,
         model: Source::Opened(m),
         requested_by: queue_owner,
     };

@@ -80,6 +80,12 @@ pub(super) fn serve_form(
     lease(d, caller, model, tensors, entries, leasing)
 }
 
+/// The most bytes a form's model may have: an answer carries it, with
+/// room for the rest.
+pub(super) fn max_model(d: &Daemon) -> usize {
+    d.config.max_message_bytes.saturating_sub(1 << 20)
+}
+
 /// Leases (or holds) `entries`, the form's own first, for the caller of
 /// the form's `model`.
 fn lease(
@@ -91,7 +97,7 @@ fn lease(
     leasing: &Leasing,
 ) -> Result<ServedForm> {
     // An answer carries the model: refused before anything is leased.
-    let limit = d.config.max_message_bytes.saturating_sub(1 << 20);
+    let limit = max_model(d);
     if model.len() > limit {
         return Err(Error::exhausted(format!(
             "the form's model is {} bytes, more than an answer may carry (max_message_bytes \

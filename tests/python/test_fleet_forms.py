@@ -1,0 +1,180 @@
+"""Runtime forms through the fleet tier (moto on loopback; both daemons load
+onnxruntime's library).
+
+* Host A compiles an encoder's form and uploads it with its weights, the
+  form last; host B, trusting A's key for forms, takes it without a compile
+  (its worker never runs), A's exact bytes, and its session gives
+  onnxruntime's own outputs.
+* A form whose signer is trusted for packs only, one whose weight is gone
+  from the bucket and one whose weight's bytes (re-signed by A's key) are
+  not the tensor its key names are each rejected by name, and B compiles
+  the form itself.
+* ``fetch = "never"`` asks nothing; an OpenVINO form travels whole.
+
+Skips when moto is not installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+import real_models
+from test_fleet import (BUCKET, fleet_daemon, forge_with_trusted_key, keygen, metric_sum,  # noqa: F401
+                        payloads, remote_status, root, s3, scrape, wait_uploads)
+from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
+from worker_daemons import LEVELS, openvino_library, ort_library
+
+pytest.importorskip("moto")
+
+LEVEL = "extended"
+ORT_FORM = "onnxruntime.optimized_model"
+
+
+def _model() -> Path:
+    m = real_models.by_name("minilm-l3")
+    real_models.fetch(m)
+    return m
+
+
+def _host(root: Path, name: str, s3, **kw):
+    return fleet_daemon(root, name, s3, args=["--ort-library", ort_library(),
+                                              "--openvino-library", openvino_library()], **kw)
+
+
+def _compile(d, path: Path, **kw):
+    import ctcache as client
+    with client.connect(str(d.socket)) as c:
+        return c.compile(path, **kw)
+
+
+def _compiled_here(d) -> int:
+    return d.log_text().count(" compiled model=")
+
+
+@pytest.fixture
+def uploaded(root, s3):
+    """A compiled the encoder's form and uploaded it with its weights;
+    returns (A's payloads, A's entries, A's public key line)."""
+    m = _model()
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a")
+    try:
+        made = _compile(a, m.path, level=LEVEL)
+        assert made.compiled and made.HasField("form"), made
+        entries = a.entries()
+        assert len(made.tensors) > 1 and len(entries) == len({t.key for t in made.tensors}) + 1, entries
+        wait_uploads(a, len(entries), timeout=180)
+        return payloads(a), entries, pub_a
+    finally:
+        a.stop()
+
+
+def _weight_objects(s3, entries: dict) -> list[str]:
+    """The bucket's objects of the form's weights (not of the form)."""
+    digests = [e["source_digest"] for e in entries.values() if e["physical_type"] != ORT_FORM]
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+    return [k for k in keys if any(f"-{d}/" in k for d in digests)]
+
+
+def test_a_second_host_takes_the_form_without_compiling(root, s3, uploaded, cort):
+    packed, entries, pub_a = uploaded
+    m = _model()
+    b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    try:
+        got = _compile(b, m.path, level=LEVEL)
+        assert got.HasField("form") and not got.compiled, b.log_text()
+        assert _compiled_here(b) == 0 and "form fetched from the fleet" in b.log_text(), b.log_text()
+        assert payloads(b) == packed
+        st = remote_status(b)
+        assert (st["hits"], st["rejected"], st["errors"]) == (1, 0, 0), st
+        assert st["bytes_in"] == sum(len(v) for v in packed.values()), st
+        sess = cort.inference_session(m.path, target=None, optimize=LEVEL, socket=str(b.socket))
+        assert sess.ctcache_report.source == "daemon", sess.ctcache_report
+        so = ort.SessionOptions()
+        so.graph_optimization_level = LEVELS[LEVEL]
+        own = ort.InferenceSession(str(m.path), so, providers=["CPUExecutionProvider"])
+        feeds = real_models.feeds(m)
+        for x, y in zip(sess.run(None, feeds), own.run(None, feeds)):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+        assert _compiled_here(b) == 0
+    finally:
+        b.stop()
+
+
+def _forge_one_weight(s3, root: Path, entries: dict) -> None:
+    """One weight's payload changed and its manifest re-signed by A's key:
+    blake3 and length consistent, the tensor not the one its key names."""
+    weights = _weight_objects(s3, entries)
+    one = sorted({k.rsplit("/", 1)[0] for k in weights})[0]
+    assert forge_with_trusted_key(s3, root / "a.secret", under=one) == 1
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("trusted_for_packs_only", "untrusted_form_key"),
+    ("weight_gone", "incomplete_form"),
+    ("weight_forged", "not_its_tensor"),
+])
+def test_a_form_that_fails_a_check_is_rejected_by_name_and_compiled_here(root, s3, uploaded, damage, reason):
+    packed, entries, pub_a = uploaded
+    trust = [f'trusted_form_keys = ["{pub_a}"]']
+    if damage == "trusted_for_packs_only":
+        trust = []
+    elif damage == "weight_gone":
+        c = s3.client()
+        for k in _weight_objects(s3, entries):
+            c.delete_object(Bucket=BUCKET, Key=k)
+    else:
+        _forge_one_weight(s3, root, entries)
+    b = _host(root, "b", s3, trust=[pub_a], write=False, extra=trust)
+    try:
+        got = _compile(b, _model().path, level=LEVEL)
+        assert got.HasField("form") and got.compiled, got
+        assert _compiled_here(b) == 1
+        st = remote_status(b)
+        assert (st["hits"], st["rejected"]) == (0, 1), st
+        assert metric_sum(scrape(b), f'ctcache_remote_rejected_total{{reason="{reason}"}}') == 1, scrape(b)
+        # Only verified bytes stayed: B's form is its own, its weights A's.
+        mine = payloads(b)
+        assert all(mine[k] == packed[k] for k, e in entries.items() if e["physical_type"] != ORT_FORM)
+    finally:
+        b.stop()
+
+
+def test_fetch_never_asks_nothing_for_a_form(root, s3, uploaded):
+    packed, entries, pub_a = uploaded
+    b = _host(root, "b", s3, write=False, fetch="never", extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    try:
+        assert _compile(b, _model().path, level=LEVEL).compiled
+        st = remote_status(b)
+        assert (st["hits"], st["misses"], st["rejected"]) == (0, 0, 0), st
+    finally:
+        b.stop()
+
+
+def test_an_openvino_form_travels_whole(root, s3):
+    m = _model()
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a")
+    try:
+        assert _compile(a, m.path, runtime="openvino").compiled
+        wait_uploads(a, 1, timeout=180)
+        packed = payloads(a)
+    finally:
+        a.stop()
+    b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    try:
+        got = _compile(b, m.path, runtime="openvino")
+        assert got.HasField("form") and not got.compiled, b.log_text()
+        assert payloads(b) == packed and _compiled_here(b) == 0
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def cort(ctcache):  # noqa: F811
+    """ctcache.ort of the pip-installed client."""
+    import importlib
+    return importlib.import_module("ctcache.ort")
