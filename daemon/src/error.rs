@@ -36,6 +36,9 @@ pub(crate) enum ErrorKind {
     /// The work was abandoned (shutdown, every waiter gone, its input
     /// changed under it).
     Cancelled,
+    /// The request ran past the daemon's time per request
+    /// (`request_timeout_secs`).
+    DeadlineExceeded,
     /// A passing fault (a busy or interrupted resource); asking again may
     /// succeed.
     Unavailable,

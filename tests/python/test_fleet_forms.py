@@ -9,7 +9,8 @@ onnxruntime's library).
   from the bucket and one whose weight's bytes (re-signed by A's key) are
   not the tensor its key names are each rejected by name, and B compiles
   the form itself.
-* ``fetch = "never"`` asks nothing; an OpenVINO form travels whole.
+* ``remote push --model`` uploads a form with its weights; ``fetch =
+  "never"`` asks nothing; an OpenVINO form travels whole.
 
 Skips when moto is not installed.
 """
@@ -31,6 +32,11 @@ pytest.importorskip("moto")
 
 LEVEL = "extended"
 ORT_FORM = "onnxruntime.optimized_model"
+
+
+@pytest.fixture(autouse=True)
+def _client_installed(ctcache):  # noqa: F811
+    """Every test here asks through the pip-installed client."""
 
 
 def _model() -> Path:
@@ -139,6 +145,36 @@ def test_a_form_that_fails_a_check_is_rejected_by_name_and_compiled_here(root, s
         # Only verified bytes stayed: B's form is its own, its weights A's.
         mine = payloads(b)
         assert all(mine[k] == packed[k] for k, e in entries.items() if e["physical_type"] != ORT_FORM)
+    finally:
+        b.stop()
+
+
+def test_remote_push_of_a_model_uploads_its_form_with_the_weights(root, s3):
+    """A compiled with uploads off; ``remote push --model`` uploads the
+    form and every weight it names (they record the model's path too), and
+    B takes the form without compiling."""
+    m = _model()
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a", write=False)
+    try:
+        assert _compile(a, m.path, level=LEVEL).compiled
+        entries = a.entries()
+    finally:
+        a.stop()
+    text = (a.root / "ctcached.toml").read_text().replace("write = false", "write = true")
+    (a.root / "ctcached.toml").write_text(text)
+    a.start()
+    try:
+        pushed = a.json("remote", "push", "--model", str(m.path))
+        assert (pushed["done"], pushed["failed"]) == (len(entries), 0), pushed
+        packed = payloads(a)
+    finally:
+        a.stop()
+    b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    try:
+        got = _compile(b, m.path, level=LEVEL)
+        assert got.HasField("form") and not got.compiled, b.log_text()
+        assert payloads(b) == packed
     finally:
         b.stop()
 

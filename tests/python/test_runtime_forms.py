@@ -433,6 +433,27 @@ def test_a_compile_stops_when_its_caller_goes(way, slow_worker, tmp_path, instal
     assert d.ctl("status").returncode == 0 and _forms(d) == []
 
 
+def test_a_compile_past_the_time_per_request_is_deadline_exceeded_either_way(tmp_path, monkeypatch, installed,  # noqa: F811
+                                                                             ctcache):  # noqa: F811
+    pid = tmp_path / "worker.pid"
+    d = daemon_beside(tmp_path, monkeypatch, STAND_IN.replace("{pid}", repr(str(pid))),
+                      config="request_timeout_secs = 2\n")
+    try:
+        model = small_model(tmp_path / "m.onnx")
+        with _client(d) as c, pytest.raises(ctcache.DeadlineExceeded, match=r"request_timeout_secs \(2 s\)"):
+            c.compile(model)
+        refusal = ("\nexcept handout.HandoutRefused as e:\n"
+                   "    print(e.code_name, e.kind, e.message)\n")
+        script = ASK_ON_THE_CHANNEL.replace("handout.compile_form(", "try:\n    handout.compile_form(") + refusal
+        r = subprocess.run([sys.executable, "-c", script, str(d.socket), str(model)],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(installed)))
+        words = "DEADLINE_EXCEEDED deadline-exceeded no answer within request_timeout_secs (2 s)"
+        assert r.stdout.strip() == words, (r.stdout, r.stderr)
+        assert d.ctl("status").returncode == 0 and _forms(d) == []
+    finally:
+        d.stop()
+
+
 def test_a_model_rewritten_while_its_compile_waits_is_never_compiled(slow_worker, tmp_path):
     """The model is digested when asked for and compiled when the slot is
     free: its owner may rewrite it in between. The worker gets a private

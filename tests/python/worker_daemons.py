@@ -53,9 +53,10 @@ def stored_forms(d: Daemon, physical_type: str) -> list[dict]:
     return [e for e in d.json("ls")["entries"] if e["physical_type"] == physical_type]
 
 
-def daemon_beside(tmp_path: Path, monkeypatch, script: str) -> Daemon:
+def daemon_beside(tmp_path: Path, monkeypatch, script: str, config: str = "") -> Daemon:
     """A started daemon whose worker is ``script`` (``{python}`` in it: this
-    interpreter); its library is /etc/hostname, which the stand-in ignores."""
+    interpreter), ``config`` its ctcached.toml; its library is
+    /etc/hostname, which the stand-in ignores."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     shutil.copy(Path(os.environ["CTCACHE_BIN_DIR"]) / "ctcached", bindir / "ctcached")
@@ -63,4 +64,6 @@ def daemon_beside(tmp_path: Path, monkeypatch, script: str) -> Daemon:
     worker.write_text(script.replace("{python}", sys.executable, 1))
     worker.chmod(0o755)
     monkeypatch.setenv("CTCACHE_BIN_DIR", str(bindir))
-    return Daemon(tmp_path / "d", args=["--ort-library", "/etc/hostname"]).start()
+    d = Daemon(tmp_path / "d", args=["--ort-library", "/etc/hostname"])
+    (d.root / "ctcached.toml").write_text(config)
+    return d.start()

@@ -32,6 +32,7 @@ pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
         ErrorKind::QueueFull => "queue-full",
         ErrorKind::DataLoss => "data-loss",
         ErrorKind::Cancelled => "cancelled",
+        ErrorKind::DeadlineExceeded => "deadline-exceeded",
         ErrorKind::Unavailable => "unavailable",
         ErrorKind::Internal => "internal",
     }
@@ -48,6 +49,7 @@ pub(crate) fn code(kind: ErrorKind) -> Code {
         ErrorKind::Exhausted | ErrorKind::QueueFull => Code::ResourceExhausted,
         ErrorKind::DataLoss => Code::DataLoss,
         ErrorKind::Cancelled => Code::Aborted,
+        ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Internal => Code::Internal,
     }

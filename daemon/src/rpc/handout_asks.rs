@@ -75,7 +75,12 @@ async fn bounded<T>(
     let limit = Duration::from_secs(d.config.request_timeout_secs);
     super::guard::paid_within(payer, limit, work)
         .await
-        .map_err(|_| Error::new(ErrorKind::Cancelled, super::guard::no_answer_within(limit)))?
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::DeadlineExceeded,
+                super::guard::no_answer_within(limit),
+            )
+        })?
 }
 
 /// The reply announcing an answer of `length` bytes.
