@@ -7,8 +7,10 @@
 
 use std::sync::Arc;
 
+use ctcache::digest::SourceDigest;
 use ctcache::hit::{KnownLayout, KnownTypes, MissReason, SourceShape, TypeRegistry};
 use ctcache::pb;
+use ctcache::store::EntryKey;
 use ctcache::structs::{self, FORMAT_VERSION_KEY, PACKER_KEY};
 
 use crate::{PackError, Packer, Params};
@@ -53,6 +55,27 @@ pub fn expected(
         params: resolved_params(packer, params),
         format_version: packer.format_version(),
     })
+}
+
+/// The key of the entry `packer` with `params` produces from the source of
+/// digest `source` and shape `shape`, and that entry's dims: what a request
+/// for exactly that must hit.
+pub fn entry_key(
+    packer: &dyn Packer,
+    params: &Params,
+    source: SourceDigest,
+    shape: &SourceShape,
+) -> Result<(EntryKey, Vec<u64>), PackError> {
+    let layout = packer.output(shape.data_type, &shape.dims, params)?;
+    let device = packer.device(params)?;
+    let key = EntryKey::derive(source, &device, &layout.struct_type).map_err(|e| {
+        PackError::BadShape {
+            packer: packer.id(),
+            dims: shape.dims.clone(),
+            reason: format!("the output type has no key: {e}"),
+        }
+    })?;
+    Ok((key, layout.dims))
 }
 
 /// `key=value,...` over the packer's whole spec, defaults filled in.

@@ -88,6 +88,13 @@ impl Trust {
         self.keys.iter().find(|k| k.key.as_bytes() == key)
     }
 
+    /// The keys of this and `other`.
+    pub fn and(&self, other: &Trust) -> Trust {
+        let mut keys = self.keys.clone();
+        keys.extend(other.keys.iter().cloned());
+        Trust { keys }
+    }
+
     /// Whether no key is trusted (then no manifest can be accepted).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()

@@ -120,9 +120,10 @@ impl FormKey {
     }
 
     /// The form key a stored entry was filed under; `None` for an entry
-    /// that is no form (or whose type cannot be read).
+    /// that is no form of this build's format version (or whose type
+    /// cannot be read).
     pub fn of_entry(e: &Entry) -> Option<FormKey> {
-        if !is_form_type(&e.type_name) {
+        if !is_form_type(&e.type_name) || e.format_version != FORM_FORMAT_VERSION {
             return None;
         }
         let t = e.physical_type().ok()?;

@@ -6,7 +6,7 @@
 use crate::digest::{digest_all, Algorithm, SourceDigest};
 use crate::error::{Error, Result};
 use crate::onnx::elem_types::subgraphs;
-use crate::onnx::fields::{GRAPH_INITIALIZER, MODEL_GRAPH};
+use crate::onnx::fields::{GRAPH_INITIALIZER, MODEL_FUNCTIONS, MODEL_GRAPH};
 use crate::onnx::{Model, TensorRef};
 use crate::wire::Fields;
 
@@ -88,7 +88,12 @@ fn field(h: &mut blake3::Hasher, bytes: &[u8]) {
     h.update(bytes);
 }
 
-fn refuse_external_data_outside_initializers(model: &Model) -> Result<()> {
+/// Refuses a model with a tensor held as external data anywhere but its
+/// top-level initializers: in a node's attribute (the graph's, a
+/// subgraph's or a model-local function's), a subgraph initializer or a
+/// sparse initializer. Such data would count by its location, not its
+/// content, and a runtime would read it from a file nobody handed over.
+pub(super) fn refuse_external_data_outside_initializers(model: &Model) -> Result<()> {
     let refuse = |what: String| {
         Err(Error::Model(format!(
             "{what} is external data; a runtime form needs it in the model"
@@ -120,7 +125,16 @@ fn refuse_external_data_outside_initializers(model: &Model) -> Result<()> {
         }
         all
     }
-    let top = model.nodes()?;
+    let mut top = model.nodes()?;
+    for f in model
+        .top_fields()
+        .iter()
+        .filter(|f| f.number == MODEL_FUNCTIONS)
+    {
+        let function: crate::pb::FunctionProto =
+            crate::onnx::decode(model.bytes().slice(f.value.clone()), "FunctionProto")?;
+        top.extend(function.node);
+    }
     for n in top.iter().flat_map(nodes_below) {
         if tensors(n).any(external) {
             return refuse(format!("a tensor of node {:?} ({})", n.name, n.op_type));

@@ -103,14 +103,15 @@ pub fn split(model: &Model, moved: &HashMap<usize, String>) -> Result<Vec<u8>> {
 
 /// The served model of a form's `skeleton`: each moved initializer's
 /// location becomes what `locate` says for its entry key (the payload
-/// file's name), and the moved initializers are listed. An initializer
-/// held as external data that names no entry is refused: a served form
-/// names no file but the store's.
+/// file's name), and the moved initializers are listed. Any tensor held
+/// as external data that names no entry is refused: a served form names
+/// no file but the store's.
 pub fn served<E: From<Error>>(
     skeleton: Bytes,
     mut locate: impl FnMut(&str) -> std::result::Result<String, E>,
 ) -> std::result::Result<(Vec<u8>, Vec<MovedTensor>), E> {
     let model = Model::from_bytes(skeleton, ".")?;
+    super::model_digest::refuse_external_data_outside_initializers(&model)?;
     let mut moved = Vec::new();
     let out = edit_initializers::<E>(&model, |_, t| {
         let value = |k: &str| {

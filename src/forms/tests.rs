@@ -353,6 +353,50 @@ fn a_form_naming_a_file_outside_the_store_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("outside the store"), "{e}");
+    // Nor anywhere else a runtime would read it: a node's attribute of the
+    // graph or of a model-local function.
+    let external = pb::TensorProto {
+        name: "c".into(),
+        data_type: 1,
+        dims: vec![1],
+        data_location: 1,
+        external_data: vec![pb::StringStringEntryProto {
+            key: "location".into(),
+            value: "../../etc/shadow".into(),
+        }],
+        ..Default::default()
+    };
+    let constant = pb::NodeProto {
+        op_type: "Constant".into(),
+        output: vec!["c".into()],
+        attribute: vec![pb::AttributeProto {
+            name: "value".into(),
+            r#type: 4,
+            t: Some(external),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut in_graph = model_proto();
+    in_graph.graph.as_mut().unwrap().node.push(constant.clone());
+    let mut in_function = model_proto();
+    in_function.functions.push(pb::FunctionProto {
+        name: "f".into(),
+        domain: "local".into(),
+        node: vec![constant],
+        ..Default::default()
+    });
+    for m in [in_graph, in_function] {
+        let e = served::<crate::Error>(Bytes::from(m.encode_to_vec()), |k| Ok(k.to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is external data"), "{e}");
+        let model = Model::from_bytes(Bytes::from(m.encode_to_vec()), ".").unwrap();
+        assert!(
+            model_digest(&model).is_err(),
+            "a form's key counts no file by its name"
+        );
+    }
 }
 
 /// A form's physical type is a valid root of the structured-type

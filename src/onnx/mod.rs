@@ -26,6 +26,8 @@ pub mod fields {
     pub const MODEL_GRAPH: u32 = 7;
     /// `ModelProto.opset_import`.
     pub(crate) const MODEL_OPSET_IMPORT: u32 = 8;
+    /// `ModelProto.functions`.
+    pub(crate) const MODEL_FUNCTIONS: u32 = 25;
     /// `ModelProto.struct_types` (extension, D1).
     pub const MODEL_STRUCT_TYPES: u32 = 1000;
     /// `ModelProto.devices` (extension, D1).

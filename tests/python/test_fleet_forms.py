@@ -9,8 +9,9 @@ onnxruntime's library).
   from the bucket and one whose weight's bytes (re-signed by A's key) are
   not the tensor its key names are each rejected by name, and B compiles
   the form itself.
-* ``remote push --model`` uploads a form with its weights; ``fetch =
-  "never"`` asks nothing; an OpenVINO form travels whole.
+* ``remote push --model`` uploads a form with its weights; a weight too
+  large to share keeps the form home; ``fetch = "never"`` or no key
+  trusted for forms asks nothing; an OpenVINO form travels whole.
 
 Skips when moto is not installed.
 """
@@ -23,6 +24,7 @@ import onnxruntime as ort
 import pytest
 
 import real_models
+from waiting import wait_until
 from test_fleet import (BUCKET, fleet_daemon, forge_with_trusted_key, keygen, metric_sum,  # noqa: F401
                         payloads, remote_status, root, s3, scrape, wait_uploads)
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
@@ -78,9 +80,9 @@ def uploaded(root, s3):
         a.stop()
 
 
-def _weight_objects(s3, entries: dict) -> list[str]:
-    """The bucket's objects of the form's weights (not of the form)."""
-    digests = [e["source_digest"] for e in entries.values() if e["physical_type"] != ORT_FORM]
+def _objects(s3, entries: dict, forms: bool = False) -> list[str]:
+    """The bucket's objects of the form's weights (``forms``: of the form)."""
+    digests = [e["source_digest"] for e in entries.values() if (e["physical_type"] == ORT_FORM) == forms]
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET).get("Contents", [])]
     return [k for k in keys if any(f"-{d}/" in k for d in digests)]
 
@@ -113,7 +115,7 @@ def test_a_second_host_takes_the_form_without_compiling(root, s3, uploaded, cort
 def _forge_one_weight(s3, root: Path, entries: dict) -> None:
     """One weight's payload changed and its manifest re-signed by A's key:
     blake3 and length consistent, the tensor not the one its key names."""
-    weights = _weight_objects(s3, entries)
+    weights = _objects(s3, entries)
     one = sorted({k.rsplit("/", 1)[0] for k in weights})[0]
     assert forge_with_trusted_key(s3, root / "a.secret", under=one) == 1
 
@@ -125,16 +127,18 @@ def _forge_one_weight(s3, root: Path, entries: dict) -> None:
 ])
 def test_a_form_that_fails_a_check_is_rejected_by_name_and_compiled_here(root, s3, uploaded, damage, reason):
     packed, entries, pub_a = uploaded
-    trust = [f'trusted_form_keys = ["{pub_a}"]']
+    trust, sign = [f'trusted_form_keys = ["{pub_a}"]'], None
     if damage == "trusted_for_packs_only":
-        trust = []
+        # B's own key is trusted for forms: it asks, and refuses A's form.
+        trust, sign = [], "b"
+        keygen("b", root)
     elif damage == "weight_gone":
         c = s3.client()
-        for k in _weight_objects(s3, entries):
+        for k in _objects(s3, entries):
             c.delete_object(Bucket=BUCKET, Key=k)
     else:
         _forge_one_weight(s3, root, entries)
-    b = _host(root, "b", s3, trust=[pub_a], write=False, extra=trust)
+    b = _host(root, "b", s3, sign=sign, trust=[pub_a], write=False, extra=trust)
     try:
         got = _compile(b, _model().path, level=LEVEL)
         assert got.HasField("form") and got.compiled, got
@@ -179,15 +183,40 @@ def test_remote_push_of_a_model_uploads_its_form_with_the_weights(root, s3):
         b.stop()
 
 
-def test_fetch_never_asks_nothing_for_a_form(root, s3, uploaded):
+@pytest.mark.parametrize("why", ["fetch = never", "no key trusted for forms"])
+def test_a_host_that_cannot_take_a_form_asks_nothing(root, s3, uploaded, why):
     packed, entries, pub_a = uploaded
-    b = _host(root, "b", s3, write=False, fetch="never", extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    if why == "fetch = never":
+        b = _host(root, "b", s3, write=False, fetch="never", extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    else:
+        b = _host(root, "b", s3, write=False, trust=[pub_a])
     try:
         assert _compile(b, _model().path, level=LEVEL).compiled
         st = remote_status(b)
         assert (st["hits"], st["misses"], st["rejected"]) == (0, 0, 0), st
     finally:
         b.stop()
+
+
+def test_a_form_with_a_weight_too_large_to_share_stays_on_its_host(root, s3):
+    """A weight over max_object_bytes stops the form's upload job: the
+    weights before it go up, the form never does, from the queue or from
+    ``remote push``."""
+    m = _model()
+    keygen("a", root)
+    a = _host(root, "a", s3, sign="a", extra=[f"max_object_bytes = {1 << 20}"])
+    try:
+        made = _compile(a, m.path, level=LEVEL)
+        assert max(t.length for t in made.tensors) > 1 << 20
+        wait_until(lambda: "a runtime form stays on this host" in a.log_text(), 60, "the form's upload stopped",
+                   detail=a.log_text)
+        entries = a.entries()
+        assert _objects(s3, entries, forms=True) == []
+        pushed = a.json("remote", "push", "--model", str(m.path))
+        assert pushed["failed"] == 0 and pushed["missing"] >= 2, pushed  # the large weight, and the form
+        assert _objects(s3, entries, forms=True) == []
+    finally:
+        a.stop()
 
 
 def test_an_openvino_form_travels_whole(root, s3):

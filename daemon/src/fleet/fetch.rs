@@ -60,7 +60,8 @@ impl Fleet {
         let started = Instant::now();
         let mut repacking = Duration::ZERO;
         let got = self.try_fetch(store, key, source, packing.repack, &mut repacking);
-        self.settle(key, got, started.elapsed().saturating_sub(repacking))
+        let took = started.elapsed().saturating_sub(repacking);
+        self.settle(key, got, Some(took))
     }
 
     /// Whether a local miss of `key` asks the remote: reads are on, the key
@@ -98,13 +99,14 @@ impl Fleet {
 
     /// What the outcome `got` of a fetch of `key` does to the breaker, the
     /// negative cache, the quarantine, the counters and the logs; `took`:
-    /// the fetch's time less the audit's own pack. Only a full local store
+    /// the fetch's time less the audit's own pack, for the cost rule's rate
+    /// of the remote (`None`: not a measure of it). Only a full local store
     /// is an error: every other failure is a miss.
     pub(super) fn settle(
         &self,
         key: &EntryKey,
         got: Result<Entry, Failed>,
-        took: Duration,
+        took: Option<Duration>,
     ) -> Result<Option<Entry>, StoreError> {
         let s = &self.shared;
         let mut g = lock(&self.guard);
@@ -113,7 +115,9 @@ impl Fleet {
                 g.0.success();
                 s.answered();
                 s.counters.hit(e.payload.len);
-                lock(&self.costs).fetched(e.payload.len, took);
+                if let Some(took) = took {
+                    lock(&self.costs).fetched(e.payload.len, took);
+                }
                 tracing::debug!(%key, bytes = e.payload.len, "remote hit");
                 Ok(Some(e))
             }

@@ -8,19 +8,19 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::time::Instant;
 
 use bytes::Bytes;
+use ctcache::digest::SourceDigest;
 use ctcache::dtype::DataType;
 use ctcache::forms::{self, FormKey};
 use ctcache::hit::SourceShape;
 use ctcache::store::{Entry, EntryKey, Store, StoreError};
 use ctcache_remote::config::FetchMode;
 use ctcache_remote::fetch_check::{Checked, SourceMatch};
-use ctcache_remote::manifest::{self, Accepted};
+use ctcache_remote::manifest::{self, Accepted, Trust};
 
 use super::fetch::{checked_stream, stored_as, Failed};
-use super::Fleet;
+use super::{Fleet, PushError};
 
 /// What a form's entry holds, as its fetch must take it.
 #[derive(Debug, Clone, Copy)]
@@ -53,12 +53,17 @@ impl Fleet {
         shape: FormShape,
         model_path: &str,
     ) -> Result<Option<Entry>, StoreError> {
-        if self.shared.settings.config.fetch == FetchMode::Never || !self.asks_remote(key, None) {
+        let settings = &self.shared.settings;
+        // Without a key trusted for forms, no form can be taken: ask nothing.
+        if settings.config.fetch == FetchMode::Never
+            || settings.form_trust.is_empty()
+            || !self.asks_remote(key, None)
+        {
             return Ok(None);
         }
-        let started = Instant::now();
         let got = self.try_fetch_form(store, key, shape, model_path);
-        self.settle(key, got, started.elapsed())
+        // Not a measure of the remote's rate: a form's weights come with it.
+        self.settle(key, got, None)
     }
 
     fn try_fetch_form(
@@ -102,8 +107,9 @@ impl Fleet {
         let weights = forms::served::<ctcache::Error>(model.clone(), |_| Ok(String::new()))
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?
             .1;
+        let trust = s.settings.trust.and(&s.settings.form_trust);
         for w in &weights {
-            self.weight(store, w, model_path)?;
+            self.weight(store, w, model_path, &trust)?;
         }
         stored_as(store.put(&new, &model[..]), key)
     }
@@ -120,28 +126,22 @@ impl Fleet {
     }
 
     /// Stores the moved weight `w` of a fetched form of `model_path` unless
-    /// it is stored: any trusted signer's (its bytes must be the tensor its
-    /// key names).
+    /// it is stored. It must be the identity entry of its tensor (as a
+    /// compile stores it), signed by a key of `trust`, and its bytes the
+    /// tensor its key names.
     fn weight(
         &self,
         store: &Store,
         w: &forms::MovedTensor,
         model_path: &str,
+        trust: &Trust,
     ) -> Result<(), Failed> {
         let malformed = |why: String| Failed::Rejected("malformed", why);
         let key: EntryKey = w
             .key
             .parse()
             .map_err(|e| malformed(format!("the form names weight {:?}: {e}", w.key)))?;
-        if store.stat(&key).map_err(Failed::Store)?.is_some() {
-            return Ok(());
-        }
-        let trust = &self.shared.settings;
-        let accepted = match self.manifest(&key, &trust.trust) {
-            Err(Failed::Rejected("untrusted_key", _)) => self.manifest(&key, &trust.form_trust),
-            other => other,
-        }
-        .map_err(|f| match f {
+        let named = |f: Failed| match f {
             Failed::Absent => Failed::Rejected(
                 "incomplete_form",
                 format!(
@@ -149,37 +149,90 @@ impl Fleet {
                     w.name
                 ),
             ),
+            Failed::Rejected(reason, why) => Failed::Rejected(
+                reason,
+                format!("weight {:?} of the form ({key}): {why}", w.name),
+            ),
             f => f,
-        })?;
-        let data_type = DataType::from_i32(w.data_type)
-            .map_err(|e| malformed(format!("weight {:?}: {e}", w.name)))?;
-        if accepted.payload.len != w.length {
-            return Err(malformed(format!(
-                "weight {:?} has {} bytes; the form reads {}",
-                w.name, accepted.payload.len, w.length
-            )));
-        }
+        };
         let shape = SourceShape {
-            data_type,
+            data_type: DataType::from_i32(w.data_type)
+                .map_err(|e| named(malformed(e.to_string())))?,
             dims: w.dims.clone(),
         };
+        let (expected, dims) = identity_entry(key.source, &shape).map_err(named)?;
+        if expected != key {
+            let why = format!("not the identity entry of its tensor ({expected})");
+            return Err(named(malformed(why)));
+        }
+        if let Some(e) = store.stat(&key).map_err(Failed::Store)? {
+            return match e.payload.len == w.length {
+                true => Ok(()),
+                false => Err(named(malformed(format!(
+                    "stored with {} bytes",
+                    e.payload.len
+                )))),
+            };
+        }
+        let accepted = self.manifest(&key, trust).map_err(named)?;
+        if accepted.payload.len != w.length || accepted.entry.dims != dims {
+            let why = format!(
+                "{} bytes and dims {:?}; the form reads {} bytes of dims {dims:?}",
+                accepted.payload.len, accepted.entry.dims, w.length
+            );
+            return Err(named(malformed(why)));
+        }
         let new = manifest::new_entry(
             &accepted,
-            shape,
+            shape.clone(),
             vec![w.name.clone()],
             vec![model_path.to_string()],
         );
         let mut reader = self.payload(&key, &accepted)?;
         let mut checked = Checked::new(&mut reader, accepted.payload);
-        let mut proven = SourceMatch::new(&mut checked, data_type, &w.dims, key.source);
+        let mut proven = SourceMatch::new(&mut checked, shape.data_type, &w.dims, key.source);
         let put = store.put(&new, &mut proven);
         let not_its_tensor = proven.mismatch().map(str::to_string);
-        checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())?;
+        checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())
+            .map_err(named)?;
         if let Some(why) = not_its_tensor {
-            return Err(Failed::Rejected("not_its_tensor", why));
+            return Err(named(Failed::Rejected("not_its_tensor", why)));
         }
+        // Another fetch may have stored it meanwhile: then nothing was read.
+        let created = matches!(&put, Ok(s) if s.created);
         stored_as(put, &key)?;
-        self.shared.counters.fetched(w.length);
+        if created {
+            self.shared.counters.fetched(w.length);
+        }
         Ok(())
     }
+}
+
+/// The entries `remote push` uploads for `entry`, in order: an onnxruntime
+/// form's weights, then the form; any other entry alone.
+pub(super) fn with_weights(store: &Store, entry: &Entry) -> Result<Vec<Entry>, PushError> {
+    if Some(entry.type_name.as_str()) != forms::form_type_name("onnxruntime") {
+        return Ok(vec![entry.clone()]);
+    }
+    let model = super::checked_payload(store, entry)?;
+    let mut entries = Vec::new();
+    forms::served::<PushError>(Bytes::copy_from_slice(&model), |text| {
+        let key: EntryKey = text.parse().map_err(StoreError::from)?;
+        entries.push(store.stat(&key)?.ok_or(PushError::WeightGone(key))?);
+        Ok(String::new())
+    })?;
+    entries.push(entry.clone());
+    Ok(entries)
+}
+
+/// The key and dims of the identity entry of the tensor of digest `source`
+/// and shape `shape`: what a form's moved weight is.
+fn identity_entry(
+    source: SourceDigest,
+    shape: &SourceShape,
+) -> Result<(EntryKey, Vec<u64>), Failed> {
+    let identity = ctcache_kernels::find(ctcache_kernels::formats::identity::ID)
+        .ok_or_else(|| Failed::Local("no identity packer in this build".into()))?;
+    ctcache_kernels::registry::entry_key(identity, &ctcache_kernels::Params::new(), source, shape)
+        .map_err(|e| Failed::Rejected("malformed", e.to_string()))
 }

@@ -128,6 +128,12 @@ pub(crate) enum PushError {
     Remote(#[from] RemoteError),
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// A runtime form whose model does not read.
+    #[error("the form's model: {0}")]
+    FormModel(#[from] ctcache::Error),
+    /// A runtime form one of whose weights is no longer stored.
+    #[error("a weight of the form ({0}) is no longer stored")]
+    WeightGone(EntryKey),
 }
 
 impl Fleet {
@@ -230,7 +236,8 @@ impl Fleet {
     }
 
     /// Uploads `entry` now, from a blocking thread (`remote push`), unless
-    /// the remote has its manifest already.
+    /// the remote has its manifest already; a runtime form with every
+    /// weight it names, weights first.
     pub fn push(&self, store: &Store, entry: &Entry) -> Result<Pushed, PushError> {
         let s = &self.shared;
         if s.settings.signing_key.is_none() {
@@ -242,11 +249,14 @@ impl Fleet {
         if self.rt.block_on(s.client.manifest(&entry.key))?.is_some() {
             return Ok(Pushed::Present);
         }
-        let job = upload::Job(vec![upload::Upload {
-            entry: entry.clone(),
-            params: Default::default(),
-            payload: checked_payload(store, entry)?,
-        }]);
+        let mut job = upload::Job(Vec::new());
+        for e in forms::with_weights(store, entry)? {
+            job.0.push(upload::Upload {
+                payload: checked_payload(store, &e)?,
+                entry: e,
+                params: Default::default(),
+            });
+        }
         match self.rt.block_on(upload::upload_all(s, job)) {
             Ok(Some(bytes)) => {
                 s.answered();

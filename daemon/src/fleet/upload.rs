@@ -57,23 +57,47 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
 }
 
 /// Uploads a job's entries in order, each counted; the bytes sent, or
-/// `None` when one is too large to share (and the rest stay here). An
-/// entry before the last that the remote has already (a weight shared
-/// with another form) is not sent again.
+/// `None` when one is too large to share (then the rest stay here: a form
+/// never goes up without its weights). An entry before the last that this
+/// host signed on the remote already (a weight shared with another form)
+/// is not sent again.
 pub(super) async fn upload_all(s: &Shared, job: Job) -> Result<Option<u64>, RemoteError> {
-    let n = job.0.len();
+    let last = job.0.last().map(|u| u.entry.key);
     let mut sent = 0;
-    for (i, one) in job.0.into_iter().enumerate() {
-        if i + 1 < n && s.client.manifest(&one.entry.key).await?.is_some() {
+    for one in job.0 {
+        let key = one.entry.key;
+        if Some(key) != last && signed_here(s, &key).await? {
             continue;
         }
         let Some(bytes) = upload(s, one).await? else {
+            if let Some(form) = last.filter(|l| *l != key) {
+                tracing::info!(
+                    %form,
+                    weight = %key,
+                    max_object_bytes = s.settings.config.max_object_bytes,
+                    "a runtime form stays on this host: one of its weights is too large to share"
+                );
+            }
             return Ok(None);
         };
         s.counters.uploaded(bytes);
         sent += bytes;
     }
     Ok(Some(sent))
+}
+
+/// Whether the remote holds `key` under a manifest this host signed (then
+/// its payload went up before it).
+async fn signed_here(s: &Shared, key: &ctcache::store::EntryKey) -> Result<bool, RemoteError> {
+    let Some(own) = &s.settings.signing_key else {
+        return Ok(false);
+    };
+    let Some(bytes) = s.client.manifest(key).await? else {
+        return Ok(false);
+    };
+    let trust = manifest::Trust::new(vec![own.public()]);
+    let max = s.settings.config.max_object_bytes;
+    Ok(manifest::open(&bytes, &trust, key, max).is_ok())
 }
 
 /// Uploads one entry; `None` when it is too large to share.

@@ -259,9 +259,12 @@ pub(crate) fn expected_key(
     packer: &dyn Packer,
     params: &Params,
 ) -> Option<EntryKey> {
-    let layout = packer.output(t.data_type, &t.dims, params).ok()?;
-    let device = packer.device(params).ok()?;
-    EntryKey::derive(*digest, &device, &layout.struct_type).ok()
+    let shape = ctcache::hit::SourceShape {
+        data_type: t.data_type,
+        dims: t.dims.clone(),
+    };
+    let (key, _) = ctcache_kernels::registry::entry_key(packer, params, *digest, &shape).ok()?;
+    Some(key)
 }
 
 /// The stored entry `packer` would produce for `t` with `params`, if it

@@ -461,10 +461,11 @@ fn explain(d: &Daemon, key: &FormKey, path: &str) -> Result<Miss> {
         format: forms::form_type_name(&key.runtime.name).map(str::to_string),
         ..Default::default()
     };
+    let other_content = |e: &ctcache::store::Entry| e.key.source != key.source();
     if d.store
         .list(&forms)?
         .iter()
-        .any(|e| e.model_paths.iter().any(|p| p == path))
+        .any(|e| other_content(e) && e.model_paths.iter().any(|p| p == path))
     {
         return Ok(Miss::from(MissReason::FormKeyDiffers(KeyPart::Model)));
     }
