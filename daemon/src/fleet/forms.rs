@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use bytes::Bytes;
 use ctcache::digest::SourceDigest;
@@ -21,6 +23,10 @@ use ctcache_remote::manifest::{self, Accepted, Trust};
 
 use super::fetch::{checked_stream, stored_as, Failed};
 use super::{Fleet, PushError};
+use crate::locks::lock;
+
+/// A form's weights fetched at once.
+const WEIGHTS_AT_ONCE: usize = 8;
 
 /// What a form's entry holds, as its fetch must take it.
 #[derive(Debug, Clone, Copy)]
@@ -108,9 +114,7 @@ impl Fleet {
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?
             .1;
         let trust = s.settings.trust.and(&s.settings.form_trust);
-        for w in &weights {
-            self.weight(store, w, model_path, &trust)?;
-        }
+        self.weights(store, &weights, model_path, &trust)?;
         stored_as(store.put(&new, &model[..]), key)
     }
 
@@ -123,6 +127,39 @@ impl Fleet {
         checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())?;
         read.map_err(|e| Failed::Local(e.to_string()))?;
         Ok(bytes.into())
+    }
+
+    /// Stores the moved weights of a fetched form, [`WEIGHTS_AT_ONCE`] at a
+    /// time (each is two requests, and a conv net's form names dozens); the
+    /// first failure stops the rest.
+    fn weights(
+        &self,
+        store: &Store,
+        weights: &[forms::MovedTensor],
+        model_path: &str,
+        trust: &Trust,
+    ) -> Result<(), Failed> {
+        let next = AtomicUsize::new(0);
+        let failed: Mutex<Option<Failed>> = Mutex::new(None);
+        std::thread::scope(|threads| {
+            for _ in 0..WEIGHTS_AT_ONCE.min(weights.len()) {
+                threads.spawn(|| {
+                    while lock(&failed).is_none() {
+                        let Some(w) = weights.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            return;
+                        };
+                        if let Err(f) = self.weight(store, w, model_path, trust) {
+                            lock(&failed).get_or_insert(f);
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner() {
+            Ok(None) => Ok(()),
+            Ok(Some(f)) => Err(f),
+            Err(poisoned) => poisoned.into_inner().map_or(Ok(()), Err),
+        }
     }
 
     /// Stores the moved weight `w` of a fetched form of `model_path` unless
