@@ -194,6 +194,8 @@ def test_a_host_that_cannot_take_a_form_asks_nothing(root, s3, uploaded, why):
         assert _compile(b, _model().path, level=LEVEL).compiled
         st = remote_status(b)
         assert (st["hits"], st["misses"], st["rejected"]) == (0, 0, 0), st
+        said = "no key is trusted for runtime forms" in b.log_text()
+        assert said == (why == "no key trusted for forms"), b.log_text()
     finally:
         b.stop()
 

@@ -160,7 +160,14 @@ impl Fleet {
             rt.spawn(upload::run(shared.clone(), rx));
             tx
         });
-        tracing::info!(remote = %shared.client.describe, uploads = writes, "fleet tier on");
+        let forms = !shared.settings.form_trust.is_empty();
+        tracing::info!(remote = %shared.client.describe, uploads = writes, forms, "fleet tier on");
+        if !forms {
+            tracing::info!(
+                "remote: no key is trusted for runtime forms (trusted_form_keys, or a signing key): \
+                 forms are compiled here, never fetched"
+            );
+        }
         // Say early whether the remote answers; misses fall back either way.
         let probe = shared.clone();
         rt.spawn(async move {
