@@ -14,7 +14,7 @@ mod skeleton;
 pub use entry::{form_type_name, is_form_type, FORM_FORMAT_VERSION};
 pub use key::{FormKey, KeyPart, RuntimeIdentity};
 pub use model_digest::{model_digest, model_digest_of};
-pub use skeleton::{inline, served, split, MovedTensor};
+pub use skeleton::{inline, moved, served, split, MovedTensor};
 
 /// onnxruntime's graph optimization levels a form is made at, as its
 /// worker and the clients name them.

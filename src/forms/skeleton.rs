@@ -154,6 +154,12 @@ pub fn served<E: From<Error>>(
     Ok((out, moved))
 }
 
+/// The moved initializers a form's `skeleton` names, in order (checked as
+/// [`served`] checks it).
+pub fn moved(skeleton: Bytes) -> Result<Vec<MovedTensor>> {
+    Ok(served::<Error>(skeleton, |_| Ok(String::new()))?.1)
+}
+
 /// The model with the initializers named in `data` holding those bytes as
 /// raw data (no longer external): a materialized model made whole for a
 /// runtime that reads no file.

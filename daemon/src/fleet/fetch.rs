@@ -216,18 +216,15 @@ impl Fleet {
         } else {
             None
         };
-        let mut reader = self.payload(key, &accepted)?;
         let new = manifest::new_entry(&accepted, source.shape, source.names, source.model_paths);
-        let mut checked = Checked::new(&mut reader, accepted.payload);
-        let (put, audit_mismatch) = match audit {
-            None => (store.put(&new, &mut checked), None),
+        let (put, audit_mismatch) = self.streamed(key, &accepted, |checked| match audit {
+            None => (store.put(&new, checked), None),
             Some(packed) => {
-                let mut matching = Matching::new(&mut checked, packed);
+                let mut matching = Matching::new(checked, packed);
                 let put = store.put(&new, &mut matching);
                 (put, matching.mismatch().map(ToString::to_string))
             }
-        };
-        checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())?;
+        })?;
         if let Some(detail) = audit_mismatch {
             return Err(Failed::AuditMismatch {
                 signer: accepted.signer,
@@ -250,12 +247,30 @@ impl Fleet {
             .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))
     }
 
-    /// The payload of the accepted entry `key`, as a blocking reader.
-    pub(super) fn payload(
+    /// Streams the payload of the accepted entry `key` into `consume` (a
+    /// `put`, a read into memory) through its length and blake3 check; what
+    /// `consume` returned, once the stream's end says the bytes were the
+    /// manifest's and the transport held.
+    pub(super) fn streamed<T>(
         &self,
         key: &EntryKey,
         accepted: &Accepted,
-    ) -> Result<Streamed<'_>, Failed> {
+        consume: impl FnOnce(&mut dyn Read) -> T,
+    ) -> Result<T, Failed> {
+        let mut reader = self.payload(key, accepted)?;
+        let mut checked = Checked::new(&mut reader, accepted.payload);
+        let out = consume(&mut checked);
+        if let Some(m) = checked.mismatch() {
+            return Err(Failed::Rejected("bad_checksum", m.to_string()));
+        }
+        match reader.failed.take() {
+            Some(e) => Err(Failed::Remote("payload", e)),
+            None => Ok(out),
+        }
+    }
+
+    /// The payload of the accepted entry `key`, as a blocking reader.
+    fn payload(&self, key: &EntryKey, accepted: &Accepted) -> Result<Streamed<'_>, Failed> {
         let stream = self
             .rt
             .block_on(self.shared.client.payload(key, accepted.payload.len))
@@ -269,21 +284,6 @@ impl Fleet {
             chunk: Bytes::new(),
             failed: None,
         })
-    }
-}
-
-/// What a checked stream's end says before its `put` is looked at: bytes
-/// other than the manifest's, or a transport that failed.
-pub(super) fn checked_stream(
-    mismatch: Option<String>,
-    failed: Option<RemoteError>,
-) -> Result<(), Failed> {
-    if let Some(m) = mismatch {
-        return Err(Failed::Rejected("bad_checksum", m));
-    }
-    match failed {
-        Some(e) => Err(Failed::Remote("payload", e)),
-        None => Ok(()),
     }
 }
 
@@ -304,12 +304,11 @@ pub(super) fn stored_as(put: Result<Stored, StoreError>, key: &EntryKey) -> Resu
 /// The payload stream as a blocking reader (for `Store::put`, on a pack
 /// job's thread, never an async one). A transport failure is kept apart
 /// from the bytes' check.
-pub(super) struct Streamed<'a> {
+struct Streamed<'a> {
     rt: &'a Handle,
     stream: PayloadStream,
     chunk: Bytes,
-    /// Why the transport failed, kept apart from the bytes' checks.
-    pub failed: Option<RemoteError>,
+    failed: Option<RemoteError>,
 }
 
 impl Read for Streamed<'_> {

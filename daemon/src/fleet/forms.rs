@@ -7,7 +7,6 @@
 //! being the tensor its key names.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -18,10 +17,10 @@ use ctcache::forms::{self, FormKey};
 use ctcache::hit::SourceShape;
 use ctcache::store::{Entry, EntryKey, Store, StoreError};
 use ctcache_remote::config::FetchMode;
-use ctcache_remote::fetch_check::{Checked, SourceMatch};
-use ctcache_remote::manifest::{self, Accepted, Trust};
+use ctcache_remote::fetch_check::SourceMatch;
+use ctcache_remote::manifest::{self, Trust};
 
-use super::fetch::{checked_stream, stored_as, Failed};
+use super::fetch::{stored_as, Failed};
 use super::{Fleet, PushError};
 use crate::locks::lock;
 
@@ -44,7 +43,7 @@ impl Fleet {
     /// `weights` first (dropped and counted when the queue is full).
     pub fn compiled(&self, store: &Store, form: &Entry, weights: &[Entry]) {
         let entries = weights.iter().chain([form]);
-        self.queue(store, entries.map(|e| (e, BTreeMap::new())));
+        self.queue(store, entries.map(|e| (e, BTreeMap::new())).collect());
     }
 
     /// Read-through for a compile miss of the form `key`, from a blocking
@@ -96,10 +95,7 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let FormShape::WithWeights { max_model } = shape else {
-            let mut reader = self.payload(key, &accepted)?;
-            let mut checked = Checked::new(&mut reader, accepted.payload);
-            let put = store.put(&new, &mut checked);
-            checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())?;
+            let put = self.streamed(key, &accepted, |checked| store.put(&new, checked))?;
             return stored_as(put, key);
         };
         if accepted.payload.len > max_model {
@@ -109,24 +105,16 @@ impl Fleet {
             );
             return Err(Failed::Rejected("too_large", why));
         }
-        let model = self.downloaded(key, &accepted)?;
-        let weights = forms::served::<ctcache::Error>(model.clone(), |_| Ok(String::new()))
-            .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?
-            .1;
+        let (read, model) = self.streamed(key, &accepted, |checked| {
+            let mut bytes = Vec::new();
+            (checked.read_to_end(&mut bytes), Bytes::from(bytes))
+        })?;
+        read.map_err(|e| Failed::Local(e.to_string()))?;
+        let weights = forms::moved(model.clone())
+            .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?;
         let trust = s.settings.trust.and(&s.settings.form_trust);
         self.weights(store, &weights, model_path, &trust)?;
         stored_as(store.put(&new, &model[..]), key)
-    }
-
-    /// The payload of `accepted` (of `key`) in memory, checked.
-    fn downloaded(&self, key: &EntryKey, accepted: &Accepted) -> Result<Bytes, Failed> {
-        let mut reader = self.payload(key, accepted)?;
-        let mut checked = Checked::new(&mut reader, accepted.payload);
-        let mut bytes = Vec::new();
-        let read = checked.read_to_end(&mut bytes);
-        checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())?;
-        read.map_err(|e| Failed::Local(e.to_string()))?;
-        Ok(bytes.into())
     }
 
     /// Stores the moved weights of a fetched form, [`WEIGHTS_AT_ONCE`] at a
@@ -225,12 +213,12 @@ impl Fleet {
             vec![w.name.clone()],
             vec![model_path.to_string()],
         );
-        let mut reader = self.payload(&key, &accepted)?;
-        let mut checked = Checked::new(&mut reader, accepted.payload);
-        let mut proven = SourceMatch::new(&mut checked, shape.data_type, &w.dims, key.source);
-        let put = store.put(&new, &mut proven);
-        let not_its_tensor = proven.mismatch().map(str::to_string);
-        checked_stream(checked.mismatch().map(str::to_string), reader.failed.take())
+        let (put, not_its_tensor) = self
+            .streamed(&key, &accepted, |checked| {
+                let mut proven = SourceMatch::new(checked, shape.data_type, &w.dims, key.source);
+                let put = store.put(&new, &mut proven);
+                (put, proven.mismatch().map(str::to_string))
+            })
             .map_err(named)?;
         if let Some(why) = not_its_tensor {
             return Err(named(Failed::Rejected("not_its_tensor", why)));
@@ -253,11 +241,10 @@ pub(super) fn with_weights(store: &Store, entry: &Entry) -> Result<Vec<Entry>, P
     }
     let model = super::checked_payload(store, entry)?;
     let mut entries = Vec::new();
-    forms::served::<PushError>(Bytes::copy_from_slice(&model), |text| {
-        let key: EntryKey = text.parse().map_err(StoreError::from)?;
+    for w in forms::moved(Bytes::copy_from_slice(&model))? {
+        let key: EntryKey = w.key.parse().map_err(StoreError::from)?;
         entries.push(store.stat(&key)?.ok_or(PushError::WeightGone(key))?);
-        Ok(String::new())
-    })?;
+    }
     entries.push(entry.clone());
     Ok(entries)
 }

@@ -198,32 +198,23 @@ impl Fleet {
     ) {
         let took = entry.pack_duration;
         lock(&self.costs).packed(format, backend, entry.payload.len, took);
-        self.queue(store, [(entry, params.into_iter().collect())]);
+        self.queue(store, vec![(entry, params.into_iter().collect())]);
     }
 
     /// Queues the upload of `entries`, in order, as one job (dropped and
     /// counted when the queue is full); nothing when one cannot be read.
-    fn queue<'e>(
-        &self,
-        store: &Store,
-        entries: impl IntoIterator<Item = (&'e Entry, BTreeMap<String, String>)>,
-    ) {
+    fn queue(&self, store: &Store, entries: Vec<(&Entry, BTreeMap<String, String>)>) {
         let Some(tx) = &self.uploads else { return };
-        let mut job = upload::Job(Vec::new());
-        for (entry, params) in entries {
-            let payload: Payload = match checked_payload(store, entry) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(key = %entry.key, "upload skipped: {e}");
-                    return;
-                }
-            };
-            job.0.push(upload::Upload {
-                entry: entry.clone(),
-                params,
-                payload,
-            });
-        }
+        let Some(key) = entries.last().map(|(e, _)| e.key) else {
+            return;
+        };
+        let job = match upload_job(store, entries) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(%key, "upload skipped: {e}");
+                return;
+            }
+        };
         match tx.try_send(job) {
             Ok(()) => {
                 metrics::gauge!("ctcache_remote_upload_queue").set(self.queue_depth() as f64);
@@ -256,14 +247,8 @@ impl Fleet {
         if self.rt.block_on(s.client.manifest(&entry.key))?.is_some() {
             return Ok(Pushed::Present);
         }
-        let mut job = upload::Job(Vec::new());
-        for e in forms::with_weights(store, entry)? {
-            job.0.push(upload::Upload {
-                payload: checked_payload(store, &e)?,
-                entry: e,
-                params: Default::default(),
-            });
-        }
+        let entries = forms::with_weights(store, entry)?;
+        let job = upload_job(store, entries.iter().map(|e| (e, BTreeMap::new())))?;
         match self.rt.block_on(upload::upload_all(s, job)) {
             Ok(Some(bytes)) => {
                 s.answered();
@@ -326,6 +311,23 @@ impl Shared {
         self.warned.store(false, Ordering::Relaxed);
         lock(&self.last_error).clear();
     }
+}
+
+/// The upload job of `entries` (with their packer parameters), in order,
+/// each payload checked and mapped; why one cannot be read.
+fn upload_job<'e>(
+    store: &Store,
+    entries: impl IntoIterator<Item = (&'e Entry, BTreeMap<String, String>)>,
+) -> Result<upload::Job, StoreError> {
+    let mut job = upload::Job(Vec::new());
+    for (entry, params) in entries {
+        job.0.push(upload::Upload {
+            payload: checked_payload(store, entry)?,
+            entry: entry.clone(),
+            params,
+        });
+    }
+    Ok(job)
 }
 
 /// `entry`'s payload with every group checked (D12: only the bytes hashed

@@ -61,9 +61,7 @@ impl Job {
         };
         compile.run().await
     }
-}
 
-impl Job {
     /// The form, fetched from the fleet tier where one is configured.
     async fn fetched(&self) -> Result<Option<Entry>> {
         if self.d.fleet.is_none() {
