@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
 
@@ -38,6 +39,44 @@ impl<K: Eq + Hash, T: Clone> Flights<K, T> {
             running.insert(key, w);
         }
         f
+    }
+}
+
+/// Tells the blocking part of a flight that nobody waits for it any more:
+/// the flag is set when the guard is dropped before [`Abandon::finished`]
+/// (the flight's future was dropped with its last waiter), and the work,
+/// on a thread of its own, stops at its next check.
+pub(crate) struct Abandon {
+    flag: Arc<AtomicBool>,
+    what: Option<String>,
+}
+
+impl Abandon {
+    /// A guard for the work `what` (named in the log when abandoned).
+    pub(crate) fn new(what: String) -> Abandon {
+        Abandon {
+            flag: Arc::new(AtomicBool::new(false)),
+            what: Some(what),
+        }
+    }
+
+    /// The flag the work reads.
+    pub(crate) fn flag(&self) -> Arc<AtomicBool> {
+        self.flag.clone()
+    }
+
+    /// The work ended with someone waiting.
+    pub(crate) fn finished(mut self) {
+        self.what = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(what) = self.what.take() {
+            self.flag.store(true, Ordering::Relaxed);
+            tracing::info!("{what}: nobody waits for it any more; it stops");
+        }
     }
 }
 
@@ -95,5 +134,17 @@ mod tests {
             tx.is_closed(),
             "the run's future was dropped with its last waiter"
         );
+    }
+
+    #[test]
+    fn an_abandoned_guard_sets_its_flag_a_finished_one_does_not() {
+        let dropped = Abandon::new("a fetch".into());
+        let flag = dropped.flag();
+        drop(dropped);
+        assert!(flag.load(Ordering::Relaxed));
+        let done = Abandon::new("a fetch".into());
+        let flag = done.flag();
+        done.finished();
+        assert!(!flag.load(Ordering::Relaxed));
     }
 }

@@ -95,6 +95,11 @@ impl Trust {
         Trust { keys }
     }
 
+    /// The trusted keys' labels.
+    pub fn names(&self) -> Vec<String> {
+        self.keys.iter().map(|k| k.name.clone()).collect()
+    }
+
     /// Whether no key is trusted (then no manifest can be accepted).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()

@@ -116,16 +116,24 @@ def keygen(name: str, dir_: Path) -> str:
 
 def fleet_daemon(root: Path, name: str, s3: S3Server, *, prefix: str = "fleet", sign: str | None = None,
                  trust: list[str] = (), write: bool = True, metrics: bool = True, fetch: str = "always",
-                 workers: int = 0, extra: list[str] = (), policy: str = "", args: list[str] = ()) -> Daemon:
+                 workers: int = 0, extra: list[str] = (), policy: str = "", args: list[str] = (),
+                 timeout_ms: int = TIMEOUT_MS, settings: list[str] = ()) -> Daemon:
     d = Daemon(root / name, args=list(args))
     remote = remote_section(f"s3://{BUCKET}/{prefix}", s3.endpoint, fetch=fetch, write=write,
                             signing_key=root / (sign + ".secret") if sign else None, trusted=trust,
-                            extra=[f"timeout_ms = {TIMEOUT_MS}", *extra])
-    top = [f"workers = {workers}"]
+                            extra=[f"timeout_ms = {timeout_ms}", *extra])
+    top = [f"workers = {workers}", *settings]
     if metrics:
         d.metrics = f"127.0.0.1:{free_port()}"
         top.append(f'metrics_addr = "{d.metrics}"')
     (d.root / "ctcached.toml").write_text("\n".join([*top, remote, policy]) + "\n")
+    return d.start()
+
+
+def start_writing(d: Daemon) -> Daemon:
+    """Starts the stopped daemon ``d`` again with uploads on (``write = true``)."""
+    config = d.root / "ctcached.toml"
+    config.write_text(config.read_text().replace("write = false", "write = true"))
     return d.start()
 
 
@@ -445,9 +453,7 @@ def test_push_then_pull(root, s3):
         assert r.returncode == 1 and "write = false" in r.stderr, r.describe()
     finally:
         a.stop()
-    text = (a.root / "ctcached.toml").read_text().replace("write = false", "write = true")
-    (a.root / "ctcached.toml").write_text(text)
-    a.start()
+    start_writing(a)
     try:
         pushed = a.json("remote", "push", "--model", str(model))
         assert (pushed["done"], pushed["present"], pushed["failed"]) == (FORMATS, 0, 0), pushed

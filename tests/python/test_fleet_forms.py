@@ -9,24 +9,38 @@ onnxruntime's library).
   from the bucket and one whose weight's bytes (re-signed by A's key) are
   not the tensor its key names are each rejected by name, and B compiles
   the form itself.
-* ``remote push --model`` uploads a form with its weights; a weight too
-  large to share keeps the form home; ``fetch = "never"`` or no key
-  trusted for forms asks nothing; an OpenVINO form travels whole.
+* ``remote push --model`` uploads a form with its weights, and fails by
+  name when one of them is gone; a weight too large to share keeps the
+  form home; ``fetch = "never"`` or no key trusted for forms asks nothing;
+  an OpenVINO form travels whole.
+* ``remote pull`` fetches the forms a policy rule asks for, compiling
+  nothing; a form's model larger than an answer carries is refused as
+  ``too_large``.
+* A form fetch stops when nobody waits for it any more (a proxy holds the
+  weights' requests); a full disk during one is RESOURCE_EXHAUSTED.
 
 Skips when moto is not installed.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import re
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import onnxruntime as ort
 import pytest
 
 import real_models
 from waiting import wait_until
-from test_fleet import (BUCKET, fleet_daemon, forge_with_trusted_key, keygen, metric_sum,  # noqa: F401
-                        payloads, remote_status, root, s3, scrape, wait_uploads)
+from test_fleet import (BUCKET, chain_model, fill, fleet_daemon, forge_with_trusted_key, keygen,  # noqa: F401
+                        metric_sum, payloads, remote_status, root, s3, scrape, start_writing, wait_uploads)
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 from worker_daemons import LEVELS, openvino_library, ort_library
 
@@ -48,6 +62,8 @@ def _model() -> Path:
 
 
 def _host(root: Path, name: str, s3, **kw):
+    """A daemon of the fleet with both runtime libraries; ``s3`` is anything
+    with an ``endpoint``."""
     return fleet_daemon(root, name, s3, args=["--ort-library", ort_library(),
                                               "--openvino-library", openvino_library()], **kw)
 
@@ -165,9 +181,7 @@ def test_remote_push_of_a_model_uploads_its_form_with_the_weights(root, s3):
         entries = a.entries()
     finally:
         a.stop()
-    text = (a.root / "ctcached.toml").read_text().replace("write = false", "write = true")
-    (a.root / "ctcached.toml").write_text(text)
-    a.start()
+    start_writing(a)
     try:
         pushed = a.json("remote", "push", "--model", str(m.path))
         assert (pushed["done"], pushed["failed"]) == (len(entries), 0), pushed
@@ -196,6 +210,13 @@ def test_a_host_that_cannot_take_a_form_asks_nothing(root, s3, uploaded, why):
         assert (st["hits"], st["misses"], st["rejected"]) == (0, 0, 0), st
         said = "no key is trusted for runtime forms" in b.log_text()
         assert said == (why == "no key trusted for forms"), b.log_text()
+        # remote status names the keys trusted for each.
+        if why == "fetch = never":
+            assert (st["trusted_keys"], st["trusted_form_keys"]) == ([], ["a"]), st
+        else:
+            assert (st["trusted_keys"], st["trusted_form_keys"]) == (["a"], []), st
+            assert re.search(r"trusted for forms\s+none: runtime forms are compiled here",
+                             b.ctl("remote", "status").stdout)
     finally:
         b.stop()
 
@@ -238,6 +259,212 @@ def test_an_openvino_form_travels_whole(root, s3):
         assert payloads(b) == packed and _compiled_here(b) == 0
     finally:
         b.stop()
+
+
+def _shown(key: str) -> str:
+    """An entry key of ``ls --json`` as messages show it."""
+    assert key.startswith("01") and len(key) == 2 + 3 * 64, key
+    return "blake3:" + "/".join(key[2 + 64 * i:2 + 64 * (i + 1)] for i in range(3))
+
+
+def _forms_of(d) -> list[dict]:
+    return [e for e in d.entries().values() if e["physical_type"] == ORT_FORM]
+
+
+def test_remote_push_of_a_form_whose_weight_is_gone_fails_by_name(root, s3):
+    """A weight of the form dropped (rotted, then ``verify --repair``): ``remote push``
+    uploads the other weights, refuses the form and says which weight is
+    gone; the bucket has no form."""
+    m = _model()
+    keygen("a", root)
+    a = _host(root, "a", s3, sign="a", write=False)
+    try:
+        made = _compile(a, m.path, level=LEVEL)
+        gone = made.tensors[0].key
+        blob = Path(a.entries()[gone]["payload_path"])
+        data = bytearray(blob.read_bytes())
+        data[0] ^= 0xFF
+        blob.write_bytes(bytes(data))
+        repaired = a.ctl("verify", "--repair", "--json")
+        assert gone in json.loads(repaired.stdout)["corrupt"], repaired.describe()
+        entries = a.entries()
+        assert gone not in entries
+    finally:
+        a.stop()
+    start_writing(a)
+    try:
+        r = a.ctl("remote", "push", "--model", str(m.path), "--json")
+        assert r.returncode == 1 and f"a weight of the form ({_shown(gone)}) is no longer stored" in r.stderr, \
+            r.describe()
+        pushed = json.loads(r.stdout)
+        assert (pushed["done"], pushed["failed"]) == (len(entries) - 1, 1), pushed
+        assert _objects(s3, entries, forms=True) == []
+    finally:
+        a.stop()
+
+
+def _form_rule(level: str = LEVEL) -> str:
+    return f'[[policy]]\nformat = "{ORT_FORM}"\nparams = {{ level = "{level}" }}\n'
+
+
+def test_remote_pull_fetches_the_form_a_policy_rule_asks_for(root, s3, uploaded):
+    packed, entries, pub_a = uploaded
+    m = _model()
+    b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], policy=_form_rule())
+    try:
+        pulled = b.json("remote", "pull", str(m.path))
+        assert (pulled["done"], pulled["missing"], pulled["failed"]) == (1, 0, 0), pulled
+        assert payloads(b) == packed and _compiled_here(b) == 0
+        again = b.json("remote", "pull", str(m.path))
+        assert (again["done"], again["present"], again["missing"]) == (0, 1, 0), again
+        assert _compile(b, m.path, level=LEVEL, lookup_only=True).HasField("form")
+    finally:
+        b.stop()
+
+
+def test_a_pulled_form_larger_than_an_answer_carries_is_too_large(root, s3, uploaded):
+    """B's answers carry less than the form's model: the fetch refuses it
+    as ``too_large`` before any weight, and ``remote pull`` says so,
+    compiling nothing."""
+    packed, entries, pub_a = uploaded
+    m = _model()
+    (form,) = [k for k, e in entries.items() if e["physical_type"] == ORT_FORM]
+    assert len(packed[form]) > 4096
+    b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'],
+              settings=[f"max_message_bytes = {(1 << 20) + 4096}"], policy=_form_rule())
+    try:
+        r = b.ctl("remote", "pull", str(m.path), "--json")
+        assert r.returncode == 0, r.describe()
+        pulled = json.loads(r.stdout)
+        assert (pulled["done"], pulled["missing"]) == (0, 1) and _shown(form) in pulled["first_error"], pulled
+        assert metric_sum(scrape(b), 'ctcache_remote_rejected_total{reason="too_large"}') == 1, scrape(b)
+        assert b.entries() == {} and _compiled_here(b) == 0
+    finally:
+        b.stop()
+
+
+class HeldWeights:
+    """An HTTP proxy before the S3 server that holds every payload request
+    after the first (a form's model comes first, its weights after) until
+    ``release`` is set, and counts them."""
+
+    def __init__(self, upstream: str):
+        up = urlsplit(upstream)
+        self.release = threading.Event()
+        self.held = threading.Event()
+        self.lock = threading.Lock()
+        self.payloads = 0
+        proxy = self
+
+        class Forward(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path.split("?")[0].endswith("/payload"):
+                    with proxy.lock:
+                        proxy.payloads += 1
+                        hold = proxy.payloads > 1
+                    if hold:
+                        proxy.held.set()
+                        proxy.release.wait(120)
+                self._forward()
+
+            do_HEAD = do_GET
+
+            def _forward(self):
+                c = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+                c.request(self.command, self.path, headers=dict(self.headers))
+                r = c.getresponse()
+                body = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                c.close()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def weights_asked(self) -> int:
+        with self.lock:
+            return self.payloads - 1
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+
+
+def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3):
+    """The caller goes while the form's weights are under way: the fetch
+    asks for no further weight, publishes no form, and the next caller's
+    fetch takes the rest."""
+    n = 24
+    model = chain_model(root / "chain.onnx", n)
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a")
+    try:
+        made = _compile(a, model, level=LEVEL)
+        assert len({t.key for t in made.tensors}) == n, made
+        wait_uploads(a, n + 1, timeout=180)
+        packed = payloads(a)
+    finally:
+        a.stop()
+    proxy = HeldWeights(s3.endpoint)
+    b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000)
+    try:
+        p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(b.socket), "compile", str(model),
+                              "--level", LEVEL], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert proxy.held.wait(120), b.log_text()
+        p.kill()
+        p.wait()
+        wait_until(lambda: "nobody waits for it any more; it stops" in b.log_text(), 60,
+                   "the daemon seeing its caller gone", detail=b.log_text)
+        proxy.release.set()
+        wait_until(lambda: "fetch stopped: nobody waits for the form any more" in b.log_text(), 60,
+                   "the fetch stopping", detail=b.log_text)
+        # Only the weights under way when the caller went (one per fetching
+        # thread, eight) were asked for.
+        asked = proxy.weights_asked()
+        assert asked <= 8 < n, (asked, n)
+        assert _forms_of(b) == [] and len(b.entries()) <= asked
+        got = _compile(b, model, level=LEVEL)
+        assert got.HasField("form") and not got.compiled, b.log_text()
+        assert payloads(b) == packed and _compiled_here(b) == 0
+    finally:
+        b.stop()
+        proxy.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_full_disk_during_a_form_fetch_is_resource_exhausted(root, s3, uploaded):
+    packed, entries, pub_a = uploaded
+    m = _model()
+    cache = root / "b" / "cache"
+    cache.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={(sum(map(len, packed.values())) >> 20) + 32}m",
+                    "tmpfs", str(cache)], check=True)
+    try:
+        b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'])
+        try:
+            ballast = fill(cache)
+            r = b.ctl("compile", str(m.path), "--level", LEVEL)
+            assert r.returncode == 4, r.describe()
+            assert _forms_of(b) == [] and _compiled_here(b) == 0
+            ballast.unlink()
+            got = _compile(b, m.path, level=LEVEL)
+            assert got.HasField("form") and not got.compiled, b.log_text()
+            assert payloads(b) == packed
+        finally:
+            b.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
 
 
 @pytest.fixture

@@ -77,6 +77,9 @@ fn transferred(ctx: &Ctx, verb: &str, t: &api::RemoteTransferResponse) -> Result
             t.missing,
             t.failed
         ))?;
+        if t.failed == 0 && !t.first_error.is_empty() {
+            say(&format!("first missing: {}", t.first_error))?;
+        }
     }
     if t.failed > 0 {
         return Err(Failure::Failed(t.first_error.clone()));
@@ -134,6 +137,8 @@ pub fn status_json(r: &api::RemoteStatus) -> serde_json::Value {
         "audit_mismatches": r.audit_mismatches,
         "reachable": r.probed.then_some(r.reachable),
         "probe_error": r.probe_error,
+        "trusted_keys": r.trusted_keys,
+        "trusted_form_keys": r.trusted_form_keys,
     })
 }
 
@@ -143,6 +148,14 @@ pub fn summary(r: &api::RemoteStatus) -> String {
         "{}, breaker {}, {} hits, {} misses, {} rejected, {} errors, {} uploads ({} dropped)",
         r.remote, r.breaker, r.hits, r.misses, r.rejected, r.errors, r.uploads, r.upload_drops
     )
+}
+
+/// Key labels for people.
+fn names(labels: &[String]) -> String {
+    match labels.is_empty() {
+        true => "none".to_string(),
+        false => labels.join(", "),
+    }
 }
 
 async fn status(ctx: &Ctx) -> Result<(), Failure> {
@@ -175,6 +188,12 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
         format!("; last error: {}", r.last_error)
     };
     kv("breaker", format!("{}{last}", r.breaker));
+    kv("trusted for packs", names(&r.trusted_keys));
+    let forms = match r.trusted_form_keys.is_empty() {
+        true => "none: runtime forms are compiled here, never fetched".to_string(),
+        false => names(&r.trusted_form_keys),
+    };
+    kv("trusted for forms", forms);
     kv(
         "queue",
         format!(

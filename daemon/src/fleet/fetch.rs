@@ -36,6 +36,8 @@ pub(super) enum Failed {
     Store(StoreError),
     /// Something of this host went wrong (an audit that could not pack).
     Local(String),
+    /// Nobody waits for it any more: stopped, nothing of it published.
+    Abandoned(String),
 }
 
 impl Fleet {
@@ -177,6 +179,10 @@ impl Fleet {
             Err(Failed::Local(e)) => {
                 s.counters.error("store");
                 tracing::warn!(%key, "storing a fetched entry failed: {e}");
+                Ok(None)
+            }
+            Err(Failed::Abandoned(why)) => {
+                tracing::info!(%key, "fetch stopped: {why}");
                 Ok(None)
             }
         }

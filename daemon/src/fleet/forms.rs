@@ -7,7 +7,7 @@
 //! being the tensor its key names.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -50,13 +50,16 @@ impl Fleet {
     /// thread: the form's entry, its weights stored first, or `None` (then
     /// the daemon compiles). An error only when the local store is out of
     /// space. `fetch = never` asks nothing; otherwise a form is always
-    /// fetched rather than compiled (a compile takes seconds).
+    /// fetched rather than compiled (a compile takes seconds). Once
+    /// `abandoned` is set, no further weight is asked for and nothing is
+    /// published.
     pub fn fetch_form(
         &self,
         store: &Store,
         key: &EntryKey,
         shape: FormShape,
         model_path: &str,
+        abandoned: &AtomicBool,
     ) -> Result<Option<Entry>, StoreError> {
         let settings = &self.shared.settings;
         // Without a key trusted for forms, no form can be taken: ask nothing.
@@ -66,7 +69,7 @@ impl Fleet {
         {
             return Ok(None);
         }
-        let got = self.try_fetch_form(store, key, shape, model_path);
+        let got = self.try_fetch_form(store, key, shape, model_path, abandoned);
         // Not a measure of the remote's rate: a form's weights come with it.
         self.settle(key, got, None)
     }
@@ -77,6 +80,7 @@ impl Fleet {
         key: &EntryKey,
         shape: FormShape,
         model_path: &str,
+        abandoned: &AtomicBool,
     ) -> Result<Entry, Failed> {
         let s = &self.shared;
         let accepted = self
@@ -113,31 +117,42 @@ impl Fleet {
         let weights = forms::moved(model.clone())
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?;
         let trust = s.settings.trust.and(&s.settings.form_trust);
-        self.weights(store, &weights, model_path, &trust)?;
+        self.weights(store, &weights, model_path, &trust, abandoned)?;
         stored_as(store.put(&new, &model[..]), key)
     }
 
     /// Stores the moved weights of a fetched form, [`WEIGHTS_AT_ONCE`] at a
     /// time (each is two requests, and a conv net's form names dozens); the
-    /// first failure stops the rest.
+    /// first failure stops the rest, as `abandoned` does.
     fn weights(
         &self,
         store: &Store,
         weights: &[forms::MovedTensor],
         model_path: &str,
         trust: &Trust,
+        abandoned: &AtomicBool,
     ) -> Result<(), Failed> {
-        let next = AtomicUsize::new(0);
+        let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let failed: Mutex<Option<Failed>> = Mutex::new(None);
         std::thread::scope(|threads| {
             for _ in 0..WEIGHTS_AT_ONCE.min(weights.len()) {
                 threads.spawn(|| {
                     while lock(&failed).is_none() {
+                        if abandoned.load(Ordering::Relaxed) {
+                            let why = format!(
+                                "nobody waits for the form any more ({} of its {} weights stored)",
+                                done.load(Ordering::Relaxed),
+                                weights.len()
+                            );
+                            lock(&failed).get_or_insert(Failed::Abandoned(why));
+                            return;
+                        }
                         let Some(w) = weights.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             return;
                         };
-                        if let Err(f) = self.weight(store, w, model_path, trust) {
-                            lock(&failed).get_or_insert(f);
+                        match self.weight(store, w, model_path, trust) {
+                            Ok(()) => _ = done.fetch_add(1, Ordering::Relaxed),
+                            Err(f) => _ = lock(&failed).get_or_insert(f),
                         }
                     }
                 });

@@ -81,6 +81,9 @@ pub(crate) struct Report {
     pub remote_rate: Option<f64>,
     /// Whether the remote answered a probe (`None`: not probed).
     pub reachable: Option<Result<(), RemoteError>>,
+    /// The labels of the keys trusted for packs, and for runtime forms.
+    pub trusted_keys: Vec<String>,
+    pub trusted_form_keys: Vec<String>,
 }
 
 /// How this host would pack an entry: the cost rule weighs the measured
@@ -291,6 +294,8 @@ impl Fleet {
             pack_rates,
             remote_rate,
             reachable,
+            trusted_keys: self.shared.settings.trust.names(),
+            trusted_form_keys: self.shared.settings.form_trust.names(),
         }
     }
 }

@@ -6,7 +6,6 @@
 //! itself, with its own rights (`ctcache::materialize::write_answer`).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use ctcache_kernels::Params;
 
 use super::model;
 use super::pack::{self, BackendRequest};
-use super::payload_access::{self, Granted};
+use super::payload_access::{self, Leased, Leasing};
 use super::{blocking, serve, Error, Result};
 use crate::caller::Caller;
 use crate::config::PolicyRule;
@@ -57,16 +56,6 @@ pub(crate) struct MaterializeRequest {
     pub data_folder: String,
 }
 
-/// How an answer's payloads are leased to its caller.
-#[derive(Debug, Clone)]
-pub(crate) enum Leasing {
-    /// A lease on each, for this many ms (as AcquireLease grants it).
-    Ttl(u64),
-    /// One hold over them all while the connection of the caller's handout
-    /// (named) stays open: a session's.
-    Hold(String),
-}
-
 /// What Materialize made.
 #[derive(Debug, Clone)]
 pub(crate) struct Materialized {
@@ -87,14 +76,8 @@ pub(crate) struct InMemoryAnswer {
     pub built: mat::InMemory,
     /// The entry behind each payload file name the tensors name.
     pub entries: HashMap<String, Entry>,
-    /// A lease for the caller on each of those entries (with a hold, the
-    /// one hold on each).
-    pub leases: Vec<Granted>,
-    /// The leases are one hold.
-    pub held: bool,
-    /// The folder the model's external data locations are relative to:
-    /// the store's payload folder.
-    pub external_data_dir: PathBuf,
+    /// Those entries, leased to the caller.
+    pub leased: Leased,
 }
 
 /// The target and settings of a request (the core's rule, `mat::Ask`);
@@ -349,27 +332,16 @@ impl WriteJob {
                 .ok_or_else(|| Error::internal(format!("no entry for {}", t.file_name)))?;
             entries.insert(t.file_name.clone(), e.clone());
         }
-        let leases = match leasing {
-            Leasing::Ttl(ms) => {
-                payload_access::acquire_all(&self.d, &self.caller, entries.values(), *ms)?
-            }
-            Leasing::Hold(handout) => {
-                let keys: Vec<_> = entries.values().map(|e| e.key).collect();
-                let id = payload_access::hold(&self.d, &self.caller, &keys, handout)?;
-                let granted = |e: &Entry| Granted {
-                    id,
-                    expires_unix_ms: 0,
-                    entry: Some(e.clone()),
-                };
-                entries.values().map(granted).collect()
-            }
-        };
+        let leased = payload_access::lease_answer(
+            &self.d,
+            &self.caller,
+            &entries.values().collect::<Vec<_>>(),
+            leasing,
+        )?;
         Ok(InMemoryAnswer {
             built,
             entries,
-            leases,
-            held: matches!(leasing, Leasing::Hold(_)),
-            external_data_dir: self.d.store.payload_folder().to_path_buf(),
+            leased,
         })
     }
 }

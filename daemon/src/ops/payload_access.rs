@@ -6,6 +6,7 @@
 //! `max_leases_per_uid` live leases of at most `max_lease_ttl_secs`.
 
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,6 +140,56 @@ pub(crate) fn acquire_all<'e>(
         }
     }
     Ok(granted)
+}
+
+/// How an answer's payloads are leased to its caller.
+#[derive(Debug, Clone)]
+pub(crate) enum Leasing {
+    /// A lease on each, for this many ms (as AcquireLease grants it).
+    Ttl(u64),
+    /// One hold over them all while the connection of the caller's handout
+    /// (named) stays open: a session's.
+    Hold(String),
+}
+
+/// An answer's payloads as its caller holds them.
+#[derive(Debug, Clone)]
+pub(crate) struct Leased {
+    /// A lease on each entry (with a hold, the one hold), in order.
+    pub leases: Vec<Granted>,
+    /// The leases are one hold.
+    pub held: bool,
+    /// The folder the answer's external data locations are relative to:
+    /// the store's payload folder.
+    pub external_data_dir: PathBuf,
+}
+
+/// Leases `entries` to the caller of an answer as `leasing` asks: all of
+/// them or none.
+pub(crate) fn lease_answer(
+    d: &Arc<Daemon>,
+    caller: &Caller,
+    entries: &[&Entry],
+    leasing: &Leasing,
+) -> Result<Leased> {
+    let leases = match leasing {
+        Leasing::Ttl(ms) => acquire_all(d, caller, entries.iter().copied(), *ms)?,
+        Leasing::Hold(handout) => {
+            let keys: Vec<EntryKey> = entries.iter().map(|e| e.key).collect();
+            let id = hold(d, caller, &keys, handout)?;
+            let granted = |e: &&Entry| Granted {
+                id,
+                expires_unix_ms: 0,
+                entry: Some((*e).clone()),
+            };
+            entries.iter().map(granted).collect()
+        }
+    };
+    Ok(Leased {
+        leases,
+        held: matches!(leasing, Leasing::Hold(_)),
+        external_data_dir: d.store.payload_folder().to_path_buf(),
+    })
 }
 
 /// One lease (a hold) over the entries of `keys` for the caller, kept

@@ -1,9 +1,12 @@
 //! The fleet tier's explicit transfers: `remote pull` (fetch every wanted
-//! entry of a model the store lacks, packing nothing) and `remote push`
+//! entry of a model the store lacks, packs and runtime forms, packing and
+//! compiling nothing) and `remote push`
 //! (upload local entries the remote lacks).
 
+use super::compile::rules::{self, Pulled};
 use super::{model, pack, Error, Result};
 use crate::caller::Caller;
+use ctcache::forms::is_form_type;
 use ctcache_kernels::compile::BackendChoice;
 
 use crate::fleet::{Ask, Fleet, Pushed};
@@ -22,7 +25,8 @@ pub(crate) struct Transfer {
     /// Push: uploads that failed.
     pub failed: u32,
     pub bytes: u64,
-    /// The first failure, for people.
+    /// The first failure (push) or the first form not taken (pull), for
+    /// people.
     pub first_error: String,
 }
 
@@ -77,6 +81,21 @@ pub(crate) fn pull(
             None => t.missing += 1,
         }
     }
+    for rule in d.config.policy.iter().filter(|r| is_form_type(&r.format)) {
+        match rules::pulled(d, caller.bounded_uid(), &m, &rule.format, &rule.params)? {
+            Pulled::Present => t.present += 1,
+            Pulled::Fetched(bytes) => {
+                t.done += 1;
+                t.bytes += bytes;
+            }
+            Pulled::Missing(why) => {
+                t.missing += 1;
+                if t.first_error.is_empty() {
+                    t.first_error = format!("{} form: {why}", rule.format);
+                }
+            }
+        }
+    }
     Ok(t)
 }
 
@@ -91,7 +110,7 @@ pub(crate) fn push(d: &Daemon, caller: &Caller, model_path: &str) -> Result<Tran
     let mut entries = d.store.list(&Default::default())?;
     // A runtime form after every weight it names: a reader takes a form
     // only once its weights are there.
-    entries.sort_by_key(|e| ctcache::forms::is_form_type(&e.type_name));
+    entries.sort_by_key(|e| is_form_type(&e.type_name));
     let mut t = Transfer::default();
     for e in entries
         .iter()

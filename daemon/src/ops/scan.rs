@@ -372,7 +372,7 @@ fn consider(d: &Arc<Daemon>, path: &Path, runtime: &tokio::runtime::Handle) -> R
         .iter()
         .filter(|r| forms::is_form_type(&r.format))
     {
-        runtime.spawn(compile::for_watched(
+        runtime.spawn(compile::rules::for_watched(
             d.clone(),
             m.clone(),
             rule.format.clone(),

@@ -202,9 +202,9 @@ fn in_memory(
             })
             .collect(),
         payload_files,
-        leases: a.leases.into_iter().map(|g| lease(d, g)).collect(),
-        held: a.held,
-        external_data_dir: a.external_data_dir.display().to_string(),
+        leases: a.leased.leases.into_iter().map(|g| lease(d, g)).collect(),
+        held: a.leased.held,
+        external_data_dir: a.leased.external_data_dir.display().to_string(),
         model: a.built.model.into(),
         ..r
     }
@@ -324,6 +324,8 @@ pub(crate) fn remote_status(r: crate::fleet::Report) -> api::RemoteStatus {
         probe_error: (r.reachable.and_then(Result::err))
             .map(|e| e.to_string())
             .unwrap_or_default(),
+        trusted_keys: r.trusted_keys,
+        trusted_form_keys: r.trusted_form_keys,
     }
 }
 
@@ -387,7 +389,7 @@ pub(crate) fn compiled(d: &Daemon, c: Compiled) -> api::CompileResponse {
     };
     if let Some(f) = c.form {
         r.form = Some(lease(d, f.form));
-        r.held = f.held;
+        r.held = f.leased.held;
         r.model = f.model.into();
         r.tensors = f
             .tensors
@@ -401,8 +403,8 @@ pub(crate) fn compiled(d: &Daemon, c: Compiled) -> api::CompileResponse {
                 dims: t.dims,
             })
             .collect();
-        r.leases = f.leases.into_iter().map(|g| lease(d, g)).collect();
-        r.external_data_dir = f.external_data_dir.display().to_string();
+        r.leases = f.leased.leases.into_iter().map(|g| lease(d, g)).collect();
+        r.external_data_dir = f.leased.external_data_dir.display().to_string();
     }
     r
 }

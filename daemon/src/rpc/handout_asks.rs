@@ -19,7 +19,7 @@ use super::peer::PeerInfo;
 use super::{decode, encode};
 use crate::caller::Caller;
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::materialize::Leasing;
+use crate::ops::payload_access::Leasing;
 use crate::state::Daemon;
 use crate::use_case_names::UseCase;
 

@@ -19,6 +19,7 @@ use ctcache_kernels::Params;
 use super::super::{blocking, model, pack, Error, Result};
 use super::source::Source;
 use crate::fleet::FormShape;
+use crate::flights::Abandon;
 use crate::runtimes::{CompileFailure, Configured, Identified};
 use crate::state::Daemon;
 
@@ -62,31 +63,42 @@ impl Job {
         compile.run().await
     }
 
-    /// The form, fetched from the fleet tier where one is configured.
+    /// The form, fetched from the fleet tier where one is configured; the
+    /// fetch stops when this job is dropped (nobody waits any more).
     async fn fetched(&self) -> Result<Option<Entry>> {
         if self.d.fleet.is_none() {
             return Ok(None);
         }
-        let shape = if self.key.runtime.name == "openvino" {
-            FormShape::Whole
-        } else {
-            FormShape::WithWeights {
-                max_model: super::served::max_model(&self.d) as u64,
-            }
-        };
+        let shape = form_shape(&self.d, &self.key);
         let key = self.entry_key;
         let (d, path) = (self.d.clone(), self.model.path().display().to_string());
+        let abandon = Abandon::new(format!("the fleet fetch of form {key}"));
+        let abandoned = abandon.flag();
         let form = blocking(move || {
             let Some(fleet) = &d.fleet else {
                 return Ok(None);
             };
-            Ok(fleet.fetch_form(&d.store, &key, shape, &path)?)
+            Ok(fleet.fetch_form(&d.store, &key, shape, &path, &abandoned)?)
         })
-        .await?;
+        .await;
+        abandon.finished();
+        let form = form?;
         if let Some(e) = &form {
             tracing::info!(key = %e.key, model = %self.model.path().display(), "form fetched from the fleet");
         }
         Ok(form)
+    }
+}
+
+/// How the fleet tier takes a form of `key`: OpenVINO's whole, onnxruntime's
+/// as a model (at most what an answer carries) and its weights.
+pub(super) fn form_shape(d: &Daemon, key: &FormKey) -> FormShape {
+    if key.runtime.name == "openvino" {
+        FormShape::Whole
+    } else {
+        FormShape::WithWeights {
+            max_model: super::served::max_model(d) as u64,
+        }
     }
 }
 

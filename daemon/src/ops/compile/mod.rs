@@ -7,6 +7,7 @@
 //! (looking only) the part in which the stored forms' keys differ.
 
 mod job;
+pub(crate) mod rules;
 mod served;
 mod source;
 
@@ -21,7 +22,8 @@ use ctcache::hit::MissReason;
 use ctcache::store::{EntryKey, Filter};
 use futures_util::future::FutureExt;
 
-use super::materialize::{Leasing, MaterializeRequest};
+use super::materialize::MaterializeRequest;
+use super::payload_access::Leasing;
 use super::{blocking, model, Error, Miss, Result};
 use crate::caller::Caller;
 use crate::error::ErrorKind;
@@ -64,23 +66,6 @@ impl CompileRequest {
             _ => MadeWith::onnxruntime(&self.level),
         }
     }
-}
-
-/// The runtime and what its form is made with, as a policy rule of a
-/// form's format names them (checked when the config was read).
-pub(crate) fn rule_form(format: &str, params: &BTreeMap<String, String>) -> (String, MadeWith) {
-    if forms::form_type_name("openvino") == Some(format) {
-        let options = params
-            .iter()
-            .filter(|(k, _)| *k != "device")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        return ("openvino".into(), MadeWith::openvino(options));
-    }
-    let level = params
-        .get("level")
-        .map_or(forms::DEFAULT_LEVEL, String::as_str);
-    ("onnxruntime".into(), MadeWith::onnxruntime(level))
 }
 
 /// A form's provider (or device) and options, the key's parts a request
@@ -241,71 +226,6 @@ async fn runtime_key(
         device: Some(d.host_tier.clone()),
     };
     Ok((rt, key))
-}
-
-/// Makes the form a policy rule asks for (`format`, `params`) of a
-/// watched model unless it is stored; logs what it did.
-pub(crate) async fn for_watched(
-    d: Arc<Daemon>,
-    m: model::OpenedModel,
-    format: String,
-    params: BTreeMap<String, String>,
-    queue_owner: Option<u32>,
-) {
-    let path = m.path.clone();
-    let (runtime, made_with) = rule_form(&format, &params);
-    let options: Vec<String> = made_with
-        .options
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let what = format!("{runtime} form ({})", options.join(", "));
-    match watched(&d, m, &runtime, made_with, queue_owner).await {
-        Ok(Some(Some(took))) => tracing::info!(
-            "watcher: {}: {what} compiled in {:.2} s",
-            path.display(),
-            took.as_secs_f64()
-        ),
-        Ok(Some(None)) => tracing::info!("watcher: {}: {what} fetched", path.display()),
-        Ok(None) => tracing::debug!("watcher: {}: {what} stored already", path.display()),
-        Err(why) => tracing::warn!("watcher: {}: no {what}: {why}", path.display()),
-    }
-}
-
-/// [`for_watched`]'s work: how long the compile took (`Some(None)`: the
-/// form was fetched), `None` when the form was stored. It takes one of
-/// the folder owner's compile places, as a request of that uid does.
-async fn watched(
-    d: &Arc<Daemon>,
-    m: model::OpenedModel,
-    runtime: &str,
-    made_with: MadeWith,
-    queue_owner: Option<u32>,
-) -> Result<Option<Option<Duration>>> {
-    let (d2, m2) = (d.clone(), m.clone());
-    let digest =
-        blocking(move || digest_of(&d2, queue_owner, &m2)?.map_err(Error::precondition)).await?;
-    let (rt, key) = runtime_key(d, runtime, digest, made_with)
-        .await
-        .map_err(|miss| Error::precondition(miss.detail))?;
-    let entry_key = entry_key_of(&key)?;
-    if d.store.stat(&entry_key)?.is_some() {
-        return Ok(None);
-    }
-    let _place = compile_place(d, queue_owner)?;
-    let job = Job {
-        d: d.clone(),
-        rt,
-        key,
-        entry_key,
-        model: Source::Opened(m),
-        requested_by: queue_owner,
-    };
-    let (_, took) = d
-        .compiles
-        .join(entry_key, move || job.run().boxed())
-        .await?;
-    Ok(Some(took))
 }
 
 /// One of `uid`'s compile places (none is counted for a trusted caller):

@@ -4,15 +4,13 @@
 //! payload folder, as an in-memory materialize names them); OpenVINO's as
 //! its payload alone, which the caller maps and imports.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ctcache::forms::{self, MovedTensor};
 use ctcache::store::{Entry, EntryKey};
 
-use super::super::materialize::Leasing;
-use super::super::payload_access::{self, Granted};
+use super::super::payload_access::{self, Granted, Leased, Leasing};
 use super::super::{serve, Error, Result};
 use crate::caller::Caller;
 use crate::error::ErrorKind;
@@ -28,10 +26,8 @@ pub(crate) struct ServedForm {
     pub model: Vec<u8>,
     /// Each moved initializer, with the entry that holds it.
     pub tensors: Vec<(MovedTensor, EntryKey)>,
-    /// A lease on each entry the model reads (with a hold, the one hold).
-    pub leases: Vec<Granted>,
-    pub external_data_dir: PathBuf,
-    pub held: bool,
+    /// Every entry the model reads, the form's own first, leased.
+    pub leased: Leased,
 }
 
 /// Serves the form `e`: DATA_LOSS when one of its payloads rotted or is no
@@ -105,25 +101,12 @@ fn lease(
             model.len()
         )));
     }
-    let leases = match leasing {
-        Leasing::Ttl(ms) => payload_access::acquire_all(d, caller, entries.iter(), *ms)?,
-        Leasing::Hold(handout) => {
-            let keys: Vec<EntryKey> = entries.iter().map(|e| e.key).collect();
-            let id = payload_access::hold(d, caller, &keys, handout)?;
-            let granted = |e: &Entry| Granted {
-                id,
-                expires_unix_ms: 0,
-                entry: Some(e.clone()),
-            };
-            entries.iter().map(granted).collect()
-        }
-    };
+    let leased =
+        payload_access::lease_answer(d, caller, &entries.iter().collect::<Vec<_>>(), leasing)?;
     Ok(ServedForm {
-        form: leases[0].clone(),
+        form: leased.leases[0].clone(),
         model,
         tensors,
-        leases,
-        external_data_dir: d.store.payload_folder().to_path_buf(),
-        held: matches!(leasing, Leasing::Hold(_)),
+        leased,
     })
 }

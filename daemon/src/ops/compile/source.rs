@@ -130,7 +130,7 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        for g in &self.answer.leases {
+        for g in &self.answer.leased.leases {
             let _ = payload_access::release(&self.d, &self.caller, g.id);
         }
     }

@@ -1,0 +1,148 @@
+//! The forms a policy rule asks for: made by the watcher before first use
+//! (fetched or compiled), fetched by `remote pull` (never compiled).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctcache::forms;
+use futures_util::future::FutureExt;
+
+use super::super::{blocking, model, Error, Result};
+use super::job::{self, Job};
+use super::source::Source;
+use super::{compile_place, digest_of, entry_key_of, runtime_key, MadeWith};
+use crate::state::Daemon;
+
+/// The runtime and what its form is made with, as a policy rule of a
+/// form's format names them (checked when the config was read).
+fn rule_form(format: &str, params: &BTreeMap<String, String>) -> (String, MadeWith) {
+    if forms::form_type_name("openvino") == Some(format) {
+        let options = params
+            .iter()
+            .filter(|(k, _)| *k != "device")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        return ("openvino".into(), MadeWith::openvino(options));
+    }
+    let level = params
+        .get("level")
+        .map_or(forms::DEFAULT_LEVEL, String::as_str);
+    ("onnxruntime".into(), MadeWith::onnxruntime(level))
+}
+
+/// Makes the form a policy rule asks for (`format`, `params`) of a
+/// watched model unless it is stored; logs what it did.
+pub(crate) async fn for_watched(
+    d: Arc<Daemon>,
+    m: model::OpenedModel,
+    format: String,
+    params: BTreeMap<String, String>,
+    queue_owner: Option<u32>,
+) {
+    let path = m.path.clone();
+    let (runtime, made_with) = rule_form(&format, &params);
+    let options: Vec<String> = made_with
+        .options
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let what = format!("{runtime} form ({})", options.join(", "));
+    match watched(&d, m, &runtime, made_with, queue_owner).await {
+        Ok(Some(Some(took))) => tracing::info!(
+            "watcher: {}: {what} compiled in {:.2} s",
+            path.display(),
+            took.as_secs_f64()
+        ),
+        Ok(Some(None)) => tracing::info!("watcher: {}: {what} fetched", path.display()),
+        Ok(None) => tracing::debug!("watcher: {}: {what} stored already", path.display()),
+        Err(why) => tracing::warn!("watcher: {}: no {what}: {why}", path.display()),
+    }
+}
+
+/// [`for_watched`]'s work: how long the compile took (`Some(None)`: the
+/// form was fetched), `None` when the form was stored. It takes one of
+/// the folder owner's compile places, as a request of that uid does.
+async fn watched(
+    d: &Arc<Daemon>,
+    m: model::OpenedModel,
+    runtime: &str,
+    made_with: MadeWith,
+    queue_owner: Option<u32>,
+) -> Result<Option<Option<Duration>>> {
+    let (d2, m2) = (d.clone(), m.clone());
+    let digest =
+        blocking(move || digest_of(&d2, queue_owner, &m2)?.map_err(Error::precondition)).await?;
+    let (rt, key) = runtime_key(d, runtime, digest, made_with)
+        .await
+        .map_err(|miss| Error::precondition(miss.detail))?;
+    let entry_key = entry_key_of(&key)?;
+    if d.store.stat(&entry_key)?.is_some() {
+        return Ok(None);
+    }
+    let _place = compile_place(d, queue_owner)?;
+    let job = Job {
+        d: d.clone(),
+        rt,
+        key,
+        entry_key,
+        model: Source::Opened(m),
+        requested_by: queue_owner,
+    };
+    let (_, took) = d
+        .compiles
+        .join(entry_key, move || job.run().boxed())
+        .await?;
+    Ok(Some(took))
+}
+
+/// What `remote pull` did with a form a policy rule asks for.
+pub(crate) enum Pulled {
+    /// Stored already.
+    Present,
+    /// Fetched now: the bytes of the form's own entry.
+    Fetched(u64),
+    /// Not taken, and why (nothing is compiled).
+    Missing(String),
+}
+
+/// `remote pull`'s part of a policy rule (`format`, `params`) of a form:
+/// the form of the model `m`, fetched from the fleet unless stored, from a
+/// blocking thread. Nothing is compiled.
+pub(crate) fn pulled(
+    d: &Daemon,
+    payer: Option<u32>,
+    m: &model::OpenedModel,
+    format: &str,
+    params: &BTreeMap<String, String>,
+) -> Result<Pulled> {
+    let Some(fleet) = &d.fleet else {
+        return Ok(Pulled::Missing("no [remote] in the daemon's config".into()));
+    };
+    let digest = match digest_of(d, payer, m)? {
+        Ok(digest) => digest,
+        Err(why) => return Ok(Pulled::Missing(why)),
+    };
+    let (runtime, made_with) = rule_form(format, params);
+    let found =
+        tokio::runtime::Handle::current().block_on(runtime_key(d, &runtime, digest, made_with));
+    let key = match found {
+        Ok((_, key)) => key,
+        Err(miss) => return Ok(Pulled::Missing(miss.detail)),
+    };
+    let entry_key = entry_key_of(&key)?;
+    if d.store.stat(&entry_key)?.is_some() {
+        return Ok(Pulled::Present);
+    }
+    let path = m.path.display().to_string();
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let shape = job::form_shape(d, &key);
+    Ok(
+        match fleet.fetch_form(&d.store, &entry_key, shape, &path, &never)? {
+            Some(e) => Pulled::Fetched(e.payload.len),
+            None => Pulled::Missing(format!(
+            "no form {entry_key} taken from the remote (why: `remote status`, the daemon's log)"
+        )),
+        },
+    )
+}
