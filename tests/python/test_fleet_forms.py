@@ -401,10 +401,11 @@ class HeldWeights:
         self.server.shutdown()
 
 
-def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3):
-    """The caller goes while the form's weights are under way: the fetch
-    asks for no further weight, publishes no form, and the next caller's
-    fetch takes the rest."""
+@pytest.mark.parametrize("way", ["compile", "remote pull"])
+def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3, way):
+    """The caller (of a compile, or of a remote pull) goes while the form's
+    weights are under way: the fetch asks for no further weight, publishes
+    no form, and the next caller's fetch takes the rest."""
     n = 24
     model = chain_model(root / "chain.onnx", n)
     pub_a = keygen("a", root)
@@ -417,10 +418,12 @@ def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3):
     finally:
         a.stop()
     proxy = HeldWeights(s3.endpoint)
-    b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000)
+    b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000,
+              policy=_form_rule())
     try:
-        p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(b.socket), "compile", str(model),
-                              "--level", LEVEL], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ask = ["compile", str(model), "--level", LEVEL] if way == "compile" else ["remote", "pull", str(model)]
+        p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(b.socket), *ask],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert proxy.held.wait(120), b.log_text()
         p.kill()
         p.wait()
@@ -434,8 +437,11 @@ def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3):
         asked = proxy.weights_asked()
         assert asked <= 8 < n, (asked, n)
         assert _forms_of(b) == [] and len(b.entries()) <= asked
-        got = _compile(b, model, level=LEVEL)
-        assert got.HasField("form") and not got.compiled, b.log_text()
+        if way == "compile":
+            got = _compile(b, model, level=LEVEL)
+            assert got.HasField("form") and not got.compiled, b.log_text()
+        else:
+            assert b.json("remote", "pull", str(model))["done"] == 1
         assert payloads(b) == packed and _compiled_here(b) == 0
     finally:
         b.stop()

@@ -3,6 +3,8 @@
 //! compiling nothing) and `remote push`
 //! (upload local entries the remote lacks).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::compile::rules::{self, Pulled};
 use super::{model, pack, Error, Result};
 use crate::caller::Caller;
@@ -36,12 +38,13 @@ fn fleet(d: &Daemon) -> Result<&Fleet> {
         .ok_or_else(|| Error::precondition("no [remote] in the daemon's config"))
 }
 
-/// The RemotePull use case.
+/// The RemotePull use case, from a blocking thread: it stops before the
+/// next entry once `abandoned` is set (its caller went).
 pub(crate) fn pull(
     d: &Daemon,
     caller: &Caller,
-    model_path: &str,
-    handout: &str,
+    (model_path, handout): (&str, &str),
+    abandoned: &AtomicBool,
 ) -> Result<Transfer> {
     fleet(d)?;
     tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
@@ -49,7 +52,12 @@ pub(crate) fn pull(
     let sel = model::wanted(d, &m.model, &[], &[])?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let mut t = Transfer::default();
+    let gone = || match abandoned.load(Ordering::Relaxed) {
+        true => Err(Error::cancelled("the caller of remote pull went away")),
+        false => Ok(()),
+    };
     for w in &sel.wanted {
+        gone()?;
         let (Some(tensor), Some(packer)) = (
             tensors.iter().find(|t| t.name == w.initializer),
             ctcache_kernels::find(&w.format),
@@ -82,7 +90,9 @@ pub(crate) fn pull(
         }
     }
     for rule in d.config.policy.iter().filter(|r| is_form_type(&r.format)) {
-        match rules::pulled(d, caller.bounded_uid(), &m, &rule.format, &rule.params)? {
+        gone()?;
+        let asked = (rule.format.as_str(), &rule.params);
+        match rules::pulled(d, caller.bounded_uid(), &m, asked, abandoned)? {
             Pulled::Present => t.present += 1,
             Pulled::Fetched(bytes) => {
                 t.done += 1;

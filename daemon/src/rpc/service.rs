@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::wire_cache::WireCache;
 use super::{caller, decode, encode};
 use crate::caller::Caller;
+use crate::flights::Abandon;
 use crate::ops::{self, blocking, Error};
 use crate::state::Daemon;
 
@@ -409,11 +410,17 @@ impl CompiledTensorCache for Service {
     ) -> Answer<api::RemoteTransferResponse> {
         let caller = self.caller(&req);
         let r = req.into_inner();
-        self.run(
-            move |d| ops::remote::pull(d, &caller, &r.model_path, &r.handout),
-            |_, t| encode::transfer(t),
-        )
-        .await
+        // Dropped with this call when its caller goes: the pull stops.
+        let abandon = Abandon::new(format!("remote pull of {}", r.model_path));
+        let abandoned = abandon.flag();
+        let pulled = self
+            .run(
+                move |d| ops::remote::pull(d, &caller, (&r.model_path, &r.handout), &abandoned),
+                |_, t| encode::transfer(t),
+            )
+            .await;
+        abandon.finished();
+        pulled
     }
 
     async fn remote_push(

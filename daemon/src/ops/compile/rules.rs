@@ -2,6 +2,7 @@
 //! (fetched or compiled), fetched by `remote pull` (never compiled).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,13 +109,14 @@ pub(crate) enum Pulled {
 
 /// `remote pull`'s part of a policy rule (`format`, `params`) of a form:
 /// the form of the model `m`, fetched from the fleet unless stored, from a
-/// blocking thread. Nothing is compiled.
+/// blocking thread; the fetch stops once `abandoned` is set. Nothing is
+/// compiled.
 pub(crate) fn pulled(
     d: &Daemon,
     payer: Option<u32>,
     m: &model::OpenedModel,
-    format: &str,
-    params: &BTreeMap<String, String>,
+    (format, params): (&str, &BTreeMap<String, String>),
+    abandoned: &AtomicBool,
 ) -> Result<Pulled> {
     let Some(fleet) = &d.fleet else {
         return Ok(Pulled::Missing("no [remote] in the daemon's config".into()));
@@ -135,10 +137,9 @@ pub(crate) fn pulled(
         return Ok(Pulled::Present);
     }
     let path = m.path.display().to_string();
-    let never = std::sync::atomic::AtomicBool::new(false);
     let shape = job::form_shape(d, &key);
     Ok(
-        match fleet.fetch_form(&d.store, &entry_key, shape, &path, &never)? {
+        match fleet.fetch_form(&d.store, &entry_key, shape, &path, abandoned)? {
             Some(e) => Pulled::Fetched(e.payload.len),
             None => Pulled::Missing(format!(
             "no form {entry_key} taken from the remote (why: `remote status`, the daemon's log)"
