@@ -45,9 +45,9 @@ def root_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _daemon(root_dir: Path, uid: int, args: tuple = ()):
+def daemon_as_uid(root_dir: Path, uid: int, args: tuple = (), config: str = ""):
     """ctcached as ``uid`` (setpriv unless root) on a store in ``root_dir``, its socket for group CALLER_UID,
-    with ``args`` added to its command line."""
+    with ``args`` added to its command line and ``config`` as its config file."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.fail("this test runs as root with setpriv (util-linux), as tests/run.sh does")
     tmp_path = root_dir
@@ -57,8 +57,8 @@ def _daemon(root_dir: Path, uid: int, args: tuple = ()):
     cache.mkdir()
     os.chown(cache, uid, uid)
     os.chown(run, uid, uid)
-    config = tmp_path / "ctcached.toml"
-    config.write_text("")
+    config_file = tmp_path / "ctcached.toml"
+    config_file.write_text(config)
     socket = run / "s.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTCACHE_")}
     # mesa's shader cache where the daemon's user may write, outside the store.
@@ -68,7 +68,7 @@ def _daemon(root_dir: Path, uid: int, args: tuple = ()):
     env.update(CTCACHE_SOCKET_GROUP=str(CALLER_UID), HOME=str(tmp_path), XDG_CACHE_HOME=str(xdg))
     log = open(tmp_path / "ctcached.log", "wb")
     as_uid = setpriv(uid, CALLER_UID) if uid else []
-    p = subprocess.Popen([*as_uid, str(bin_dir() / "ctcached"), "--config", str(config),
+    p = subprocess.Popen([*as_uid, str(bin_dir() / "ctcached"), "--config", str(config_file),
                           "--cache-dir", str(cache), "--socket", str(socket), *args],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
@@ -88,27 +88,27 @@ def _daemon(root_dir: Path, uid: int, args: tuple = ()):
 
 @pytest.fixture
 def as_its_own_user(root_dir):
-    yield from _daemon(root_dir, DAEMON_UID)
+    yield from daemon_as_uid(root_dir, DAEMON_UID)
 
 
 @pytest.fixture(**BOTH_DAEMONS)
 def any_daemon(root_dir, request):
-    yield from _daemon(root_dir, request.param)
+    yield from daemon_as_uid(root_dir, request.param)
 
 
 @pytest.fixture(**BOTH_DAEMONS)
 def compiling(root_dir, request):
     """The daemon (as root, then as its own user) with the onnxruntime library its worker loads."""
-    yield from _daemon(root_dir, request.param, ("--ort-library", ort_library()))
+    yield from daemon_as_uid(root_dir, request.param, ("--ort-library", ort_library()))
 
 
 @pytest.fixture(**BOTH_DAEMONS)
 def compiling_openvino(root_dir, request):
     """The daemon (as root, then as its own user) with the OpenVINO library its worker loads."""
-    yield from _daemon(root_dir, request.param, ("--openvino-library", openvino_library()))
+    yield from daemon_as_uid(root_dir, request.param, ("--openvino-library", openvino_library()))
 
 
-def _private_model(root_dir: Path) -> Path:
+def private_model(root_dir: Path) -> Path:
     """The caller's model, in a folder only the caller may enter."""
     home = root_dir / "home"
     home.mkdir(mode=0o700)
@@ -120,7 +120,7 @@ def _private_model(root_dir: Path) -> Path:
 
 
 def test_a_user_works_on_its_private_model_through_handed_descriptors(as_its_own_user, root_dir, installed):  # noqa: F811
-    model = _private_model(root_dir)
+    model = private_model(root_dir)
     env = _caller_env(root_dir, model.parent, installed)
     said = _as_caller(env, str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user), "resolve", str(model))
     assert f"{model}: nothing wanted" in said, said  # read: its one initializer judged
@@ -134,7 +134,7 @@ def test_a_user_works_on_its_private_model_through_handed_descriptors(as_its_own
 
 
 def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root_dir):
-    model = _private_model(root_dir)
+    model = private_model(root_dir)
     other = 23456
     r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(as_its_own_user),
                         "resolve", str(model)], capture_output=True, text=True, timeout=60,
@@ -144,7 +144,7 @@ def test_a_model_the_caller_may_not_read_is_refused_for_it(as_its_own_user, root
     assert f"{model}: Permission denied" in r.stderr, r.stderr
 
 
-def _another_user_gets_no_form(socket: Path, root_dir: Path, model: Path, runtime: str) -> None:
+def another_user_gets_no_form(socket: Path, root_dir: Path, model: Path, runtime: str) -> None:
     """A uid of the socket's group that cannot open `model` asks for its form: its own open is refused."""
     other = 23456
     r = subprocess.run([*setpriv(other, CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket),
@@ -160,14 +160,14 @@ def test_a_user_gets_a_form_of_its_private_model_and_another_user_none(compiling
     socket (the store's files are not the caller's to read). Another user,
     who cannot open the model, gets no form of it."""
     socket = compiling
-    model = _private_model(root_dir)
+    model = private_model(root_dir)
     env = _caller_env(root_dir, model.parent, installed)
     script = ("import sys, ctcache.ort\n"
               "s = ctcache.ort.inference_session(sys.argv[2], target=None, optimize='extended', socket=sys.argv[1])\n"
               "print('SESSION', s.ctcache_report.source, s.get_session_options().graph_optimization_level)\n")
     said = _as_caller(env, sys.executable, "-c", script, str(socket), str(model))
     assert "SESSION daemon GraphOptimizationLevel.ORT_DISABLE_ALL" in said, said
-    _another_user_gets_no_form(socket, root_dir, model, "onnxruntime")
+    another_user_gets_no_form(socket, root_dir, model, "onnxruntime")
 
 
 def test_a_user_gets_an_openvino_form_of_its_private_model_and_another_user_none(
@@ -177,14 +177,14 @@ def test_a_user_gets_an_openvino_form_of_its_private_model_and_another_user_none
     (the store's files are not the caller's to read); another user, who
     cannot open the model, gets none."""
     socket = compiling_openvino
-    model = _private_model(root_dir)
+    model = private_model(root_dir)
     env = _caller_env(root_dir, model.parent, installed)
     script = ("import sys, ctcache.openvino\n"
               "c = ctcache.openvino.compile_model(sys.argv[2], socket=sys.argv[1])\n"
               "print('COMPILED', c.ctcache_report.source, type(c).__name__)\n")
     said = _as_caller(env, sys.executable, "-c", script, str(socket), str(model))
     assert "COMPILED daemon CompiledModel" in said, said
-    _another_user_gets_no_form(socket, root_dir, model, "openvino")
+    another_user_gets_no_form(socket, root_dir, model, "openvino")
 
 
 NEVER_ENDS = """#!{python}
@@ -219,7 +219,7 @@ def test_a_user_waits_for_two_compiles_at_most(root_dir, monkeypatch, daemon_uid
         m.write_bytes(m.read_bytes() + bytes([0x92, 0x01, 0x01, 0x30 + i]))
         os.chmod(m, 0o644)
         models.append(m)
-    daemon = _daemon(root_dir, daemon_uid, ("--ort-library", "/etc/hostname"))
+    daemon = daemon_as_uid(root_dir, daemon_uid, ("--ort-library", "/etc/hostname"))
     socket = next(daemon)
     log = root_dir / "ctcached.log"
     waiting = []
@@ -255,7 +255,7 @@ def _caller_env(root_dir: Path, home: Path, installed: Path) -> dict:  # noqa: F
 def test_a_user_gets_outputs_in_its_own_folders(as_its_own_user, root_dir, installed):  # noqa: F811
     """The daemon writes no file for a caller: ctcachectl and the Python client write the materialized model
     and its weights with the caller's own rights, into folders only the caller may enter (made when missing)."""
-    model = _private_model(root_dir)
+    model = private_model(root_dir)
     home = model.parent
     env = _caller_env(root_dir, home, installed)
     out = home / "out" / "cli" / "m.int4.onnx"
@@ -286,7 +286,7 @@ def test_a_user_gets_embedded_models_in_its_own_folders(as_its_own_user, root_di
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    home = _private_model(root_dir).parent
+    home = private_model(root_dir).parent
     env = _caller_env(root_dir, home, installed)
     # A weight the policy packs (at least 65536 elements).
     w = np.random.default_rng(1).standard_normal((512, 256)).astype(np.float32)
@@ -351,7 +351,7 @@ def test_no_file_of_the_store_is_read_by_another_socket_user(any_daemon, root_di
     """Another user of the socket group (and of the cache folder's group, as the unit's shape gives it) stats and
     reads every file of the store after a user packed its private model: it lists no folder and reads no index,
     record, key or temp file, and finds no payload by its digest."""
-    model = _private_model(root_dir)
+    model = private_model(root_dir)
     cache = root_dir / "cache"
     os.chown(cache, os.stat(cache).st_uid, CALLER_UID)
     os.chmod(cache, 0o750)

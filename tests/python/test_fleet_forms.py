@@ -18,6 +18,8 @@ onnxruntime's library).
   ``too_large``.
 * A form fetch stops when nobody waits for it any more (a proxy holds the
   weights' requests); a full disk during one is RESOURCE_EXHAUSTED.
+* The daemon as root and as its own user fetches the form of a caller's
+  private model from the descriptor it hands over; another user gets none.
 
 Skips when moto is not installed.
 """
@@ -41,6 +43,11 @@ import real_models
 from waiting import wait_until
 from test_fleet import (BUCKET, chain_model, fill, fleet_daemon, forge_with_trusted_key, keygen,  # noqa: F401
                         metric_sum, payloads, remote_status, root, s3, scrape, start_writing, wait_uploads)
+from garage_cluster import remote_section
+from test_daemon_user import (CALLER_UID, DAEMON_IDS, DAEMON_UIDS, another_user_gets_no_form, daemon_as_uid,
+                              private_model, root_dir, setpriv)  # noqa: F401 (root_dir: a fixture)
+from test_fleet import TIMEOUT_MS
+from e2e.harness import bin_dir
 from test_python_client import ctcache, installed  # noqa: F401  (session fixtures: pip-installed client)
 from worker_daemons import LEVELS, openvino_library, ort_library
 
@@ -471,6 +478,38 @@ def test_a_full_disk_during_a_form_fetch_is_resource_exhausted(root, s3, uploade
             b.stop()
     finally:
         subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+@pytest.mark.parametrize("daemon_uid", DAEMON_UIDS, ids=DAEMON_IDS)
+def test_a_users_private_model_gets_its_form_from_the_fleet(root, s3, root_dir, daemon_uid):  # noqa: F811
+    """The daemon as root and as its own user (setpriv), a caller's private
+    model (0600 in a 0700 folder): the form A uploaded is fetched for the
+    caller from the descriptor it hands over, B's worker never runs; another
+    user, who cannot open the model, gets none."""
+    model = private_model(root_dir)
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a")
+    try:
+        assert a.json("compile", str(model), "--level", LEVEL)["compiled"]
+        wait_uploads(a, len(a.entries()), timeout=180)
+    finally:
+        a.stop()
+    remote = remote_section(f"s3://{BUCKET}/fleet", s3.endpoint, fetch="always", write=False,
+                            extra=[f'trusted_form_keys = ["{pub_a}"]', f"timeout_ms = {TIMEOUT_MS}"])
+    daemon = daemon_as_uid(root_dir, daemon_uid, ("--ort-library", ort_library()), config=remote)
+    socket = next(daemon)
+    try:
+        r = subprocess.run([*setpriv(CALLER_UID), str(bin_dir() / "ctcachectl"), "--socket", str(socket), "compile",
+                            str(model), "--level", LEVEL, "--json"], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, HOME=str(root_dir)))
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        log = (root_dir / "ctcached.log").read_text()
+        assert got["form"] is not None and not got["compiled"], (got, log)
+        assert "form fetched from the fleet" in log and " compiled model=" not in log, log
+        another_user_gets_no_form(socket, root_dir, model, "onnxruntime")
+    finally:
+        next(daemon, None)
 
 
 @pytest.fixture
