@@ -49,7 +49,7 @@ bench fp16         "bench/materialize_bench.sh --target fp16"         materializ
 bench large        "bench/large_model_bench.sh"                       materialize.large.{int4,int8,fp16}.{local,daemon}.{seconds,rss_mib}
 bench session      "bench/session_bench.sh"                           session.{minilm,conv}.{warm.p1,warm.p4,reference.p1,floor.p1,form.p1,form.p4,own.p1,form_cold.p1,ov_form.p1,ov_form.p4,ov_cache.p1,ov_form_cold.p1,form.rss_mib,ov_form.rss_mib}
 bench load         "bench/load_bench.sh"                              load.{resolve,lookup,open,release,read,gc}_{p50,p99} load.rss_growth
-bench fleet        "bench/fleet_bench.sh"                             fleet.{ort.matmul_nbits,gemm.pack_b.f32}.{remote,auto,bytes}
+bench fleet        "bench/fleet_bench.sh"                             fleet.{ort.matmul_nbits,gemm.pack_b.f32}.{remote,auto,bytes} fleet.form.{minilm.ort,conv.ort,minilm.ov}
 bench soak         "tests/soak.sh --seconds 60"                       soak.{restart_p99,wrong_bytes,lost}
 # ---------------------------------------------------------------------
 

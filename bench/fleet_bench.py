@@ -28,14 +28,23 @@ has just received the model. Every B's entries are checked against A's
 runs ``--reps`` times (default 3; the median counts), the order of the modes
 rotated from one round to the next.
 
+Runtime forms the same way, on real models of the corpus
+(tests/python/real_models.py): host A (both runtimes' libraries from the
+venv's wheels) compiles the encoder's and the conv net's onnxruntime forms
+and the encoder's OpenVINO form, and uploads them; a fresh host B, trusting
+A's key for forms, is timed from ``ctcachectl compile`` (a fresh process)
+to its answer, the form fetched (``fetch = "always"``) vs compiled by B's
+own worker (``fetch = "never"``, the anchor); B's form has A's bytes.
+
 Figures (RESULT lines for bench/all.sh, bench/results.py), per format F:
 ``fleet.F.remote`` (fetch=always, anchor: fetch=never, ratio = local /
 remote: above 1 the fetch wins), ``fleet.F.auto`` (the cost rule, same
 anchor; the label says what it chose) and ``fleet.F.bytes`` (payload bytes
-the fetch moved).
+the fetch moved); per form, ``fleet.form.{minilm,conv}.ort`` and
+``fleet.form.minilm.ov`` (fetched, anchor: compiled here).
 
     python bench/fleet_bench.py --garage PATH [--bin-dir DIR] [--layers 8] [--dim 4096] [--reps 3]
-                                [--formats F,...] [--work DIR] [--keep] [--no-drop-caches]
+                                [--formats F,...] [--no-forms] [--work DIR] [--keep] [--no-drop-caches]
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "client" / "python"), str(REPO / "tests" / "python")]
 
 import ctcache  # noqa: E402
+import real_models  # noqa: E402
 from garage_cluster import REGION, Cluster, GarageError, remote_section  # noqa: E402
 from materialize_bench import (connect, drop_scratch, log, mib, result, start_daemon, stop_daemon,  # noqa: E402
                                write_model)
@@ -68,6 +78,12 @@ FORMATS = {
     "gemm.pack_b.f32": {},
 }
 MODES = ("never", "always", "auto")
+# Forms: (figure, corpus model, runtime, onnxruntime's level).
+FORMS = (
+    ("minilm.ort", "minilm-l3", "onnxruntime", "extended"),
+    ("conv.ort", "ddddocr-det", "onnxruntime", "all"),
+    ("minilm.ov", "minilm-l3", "openvino", None),
+)
 POLL_S = 0.01
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
@@ -85,20 +101,22 @@ def policy_toml(formats: list[str]) -> str:
     return "\n".join(out)
 
 
-def remote_toml(garage: Cluster, **options) -> str:
+def remote_toml(garage: Cluster, extra: tuple[str, ...] = (), **options) -> str:
     """The ``[remote]`` table for ``garage``'s bucket (``options``: see
-    :func:`garage_cluster.remote_section`)."""
-    return remote_section(f"s3://{BUCKET}/{PREFIX}", garage.endpoint, extra=[f'region = "{REGION}"'], **options)
+    :func:`garage_cluster.remote_section`; ``extra``: more of its lines)."""
+    return remote_section(f"s3://{BUCKET}/{PREFIX}", garage.endpoint, extra=[f'region = "{REGION}"', *extra],
+                          **options)
 
 
 class Host:
-    """One ctcached (release) on its own folder, config and empty cache."""
+    """One ctcached (release) on its own folder, config and empty cache
+    (``args``: more of its command line)."""
 
-    def __init__(self, bin_dir: Path, root: Path, config: str):
+    def __init__(self, bin_dir: Path, root: Path, config: str, args: tuple[str, ...] = ()):
         self.bin_dir, self.root = bin_dir, root
         root.mkdir(parents=True)
         (root / "ctcached.toml").write_text(config + "\n")
-        self.proc, self.cache, self.sock = start_daemon(bin_dir, root)
+        self.proc, self.cache, self.sock = start_daemon(bin_dir, root, list(args))
         self.client = connect(self.proc, self.sock, root)
         if self.client is None:
             raise BenchError(f"ctcached in {root} did not start")
@@ -213,6 +231,103 @@ def measure(bin_dir: Path, root: Path, garage: Cluster, staging: Path, fmt: str,
         shutil.rmtree(root, ignore_errors=True)
 
 
+def runtime_libraries() -> tuple[str, ...]:
+    """The daemon's flags for the venv's onnxruntime and OpenVINO libraries."""
+    import onnxruntime
+    import openvino
+
+    ort = next((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so*"))
+    ov = next((Path(openvino.__file__).parent / "libs").glob("libopenvino_c.so*"))
+    return ("--ort-library", str(ort), "--openvino-library", str(ov))
+
+
+def compile_args(model: str, runtime: str, level: str | None) -> list[str]:
+    args = ["compile", str(real_models.by_name(model).path), "--runtime", runtime]
+    return args + (["--level", level] if level else [])
+
+
+def forms_of(host: Host) -> dict[str, str]:
+    """{entry key: payload blake3} of ``host``'s store."""
+    return {e["key"]: e["payload_blake3"] for e in host.ctl_json("ls")["entries"]}
+
+
+def seed_forms(bin_dir: Path, work: Path, garage: Cluster, libs: tuple[str, ...]) -> tuple[str, dict]:
+    """Host A compiles every form of FORMS and uploads it (weights first).
+    Returns A's public key line and A's entries {key: payload blake3}."""
+    secret, public = keygen(bin_dir, "forms", work)
+    # Not timed: a minute per request, for an OpenVINO blob of tens of MB.
+    a = Host(bin_dir, work / "forms-a", remote_toml(garage, fetch="never", write=True, signing_key=secret,
+                                                    extra=("timeout_ms = 60000",)), libs)
+    try:
+        t = time.perf_counter()
+        for _, model, runtime, level in FORMS:
+            if not a.ctl_json(*compile_args(model, runtime, level))["compiled"]:
+                raise BenchError(f"A did not compile the {runtime} form of {model}")
+        entries = forms_of(a)
+        while True:
+            st = a.remote_status()
+            if st["errors"] or st["upload_drops"]:
+                raise BenchError(f"A's uploads failed: {st}\n{a.log_tail()}")
+            if st["uploads"] >= len(entries) and st["queue_depth"] == 0:
+                break
+            if time.perf_counter() - t > 1800:
+                raise BenchError(f"A's uploads not done in 30 min: {st}")
+            time.sleep(0.1)
+        log(f"host A: {len(FORMS)} forms compiled and uploaded ({len(entries)} entries, "
+            f"{mib(st['bytes_out'])}) in {time.perf_counter() - t:.1f} s")
+        return public, entries
+    finally:
+        a.stop()
+
+
+def measure_form(bin_dir: Path, root: Path, garage: Cluster, libs: tuple[str, ...], form: tuple, mode: str,
+                 public: str, seeded: dict, drop: bool) -> float:
+    """One fresh host B: seconds from ``ctcachectl compile`` to its answer,
+    the form fetched (``always``) or compiled here (``never``)."""
+    _, model, runtime, level = form
+    b = Host(bin_dir, root, remote_toml(garage, fetch=mode, write=False, trusted=[public],
+                                        extra=(f'trusted_form_keys = ["{public}"]',)), libs)
+    try:
+        drop_caches(drop)
+        t = time.perf_counter()
+        r = subprocess.run([str(bin_dir / "ctcachectl"), "--socket", str(b.sock), *compile_args(model, runtime, level),
+                            "--json"], capture_output=True, text=True, timeout=600)
+        took = time.perf_counter() - t
+        if r.returncode != 0:
+            raise BenchError(f"B's compile ({mode}): exit {r.returncode}\n{r.stderr}\n{b.log_tail()}")
+        if json.loads(r.stdout)["compiled"] != (mode == "never"):
+            raise BenchError(f"B (fetch={mode}) compiled={not json.loads(r.stdout)['compiled']}\n{b.log_tail()}")
+        if mode == "always":
+            other = {k: v for k, v in forms_of(b).items() if seeded.get(k) != v}
+            if other:
+                raise BenchError(f"B has entries A does not: {sorted(other)}")
+        return took
+    finally:
+        b.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def forms(bin_dir: Path, work: Path, garage: Cluster, reps: int, drop: bool) -> None:
+    """Runtime forms through the fleet: fetched vs compiled, per form of FORMS."""
+    for _, model, _, _ in FORMS:
+        real_models.fetch(real_models.by_name(model))
+    libs = runtime_libraries()
+    public, seeded = seed_forms(bin_dir, work, garage, libs)
+    for form in FORMS:
+        name, model, runtime, level = form
+        runs: dict[str, list[float]] = {"never": [], "always": []}
+        for rep in range(reps):
+            for mode in (("never", "always"), ("always", "never"))[rep % 2]:
+                took = measure_form(bin_dir, work / f"forms-b-{name}-{mode}-{rep}", garage, libs, form, mode,
+                                    public, seeded, drop)
+                runs[mode].append(took)
+                log(f"form {name:11} fetch={mode:6} #{rep + 1}: {took:6.2f} s")
+        here, fetched = statistics.median(runs["never"]), statistics.median(runs["always"])
+        how = f"{runtime}'s form" + (f" at {level}" if level else "")
+        result(f"fleet.form.{name}", f"{model}: a fresh host's ctcachectl compile, {how} fetched from Garage "
+               f"(3 nodes, loopback) vs compiled by its worker", fetched, "s", here, here / fetched)
+
+
 def raw_get(garage: Cluster, drop: bool) -> tuple[int, float]:
     """Every payload object read once with a plain S3 GET (boto3, page cache
     dropped first): (bytes, seconds). What the remote gives without ctcache."""
@@ -241,6 +356,7 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=3, help="timed runs per format and mode (the median counts)")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--no-forms", action="store_true", help="skip the runtime forms")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir under /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     ap.add_argument("--no-drop-caches", action="store_true", help="keep the page cache between runs")
@@ -276,7 +392,7 @@ def main() -> int:
                           AWS_REGION=REGION)
         log(f"garage: 3 nodes on loopback, replication factor 3, up in {time.perf_counter() - t:.1f} s "
             f"({a.garage}, endpoint {garage.endpoint})")
-        model = write_model(staging, a.layers, a.dim)
+        model = write_model(staging, a.layers, a.dim, "matmuls")
         log(f"{os.cpu_count()} CPUs; daemons {a.bin_dir / 'ctcached'} (default workers); page cache "
             + ("dropped before each timed run" if drop else "kept (--no-drop-caches)"))
 
@@ -331,6 +447,8 @@ def main() -> int:
                    f"runs) vs packed locally", auto, "s", local, local / auto)
             result(f"fleet.{fmt}.bytes", f"payload bytes fetched for {n} entries (fetch = always)",
                    fetched["bytes_in"] / (1 << 20), "MiB")
+        if not a.no_forms:
+            forms(a.bin_dir, work, garage, a.reps, drop)
         return 0
     except (BenchError, GarageError) as e:
         log(f"fleet_bench: {e}")
