@@ -44,7 +44,8 @@ the fetch moved); per form, ``fleet.form.{minilm,conv}.ort`` and
 ``fleet.form.minilm.ov`` (fetched, anchor: compiled here).
 
     python bench/fleet_bench.py --garage PATH [--bin-dir DIR] [--layers 8] [--dim 4096] [--reps 3]
-                                [--formats F,...] [--no-forms] [--work DIR] [--keep] [--no-drop-caches]
+                                [--formats F,...] [--no-packs] [--no-forms] [--work DIR] [--keep]
+                                [--no-drop-caches]
 """
 
 from __future__ import annotations
@@ -357,12 +358,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed runs per format and mode (the median counts)")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-forms", action="store_true", help="skip the runtime forms")
+    ap.add_argument("--no-packs", action="store_true", help="skip the packs (the formats)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir under /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     ap.add_argument("--no-drop-caches", action="store_true", help="keep the page cache between runs")
     a = ap.parse_args()
 
-    formats = a.formats.split(",")
+    formats = [] if a.no_packs else a.formats.split(",")
     for f in formats:
         if f not in FORMATS:
             log(f"unknown format {f!r}: one of {', '.join(FORMATS)}")
@@ -392,61 +394,62 @@ def main() -> int:
                           AWS_REGION=REGION)
         log(f"garage: 3 nodes on loopback, replication factor 3, up in {time.perf_counter() - t:.1f} s "
             f"({a.garage}, endpoint {garage.endpoint})")
-        model = write_model(staging, a.layers, a.dim, "matmuls")
         log(f"{os.cpu_count()} CPUs; daemons {a.bin_dir / 'ctcached'} (default workers); page cache "
             + ("dropped before each timed run" if drop else "kept (--no-drop-caches)"))
 
-        public, want = seed(a.bin_dir, work, garage, model, formats)
+        if formats:
+            model = write_model(staging, a.layers, a.dim, "matmuls")
+            public, want = seed(a.bin_dir, work, garage, model, formats)
 
-        runs: dict[tuple[str, str], list[dict]] = {}
-        for fmt in formats:
-            for rep in range(a.reps):
-                # Each mode in each place of the order once in three runs:
-                # whatever a run leaves warm (Garage's own caches) is shared out.
-                for mode in MODES[rep % 3:] + MODES[:rep % 3]:
-                    m = measure(a.bin_dir, work / f"b-{fmt}-{mode}-{rep}", garage, staging, fmt, mode, public,
-                                want, drop)
-                    st = m["status"]
-                    runs.setdefault((fmt, mode), []).append(m)
-                    packed = f" (packing {m['packing_s']:.2f} s of it)" if mode == "never" else ""
-                    log(f"{fmt:18} fetch={mode:6} #{rep + 1}: {m['s']:6.2f} s{packed}: fetched {st['hits']}, "
-                        f"cost rule {st['chose_fetch']} fetch / {st['chose_pack']} pack, "
-                        f"misses {st['misses']}, errors {st['errors']}, rejected {st['rejected']}, "
-                        f"{mib(st['bytes_in'])} in; remote {st['remote_bytes_per_s'] / 1e6:.0f} MB/s, "
-                        f"pack {rate(st, fmt)}")
+            runs: dict[tuple[str, str], list[dict]] = {}
+            for fmt in formats:
+                for rep in range(a.reps):
+                    # Each mode in each place of the order once in three runs:
+                    # whatever a run leaves warm (Garage's own caches) is shared out.
+                    for mode in MODES[rep % 3:] + MODES[:rep % 3]:
+                        m = measure(a.bin_dir, work / f"b-{fmt}-{mode}-{rep}", garage, staging, fmt, mode, public,
+                                    want, drop)
+                        st = m["status"]
+                        runs.setdefault((fmt, mode), []).append(m)
+                        packed = f" (packing {m['packing_s']:.2f} s of it)" if mode == "never" else ""
+                        log(f"{fmt:18} fetch={mode:6} #{rep + 1}: {m['s']:6.2f} s{packed}: fetched {st['hits']}, "
+                            f"cost rule {st['chose_fetch']} fetch / {st['chose_pack']} pack, "
+                            f"misses {st['misses']}, errors {st['errors']}, rejected {st['rejected']}, "
+                            f"{mib(st['bytes_in'])} in; remote {st['remote_bytes_per_s'] / 1e6:.0f} MB/s, "
+                            f"pack {rate(st, fmt)}")
 
-        got, took = raw_get(garage, drop)
-        log(f"plain S3 GET of every payload object (boto3, one at a time): {mib(got)} in {took:.2f} s, "
-            f"{got / took / 1e6:.0f} MB/s")
+            got, took = raw_get(garage, drop)
+            log(f"plain S3 GET of every payload object (boto3, one at a time): {mib(got)} in {took:.2f} s, "
+                f"{got / took / 1e6:.0f} MB/s")
 
-        n = len(want)
-        log("\n==== summary (median of %d per mode; ratio = local / this: above 1 the remote wins) ====" % a.reps)
-        for fmt in formats:
-            def med(mode: str) -> float:
-                return statistics.median(r["s"] for r in runs[(fmt, mode)])
+            n = len(want)
+            log("\n==== summary (median of %d per mode; ratio = local / this: above 1 the remote wins) ====" % a.reps)
+            for fmt in formats:
+                def med(mode: str) -> float:
+                    return statistics.median(r["s"] for r in runs[(fmt, mode)])
 
-            def last(mode: str) -> dict:
-                return runs[(fmt, mode)][-1]["status"]
+                def last(mode: str) -> dict:
+                    return runs[(fmt, mode)][-1]["status"]
 
-            local, remote, auto = med("never"), med("always"), med("auto")
-            fetched = last("always")
-            autos = [r["status"] for r in runs[(fmt, "auto")]]
-            cf, cp = sum(st["chose_fetch"] for st in autos), sum(st["chose_pack"] for st in autos)
-            fetch_rate = statistics.median(r["status"]["remote_bytes_per_s"] for r in runs[(fmt, "always")])
-            log(f"{fmt}: local {local:.2f} s, remote {remote:.2f} s ({local / remote:.2f}x), "
-                f"auto {auto:.2f} s ({local / auto:.2f}x; the cost rule chose fetch {cf}, pack {cp} "
-                f"over {a.reps} run(s)), {mib(fetched['bytes_in'])} fetched; "
-                f"rates: remote {fetch_rate / 1e6:.0f} MB/s, pack {rate(last('never'), fmt)} (payload bytes)")
-            if fetched["hits"] != n:
-                log(f"  note: fetch=always fetched {fetched['hits']} of {n} entries (the rest were packed)")
-            what = f"{a.layers} x {a.dim}x{a.dim} fp32 weights: model in a fresh host's watched folder to all ready"
-            result(f"fleet.{fmt}.remote", f"{what}, fetched from Garage (3 nodes, loopback) vs packed locally",
-                   remote, "s", local, local / remote)
-            result(f"fleet.{fmt}.auto",
-                   f"{what}, fetch = auto (chose fetch {cf}, pack {cp} of {n * a.reps} entries in {a.reps} "
-                   f"runs) vs packed locally", auto, "s", local, local / auto)
-            result(f"fleet.{fmt}.bytes", f"payload bytes fetched for {n} entries (fetch = always)",
-                   fetched["bytes_in"] / (1 << 20), "MiB")
+                local, remote, auto = med("never"), med("always"), med("auto")
+                fetched = last("always")
+                autos = [r["status"] for r in runs[(fmt, "auto")]]
+                cf, cp = sum(st["chose_fetch"] for st in autos), sum(st["chose_pack"] for st in autos)
+                fetch_rate = statistics.median(r["status"]["remote_bytes_per_s"] for r in runs[(fmt, "always")])
+                log(f"{fmt}: local {local:.2f} s, remote {remote:.2f} s ({local / remote:.2f}x), "
+                    f"auto {auto:.2f} s ({local / auto:.2f}x; the cost rule chose fetch {cf}, pack {cp} "
+                    f"over {a.reps} run(s)), {mib(fetched['bytes_in'])} fetched; "
+                    f"rates: remote {fetch_rate / 1e6:.0f} MB/s, pack {rate(last('never'), fmt)} (payload bytes)")
+                if fetched["hits"] != n:
+                    log(f"  note: fetch=always fetched {fetched['hits']} of {n} entries (the rest were packed)")
+                what = f"{a.layers} x {a.dim}x{a.dim} fp32 weights: model in a fresh host's watched folder to all ready"
+                result(f"fleet.{fmt}.remote", f"{what}, fetched from Garage (3 nodes, loopback) vs packed locally",
+                       remote, "s", local, local / remote)
+                result(f"fleet.{fmt}.auto",
+                       f"{what}, fetch = auto (chose fetch {cf}, pack {cp} of {n * a.reps} entries in {a.reps} "
+                       f"runs) vs packed locally", auto, "s", local, local / auto)
+                result(f"fleet.{fmt}.bytes", f"payload bytes fetched for {n} entries (fetch = always)",
+                       fetched["bytes_in"] / (1 << 20), "MiB")
         if not a.no_forms:
             forms(a.bin_dir, work, garage, a.reps, drop)
         return 0
