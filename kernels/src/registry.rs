@@ -57,27 +57,15 @@ pub fn expected(
     })
 }
 
-/// The entry a packer produces from a source, as the store files it.
-#[derive(Debug, Clone)]
-pub struct Produced {
-    /// The entry's key.
-    pub key: EntryKey,
-    /// `StructProto.dims` of the packed value.
-    pub dims: Vec<u64>,
-    /// The device the payload is for.
-    pub device: pb::DeviceProto,
-    /// The packer's output type.
-    pub physical_type: pb::StructTypeProto,
-}
-
-/// The entry `packer` with `params` produces from the source of digest
-/// `source` and shape `shape`: what a request for exactly that must hit.
-pub fn produced(
+/// The key of the entry `packer` with `params` produces from the source of
+/// digest `source` and shape `shape`, and that entry's dims: what a request
+/// for exactly that must hit.
+pub fn entry_key(
     packer: &dyn Packer,
     params: &Params,
     source: SourceDigest,
     shape: &SourceShape,
-) -> Result<Produced, PackError> {
+) -> Result<(EntryKey, Vec<u64>), PackError> {
     let layout = packer.output(shape.data_type, &shape.dims, params)?;
     let device = packer.device(params)?;
     let key = EntryKey::derive(source, &device, &layout.struct_type).map_err(|e| {
@@ -87,22 +75,7 @@ pub fn produced(
             reason: format!("the output type has no key: {e}"),
         }
     })?;
-    Ok(Produced {
-        key,
-        dims: layout.dims,
-        device,
-        physical_type: layout.struct_type,
-    })
-}
-
-/// The key and dims of the entry [`produced`] names.
-pub fn entry_key(
-    packer: &dyn Packer,
-    params: &Params,
-    source: SourceDigest,
-    shape: &SourceShape,
-) -> Result<(EntryKey, Vec<u64>), PackError> {
-    produced(packer, params, source, shape).map(|p| (p.key, p.dims))
+    Ok((key, layout.dims))
 }
 
 /// `key=value,...` over the packer's whole spec, defaults filled in.

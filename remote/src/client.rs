@@ -47,16 +47,6 @@ pub enum RemoteError {
     Config(String),
 }
 
-impl RemoteError {
-    /// The object is not there (an answer, not a failure of the remote).
-    pub fn is_not_found(&self) -> bool {
-        matches!(
-            self,
-            RemoteError::Store(object_store::Error::NotFound { .. })
-        )
-    }
-}
-
 /// One bucket prefix on an S3-compatible server.
 pub struct Client {
     store: Arc<dyn ObjectStore>,

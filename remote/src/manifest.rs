@@ -88,6 +88,13 @@ impl Trust {
         self.keys.iter().find(|k| k.key.as_bytes() == key)
     }
 
+    /// The keys of this and `other`.
+    pub fn and(&self, other: &Trust) -> Trust {
+        let mut keys = self.keys.clone();
+        keys.extend(other.keys.iter().cloned());
+        Trust { keys }
+    }
+
     /// The trusted keys' labels.
     pub fn names(&self) -> Vec<String> {
         self.keys.iter().map(|k| k.name.clone()).collect()

@@ -263,7 +263,7 @@ impl Fleet {
         accepted: &Accepted,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
-        let mut reader = self.payload(key, accepted.payload.len)?;
+        let mut reader = self.payload(key, accepted)?;
         let mut checked = Checked::new(&mut reader, accepted.payload);
         let out = consume(&mut checked);
         if let Some(m) = checked.mismatch() {
@@ -275,14 +275,12 @@ impl Fleet {
         }
     }
 
-    /// The payload of `key`, which must be `len` bytes, as a blocking
-    /// reader.
-    pub(super) fn payload(&self, key: &EntryKey, len: u64) -> Result<Streamed<'_>, Failed> {
+    /// The payload of the accepted entry `key`, as a blocking reader.
+    fn payload(&self, key: &EntryKey, accepted: &Accepted) -> Result<Streamed<'_>, Failed> {
         let stream = self
             .rt
-            .block_on(self.shared.client.payload(key, len))
+            .block_on(self.shared.client.payload(key, accepted.payload.len))
             .map_err(|e| match e {
-                e if e.is_not_found() => Failed::Absent,
                 RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
                 e => Failed::Remote("payload", e),
             })?;
@@ -312,12 +310,11 @@ pub(super) fn stored_as(put: Result<Stored, StoreError>, key: &EntryKey) -> Resu
 /// The payload stream as a blocking reader (for `Store::put`, on a pack
 /// job's thread, never an async one). A transport failure is kept apart
 /// from the bytes' check.
-pub(super) struct Streamed<'a> {
+struct Streamed<'a> {
     rt: &'a Handle,
     stream: PayloadStream,
     chunk: Bytes,
-    /// Why the stream broke, if it did.
-    pub failed: Option<RemoteError>,
+    failed: Option<RemoteError>,
 }
 
 impl Read for Streamed<'_> {

@@ -9,18 +9,16 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use bytes::Bytes;
 use ctcache::digest::SourceDigest;
 use ctcache::dtype::DataType;
 use ctcache::forms::{self, FormKey};
 use ctcache::hit::SourceShape;
-use ctcache::store::{Entry, EntryKey, NewEntry, Producer, Store, StoreError};
-use ctcache_kernels::registry::{produced, Produced};
+use ctcache::store::{Entry, EntryKey, Store, StoreError};
 use ctcache_remote::config::FetchMode;
 use ctcache_remote::fetch_check::SourceMatch;
-use ctcache_remote::manifest;
+use ctcache_remote::manifest::{self, Trust};
 
 use super::fetch::{stored_as, Failed};
 use super::{Fleet, PushError};
@@ -118,7 +116,8 @@ impl Fleet {
         read.map_err(|e| Failed::Local(e.to_string()))?;
         let weights = forms::moved(model.clone())
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?;
-        self.weights(store, &weights, model_path, abandoned)?;
+        let trust = s.settings.trust.and(&s.settings.form_trust);
+        self.weights(store, &weights, model_path, &trust, abandoned)?;
         stored_as(store.put(&new, &model[..]), key)
     }
 
@@ -130,6 +129,7 @@ impl Fleet {
         store: &Store,
         weights: &[forms::MovedTensor],
         model_path: &str,
+        trust: &Trust,
         abandoned: &AtomicBool,
     ) -> Result<(), Failed> {
         let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
@@ -150,7 +150,7 @@ impl Fleet {
                         let Some(w) = weights.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             return;
                         };
-                        match self.weight(store, w, model_path) {
+                        match self.weight(store, w, model_path, trust) {
                             Ok(()) => _ = done.fetch_add(1, Ordering::Relaxed),
                             Err(f) => _ = lock(&failed).get_or_insert(f),
                         }
@@ -167,14 +167,14 @@ impl Fleet {
 
     /// Stores the moved weight `w` of a fetched form of `model_path` unless
     /// it is stored. It must be the identity entry of its tensor (as a
-    /// compile stores it), and its bytes the tensor its key names: it
-    /// proves itself, so its payload is all that is asked (no manifest; a
-    /// conv net's form names dozens of weights).
+    /// compile stores it), signed by a key of `trust`, and its bytes the
+    /// tensor its key names.
     fn weight(
         &self,
         store: &Store,
         w: &forms::MovedTensor,
         model_path: &str,
+        trust: &Trust,
     ) -> Result<(), Failed> {
         let malformed = |why: String| Failed::Rejected("malformed", why);
         let key: EntryKey = w
@@ -200,9 +200,9 @@ impl Fleet {
                 .map_err(|e| named(malformed(e.to_string())))?,
             dims: w.dims.clone(),
         };
-        let (identity, made) = identity_entry(key.source, &shape).map_err(named)?;
-        if made.key != key {
-            let why = format!("not the identity entry of its tensor ({})", made.key);
+        let (expected, dims) = identity_entry(key.source, &shape).map_err(named)?;
+        if expected != key {
+            let why = format!("not the identity entry of its tensor ({expected})");
             return Err(named(malformed(why)));
         }
         if let Some(e) = store.stat(&key).map_err(Failed::Store)? {
@@ -214,31 +214,29 @@ impl Fleet {
                 )))),
             };
         }
-        let new = NewEntry {
-            source: key.source,
-            source_shape: shape.clone(),
-            device: made.device,
-            physical_type: made.physical_type,
-            dims: made.dims,
-            // As this host's own identity pack of the tensor records it.
-            producer: Producer {
-                packer_id: identity.id().to_string(),
-                packer_version: identity.format_version().to_string(),
-                client_uid: None,
-                requested_by: None,
-            },
-            source_names: vec![w.name.clone()],
-            model_paths: vec![model_path.to_string()],
-            pack_duration: Duration::ZERO,
-        };
-        let mut reader = self.payload(&key, w.length).map_err(named)?;
-        let mut proven = SourceMatch::new(&mut reader, shape.data_type, &w.dims, key.source);
-        let put = store.put(&new, &mut proven);
-        if let Some(why) = proven.mismatch() {
-            return Err(named(Failed::Rejected("not_its_tensor", why.to_string())));
+        let accepted = self.manifest(&key, trust).map_err(named)?;
+        if accepted.payload.len != w.length || accepted.entry.dims != dims {
+            let why = format!(
+                "{} bytes and dims {:?}; the form reads {} bytes of dims {dims:?}",
+                accepted.payload.len, accepted.entry.dims, w.length
+            );
+            return Err(named(malformed(why)));
         }
-        if let Some(e) = reader.failed.take() {
-            return Err(Failed::Remote("payload", e));
+        let new = manifest::new_entry(
+            &accepted,
+            shape.clone(),
+            vec![w.name.clone()],
+            vec![model_path.to_string()],
+        );
+        let (put, not_its_tensor) = self
+            .streamed(&key, &accepted, |checked| {
+                let mut proven = SourceMatch::new(checked, shape.data_type, &w.dims, key.source);
+                let put = store.put(&new, &mut proven);
+                (put, proven.mismatch().map(str::to_string))
+            })
+            .map_err(named)?;
+        if let Some(why) = not_its_tensor {
+            return Err(named(Failed::Rejected("not_its_tensor", why)));
         }
         // Another fetch may have stored it meanwhile: then nothing was read.
         let created = matches!(&put, Ok(s) if s.created);
@@ -266,15 +264,14 @@ pub(super) fn with_weights(store: &Store, entry: &Entry) -> Result<Vec<Entry>, P
     Ok(entries)
 }
 
-/// The identity packer, and the identity entry of the tensor of digest
-/// `source` and shape `shape`: what a form's moved weight is.
+/// The key and dims of the identity entry of the tensor of digest `source`
+/// and shape `shape`: what a form's moved weight is.
 fn identity_entry(
     source: SourceDigest,
     shape: &SourceShape,
-) -> Result<(&'static dyn ctcache_kernels::Packer, Produced), Failed> {
+) -> Result<(EntryKey, Vec<u64>), Failed> {
     let identity = ctcache_kernels::find(ctcache_kernels::formats::identity::ID)
         .ok_or_else(|| Failed::Local("no identity packer in this build".into()))?;
-    let made = produced(identity, &ctcache_kernels::Params::new(), source, shape)
-        .map_err(|e| Failed::Rejected("malformed", e.to_string()))?;
-    Ok((identity, made))
+    ctcache_kernels::registry::entry_key(identity, &ctcache_kernels::Params::new(), source, shape)
+        .map_err(|e| Failed::Rejected("malformed", e.to_string()))
 }
