@@ -75,7 +75,9 @@ impl Drop for Abandon {
     fn drop(&mut self) {
         if let Some(what) = self.what.take() {
             self.flag.store(true, Ordering::Relaxed);
-            tracing::info!("{what}: nobody waits for it any more; it stops");
+            tracing::info!(
+                "{what}: its request ended (its caller went, or its deadline passed); it stops"
+            );
         }
     }
 }

@@ -314,10 +314,13 @@ def _form_rule(level: str = LEVEL) -> str:
     return f'[[policy]]\nformat = "{ORT_FORM}"\nparams = {{ level = "{level}" }}\n'
 
 
-def test_remote_pull_fetches_the_form_a_policy_rule_asks_for(root, s3, uploaded):
+@pytest.mark.parametrize("fetch", ["always", "never"])
+def test_remote_pull_fetches_the_form_a_policy_rule_asks_for(root, s3, uploaded, fetch):
+    """As it does packs, whatever ``fetch`` says."""
     packed, entries, pub_a = uploaded
     m = _model()
-    b = _host(root, "b", s3, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], policy=_form_rule())
+    b = _host(root, "b", s3, write=False, fetch=fetch, extra=[f'trusted_form_keys = ["{pub_a}"]'],
+              policy=_form_rule())
     try:
         pulled = b.json("remote", "pull", str(m.path))
         assert (pulled["done"], pulled["missing"], pulled["failed"]) == (1, 0, 0), pulled
@@ -325,6 +328,18 @@ def test_remote_pull_fetches_the_form_a_policy_rule_asks_for(root, s3, uploaded)
         again = b.json("remote", "pull", str(m.path))
         assert (again["done"], again["present"], again["missing"]) == (0, 1, 0), again
         assert _compile(b, m.path, level=LEVEL, lookup_only=True).HasField("form")
+    finally:
+        b.stop()
+
+
+def test_remote_pull_without_a_key_trusted_for_forms_says_so(root, s3, uploaded):
+    packed, entries, pub_a = uploaded
+    b = _host(root, "b", s3, write=False, trust=[pub_a], policy=_form_rule())
+    try:
+        pulled = b.json("remote", "pull", str(_model().path))
+        assert (pulled["done"], pulled["missing"]) == (0, 1), pulled
+        assert "no key is trusted for runtime forms" in pulled["first_error"], pulled
+        assert b.entries() == {} and remote_status(b)["misses"] == 0
     finally:
         b.stop()
 
@@ -352,10 +367,10 @@ def test_a_pulled_form_larger_than_an_answer_carries_is_too_large(root, s3, uplo
 
 class HeldWeights:
     """An HTTP proxy before the S3 server that holds every payload request
-    after the first (a form's model comes first, its weights after) until
-    ``release`` is set, and counts them."""
+    after the first ``passed`` (an onnxruntime form's model comes first, its
+    weights after) until ``release`` is set, and counts them."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, passed: int = 1):
         up = urlsplit(upstream)
         self.release = threading.Event()
         self.held = threading.Event()
@@ -368,7 +383,7 @@ class HeldWeights:
                 if self.path.split("?")[0].endswith("/payload"):
                     with proxy.lock:
                         proxy.payloads += 1
-                        hold = proxy.payloads > 1
+                        hold = proxy.payloads > passed
                     if hold:
                         proxy.held.set()
                         proxy.release.wait(120)
@@ -400,6 +415,7 @@ class HeldWeights:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def weights_asked(self) -> int:
+        """Payloads asked for after the form's model."""
         with self.lock:
             return self.payloads - 1
 
@@ -408,47 +424,55 @@ class HeldWeights:
         self.server.shutdown()
 
 
-@pytest.mark.parametrize("way", ["compile", "remote pull"])
+@pytest.mark.parametrize("way", ["compile", "remote pull", "openvino compile"])
 def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3, way):
     """The caller (of a compile, or of a remote pull) goes while the form's
-    weights are under way: the fetch asks for no further weight, publishes
-    no form, and the next caller's fetch takes the rest."""
+    weights (or OpenVINO's blob) are under way: the fetch asks for no
+    further weight, publishes no form, and the next caller's fetch takes
+    the rest."""
     n = 24
     model = chain_model(root / "chain.onnx", n)
+    openvino = way == "openvino compile"
     pub_a = keygen("a", root)
     a = _host(root, "a", s3, sign="a")
     try:
-        made = _compile(a, model, level=LEVEL)
-        assert len({t.key for t in made.tensors}) == n, made
-        wait_uploads(a, n + 1, timeout=180)
+        made = _compile(a, model, runtime="openvino") if openvino else _compile(a, model, level=LEVEL)
+        assert openvino or len({t.key for t in made.tensors}) == n, made
+        wait_uploads(a, 1 if openvino else n + 1, timeout=180)
         packed = payloads(a)
     finally:
         a.stop()
-    proxy = HeldWeights(s3.endpoint)
+    # OpenVINO's form is its one payload: held from the first.
+    proxy = HeldWeights(s3.endpoint, passed=0 if openvino else 1)
     b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000,
               policy=_form_rule())
+    asks = {"compile": ["compile", str(model), "--level", LEVEL], "remote pull": ["remote", "pull", str(model)],
+            "openvino compile": ["compile", str(model), "--runtime", "openvino"]}
     try:
-        ask = ["compile", str(model), "--level", LEVEL] if way == "compile" else ["remote", "pull", str(model)]
-        p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(b.socket), *ask],
+        p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(b.socket), *asks[way]],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert proxy.held.wait(120), b.log_text()
         p.kill()
         p.wait()
-        wait_until(lambda: "nobody waits for it any more; it stops" in b.log_text(), 60,
+        gone = "its request ended (its caller went, or its deadline passed); it stops"
+        wait_until(lambda: gone in b.log_text(), 60,
                    "the daemon seeing its caller gone", detail=b.log_text)
         proxy.release.set()
         wait_until(lambda: "fetch stopped: nobody waits for the form any more" in b.log_text(), 60,
                    "the fetch stopping", detail=b.log_text)
-        # Only the weights under way when the caller went (one per fetching
-        # thread, eight) were asked for.
-        asked = proxy.weights_asked()
-        assert asked <= 8 < n, (asked, n)
-        assert _forms_of(b) == [] and len(b.entries()) <= asked
-        if way == "compile":
-            got = _compile(b, model, level=LEVEL)
-            assert got.HasField("form") and not got.compiled, b.log_text()
+        if openvino:
+            assert b.entries() == {}
         else:
+            # Only the weights under way when the caller went (one per
+            # fetching thread, eight) were asked for.
+            asked = proxy.weights_asked()
+            assert asked <= 8 < n, (asked, n)
+            assert _forms_of(b) == [] and len(b.entries()) <= asked
+        if way == "remote pull":
             assert b.json("remote", "pull", str(model))["done"] == 1
+        else:
+            got = _compile(b, model, runtime="openvino") if openvino else _compile(b, model, level=LEVEL)
+            assert got.HasField("form") and not got.compiled, b.log_text()
         assert payloads(b) == packed and _compiled_here(b) == 0
     finally:
         b.stop()

@@ -7,6 +7,7 @@
 //! being the tensor its key names.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -21,7 +22,7 @@ use ctcache_remote::fetch_check::SourceMatch;
 use ctcache_remote::manifest::{self, Trust};
 
 use super::fetch::{stored_as, Failed};
-use super::{Fleet, PushError};
+use super::{Ask, Fleet, PushError};
 use crate::locks::lock;
 
 /// A form's weights fetched at once.
@@ -46,27 +47,30 @@ impl Fleet {
         self.queue(store, entries.map(|e| (e, BTreeMap::new())).collect());
     }
 
+    /// Whether a form can be taken from the remote at all: some key is
+    /// trusted for forms.
+    pub fn takes_forms(&self) -> bool {
+        !self.shared.settings.form_trust.is_empty()
+    }
+
     /// Read-through for a compile miss of the form `key`, from a blocking
     /// thread: the form's entry, its weights stored first, or `None` (then
     /// the daemon compiles). An error only when the local store is out of
-    /// space. `fetch = never` asks nothing; otherwise a form is always
-    /// fetched rather than compiled (a compile takes seconds). Once
-    /// `abandoned` is set, no further weight is asked for and nothing is
-    /// published.
+    /// space. Under [`Ask::CostRule`], `fetch = never` asks nothing;
+    /// otherwise a form is always fetched rather than compiled (a compile
+    /// takes seconds). Once `abandoned` is set, no further weight is asked
+    /// for and nothing is published.
     pub fn fetch_form(
         &self,
         store: &Store,
-        key: &EntryKey,
-        shape: FormShape,
+        (key, shape): (&EntryKey, FormShape),
         model_path: &str,
+        ask: Ask,
         abandoned: &AtomicBool,
     ) -> Result<Option<Entry>, StoreError> {
-        let settings = &self.shared.settings;
+        let never = ask == Ask::CostRule && self.shared.settings.config.fetch == FetchMode::Never;
         // Without a key trusted for forms, no form can be taken: ask nothing.
-        if settings.config.fetch == FetchMode::Never
-            || settings.form_trust.is_empty()
-            || !self.asks_remote(key, None)
-        {
+        if never || !self.takes_forms() || !self.asks_remote(key, None) {
             return Ok(None);
         }
         let got = self.try_fetch_form(store, key, shape, model_path, abandoned);
@@ -99,7 +103,16 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let FormShape::WithWeights { max_model } = shape else {
-            let put = self.streamed(key, &accepted, |checked| store.put(&new, checked))?;
+            let put = self.streamed(key, &accepted, |checked| {
+                store.put(
+                    &new,
+                    UntilAbandoned {
+                        inner: checked,
+                        abandoned,
+                    },
+                )
+            })?;
+            still_awaited(abandoned)?;
             return stored_as(put, key);
         };
         if accepted.payload.len > max_model {
@@ -118,6 +131,7 @@ impl Fleet {
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?;
         let trust = s.settings.trust.and(&s.settings.form_trust);
         self.weights(store, &weights, model_path, &trust, abandoned)?;
+        still_awaited(abandoned)?;
         stored_as(store.put(&new, &model[..]), key)
     }
 
@@ -245,6 +259,32 @@ impl Fleet {
             self.shared.counters.fetched(w.length);
         }
         Ok(())
+    }
+}
+
+/// `Failed::Abandoned` once nobody waits for the form any more.
+fn still_awaited(abandoned: &AtomicBool) -> Result<(), Failed> {
+    match abandoned.load(Ordering::Relaxed) {
+        true => Err(Failed::Abandoned(
+            "nobody waits for the form any more".into(),
+        )),
+        false => Ok(()),
+    }
+}
+
+/// A reader that fails once `abandoned` is set: a whole form nobody waits
+/// for stops streaming in, and `put` publishes nothing.
+struct UntilAbandoned<'a, R> {
+    inner: R,
+    abandoned: &'a AtomicBool,
+}
+
+impl<R: Read> Read for UntilAbandoned<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.abandoned.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other("nobody waits for the form any more"));
+        }
+        self.inner.read(buf)
     }
 }
 

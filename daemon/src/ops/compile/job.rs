@@ -18,7 +18,7 @@ use ctcache_kernels::Params;
 
 use super::super::{blocking, model, pack, Error, Result};
 use super::source::Source;
-use crate::fleet::FormShape;
+use crate::fleet::{Ask, FormShape};
 use crate::flights::Abandon;
 use crate::runtimes::{CompileFailure, Configured, Identified};
 use crate::state::Daemon;
@@ -78,7 +78,8 @@ impl Job {
             let Some(fleet) = &d.fleet else {
                 return Ok(None);
             };
-            Ok(fleet.fetch_form(&d.store, &key, shape, &path, &abandoned)?)
+            let asked = (&key, shape);
+            Ok(fleet.fetch_form(&d.store, asked, &path, Ask::CostRule, &abandoned)?)
         })
         .await;
         abandon.finished();

@@ -13,6 +13,7 @@ use super::super::{blocking, model, Error, Result};
 use super::job::{self, Job};
 use super::source::Source;
 use super::{compile_place, digest_of, entry_key_of, runtime_key, MadeWith};
+use crate::fleet::Ask;
 use crate::state::Daemon;
 
 /// The runtime and what its form is made with, as a policy rule of a
@@ -121,11 +122,16 @@ pub(crate) fn pulled(
     let Some(fleet) = &d.fleet else {
         return Ok(Pulled::Missing("no [remote] in the daemon's config".into()));
     };
+    if !fleet.takes_forms() {
+        let why = "no key is trusted for runtime forms (trusted_form_keys, or a signing key)";
+        return Ok(Pulled::Missing(why.into()));
+    }
     let digest = match digest_of(d, payer, m)? {
         Ok(digest) => digest,
         Err(why) => return Ok(Pulled::Missing(why)),
     };
     let (runtime, made_with) = rule_form(format, params);
+    // From a blocking thread of the runtime (never an async one).
     let found =
         tokio::runtime::Handle::current().block_on(runtime_key(d, &runtime, digest, made_with));
     let key = match found {
@@ -139,7 +145,7 @@ pub(crate) fn pulled(
     let path = m.path.display().to_string();
     let shape = job::form_shape(d, &key);
     Ok(
-        match fleet.fetch_form(&d.store, &entry_key, shape, &path, abandoned)? {
+        match fleet.fetch_form(&d.store, (&entry_key, shape), &path, Ask::Always, abandoned)? {
             Some(e) => Pulled::Fetched(e.payload.len),
             None => Pulled::Missing(format!(
             "no form {entry_key} taken from the remote (why: `remote status`, the daemon's log)"
