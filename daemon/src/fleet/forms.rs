@@ -146,27 +146,21 @@ impl Fleet {
         trust: &Trust,
         abandoned: &AtomicBool,
     ) -> Result<(), Failed> {
-        let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let next = AtomicUsize::new(0);
         let failed: Mutex<Option<Failed>> = Mutex::new(None);
         std::thread::scope(|threads| {
             for _ in 0..WEIGHTS_AT_ONCE.min(weights.len()) {
                 threads.spawn(|| {
                     while lock(&failed).is_none() {
-                        if abandoned.load(Ordering::Relaxed) {
-                            let why = format!(
-                                "nobody waits for the form any more ({} of its {} weights stored)",
-                                done.load(Ordering::Relaxed),
-                                weights.len()
-                            );
-                            lock(&failed).get_or_insert(Failed::Abandoned(why));
+                        if let Err(f) = still_awaited(abandoned) {
+                            lock(&failed).get_or_insert(f);
                             return;
                         }
                         let Some(w) = weights.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             return;
                         };
-                        match self.weight(store, w, model_path, trust) {
-                            Ok(()) => _ = done.fetch_add(1, Ordering::Relaxed),
-                            Err(f) => _ = lock(&failed).get_or_insert(f),
+                        if let Err(f) = self.weight(store, w, model_path, trust) {
+                            lock(&failed).get_or_insert(f);
                         }
                     }
                 });

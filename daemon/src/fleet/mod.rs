@@ -163,23 +163,7 @@ impl Fleet {
             rt.spawn(upload::run(shared.clone(), rx));
             tx
         });
-        let forms = !shared.settings.form_trust.is_empty();
-        tracing::info!(remote = %shared.client.describe, uploads = writes, forms, "fleet tier on");
-        if !forms {
-            tracing::info!(
-                "remote: no key is trusted for runtime forms (trusted_form_keys, or a signing key): \
-                 forms are compiled here, never fetched"
-            );
-        }
-        // Say early whether the remote answers; misses fall back either way.
-        let probe = shared.clone();
-        rt.spawn(async move {
-            match probe.client.reachable().await {
-                Ok(()) => tracing::info!("remote reachable"),
-                Err(e) => probe.failed(&format!("remote not reachable: {e}")),
-            }
-        });
-        Ok(Fleet {
+        let fleet = Fleet {
             shared,
             rt,
             guard: Mutex::new(Default::default()),
@@ -187,7 +171,24 @@ impl Fleet {
             quarantined: Mutex::default(),
             uploads,
             last_drop_log: Mutex::new(None),
-        })
+        };
+        let (describe, forms) = (&fleet.shared.client.describe, fleet.takes_forms());
+        tracing::info!(remote = %describe, uploads = writes, forms, "fleet tier on");
+        if !forms {
+            tracing::info!(
+                "remote: no key is trusted for runtime forms (trusted_form_keys, or a signing key): \
+                 forms are compiled here, never fetched"
+            );
+        }
+        // Say early whether the remote answers; misses fall back either way.
+        let probe = fleet.shared.clone();
+        fleet.rt.spawn(async move {
+            match probe.client.reachable().await {
+                Ok(()) => tracing::info!("remote reachable"),
+                Err(e) => probe.failed(&format!("remote not reachable: {e}")),
+            }
+        });
+        Ok(fleet)
     }
 
     /// After a local pack: measures it and queues the upload (dropped and
