@@ -22,6 +22,14 @@ use crate::manifest::MAX_MANIFEST_BYTES;
 /// Payloads above this go up in parts.
 const MULTIPART_ABOVE: usize = 32 << 20;
 const PART_BYTES: usize = 16 << 20;
+/// Parts of one upload under way at once.
+const PARTS_AT_ONCE: usize = 4;
+
+/// The slowest rate an upload is waited for, bytes a second: a request
+/// carrying `n` bytes gets the timeout plus `n` at this rate (object_store
+/// reports no progress while a body goes up, so a stalled server is told
+/// from a slow one by this floor alone).
+pub const UPLOAD_FLOOR_BYTES_PER_S: u64 = 1 << 20;
 
 /// Why a remote request failed; the caller counts it against the breaker and misses.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +53,24 @@ pub enum RemoteError {
     /// The `[remote]` config cannot build a client (bad URL, endpoint, ...).
     #[error("remote config: {0}")]
     Config(String),
+}
+
+/// `f`'s outcome, or a timeout once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = object_store::Result<T>>,
+) -> Result<T, RemoteError> {
+    tokio::time::timeout(limit, f)
+        .await
+        .map_err(|_| RemoteError::Timeout(limit))?
+        .map_err(RemoteError::from)
+}
+
+/// How long a request sending `bytes` is waited for: `timeout` for the
+/// answer, and the bytes at [`UPLOAD_FLOOR_BYTES_PER_S`].
+pub fn upload_deadline(timeout: Duration, bytes: usize) -> Duration {
+    let sending = Duration::from_secs_f64(bytes as f64 / UPLOAD_FLOOR_BYTES_PER_S as f64);
+    timeout + sending
 }
 
 /// One bucket prefix on an S3-compatible server.
@@ -120,10 +146,16 @@ impl Client {
         &self,
         f: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> Result<T, RemoteError> {
-        tokio::time::timeout(self.timeout, f)
-            .await
-            .map_err(|_| RemoteError::Timeout(self.timeout))?
-            .map_err(RemoteError::from)
+        within(self.timeout, f).await
+    }
+
+    /// [`Client::bounded`] for a wait on `bytes` going up.
+    async fn sending<T>(
+        &self,
+        bytes: usize,
+        f: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> Result<T, RemoteError> {
+        within(upload_deadline(self.timeout, bytes), f).await
     }
 
     /// The manifest of `key`; `None` when there is none.
@@ -160,22 +192,26 @@ impl Client {
         })
     }
 
-    /// Uploads the payload of `key` (in parts when large). Each part's
-    /// request gets the timeout; the upload as a whole is the caller's.
+    /// Uploads the payload of `key` (in parts when large). Each wait gets
+    /// the timeout and the time the bytes under way take at the floor rate
+    /// ([`upload_deadline`]); the upload as a whole is the caller's.
     pub async fn put_payload(&self, key: &EntryKey, data: Bytes) -> Result<(), RemoteError> {
         let path = Path::from(layout::objects(&self.prefix, key).payload);
-        if data.len() <= MULTIPART_ABOVE {
-            self.bounded(self.store.put(&path, PutPayload::from_bytes(data)))
-                .await?;
+        let len = data.len();
+        if len <= MULTIPART_ABOVE {
+            let put = self.store.put(&path, PutPayload::from_bytes(data));
+            self.sending(len, put).await?;
             return Ok(());
         }
         let upload = self.bounded(self.store.put_multipart(&path)).await?;
         let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let under_way = PARTS_AT_ONCE * PART_BYTES;
         for part in data.chunks(PART_BYTES) {
-            self.bounded(w.wait_for_capacity(4)).await?;
+            self.sending(under_way, w.wait_for_capacity(PARTS_AT_ONCE))
+                .await?;
             w.write(part);
         }
-        w.finish().await?;
+        self.sending(under_way.min(len), w.finish()).await?;
         Ok(())
     }
 

@@ -26,20 +26,18 @@ Skips when moto is not installed.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import onnxruntime as ort
 import pytest
 
 import real_models
+from s3_proxy import S3Proxy
 from waiting import wait_until
 from test_fleet import (BUCKET, chain_model, fill, fleet_daemon, forge_with_trusted_key, keygen,  # noqa: F401
                         metric_sum, payloads, remote_status, root, s3, scrape, start_writing, wait_uploads)
@@ -365,54 +363,26 @@ def test_a_pulled_form_larger_than_an_answer_carries_is_too_large(root, s3, uplo
         b.stop()
 
 
-class HeldWeights:
-    """An HTTP proxy before the S3 server that holds every payload request
-    after the first ``passed`` (an onnxruntime form's model comes first, its
-    weights after) until ``release`` is set, and counts them."""
+class HeldWeights(S3Proxy):
+    """Holds every payload request after the first ``passed`` (an
+    onnxruntime form's model comes first, its weights after) until
+    ``release`` is set, and counts them."""
 
     def __init__(self, upstream: str, passed: int = 1):
-        up = urlsplit(upstream)
         self.release = threading.Event()
         self.held = threading.Event()
-        self.lock = threading.Lock()
         self.payloads = 0
-        proxy = self
+        self.passed = passed
+        super().__init__(upstream)
 
-        class Forward(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                if self.path.split("?")[0].endswith("/payload"):
-                    with proxy.lock:
-                        proxy.payloads += 1
-                        hold = proxy.payloads > passed
-                    if hold:
-                        proxy.held.set()
-                        proxy.release.wait(120)
-                self._forward()
-
-            do_HEAD = do_GET
-
-            def _forward(self):
-                c = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
-                c.request(self.command, self.path, headers=dict(self.headers))
-                r = c.getresponse()
-                body = r.read()
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-                c.close()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def before(self, method: str, path: str) -> None:
+        if method in ("GET", "HEAD") and path.split("?")[0].endswith("/payload"):
+            with self.lock:
+                self.payloads += 1
+                hold = self.payloads > self.passed
+            if hold:
+                self.held.set()
+                self.release.wait(120)
 
     def weights_asked(self) -> int:
         """Payloads asked for after the form's model."""
@@ -421,7 +391,7 @@ class HeldWeights:
 
     def close(self):
         self.release.set()
-        self.server.shutdown()
+        super().close()
 
 
 @pytest.mark.parametrize("way", ["compile", "remote pull", "openvino compile"])

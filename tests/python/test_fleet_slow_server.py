@@ -1,0 +1,82 @@
+"""Uploads to a slow S3 server (moto behind a proxy that takes request
+bodies at a few MiB a second).
+
+* A payload in parts, each part longer on the wire than ``timeout_ms``,
+  goes up whole: a request sending bytes is waited for the timeout and its
+  bytes at the floor rate (1 MiB/s), not the timeout alone, so a slow
+  server is not taken for a stalled one. The bucket holds the host's exact
+  bytes, and nothing is counted as an error.
+
+(A server that never answers still costs one timeout: test_fleet's hung
+server.)
+
+Skips when moto is not installed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from s3_proxy import S3Proxy
+from test_fleet import (BUCKET, chain_model, fleet_daemon, keygen, objects, payloads,  # noqa: F401
+                        remote_status, root, s3)
+from waiting import wait_until
+
+pytest.importorskip("moto")
+
+# Each 16 MiB part takes about four seconds through the proxy.
+BODY_BYTES_PER_S = 4 << 20
+TIMEOUT_MS = 1000
+
+
+class SlowBodies(S3Proxy):
+    """Reads each request body at most ``rate`` bytes a second, and counts
+    the bodies above a MiB it slowed."""
+
+    def __init__(self, upstream: str, rate: int):
+        self.rate = rate
+        self.slowed = 0
+        super().__init__(upstream)
+
+    def body(self, rfile, length: int) -> bytes:
+        if length > 1 << 20:
+            with self.lock:
+                self.slowed += 1
+        chunks, started, got = [], time.monotonic(), 0
+        while got < length:
+            c = rfile.read(min(length - got, 64 << 10))
+            if not c:
+                break
+            chunks.append(c)
+            got += len(c)
+            ahead = got / self.rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+        return b"".join(chunks)
+
+
+def test_a_large_payload_goes_up_to_a_slow_server_in_parts(root, s3):
+    # 4224 x 4224 FLOAT: 68 MiB, five parts of 16 MiB, the fifth waiting
+    # for one of the four under way to end.
+    model = chain_model(root / "big.onnx", 1, size=4224)
+    keygen("a", root)
+    proxy = SlowBodies(s3.endpoint, BODY_BYTES_PER_S)
+    a = fleet_daemon(root, "a", proxy, sign="a", timeout_ms=TIMEOUT_MS,
+                     policy='[[policy]]\nformat = "identity"\n')
+    try:
+        r = a.ctl("resolve", str(model), "--on-miss", "wait", timeout=300)
+        assert r.returncode == 0, r.describe() + a.log_text()
+        st = wait_until(lambda: (lambda st: st if st["uploads"] + st["errors"] else None)(remote_status(a)),
+                        240, "the upload settled", interval=0.2, detail=a.log_text)
+        assert (st["uploads"], st["errors"]) == (1, 0), st
+        packed = payloads(a)
+    finally:
+        a.stop()
+        proxy.close()
+    assert proxy.slowed >= 5, proxy.slowed
+    (data,) = packed.values()
+    assert len(data) > 64 << 20
+    uploaded, = objects(s3, "fleet", "payload")
+    assert s3.client().get_object(Bucket=BUCKET, Key=uploaded)["Body"].read() == data
