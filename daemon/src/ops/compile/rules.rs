@@ -6,7 +6,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctcache::forms;
+use ctcache::forms::{self, FormKey};
+use ctcache::store::EntryKey;
 use futures_util::future::FutureExt;
 
 use super::super::{blocking, model, Error, Result};
@@ -14,6 +15,7 @@ use super::job::{self, Job};
 use super::source::Source;
 use super::{compile_place, digest_of, entry_key_of, runtime_key, MadeWith};
 use crate::fleet::Ask;
+use crate::runtimes::Configured;
 use crate::state::Daemon;
 
 /// The runtime and what its form is made with, as a policy rule of a
@@ -72,30 +74,66 @@ async fn watched(
     made_with: MadeWith,
     queue_owner: Option<u32>,
 ) -> Result<Option<Option<Duration>>> {
-    let (d2, m2) = (d.clone(), m.clone());
-    let digest =
-        blocking(move || digest_of(&d2, queue_owner, &m2)?.map_err(Error::precondition)).await?;
-    let (rt, key) = runtime_key(d, runtime, digest, made_with)
-        .await
-        .map_err(|miss| Error::precondition(miss.detail))?;
-    let entry_key = entry_key_of(&key)?;
-    if d.store.stat(&entry_key)?.is_some() {
+    let (d2, m2, runtime) = (d.clone(), m.clone(), runtime.to_string());
+    let form = blocking(move || rule_key(&d2, queue_owner, &m2, &runtime, made_with)).await?;
+    let form = form.map_err(Error::precondition)?;
+    if form.stored {
         return Ok(None);
     }
     let _place = compile_place(d, queue_owner)?;
     let job = Job {
         d: d.clone(),
-        rt,
-        key,
-        entry_key,
+        rt: form.rt,
+        key: form.key,
+        entry_key: form.entry_key,
         model: Source::Opened(m),
         requested_by: queue_owner,
     };
     let (_, took) = d
         .compiles
-        .join(entry_key, move || job.run().boxed())
+        .join(form.entry_key, move || job.run().boxed())
         .await?;
     Ok(Some(took))
+}
+
+/// The form a rule asks for of one model: the runtime that makes it, its
+/// key, and whether it is stored.
+struct RuleForm {
+    rt: Arc<Configured>,
+    key: FormKey,
+    entry_key: EntryKey,
+    stored: bool,
+}
+
+/// The form `runtime` makes `made_with` of `m` (its digests charged to
+/// `payer`), from a blocking thread of the runtime; `Err(why)` when the
+/// model has none or the runtime cannot be used.
+fn rule_key(
+    d: &Daemon,
+    payer: Option<u32>,
+    m: &model::OpenedModel,
+    runtime: &str,
+    made_with: MadeWith,
+) -> Result<std::result::Result<RuleForm, String>> {
+    let digest = match digest_of(d, payer, m)? {
+        Ok(digest) => digest,
+        Err(why) => return Ok(Err(why)),
+    };
+    // From a blocking thread of the runtime (never an async one).
+    let found =
+        tokio::runtime::Handle::current().block_on(runtime_key(d, runtime, digest, made_with));
+    let (rt, key) = match found {
+        Ok(found) => found,
+        Err(miss) => return Ok(Err(miss.detail)),
+    };
+    let entry_key = entry_key_of(&key)?;
+    let stored = d.store.stat(&entry_key)?.is_some();
+    Ok(Ok(RuleForm {
+        rt,
+        key,
+        entry_key,
+        stored,
+    }))
 }
 
 /// What `remote pull` did with a form a policy rule asks for.
@@ -126,24 +164,14 @@ pub(crate) fn pulled(
         let why = "no key is trusted for runtime forms (trusted_form_keys, or a signing key)";
         return Ok(Pulled::Missing(why.into()));
     }
-    let digest = match digest_of(d, payer, m)? {
-        Ok(digest) => digest,
+    let (runtime, made_with) = rule_form(format, params);
+    let form = match rule_key(d, payer, m, &runtime, made_with)? {
+        Ok(form) if form.stored => return Ok(Pulled::Present),
+        Ok(form) => form,
         Err(why) => return Ok(Pulled::Missing(why)),
     };
-    let (runtime, made_with) = rule_form(format, params);
-    // From a blocking thread of the runtime (never an async one).
-    let found =
-        tokio::runtime::Handle::current().block_on(runtime_key(d, &runtime, digest, made_with));
-    let key = match found {
-        Ok((_, key)) => key,
-        Err(miss) => return Ok(Pulled::Missing(miss.detail)),
-    };
-    let entry_key = entry_key_of(&key)?;
-    if d.store.stat(&entry_key)?.is_some() {
-        return Ok(Pulled::Present);
-    }
     let path = m.path.display().to_string();
-    let shape = job::form_shape(d, &key);
+    let (entry_key, shape) = (form.entry_key, job::form_shape(d, &form.key));
     Ok(
         match fleet.fetch_form(&d.store, (&entry_key, shape), &path, Ask::Always, abandoned)? {
             Some(e) => Pulled::Fetched(e.payload.len),
