@@ -144,6 +144,8 @@ def _forge_one_weight(s3, root: Path, entries: dict) -> None:
 @pytest.mark.parametrize("damage, reason", [
     ("trusted_for_packs_only", "untrusted_form_key"),
     ("weight_gone", "incomplete_form"),
+    # Its payload, asked for with its manifest, is never taken without it (D11).
+    ("weight_manifest_gone", "incomplete_form"),
     ("weight_forged", "not_its_tensor"),
 ])
 def test_a_form_that_fails_a_check_is_rejected_by_name_and_compiled_here(root, s3, uploaded, damage, reason):
@@ -153,10 +155,11 @@ def test_a_form_that_fails_a_check_is_rejected_by_name_and_compiled_here(root, s
         # B's own key is trusted for forms: it asks, and refuses A's form.
         trust, sign = [], "b"
         keygen("b", root)
-    elif damage == "weight_gone":
+    elif damage in ("weight_gone", "weight_manifest_gone"):
         c = s3.client()
         for k in _objects(s3, entries):
-            c.delete_object(Bucket=BUCKET, Key=k)
+            if damage == "weight_gone" or k.endswith("/manifest"):
+                c.delete_object(Bucket=BUCKET, Key=k)
     else:
         _forge_one_weight(s3, root, entries)
     b = _host(root, "b", s3, sign=sign, trust=[pub_a], write=False, extra=trust)

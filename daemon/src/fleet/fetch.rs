@@ -242,13 +242,39 @@ impl Fleet {
 
     /// The manifest of `key`, opened against `trust`.
     pub(super) fn manifest(&self, key: &EntryKey, trust: &Trust) -> Result<Accepted, Failed> {
-        let s = &self.shared;
-        let bytes = self
-            .rt
-            .block_on(s.client.manifest(key))
+        let got = self.rt.block_on(self.shared.client.manifest(key));
+        self.opened(key, trust, got)
+    }
+
+    /// Both objects of `key` asked for at once, its payload as `len` bytes
+    /// (a length the asker knows already): the manifest opened against
+    /// `trust`, and the payload's answer, read only once the manifest is
+    /// accepted (D11: a payload without its manifest does not exist).
+    pub(super) fn manifest_and_payload(
+        &self,
+        key: &EntryKey,
+        len: u64,
+        trust: &Trust,
+    ) -> Result<(Accepted, PayloadAnswer), Failed> {
+        let c = &self.shared.client;
+        let (manifest, payload) = self.rt.block_on(futures_util::future::join(
+            c.manifest(key),
+            c.payload(key, len),
+        ));
+        Ok((self.opened(key, trust, manifest)?, payload))
+    }
+
+    /// The manifest the remote answered for `key`, opened against `trust`.
+    fn opened(
+        &self,
+        key: &EntryKey,
+        trust: &Trust,
+        got: Result<Option<Bytes>, RemoteError>,
+    ) -> Result<Accepted, Failed> {
+        let bytes = got
             .map_err(|e| Failed::Remote("manifest", e))?
             .ok_or(Failed::Absent)?;
-        let max = s.settings.config.max_object_bytes;
+        let max = self.shared.settings.config.max_object_bytes;
         manifest::open(&bytes, trust, key, max)
             .map_err(|r: Rejected| Failed::Rejected(r.reason(), r.to_string()))
     }
@@ -263,7 +289,20 @@ impl Fleet {
         accepted: &Accepted,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
-        let mut reader = self.payload(key, accepted)?;
+        let answer = self
+            .rt
+            .block_on(self.shared.client.payload(key, accepted.payload.len));
+        self.streamed_from(answer, accepted, consume)
+    }
+
+    /// [`Fleet::streamed`] from a payload request already answered.
+    pub(super) fn streamed_from<T>(
+        &self,
+        answer: PayloadAnswer,
+        accepted: &Accepted,
+        consume: impl FnOnce(&mut dyn Read) -> T,
+    ) -> Result<T, Failed> {
+        let mut reader = self.reader(answer)?;
         let mut checked = Checked::new(&mut reader, accepted.payload);
         let out = consume(&mut checked);
         if let Some(m) = checked.mismatch() {
@@ -275,15 +314,12 @@ impl Fleet {
         }
     }
 
-    /// The payload of the accepted entry `key`, as a blocking reader.
-    fn payload(&self, key: &EntryKey, accepted: &Accepted) -> Result<Streamed<'_>, Failed> {
-        let stream = self
-            .rt
-            .block_on(self.shared.client.payload(key, accepted.payload.len))
-            .map_err(|e| match e {
-                RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
-                e => Failed::Remote("payload", e),
-            })?;
+    /// A payload's answer as a blocking reader.
+    fn reader(&self, answer: PayloadAnswer) -> Result<Streamed<'_>, Failed> {
+        let stream = answer.map_err(|e| match e {
+            RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
+            e => Failed::Remote("payload", e),
+        })?;
         Ok(Streamed {
             rt: &self.rt,
             stream,
@@ -292,6 +328,9 @@ impl Fleet {
         })
     }
 }
+
+/// A payload request's answer: its stream, or why there is none.
+pub(super) type PayloadAnswer = Result<PayloadStream, RemoteError>;
 
 /// The entry `put` stored for a fetch of `key`.
 pub(super) fn stored_as(put: Result<Stored, StoreError>, key: &EntryKey) -> Result<Entry, Failed> {

@@ -124,8 +124,13 @@ impl Fleet {
         }
         let (read, model) = self.streamed(key, &accepted, |checked| {
             let mut bytes = Vec::new();
-            (checked.read_to_end(&mut bytes), Bytes::from(bytes))
+            let mut until = UntilAbandoned {
+                inner: checked,
+                abandoned,
+            };
+            (until.read_to_end(&mut bytes), Bytes::from(bytes))
         })?;
+        still_awaited(abandoned)?;
         read.map_err(|e| Failed::Local(e.to_string()))?;
         let weights = forms::moved(model.clone())
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?;
@@ -159,7 +164,7 @@ impl Fleet {
                         let Some(w) = weights.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             return;
                         };
-                        if let Err(f) = self.weight(store, w, model_path, trust) {
+                        if let Err(f) = self.weight(store, w, (model_path, trust), abandoned) {
                             lock(&failed).get_or_insert(f);
                         }
                     }
@@ -176,13 +181,13 @@ impl Fleet {
     /// Stores the moved weight `w` of a fetched form of `model_path` unless
     /// it is stored. It must be the identity entry of its tensor (as a
     /// compile stores it), signed by a key of `trust`, and its bytes the
-    /// tensor its key names.
+    /// tensor its key names. Its stream stops once `abandoned` is set.
     fn weight(
         &self,
         store: &Store,
         w: &forms::MovedTensor,
-        model_path: &str,
-        trust: &Trust,
+        (model_path, trust): (&str, &Trust),
+        abandoned: &AtomicBool,
     ) -> Result<(), Failed> {
         let malformed = |why: String| Failed::Rejected("malformed", why);
         let key: EntryKey = w
@@ -222,7 +227,10 @@ impl Fleet {
                 )))),
             };
         }
-        let accepted = self.manifest(&key, trust).map_err(named)?;
+        // Both requests at once: the form names the weight's length.
+        let (accepted, payload) = self
+            .manifest_and_payload(&key, w.length, trust)
+            .map_err(named)?;
         if accepted.payload.len != w.length || accepted.entry.dims != dims {
             let why = format!(
                 "{} bytes and dims {:?}; the form reads {} bytes of dims {dims:?}",
@@ -237,12 +245,17 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let (put, not_its_tensor) = self
-            .streamed(&key, &accepted, |checked| {
-                let mut proven = SourceMatch::new(checked, shape.data_type, &w.dims, key.source);
+            .streamed_from(payload, &accepted, |checked| {
+                let until = UntilAbandoned {
+                    inner: checked,
+                    abandoned,
+                };
+                let mut proven = SourceMatch::new(until, shape.data_type, &w.dims, key.source);
                 let put = store.put(&new, &mut proven);
                 (put, proven.mismatch().map(str::to_string))
             })
             .map_err(named)?;
+        still_awaited(abandoned)?;
         if let Some(why) = not_its_tensor {
             return Err(named(Failed::Rejected("not_its_tensor", why)));
         }
