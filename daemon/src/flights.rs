@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
+use tokio::sync::Notify;
 
 /// A shared run: awaited by each request that joined it.
 pub(crate) type Flight<T> = Shared<BoxFuture<'static, T>>;
@@ -29,40 +30,86 @@ impl<K: Eq + Hash, T: Clone> Flights<K, T> {
     /// The run of `key` under way, or the one `start` makes. A run that
     /// has ended is not joined (its outcome may be stale): a new one starts.
     pub(crate) fn join(&self, key: K, start: impl FnOnce() -> BoxFuture<'static, T>) -> Flight<T> {
+        self.join_or_start(key, start).0
+    }
+
+    /// [`Flights::join`], and whether the run was under way already.
+    pub(crate) fn join_or_start(
+        &self,
+        key: K,
+        start: impl FnOnce() -> BoxFuture<'static, T>,
+    ) -> (Flight<T>, bool) {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         running.retain(|_, w| w.upgrade().is_some_and(|f| f.peek().is_none()));
         if let Some(f) = running.get(&key).and_then(WeakShared::upgrade) {
-            return f;
+            return (f, true);
         }
         let f = start().shared();
         if let Some(w) = f.downgrade() {
             running.insert(key, w);
         }
-        f
+        (f, false)
     }
 }
 
-/// Tells the blocking part of a flight that nobody waits for it any more:
-/// the flag is set when the guard is dropped before [`Abandon::finished`]
-/// (the flight's future was dropped with its last waiter), and the work,
-/// on a thread of its own, stops at its next check.
+/// Tells the work of a flight that nobody waits for it any more: [`Gone`]
+/// is set when the guard is dropped before [`Abandon::finished`] (the
+/// flight's future was dropped with its last waiter), and the work, on a
+/// thread of its own, stops at its next check.
 pub(crate) struct Abandon {
-    flag: Arc<AtomicBool>,
+    gone: Arc<Gone>,
     what: Option<String>,
+}
+
+/// Set once nobody waits for some work any more: read by its blocking
+/// part, awaited by a wait that ends with it.
+#[derive(Default)]
+pub(crate) struct Gone {
+    set: AtomicBool,
+    notify: Notify,
+}
+
+impl Gone {
+    /// The flag a blocking part reads.
+    pub(crate) fn flag(&self) -> &AtomicBool {
+        &self.set
+    }
+
+    /// Whether it is set.
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.load(Ordering::Relaxed)
+    }
+
+    /// Ends once it is set.
+    pub(crate) async fn wait(&self) {
+        loop {
+            // Registered before the check: a set in between still wakes it.
+            let woken = self.notify.notified();
+            if self.is_set() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    fn set(&self) {
+        self.set.store(true, Ordering::Relaxed);
+        self.notify.notify_waiters();
+    }
 }
 
 impl Abandon {
     /// A guard for the work `what` (named in the log when abandoned).
     pub(crate) fn new(what: String) -> Abandon {
         Abandon {
-            flag: Arc::new(AtomicBool::new(false)),
+            gone: Arc::default(),
             what: Some(what),
         }
     }
 
-    /// The flag the work reads.
-    pub(crate) fn flag(&self) -> Arc<AtomicBool> {
-        self.flag.clone()
+    /// What the work reads, or awaits.
+    pub(crate) fn gone(&self) -> Arc<Gone> {
+        self.gone.clone()
     }
 
     /// The work ended with someone waiting.
@@ -74,7 +121,7 @@ impl Abandon {
 impl Drop for Abandon {
     fn drop(&mut self) {
         if let Some(what) = self.what.take() {
-            self.flag.store(true, Ordering::Relaxed);
+            self.gone.set();
             tracing::info!(
                 "{what}: its request ended (its caller went, or its deadline passed); it stops"
             );
@@ -103,9 +150,10 @@ mod tests {
                 .boxed()
             }
         };
-        let a = flights.join(1, start(runs.clone(), rx));
+        let (a, joined_a) = flights.join_or_start(1, start(runs.clone(), rx));
         let (_unused, rx2) = tokio::sync::oneshot::channel::<()>();
-        let b = flights.join(1, start(runs.clone(), rx2));
+        let (b, joined_b) = flights.join_or_start(1, start(runs.clone(), rx2));
+        assert!(!joined_a && joined_b);
         tx.send(()).unwrap();
         assert_eq!((a.await, b.await), (0, 0));
         assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -141,12 +189,28 @@ mod tests {
     #[test]
     fn an_abandoned_guard_sets_its_flag_a_finished_one_does_not() {
         let dropped = Abandon::new("a fetch".into());
-        let flag = dropped.flag();
+        let gone = dropped.gone();
         drop(dropped);
-        assert!(flag.load(Ordering::Relaxed));
+        assert!(gone.is_set() && gone.flag().load(Ordering::Relaxed));
         let done = Abandon::new("a fetch".into());
-        let flag = done.flag();
+        let gone = done.gone();
         done.finished();
-        assert!(!flag.load(Ordering::Relaxed));
+        assert!(!gone.is_set());
+    }
+
+    #[tokio::test]
+    async fn a_wait_ends_when_its_guard_is_dropped() {
+        let guard = Abandon::new("a pull".into());
+        let gone = guard.gone();
+        let waiting = tokio::spawn(async move { gone.wait().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(guard);
+        waiting.await.unwrap();
+        // Set before the wait began: it ends at once.
+        let guard = Abandon::new("a pull".into());
+        let gone = guard.gone();
+        drop(guard);
+        gone.wait().await;
     }
 }

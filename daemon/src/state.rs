@@ -61,6 +61,9 @@ pub(crate) struct Daemon {
         Flights<ctcache::store::EntryKey, crate::error::Result<(Entry, Option<Duration>)>>,
     /// How many workers compile at once (each is a whole runtime).
     pub compile_slots: tokio::sync::Semaphore,
+    /// The form fetches running, shared by the compiles and pulls of one
+    /// form (`None`: not taken).
+    pub form_fetches: Flights<ctcache::store::EntryKey, crate::error::Result<Option<Entry>>>,
     /// Each untrusted uid's compiles waiting or running.
     pub compile_shares: Shares,
     /// The digest of each materialized model a target's form was asked
@@ -135,6 +138,7 @@ impl Daemon {
             runtimes,
             host_tier: ctcache::device::host_cpu().architecture,
             compiles: Flights::default(),
+            form_fetches: Flights::default(),
             compile_slots: tokio::sync::Semaphore::new(COMPILE_SLOTS),
             compile_shares: Shares::new(COMPILES_PER_UID),
             target_digests: std::sync::Mutex::new(hashlink::LruCache::new(TARGET_DIGESTS)),

@@ -397,6 +397,45 @@ class HeldWeights(S3Proxy):
         super().close()
 
 
+def test_a_remote_pull_and_a_compile_of_one_form_share_its_fetch(root, s3):
+    """A compile's fetch of a form is under way (its weights held) when a
+    ``remote pull`` asks for the same form: the pull joins that fetch, and
+    each object is asked for once; both get A's form, nothing compiled."""
+    n = 6
+    model = chain_model(root / "chain.onnx", n)
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a")
+    try:
+        assert len({t.key for t in _compile(a, model, level=LEVEL).tensors}) == n
+        wait_uploads(a, n + 1, timeout=180)
+        packed = payloads(a)
+    finally:
+        a.stop()
+    proxy = HeldWeights(s3.endpoint)
+    b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000,
+              policy=_form_rule())
+    try:
+        run = [os.environ["CTCACHECTL"], "--socket", str(b.socket)]
+        compiling = subprocess.Popen([*run, "compile", str(model), "--level", LEVEL], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        assert proxy.held.wait(120), b.log_text()
+        pulling = subprocess.Popen([*run, "remote", "pull", str(model), "--json"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        wait_until(lambda: "joins the fleet fetch of the form under way" in b.log_text(), 60,
+                   "the pull joining the compile's fetch", detail=b.log_text)
+        proxy.release.set()
+        out, _ = compiling.communicate(timeout=120)
+        assert compiling.returncode == 0, out
+        out, _ = pulling.communicate(timeout=120)
+        assert pulling.returncode == 0 and json.loads(out)["done"] == 1, out
+        # The form's model and each weight's payload, once.
+        assert proxy.payloads == n + 1, (proxy.payloads, n)
+        assert payloads(b) == packed and _compiled_here(b) == 0
+    finally:
+        b.stop()
+        proxy.close()
+
+
 @pytest.mark.parametrize("way", ["compile", "remote pull", "openvino compile"])
 def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3, way):
     """The caller (of a compile, or of a remote pull) goes while the form's

@@ -53,24 +53,29 @@ impl Fleet {
         !self.shared.settings.form_trust.is_empty()
     }
 
-    /// Read-through for a compile miss of the form `key`, from a blocking
-    /// thread: the form's entry, its weights stored first, or `None` (then
-    /// the daemon compiles). An error only when the local store is out of
-    /// space. Under [`Ask::CostRule`], `fetch = never` asks nothing;
-    /// otherwise a form is always fetched rather than compiled (a compile
-    /// takes seconds). Once `abandoned` is set, no further weight is asked
-    /// for and nothing is published.
+    /// Whether a form is asked of the remote under `ask`: some key is
+    /// trusted for forms, and [`Ask::CostRule`] with `fetch = never` asks
+    /// nothing; otherwise a form is always fetched rather than compiled (a
+    /// compile takes seconds).
+    pub fn asks_for_forms(&self, ask: Ask) -> bool {
+        let never = ask == Ask::CostRule && self.shared.settings.config.fetch == FetchMode::Never;
+        self.takes_forms() && !never
+    }
+
+    /// Read-through for a miss of the form `key`, from a blocking thread
+    /// (its caller asked [`Fleet::asks_for_forms`]): the form's entry, its
+    /// weights stored first, or `None` (then a compile makes it). An error
+    /// only when the local store is out of space. Once `abandoned` is set,
+    /// no further weight is asked for and nothing is published.
     pub fn fetch_form(
         &self,
         store: &Store,
         (key, shape): (&EntryKey, FormShape),
         model_path: &str,
-        ask: Ask,
         abandoned: &AtomicBool,
     ) -> Result<Option<Entry>, StoreError> {
-        let never = ask == Ask::CostRule && self.shared.settings.config.fetch == FetchMode::Never;
         // Without a key trusted for forms, no form can be taken: ask nothing.
-        if never || !self.takes_forms() || !self.asks_remote(key, None) {
+        if !self.takes_forms() || !self.asks_remote(key, None) {
             return Ok(None);
         }
         let got = self.try_fetch_form(store, key, shape, model_path, abandoned);

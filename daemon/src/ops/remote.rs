@@ -3,7 +3,7 @@
 //! compiling nothing) and `remote push`
 //! (upload local entries the remote lacks).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::compile::rules::{self, Pulled};
 use super::{model, pack, Error, Result};
@@ -12,6 +12,7 @@ use ctcache::forms::is_form_type;
 use ctcache_kernels::compile::BackendChoice;
 
 use crate::fleet::{Ask, Fleet, Pushed};
+use crate::flights::Gone;
 use crate::state::Daemon;
 
 /// What a pull or push did, entry by entry.
@@ -39,12 +40,13 @@ fn fleet(d: &Daemon) -> Result<&Fleet> {
 }
 
 /// The RemotePull use case, from a blocking thread: it stops before the
-/// next entry once `abandoned` is set (its caller went).
+/// next entry (and a form's fetch it waits for) once `gone` is set (its
+/// caller went).
 pub(crate) fn pull(
-    d: &Daemon,
+    d: &Arc<Daemon>,
     caller: &Caller,
     (model_path, handout): (&str, &str),
-    abandoned: &AtomicBool,
+    gone: &Gone,
 ) -> Result<Transfer> {
     fleet(d)?;
     tracing::info!(caller = %caller.describe(), model = %model_path, "remote pull");
@@ -52,12 +54,12 @@ pub(crate) fn pull(
     let sel = model::wanted(d, &m.model, &[], &[])?;
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let mut t = Transfer::default();
-    let gone = || match abandoned.load(Ordering::Relaxed) {
+    let went = || match gone.is_set() {
         true => Err(Error::cancelled("the caller of remote pull went away")),
         false => Ok(()),
     };
     for w in &sel.wanted {
-        gone()?;
+        went()?;
         let (Some(tensor), Some(packer)) = (
             tensors.iter().find(|t| t.name == w.initializer),
             ctcache_kernels::find(&w.format),
@@ -90,9 +92,9 @@ pub(crate) fn pull(
         }
     }
     for rule in d.config.policy.iter().filter(|r| is_form_type(&r.format)) {
-        gone()?;
+        went()?;
         let asked = (rule.format.as_str(), &rule.params);
-        match rules::pulled(d, caller.bounded_uid(), &m, asked, abandoned)? {
+        match rules::pulled(d, caller.bounded_uid(), &m, asked, gone)? {
             Pulled::Present => t.present += 1,
             Pulled::Fetched(bytes) => {
                 t.done += 1;

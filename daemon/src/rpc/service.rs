@@ -412,10 +412,10 @@ impl CompiledTensorCache for Service {
         let r = req.into_inner();
         // Dropped with this call when its caller goes: the pull stops.
         let abandon = Abandon::new(format!("remote pull of {}", r.model_path));
-        let abandoned = abandon.flag();
+        let (d, gone) = (self.daemon.clone(), abandon.gone());
         let pulled = self
             .run(
-                move |d| ops::remote::pull(d, &caller, (&r.model_path, &r.handout), &abandoned),
+                move |_| ops::remote::pull(&d, &caller, (&r.model_path, &r.handout), &gone),
                 |_, t| encode::transfer(t),
             )
             .await;

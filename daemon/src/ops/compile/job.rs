@@ -17,9 +17,9 @@ use ctcache_kernels::compile::BackendChoice;
 use ctcache_kernels::Params;
 
 use super::super::{blocking, model, pack, Error, Result};
+use super::fetched;
 use super::source::Source;
 use crate::fleet::{Ask, FormShape};
-use crate::flights::Abandon;
 use crate::runtimes::{CompileFailure, Configured, Identified};
 use crate::state::Daemon;
 
@@ -63,31 +63,19 @@ impl Job {
         compile.run().await
     }
 
-    /// The form, fetched from the fleet tier where one is configured; the
-    /// fetch stops when this job is dropped (nobody waits any more).
+    /// The form, fetched from the fleet tier where one is configured and
+    /// its `fetch` asks (the fetch stops when nobody waits any more).
     async fn fetched(&self) -> Result<Option<Entry>> {
-        if self.d.fleet.is_none() {
+        let asks = self
+            .d
+            .fleet
+            .as_ref()
+            .is_some_and(|f| f.asks_for_forms(Ask::CostRule));
+        if !asks {
             return Ok(None);
         }
-        let shape = form_shape(&self.d, &self.key);
-        let key = self.entry_key;
-        let (d, path) = (self.d.clone(), self.model.path().display().to_string());
-        let abandon = Abandon::new(format!("the fleet fetch of form {key}"));
-        let abandoned = abandon.flag();
-        let form = blocking(move || {
-            let Some(fleet) = &d.fleet else {
-                return Ok(None);
-            };
-            let asked = (&key, shape);
-            Ok(fleet.fetch_form(&d.store, asked, &path, Ask::CostRule, &abandoned)?)
-        })
-        .await;
-        abandon.finished();
-        let form = form?;
-        if let Some(e) = &form {
-            tracing::info!(key = %e.key, model = %self.model.path().display(), "form fetched from the fleet");
-        }
-        Ok(form)
+        let asked = (self.entry_key, form_shape(&self.d, &self.key));
+        fetched::fetched(&self.d, asked, self.model.path().display().to_string()).await
     }
 }
 

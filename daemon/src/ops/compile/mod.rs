@@ -6,6 +6,7 @@
 //! no usable runtime, the caller's runtime another than the daemon's, or
 //! (looking only) the part in which the stored forms' keys differ.
 
+mod fetched;
 mod job;
 pub(crate) mod rules;
 mod served;

@@ -2,19 +2,21 @@
 //! (fetched or compiled), fetched by `remote pull` (never compiled).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ctcache::forms::{self, FormKey};
 use ctcache::store::EntryKey;
-use futures_util::future::FutureExt;
+use futures_util::future::{select, Either, FutureExt};
 
 use super::super::{blocking, model, Error, Result};
+use super::fetched;
 use super::job::{self, Job};
 use super::source::Source;
 use super::{compile_place, digest_of, entry_key_of, runtime_key, MadeWith};
 use crate::fleet::Ask;
+use crate::flights::Gone;
 use crate::runtimes::Configured;
 use crate::state::Daemon;
 
@@ -147,20 +149,21 @@ pub(crate) enum Pulled {
 }
 
 /// `remote pull`'s part of a policy rule (`format`, `params`) of a form:
-/// the form of the model `m`, fetched from the fleet unless stored, from a
-/// blocking thread; the fetch stops once `abandoned` is set. Nothing is
-/// compiled.
+/// the form of the model `m`, fetched from the fleet unless stored (or
+/// taken from a compile's fetch of it under way), from a blocking thread;
+/// it stops once `gone` is set (the fetch goes on while a compile waits
+/// for it). Nothing is compiled.
 pub(crate) fn pulled(
-    d: &Daemon,
+    d: &Arc<Daemon>,
     payer: Option<u32>,
     m: &model::OpenedModel,
     (format, params): (&str, &BTreeMap<String, String>),
-    abandoned: &AtomicBool,
+    gone: &Gone,
 ) -> Result<Pulled> {
     let Some(fleet) = &d.fleet else {
         return Ok(Pulled::Missing("no [remote] in the daemon's config".into()));
     };
-    if !fleet.takes_forms() {
+    if !fleet.asks_for_forms(Ask::Always) {
         let why = "no key is trusted for runtime forms (trusted_form_keys, or a signing key)";
         return Ok(Pulled::Missing(why.into()));
     }
@@ -170,14 +173,20 @@ pub(crate) fn pulled(
         Ok(form) => form,
         Err(why) => return Ok(Pulled::Missing(why)),
     };
-    let path = m.path.display().to_string();
     let (entry_key, shape) = (form.entry_key, job::form_shape(d, &form.key));
-    Ok(
-        match fleet.fetch_form(&d.store, (&entry_key, shape), &path, Ask::Always, abandoned)? {
-            Some(e) => Pulled::Fetched(e.payload.len),
-            None => Pulled::Missing(format!(
+    let fetch = fetched::fetched(d, (entry_key, shape), m.path.display().to_string());
+    // From a blocking thread of the runtime (never an async one).
+    let got = tokio::runtime::Handle::current().block_on(async {
+        match select(pin!(fetch), pin!(gone.wait())).await {
+            Either::Left((got, _)) => Some(got),
+            Either::Right(_) => None,
+        }
+    });
+    let got = got.ok_or_else(|| Error::cancelled("the caller of remote pull went away"))?;
+    Ok(match got? {
+        Some(e) => Pulled::Fetched(e.payload.len),
+        None => Pulled::Missing(format!(
             "no form {entry_key} taken from the remote (why: `remote status`, the daemon's log)"
         )),
-        },
-    )
+    })
 }
