@@ -77,8 +77,10 @@ async fn watched(
     queue_owner: Option<u32>,
 ) -> Result<Option<Option<Duration>>> {
     let (d2, m2, runtime) = (d.clone(), m.clone(), runtime.to_string());
-    let form = blocking(move || rule_key(&d2, queue_owner, &m2, &runtime, made_with)).await?;
-    let form = form.map_err(Error::precondition)?;
+    let form = match blocking(move || rule_key(&d2, queue_owner, &m2, &runtime, made_with)).await? {
+        RuleKey::Form(form) => form,
+        RuleKey::NoForm(why) => return Err(Error::precondition(why)),
+    };
     if form.stored {
         return Ok(None);
     }
@@ -98,6 +100,14 @@ async fn watched(
     Ok(Some(took))
 }
 
+/// The form a rule asks for of one model, or why it has none.
+enum RuleKey {
+    Form(Box<RuleForm>),
+    /// The model has no form (too large to give a worker whole), or the
+    /// runtime cannot be used.
+    NoForm(String),
+}
+
 /// The form a rule asks for of one model: the runtime that makes it, its
 /// key, and whether it is stored.
 struct RuleForm {
@@ -108,34 +118,33 @@ struct RuleForm {
 }
 
 /// The form `runtime` makes `made_with` of `m` (its digests charged to
-/// `payer`), from a blocking thread of the runtime; `Err(why)` when the
-/// model has none or the runtime cannot be used.
+/// `payer`), from a blocking thread of the runtime.
 fn rule_key(
     d: &Daemon,
     payer: Option<u32>,
     m: &model::OpenedModel,
     runtime: &str,
     made_with: MadeWith,
-) -> Result<std::result::Result<RuleForm, String>> {
+) -> Result<RuleKey> {
     let digest = match digest_of(d, payer, m)? {
         Ok(digest) => digest,
-        Err(why) => return Ok(Err(why)),
+        Err(why) => return Ok(RuleKey::NoForm(why)),
     };
     // From a blocking thread of the runtime (never an async one).
     let found =
         tokio::runtime::Handle::current().block_on(runtime_key(d, runtime, digest, made_with));
     let (rt, key) = match found {
         Ok(found) => found,
-        Err(miss) => return Ok(Err(miss.detail)),
+        Err(miss) => return Ok(RuleKey::NoForm(miss.detail)),
     };
     let entry_key = entry_key_of(&key)?;
     let stored = d.store.stat(&entry_key)?.is_some();
-    Ok(Ok(RuleForm {
+    Ok(RuleKey::Form(Box::new(RuleForm {
         rt,
         key,
         entry_key,
         stored,
-    }))
+    })))
 }
 
 /// What `remote pull` did with a form a policy rule asks for.
@@ -169,9 +178,9 @@ pub(crate) fn pulled(
     }
     let (runtime, made_with) = rule_form(format, params);
     let form = match rule_key(d, payer, m, &runtime, made_with)? {
-        Ok(form) if form.stored => return Ok(Pulled::Present),
-        Ok(form) => form,
-        Err(why) => return Ok(Pulled::Missing(why)),
+        RuleKey::Form(form) if form.stored => return Ok(Pulled::Present),
+        RuleKey::Form(form) => form,
+        RuleKey::NoForm(why) => return Ok(Pulled::Missing(why)),
     };
     let (entry_key, shape) = (form.entry_key, job::form_shape(d, &form.key));
     let fetch = fetched::fetched(d, (entry_key, shape), m.path.display().to_string());
