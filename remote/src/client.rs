@@ -73,6 +73,16 @@ pub fn upload_deadline(timeout: Duration, bytes: usize) -> Duration {
     timeout + sending
 }
 
+impl RemoteError {
+    /// The object is not on the server.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            RemoteError::Store(object_store::Error::NotFound { .. })
+        )
+    }
+}
+
 /// One bucket prefix on an S3-compatible server.
 pub struct Client {
     store: Arc<dyn ObjectStore>,

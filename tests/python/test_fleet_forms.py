@@ -169,6 +169,10 @@ def test_a_form_that_fails_a_check_is_rejected_by_name_and_compiled_here(root, s
         assert _compiled_here(b) == 1
         st = remote_status(b)
         assert (st["hits"], st["rejected"]) == (0, 1), st
+        if damage in ("weight_gone", "weight_manifest_gone"):
+            # No weight was taken from the remote (a payload without its
+            # manifest never is); B's are its compile's.
+            assert st["bytes_in"] == 0, st
         assert metric_sum(scrape(b), f'ctcache_remote_rejected_total{{reason="{reason}"}}') == 1, scrape(b)
         # Only verified bytes stayed: B's form is its own, its weights A's.
         mine = payloads(b)

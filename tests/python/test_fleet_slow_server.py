@@ -26,9 +26,10 @@ from waiting import wait_until
 
 pytest.importorskip("moto")
 
-# Each 16 MiB part takes about four seconds through the proxy.
-BODY_BYTES_PER_S = 4 << 20
-TIMEOUT_MS = 1000
+# Each 16 MiB part takes about eight seconds through the proxy, more than
+# twice the timeout (which a small request, answered at once, never nears).
+BODY_BYTES_PER_S = 2 << 20
+TIMEOUT_MS = 3000
 
 
 class SlowBodies(S3Proxy):

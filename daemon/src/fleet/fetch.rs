@@ -292,18 +292,38 @@ impl Fleet {
         let answer = self
             .rt
             .block_on(self.shared.client.payload(key, accepted.payload.len));
-        self.streamed_from(answer, accepted, consume)
+        let mut reader = self.reader(answer)?;
+        Self::checked(&mut reader, accepted, consume)
     }
 
-    /// [`Fleet::streamed`] from a payload request already answered.
+    /// [`Fleet::streamed`] from a payload request of `key` asked for with
+    /// its manifest. Not found is asked again once: the request may have
+    /// reached the server before an upload's payload, and the manifest
+    /// after it (the manifest goes up last).
     pub(super) fn streamed_from<T>(
         &self,
-        answer: PayloadAnswer,
+        (key, answer): (&EntryKey, PayloadAnswer),
         accepted: &Accepted,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
+        let answer = match answer {
+            Err(e) if e.is_not_found() => self
+                .rt
+                .block_on(self.shared.client.payload(key, accepted.payload.len)),
+            answer => answer,
+        };
         let mut reader = self.reader(answer)?;
-        let mut checked = Checked::new(&mut reader, accepted.payload);
+        Self::checked(&mut reader, accepted, consume)
+    }
+
+    /// `consume` over `reader` through the accepted entry's length and
+    /// blake3 check.
+    fn checked<T>(
+        reader: &mut Streamed<'_>,
+        accepted: &Accepted,
+        consume: impl FnOnce(&mut dyn Read) -> T,
+    ) -> Result<T, Failed> {
+        let mut checked = Checked::new(&mut *reader, accepted.payload);
         let out = consume(&mut checked);
         if let Some(m) = checked.mismatch() {
             return Err(Failed::Rejected("bad_checksum", m.to_string()));

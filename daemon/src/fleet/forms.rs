@@ -66,7 +66,8 @@ impl Fleet {
     /// (its caller asked [`Fleet::asks_for_forms`]): the form's entry, its
     /// weights stored first, or `None` (then a compile makes it). An error
     /// only when the local store is out of space. Once `abandoned` is set,
-    /// no further weight is asked for and nothing is published.
+    /// the weight streaming in stops, no further one is asked for and
+    /// nothing is published.
     pub fn fetch_form(
         &self,
         store: &Store,
@@ -250,7 +251,7 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let (put, not_its_tensor) = self
-            .streamed_from(payload, &accepted, |checked| {
+            .streamed_from((&key, payload), &accepted, |checked| {
                 let until = UntilAbandoned {
                     inner: checked,
                     abandoned,

@@ -161,7 +161,7 @@ pub(crate) enum Pulled {
 /// the form of the model `m`, fetched from the fleet unless stored (or
 /// taken from a compile's fetch of it under way), from a blocking thread;
 /// it stops once `gone` is set (the fetch goes on while a compile waits
-/// for it). Nothing is compiled.
+/// for it), charged to `payer`. Nothing is compiled.
 pub(crate) fn pulled(
     d: &Arc<Daemon>,
     payer: Option<u32>,
@@ -184,6 +184,14 @@ pub(crate) fn pulled(
     };
     let (entry_key, shape) = (form.entry_key, job::form_shape(d, &form.key));
     let fetch = fetched::fetched(d, (entry_key, shape), m.path.display().to_string());
+    // The fetch this pull starts is charged to its caller, as the pull is
+    // (a blocking thread has no request task to name the payer).
+    let fetch = async {
+        match payer {
+            Some(uid) => d.cpu_budget.payer(uid).serve(fetch).await,
+            None => fetch.await,
+        }
+    };
     // From a blocking thread of the runtime (never an async one).
     let got = tokio::runtime::Handle::current().block_on(async {
         match select(pin!(fetch), pin!(gone.wait())).await {
