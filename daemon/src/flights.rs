@@ -33,6 +33,13 @@ impl<K: Eq + Hash, T: Clone> Flights<K, T> {
         self.join_or_start(key, start).0
     }
 
+    /// The run of `key` under way, if any (none is started).
+    pub(crate) fn under_way(&self, key: &K) -> Option<Flight<T>> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let f = running.get(key).and_then(WeakShared::upgrade)?;
+        f.peek().is_none().then_some(f)
+    }
+
     /// [`Flights::join`], and whether the run was under way already.
     pub(crate) fn join_or_start(
         &self,
@@ -163,7 +170,9 @@ mod tests {
     async fn a_run_that_ended_is_not_joined() {
         let flights: Flights<u8, usize> = Flights::default();
         let first = flights.join(1, || async { 1 }.boxed());
+        assert!(flights.under_way(&1).is_some() && flights.under_way(&2).is_none());
         assert_eq!(first.clone().await, 1);
+        assert!(flights.under_way(&1).is_none(), "it ended");
         let second = flights.join(1, || async { 2 }.boxed());
         assert_eq!(second.await, 2);
     }

@@ -401,10 +401,13 @@ class HeldWeights(S3Proxy):
         super().close()
 
 
-def test_a_remote_pull_and_a_compile_of_one_form_share_its_fetch(root, s3):
-    """A compile's fetch of a form is under way (its weights held) when a
-    ``remote pull`` asks for the same form: the pull joins that fetch, and
-    each object is asked for once; both get A's form, nothing compiled."""
+@pytest.mark.parametrize("first", ["compile", "remote pull"])
+def test_a_remote_pull_and_a_compile_of_one_form_share_its_fetch(root, s3, first):
+    """A fetch of a form is under way (its weights held) when the other
+    asks for the same form: a pull joins a compile's fetch, a compile joins
+    a pull's (even where ``fetch = "never"`` keeps a compile from asking
+    the remote itself). Each object is asked for once; both get A's form,
+    nothing compiled."""
     n = 6
     model = chain_model(root / "chain.onnx", n)
     pub_a = keygen("a", root)
@@ -416,22 +419,27 @@ def test_a_remote_pull_and_a_compile_of_one_form_share_its_fetch(root, s3):
     finally:
         a.stop()
     proxy = HeldWeights(s3.endpoint)
+    fetch = "never" if first == "remote pull" else "always"
     b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000,
-              policy=_form_rule())
+              policy=_form_rule(), fetch=fetch)
     try:
         run = [os.environ["CTCACHECTL"], "--socket", str(b.socket)]
-        compiling = subprocess.Popen([*run, "compile", str(model), "--level", LEVEL], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        asks = {"compile": [*run, "compile", str(model), "--level", LEVEL],
+                "remote pull": [*run, "remote", "pull", str(model), "--json"]}
+        second = "compile" if first == "remote pull" else "remote pull"
+        started = {first: subprocess.Popen(asks[first], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           text=True)}
         assert proxy.held.wait(120), b.log_text()
-        pulling = subprocess.Popen([*run, "remote", "pull", str(model), "--json"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        started[second] = subprocess.Popen(asks[second], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           text=True)
         wait_until(lambda: "joins the fleet fetch of the form under way" in b.log_text(), 60,
-                   "the pull joining the compile's fetch", detail=b.log_text)
+                   f"the {second} joining the {first}'s fetch", detail=b.log_text)
         proxy.release.set()
-        out, _ = compiling.communicate(timeout=120)
-        assert compiling.returncode == 0, out
-        out, _ = pulling.communicate(timeout=120)
-        assert pulling.returncode == 0 and json.loads(out)["done"] == 1, out
+        outs = {}
+        for way, p in started.items():
+            outs[way], _ = p.communicate(timeout=120)
+            assert p.returncode == 0, (way, outs[way])
+        assert json.loads(outs["remote pull"])["done"] == 1, outs
         # The form's model and each weight's payload, once.
         assert proxy.payloads == n + 1, (proxy.payloads, n)
         assert payloads(b) == packed and _compiled_here(b) == 0

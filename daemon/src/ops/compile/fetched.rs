@@ -30,6 +30,14 @@ pub(super) async fn fetched(
     flight.await
 }
 
+/// The fetch of form `key` under way (a `remote pull`'s, where the
+/// daemon's `fetch` asks nothing itself), awaited; `None` when there is none.
+pub(super) async fn under_way(d: &Daemon, key: &EntryKey) -> Option<Result<Option<Entry>>> {
+    let flight = d.form_fetches.under_way(key)?;
+    tracing::info!(%key, "joins the fleet fetch of the form under way");
+    Some(flight.await)
+}
+
 /// One fetch, on a blocking thread; it stops when its future is dropped.
 async fn fetch(
     d: Arc<Daemon>,

@@ -64,7 +64,8 @@ impl Job {
     }
 
     /// The form, fetched from the fleet tier where one is configured and
-    /// its `fetch` asks (the fetch stops when nobody waits any more).
+    /// its `fetch` asks, or taken from a fetch under way (the fetch stops
+    /// when nobody waits any more).
     async fn fetched(&self) -> Result<Option<Entry>> {
         let asks = self
             .d
@@ -72,7 +73,10 @@ impl Job {
             .as_ref()
             .is_some_and(|f| f.asks_for_forms(Ask::CostRule));
         if !asks {
-            return Ok(None);
+            // A fetch under way (a pull's) asks the remote nothing more.
+            return fetched::under_way(&self.d, &self.entry_key)
+                .await
+                .unwrap_or(Ok(None));
         }
         let asked = (self.entry_key, form_shape(&self.d, &self.key));
         fetched::fetched(&self.d, asked, self.model.path().display().to_string()).await
