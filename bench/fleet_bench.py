@@ -252,16 +252,15 @@ def forms_of(host: Host) -> dict[str, str]:
     return {e["key"]: e["payload_blake3"] for e in host.ctl_json("ls")["entries"]}
 
 
-def seed_forms(bin_dir: Path, work: Path, garage: Cluster, libs: tuple[str, ...]) -> tuple[str, dict]:
-    """Host A compiles every form of FORMS and uploads it (weights first).
-    Returns A's public key line and A's entries {key: payload blake3}."""
+def seed_forms(bin_dir: Path, work: Path, garage: Cluster, libs: tuple[str, ...],
+               timed: list[tuple]) -> tuple[str, dict]:
+    """Host A compiles every form of ``timed`` and uploads it (weights
+    first). Returns A's public key line and A's entries {key: payload blake3}."""
     secret, public = keygen(bin_dir, "forms", work)
-    # Not timed: a minute per request, for an OpenVINO blob of tens of MB.
-    a = Host(bin_dir, work / "forms-a", remote_toml(garage, fetch="never", write=True, signing_key=secret,
-                                                    extra=("timeout_ms = 60000",)), libs)
+    a = Host(bin_dir, work / "forms-a", remote_toml(garage, fetch="never", write=True, signing_key=secret), libs)
     try:
         t = time.perf_counter()
-        for _, model, runtime, level in FORMS:
+        for _, model, runtime, level in timed:
             if not a.ctl_json(*compile_args(model, runtime, level))["compiled"]:
                 raise BenchError(f"A did not compile the {runtime} form of {model}")
         entries = forms_of(a)
@@ -274,7 +273,7 @@ def seed_forms(bin_dir: Path, work: Path, garage: Cluster, libs: tuple[str, ...]
             if time.perf_counter() - t > 1800:
                 raise BenchError(f"A's uploads not done in 30 min: {st}")
             time.sleep(0.1)
-        log(f"host A: {len(FORMS)} forms compiled and uploaded ({len(entries)} entries, "
+        log(f"host A: {len(timed)} forms compiled and uploaded ({len(entries)} entries, "
             f"{mib(st['bytes_out'])}) in {time.perf_counter() - t:.1f} s")
         return public, entries
     finally:
@@ -308,13 +307,13 @@ def measure_form(bin_dir: Path, root: Path, garage: Cluster, libs: tuple[str, ..
         shutil.rmtree(root, ignore_errors=True)
 
 
-def forms(bin_dir: Path, work: Path, garage: Cluster, reps: int, drop: bool) -> None:
-    """Runtime forms through the fleet: fetched vs compiled, per form of FORMS."""
-    for _, model, _, _ in FORMS:
+def forms(bin_dir: Path, work: Path, garage: Cluster, reps: int, drop: bool, timed: list[tuple]) -> None:
+    """Runtime forms through the fleet: fetched vs compiled, per form of ``timed`` (of FORMS)."""
+    for _, model, _, _ in timed:
         real_models.fetch(real_models.by_name(model))
     libs = runtime_libraries()
-    public, seeded = seed_forms(bin_dir, work, garage, libs)
-    for form in FORMS:
+    public, seeded = seed_forms(bin_dir, work, garage, libs, timed)
+    for form in timed:
         name, model, runtime, level = form
         runs: dict[str, list[float]] = {"never": [], "always": []}
         for rep in range(reps):
@@ -358,6 +357,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed runs per format and mode (the median counts)")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-forms", action="store_true", help="skip the runtime forms")
+    ap.add_argument("--forms", default=",".join(f[0] for f in FORMS), help="the runtime forms timed")
     ap.add_argument("--no-packs", action="store_true", help="skip the packs (the formats)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir under /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
@@ -365,6 +365,10 @@ def main() -> int:
     a = ap.parse_args()
 
     formats = [] if a.no_packs else a.formats.split(",")
+    timed = [f for f in FORMS if f[0] in a.forms.split(",")]
+    if len(timed) != len(a.forms.split(",")):
+        log(f"unknown form in {a.forms!r}: of {', '.join(f[0] for f in FORMS)}")
+        return 2
     for f in formats:
         if f not in FORMATS:
             log(f"unknown format {f!r}: one of {', '.join(FORMATS)}")
@@ -451,7 +455,7 @@ def main() -> int:
                 result(f"fleet.{fmt}.bytes", f"payload bytes fetched for {n} entries (fetch = always)",
                        fetched["bytes_in"] / (1 << 20), "MiB")
         if not a.no_forms:
-            forms(a.bin_dir, work, garage, a.reps, drop)
+            forms(a.bin_dir, work, garage, a.reps, drop, timed)
         return 0
     except (BenchError, GarageError) as e:
         log(f"fleet_bench: {e}")
