@@ -6,18 +6,17 @@
 # fetch = always, never (the anchor) and auto (which path the cost rule chose),
 # and the bytes moved; then runtime forms of real models fetched vs compiled;
 # see bench/fleet_bench.py (its flags pass through: --layers, --dim, --reps,
-# --formats, --no-forms, --no-drop-caches). Drops the page cache
+# --formats, --forms, --no-forms, --no-packs, --no-drop-caches). Drops the page cache
 # before each timed run (needs root).
 #
 # Needs a garage binary: $CTCACHE_GARAGE, else $GARAGE_ROOT/bin/garage
-# (default /var/tmp/garage-2.5.0). Without one the bench says so and exits 0
+# (default /var/tmp/garage-2.5.0-release). Without one the bench says so and exits 0
 # with no figures: it does not build garage (tests/garage_e2e.sh does, once:
-# a debug build, as the test command keeps it; set CTCACHE_GARAGE to a
-# release build for figures of a production server).
+# a release build, which the test command keeps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/ctcache-target}"
-GARAGE=${CTCACHE_GARAGE:-${GARAGE_ROOT:-/var/tmp/garage-2.5.0}/bin/garage}
+GARAGE=${CTCACHE_GARAGE:-${GARAGE_ROOT:-/var/tmp/garage-2.5.0-release}/bin/garage}
 if [[ ! -x $GARAGE ]]; then
   echo "fleet_bench: skipped, no figures: no garage binary at $GARAGE" \
     "(tests/garage_e2e.sh builds garage 2.5.0 once, ~10 min; or set CTCACHE_GARAGE)"

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The fleet tier end to end on Garage 2.5 (three nodes on loopback,
 # replication factor 3; tests/python/test_garage.py). Builds garage once
-# (cargo install, a debug build: about 10 minutes on 2 cores where a release
-# build takes 25; kept under /var/tmp, later runs skip the build) and the
-# ctcache binaries, then runs the test.
+# (cargo install, a release build, as a server runs: about 10 minutes on 2
+# cores, as long as a debug build; kept under /var/tmp, later runs skip the
+# build) and the ctcache binaries, then runs the test.
 #
 #   tests/garage_e2e.sh            build what is missing, run
 #   tests/garage_e2e.sh --no-build skip (exit 0, say so) when garage is not built yet
 #
-# Env: GARAGE_ROOT (default /var/tmp/garage-2.5.0), CARGO_TARGET_DIR, CARGO, PYTHON
+# Env: GARAGE_ROOT (default /var/tmp/garage-2.5.0-release), CARGO_TARGET_DIR, CARGO, PYTHON
 # (default /var/tmp/ctcache-venv/bin/python, with pytest, boto3, onnx, numpy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GARAGE_VERSION=2.5.0
-GARAGE_ROOT=${GARAGE_ROOT:-/var/tmp/garage-$GARAGE_VERSION}
+GARAGE_ROOT=${GARAGE_ROOT:-/var/tmp/garage-$GARAGE_VERSION-release}
 GARAGE=$GARAGE_ROOT/bin/garage
 PYTHON=${PYTHON:-/var/tmp/ctcache-venv/bin/python}
 TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
@@ -28,7 +28,7 @@ if [[ ! -x $GARAGE ]]; then
     echo "garage_e2e: building garage $GARAGE_VERSION into $GARAGE_ROOT (once; this takes a while)"
     start=$(date +%s)
     cargo install garage --version "$GARAGE_VERSION" --locked --no-default-features \
-        --features bundled-libs,sqlite --root "$GARAGE_ROOT" --debug
+        --features bundled-libs,sqlite --root "$GARAGE_ROOT"
     echo "garage_e2e: garage built in $(( $(date +%s) - start )) s"
 fi
 "$GARAGE" --version

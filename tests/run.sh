@@ -185,7 +185,7 @@ export CTCACHE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 "$VENV/bin/python" -m pytest -q tests/python
 
 step "fleet tier on a three-node Garage cluster"
-# A fresh machine builds Garage once (a debug build: about 10 minutes on 2
+# A fresh machine builds Garage once (a release build: about 10 minutes on 2
 # cores), kept under /var/tmp; CTCACHE_GARAGE_BUILD=0 skips the test where
 # no build is kept.
 if [ "${CTCACHE_GARAGE_BUILD:-1}" = 1 ]; then
