@@ -25,12 +25,6 @@ const PART_BYTES: usize = 16 << 20;
 /// Parts of one upload under way at once.
 const PARTS_AT_ONCE: usize = 4;
 
-/// The slowest rate an upload is waited for, bytes a second: a request
-/// carrying `n` bytes gets the timeout plus `n` at this rate (object_store
-/// reports no progress while a body goes up, so a stalled server is told
-/// from a slow one by this floor alone).
-pub const UPLOAD_FLOOR_BYTES_PER_S: u64 = 1 << 20;
-
 /// Why a remote request failed; the caller counts it against the breaker and misses.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
@@ -67,9 +61,11 @@ async fn within<T>(
 }
 
 /// How long a request sending `bytes` is waited for: `timeout` for the
-/// answer, and the bytes at [`UPLOAD_FLOOR_BYTES_PER_S`].
-pub fn upload_deadline(timeout: Duration, bytes: usize) -> Duration {
-    let sending = Duration::from_secs_f64(bytes as f64 / UPLOAD_FLOOR_BYTES_PER_S as f64);
+/// answer, and the bytes at `floor` bytes a second (object_store reports
+/// no progress while a body goes up, so a stalled server is told from a
+/// slow one by this floor alone).
+pub fn upload_deadline(timeout: Duration, bytes: usize, floor: u64) -> Duration {
+    let sending = Duration::from_secs_f64(bytes as f64 / floor.max(1) as f64);
     timeout + sending
 }
 
@@ -88,6 +84,8 @@ pub struct Client {
     store: Arc<dyn ObjectStore>,
     prefix: String,
     timeout: Duration,
+    /// `min_upload_bytes_per_s`.
+    upload_floor: u64,
     /// Where it is, for status.
     pub describe: String,
 }
@@ -148,6 +146,7 @@ impl Client {
             store: Arc::new(store),
             prefix: s.location.prefix.clone(),
             timeout: t,
+            upload_floor: s.config.min_upload_bytes_per_s,
             describe: format!("{} at {endpoint}", s.config.url),
         })
     }
@@ -165,7 +164,7 @@ impl Client {
         bytes: usize,
         f: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> Result<T, RemoteError> {
-        within(upload_deadline(self.timeout, bytes), f).await
+        within(upload_deadline(self.timeout, bytes, self.upload_floor), f).await
     }
 
     /// The manifest of `key`; `None` when there is none.
@@ -203,8 +202,9 @@ impl Client {
     }
 
     /// Uploads the payload of `key` (in parts when large). Each wait gets
-    /// the timeout and the time the bytes under way take at the floor rate
-    /// ([`upload_deadline`]); the upload as a whole is the caller's.
+    /// the timeout and the time the bytes under way take at
+    /// `min_upload_bytes_per_s` ([`upload_deadline`]); the upload as a
+    /// whole is the caller's.
     pub async fn put_payload(&self, key: &EntryKey, data: Bytes) -> Result<(), RemoteError> {
         let path = Path::from(layout::objects(&self.prefix, key).payload);
         let len = data.len();

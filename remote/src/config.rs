@@ -69,6 +69,10 @@ pub struct RemoteConfig {
     /// Each request's limit until its answer starts, and the longest stall
     /// while a payload streams, ms; at most one retry within it.
     pub timeout_ms: u64,
+    /// The slowest upload waited for, bytes a second: a request sending
+    /// `n` bytes is given `timeout_ms` and `n` at this rate (a server
+    /// reports no progress while a body goes up).
+    pub min_upload_bytes_per_s: u64,
     /// Upload jobs queued at most; more are dropped and counted.
     pub upload_queue: usize,
     /// Largest payload fetched or uploaded, bytes.
@@ -102,6 +106,7 @@ impl Default for RemoteConfig {
             read: true,
             write: true,
             timeout_ms: 3000,
+            min_upload_bytes_per_s: 1 << 20,
             upload_queue: 256,
             max_object_bytes: 4 << 30,
             signing_key_file: None,
@@ -120,6 +125,7 @@ impl RemoteConfig {
         parse_url(&self.url)?;
         for (key, v) in [
             ("timeout_ms", self.timeout_ms),
+            ("min_upload_bytes_per_s", self.min_upload_bytes_per_s),
             ("upload_queue", self.upload_queue as u64),
             ("max_object_bytes", self.max_object_bytes),
         ] {

@@ -3,9 +3,12 @@ bodies at a few MiB a second).
 
 * A payload in parts, each part longer on the wire than ``timeout_ms``,
   goes up whole: a request sending bytes is waited for the timeout and its
-  bytes at the floor rate (1 MiB/s), not the timeout alone, so a slow
-  server is not taken for a stalled one. The bucket holds the host's exact
-  bytes, and nothing is counted as an error.
+  bytes at ``min_upload_bytes_per_s`` (1 MiB/s), not the timeout alone, so
+  a slow server is not taken for a stalled one. The bucket holds the
+  host's exact bytes, and nothing is counted as an error.
+* With ``min_upload_bytes_per_s`` above what the server takes, the same
+  upload fails within its deadline, counted, and nothing is on the bucket
+  (no manifest: the entry does not exist there).
 
 (A server that never answers still costs one timeout: test_fleet's hung
 server.)
@@ -58,26 +61,41 @@ class SlowBodies(S3Proxy):
         return b"".join(chunks)
 
 
-def test_a_large_payload_goes_up_to_a_slow_server_in_parts(root, s3):
-    # 4224 x 4224 FLOAT: 68 MiB, five parts of 16 MiB, the fifth waiting
-    # for one of the four under way to end.
+def _upload_through_slow_server(root, s3, extra: list[str]):
+    """Host A packs a 68 MiB payload (4224 x 4224 FLOAT, five parts of 16
+    MiB, the fifth waiting for one of the four under way to end) and
+    uploads it through the slow proxy; its remote status once the upload
+    settled, and its payloads."""
     model = chain_model(root / "big.onnx", 1, size=4224)
     keygen("a", root)
     proxy = SlowBodies(s3.endpoint, BODY_BYTES_PER_S)
-    a = fleet_daemon(root, "a", proxy, sign="a", timeout_ms=TIMEOUT_MS,
+    a = fleet_daemon(root, "a", proxy, sign="a", timeout_ms=TIMEOUT_MS, extra=extra,
                      policy='[[policy]]\nformat = "identity"\n')
     try:
         r = a.ctl("resolve", str(model), "--on-miss", "wait", timeout=300)
         assert r.returncode == 0, r.describe() + a.log_text()
         st = wait_until(lambda: (lambda st: st if st["uploads"] + st["errors"] else None)(remote_status(a)),
                         240, "the upload settled", interval=0.2, detail=a.log_text)
-        assert (st["uploads"], st["errors"]) == (1, 0), st
-        packed = payloads(a)
+        return st, payloads(a), proxy.slowed
     finally:
         a.stop()
         proxy.close()
-    assert proxy.slowed >= 5, proxy.slowed
+
+
+def test_a_large_payload_goes_up_to_a_slow_server_in_parts(root, s3):
+    st, packed, slowed = _upload_through_slow_server(root, s3, [])
+    assert (st["uploads"], st["errors"]) == (1, 0), st
+    assert slowed >= 5, slowed
     (data,) = packed.values()
     assert len(data) > 64 << 20
     uploaded, = objects(s3, "fleet", "payload")
     assert s3.client().get_object(Bucket=BUCKET, Key=uploaded)["Body"].read() == data
+
+
+def test_an_upload_slower_than_min_upload_bytes_per_s_fails_within_its_deadline(root, s3):
+    # 64 MiB/s: the wait for a part's place is given 4 s (3 s, and four
+    # parts under way at 64 MiB/s); a part takes 8 s through the proxy.
+    st, _, _ = _upload_through_slow_server(root, s3, [f"min_upload_bytes_per_s = {64 << 20}"])
+    assert (st["uploads"], st["errors"]) == (0, 1), st
+    assert "did not answer within" in st["last_error"], st
+    assert objects(s3, "fleet", "manifest") == [], "no entry exists on the bucket"

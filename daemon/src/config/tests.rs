@@ -133,7 +133,12 @@ fn bounds_have_safe_defaults_and_refuse_zero() {
             .unwrap_err();
         assert!(e.to_string().contains(key), "{key}: {e}");
     }
-    for key in ["timeout_ms", "upload_queue", "max_object_bytes"] {
+    for key in [
+        "timeout_ms",
+        "min_upload_bytes_per_s",
+        "upload_queue",
+        "max_object_bytes",
+    ] {
         let e = Config::from_toml(&format!("[remote]\nurl = \"s3://models\"\n{key} = 0"))
             .unwrap()
             .validate()
