@@ -365,10 +365,13 @@ def main() -> int:
     a = ap.parse_args()
 
     formats = [] if a.no_packs else a.formats.split(",")
-    timed = [f for f in FORMS if f[0] in a.forms.split(",")]
-    if len(timed) != len(a.forms.split(",")):
-        log(f"unknown form in {a.forms!r}: of {', '.join(f[0] for f in FORMS)}")
+    asked = set(a.forms.split(","))
+    unknown = asked - {f[0] for f in FORMS}
+    if unknown:
+        log(f"unknown form {', '.join(sorted(unknown))}: one of {', '.join(f[0] for f in FORMS)} "
+            f"(--no-forms for none)")
         return 2
+    timed = [f for f in FORMS if f[0] in asked]
     for f in formats:
         if f not in FORMATS:
             log(f"unknown format {f!r}: one of {', '.join(FORMATS)}")

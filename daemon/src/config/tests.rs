@@ -70,6 +70,7 @@ fn remote_section_parses_is_checked_and_round_trips() {
     let r = c.remote.clone().unwrap();
     assert_eq!(r.timeout_ms, 3000);
     assert_eq!(r.upload_queue, 256);
+    assert_eq!(r.min_upload_bytes_per_s, 1 << 20);
     assert_eq!(r.fetch, ctcache_remote::config::FetchMode::Always);
     assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
     let e = Config::from_toml("[remote]\nurll = \"s3://b/x\"\n")

@@ -73,7 +73,7 @@ impl Job {
             .as_ref()
             .is_some_and(|f| f.asks_for_forms(Ask::CostRule));
         if !asks {
-            // A fetch under way (a pull's) asks the remote nothing more.
+            // A fetch under way (a pull's) is joined; none of its own starts.
             return fetched::under_way(&self.d, &self.entry_key)
                 .await
                 .unwrap_or(Ok(None));
