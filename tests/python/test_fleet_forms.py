@@ -401,6 +401,22 @@ class HeldWeights(S3Proxy):
         super().close()
 
 
+def _uploaded_chain(root: Path, s3, n: int, openvino: bool = False) -> tuple[Path, str, dict]:
+    """Host A compiles the form of a chain of ``n`` MatMuls (onnxruntime's,
+    each weight an entry of its own, or OpenVINO's, one blob) and uploads
+    it; returns the model, A's public key line and A's payloads."""
+    model = chain_model(root / "chain.onnx", n)
+    pub_a = keygen("a", root)
+    a = _host(root, "a", s3, sign="a")
+    try:
+        made = _compile(a, model, runtime="openvino") if openvino else _compile(a, model, level=LEVEL)
+        assert openvino or len({t.key for t in made.tensors}) == n, made
+        wait_uploads(a, 1 if openvino else n + 1, timeout=180)
+        return model, pub_a, payloads(a)
+    finally:
+        a.stop()
+
+
 @pytest.mark.parametrize("first", ["compile", "remote pull"])
 def test_a_remote_pull_and_a_compile_of_one_form_share_its_fetch(root, s3, first):
     """A fetch of a form is under way (its weights held) when the other
@@ -409,15 +425,7 @@ def test_a_remote_pull_and_a_compile_of_one_form_share_its_fetch(root, s3, first
     the remote itself). Each object is asked for once; both get A's form,
     nothing compiled."""
     n = 6
-    model = chain_model(root / "chain.onnx", n)
-    pub_a = keygen("a", root)
-    a = _host(root, "a", s3, sign="a")
-    try:
-        assert len({t.key for t in _compile(a, model, level=LEVEL).tensors}) == n
-        wait_uploads(a, n + 1, timeout=180)
-        packed = payloads(a)
-    finally:
-        a.stop()
+    model, pub_a, packed = _uploaded_chain(root, s3, n)
     proxy = HeldWeights(s3.endpoint)
     fetch = "never" if first == "remote pull" else "always"
     b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000,
@@ -455,17 +463,8 @@ def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3, way):
     further weight, publishes no form, and the next caller's fetch takes
     the rest."""
     n = 24
-    model = chain_model(root / "chain.onnx", n)
     openvino = way == "openvino compile"
-    pub_a = keygen("a", root)
-    a = _host(root, "a", s3, sign="a")
-    try:
-        made = _compile(a, model, runtime="openvino") if openvino else _compile(a, model, level=LEVEL)
-        assert openvino or len({t.key for t in made.tensors}) == n, made
-        wait_uploads(a, 1 if openvino else n + 1, timeout=180)
-        packed = payloads(a)
-    finally:
-        a.stop()
+    model, pub_a, packed = _uploaded_chain(root, s3, n, openvino)
     # OpenVINO's form is its one payload: held from the first.
     proxy = HeldWeights(s3.endpoint, passed=0 if openvino else 1)
     b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000,

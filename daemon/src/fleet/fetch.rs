@@ -249,7 +249,10 @@ impl Fleet {
     /// Both objects of `key` asked for at once, its payload as `len` bytes
     /// (a length the asker knows already): the manifest opened against
     /// `trust`, and the payload's answer, read only once the manifest is
-    /// accepted (D11: a payload without its manifest does not exist).
+    /// accepted (D11: a payload without its manifest does not exist). A
+    /// payload not found is asked again once: its request may have reached
+    /// the server before an upload's payload, the manifest's after it (the
+    /// manifest goes up last).
     pub(super) fn manifest_and_payload(
         &self,
         key: &EntryKey,
@@ -261,7 +264,12 @@ impl Fleet {
             c.manifest(key),
             c.payload(key, len),
         ));
-        Ok((self.opened(key, trust, manifest)?, payload))
+        let accepted = self.opened(key, trust, manifest)?;
+        let payload = match payload {
+            Err(e) if e.is_not_found() => self.rt.block_on(c.payload(key, len)),
+            payload => payload,
+        };
+        Ok((accepted, payload))
     }
 
     /// The manifest the remote answered for `key`, opened against `trust`.
@@ -292,38 +300,18 @@ impl Fleet {
         let answer = self
             .rt
             .block_on(self.shared.client.payload(key, accepted.payload.len));
-        let mut reader = self.reader(answer)?;
-        Self::checked(&mut reader, accepted, consume)
+        self.streamed_from(answer, accepted, consume)
     }
 
-    /// [`Fleet::streamed`] from a payload request of `key` asked for with
-    /// its manifest. Not found is asked again once: the request may have
-    /// reached the server before an upload's payload, and the manifest
-    /// after it (the manifest goes up last).
+    /// [`Fleet::streamed`] from a payload request already answered.
     pub(super) fn streamed_from<T>(
         &self,
-        (key, answer): (&EntryKey, PayloadAnswer),
+        answer: PayloadAnswer,
         accepted: &Accepted,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
-        let answer = match answer {
-            Err(e) if e.is_not_found() => self
-                .rt
-                .block_on(self.shared.client.payload(key, accepted.payload.len)),
-            answer => answer,
-        };
         let mut reader = self.reader(answer)?;
-        Self::checked(&mut reader, accepted, consume)
-    }
-
-    /// `consume` over `reader` through the accepted entry's length and
-    /// blake3 check.
-    fn checked<T>(
-        reader: &mut Streamed<'_>,
-        accepted: &Accepted,
-        consume: impl FnOnce(&mut dyn Read) -> T,
-    ) -> Result<T, Failed> {
-        let mut checked = Checked::new(&mut *reader, accepted.payload);
+        let mut checked = Checked::new(&mut reader, accepted.payload);
         let out = consume(&mut checked);
         if let Some(m) = checked.mismatch() {
             return Err(Failed::Rejected("bad_checksum", m.to_string()));

@@ -254,7 +254,7 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let (put, not_its_tensor) = self
-            .streamed_from((&key, payload), &accepted, |checked| {
+            .streamed_from(payload, &accepted, |checked| {
                 let until = UntilAbandoned {
                     inner: checked,
                     abandoned,

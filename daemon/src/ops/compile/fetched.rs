@@ -25,17 +25,27 @@ pub(super) async fn fetched(
         .form_fetches
         .join_or_start(key, move || fetch(d2, (key, shape), path).boxed());
     if under_way {
-        tracing::info!(%key, %model, "joins the fleet fetch of the form under way");
+        joins(&key, &model);
     }
     flight.await
 }
 
-/// The fetch of form `key` under way (a `remote pull`'s, where the
-/// daemon's `fetch` asks nothing itself), awaited; `None` when there is none.
-pub(super) async fn under_way(d: &Daemon, key: &EntryKey) -> Option<Result<Option<Entry>>> {
+/// The fetch of form `key` of the model at `path` under way (a `remote
+/// pull`'s, where the daemon's `fetch` asks nothing itself), awaited;
+/// `None` when there is none.
+pub(super) async fn under_way(
+    d: &Daemon,
+    key: &EntryKey,
+    path: &str,
+) -> Option<Result<Option<Entry>>> {
     let flight = d.form_fetches.under_way(key)?;
-    tracing::info!(%key, "joins the fleet fetch of the form under way");
+    joins(key, path);
     Some(flight.await)
+}
+
+/// Logs that a request takes the fetch of `key` under way.
+fn joins(key: &EntryKey, model: &str) {
+    tracing::info!(%key, %model, "joins the fleet fetch of the form under way");
 }
 
 /// One fetch, on a blocking thread; it stops when its future is dropped.

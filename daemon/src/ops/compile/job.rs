@@ -72,14 +72,15 @@ impl Job {
             .fleet
             .as_ref()
             .is_some_and(|f| f.asks_for_forms(Ask::CostRule));
+        let path = self.model.path().display().to_string();
         if !asks {
             // A fetch under way (a pull's) is joined; none of its own starts.
-            return fetched::under_way(&self.d, &self.entry_key)
+            return fetched::under_way(&self.d, &self.entry_key, &path)
                 .await
                 .unwrap_or(Ok(None));
         }
         let asked = (self.entry_key, form_shape(&self.d, &self.key));
-        fetched::fetched(&self.d, asked, self.model.path().display().to_string()).await
+        fetched::fetched(&self.d, asked, path).await
     }
 }
 
