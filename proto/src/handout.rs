@@ -51,12 +51,15 @@ pub fn send(socket: impl AsFd, msg: &impl Message, fds: &[BorrowedFd<'_>]) -> io
             "descriptors do not fit the control buffer",
         ));
     }
-    let sent = rustix::net::sendmsg(
-        socket,
-        &[IoSlice::new(&bytes)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
+    let socket = socket.as_fd();
+    let sent = rustix::io::retry_on_intr(|| {
+        rustix::net::sendmsg(
+            socket,
+            &[IoSlice::new(&bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )
+    })?;
     if sent != bytes.len() {
         return Err(io::Error::other("a message was sent in part"));
     }
@@ -64,19 +67,25 @@ pub fn send(socket: impl AsFd, msg: &impl Message, fds: &[BorrowedFd<'_>]) -> io
 }
 
 /// Takes one packet: its message and descriptors (close-on-exec), or
-/// `None` when the peer closed. A packet over [`MAX_PACKET`] bytes or
-/// [`MAX_FDS`] descriptors, or one that does not decode, is an
-/// `InvalidData` error (the descriptors that did arrive are closed).
+/// `None` when the peer closed; a wait a signal interrupts goes on. A
+/// packet over [`MAX_PACKET`] bytes or [`MAX_FDS`] descriptors, or one
+/// that does not decode, is an `InvalidData` error (the descriptors that
+/// did arrive are closed).
 pub fn recv<M: Message + Default>(socket: impl AsFd) -> io::Result<Option<(M, Vec<OwnedFd>)>> {
     let mut buf = vec![0u8; MAX_PACKET];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = rustix::net::recvmsg(
-        socket,
-        &mut [IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC,
-    )?;
+    let socket = socket.as_fd();
+    // A signal handled during a wait fails it with EINTR even under
+    // SA_RESTART once the socket has a receive timeout (signal(7)).
+    let got = rustix::io::retry_on_intr(|| {
+        rustix::net::recvmsg(
+            socket,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+    })?;
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(received) = m {
@@ -162,6 +171,70 @@ mod tests {
         assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
         drop(a);
         assert!(recv::<HandoutRequest>(&b).unwrap().is_none());
+    }
+
+    /// The receive timeout is what turns a handled signal into EINTR; the
+    /// signal is sent while the waiter sleeps in recvmsg, and the packet
+    /// once the handler ran and the waiter sleeps in recvmsg again.
+    #[test]
+    fn a_handled_signal_does_not_end_a_wait() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static HANDLED: AtomicBool = AtomicBool::new(false);
+        extern "C" fn handle(_: libc::c_int) {
+            HANDLED.store(true, Ordering::SeqCst);
+        }
+        // SAFETY: the handler only stores to an atomic; no other test here
+        // uses SIGUSR1.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = handle as *const () as libc::sighandler_t;
+            act.sa_flags = libc::SA_RESTART;
+            assert_eq!(
+                libc::sigaction(libc::SIGUSR1, &act, std::ptr::null_mut()),
+                0
+            );
+        }
+        let (a, b) = pair();
+        rustix::net::sockopt::set_socket_timeout(
+            &b,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(std::time::Duration::from_secs(20)),
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: pthread_self and gettid have no preconditions.
+            tx.send(unsafe { (libc::pthread_self(), libc::gettid()) })
+                .unwrap();
+            recv::<HandoutRequest>(&b)
+        });
+        let (thread, tid) = rx.recv().unwrap();
+        let syscall = format!("/proc/self/task/{tid}/syscall");
+        let in_recvmsg = || {
+            let line = std::fs::read_to_string(&syscall).unwrap_or_default();
+            line.split(' ').next() == Some(&libc::SYS_recvmsg.to_string())
+        };
+        while !in_recvmsg() {
+            std::thread::yield_now();
+        }
+        // SAFETY: the thread is alive: it has not returned from recv.
+        assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+        while !HANDLED.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        while !in_recvmsg() && !waiter.is_finished() {
+            std::thread::yield_now();
+        }
+        let msg = HandoutRequest {
+            step: Some(handout_request::Step::Model(HandoutModel {
+                model_path: "/m.onnx".into(),
+                outputs: Vec::new(),
+            })),
+        };
+        // A waiter the signal ended has closed its end: its error tells.
+        let _ = send(&a, &msg, &[]);
+        let (got, _) = waiter.join().unwrap().expect("the wait went on").unwrap();
+        assert_eq!(got, msg);
     }
 
     #[test]
