@@ -179,9 +179,8 @@ def emb_transformer(daemon_a, transformer, work):
 
 @contextlib.contextmanager
 def recording(ctcache, daemon: Daemon, work: Path):
-    rec = EventRecorder(ctcache, daemon.socket, work / f"sync-{daemon.root.name}")
+    rec = EventRecorder(ctcache, daemon.socket, work / f"settle-{daemon.root.name}")
     try:
-        rec.sync(daemon)
         yield rec
     finally:
         rec.close()
@@ -656,9 +655,8 @@ def test_kill_during_prepack_then_verify_clean(ctcache, daemon_a, small, transfo
     built = transformer["built"]
     before = d.entries()
     resolved_before = {m.path.name: resolution(d, m.path) for m in (built, small["convnet.onnx"])}
-    rec = EventRecorder(ctcache, d.socket, work / "sync-a")
+    rec = EventRecorder(ctcache, d.socket, work / "settle-a")
     try:
-        rec.sync(d)
         # Parameters nothing asked for yet (the slowest variant: 8-bit, asymmetric, blocks of 16):
         # 13 jobs, one after the other (--workers 1), about 2 s in a debug build.
         cli = subprocess.Popen(

@@ -608,6 +608,48 @@ def _add_small_first_initializer(path: Path) -> None:
     save(m, str(path))
 
 
+def test_events_returns_once_the_daemon_follows_its_feed(ctcache, client, daemon):
+    """events() waits for the call's headers, which the daemon sends once its
+    handler has subscribed: an event made on another connection right after
+    it returns is seen, with no step to sync on."""
+    answered = []
+    real = client._stub.Events
+
+    class Watched:
+        def __init__(self, call):
+            self.call = call
+
+        def initial_metadata(self):
+            got = self.call.initial_metadata()
+            answered.append(got is not None)
+            return got
+
+        def __iter__(self):
+            return iter(self.call)
+
+        def cancel(self):
+            return self.call.cancel()
+
+    client._stub.Events = lambda req, timeout=None: Watched(real(req, timeout=timeout))
+    stream = client.events()
+    assert answered == [True]
+    folder = daemon.root / "watched-now"
+    folder.mkdir()
+    seen = threading.Event()
+
+    def follow():
+        for e in stream:
+            if e.kind == "watcher" and e.model_path == str(folder.resolve()) and "added" in e.detail:
+                seen.set()
+                return
+
+    threading.Thread(target=follow, daemon=True).start()
+    with ctcache.connect(daemon.socket, timeout=10) as other:
+        other.add_watch(folder)
+    assert seen.wait(30), "the watch added after events() returned is seen"
+    stream.close()
+
+
 def test_client_survives_a_daemon_restart(ctcache, daemon):
     """SIGKILL and a restart on the same folders (systemd's Restart=): calls that
     are safe to repeat wait for the new daemon, the others fail at once."""

@@ -253,9 +253,10 @@ class Client:
                 _close(held)
 
     def _stream(self, method: str, request, timeout: float | None = None, *,
-                names_model: bool = False) -> Iterator:
+                names_model: bool = False, followed: bool = False) -> Iterator:
         """As :meth:`_call`, for a stream; a handout is held until the stream
-        ends or is abandoned."""
+        ends or is abandoned. ``followed``: returns once the daemon answered
+        the call's headers (it sends them when its handler has subscribed)."""
         def hand():
             return self._handed(request, timeout) if names_model else None
 
@@ -263,6 +264,8 @@ class Client:
         held = hand()
         stub = self._stub
         call = getattr(stub, method)(request, timeout=timeout)
+        if followed:
+            call.initial_metadata()  # a failed call answers at once; iterating raises
 
         def messages():
             nonlocal call, stub, held
@@ -592,8 +595,10 @@ class Client:
         return list(self._call("RemoveWatch", pb.WatchRequest(dir=_path(folder)), timeout).dirs)
 
     def events(self) -> Iterator:
-        """The daemon's event stream (entry_added, job_progress, watcher, lease_ended); endless."""
-        return self._stream("Events", pb.EventsRequest())
+        """The daemon's event stream (entry_added, job_progress, watcher, lease_ended); endless.
+        It returns once the daemon follows its feed for this stream: every
+        event from then on is seen."""
+        return self._stream("Events", pb.EventsRequest(), followed=True)
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         """grpc.health.v1 status name (``"SERVING"``); needs grpcio-health-checking."""

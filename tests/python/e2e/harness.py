@@ -149,11 +149,9 @@ class Daemon:
 
 
 class EventRecorder:
-    """Collects a daemon's events (``Client.events()``) on a thread.
-
-    :meth:`sync` makes sure the subscription is live: it adds and removes a
-    watch on an empty folder and waits for the daemon's own "watch added"
-    event, so nothing emitted afterwards can be missed.
+    """Collects a daemon's events (``Client.events()``) on a thread, every
+    one emitted once the constructor returns (``events()`` returns once the
+    daemon follows its feed for the stream).
     """
 
     def __init__(self, ctcache, socket: Path, scratch: Path):
@@ -162,12 +160,13 @@ class EventRecorder:
         self.events: list = []
         self._q: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
+        self._stream = self._client.events()
         self._thread = threading.Thread(target=self._run, name="ctcache-events", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            for ev in self._client.events():
+            for ev in self._stream:
                 self.events.append(ev)
                 self._q.put(ev)
         except BaseException as e:  # the daemon went away, or close()
@@ -200,22 +199,6 @@ class EventRecorder:
             return lambda e: e.kind == "watcher" and e.model_path == marker and word in e.detail
 
         return marker, watcher_event
-
-    def sync(self, daemon: Daemon) -> None:
-        marker, watcher_event = self._marker()
-        for _ in range(40):
-            daemon.json("watch", "add", marker)
-            try:
-                self.wait_for(watcher_event("added"), timeout=0.5, what="watch added")
-                live = True
-            except pytest.fail.Exception:
-                live = False
-            daemon.json("watch", "remove", marker)
-            if live:
-                self.wait_for(watcher_event("removed"), timeout=10, what="watch removed")
-                self.events.clear()
-                return
-        pytest.fail(f"the event subscription never became live: {self.error!r}")
 
     def settle(self, daemon: Daemon, timeout: float = 30) -> None:
         """Returns once every event the daemon emitted before this call is in
