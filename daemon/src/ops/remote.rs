@@ -55,7 +55,7 @@ pub(crate) fn pull(
     let (tensors, digests) = model::digests(d, caller.bounded_uid(), &m.path, &m.model)?;
     let mut t = Transfer::default();
     let went = || match gone.is_set() {
-        true => Err(Error::cancelled("the caller of remote pull went away")),
+        true => Err(rules::pull_abandoned()),
         false => Ok(()),
     };
     for w in &sel.wanted {

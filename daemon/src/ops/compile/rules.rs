@@ -157,6 +157,12 @@ pub(crate) enum Pulled {
     Missing(String),
 }
 
+/// The error of a remote pull whose caller went: its loop's check between
+/// entries and a form's fetch it waits for.
+pub(crate) fn pull_abandoned() -> Error {
+    Error::cancelled("the caller of remote pull went away")
+}
+
 /// `remote pull`'s part of a policy rule (`format`, `params`) of a form:
 /// the form of the model `m`, fetched from the fleet unless stored (or
 /// taken from a compile's fetch of it under way), from a blocking thread;
@@ -199,7 +205,7 @@ pub(crate) fn pulled(
             Either::Right(_) => None,
         }
     });
-    let got = got.ok_or_else(|| Error::cancelled("the caller of remote pull went away"))?;
+    let got = got.ok_or_else(pull_abandoned)?;
     Ok(match got? {
         Some(e) => Pulled::Fetched(e.payload.len),
         None => Pulled::Missing(format!(
