@@ -77,11 +77,6 @@ pub(crate) struct Gone {
 }
 
 impl Gone {
-    /// The flag a blocking part reads.
-    pub(crate) fn flag(&self) -> &AtomicBool {
-        &self.set
-    }
-
     /// Whether it is set.
     pub(crate) fn is_set(&self) -> bool {
         self.set.load(Ordering::Relaxed)
@@ -200,7 +195,7 @@ mod tests {
         let dropped = Abandon::new("a fetch".into());
         let gone = dropped.gone();
         drop(dropped);
-        assert!(gone.is_set() && gone.flag().load(Ordering::Relaxed));
+        assert!(gone.is_set());
         let done = Abandon::new("a fetch".into());
         let gone = done.gone();
         done.finished();

@@ -1,5 +1,6 @@
 """An HTTP proxy before a test's S3 server, which a test bends: it may
-hold a request before forwarding it, or read its body slowly."""
+hold a request before forwarding it, answer it itself, read its body
+slowly, or hold an answer's body part way."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ class S3Proxy:
             protocol_version = "HTTP/1.1"
 
             def _forward(self):
-                proxy.before(self.command, self.path)
+                own = proxy.before(self.command, self.path)
+                if own is not None:
+                    self._answer(*own)
+                    return
                 assert "chunked" not in self.headers.get("Transfer-Encoding", ""), self.headers
                 body = proxy.body(self.rfile, int(self.headers.get("Content-Length", "0")))
                 c = http.client.HTTPConnection(up.hostname, up.port, timeout=120)
@@ -36,8 +40,15 @@ class S3Proxy:
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(answer)
+                    proxy.reply(self.command, self.path, self.wfile, answer)
                 c.close()
+
+            def _answer(self, status: int, body: bytes):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
@@ -49,12 +60,18 @@ class S3Proxy:
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def before(self, method: str, path: str) -> None:
-        """Runs before a request is forwarded (on its own thread)."""
+    def before(self, method: str, path: str) -> tuple[int, bytes] | None:
+        """Runs before a request is forwarded (on its own thread); an
+        answer (status, XML body) it returns is sent instead."""
+        return None
 
     def body(self, rfile, length: int) -> bytes:
         """A request's body of ``length`` bytes."""
         return rfile.read(length)
+
+    def reply(self, method: str, path: str, wfile, answer: bytes) -> None:
+        """Writes the upstream's answer body (its headers are sent)."""
+        wfile.write(answer)
 
     def close(self):
         self.server.shutdown()

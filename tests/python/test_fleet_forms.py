@@ -17,7 +17,9 @@ onnxruntime's library).
   nothing; a form's model larger than an answer carries is refused as
   ``too_large``.
 * A form fetch stops when nobody waits for it any more (a proxy holds the
-  weights' requests); a full disk during one is RESOURCE_EXHAUSTED.
+  weights' requests, or their answers half sent); a weight's payload answered
+  not found after its manifest is asked once more; a full disk during a
+  fetch is RESOURCE_EXHAUSTED.
 * The daemon as root and as its own user fetches the form of a caller's
   private model from the descriptor it hands over; another user gets none.
 
@@ -497,6 +499,109 @@ def test_a_form_fetch_stops_when_nobody_waits_for_it(root, s3, way):
             got = _compile(b, model, runtime="openvino") if openvino else _compile(b, model, level=LEVEL)
             assert got.HasField("form") and not got.compiled, b.log_text()
         assert payloads(b) == packed and _compiled_here(b) == 0
+    finally:
+        b.stop()
+        proxy.close()
+
+
+class WeightsHeldPartWay(S3Proxy):
+    """Sends half of each weight's payload (after the form's model) and
+    holds the rest until ``release`` is set."""
+
+    def __init__(self, upstream: str):
+        self.release = threading.Event()
+        self.held = threading.Event()
+        self.payloads = 0
+        super().__init__(upstream)
+
+    def reply(self, method: str, path: str, wfile, answer: bytes) -> None:
+        if not path.split("?")[0].endswith("/payload"):
+            wfile.write(answer)
+            return
+        with self.lock:
+            self.payloads += 1
+            hold = self.payloads > 1
+        if not hold:
+            wfile.write(answer)
+            return
+        half = len(answer) // 2
+        try:
+            wfile.write(answer[:half])
+            wfile.flush()
+            self.held.set()
+            self.release.wait(120)
+            wfile.write(answer[half:])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon stopped reading and closed
+
+    def close(self):
+        self.release.set()
+        super().close()
+
+
+def test_a_form_fetch_stops_within_the_weights_it_streams(root, s3):
+    """The caller goes while every weight under way is half streamed in
+    (the server holds the rest): the fetch stops without waiting for the
+    server's next bytes, stores no weight and publishes no form."""
+    n = 24
+    model, pub_a, packed = _uploaded_chain(root, s3, n)
+    proxy = WeightsHeldPartWay(s3.endpoint)
+    b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'], timeout_ms=120_000)
+    try:
+        p = subprocess.Popen([os.environ["CTCACHECTL"], "--socket", str(b.socket), "compile", str(model),
+                              "--level", LEVEL], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert proxy.held.wait(120), b.log_text()
+        p.kill()
+        p.wait()
+        # The server still holds every weight's second half.
+        wait_until(lambda: "fetch stopped: nobody waits for the form any more" in b.log_text(), 60,
+                   "the fetch stopping while its weights are held", detail=b.log_text)
+        assert not proxy.release.is_set()
+        assert b.entries() == {} and _compiled_here(b) == 0
+    finally:
+        b.stop()
+        proxy.close()
+
+
+NO_SUCH_KEY = (404, b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code>'
+                    b"<Message>The specified key does not exist.</Message></Error>")
+
+
+class PayloadNotThereYet(S3Proxy):
+    """Answers the first GET of one weight's payload (of source ``digest``)
+    not found, as a bucket does between an upload's payload and its
+    manifest being read by a fetch of both at once; counts that payload's
+    GETs."""
+
+    def __init__(self, upstream: str, digest: str):
+        self.digest = digest
+        self.asked: dict[str, int] = {}
+        super().__init__(upstream)
+
+    def before(self, method: str, path: str) -> tuple[int, bytes] | None:
+        path = path.split("?")[0]
+        if method != "GET" or not path.endswith("/payload") or f"-{self.digest}/" not in path:
+            return None
+        with self.lock:
+            self.asked[path] = self.asked.get(path, 0) + 1
+            first = len(self.asked) == 1 and self.asked[path] == 1
+        return NO_SUCH_KEY if first else None
+
+
+def test_a_weights_payload_not_found_after_its_manifest_is_asked_once_more(root, s3, uploaded):
+    """A weight's manifest is there and its payload answered not found: the
+    payload is asked once more, the form taken, nothing compiled."""
+    packed, entries, pub_a = uploaded
+    digest = next(e["source_digest"] for e in entries.values() if e["physical_type"] != ORT_FORM)
+    proxy = PayloadNotThereYet(s3.endpoint, digest)
+    b = _host(root, "b", proxy, write=False, extra=[f'trusted_form_keys = ["{pub_a}"]'])
+    try:
+        got = _compile(b, _model().path, level=LEVEL)
+        assert got.HasField("form") and not got.compiled, b.log_text()
+        assert sorted(proxy.asked.values())[-1] == 2, proxy.asked
+        assert payloads(b) == packed and _compiled_here(b) == 0
+        st = remote_status(b)
+        assert (st["hits"], st["rejected"], st["errors"]) == (1, 0, 0), st
     finally:
         b.stop()
         proxy.close()

@@ -15,6 +15,7 @@ use ctcache_remote::manifest::{self, Accepted, Rejected, Trust};
 use tokio::runtime::Handle;
 
 use super::{Ask, Fleet, Packing, Repack, Source};
+use crate::flights::Gone;
 use crate::locks::lock;
 
 /// Quarantined keys remembered at most (then forgotten all at once).
@@ -223,7 +224,7 @@ impl Fleet {
             None
         };
         let new = manifest::new_entry(&accepted, source.shape, source.names, source.model_paths);
-        let (put, audit_mismatch) = self.streamed(key, &accepted, |checked| match audit {
+        let (put, audit_mismatch) = self.streamed(key, &accepted, None, |checked| match audit {
             None => (store.put(&new, checked), None),
             Some(packed) => {
                 let mut matching = Matching::new(checked, packed);
@@ -290,17 +291,19 @@ impl Fleet {
     /// Streams the payload of the accepted entry `key` into `consume` (a
     /// `put`, a read into memory) through its length and blake3 check; what
     /// `consume` returned, once the stream's end says the bytes were the
-    /// manifest's and the transport held.
+    /// manifest's and the transport held. Once `until` is set, the stream
+    /// fails, even while it waits for the server's next bytes.
     pub(super) fn streamed<T>(
         &self,
         key: &EntryKey,
         accepted: &Accepted,
+        until: Option<&Gone>,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
         let answer = self
             .rt
             .block_on(self.shared.client.payload(key, accepted.payload.len));
-        self.streamed_from(answer, accepted, consume)
+        self.streamed_from(answer, accepted, until, consume)
     }
 
     /// [`Fleet::streamed`] from a payload request already answered.
@@ -308,9 +311,10 @@ impl Fleet {
         &self,
         answer: PayloadAnswer,
         accepted: &Accepted,
+        until: Option<&Gone>,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
-        let mut reader = self.reader(answer)?;
+        let mut reader = self.reader(answer, until)?;
         let mut checked = Checked::new(&mut reader, accepted.payload);
         let out = consume(&mut checked);
         if let Some(m) = checked.mismatch() {
@@ -323,7 +327,11 @@ impl Fleet {
     }
 
     /// A payload's answer as a blocking reader.
-    fn reader(&self, answer: PayloadAnswer) -> Result<Streamed<'_>, Failed> {
+    fn reader<'a>(
+        &'a self,
+        answer: PayloadAnswer,
+        until: Option<&'a Gone>,
+    ) -> Result<Streamed<'a>, Failed> {
         let stream = answer.map_err(|e| match e {
             RemoteError::Size { .. } => Failed::Rejected("bad_length", e.to_string()),
             e => Failed::Remote("payload", e),
@@ -331,6 +339,7 @@ impl Fleet {
         Ok(Streamed {
             rt: &self.rt,
             stream,
+            until,
             chunk: Bytes::new(),
             failed: None,
         })
@@ -360,14 +369,33 @@ pub(super) fn stored_as(put: Result<Stored, StoreError>, key: &EntryKey) -> Resu
 struct Streamed<'a> {
     rt: &'a Handle,
     stream: PayloadStream,
+    /// Set once nobody waits for the bytes: the read fails.
+    until: Option<&'a Gone>,
     chunk: Bytes,
     failed: Option<RemoteError>,
+}
+
+impl Streamed<'_> {
+    /// The stream's next chunk, or `Err` once `until` is set.
+    fn next(&mut self) -> io::Result<Option<Result<Bytes, RemoteError>>> {
+        let (rt, stream) = (self.rt, &mut self.stream);
+        let Some(gone) = self.until else {
+            return Ok(rt.block_on(stream.next()));
+        };
+        rt.block_on(async {
+            tokio::select! {
+                biased;
+                _ = gone.wait() => Err(io::Error::other("nobody waits for the bytes any more")),
+                c = stream.next() => Ok(c),
+            }
+        })
+    }
 }
 
 impl Read for Streamed<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.chunk.is_empty() {
-            match self.rt.block_on(self.stream.next()) {
+            match self.next()? {
                 None => return Ok(0),
                 Some(Ok(c)) => self.chunk = c,
                 Some(Err(e)) => {

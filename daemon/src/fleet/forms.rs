@@ -7,8 +7,7 @@
 //! being the tensor its key names.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -23,6 +22,7 @@ use ctcache_remote::manifest::{self, Trust};
 
 use super::fetch::{stored_as, Failed};
 use super::{Ask, Fleet, PushError};
+use crate::flights::Gone;
 use crate::locks::lock;
 
 /// A form's weights fetched at once: each is a round trip to the server
@@ -69,21 +69,21 @@ impl Fleet {
     /// Read-through for a miss of the form `key`, from a blocking thread
     /// (its caller asked [`Fleet::asks_for_forms`]): the form's entry, its
     /// weights stored first, or `None` (then a compile makes it). An error
-    /// only when the local store is out of space. Once `abandoned` is set,
-    /// the weight streaming in stops, no further one is asked for and
-    /// nothing is published.
+    /// only when the local store is out of space. Once `gone` is set, the
+    /// weights streaming in stop, no further one is asked for and nothing
+    /// is published.
     pub fn fetch_form(
         &self,
         store: &Store,
         (key, shape): (&EntryKey, FormShape),
         model_path: &str,
-        abandoned: &AtomicBool,
+        gone: &Gone,
     ) -> Result<Option<Entry>, StoreError> {
         // Without a key trusted for forms, no form can be taken: ask nothing.
         if !self.takes_forms() || !self.asks_remote(key, None) {
             return Ok(None);
         }
-        let got = self.try_fetch_form(store, key, shape, model_path, abandoned);
+        let got = self.try_fetch_form(store, key, shape, model_path, gone);
         // Not a measure of the remote's rate: a form's weights come with it.
         self.settle(key, got, None)
     }
@@ -94,7 +94,7 @@ impl Fleet {
         key: &EntryKey,
         shape: FormShape,
         model_path: &str,
-        abandoned: &AtomicBool,
+        gone: &Gone,
     ) -> Result<Entry, Failed> {
         let s = &self.shared;
         let accepted = self
@@ -113,16 +113,10 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let FormShape::WithWeights { max_model } = shape else {
-            let put = self.streamed(key, &accepted, |checked| {
-                store.put(
-                    &new,
-                    UntilAbandoned {
-                        inner: checked,
-                        abandoned,
-                    },
-                )
+            let put = self.streamed(key, &accepted, Some(gone), |checked| {
+                store.put(&new, checked)
             })?;
-            still_awaited(abandoned)?;
+            still_awaited(gone)?;
             return stored_as(put, key);
         };
         if accepted.payload.len > max_model {
@@ -132,33 +126,29 @@ impl Fleet {
             );
             return Err(Failed::Rejected("too_large", why));
         }
-        let (read, model) = self.streamed(key, &accepted, |checked| {
+        let (read, model) = self.streamed(key, &accepted, Some(gone), |checked| {
             let mut bytes = Vec::new();
-            let mut until = UntilAbandoned {
-                inner: checked,
-                abandoned,
-            };
-            (until.read_to_end(&mut bytes), Bytes::from(bytes))
+            (checked.read_to_end(&mut bytes), Bytes::from(bytes))
         })?;
-        still_awaited(abandoned)?;
+        still_awaited(gone)?;
         read.map_err(|e| Failed::Local(e.to_string()))?;
         let weights = forms::moved(model.clone())
             .map_err(|e| Failed::Rejected("malformed", format!("the form's model: {e}")))?;
         let trust = s.settings.trust.and(&s.settings.form_trust);
-        self.weights(store, &weights, model_path, &trust, abandoned)?;
-        still_awaited(abandoned)?;
+        self.weights(store, &weights, model_path, &trust, gone)?;
+        still_awaited(gone)?;
         stored_as(store.put(&new, &model[..]), key)
     }
 
     /// Stores the moved weights of a fetched form, [`WEIGHTS_AT_ONCE`] at a
-    /// time; the first failure stops the rest, as `abandoned` does.
+    /// time; the first failure stops the rest, as `gone` does.
     fn weights(
         &self,
         store: &Store,
         weights: &[forms::MovedTensor],
         model_path: &str,
         trust: &Trust,
-        abandoned: &AtomicBool,
+        gone: &Gone,
     ) -> Result<(), Failed> {
         let next = AtomicUsize::new(0);
         let failed: Mutex<Option<Failed>> = Mutex::new(None);
@@ -166,14 +156,14 @@ impl Fleet {
             for _ in 0..WEIGHTS_AT_ONCE.min(weights.len()) {
                 threads.spawn(|| {
                     while lock(&failed).is_none() {
-                        if let Err(f) = still_awaited(abandoned) {
+                        if let Err(f) = still_awaited(gone) {
                             lock(&failed).get_or_insert(f);
                             return;
                         }
                         let Some(w) = weights.get(next.fetch_add(1, Ordering::Relaxed)) else {
                             return;
                         };
-                        if let Err(f) = self.weight(store, w, (model_path, trust), abandoned) {
+                        if let Err(f) = self.weight(store, w, (model_path, trust), gone) {
                             lock(&failed).get_or_insert(f);
                         }
                     }
@@ -190,13 +180,13 @@ impl Fleet {
     /// Stores the moved weight `w` of a fetched form of `model_path` unless
     /// it is stored. It must be the identity entry of its tensor (as a
     /// compile stores it), signed by a key of `trust`, and its bytes the
-    /// tensor its key names. Its stream stops once `abandoned` is set.
+    /// tensor its key names. Its stream stops once `gone` is set.
     fn weight(
         &self,
         store: &Store,
         w: &forms::MovedTensor,
         (model_path, trust): (&str, &Trust),
-        abandoned: &AtomicBool,
+        gone: &Gone,
     ) -> Result<(), Failed> {
         let malformed = |why: String| Failed::Rejected("malformed", why);
         let key: EntryKey = w
@@ -254,17 +244,13 @@ impl Fleet {
             vec![model_path.to_string()],
         );
         let (put, not_its_tensor) = self
-            .streamed_from(payload, &accepted, |checked| {
-                let until = UntilAbandoned {
-                    inner: checked,
-                    abandoned,
-                };
-                let mut proven = SourceMatch::new(until, shape.data_type, &w.dims, key.source);
+            .streamed_from(payload, &accepted, Some(gone), |checked| {
+                let mut proven = SourceMatch::new(checked, shape.data_type, &w.dims, key.source);
                 let put = store.put(&new, &mut proven);
                 (put, proven.mismatch().map(str::to_string))
             })
             .map_err(named)?;
-        still_awaited(abandoned)?;
+        still_awaited(gone)?;
         if let Some(why) = not_its_tensor {
             return Err(named(Failed::Rejected("not_its_tensor", why)));
         }
@@ -279,28 +265,12 @@ impl Fleet {
 }
 
 /// `Failed::Abandoned` once nobody waits for the form any more.
-fn still_awaited(abandoned: &AtomicBool) -> Result<(), Failed> {
-    match abandoned.load(Ordering::Relaxed) {
+fn still_awaited(gone: &Gone) -> Result<(), Failed> {
+    match gone.is_set() {
         true => Err(Failed::Abandoned(
             "nobody waits for the form any more".into(),
         )),
         false => Ok(()),
-    }
-}
-
-/// A reader that fails once `abandoned` is set: a whole form nobody waits
-/// for stops streaming in, and `put` publishes nothing.
-struct UntilAbandoned<'a, R> {
-    inner: R,
-    abandoned: &'a AtomicBool,
-}
-
-impl<R: Read> Read for UntilAbandoned<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.abandoned.load(Ordering::Relaxed) {
-            return Err(std::io::Error::other("nobody waits for the form any more"));
-        }
-        self.inner.read(buf)
     }
 }
 

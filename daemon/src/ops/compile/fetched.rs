@@ -61,7 +61,7 @@ async fn fetch(
         let Some(fleet) = &d.fleet else {
             return Ok(None);
         };
-        Ok(fleet.fetch_form(&d.store, (&key, shape), &path, gone.flag())?)
+        Ok(fleet.fetch_form(&d.store, (&key, shape), &path, &gone)?)
     })
     .await;
     abandon.finished();
