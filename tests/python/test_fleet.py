@@ -201,11 +201,12 @@ def shared(root, s3):
     return packed, model, pub_a
 
 
-def fetches_everything(root: Path, server, model: Path, pub_a: str, packed: dict[str, bytes], policy: str = ""):
+def fetches_everything(root: Path, server, model: Path, pub_a: str, packed: dict[str, bytes], policy: str = "",
+                       timeout_ms: int = TIMEOUT_MS):
     """Host B (empty cache, trusting A; ``policy`` as A's) resolves
     ``model``: every entry from ``server``, A's exact bytes, no local pack.
     Returns B's remote status and metrics."""
-    b = fleet_daemon(root, "b", server, trust=[pub_a], write=False, policy=policy)
+    b = fleet_daemon(root, "b", server, trust=[pub_a], write=False, policy=policy, timeout_ms=timeout_ms)
     try:
         resolve_wait(b, model)
         assert payloads(b) == packed
