@@ -7,17 +7,21 @@ bodies at a few MiB a second).
   a slow server is not taken for a stalled one. The bucket holds the
   host's exact bytes, and nothing is counted as an error.
 * With ``min_upload_bytes_per_s`` above what the server takes, the same
-  upload fails within its deadline, counted, and nothing is on the bucket
-  (no manifest: the entry does not exist there).
+  upload fails within its deadline (twice: a request not answered in time
+  is sent once more), counted once, and nothing is on the bucket (no
+  manifest: the entry does not exist there).
+* A payload's request the server holds past its deadline once is sent
+  again, and the entry goes up whole, no error counted.
 
-(A server that never answers still costs one timeout: test_fleet's hung
-server.)
+(A server that never answers still costs a fetch one timeout: test_fleet's
+hung server.)
 
 Skips when moto is not installed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -99,3 +103,52 @@ def test_an_upload_slower_than_min_upload_bytes_per_s_fails(root, s3):
     assert (st["uploads"], st["errors"]) == (0, 1), st
     assert "did not answer within" in st["last_error"], st
     assert objects(s3, "fleet", "manifest") == [], "no entry exists on the bucket"
+
+
+class FirstPayloadHeld(S3Proxy):
+    """Holds the first payload PUT until ``release`` is set, then answers it
+    500 unforwarded (its sender gave up on it by then)."""
+
+    def __init__(self, upstream: str):
+        self.release = threading.Event()
+        self.held = threading.Event()
+        self.puts = 0
+        super().__init__(upstream)
+
+    def before(self, method: str, path: str) -> tuple[int, bytes] | None:
+        if method != "PUT" or not path.split("?")[0].endswith("/payload"):
+            return None
+        with self.lock:
+            self.puts += 1
+            if self.puts > 1:
+                return None
+        self.held.set()
+        self.release.wait(120)
+        return 500, b"<Error><Code>InternalError</Code><Message>held by the test</Message></Error>"
+
+    def close(self):
+        self.release.set()
+        super().close()
+
+
+def test_an_upload_the_server_stalls_once_is_sent_again(root, s3):
+    model = chain_model(root / "chain.onnx", 1)
+    keygen("a", root)
+    proxy = FirstPayloadHeld(s3.endpoint)
+    a = fleet_daemon(root, "a", proxy, sign="a", timeout_ms=1000)
+    try:
+        r = a.ctl("resolve", str(model), "--on-miss", "wait", timeout=120)
+        assert r.returncode == 0, r.describe() + a.log_text()
+        assert proxy.held.wait(60), a.log_text()
+        st = wait_until(lambda: (lambda st: st if st["uploads"] + st["errors"] else None)(remote_status(a)),
+                        60, "the upload settled", interval=0.2, detail=a.log_text)
+        assert (st["uploads"], st["errors"]) == (1, 0), st
+        assert "sending it again" in a.log_text()
+        assert proxy.puts == 2 and not proxy.release.is_set()
+        (data,) = payloads(a).values()
+        (uploaded,) = objects(s3, "fleet", "payload")
+        assert s3.client().get_object(Bucket=BUCKET, Key=uploaded)["Body"].read() == data
+        assert len(objects(s3, "fleet", "manifest")) == 1
+    finally:
+        a.stop()
+        proxy.close()

@@ -253,7 +253,7 @@ impl Fleet {
         }
         let entries = forms::with_weights(store, entry)?;
         let job = upload_job(store, entries.iter().map(|e| (e, BTreeMap::new())))?;
-        match self.rt.block_on(upload::upload_all(s, job)) {
+        match self.rt.block_on(upload::upload_all(s, &job)) {
             Ok(Some(bytes)) => {
                 s.answered();
                 Ok(Pushed::Uploaded(bytes))
@@ -327,11 +327,9 @@ fn upload_job<'e>(
 ) -> Result<upload::Job, StoreError> {
     let mut job = upload::Job(Vec::new());
     for (entry, params) in entries {
-        job.0.push(upload::Upload {
-            payload: checked_payload(store, entry)?,
-            entry: entry.clone(),
-            params,
-        });
+        let payload = checked_payload(store, entry)?;
+        job.0
+            .push(upload::Upload::new(entry.clone(), params, payload));
     }
     Ok(job)
 }

@@ -17,9 +17,20 @@ use super::Shared;
 /// One entry to upload, its payload mapped when it was queued (the mapping
 /// stays valid if the entry is removed meanwhile).
 pub(super) struct Upload {
-    pub entry: Entry,
-    pub params: BTreeMap<String, String>,
-    pub payload: Payload,
+    entry: Entry,
+    params: BTreeMap<String, String>,
+    /// The mapping as a request body, shared by each send without a copy.
+    payload: Bytes,
+}
+
+impl Upload {
+    pub(super) fn new(entry: Entry, params: BTreeMap<String, String>, payload: Payload) -> Upload {
+        Upload {
+            entry,
+            params,
+            payload: Bytes::from_owner(Mapped(payload)),
+        }
+    }
 }
 
 /// Entries uploaded together, in order: a runtime form's weights, then
@@ -42,7 +53,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
         let Some(key) = job.0.last().map(|u| u.entry.key) else {
             continue;
         };
-        match upload_all(&shared, job).await {
+        match upload_all(&shared, &job).await {
             Ok(Some(bytes)) => {
                 shared.answered();
                 tracing::debug!(%key, bytes, "uploaded");
@@ -58,13 +69,30 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
 
 /// Uploads a job's entries in order, each counted; the bytes sent, or
 /// `None` when one is too large to share (then the rest stay here: a form
-/// never goes up without its weights). An entry before the last that this
-/// host signed on the remote already (a weight shared with another form)
-/// is not sent again.
-pub(super) async fn upload_all(s: &Shared, job: Job) -> Result<Option<u64>, RemoteError> {
+/// never goes up without its weights). A job whose request was not
+/// answered in time is sent once more: a server that stalls once (a
+/// node's loss, a failover) mostly answers the next, and overwrites are
+/// harmless (object_store has retried the other transient failures).
+pub(super) async fn upload_all(s: &Shared, job: &Job) -> Result<Option<u64>, RemoteError> {
+    match send_all(s, job).await {
+        Err(e @ RemoteError::Timeout(_)) => {
+            if let Some(last) = job.0.last() {
+                let key = last.entry.key;
+                tracing::info!(%key, "remote upload failed ({e}); sending it again");
+            }
+            send_all(s, job).await
+        }
+        sent => sent,
+    }
+}
+
+/// One send of [`upload_all`]'s. An entry before the last that this host
+/// signed on the remote already (a weight shared with another form, or
+/// sent by a first try) is not sent again.
+async fn send_all(s: &Shared, job: &Job) -> Result<Option<u64>, RemoteError> {
     let last = job.0.last().map(|u| u.entry.key);
     let mut sent = 0;
-    for one in job.0 {
+    for one in &job.0 {
         let key = one.entry.key;
         if Some(key) != last && signed_here(s, &key).await? {
             continue;
@@ -101,7 +129,7 @@ async fn signed_here(s: &Shared, key: &ctcache::store::EntryKey) -> Result<bool,
 }
 
 /// Uploads one entry; `None` when it is too large to share.
-async fn upload(s: &Shared, one: Upload) -> Result<Option<u64>, RemoteError> {
+async fn upload(s: &Shared, one: &Upload) -> Result<Option<u64>, RemoteError> {
     let Some(key_file) = &s.settings.signing_key else {
         return Ok(None);
     };
@@ -113,9 +141,7 @@ async fn upload(s: &Shared, one: Upload) -> Result<Option<u64>, RemoteError> {
         .map_err(|e| RemoteError::Config(e.to_string()))?;
     let sealed = manifest::seal(&record, Some(key_file));
     let key = one.entry.key;
-    s.client
-        .put_payload(&key, Bytes::from_owner(Mapped(one.payload)))
-        .await?;
+    s.client.put_payload(&key, one.payload.clone()).await?;
     s.client.put_manifest(&key, sealed).await?;
     Ok(Some(len))
 }
