@@ -41,6 +41,32 @@ pub(super) enum Failed {
     Abandoned(String),
 }
 
+impl Failed {
+    /// The failure of a fetch that stopped because nobody waits for it.
+    pub(super) fn nobody_waits() -> Failed {
+        Failed::Abandoned("nobody waits for the form any more".into())
+    }
+}
+
+/// `fut` run from a blocking thread to its end, or `None` once `until` is
+/// set (the wait for a server's answer or bytes ends with the last waiter).
+fn until_gone<F: std::future::Future>(
+    rt: &Handle,
+    until: Option<&Gone>,
+    fut: F,
+) -> Option<F::Output> {
+    let Some(gone) = until else {
+        return Some(rt.block_on(fut));
+    };
+    rt.block_on(async {
+        tokio::select! {
+            biased;
+            _ = gone.wait() => None,
+            out = fut => Some(out),
+        }
+    })
+}
+
 impl Fleet {
     /// Read-through for a local miss of `key`, from a blocking thread (a
     /// pack job's, or a `remote pull`'s): the entry, stored exactly as a
@@ -211,7 +237,7 @@ impl Fleet {
         repacking: &mut Duration,
     ) -> Result<Entry, Failed> {
         let s = &self.shared;
-        let accepted = self.manifest(key, &s.settings.trust)?;
+        let accepted = self.manifest(key, &s.settings.trust, None)?;
         // Packed before the download: the payload is compared as it streams
         // and never published when it differs.
         let audit = if audit::due(s.settings.config.audit_rate) {
@@ -241,9 +267,16 @@ impl Fleet {
         stored_as(put, key)
     }
 
-    /// The manifest of `key`, opened against `trust`.
-    pub(super) fn manifest(&self, key: &EntryKey, trust: &Trust) -> Result<Accepted, Failed> {
-        let got = self.rt.block_on(self.shared.client.manifest(key));
+    /// The manifest of `key`, opened against `trust`; the wait for it ends
+    /// once `until` is set.
+    pub(super) fn manifest(
+        &self,
+        key: &EntryKey,
+        trust: &Trust,
+        until: Option<&Gone>,
+    ) -> Result<Accepted, Failed> {
+        let got = until_gone(&self.rt, until, self.shared.client.manifest(key))
+            .ok_or_else(Failed::nobody_waits)?;
         self.opened(key, trust, got)
     }
 
@@ -253,21 +286,23 @@ impl Fleet {
     /// accepted (D11: a payload without its manifest does not exist). A
     /// payload not found is asked again once: its request may have reached
     /// the server before an upload's payload, the manifest's after it (the
-    /// manifest goes up last).
+    /// manifest goes up last). The wait for the answers ends once `until`
+    /// is set.
     pub(super) fn manifest_and_payload(
         &self,
         key: &EntryKey,
         len: u64,
         trust: &Trust,
+        until: &Gone,
     ) -> Result<(Accepted, PayloadAnswer), Failed> {
         let c = &self.shared.client;
-        let (manifest, payload) = self.rt.block_on(futures_util::future::join(
-            c.manifest(key),
-            c.payload(key, len),
-        ));
+        let both = futures_util::future::join(c.manifest(key), c.payload(key, len));
+        let (manifest, payload) =
+            until_gone(&self.rt, Some(until), both).ok_or_else(Failed::nobody_waits)?;
         let accepted = self.opened(key, trust, manifest)?;
         let payload = match payload {
-            Err(e) if e.is_not_found() => self.rt.block_on(c.payload(key, len)),
+            Err(e) if e.is_not_found() => until_gone(&self.rt, Some(until), c.payload(key, len))
+                .ok_or_else(Failed::nobody_waits)?,
             payload => payload,
         };
         Ok((accepted, payload))
@@ -300,9 +335,8 @@ impl Fleet {
         until: Option<&Gone>,
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
-        let answer = self
-            .rt
-            .block_on(self.shared.client.payload(key, accepted.payload.len));
+        let asked = self.shared.client.payload(key, accepted.payload.len);
+        let answer = until_gone(&self.rt, until, asked).ok_or_else(Failed::nobody_waits)?;
         self.streamed_from(answer, accepted, until, consume)
     }
 
@@ -378,17 +412,8 @@ struct Streamed<'a> {
 impl Streamed<'_> {
     /// The stream's next chunk, or `Err` once `until` is set.
     fn next(&mut self) -> io::Result<Option<Result<Bytes, RemoteError>>> {
-        let (rt, stream) = (self.rt, &mut self.stream);
-        let Some(gone) = self.until else {
-            return Ok(rt.block_on(stream.next()));
-        };
-        rt.block_on(async {
-            tokio::select! {
-                biased;
-                _ = gone.wait() => Err(io::Error::other("nobody waits for the bytes any more")),
-                c = stream.next() => Ok(c),
-            }
-        })
+        until_gone(self.rt, self.until, self.stream.next())
+            .ok_or_else(|| io::Error::other("nobody waits for the bytes any more"))
     }
 }
 

@@ -98,7 +98,7 @@ impl Fleet {
     ) -> Result<Entry, Failed> {
         let s = &self.shared;
         let accepted = self
-            .manifest(key, &s.settings.form_trust)
+            .manifest(key, &s.settings.form_trust, Some(gone))
             .map_err(|f| match f {
                 Failed::Rejected("untrusted_key", why) => Failed::Rejected(
                     "untrusted_form_key",
@@ -228,7 +228,7 @@ impl Fleet {
         }
         // Both requests at once: the form names the weight's length.
         let (accepted, payload) = self
-            .manifest_and_payload(&key, w.length, trust)
+            .manifest_and_payload(&key, w.length, trust, gone)
             .map_err(named)?;
         if accepted.payload.len != w.length || accepted.entry.dims != dims {
             let why = format!(
@@ -267,9 +267,7 @@ impl Fleet {
 /// `Failed::Abandoned` once nobody waits for the form any more.
 fn still_awaited(gone: &Gone) -> Result<(), Failed> {
     match gone.is_set() {
-        true => Err(Failed::Abandoned(
-            "nobody waits for the form any more".into(),
-        )),
+        true => Err(Failed::nobody_waits()),
         false => Ok(()),
     }
 }
