@@ -211,10 +211,16 @@ mod tests {
         let (thread, tid) = rx.recv().unwrap();
         let syscall = format!("/proc/self/task/{tid}/syscall");
         let in_recvmsg = || {
-            let line = std::fs::read_to_string(&syscall).unwrap_or_default();
+            let line =
+                std::fs::read_to_string(&syscall).unwrap_or_else(|e| panic!("{syscall}: {e}"));
             line.split(' ').next() == Some(&libc::SYS_recvmsg.to_string())
         };
+        // Bounded by the waiter's own 20 s timeout.
         while !in_recvmsg() {
+            assert!(
+                !waiter.is_finished(),
+                "the waiter ended before it was seen in recvmsg"
+            );
             std::thread::yield_now();
         }
         // SAFETY: the thread is alive: it has not returned from recv.

@@ -44,9 +44,12 @@ class S3Proxy:
                 c.close()
 
             def _answer(self, status: int, body: bytes):
+                # The request's body is left unread: the connection ends.
+                self.close_connection = True
                 self.send_response(status)
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(body)
 

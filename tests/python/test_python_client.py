@@ -650,6 +650,36 @@ def test_events_returns_once_the_daemon_follows_its_feed(ctcache, client, daemon
     stream.close()
 
 
+def test_events_gives_up_on_a_server_that_never_sends_its_headers(ctcache):
+    """A server that takes the Events call and never answers it: events()
+    raises DeadlineExceeded after its timeout rather than waiting on."""
+    from concurrent import futures
+
+    import grpc
+    from ctcache._pb import ctcache_v1_pb2_grpc as pb_grpc
+
+    release = threading.Event()
+
+    class Mute(pb_grpc.CompiledTensorCacheServicer):
+        def Events(self, request, context):
+            release.wait(60)
+            yield from ()
+
+    folder = Path(tempfile.mkdtemp(prefix="ctc-"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_CompiledTensorCacheServicer_to_server(Mute(), server)
+    server.add_insecure_port(f"unix:{folder / 's.sock'}")
+    server.start()
+    try:
+        with ctcache.connect(folder / "s.sock", timeout=10) as c:
+            with pytest.raises(ctcache.DeadlineExceeded):
+                c.events(timeout=0.5)
+    finally:
+        release.set()
+        server.stop(None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_client_survives_a_daemon_restart(ctcache, daemon):
     """SIGKILL and a restart on the same folders (systemd's Restart=): calls that
     are safe to repeat wait for the new daemon, the others fail at once."""

@@ -139,6 +139,19 @@ def _digest(d) -> bytes:
     return bytes.fromhex(d) if isinstance(d, str) else bytes(d)
 
 
+def _wait_for_headers(method: str, call, timeout: float) -> None:
+    """Returns once ``call`` has its headers or has failed (iterating it
+    raises then); cancels it after ``timeout`` seconds. grpc's wait for
+    them has no deadline of its own: a thread waits."""
+    answered = threading.Event()
+    threading.Thread(target=lambda: (call.initial_metadata(), answered.set()), daemon=True,
+                     name="ctcache-headers").start()
+    if not answered.wait(timeout):
+        call.cancel()
+        raise errors.DeadlineExceeded(method, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                      f"no answer within {timeout:g} s")
+
+
 def _close(held) -> None:
     """Ends a handout (``None``: none was made)."""
     if held is not None:
@@ -253,10 +266,11 @@ class Client:
                 _close(held)
 
     def _stream(self, method: str, request, timeout: float | None = None, *,
-                names_model: bool = False, followed: bool = False) -> Iterator:
+                names_model: bool = False, followed: float | None = None) -> Iterator:
         """As :meth:`_call`, for a stream; a handout is held until the stream
-        ends or is abandoned. ``followed``: returns once the daemon answered
-        the call's headers (it sends them when its handler has subscribed)."""
+        ends or is abandoned. ``followed``: seconds to wait for the call's
+        headers (the daemon sends them once its handler has subscribed),
+        else :class:`~ctcache.errors.DeadlineExceeded`."""
         def hand():
             return self._handed(request, timeout) if names_model else None
 
@@ -264,8 +278,12 @@ class Client:
         held = hand()
         stub = self._stub
         call = getattr(stub, method)(request, timeout=timeout)
-        if followed:
-            call.initial_metadata()  # a failed call answers at once; iterating raises
+        if followed is not None:
+            try:
+                _wait_for_headers(method, call, followed)
+            except BaseException:
+                _close(held)
+                raise
 
         def messages():
             nonlocal call, stub, held
@@ -594,11 +612,12 @@ class Client:
     def remove_watch(self, folder, *, timeout: float | None = 10.0) -> list:
         return list(self._call("RemoveWatch", pb.WatchRequest(dir=_path(folder)), timeout).dirs)
 
-    def events(self) -> Iterator:
+    def events(self, *, timeout: float = 10.0) -> Iterator:
         """The daemon's event stream (entry_added, job_progress, watcher, lease_ended); endless.
-        It returns once the daemon follows its feed for this stream: every
-        event from then on is seen."""
-        return self._stream("Events", pb.EventsRequest(), followed=True)
+        It returns once the daemon follows its feed for this stream (waited
+        for ``timeout`` seconds): every event from then on is seen, unless
+        the daemon restarts meanwhile."""
+        return self._stream("Events", pb.EventsRequest(), followed=timeout)
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         """grpc.health.v1 status name (``"SERVING"``); needs grpcio-health-checking."""
