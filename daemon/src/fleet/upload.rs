@@ -70,31 +70,41 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
 /// Uploads a job's entries in order, each counted; the bytes sent, or
 /// `None` when one is too large to share (then the rest stay here: a form
 /// never goes up without its weights). A job whose request was not
-/// answered in time is sent once more: a server that stalls once (a
-/// node's loss, a failover) mostly answers the next, and overwrites are
-/// harmless (object_store has retried the other transient failures).
+/// answered in time is sent once more from the entry it stopped at: a
+/// server that stalls once (a node's loss, a failover) mostly answers the
+/// next, and overwrites are harmless (object_store has retried the other
+/// transient failures).
 pub(super) async fn upload_all(s: &Shared, job: &Job) -> Result<Option<u64>, RemoteError> {
-    match send_all(s, job).await {
+    let mut done = Done::default();
+    match send_rest(s, job, &mut done).await {
         Err(e @ RemoteError::Timeout(_)) => {
             if let Some(last) = job.0.last() {
                 let key = last.entry.key;
                 tracing::info!(%key, "remote upload failed ({e}); sending it again");
             }
-            send_all(s, job).await
+            send_rest(s, job, &mut done).await
         }
         sent => sent,
     }
 }
 
-/// One send of [`upload_all`]'s. An entry before the last that this host
-/// signed on the remote already (a weight shared with another form, or
-/// sent by a first try) is not sent again.
-async fn send_all(s: &Shared, job: &Job) -> Result<Option<u64>, RemoteError> {
+/// How far the sends of one job got: its entries up (or found up), and
+/// the bytes sent.
+#[derive(Default)]
+struct Done {
+    entries: usize,
+    bytes: u64,
+}
+
+/// Sends the job's entries `done` does not count yet. An entry before the
+/// last that this host signed on the remote already (a weight shared with
+/// another form) is not sent again.
+async fn send_rest(s: &Shared, job: &Job, done: &mut Done) -> Result<Option<u64>, RemoteError> {
     let last = job.0.last().map(|u| u.entry.key);
-    let mut sent = 0;
-    for one in &job.0 {
+    for one in &job.0[done.entries..] {
         let key = one.entry.key;
         if Some(key) != last && signed_here(s, &key).await? {
+            done.entries += 1;
             continue;
         }
         let Some(bytes) = upload(s, one).await? else {
@@ -109,9 +119,10 @@ async fn send_all(s: &Shared, job: &Job) -> Result<Option<u64>, RemoteError> {
             return Ok(None);
         };
         s.counters.uploaded(bytes);
-        sent += bytes;
+        done.entries += 1;
+        done.bytes += bytes;
     }
-    Ok(Some(sent))
+    Ok(Some(done.bytes))
 }
 
 /// Whether the remote holds `key` under a manifest this host signed (then
