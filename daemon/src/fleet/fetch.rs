@@ -68,6 +68,15 @@ fn until_gone<F: std::future::Future>(
 }
 
 impl Fleet {
+    /// [`until_gone`] on this fleet's runtime, its stop a failure.
+    fn waited<F: std::future::Future>(
+        &self,
+        until: Option<&Gone>,
+        fut: F,
+    ) -> Result<F::Output, Failed> {
+        until_gone(&self.rt, until, fut).ok_or_else(Failed::nobody_waits)
+    }
+
     /// Read-through for a local miss of `key`, from a blocking thread (a
     /// pack job's, or a `remote pull`'s): the entry, stored exactly as a
     /// local pack would store it, or `None` (then the job packs); an error
@@ -275,8 +284,7 @@ impl Fleet {
         trust: &Trust,
         until: Option<&Gone>,
     ) -> Result<Accepted, Failed> {
-        let got = until_gone(&self.rt, until, self.shared.client.manifest(key))
-            .ok_or_else(Failed::nobody_waits)?;
+        let got = self.waited(until, self.shared.client.manifest(key))?;
         self.opened(key, trust, got)
     }
 
@@ -297,12 +305,10 @@ impl Fleet {
     ) -> Result<(Accepted, PayloadAnswer), Failed> {
         let c = &self.shared.client;
         let both = futures_util::future::join(c.manifest(key), c.payload(key, len));
-        let (manifest, payload) =
-            until_gone(&self.rt, Some(until), both).ok_or_else(Failed::nobody_waits)?;
+        let (manifest, payload) = self.waited(Some(until), both)?;
         let accepted = self.opened(key, trust, manifest)?;
         let payload = match payload {
-            Err(e) if e.is_not_found() => until_gone(&self.rt, Some(until), c.payload(key, len))
-                .ok_or_else(Failed::nobody_waits)?,
+            Err(e) if e.is_not_found() => self.waited(Some(until), c.payload(key, len))?,
             payload => payload,
         };
         Ok((accepted, payload))
@@ -336,7 +342,7 @@ impl Fleet {
         consume: impl FnOnce(&mut dyn Read) -> T,
     ) -> Result<T, Failed> {
         let asked = self.shared.client.payload(key, accepted.payload.len);
-        let answer = until_gone(&self.rt, until, asked).ok_or_else(Failed::nobody_waits)?;
+        let answer = self.waited(until, asked)?;
         self.streamed_from(answer, accepted, until, consume)
     }
 
