@@ -10,6 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 
+def payload_object(path: str) -> str | None:
+    """The object a request's ``path`` names when it is a payload's (its
+    query dropped), else ``None``."""
+    path = path.split("?")[0]
+    return path if path.endswith("/payload") else None
+
+
 class S3Proxy:
     """Forwards every request to ``upstream`` and its answer back.
     Subclasses override :meth:`before` and :meth:`body`."""

@@ -39,7 +39,7 @@ import onnxruntime as ort
 import pytest
 
 import real_models
-from s3_proxy import S3Proxy
+from s3_proxy import S3Proxy, payload_object
 from waiting import wait_until
 from test_fleet import (BUCKET, chain_model, fill, fleet_daemon, forge_with_trusted_key, keygen,  # noqa: F401
                         metric_sum, payloads, remote_status, root, s3, scrape, start_writing, wait_uploads)
@@ -385,7 +385,7 @@ class HeldWeights(S3Proxy):
         super().__init__(upstream)
 
     def before(self, method: str, path: str) -> None:
-        if method in ("GET", "HEAD") and path.split("?")[0].endswith("/payload"):
+        if method in ("GET", "HEAD") and payload_object(path):
             with self.lock:
                 self.payloads += 1
                 hold = self.payloads > self.passed
@@ -516,7 +516,7 @@ class WeightsHeldPartWay(S3Proxy):
         super().__init__(upstream)
 
     def reply(self, method: str, path: str, wfile, answer: bytes) -> None:
-        if not path.split("?")[0].endswith("/payload"):
+        if not payload_object(path):
             wfile.write(answer)
             return
         with self.lock:
@@ -579,8 +579,8 @@ class PayloadNotThereYet(S3Proxy):
         super().__init__(upstream)
 
     def before(self, method: str, path: str) -> tuple[int, bytes] | None:
-        path = path.split("?")[0]
-        if method != "GET" or not path.endswith("/payload") or f"-{self.digest}/" not in path:
+        path = payload_object(path)
+        if method != "GET" or not path or f"-{self.digest}/" not in path:
             return None
         with self.lock:
             self.asked[path] = self.asked.get(path, 0) + 1

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from s3_proxy import S3Proxy
+from s3_proxy import S3Proxy, payload_object
 from test_fleet import (BUCKET, chain_model, fleet_daemon, keygen, objects, payloads,  # noqa: F401
                         remote_status, root, s3)
 from waiting import wait_until
@@ -116,7 +116,7 @@ class FirstPayloadHeld(S3Proxy):
         super().__init__(upstream)
 
     def before(self, method: str, path: str) -> tuple[int, bytes] | None:
-        if method != "PUT" or not path.split("?")[0].endswith("/payload"):
+        if method != "PUT" or not payload_object(path):
             return None
         with self.lock:
             self.puts += 1
