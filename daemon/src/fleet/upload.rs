@@ -80,7 +80,7 @@ pub(super) async fn upload_all(s: &Shared, job: &Job) -> Result<Option<u64>, Rem
         Err(e @ RemoteError::Timeout(_)) => {
             if let Some(last) = job.0.last() {
                 let key = last.entry.key;
-                tracing::info!(%key, "remote upload failed ({e}); sending it again");
+                tracing::info!(%key, "remote upload: {e}; sending it again");
             }
             send_rest(s, job, &mut done).await
         }
